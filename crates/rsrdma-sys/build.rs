@@ -1,0 +1,15 @@
+//! Compiles the C shim (wrappers for rdma-core's `static inline` verbs, the batch-post helpers
+//! and the layout probes) and links libibverbs and librdmacm dynamically.
+
+fn main() {
+    println!("cargo:rerun-if-changed=src/inline_wrappers.c");
+    println!("cargo:rerun-if-changed=src/shim.c");
+    cc::Build::new()
+        .file("src/inline_wrappers.c")
+        .file("src/shim.c")
+        .opt_level(2)
+        .warnings(false)
+        .compile("rsrdma_shim");
+    println!("cargo:rustc-link-lib=ibverbs");
+    println!("cargo:rustc-link-lib=rdmacm");
+}

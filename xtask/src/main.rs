@@ -1,0 +1,30 @@
+//! The project's commands: `cargo xtask <command>`.
+//!
+//! - `regen-bindings`: regenerate rsrdma-sys's committed bindings (needs libclang).
+//! - `vm -- <command…>`: boot a throwaway VM with soft-RoCE (rxe0) and run the command in it.
+//! - `test`: every test: fmt, clippy, unit tests, then the RDMA tests inside the VM.
+//! - `demo`: build, boot the VM, run a real RC transfer between two processes, print what it measured.
+
+mod regen;
+
+use anyhow::{bail, Result};
+use std::path::PathBuf;
+
+fn project_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = project_root();
+    match args.first().map(String::as_str) {
+        Some("regen-bindings") => regen::run(&root),
+        _ => {
+            eprintln!("usage: cargo xtask <regen-bindings|vm|test|demo>");
+            bail!("unknown command")
+        }
+    }
+}
