@@ -1,1 +1,87 @@
-//! placeholder
+//! rsrdma: safe, owning bindings to RDMA verbs (libibverbs) and rdma_cm (librdmacm).
+//!
+//! # The object model
+//!
+//! ```text
+//! Context ─┬─ Pd ─┬─ Mr            every handle holds its parents (Arc), so any drop order is
+//!          │      ├─ Qp ──┬─ Cq    safe: a parent is destroyed only after its last child.
+//!          │      ├─ Srq  └─ Srq
+//!          │      └─ Ah
+//!          ├─ CompChannel ── Cq
+//!          └─ (cm) CmId ── Qp
+//! ```
+//!
+//! - [`devices`]/[`open`] find and open a device; no RDMA stack gives [`Error::Unsupported`]
+//!   with a hint to the VM testbed (`cargo xtask vm`).
+//! - [`Context`] answers device, port and GID-table queries.
+//! - [`Pd`], [`Mr`] (least-privilege [`AccessFlags`] by default; [`RemoteMemory`] is the plain
+//!   value a peer needs), [`Cq`] and [`CompChannel`] (event mode, non-blocking, `AsFd`).
+//! - [`Qp`] (RC, UC, UD) with capabilities checked against the device, typed transitions
+//!   RESET→INIT→RTR→RTS, query, move to ERROR; [`Srq`]; [`Ah`].
+//! - [`SendWr`]/[`RecvWr`] are the C structs themselves, so a batch is posted with one call
+//!   ([`Qp::post_send_batch`]) and reports which request failed.
+//! - [`Wc`] names every status; [`Wc::ok`] turns a failure into an [`Error`].
+//! - [`cm`]: rdma_cm listen/accept/connect with timeouts and private data.
+//!
+//! # Soundness: what is `unsafe` and why
+//!
+//! Safe code cannot cause undefined behaviour through rsrdma. Three operations are `unsafe`,
+//! because their correctness depends on things the compiler cannot see:
+//!
+//! 1. **Posting** ([`Qp::post_send`], [`Qp::post_recv`], their batch forms, and
+//!    [`Srq::post_recv`]). A posted request lets the NIC read or write memory *after the call
+//!    returns*, until its completion is reaped. The caller promises that the memory stays
+//!    valid that long and that the CPU does not touch it in a conflicting way meanwhile
+//!    (reading a receive buffer before its completion, or rewriting a send buffer in flight,
+//!    would race with DMA). Memory owned by an [`Mr`] can never be freed while registered:
+//!    dropping the `Mr` deregisters first, after which the NIC has no translation for it; an
+//!    in-flight request then fails with a protection error instead of touching freed memory.
+//! 2. **Registering caller memory** ([`Mr::register`]): rsrdma cannot see how long that
+//!    memory lives, so the caller promises it outlives the registration.
+//! 3. **Raw escape hatches** (`as_raw()`): the pointers are safe to obtain; using them with
+//!    the raw `ffi` functions is the caller's responsibility.
+//!
+//! Memory exposed to a peer with remote access flags may change at any time from the peer's
+//! side; treat what [`Mr::as_slice`] shows as a snapshot, synchronised by the protocol (a
+//! completion, a message) that says the peer is done.
+//!
+//! # A second provider
+//!
+//! The public types expose no libibverbs type except through `as_raw()`, which returns an
+//! `Option`: a later pure-Rust software device can sit behind the same types (a private
+//! provider enum inside each handle) without changing this API.
+
+#![deny(missing_docs)]
+
+pub mod ah;
+pub mod cm;
+pub mod context;
+pub mod cq;
+pub mod device;
+pub mod error;
+pub mod mr;
+pub mod pd;
+pub mod qp;
+pub mod srq;
+pub mod wc;
+pub mod wr;
+
+/// The raw bindings, for what rsrdma does not wrap.
+pub use rsrdma_sys as ffi;
+
+pub use ah::{Ah, AhAttr, GlobalRoute};
+pub use context::{
+    AtomicCap, Context, DeviceAttr, Gid, GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortState,
+};
+pub use cq::{CompChannel, Cq};
+pub use device::{devices, open, Device, DeviceList};
+pub use error::{Error, Result};
+pub use mr::{AccessFlags, Mr, RemoteMemory};
+pub use pd::Pd;
+pub use qp::{
+    ConnectOptions, InitAttr, Qp, QpBuilder, QpCaps, QpEndpoint, QpInfo, QpState, QpType, RtrAttr,
+    RtsAttr,
+};
+pub use srq::Srq;
+pub use wc::{Wc, WcOpcode, WcStatus};
+pub use wr::{RecvWr, SendWr, Sge};

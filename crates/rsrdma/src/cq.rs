@@ -1,0 +1,357 @@
+//! Completion queues and completion channels.
+//!
+//! Busy polling: [`Cq::poll`] into a caller's slice, never allocating. Event mode: create the
+//! CQ with a [`CompChannel`], [`Cq::arm`] it, poll until empty, then [`Cq::wait`] (or watch the
+//! channel's fd with epoll/mio/tokio: it is non-blocking and [`AsFd`]). Events are acknowledged
+//! in batches, because `ibv_ack_cq_events` takes a lock and `ibv_destroy_cq` waits for every
+//! event to be acknowledged.
+
+use crate::context::Context;
+use crate::error::{check_rc, Error, Result};
+use crate::ffi;
+use crate::wc::Wc;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Events are acknowledged once this many have accumulated (and on drop).
+const ACK_BATCH: u32 = 64;
+
+/// A completion channel (`ibv_comp_channel`): a file descriptor that becomes readable when an
+/// armed CQ gets a completion. Its fd is non-blocking. Cheap to clone; CQs using it keep it
+/// alive.
+#[derive(Clone)]
+pub struct CompChannel {
+    inner: Arc<ChannelInner>,
+}
+
+struct ChannelInner {
+    raw: *mut ffi::ibv_comp_channel,
+    _ctx: Context,
+}
+
+// SAFETY: the channel is a kernel fd plus an immutable struct; reads are serialised by the kernel.
+unsafe impl Send for ChannelInner {}
+// SAFETY: as above.
+unsafe impl Sync for ChannelInner {}
+
+impl Drop for ChannelInner {
+    fn drop(&mut self) {
+        // SAFETY: created by us; every CQ attached to it holds a clone, so none is left.
+        let rc = unsafe { ffi::ibv_destroy_comp_channel(self.raw) };
+        if rc != 0 {
+            tracing::warn!(rc, "ibv_destroy_comp_channel failed");
+        }
+    }
+}
+
+impl CompChannel {
+    /// Creates a channel on `ctx`, with its fd set non-blocking.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] naming `ibv_create_comp_channel` or `fcntl`.
+    pub fn new(ctx: &Context) -> Result<CompChannel> {
+        // SAFETY: the context is open.
+        let raw = unsafe { ffi::ibv_create_comp_channel(ctx.inner.raw) };
+        if raw.is_null() {
+            return Err(Error::last_os("ibv_create_comp_channel"));
+        }
+        let ch = CompChannel {
+            inner: Arc::new(ChannelInner {
+                raw,
+                _ctx: ctx.clone(),
+            }),
+        };
+        let fd = ch.as_raw_fd();
+        // SAFETY: `fd` is the channel's open descriptor.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above; only O_NONBLOCK is added.
+        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+            return Err(Error::last_os("fcntl"));
+        }
+        Ok(ch)
+    }
+
+    /// Takes one event off the channel without blocking: the CQ it is for, or `None` if no
+    /// event is pending. The caller must acknowledge it on that CQ.
+    fn try_get_event(&self) -> Result<Option<*mut ffi::ibv_cq>> {
+        let mut cq = std::ptr::null_mut();
+        let mut cq_ctx = std::ptr::null_mut();
+        // SAFETY: the channel is live; both out-pointers are valid.
+        let rc = unsafe { ffi::ibv_get_cq_event(self.inner.raw, &mut cq, &mut cq_ctx) };
+        if rc == 0 {
+            return Ok(Some(cq));
+        }
+        let e = Error::last_os("ibv_get_cq_event");
+        match e.errno() {
+            Some(libc::EAGAIN) => Ok(None),
+            _ => Err(e),
+        }
+    }
+
+    /// Waits until the fd is readable or `deadline` passes. Returns false on time-out.
+    fn wait_readable(&self, deadline: Option<Instant>) -> Result<bool> {
+        loop {
+            let timeout_ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(false);
+                    }
+                    // Round up so a sub-millisecond remainder still waits.
+                    left.as_millis().saturating_add(1).min(i32::MAX as u128) as i32
+                }
+            };
+            let mut pfd = libc::pollfd {
+                fd: self.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+            if n > 0 {
+                return Ok(true);
+            }
+            if n < 0 {
+                let e = Error::last_os("poll");
+                if e.errno() != Some(libc::EINTR) {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+impl AsFd for CompChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd is open for as long as the channel, which the borrow is tied to.
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+impl AsRawFd for CompChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        // SAFETY: the channel is live; `fd` is a plain field.
+        unsafe { (*self.inner.raw).fd }
+    }
+}
+
+impl std::fmt::Debug for CompChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompChannel")
+            .field("fd", &self.as_raw_fd())
+            .finish()
+    }
+}
+
+/// A completion queue (`ibv_cq`). Cheap to clone; queue pairs using it keep it alive.
+#[derive(Clone)]
+pub struct Cq {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+pub(crate) struct CqInner {
+    pub(crate) raw: *mut ffi::ibv_cq,
+    channel: Option<CompChannel>,
+    unacked: AtomicU32,
+    pub(crate) ctx: Context,
+}
+
+// SAFETY: libibverbs serialises polling and arming of a CQ internally; our own state is atomic.
+unsafe impl Send for CqInner {}
+// SAFETY: as above.
+unsafe impl Sync for CqInner {}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        let n = *self.unacked.get_mut();
+        if n > 0 {
+            // SAFETY: these events were taken from this CQ's channel and not yet acknowledged;
+            // ibv_destroy_cq would wait for them forever.
+            unsafe { ffi::ibv_ack_cq_events(self.raw, n) };
+        }
+        // SAFETY: created by us; every QP using it holds a clone, so none is left.
+        let rc = unsafe { ffi::ibv_destroy_cq(self.raw) };
+        if rc != 0 {
+            tracing::warn!(rc, "ibv_destroy_cq failed");
+        }
+    }
+}
+
+impl Cq {
+    /// Creates a CQ with room for at least `cqe` completions, attached to `channel` if given.
+    ///
+    /// # Errors
+    /// [`Error::Limit`] above the device's `max_cqe` (checked before any verb);
+    /// [`Error::InvalidArgument`] for 0; [`Error::Verbs`] naming `ibv_create_cq`.
+    pub fn new(ctx: &Context, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
+        if cqe == 0 {
+            return Err(Error::InvalidArgument(
+                "a completion queue needs at least one entry".into(),
+            ));
+        }
+        let max = ctx.attr().max_cqe;
+        if cqe > max {
+            return Err(Error::Limit {
+                what: "cqe",
+                requested: cqe.into(),
+                limit: max.into(),
+                source_of_limit: "device max_cqe",
+            });
+        }
+        let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.raw);
+        // SAFETY: the context is open; `ch` is null or a live channel of the same device that
+        // the CQ keeps alive (its clone is stored below).
+        let raw =
+            unsafe { ffi::ibv_create_cq(ctx.inner.raw, cqe as i32, std::ptr::null_mut(), ch, 0) };
+        if raw.is_null() {
+            return Err(Error::last_os("ibv_create_cq"));
+        }
+        Ok(Cq {
+            inner: Arc::new(CqInner {
+                raw,
+                channel: channel.cloned(),
+                unacked: AtomicU32::new(0),
+                ctx: ctx.clone(),
+            }),
+        })
+    }
+
+    /// The number of entries the provider actually gave (at least what was asked).
+    pub fn capacity(&self) -> u32 {
+        // SAFETY: the CQ is live; `cqe` is a plain field.
+        unsafe { (*self.inner.raw).cqe.max(0) as u32 }
+    }
+
+    /// Moves up to `wcs.len()` completions into `wcs`, returning how many. Never blocks and
+    /// never allocates. A failed completion is returned like any other: check
+    /// [`Wc::status`]/[`Wc::ok`].
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] naming `ibv_poll_cq` (a CQ overrun or a broken device).
+    #[inline]
+    pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
+        let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
+        // SAFETY: the CQ is live; `wcs` has room for `n` entries and Wc is repr(transparent)
+        // over ibv_wc.
+        let rc = unsafe { ffi::ibv_poll_cq(self.inner.raw, n, wcs.as_mut_ptr().cast()) };
+        if rc < 0 {
+            return Err(Error::from_errno(
+                "ibv_poll_cq",
+                if rc == -1 { libc::EIO } else { -rc },
+            ));
+        }
+        Ok(rc as usize)
+    }
+
+    /// Polls until at least one completion arrives or `timeout` passes, spinning.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when nothing came; the errors of [`Cq::poll`].
+    pub fn poll_blocking(&self, wcs: &mut [Wc], timeout: Duration) -> Result<usize> {
+        let start = Instant::now();
+        loop {
+            let n = self.poll(wcs)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            if start.elapsed() >= timeout {
+                return Err(Error::Timeout {
+                    op: "poll_cq",
+                    millis: timeout.as_millis() as u64,
+                });
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Requests an event on the channel for the next completion (or the next solicited one).
+    /// Poll the CQ empty after arming: a completion that arrived before the arm raises no event.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the CQ has no channel; [`Error::Verbs`] naming
+    /// `ibv_req_notify_cq`.
+    pub fn arm(&self, solicited_only: bool) -> Result<()> {
+        self.channel()?;
+        // SAFETY: the CQ is live.
+        let rc = unsafe { ffi::ibv_req_notify_cq(self.inner.raw, solicited_only as i32) };
+        check_rc("ibv_req_notify_cq", rc)
+    }
+
+    /// Blocks until the channel delivers an event for this CQ, or `timeout` passes. The event
+    /// is consumed and acknowledged (in batches); re-arm before polling again. A channel
+    /// shared by several CQs may wake this call for another CQ's event, which is then
+    /// acknowledged on that CQ and reported as a wake-up: callers re-poll either way.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`]; [`Error::InvalidArgument`] without a channel; [`Error::Verbs`].
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+        let ch = self.channel()?;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(cq) = ch.try_get_event()? {
+                if cq == self.inner.raw {
+                    let n = self.inner.unacked.fetch_add(1, Ordering::AcqRel) + 1;
+                    if n >= ACK_BATCH {
+                        self.ack_pending();
+                    }
+                } else {
+                    // SAFETY: the event is for another live CQ on this channel (the channel
+                    // only carries events of CQs attached to it, which keep it alive);
+                    // acknowledging one event there is what its owner would do.
+                    unsafe { ffi::ibv_ack_cq_events(cq, 1) };
+                }
+                return Ok(());
+            }
+            if !ch.wait_readable(deadline)? {
+                let millis = timeout.map_or(0, |t| t.as_millis() as u64);
+                return Err(Error::Timeout {
+                    op: "wait for a completion event",
+                    millis,
+                });
+            }
+        }
+    }
+
+    fn ack_pending(&self) {
+        let n = self.inner.unacked.swap(0, Ordering::AcqRel);
+        if n > 0 {
+            // SAFETY: `n` events of this CQ were taken and not yet acknowledged.
+            unsafe { ffi::ibv_ack_cq_events(self.inner.raw, n) };
+        }
+    }
+
+    /// The channel this CQ reports to, if any.
+    pub fn comp_channel(&self) -> Option<&CompChannel> {
+        self.inner.channel.as_ref()
+    }
+
+    fn channel(&self) -> Result<&CompChannel> {
+        self.inner.channel.as_ref().ok_or_else(|| {
+            Error::InvalidArgument(
+                "this completion queue was created without a completion channel".into(),
+            )
+        })
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// The raw `ibv_cq`; `None` for a provider that is not libibverbs.
+    pub fn as_raw(&self) -> Option<*mut ffi::ibv_cq> {
+        Some(self.inner.raw)
+    }
+}
+
+impl std::fmt::Debug for Cq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cq")
+            .field("capacity", &self.capacity())
+            .field("channel", &self.inner.channel)
+            .finish()
+    }
+}

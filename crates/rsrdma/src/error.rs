@@ -1,0 +1,242 @@
+//! The crate's one error type.
+//!
+//! Every variant that comes from a failed verb names the verb and the errno it returned, so a
+//! log line says what failed and why without a debugger.
+
+use crate::wc::{WcOpcode, WcStatus};
+use std::io;
+
+/// Result alias used throughout rsrdma.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The hint printed with [`Error::Unsupported`]: where to get an RDMA stack when this machine
+/// has none.
+pub const NO_RDMA_HINT: &str =
+    "no RDMA stack on this machine; run inside a soft-RoCE VM with `cargo xtask vm -- <command>`";
+
+/// Everything that can go wrong in rsrdma.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A verb or rdma_cm call failed.
+    #[error("{op} failed: {} (errno {errno})", io::Error::from_raw_os_error(*.errno))]
+    Verbs {
+        /// The C function that failed.
+        op: &'static str,
+        /// The errno it reported.
+        errno: i32,
+    },
+
+    /// The machine has no RDMA stack (ENOSYS/ENODEV from the device list or rdma_cm), or the
+    /// provider does not implement the operation (EOPNOTSUPP).
+    #[error("{op}: RDMA is not supported here (errno {errno}); {}", NO_RDMA_HINT)]
+    Unsupported {
+        /// The call that reported it.
+        op: &'static str,
+        /// ENOSYS, ENODEV or EOPNOTSUPP.
+        errno: i32,
+    },
+
+    /// No device of that name.
+    #[error("no RDMA device named {name:?} (found: {available})")]
+    NoDevice {
+        /// The name asked for.
+        name: String,
+        /// The devices that exist, comma-separated (empty when none).
+        available: String,
+    },
+
+    /// An option is beyond what the device (or the verbs API) allows. Raised before any verb
+    /// is called.
+    #[error("{what} = {requested} exceeds the limit {limit} ({source_of_limit})")]
+    Limit {
+        /// The option.
+        what: &'static str,
+        /// What was asked for.
+        requested: u64,
+        /// The most allowed.
+        limit: u64,
+        /// Where the limit comes from, e.g. "device max_qp_wr".
+        source_of_limit: &'static str,
+    },
+
+    /// An argument that can never be valid (zero length, index out of range, …).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// A queue-pair state change that the verbs state machine does not allow.
+    #[error("queue pair {qp_num}: cannot move from {from} to {to}")]
+    InvalidTransition {
+        /// The QP number.
+        qp_num: u32,
+        /// The current state.
+        from: crate::qp::QpState,
+        /// The requested state.
+        to: crate::qp::QpState,
+    },
+
+    /// A work completion that did not succeed.
+    #[error(
+        "work request {wr_id} ({opcode}) completed with {status} (vendor error {vendor_err:#x})"
+    )]
+    WorkCompletion {
+        /// The completion's status.
+        status: WcStatus,
+        /// The work request's id.
+        wr_id: u64,
+        /// The completion's opcode (only meaningful for some statuses).
+        opcode: WcOpcode,
+        /// The provider's own error code.
+        vendor_err: u32,
+    },
+
+    /// A posting call rejected one work request of a list; those before it were posted.
+    #[error("{op} rejected work request #{index} (of {count}): {} (errno {errno})", io::Error::from_raw_os_error(*.errno))]
+    Post {
+        /// `ibv_post_send`, `ibv_post_recv` or `ibv_post_srq_recv`.
+        op: &'static str,
+        /// Index of the first rejected work request; the ones before it were posted.
+        index: usize,
+        /// How many were in the list.
+        count: usize,
+        /// The errno the provider returned.
+        errno: i32,
+    },
+
+    /// An rdma_cm event other than the one expected arrived.
+    #[error("{op}: expected {expected}, got {got} (status {status})")]
+    CmEvent {
+        /// The operation waiting for the event.
+        op: &'static str,
+        /// The event it waited for.
+        expected: crate::cm::CmEventType,
+        /// The event that came.
+        got: crate::cm::CmEventType,
+        /// The event's status field (a negative errno or a reject reason).
+        status: i32,
+    },
+
+    /// A wait ran out of time.
+    #[error("{op} timed out after {millis} ms")]
+    Timeout {
+        /// What was waited for.
+        op: &'static str,
+        /// The time limit.
+        millis: u64,
+    },
+}
+
+impl Error {
+    /// The error for a verb that failed with `errno`; ENOSYS/ENODEV/EOPNOTSUPP become
+    /// [`Error::Unsupported`].
+    pub fn from_errno(op: &'static str, errno: i32) -> Self {
+        match errno {
+            libc::ENOSYS | libc::ENODEV | libc::EOPNOTSUPP => Error::Unsupported { op, errno },
+            _ => Error::Verbs { op, errno },
+        }
+    }
+
+    /// The error for a verb that just failed and left its reason in `errno`. Must be called
+    /// right after the failing call, on the same thread.
+    pub(crate) fn last_os(op: &'static str) -> Self {
+        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        // A verb that fails without setting errno still failed; EIO says so without lying
+        // about a cause.
+        Self::from_errno(op, if errno == 0 { libc::EIO } else { errno })
+    }
+
+    /// The errno behind this error, where there is one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Verbs { errno, .. }
+            | Error::Unsupported { errno, .. }
+            | Error::Post { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+
+    /// True when the machine has no RDMA stack or the provider lacks the operation.
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, Error::Unsupported { .. })
+    }
+}
+
+/// A verb's return code: 0 is success, anything else an errno value (the convention of
+/// `ibv_modify_qp`, `ibv_post_send` and most destroy calls).
+pub(crate) fn check_rc(op: &'static str, rc: i32) -> Result<()> {
+    match rc {
+        0 => Ok(()),
+        // Some verbs return -1 and set errno instead of returning it.
+        -1 => Err(Error::last_os(op)),
+        rc if rc < 0 => Err(Error::from_errno(op, -rc)),
+        rc => Err(Error::from_errno(op, rc)),
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> Self {
+        let kind = match &e {
+            Error::Timeout { .. } => io::ErrorKind::TimedOut,
+            Error::InvalidArgument(_) | Error::Limit { .. } => io::ErrorKind::InvalidInput,
+            Error::NoDevice { .. } => io::ErrorKind::NotFound,
+            Error::Unsupported { .. } => io::ErrorKind::Unsupported,
+            _ => match e.errno() {
+                Some(errno) => io::Error::from_raw_os_error(errno).kind(),
+                None => io::ErrorKind::Other,
+            },
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_stack_maps_to_unsupported_with_hint() {
+        for errno in [libc::ENOSYS, libc::ENODEV, libc::EOPNOTSUPP] {
+            let e = Error::from_errno("ibv_get_device_list", errno);
+            assert!(e.is_unsupported());
+            let text = e.to_string();
+            assert!(text.contains("ibv_get_device_list"), "{text}");
+            assert!(text.contains("cargo xtask vm"), "{text}");
+        }
+    }
+
+    #[test]
+    fn verb_errors_name_the_call_and_errno() {
+        let e = Error::from_errno("ibv_create_qp", libc::EINVAL);
+        let text = e.to_string();
+        assert!(
+            text.contains("ibv_create_qp") && text.contains("errno 22"),
+            "{text}"
+        );
+        assert_eq!(e.errno(), Some(libc::EINVAL));
+    }
+
+    #[test]
+    fn return_codes() {
+        assert!(check_rc("x", 0).is_ok());
+        assert_eq!(
+            check_rc("x", libc::ENOMEM).unwrap_err().errno(),
+            Some(libc::ENOMEM)
+        );
+        assert_eq!(
+            check_rc("x", -libc::EAGAIN).unwrap_err().errno(),
+            Some(libc::EAGAIN)
+        );
+    }
+
+    #[test]
+    fn io_error_kinds() {
+        let io: io::Error = Error::Timeout {
+            op: "wait",
+            millis: 5,
+        }
+        .into();
+        assert_eq!(io.kind(), io::ErrorKind::TimedOut);
+        let io: io::Error = Error::from_errno("x", libc::ENOSYS).into();
+        assert_eq!(io.kind(), io::ErrorKind::Unsupported);
+    }
+}

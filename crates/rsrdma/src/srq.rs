@@ -1,0 +1,162 @@
+//! Shared receive queues: one pool of receive requests for many queue pairs.
+
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::pd::Pd;
+use crate::wr::RecvWr;
+use std::sync::Arc;
+
+/// A shared receive queue (`ibv_srq`). Cheap to clone; QPs attached to it keep it alive.
+#[derive(Clone)]
+pub struct Srq {
+    pub(crate) inner: Arc<SrqInner>,
+}
+
+pub(crate) struct SrqInner {
+    pub(crate) raw: *mut ffi::ibv_srq,
+    max_wr: u32,
+    max_sge: u32,
+    _pd: Pd,
+}
+
+// SAFETY: libibverbs serialises posting to an SRQ.
+unsafe impl Send for SrqInner {}
+// SAFETY: as above.
+unsafe impl Sync for SrqInner {}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        // SAFETY: created by us; every QP attached holds a clone, so none is left.
+        let rc = unsafe { ffi::ibv_destroy_srq(self.raw) };
+        if rc != 0 {
+            tracing::warn!(rc, "ibv_destroy_srq failed");
+        }
+    }
+}
+
+impl Srq {
+    /// Creates an SRQ holding up to `max_wr` receive requests of up to `max_sge` entries.
+    ///
+    /// # Errors
+    /// [`Error::Limit`] beyond the device's `max_srq_wr`/`max_srq_sge` (checked before any
+    /// verb); [`Error::Verbs`] naming `ibv_create_srq`.
+    pub fn new(pd: &Pd, max_wr: u32, max_sge: u32) -> Result<Srq> {
+        let attr = pd.context().attr();
+        if max_wr == 0 || max_sge == 0 {
+            return Err(Error::InvalidArgument(
+                "an SRQ needs max_wr and max_sge of at least 1".into(),
+            ));
+        }
+        if max_wr > attr.max_srq_wr {
+            return Err(Error::Limit {
+                what: "srq max_wr",
+                requested: max_wr.into(),
+                limit: attr.max_srq_wr.into(),
+                source_of_limit: "device max_srq_wr",
+            });
+        }
+        if max_sge > attr.max_srq_sge {
+            return Err(Error::Limit {
+                what: "srq max_sge",
+                requested: max_sge.into(),
+                limit: attr.max_srq_sge.into(),
+                source_of_limit: "device max_srq_sge",
+            });
+        }
+        let mut init = ffi::ibv_srq_init_attr::default();
+        init.attr.max_wr = max_wr;
+        init.attr.max_sge = max_sge;
+        // SAFETY: live PD; `init` is a valid attribute struct the call reads and updates.
+        let raw = unsafe { ffi::ibv_create_srq(pd.inner.raw, &mut init) };
+        if raw.is_null() {
+            return Err(Error::last_os("ibv_create_srq"));
+        }
+        Ok(Srq {
+            inner: Arc::new(SrqInner {
+                raw,
+                max_wr: init.attr.max_wr,
+                max_sge: init.attr.max_sge,
+                _pd: pd.clone(),
+            }),
+        })
+    }
+
+    /// Receive requests it holds at most (as the provider granted).
+    pub fn max_wr(&self) -> u32 {
+        self.inner.max_wr
+    }
+
+    /// Scatter/gather entries per request.
+    pub fn max_sge(&self) -> u32 {
+        self.inner.max_sge
+    }
+
+    /// Posts one receive request.
+    ///
+    /// # Safety
+    /// The memory its SGEs name must stay valid, and must not be read or written by the CPU,
+    /// until the request's completion has been reaped (or the SRQ is destroyed).
+    ///
+    /// # Errors
+    /// [`Error::Post`] naming `ibv_post_srq_recv`.
+    #[inline]
+    pub unsafe fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        let mut raw = wr.raw_unchained();
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: live SRQ; `raw` is a valid single request whose memory the caller vouches for.
+        let rc = unsafe { ffi::ibv_post_srq_recv(self.inner.raw, &mut raw, &mut bad) };
+        if rc != 0 {
+            return Err(Error::Post {
+                op: "ibv_post_srq_recv",
+                index: 0,
+                count: 1,
+                errno: rc.abs(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Posts a list of receive requests with one call.
+    ///
+    /// # Safety
+    /// As [`Srq::post_recv`], for every request.
+    ///
+    /// # Errors
+    /// [`Error::Post`] with the index of the first request not posted.
+    pub unsafe fn post_recv_batch(&self, wrs: &mut [RecvWr<'_>]) -> Result<()> {
+        let mut bad = 0usize;
+        // SAFETY: live SRQ; RecvWr is repr(transparent) over ibv_recv_wr; the helper only
+        // links the array's own elements.
+        let rc = unsafe {
+            ffi::rsrdma_post_srq_recv_batch(
+                self.inner.raw,
+                wrs.as_mut_ptr().cast(),
+                wrs.len(),
+                &mut bad,
+            )
+        };
+        if rc != 0 {
+            return Err(Error::Post {
+                op: "ibv_post_srq_recv",
+                index: bad,
+                count: wrs.len(),
+                errno: rc.abs(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The raw `ibv_srq`; `None` for a provider that is not libibverbs.
+    pub fn as_raw(&self) -> Option<*mut ffi::ibv_srq> {
+        Some(self.inner.raw)
+    }
+}
+
+impl std::fmt::Debug for Srq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Srq")
+            .field("max_wr", &self.inner.max_wr)
+            .field("max_sge", &self.inner.max_sge)
+            .finish()
+    }
+}

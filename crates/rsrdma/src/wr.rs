@@ -1,0 +1,430 @@
+//! Work requests: what is posted to a send or receive queue.
+//!
+//! [`SendWr`] and [`RecvWr`] are laid out exactly as `ibv_send_wr` / `ibv_recv_wr`, so posting
+//! one, or a slice of them, hands the caller's memory to the provider with no conversion and
+//! no allocation. They borrow the scatter/gather list (and the address handle, for UD) they
+//! name, so those cannot be dropped while the request is being built or posted. The memory the
+//! SGEs point at is another matter: see the `# Safety` contract of the posting calls.
+
+use crate::ah::Ah;
+use crate::ffi;
+use std::fmt;
+use std::marker::PhantomData;
+
+/// A scatter/gather entry: `length` bytes at `addr`, in the memory region whose local key is
+/// `lkey`. Make one with [`crate::Mr::sge`] (bounds-checked) or [`Sge::new`].
+#[derive(Clone, Copy, Default)]
+#[repr(transparent)]
+pub struct Sge(ffi::ibv_sge);
+
+impl PartialEq for Sge {
+    fn eq(&self, other: &Sge) -> bool {
+        (self.0.addr, self.0.length, self.0.lkey) == (other.0.addr, other.0.length, other.0.lkey)
+    }
+}
+
+impl Eq for Sge {}
+
+impl Sge {
+    /// An entry from raw parts.
+    pub const fn new(addr: u64, length: u32, lkey: u32) -> Sge {
+        Sge(ffi::ibv_sge { addr, length, lkey })
+    }
+
+    /// An entry over plain memory, for [`SendWr::inline`] sends: the provider copies inline
+    /// data at post time, so it needs no registration (the key is ignored).
+    pub fn inline(data: &[u8]) -> Sge {
+        Sge::new(data.as_ptr() as u64, data.len() as u32, 0)
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.0.addr
+    }
+
+    /// Length in bytes.
+    pub fn length(&self) -> u32 {
+        self.0.length
+    }
+
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.0.lkey
+    }
+}
+
+impl fmt::Debug for Sge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Sge({:#x}+{}, lkey {:#x})",
+            self.0.addr, self.0.length, self.0.lkey
+        )
+    }
+}
+
+/// A send-queue work request. Build it with one of the opcode constructors, then adjust flags:
+///
+/// ```no_run
+/// # fn f(mr: &rsrdma::Mr, peer: rsrdma::RemoteMemory) -> rsrdma::Result<()> {
+/// use rsrdma::SendWr;
+/// let sge = [mr.sge(0, 4096)?];
+/// let wr = SendWr::rdma_write(7, &sge, peer.addr, peer.rkey).unsignaled();
+/// # let _ = wr; Ok(()) }
+/// ```
+///
+/// Requests are signaled by default (a completion is generated); [`SendWr::unsignaled`]
+/// turns that off for selective signaling.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct SendWr<'a> {
+    raw: ffi::ibv_send_wr,
+    _borrows: PhantomData<(&'a [Sge], &'a Ah)>,
+}
+
+// SAFETY: the raw pointers inside point at the borrowed SGE slice and AH, which are Sync.
+unsafe impl Send for SendWr<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for SendWr<'_> {}
+
+impl<'a> SendWr<'a> {
+    fn with(wr_id: u64, opcode: ffi::ibv_wr_opcode, sges: &'a [Sge]) -> Self {
+        let mut raw = ffi::ibv_send_wr {
+            wr_id,
+            sg_list: sges.as_ptr() as *mut ffi::ibv_sge,
+            // More SGEs than an i32 holds would be refused by any device; saturate so the
+            // provider reports it instead of wrapping to a small count.
+            num_sge: i32::try_from(sges.len()).unwrap_or(i32::MAX),
+            opcode,
+            ..Default::default()
+        };
+        raw.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        SendWr {
+            raw,
+            _borrows: PhantomData,
+        }
+    }
+
+    /// A send: the peer consumes a receive request.
+    pub fn send(wr_id: u64, sges: &'a [Sge]) -> Self {
+        Self::with(wr_id, ffi::ibv_wr_opcode::IBV_WR_SEND, sges)
+    }
+
+    /// A send carrying 32 bits of immediate data (host order) to the receiver's completion.
+    pub fn send_with_imm(wr_id: u64, sges: &'a [Sge], imm: u32) -> Self {
+        let mut wr = Self::with(wr_id, ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, sges);
+        wr.raw.__bindgen_anon_1.imm_data = imm.to_be();
+        wr
+    }
+
+    /// A one-sided write of the local SGEs to `remote_addr` in the peer's region `rkey`.
+    pub fn rdma_write(wr_id: u64, sges: &'a [Sge], remote_addr: u64, rkey: u32) -> Self {
+        let mut wr = Self::with(wr_id, ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE, sges);
+        wr.raw.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+        wr
+    }
+
+    /// A one-sided write that also consumes a receive request at the peer and delivers `imm`
+    /// (host order) in its completion.
+    pub fn rdma_write_with_imm(
+        wr_id: u64,
+        sges: &'a [Sge],
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    ) -> Self {
+        let mut wr = Self::with(wr_id, ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, sges);
+        wr.raw.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+        wr.raw.__bindgen_anon_1.imm_data = imm.to_be();
+        wr
+    }
+
+    /// A one-sided read of the peer's memory into the local SGEs.
+    pub fn rdma_read(wr_id: u64, sges: &'a [Sge], remote_addr: u64, rkey: u32) -> Self {
+        let mut wr = Self::with(wr_id, ffi::ibv_wr_opcode::IBV_WR_RDMA_READ, sges);
+        wr.raw.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+        wr
+    }
+
+    /// Atomic compare-and-swap of the 8 bytes at `remote_addr` (8-byte aligned): if they equal
+    /// `compare` they become `swap`. The original value lands in the 8-byte local SGE.
+    pub fn atomic_cmp_swap(
+        wr_id: u64,
+        sge: &'a [Sge],
+        remote_addr: u64,
+        rkey: u32,
+        compare: u64,
+        swap: u64,
+    ) -> Self {
+        let mut wr = Self::with(wr_id, ffi::ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP, sge);
+        wr.raw.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+            remote_addr,
+            compare_add: compare,
+            swap,
+            rkey,
+        };
+        wr
+    }
+
+    /// Atomic fetch-and-add of `add` to the 8 bytes at `remote_addr` (8-byte aligned). The
+    /// original value lands in the 8-byte local SGE.
+    pub fn atomic_fetch_add(
+        wr_id: u64,
+        sge: &'a [Sge],
+        remote_addr: u64,
+        rkey: u32,
+        add: u64,
+    ) -> Self {
+        let mut wr = Self::with(wr_id, ffi::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD, sge);
+        wr.raw.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+            remote_addr,
+            compare_add: add,
+            swap: 0,
+            rkey,
+        };
+        wr
+    }
+
+    /// Addresses a UD send: the destination's address handle, QP number and Q_Key.
+    pub fn ud(mut self, ah: &'a Ah, remote_qpn: u32, remote_qkey: u32) -> Self {
+        self.raw.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+            ah: ah.raw_ptr(),
+            remote_qpn,
+            remote_qkey,
+        };
+        self
+    }
+
+    fn set_flag(mut self, flag: ffi::ibv_send_flags, on: bool) -> Self {
+        if on {
+            self.raw.send_flags |= flag.0;
+        } else {
+            self.raw.send_flags &= !flag.0;
+        }
+        self
+    }
+
+    /// No completion unless it fails (selective signaling). The send queue still needs a
+    /// signaled request now and then, or its slots are never freed.
+    pub fn unsignaled(self) -> Self {
+        self.set_flag(ffi::ibv_send_flags::IBV_SEND_SIGNALED, false)
+    }
+
+    /// Generate a completion (the default).
+    pub fn signaled(self, on: bool) -> Self {
+        self.set_flag(ffi::ibv_send_flags::IBV_SEND_SIGNALED, on)
+    }
+
+    /// Copy the payload into the work request at post time (small sends; the SGE memory needs
+    /// no registration and may be reused as soon as the post returns).
+    pub fn inline(self) -> Self {
+        self.set_flag(ffi::ibv_send_flags::IBV_SEND_INLINE, true)
+    }
+
+    /// Wake a peer that armed its CQ for solicited events only.
+    pub fn solicited(self) -> Self {
+        self.set_flag(ffi::ibv_send_flags::IBV_SEND_SOLICITED, true)
+    }
+
+    /// Wait for earlier RDMA reads and atomics to finish before this one starts.
+    pub fn fence(self) -> Self {
+        self.set_flag(ffi::ibv_send_flags::IBV_SEND_FENCE, true)
+    }
+
+    /// The id completions will carry.
+    pub fn wr_id(&self) -> u64 {
+        self.raw.wr_id
+    }
+
+    /// Changes the id (reusing a built request in a loop).
+    pub fn set_wr_id(&mut self, wr_id: u64) {
+        self.raw.wr_id = wr_id;
+    }
+
+    /// True if a completion will be generated.
+    pub fn is_signaled(&self) -> bool {
+        self.raw.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0
+    }
+
+    /// True if the payload is sent inline.
+    pub fn is_inline(&self) -> bool {
+        self.raw.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0
+    }
+
+    /// Total payload bytes over all SGEs.
+    pub fn payload_len(&self) -> u64 {
+        self.sges().iter().map(|s| u64::from(s.length())).sum()
+    }
+
+    /// The scatter/gather list.
+    pub fn sges(&self) -> &'a [Sge] {
+        if self.raw.num_sge <= 0 || self.raw.sg_list.is_null() {
+            return &[];
+        }
+        // SAFETY: sg_list/num_sge were set from a `&'a [Sge]` (Sge is repr(transparent) over
+        // ibv_sge).
+        unsafe {
+            std::slice::from_raw_parts(self.raw.sg_list as *const Sge, self.raw.num_sge as usize)
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn opcode(&self) -> ffi::ibv_wr_opcode {
+        self.raw.opcode
+    }
+
+    /// The raw request, with `next` cleared, for a single post.
+    pub(crate) fn raw_unchained(&self) -> ffi::ibv_send_wr {
+        let mut raw = self.raw;
+        raw.next = std::ptr::null_mut();
+        raw
+    }
+
+    /// The raw `ibv_send_wr`.
+    pub fn as_raw(&self) -> &ffi::ibv_send_wr {
+        &self.raw
+    }
+}
+
+impl fmt::Debug for SendWr<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendWr")
+            .field("wr_id", &self.raw.wr_id)
+            .field("opcode", &self.raw.opcode.0)
+            .field("send_flags", &format_args!("{:#x}", self.raw.send_flags))
+            .field("sges", &self.sges())
+            .finish()
+    }
+}
+
+/// A receive-queue work request: where the next incoming send (or write with immediate) lands.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct RecvWr<'a> {
+    raw: ffi::ibv_recv_wr,
+    _borrows: PhantomData<&'a [Sge]>,
+}
+
+// SAFETY: the raw pointer inside points at the borrowed SGE slice, which is Sync.
+unsafe impl Send for RecvWr<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for RecvWr<'_> {}
+
+impl<'a> RecvWr<'a> {
+    /// A receive into `sges` (which may be empty for a write-with-immediate that carries no
+    /// payload here). On UD the first 40 bytes receive the GRH.
+    pub fn new(wr_id: u64, sges: &'a [Sge]) -> Self {
+        RecvWr {
+            raw: ffi::ibv_recv_wr {
+                wr_id,
+                next: std::ptr::null_mut(),
+                sg_list: sges.as_ptr() as *mut ffi::ibv_sge,
+                num_sge: i32::try_from(sges.len()).unwrap_or(i32::MAX),
+            },
+            _borrows: PhantomData,
+        }
+    }
+
+    /// The id the completion will carry.
+    pub fn wr_id(&self) -> u64 {
+        self.raw.wr_id
+    }
+
+    /// Changes the id.
+    pub fn set_wr_id(&mut self, wr_id: u64) {
+        self.raw.wr_id = wr_id;
+    }
+
+    /// The scatter/gather list.
+    pub fn sges(&self) -> &'a [Sge] {
+        if self.raw.num_sge <= 0 || self.raw.sg_list.is_null() {
+            return &[];
+        }
+        // SAFETY: set from a `&'a [Sge]`.
+        unsafe {
+            std::slice::from_raw_parts(self.raw.sg_list as *const Sge, self.raw.num_sge as usize)
+        }
+    }
+
+    pub(crate) fn raw_unchained(&self) -> ffi::ibv_recv_wr {
+        let mut raw = self.raw;
+        raw.next = std::ptr::null_mut();
+        raw
+    }
+
+    /// The raw `ibv_recv_wr`.
+    pub fn as_raw(&self) -> &ffi::ibv_recv_wr {
+        &self.raw
+    }
+}
+
+impl fmt::Debug for RecvWr<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecvWr")
+            .field("wr_id", &self.raw.wr_id)
+            .field("sges", &self.sges())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_are_the_c_structs() {
+        use std::mem::size_of;
+        assert_eq!(size_of::<Sge>(), size_of::<ffi::ibv_sge>());
+        assert_eq!(size_of::<SendWr<'_>>(), size_of::<ffi::ibv_send_wr>());
+        assert_eq!(size_of::<RecvWr<'_>>(), size_of::<ffi::ibv_recv_wr>());
+    }
+
+    #[test]
+    fn send_builders_set_opcode_flags_and_remote_fields() {
+        let sges = [Sge::new(0x1000, 64, 5), Sge::new(0x2000, 32, 5)];
+        let wr = SendWr::rdma_write_with_imm(9, &sges, 0xdead_0000, 77, 0xabcd);
+        assert_eq!(wr.opcode(), ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM);
+        assert!(wr.is_signaled());
+        assert_eq!(wr.payload_len(), 96);
+        // SAFETY: the constructor wrote the rdma view of the union and the imm view.
+        unsafe {
+            assert_eq!(wr.as_raw().wr.rdma.remote_addr, 0xdead_0000);
+            assert_eq!(wr.as_raw().wr.rdma.rkey, 77);
+            assert_eq!(u32::from_be(wr.as_raw().__bindgen_anon_1.imm_data), 0xabcd);
+        }
+        let wr = wr.unsignaled().inline().fence();
+        assert!(!wr.is_signaled() && wr.is_inline());
+        assert_eq!(
+            wr.as_raw().send_flags & ffi::ibv_send_flags::IBV_SEND_FENCE.0,
+            1
+        );
+    }
+
+    #[test]
+    fn atomics_fill_the_atomic_view() {
+        let sge = [Sge::new(0x1000, 8, 1)];
+        let wr = SendWr::atomic_cmp_swap(1, &sge, 0x4000, 3, 10, 20);
+        // SAFETY: the constructor wrote the atomic view.
+        let a = unsafe { wr.as_raw().wr.atomic };
+        assert_eq!(
+            (a.remote_addr, a.rkey, a.compare_add, a.swap),
+            (0x4000, 3, 10, 20)
+        );
+        let wr = SendWr::atomic_fetch_add(2, &sge, 0x4008, 3, 5);
+        // SAFETY: as above.
+        let a = unsafe { wr.as_raw().wr.atomic };
+        assert_eq!((a.remote_addr, a.compare_add), (0x4008, 5));
+        assert_eq!(wr.opcode(), ffi::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD);
+    }
+
+    #[test]
+    fn single_posts_never_carry_a_stale_chain() {
+        let sges = [Sge::new(1, 1, 1)];
+        let mut wrs = [SendWr::send(1, &sges), SendWr::send(2, &sges)];
+        wrs[0].raw.next = &mut wrs[1].raw;
+        assert!(wrs[0].raw_unchained().next.is_null());
+        let r = RecvWr::new(3, &[]);
+        assert_eq!(r.sges().len(), 0);
+        assert!(r.raw_unchained().next.is_null());
+    }
+}
