@@ -21,6 +21,9 @@ pub(crate) struct ContextInner {
     owned: bool,
     attr: DeviceAttr,
     name: String,
+    /// The largest inline size a QP of each type (RC, UC, UD) can get, probed on first need:
+    /// the verbs API has no device attribute for it.
+    pub(crate) inline_limits: [std::sync::OnceLock<u32>; 3],
 }
 
 // SAFETY: libibverbs contexts are thread-safe; the Rust side only reads the cached attributes.
@@ -75,6 +78,7 @@ impl Context {
             owned,
             attr: DeviceAttr::from_raw(&a),
             name,
+            inline_limits: Default::default(),
         };
         // Checked after building `inner`, so an owned context is closed on this error too.
         check_rc("ibv_query_device", rc)?;

@@ -229,6 +229,17 @@ impl QpBuilder {
                 });
             }
         }
+        if c.max_inline_data > 0 {
+            let limit = max_inline_data(pd, self.qp_type)?;
+            if c.max_inline_data > limit {
+                return Err(Error::Limit {
+                    what: "max_inline_data",
+                    requested: c.max_inline_data.into(),
+                    limit: limit.into(),
+                    source_of_limit: "the device's inline size (probed)",
+                });
+            }
+        }
         if c.max_send_wr == 0 && c.max_recv_wr == 0 {
             return Err(Error::InvalidArgument(
                 "a queue pair needs a send or a receive queue".into(),
@@ -1075,6 +1086,54 @@ impl fmt::Debug for Qp {
             .field("caps", &self.inner.caps)
             .finish()
     }
+}
+
+/// The largest `max_inline_data` the device grants a QP of `qp_type`. The verbs API reports
+/// no such limit, so it is found once per context by creating throwaway QPs (a binary search
+/// over 0..=64 KiB, about 17 creations), then cached.
+fn max_inline_data(pd: &Pd, qp_type: QpType) -> Result<u32> {
+    let slot = &pd.context().inner.inline_limits[qp_type as usize];
+    if let Some(v) = slot.get() {
+        return Ok(*v);
+    }
+    let cq = Cq::new(pd.context(), 2, None)?;
+    let fits = |inline: u32| -> bool {
+        let b = QpBuilder {
+            qp_type,
+            caps: QpCaps {
+                max_send_wr: 1,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: inline,
+            },
+            sq_sig_all: false,
+            srq: None,
+        };
+        let mut init = b.init_attr(&cq, &cq);
+        // SAFETY: live PD and CQ; `init` is valid. The QP is destroyed at once.
+        let raw = unsafe { ffi::ibv_create_qp(pd.inner.raw, &mut init) };
+        if raw.is_null() {
+            return false;
+        }
+        // SAFETY: created just above, destroyed once.
+        unsafe { ffi::ibv_destroy_qp(raw) };
+        init.cap.max_inline_data >= inline
+    };
+    let (mut lo, mut hi) = (0u32, 64 * 1024);
+    if fits(hi) {
+        lo = hi;
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    tracing::debug!(device = pd.context().name(), %qp_type, max_inline = lo, "probed the inline limit");
+    Ok(*slot.get_or_init(|| lo))
 }
 
 fn access_from_bits(bits: u32) -> AccessFlags {

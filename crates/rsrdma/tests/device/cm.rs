@@ -1,0 +1,208 @@
+//! rdma_cm between two processes: listen, accept and connect with private data, a message
+//! each way, disconnect. The server half runs as a child process of this test binary.
+
+use crate::common::{ctx, gid_index, poll_ok, WAIT};
+use rsrdma::cm::{CmEventType, CmId, ConnParam};
+use rsrdma::{AccessFlags, Cq, Error, Mr, Pd, Qp, QpCaps, QpType, RecvWr, SendWr};
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, SocketAddr};
+use std::process::{Command, Stdio};
+
+const CHILD_ENV: &str = "RSRDMA_CM_CHILD_ADDR";
+
+/// The IPv4 address behind the test GID: what rdma_cm resolves to the device under test.
+fn device_ip() -> IpAddr {
+    let g = ctx().query_gid(1, gid_index().into()).unwrap().gid;
+    IpAddr::V4(g.to_ipv4().expect("the test GID is IPv4-mapped RoCE v2"))
+}
+
+/// The server side, run only as the child of `rdma_cm_connect_accept_between_processes`.
+#[test]
+#[ignore = "runs as the child process of rdma_cm_connect_accept_between_processes"]
+fn cm_server_child() {
+    let addr: SocketAddr = std::env::var(CHILD_ENV)
+        .expect("run by the parent test")
+        .parse()
+        .unwrap();
+    let listener = CmId::listener(addr, 4).unwrap();
+    println!("LISTENING {}", listener.local_addr().unwrap());
+    let req = listener.get_request(WAIT).unwrap();
+    assert_eq!(req.private_data, b"hello from the client");
+    let id = req.id;
+    assert!(id.peer_addr().is_some());
+    let ctx = id.context().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 16, None).unwrap();
+    let qp = id
+        .create_qp(
+            &pd,
+            &Qp::builder(QpType::Rc).caps(QpCaps::default()),
+            &cq,
+            &cq,
+        )
+        .unwrap();
+    let mut buf = Mr::new(&pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let sge = [buf.sge(0, 4096).unwrap()];
+    // Post the receive before accepting, so the client's first send finds it.
+    // SAFETY: `buf` outlives the completion polled below.
+    unsafe { qp.post_recv(&RecvWr::new(1, &sge)).unwrap() };
+    id.accept(
+        &ConnParam {
+            private_data: b"welcome".to_vec(),
+            ..Default::default()
+        },
+        WAIT,
+    )
+    .unwrap();
+    let wc = poll_ok(&cq);
+    let n = wc.byte_len() as usize;
+    // Echo the message back, reversed.
+    buf.as_mut_slice()[..n].reverse();
+    let sge = [buf.sge(0, n).unwrap()];
+    // SAFETY: as above.
+    unsafe { qp.post_send(&SendWr::send(2, &sge)).unwrap() };
+    poll_ok(&cq);
+    id.wait_disconnected(WAIT).unwrap();
+    drop(qp);
+    println!("SERVER DONE");
+}
+
+#[test]
+fn rdma_cm_connect_accept_between_processes() {
+    let ip = device_ip();
+    // Any free port: the child binds port 0 and reports the one it got.
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "cm::cm_server_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, SocketAddr::new(ip, 0).to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let server: SocketAddr = loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the child exited before listening"
+        );
+        if let Some(a) = line.trim().strip_prefix("LISTENING ") {
+            break a.parse().unwrap();
+        }
+    };
+    assert_eq!(server.ip(), ip);
+    assert_ne!(server.port(), 0);
+
+    let id = CmId::new().unwrap();
+    id.resolve_addr(None, server, WAIT).unwrap();
+    id.resolve_route(WAIT).unwrap();
+    let ctx = id.context().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 16, None).unwrap();
+    let qp = id
+        .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
+        .unwrap();
+    let mut buf = Mr::new(&pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let rsge = [buf.sge(2048, 2048).unwrap()];
+    // SAFETY: `buf` outlives the completion polled below.
+    unsafe { qp.post_recv(&RecvWr::new(10, &rsge)).unwrap() };
+    let reply = id
+        .connect(
+            &ConnParam {
+                private_data: b"hello from the client".to_vec(),
+                ..Default::default()
+            },
+            WAIT,
+        )
+        .unwrap();
+    assert_eq!(reply, b"welcome");
+    assert_eq!(
+        qp.query().unwrap().state,
+        rsrdma::QpState::Rts,
+        "rdma_cm drove the QP to RTS"
+    );
+    assert_eq!(id.peer_addr(), Some(server));
+
+    let msg = b"a message over an rdma_cm connection";
+    buf.as_mut_slice()[..msg.len()].copy_from_slice(msg);
+    let ssge = [buf.sge(0, msg.len()).unwrap()];
+    // SAFETY: as above.
+    unsafe { qp.post_send(&SendWr::send(11, &ssge)).unwrap() };
+    poll_ok(&cq);
+    let r = poll_ok(&cq);
+    let n = r.byte_len() as usize;
+    let mut expect = msg.to_vec();
+    expect.reverse();
+    assert_eq!(&buf.as_slice()[2048..2048 + n], &expect[..]);
+    id.disconnect().unwrap();
+    id.wait_disconnected(WAIT).unwrap();
+
+    let mut rest = String::new();
+    for l in out.lines() {
+        rest.push_str(&l.unwrap());
+        rest.push('\n');
+    }
+    let status = child.wait().unwrap();
+    assert!(status.success(), "server child failed: {status}\n{rest}");
+    assert!(rest.contains("SERVER DONE"), "{rest}");
+}
+
+#[test]
+fn rdma_cm_errors_are_clean() {
+    let ip = device_ip();
+    // Nobody listens on this port: the connect is refused or times out, it does not hang.
+    let id = CmId::new().unwrap();
+    let nobody = SocketAddr::new(ip, 1);
+    id.resolve_addr(None, nobody, WAIT).unwrap();
+    id.resolve_route(WAIT).unwrap();
+    let ctx = id.context().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 4, None).unwrap();
+    let _qp = id
+        .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
+        .unwrap();
+    // Oversized private data is refused before the verb.
+    let big = ConnParam {
+        private_data: vec![0; 57],
+        ..Default::default()
+    };
+    assert!(matches!(
+        id.connect(&big, WAIT),
+        Err(Error::Limit {
+            what: "private data bytes",
+            ..
+        })
+    ));
+    match id.connect(&ConnParam::default(), WAIT) {
+        Err(Error::CmEvent { got, .. }) => {
+            assert!(
+                matches!(
+                    got,
+                    CmEventType::REJECTED | CmEventType::UNREACHABLE | CmEventType::CONNECT_ERROR
+                ),
+                "{got}"
+            )
+        }
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("expected a refused connection, got {other:?}"),
+    }
+    // A UC builder is refused: rdma_cm's TCP port space carries RC.
+    let id2 = CmId::new().unwrap();
+    id2.resolve_addr(None, nobody, WAIT).unwrap();
+    let e = id2
+        .create_qp(&pd, &Qp::builder(QpType::Uc), &cq, &cq)
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    // Waiting for a request that never comes times out.
+    let listener = CmId::listener(SocketAddr::new(ip, 0), 1).unwrap();
+    let e = listener
+        .get_request(std::time::Duration::from_millis(200))
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+}

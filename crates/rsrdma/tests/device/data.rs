@@ -1,0 +1,539 @@
+//! RC data path: send/receive at the edge sizes, immediate data, RDMA write and read, remote
+//! access errors, atomics, batches, selective signaling, inline sends, flush on error.
+
+use crate::common::{assert_quiet, fill, poll_n, poll_ok, rc_pair};
+use rsrdma::{AccessFlags, Error, Mr, QpCaps, RecvWr, SendWr, WcOpcode, WcStatus};
+
+const SIZES: [usize; 6] = [0, 1, 4095, 4096, 4097, 1 << 20];
+
+#[test]
+fn rc_send_recv_at_edge_sizes() {
+    let p = rc_pair(QpCaps::default(), AccessFlags::NONE);
+    let max = *SIZES.iter().max().unwrap();
+    let mut src = Mr::new(&p.pd, max, AccessFlags::NONE).unwrap();
+    let mut dst = Mr::new(&p.pd, max, AccessFlags::LOCAL_WRITE).unwrap();
+    for (round, &size) in SIZES.iter().enumerate() {
+        fill(&mut src, round as u8);
+        dst.as_mut_slice().fill(0xee);
+        let rsge = [dst.sge(0, max).unwrap()];
+        let ssge = [src.sge(0, size).unwrap()];
+        // SAFETY: both MRs outlive the completions polled below; neither is touched meanwhile.
+        unsafe {
+            p.b.post_recv(&RecvWr::new(100 + round as u64, &rsge))
+                .unwrap();
+            p.a.post_send(&SendWr::send(round as u64, &ssge)).unwrap();
+        }
+        let s = poll_ok(&p.cq_a);
+        assert_eq!((s.wr_id(), s.opcode()), (round as u64, WcOpcode::SEND));
+        let r = poll_ok(&p.cq_b);
+        assert_eq!(r.wr_id(), 100 + round as u64);
+        assert_eq!(r.opcode(), WcOpcode::RECV);
+        assert_eq!(r.byte_len() as usize, size, "byte_len at size {size}");
+        assert_eq!(r.imm_data(), None);
+        assert_eq!(
+            &dst.as_slice()[..size],
+            &src.as_slice()[..size],
+            "payload at size {size}"
+        );
+        assert!(
+            dst.as_slice()[size..].iter().all(|&b| b == 0xee),
+            "bytes past {size} untouched"
+        );
+    }
+}
+
+#[test]
+fn immediate_data_reaches_the_receiver() {
+    let p = rc_pair(
+        QpCaps::default(),
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    );
+    let mut src = Mr::new(&p.pd, 64, AccessFlags::NONE).unwrap();
+    let dst = Mr::new(
+        &p.pd,
+        64,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    )
+    .unwrap();
+    fill(&mut src, 3);
+    let rsge = [dst.sge(0, 64).unwrap()];
+    let ssge = [src.sge(0, 16).unwrap()];
+    // SAFETY: the MRs outlive the completions; untouched meanwhile.
+    unsafe {
+        p.b.post_recv(&RecvWr::new(1, &rsge)).unwrap();
+        p.a.post_send(&SendWr::send_with_imm(2, &ssge, 0xdead_beef))
+            .unwrap();
+    }
+    poll_ok(&p.cq_a);
+    let r = poll_ok(&p.cq_b);
+    assert_eq!(r.imm_data(), Some(0xdead_beef));
+    assert_eq!(r.byte_len(), 16);
+    assert_eq!(&dst.as_slice()[..16], &src.as_slice()[..16]);
+
+    // Write with immediate: the payload lands by RDMA, the immediate in a receive completion
+    // that consumes a (payload-less) receive request.
+    let remote = dst.remote();
+    let wsge = [src.sge(16, 32).unwrap()];
+    // SAFETY: as above.
+    unsafe {
+        p.b.post_recv(&RecvWr::new(3, &[])).unwrap();
+        p.a.post_send(&SendWr::rdma_write_with_imm(
+            4,
+            &wsge,
+            remote.addr_at(32, 32).unwrap(),
+            remote.rkey,
+            77,
+        ))
+        .unwrap();
+    }
+    let s = poll_ok(&p.cq_a);
+    assert_eq!(s.opcode(), WcOpcode::RDMA_WRITE);
+    let r = poll_ok(&p.cq_b);
+    assert_eq!(r.opcode(), WcOpcode::RECV_RDMA_WITH_IMM);
+    assert_eq!(r.imm_data(), Some(77));
+    assert_eq!(&dst.as_slice()[32..64], &src.as_slice()[16..48]);
+}
+
+#[test]
+fn rdma_write_and_read_move_bytes_exactly() {
+    let remote_access =
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let p = rc_pair(QpCaps::default(), remote_access);
+    let len = 1 << 20;
+    let mut local = Mr::new(&p.pd, len, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut target = Mr::new(&p.pd, len, remote_access).unwrap();
+    fill(&mut local, 9);
+    fill(&mut target, 200);
+    let t = target.remote();
+    // Write 1 MiB, then read a different region back into the first half of `local`'s copy.
+    let sge = [local.sge(0, len).unwrap()];
+    // SAFETY: MRs outlive the completion; untouched until it is polled.
+    unsafe {
+        p.a.post_send(&SendWr::rdma_write(1, &sge, t.addr, t.rkey))
+            .unwrap()
+    };
+    let wc = poll_ok(&p.cq_a);
+    assert_eq!(wc.opcode(), WcOpcode::RDMA_WRITE);
+    assert_eq!(
+        target.as_slice(),
+        local.as_slice(),
+        "write copied every byte"
+    );
+    assert_quiet(&p.cq_b);
+
+    fill(&mut target, 77);
+    let expect = target.as_slice()[4096..4096 + 10000].to_vec();
+    let sge = [local.sge(100, 10000).unwrap()];
+    // SAFETY: as above.
+    unsafe {
+        p.a.post_send(&SendWr::rdma_read(
+            2,
+            &sge,
+            t.addr_at(4096, 10000).unwrap(),
+            t.rkey,
+        ))
+        .unwrap()
+    };
+    let wc = poll_ok(&p.cq_a);
+    assert_eq!(wc.opcode(), WcOpcode::RDMA_READ);
+    assert_eq!(&local.as_slice()[100..10100], &expect[..]);
+}
+
+/// Posts one RDMA write that must fail with a remote access error, then checks the error
+/// names the status and WR id, and that the QP is in ERROR (no hang).
+fn expect_remote_access_error(wr_id: u64, f: impl FnOnce(&rsrdma::Qp, &Mr) -> Mr) {
+    let p = rc_pair(
+        QpCaps::default(),
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    );
+    let src = Mr::new(&p.pd, 4096, AccessFlags::NONE).unwrap();
+    // The target region stays registered until the error has been seen.
+    let _target = f(&p.a, &src);
+    let wc = poll_n(&p.cq_a, 1)[0];
+    assert_eq!(wc.wr_id(), wr_id);
+    assert_eq!(wc.status(), WcStatus::REM_ACCESS_ERR, "{wc:?}");
+    let e = wc.ok().unwrap_err();
+    assert!(
+        matches!(e, Error::WorkCompletion { status: WcStatus::REM_ACCESS_ERR, wr_id: w, .. } if w == wr_id)
+    );
+    assert!(e.to_string().contains("IBV_WC_REM_ACCESS_ERR"), "{e}");
+    assert_eq!(p.a.query().unwrap().state, rsrdma::QpState::Error);
+}
+
+#[test]
+fn wrong_rkey_ends_in_remote_access_error() {
+    expect_remote_access_error(5, |qp, src| {
+        let target = Mr::new(
+            qp.pd(),
+            4096,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
+        let sge = [src.sge(0, 64).unwrap()];
+        let bad_rkey = target.rkey() ^ 0x5a5a_0000;
+        // SAFETY: `src` outlives the completion polled by the caller.
+        unsafe {
+            qp.post_send(&SendWr::rdma_write(5, &sge, target.addr(), bad_rkey))
+                .unwrap()
+        };
+        target
+    });
+}
+
+#[test]
+fn out_of_bounds_remote_address_ends_in_remote_access_error() {
+    expect_remote_access_error(6, |qp, src| {
+        let target = Mr::new(
+            qp.pd(),
+            4096,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
+        let t = target.remote();
+        assert!(
+            t.addr_at(4090, 64).is_err(),
+            "the checked helper refuses it"
+        );
+        let sge = [src.sge(0, 64).unwrap()];
+        // SAFETY: as above. The raw address runs past the region on purpose.
+        unsafe {
+            qp.post_send(&SendWr::rdma_write(6, &sge, t.addr + 4090, t.rkey))
+                .unwrap()
+        };
+        target
+    });
+}
+
+#[test]
+fn memory_without_remote_write_refuses_writes() {
+    // Least privilege: a region registered without REMOTE_WRITE cannot be written by a peer,
+    // even through a QP that allows remote writes.
+    expect_remote_access_error(7, |qp, src| {
+        let target = Mr::new(qp.pd(), 4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let sge = [src.sge(0, 64).unwrap()];
+        // SAFETY: as above.
+        unsafe {
+            qp.post_send(&SendWr::rdma_write(7, &sge, target.addr(), target.rkey()))
+                .unwrap()
+        };
+        target
+    });
+}
+
+#[test]
+fn atomics_compare_swap_and_fetch_add() {
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC;
+    let p = rc_pair(QpCaps::default(), access);
+    assert_ne!(
+        p.ctx.attr().atomic_cap,
+        rsrdma::AtomicCap::None,
+        "rxe supports atomics"
+    );
+    let mut target = Mr::new(&p.pd, 64, access).unwrap();
+    target.as_mut_slice()[..8].copy_from_slice(&100u64.to_ne_bytes());
+    let t = target.remote();
+    let result = Mr::new(&p.pd, 16, AccessFlags::LOCAL_WRITE).unwrap();
+    let old =
+        |mr: &Mr, at: usize| u64::from_ne_bytes(mr.as_slice()[at..at + 8].try_into().unwrap());
+
+    let sge = [result.sge(0, 8).unwrap()];
+    // SAFETY: MRs outlive the completions; untouched until polled.
+    unsafe {
+        p.a.post_send(&SendWr::atomic_fetch_add(1, &sge, t.addr, t.rkey, 23))
+            .unwrap()
+    };
+    assert_eq!(poll_ok(&p.cq_a).opcode(), WcOpcode::FETCH_ADD);
+    assert_eq!(old(&result, 0), 100);
+    assert_eq!(old(&target, 0), 123);
+
+    let sge = [result.sge(8, 8).unwrap()];
+    // A compare that does not match leaves the value alone…
+    // SAFETY: as above.
+    unsafe {
+        p.a.post_send(&SendWr::atomic_cmp_swap(2, &sge, t.addr, t.rkey, 5, 999))
+            .unwrap()
+    };
+    assert_eq!(poll_ok(&p.cq_a).opcode(), WcOpcode::COMP_SWAP);
+    assert_eq!((old(&result, 8), old(&target, 0)), (123, 123));
+    // …one that matches swaps.
+    // SAFETY: as above.
+    unsafe {
+        p.a.post_send(&SendWr::atomic_cmp_swap(3, &sge, t.addr, t.rkey, 123, 999))
+            .unwrap()
+    };
+    poll_ok(&p.cq_a);
+    assert_eq!((old(&result, 8), old(&target, 0)), (123, 999));
+}
+
+#[test]
+fn batch_of_64_in_one_post_with_every_16th_signaled() {
+    let caps = QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        ..Default::default()
+    };
+    let p = rc_pair(caps, AccessFlags::NONE);
+    let slot = 256;
+    let mut src = Mr::new(&p.pd, 64 * slot, AccessFlags::NONE).unwrap();
+    let dst = Mr::new(&p.pd, 64 * slot, AccessFlags::LOCAL_WRITE).unwrap();
+    fill(&mut src, 42);
+    let rsges: Vec<_> = (0..64)
+        .map(|i| [dst.sge(i * slot, slot).unwrap()])
+        .collect();
+    let ssges: Vec<_> = (0..64)
+        .map(|i| [src.sge(i * slot, slot).unwrap()])
+        .collect();
+    let mut recvs: Vec<_> = rsges
+        .iter()
+        .enumerate()
+        .map(|(i, s)| RecvWr::new(i as u64, s))
+        .collect();
+    let mut sends: Vec<_> = ssges
+        .iter()
+        .enumerate()
+        .map(|(i, s)| SendWr::send(i as u64, s).signaled((i + 1) % 16 == 0))
+        .collect();
+    // SAFETY: the MRs outlive every completion polled below; untouched meanwhile.
+    unsafe {
+        p.b.post_recv_batch(&mut recvs).unwrap();
+        p.a.post_send_batch(&mut sends).unwrap();
+    }
+    let r = poll_n(&p.cq_b, 64);
+    assert!(r.iter().all(|w| w.is_ok()));
+    let ids: Vec<u64> = r.iter().map(|w| w.wr_id()).collect();
+    assert_eq!(
+        ids,
+        (0..64).collect::<Vec<_>>(),
+        "receives complete in order"
+    );
+    let s = poll_n(&p.cq_a, 4);
+    assert_eq!(
+        s.iter().map(|w| w.wr_id()).collect::<Vec<_>>(),
+        vec![15, 31, 47, 63]
+    );
+    assert_quiet(&p.cq_a);
+    assert_eq!(dst.as_slice(), src.as_slice());
+}
+
+#[test]
+fn batch_post_reports_which_request_failed() {
+    let caps = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        ..Default::default()
+    };
+    let p = rc_pair(caps, AccessFlags::NONE);
+    let src = Mr::new(&p.pd, 4096, AccessFlags::NONE).unwrap();
+    let dst = Mr::new(&p.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let one = [src.sge(0, 8).unwrap()];
+    let two = [src.sge(0, 8).unwrap(), src.sge(8, 8).unwrap()];
+    let rsges: Vec<_> = (0..3).map(|i| [dst.sge(i * 64, 64).unwrap()]).collect();
+    let mut recvs: Vec<_> = rsges
+        .iter()
+        .enumerate()
+        .map(|(i, s)| RecvWr::new(i as u64, s))
+        .collect();
+    // The third request has more SGEs than the QP allows.
+    let mut sends = [
+        SendWr::send(0, &one),
+        SendWr::send(1, &one),
+        SendWr::send(2, &two),
+        SendWr::send(3, &one),
+    ];
+    // SAFETY: the MRs outlive the completions; untouched meanwhile.
+    let err = unsafe {
+        p.b.post_recv_batch(&mut recvs).unwrap();
+        p.a.post_send_batch(&mut sends).unwrap_err()
+    };
+    match err {
+        Error::Post {
+            op: "ibv_post_send",
+            index: 2,
+            count: 4,
+            ..
+        } => {}
+        other => panic!("expected the failure at index 2, got {other}"),
+    }
+    // The two before it were posted and complete.
+    let done = poll_n(&p.cq_a, 2);
+    assert_eq!(
+        done.iter().map(|w| w.wr_id()).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    assert_eq!(poll_n(&p.cq_b, 2).len(), 2);
+    assert_quiet(&p.cq_a);
+}
+
+#[test]
+fn unsignaled_sends_with_every_nth_signaled() {
+    let n = 200u64;
+    let every = 10;
+    let caps = QpCaps {
+        max_send_wr: 32,
+        max_recv_wr: 256,
+        ..Default::default()
+    };
+    let p = rc_pair(caps, AccessFlags::NONE);
+    let src = Mr::new(&p.pd, 64, AccessFlags::NONE).unwrap();
+    let dst = Mr::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let ssge = [src.sge(0, 64).unwrap()];
+    let rsge = [dst.sge(0, 64).unwrap()];
+    for i in 0..n {
+        // SAFETY: the MRs outlive every completion (all polled below).
+        unsafe { p.b.post_recv(&RecvWr::new(i, &rsge)).unwrap() };
+    }
+    let mut signaled = Vec::new();
+    for i in 0..n {
+        let sig = (i + 1) % every == 0;
+        // SAFETY: as above.
+        unsafe {
+            p.a.post_send(&SendWr::send(i, &ssge).signaled(sig))
+                .unwrap()
+        };
+        if sig {
+            // Reaping the signaled one frees the send-queue slots of the unsignaled before it.
+            signaled.push(poll_ok(&p.cq_a).wr_id());
+        }
+    }
+    let expect: Vec<u64> = (0..n).filter(|i| (i + 1) % every == 0).collect();
+    assert_eq!(signaled, expect);
+    assert_eq!(poll_n(&p.cq_b, n as usize).len(), n as usize);
+    assert_quiet(&p.cq_a);
+}
+
+#[test]
+fn inline_sends_need_no_registration_and_respect_the_limit() {
+    let caps = QpCaps {
+        max_inline_data: 64,
+        ..Default::default()
+    };
+    let p = rc_pair(caps, AccessFlags::NONE);
+    assert!(p.a.caps().max_inline_data >= 64);
+    let dst = Mr::new(&p.pd, 256, AccessFlags::LOCAL_WRITE).unwrap();
+    let rsge = [dst.sge(0, 256).unwrap()];
+    let payload = *b"inline payload, from plain stack memory";
+    let sge = [rsrdma::Sge::inline(&payload)];
+    // SAFETY: inline data is copied at post time; `dst` outlives the completion.
+    unsafe {
+        p.b.post_recv(&RecvWr::new(1, &rsge)).unwrap();
+        p.a.post_send(&SendWr::send(1, &sge).inline()).unwrap();
+    }
+    poll_ok(&p.cq_a);
+    let r = poll_ok(&p.cq_b);
+    assert_eq!(&dst.as_slice()[..r.byte_len() as usize], &payload[..]);
+    let big = vec![0u8; p.a.caps().max_inline_data as usize + 1];
+    let sge = [rsrdma::Sge::inline(&big)];
+    // SAFETY: refused before reaching the provider.
+    let e = unsafe { p.a.post_send(&SendWr::send(2, &sge).inline()) }.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Limit {
+                what: "inline payload",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn qp_moved_to_error_flushes_its_requests() {
+    let p = rc_pair(QpCaps::default(), AccessFlags::NONE);
+    let dst = Mr::new(&p.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let rsges: Vec<_> = (0..8).map(|i| [dst.sge(i * 512, 512).unwrap()]).collect();
+    for (i, s) in rsges.iter().enumerate() {
+        // SAFETY: `dst` outlives the flush completions polled below.
+        unsafe { p.b.post_recv(&RecvWr::new(i as u64, s)).unwrap() };
+    }
+    p.b.to_error().unwrap();
+    assert_eq!(p.b.query().unwrap().state, rsrdma::QpState::Error);
+    let flushed = poll_n(&p.cq_b, 8);
+    for (i, w) in flushed.iter().enumerate() {
+        assert_eq!(w.status(), WcStatus::WR_FLUSH_ERR);
+        assert_eq!(w.wr_id(), i as u64);
+    }
+    // Requests posted after the move flush too.
+    // SAFETY: as above.
+    unsafe { p.b.post_recv(&RecvWr::new(99, &rsges[0])).unwrap() };
+    let w = poll_n(&p.cq_b, 1)[0];
+    assert_eq!((w.wr_id(), w.status()), (99, WcStatus::WR_FLUSH_ERR));
+}
+
+#[test]
+fn transitions_are_checked_and_queryable() {
+    use rsrdma::{InitAttr, Qp, QpState, QpType, RtsAttr};
+    let ctx = crate::common::ctx();
+    let pd = rsrdma::Pd::new(&ctx).unwrap();
+    let cq = rsrdma::Cq::new(&ctx, 8, None).unwrap();
+    let qp = Qp::builder(QpType::Rc).build(&pd, &cq, &cq).unwrap();
+    assert_eq!(qp.state(), QpState::Reset);
+    let rts = RtsAttr {
+        sq_psn: 1,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 1,
+    };
+    let e = qp.to_rts(&rts).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidTransition {
+                from: QpState::Reset,
+                to: QpState::Rts,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    qp.to_init(&InitAttr {
+        access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        ..Default::default()
+    })
+    .unwrap();
+    let info = qp.query().unwrap();
+    assert_eq!(info.state, QpState::Init);
+    assert_eq!(info.port, 1);
+    assert!(info.access.contains(AccessFlags::REMOTE_READ));
+    assert!(!info.access.contains(AccessFlags::REMOTE_WRITE));
+
+    // Fully connected: every attribute set is what query reports.
+    let p = rc_pair(QpCaps::default(), AccessFlags::NONE);
+    let info = p.a.query().unwrap();
+    assert_eq!(info.state, QpState::Rts);
+    assert_eq!(info.dest_qp_num, p.b.qp_num());
+    assert_eq!(
+        (
+            info.timeout,
+            info.retry_cnt,
+            info.rnr_retry,
+            info.min_rnr_timer
+        ),
+        (14, 7, 7, 12)
+    );
+    assert_eq!(info.sq_psn, 0x1000);
+    assert_eq!(info.rq_psn, 0x2000);
+    let grh = info.ah.grh.expect("RoCE paths are global");
+    assert_eq!(grh.hop_limit, 0xff);
+    // Beyond the device's read/atomic depth: refused before the verb.
+    let too_deep = RtsAttr {
+        max_rd_atomic: 255,
+        ..rts
+    };
+    let max = ctx.attr().max_qp_init_rd_atom;
+    if max < 255 {
+        let e = p.a.to_rts(&too_deep).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Limit {
+                    what: "max_rd_atomic",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,266 @@
+//! Device, port and GID queries agree with `ibv_devinfo -v` and with sysfs (what `show_gids`
+//! reads).
+
+use crate::common::{ctx, device_name, gid_index};
+use rsrdma::{GidType, LinkLayer, PortState};
+use std::collections::HashMap;
+use std::net::Ipv6Addr;
+use std::process::Command;
+
+/// `ibv_devinfo -v -d DEV`, as key → value (device lines, then port-1 lines, which come later
+/// and so override nothing of the device's), plus its GID lines.
+struct DevInfo {
+    fields: HashMap<String, String>,
+    gids: Vec<(u32, Ipv6Addr, String)>,
+}
+
+fn devinfo() -> DevInfo {
+    let out = Command::new("ibv_devinfo")
+        .args(["-v", "-d", &device_name()])
+        .output()
+        .expect("run ibv_devinfo");
+    assert!(
+        out.status.success(),
+        "ibv_devinfo failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut fields = HashMap::new();
+    let mut gids = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(rest) = line.strip_prefix("GID[") {
+            // GID[  1]:		0000:...:0001, RoCE v2
+            let (idx, rest) = rest.split_once("]:").unwrap();
+            let (gid, ty) = rest.trim().split_once(',').unwrap();
+            gids.push((
+                idx.trim().parse().unwrap(),
+                gid.trim().parse().unwrap(),
+                ty.trim().to_string(),
+            ));
+        } else if let Some((k, v)) = line.split_once(':') {
+            fields
+                .entry(k.trim().to_string())
+                .or_insert_with(|| v.trim().to_string());
+        }
+    }
+    DevInfo { fields, gids }
+}
+
+impl DevInfo {
+    fn num(&self, key: &str) -> u64 {
+        let v = self
+            .fields
+            .get(key)
+            .unwrap_or_else(|| panic!("ibv_devinfo printed no {key}"));
+        let v = v.split_whitespace().next().unwrap();
+        match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).unwrap(),
+            None => v
+                .parse()
+                .unwrap_or_else(|_| panic!("{key}: {v} is not a number")),
+        }
+    }
+}
+
+#[test]
+fn device_attributes_match_ibv_devinfo() {
+    let ctx = ctx();
+    let a = ctx.attr();
+    let d = devinfo();
+    assert_eq!(ctx.name(), device_name());
+    assert_eq!(a.fw_ver, d.fields["fw_ver"]);
+    let pairs: [(&str, u64); 14] = [
+        ("max_mr_size", a.max_mr_size),
+        ("max_qp", a.max_qp.into()),
+        ("max_qp_wr", a.max_qp_wr.into()),
+        ("max_sge", a.max_sge.into()),
+        ("max_cq", a.max_cq.into()),
+        ("max_cqe", a.max_cqe.into()),
+        ("max_mr", a.max_mr.into()),
+        ("max_pd", a.max_pd.into()),
+        ("max_qp_rd_atom", a.max_qp_rd_atom.into()),
+        ("max_qp_init_rd_atom", a.max_qp_init_rd_atom.into()),
+        ("max_srq", a.max_srq.into()),
+        ("max_srq_wr", a.max_srq_wr.into()),
+        ("max_srq_sge", a.max_srq_sge.into()),
+        ("phys_port_cnt", a.phys_port_cnt.into()),
+    ];
+    for (key, ours) in pairs {
+        assert_eq!(ours, d.num(key), "{key}");
+    }
+    assert_eq!(a.vendor_id as u64, d.num("vendor_id"));
+}
+
+#[test]
+fn port_attributes_match_ibv_devinfo() {
+    let ctx = ctx();
+    let p = ctx.query_port(1).unwrap();
+    let d = devinfo();
+    assert_eq!(p.state, PortState::Active);
+    assert!(
+        d.fields["state"].starts_with("PORT_ACTIVE"),
+        "{}",
+        d.fields["state"]
+    );
+    assert_eq!(p.max_mtu.unwrap().bytes() as u64, d.num("max_mtu"));
+    assert_eq!(p.active_mtu.unwrap().bytes() as u64, d.num("active_mtu"));
+    assert_eq!(p.lid as u64, d.num("port_lid"));
+    let ll = &d.fields["link_layer"];
+    assert_eq!(p.link_layer.to_string(), *ll);
+    assert_eq!(p.link_layer, LinkLayer::Ethernet, "rxe is RoCE");
+    assert!(
+        ctx.query_port(0).is_err() && ctx.query_port(9).is_err(),
+        "ports out of range are refused"
+    );
+}
+
+#[test]
+fn gid_table_matches_ibv_devinfo_and_sysfs() {
+    let ctx = ctx();
+    let table = ctx.gid_table().unwrap();
+    let d = devinfo();
+    assert!(!table.is_empty(), "rxe0 has GIDs");
+    assert_eq!(
+        table.len(),
+        d.gids.len(),
+        "ours: {table:?}\nibv_devinfo: {:?}",
+        d.gids
+    );
+    let sys = format!("/sys/class/infiniband/{}/ports/1/gid_attrs", device_name());
+    for e in &table {
+        let (_, gid, ty) = d
+            .gids
+            .iter()
+            .find(|g| g.0 == e.index)
+            .unwrap_or_else(|| panic!("index {} not in ibv_devinfo", e.index));
+        assert_eq!(Ipv6Addr::from(e.gid), *gid, "GID {}", e.index);
+        assert_eq!(e.gid_type.to_string(), *ty, "type of GID {}", e.index);
+        let sys_ty = std::fs::read_to_string(format!("{sys}/types/{}", e.index)).unwrap();
+        let expect = match e.gid_type {
+            GidType::RoceV2 => "RoCE v2",
+            GidType::RoceV1 | GidType::Ib => "IB/RoCE v1",
+            other => panic!("unexpected type {other}"),
+        };
+        assert_eq!(sys_ty.trim(), expect);
+        let ndev = std::fs::read_to_string(format!("{sys}/ndevs/{}", e.index)).unwrap();
+        assert_eq!(
+            e.netdev.as_deref(),
+            Some(ndev.trim()),
+            "netdev of GID {}",
+            e.index
+        );
+        // The single-entry query says the same.
+        let one = ctx.query_gid(1, e.index).unwrap();
+        assert_eq!(&one, e);
+    }
+    // The GID index the tests use is the IPv4-mapped RoCE v2 GID of the VM's address.
+    let g = ctx.query_gid(1, gid_index().into()).unwrap();
+    assert_eq!(g.gid_type, GidType::RoceV2);
+    if let Ok(ip) = std::env::var("RSRDMA_TEST_IP") {
+        assert_eq!(g.gid.to_ipv4().map(|v| v.to_string()), Some(ip));
+    }
+}
+
+#[test]
+fn unknown_device_names_what_exists() {
+    let err = rsrdma::open("no_such_dev").unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("no_such_dev") && text.contains(&device_name()),
+        "{text}"
+    );
+    let list = rsrdma::devices().unwrap();
+    assert!(list.iter().any(|d| d.name() == device_name()));
+}
+
+#[test]
+fn limits_are_checked_before_any_verb() {
+    use rsrdma::{Cq, Error, Pd, Qp, QpCaps, QpType, Srq};
+    let ctx = ctx();
+    let a = ctx.attr().clone();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 16, None).unwrap();
+    let e = Cq::new(&ctx, a.max_cqe + 1, None).unwrap_err();
+    assert!(matches!(e, Error::Limit { what: "cqe", .. }), "{e}");
+    let caps = QpCaps {
+        max_send_wr: a.max_qp_wr + 1,
+        ..Default::default()
+    };
+    let e = Qp::builder(QpType::Rc)
+        .caps(caps)
+        .build(&pd, &cq, &cq)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Limit {
+                what: "max_send_wr",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("max_qp_wr"), "{e}");
+    let caps = QpCaps {
+        max_send_sge: a.max_sge + 1,
+        ..Default::default()
+    };
+    let e = Qp::builder(QpType::Rc)
+        .caps(caps)
+        .build(&pd, &cq, &cq)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Limit {
+                what: "max_send_sge",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = Srq::new(&pd, a.max_srq_wr + 1, 1).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Limit {
+                what: "srq max_wr",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // An inline size the provider cannot give is an error naming the limit, not a silent cut.
+    let caps = QpCaps {
+        max_inline_data: 1 << 20,
+        ..Default::default()
+    };
+    let e = Qp::builder(QpType::Rc)
+        .caps(caps)
+        .build(&pd, &cq, &cq)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Limit {
+                what: "max_inline_data",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // The probed limit itself is granted.
+    let Error::Limit { limit, .. } = e else {
+        unreachable!()
+    };
+    let caps = QpCaps {
+        max_inline_data: limit as u32,
+        ..Default::default()
+    };
+    let qp = Qp::builder(QpType::Rc)
+        .caps(caps)
+        .build(&pd, &cq, &cq)
+        .unwrap();
+    assert!(qp.caps().max_inline_data >= limit as u32);
+}

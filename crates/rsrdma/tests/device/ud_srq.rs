@@ -1,0 +1,169 @@
+//! UD datagrams (with the 40-byte GRH, replies through an AH made from the completion) and
+//! shared receive queues.
+
+use crate::common::{assert_quiet, ctx, fill, gid_index, poll_n, poll_ok};
+use rsrdma::{
+    AccessFlags, Ah, AhAttr, Cq, GlobalRoute, Mr, Pd, Qp, QpType, RecvWr, SendWr, Srq, WcOpcode,
+};
+
+const GRH: usize = 40;
+const QKEY: u32 = rsrdma::qp::DEFAULT_QKEY;
+
+fn ud_qp(pd: &Pd, cq: &Cq) -> Qp {
+    let qp = Qp::builder(QpType::Ud).build(pd, cq, cq).unwrap();
+    // UD connects to nobody: connect() just walks it to RTS.
+    let opts = crate::common::connect_opts(AccessFlags::NONE);
+    qp.connect(&opts, 0x77, &Default::default()).unwrap();
+    qp
+}
+
+#[test]
+fn ud_send_recv_with_grh_and_reply_by_wc() {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let (cq_a, cq_b) = (
+        Cq::new(&ctx, 64, None).unwrap(),
+        Cq::new(&ctx, 64, None).unwrap(),
+    );
+    let (a, b) = (ud_qp(&pd, &cq_a), ud_qp(&pd, &cq_b));
+    let payload = 1000usize; // under the port's 1024-byte active MTU
+    let mut src = Mr::new(&pd, 4096, AccessFlags::NONE).unwrap();
+    let dst = Mr::new(&pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    fill(&mut src, 11);
+    let my_gid = ctx.query_gid(1, gid_index().into()).unwrap().gid;
+    let ah = Ah::new(
+        &pd,
+        &AhAttr {
+            port_num: 1,
+            grh: Some(GlobalRoute::new(my_gid, gid_index())),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+
+    let rsge = [dst.sge(0, GRH + payload).unwrap()];
+    let ssge = [src.sge(0, payload).unwrap()];
+    // SAFETY: MRs and the AH outlive the completions polled below.
+    unsafe {
+        b.post_recv(&RecvWr::new(1, &rsge)).unwrap();
+        a.post_send(&SendWr::send_with_imm(2, &ssge, 5).ud(&ah, b.qp_num(), QKEY))
+            .unwrap();
+    }
+    poll_ok(&cq_a);
+    let r = poll_ok(&cq_b);
+    assert_eq!(r.opcode(), WcOpcode::RECV);
+    assert!(r.has_grh(), "UD receives carry a GRH");
+    assert_eq!(
+        r.byte_len() as usize,
+        GRH + payload,
+        "byte_len counts the 40-byte GRH"
+    );
+    assert_eq!(r.src_qp(), a.qp_num());
+    assert_eq!(r.imm_data(), Some(5));
+    assert_eq!(
+        &dst.as_slice()[GRH..GRH + payload],
+        &src.as_slice()[..payload]
+    );
+
+    // Reply to the sender with an AH built from the completion and its GRH.
+    let back = Ah::from_wc(&pd, 1, &r, &dst.as_slice()[..GRH]).unwrap();
+    let rsge_a = [dst.sge(2048, GRH + 8).unwrap()];
+    let reply = [src.sge(0, 8).unwrap()];
+    // SAFETY: as above.
+    unsafe {
+        a.post_recv(&RecvWr::new(3, &rsge_a)).unwrap();
+        b.post_send(&SendWr::send(4, &reply).ud(&back, r.src_qp(), QKEY))
+            .unwrap();
+    }
+    poll_ok(&cq_b);
+    let r2 = poll_ok(&cq_a);
+    assert_eq!(
+        (r2.wr_id(), r2.src_qp(), r2.byte_len() as usize),
+        (3, b.qp_num(), GRH + 8)
+    );
+    assert_eq!(
+        &dst.as_slice()[2048 + GRH..2048 + GRH + 8],
+        &src.as_slice()[..8]
+    );
+
+    // A datagram sent with the wrong Q_Key is dropped, not delivered.
+    // SAFETY: as above.
+    unsafe {
+        b.post_recv(&RecvWr::new(5, &rsge)).unwrap();
+        a.post_send(&SendWr::send(6, &ssge).ud(&ah, b.qp_num(), QKEY ^ 1))
+            .unwrap();
+    }
+    poll_ok(&cq_a);
+    assert_quiet(&cq_b);
+}
+
+#[test]
+fn srq_feeds_several_queue_pairs() {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let srq = Srq::new(&pd, 64, 1).unwrap();
+    let cq_srv = Cq::new(&ctx, 128, None).unwrap();
+    let cq_cli = Cq::new(&ctx, 128, None).unwrap();
+    let opts = crate::common::connect_opts(AccessFlags::NONE);
+    // Two server QPs share the SRQ; each faces its own client QP.
+    let mut pairs = Vec::new();
+    for i in 0..2u32 {
+        let srv = Qp::builder(QpType::Rc)
+            .srq(&srq)
+            .build(&pd, &cq_srv, &cq_srv)
+            .unwrap();
+        let cli = Qp::builder(QpType::Rc)
+            .build(&pd, &cq_cli, &cq_cli)
+            .unwrap();
+        let es = srv.endpoint(1, Some(gid_index()), 100 + i).unwrap();
+        let ec = cli.endpoint(1, Some(gid_index()), 200 + i).unwrap();
+        srv.connect(&opts, es.psn, &ec).unwrap();
+        cli.connect(&opts, ec.psn, &es).unwrap();
+        pairs.push((srv, cli));
+    }
+    let dst = Mr::new(&pd, 16 * 128, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut src = Mr::new(&pd, 128, AccessFlags::NONE).unwrap();
+    fill(&mut src, 1);
+    let rsges: Vec<_> = (0..16).map(|i| [dst.sge(i * 128, 128).unwrap()]).collect();
+    let mut recvs: Vec<_> = rsges
+        .iter()
+        .enumerate()
+        .map(|(i, s)| RecvWr::new(i as u64, s))
+        .collect();
+    // SAFETY: `dst` outlives the completions polled below.
+    unsafe { srq.post_recv_batch(&mut recvs).unwrap() };
+    // Posting to an SRQ-attached QP's own receive queue is refused with a clear error.
+    // SAFETY: refused before reaching the provider.
+    assert!(unsafe { pairs[0].0.post_recv(&RecvWr::new(9, &rsges[0])) }.is_err());
+
+    let ssge = [src.sge(0, 100).unwrap()];
+    for (n, (_, cli)) in pairs.iter().enumerate() {
+        for k in 0..4 {
+            // SAFETY: `src` outlives the completions.
+            unsafe {
+                cli.post_send(&SendWr::send((n * 10 + k) as u64, &ssge))
+                    .unwrap()
+            };
+        }
+    }
+    assert_eq!(poll_n(&cq_cli, 8).iter().filter(|w| w.is_ok()).count(), 8);
+    let got = poll_n(&cq_srv, 8);
+    let mut by_qp = std::collections::HashMap::new();
+    for w in &got {
+        w.ok().unwrap();
+        assert_eq!(w.byte_len(), 100);
+        *by_qp.entry(w.qp_num()).or_insert(0) += 1;
+    }
+    for (srv, _) in &pairs {
+        assert_eq!(
+            by_qp.get(&srv.qp_num()),
+            Some(&4),
+            "each server QP took 4 receives from the SRQ"
+        );
+    }
+    // One SRQ slot per message: 8 consumed, 8 left, each holding the payload.
+    for w in &got {
+        let off = w.wr_id() as usize * 128;
+        assert_eq!(&dst.as_slice()[off..off + 100], &src.as_slice()[..100]);
+    }
+}
