@@ -1,0 +1,81 @@
+//! The connection layer's one error type.
+
+use crate::handshake::DecodeError;
+use std::io;
+
+/// Everything that can go wrong in rsrdma-net.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NetError {
+    /// A verb failed (from the rsrdma layer).
+    #[error(transparent)]
+    Verbs(#[from] rsrdma::Error),
+
+    /// A socket call failed.
+    #[error("{op}: {source}")]
+    Io {
+        /// The call (`connect`, `accept`, `read handshake`, …).
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The peer sent bytes that are not a valid handshake message.
+    #[error("malformed handshake message from the peer: {0}")]
+    Malformed(#[from] DecodeError),
+
+    /// The peer sent a valid message, but not the one the protocol expects now.
+    #[error("handshake: expected {expected}, got {got}")]
+    Unexpected {
+        /// What was expected.
+        expected: &'static str,
+        /// What came.
+        got: &'static str,
+    },
+
+    /// Authentication failed: the peer lacks the secret, or demanded one this side lacks.
+    #[error("authentication failed: {0}")]
+    Auth(String),
+
+    /// The peer gave up and said why.
+    #[error("the peer aborted: {0}")]
+    PeerAborted(String),
+
+    /// The peer closed the connection.
+    #[error("the peer closed the connection during {0}")]
+    PeerClosed(&'static str),
+
+    /// A wait ran out of time.
+    #[error("{op} timed out after {millis} ms")]
+    Timeout {
+        /// What was waited for.
+        op: &'static str,
+        /// The limit.
+        millis: u64,
+    },
+
+    /// An option differs between the two ends.
+    #[error("option {option} differs: this side {local}, the peer {peer}")]
+    Mismatch {
+        /// The option.
+        option: String,
+        /// This side's value.
+        local: String,
+        /// The peer's value.
+        peer: String,
+    },
+
+    /// An option or argument that cannot work.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+impl NetError {
+    pub(crate) fn io(op: &'static str, source: io::Error) -> Self {
+        NetError::Io { op, source }
+    }
+}
+
+/// Result alias of rsrdma-net.
+pub type Result<T, E = NetError> = std::result::Result<T, E>;

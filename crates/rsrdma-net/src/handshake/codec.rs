@@ -1,0 +1,538 @@
+//! The handshake's wire format: a pure codec, with no I/O and no verbs calls.
+//!
+//! Every message is a frame:
+//!
+//! ```text
+//! offset  size  field
+//! 0       4     magic "RSRD"
+//! 4       1     protocol version (1)
+//! 5       1     message kind
+//! 6       2     reserved, zero
+//! 8       4     body length, big-endian (at most MAX_BODY)
+//! 12      n     body
+//! ```
+//!
+//! All integers are big-endian. A decoder given too few bytes asks for more; given bytes that
+//! cannot be a frame (wrong magic, unknown version or kind, oversized or malformed body) it
+//! returns a [`DecodeError`] that says what was wrong, and never panics.
+
+use rsrdma::{Gid, RemoteMemory};
+use std::fmt;
+
+/// The frame magic.
+pub const MAGIC: [u8; 4] = *b"RSRD";
+/// The protocol version this build speaks.
+pub const VERSION: u8 = 1;
+/// Frame header length.
+pub const HEADER_LEN: usize = 12;
+/// Largest body accepted: enough for 4096 memory descriptors, small enough that a stranger
+/// cannot make us allocate much.
+pub const MAX_BODY: usize = 64 * 1024;
+/// Most memory descriptors in one message.
+pub const MAX_REGIONS: usize = 4096;
+/// Bytes of a nonce.
+pub const NONCE_LEN: usize = 32;
+/// Bytes of an authentication proof (HMAC-SHA-256).
+pub const PROOF_LEN: usize = 32;
+
+/// Why bytes could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The first four bytes are not "RSRD": the peer is not speaking this protocol.
+    #[error("bad magic {0:02x?}: the peer does not speak the rsrdma handshake")]
+    BadMagic([u8; 4]),
+    /// A protocol version this build does not speak.
+    #[error("protocol version {0} is not supported (this side speaks {VERSION})")]
+    Version(u8),
+    /// An unknown message kind.
+    #[error("unknown message kind {0}")]
+    Kind(u8),
+    /// The reserved field is not zero.
+    #[error("reserved header bits are set ({0:#06x})")]
+    Reserved(u16),
+    /// A body longer than [`MAX_BODY`].
+    #[error("body of {0} bytes exceeds the {MAX_BODY}-byte limit")]
+    TooLong(usize),
+    /// The body ended before a field.
+    #[error("{kind} body truncated: {field} needs {need} more bytes")]
+    Truncated {
+        /// Message kind.
+        kind: &'static str,
+        /// The field being read.
+        field: &'static str,
+        /// Bytes missing.
+        need: usize,
+    },
+    /// Bytes left over after the last field.
+    #[error("{kind} body has {extra} trailing bytes")]
+    Trailing {
+        /// Message kind.
+        kind: &'static str,
+        /// Bytes left.
+        extra: usize,
+    },
+    /// A field with a value it can never have.
+    #[error("{kind}: invalid {field}: {why}")]
+    Invalid {
+        /// Message kind.
+        kind: &'static str,
+        /// The field.
+        field: &'static str,
+        /// Why.
+        why: String,
+    },
+}
+
+/// Which end of the handshake a message comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The side that connected.
+    Client,
+    /// The side that accepted.
+    Server,
+}
+
+/// The opening message of each side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// Who sends it.
+    pub role: Role,
+    /// The sender requires the peer to prove knowledge of the shared secret.
+    pub auth_required: bool,
+    /// A fresh random nonce, for the challenge–response.
+    pub nonce: [u8; NONCE_LEN],
+}
+
+/// Proof of knowing the shared secret: HMAC over both nonces (see `auth`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proof {
+    /// The HMAC-SHA-256 tag.
+    pub tag: [u8; PROOF_LEN],
+}
+
+/// A queue pair and what it can do: each side's offer; both then settle on the minimum.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Queue pair number.
+    pub qp_num: u32,
+    /// First packet sequence number (24 bits).
+    pub psn: u32,
+    /// LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// GID (RoCE, or across subnets).
+    pub gid: Gid,
+    /// The sender's local GID index (informational).
+    pub gid_index: u8,
+    /// Path MTU in bytes (256..=4096, a power of two).
+    pub mtu: u16,
+    /// Transport: 0 RC, 1 UC, 2 UD.
+    pub qp_type: u8,
+    /// Send-queue depth.
+    pub send_depth: u32,
+    /// Receive-queue depth.
+    pub recv_depth: u32,
+    /// Inline bytes per send.
+    pub max_inline: u32,
+    /// RDMA reads/atomics the sender initiates at once.
+    pub max_rd_atomic: u8,
+    /// RDMA reads/atomics the sender serves at once.
+    pub max_dest_rd_atomic: u8,
+    /// Application parameters both sides must agree on (message size, iterations…), as
+    /// opaque `(key, value)` pairs compared by the layer above.
+    pub params: Vec<(u16, u64)>,
+}
+
+/// Memory the sender exposes to the peer, in the order it registered it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Regions(pub Vec<RemoteMemory>);
+
+/// A message of the handshake and of the control channel that stays open after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// Opening message.
+    Hello(Hello),
+    /// Authentication proof.
+    Proof(Proof),
+    /// Queue-pair endpoint and capabilities.
+    Endpoint(Endpoint),
+    /// Memory descriptors.
+    Regions(Regions),
+    /// A barrier or close step: both sides send it and wait for the other's.
+    Sync(u32),
+    /// The sender gives up, and says why (UTF-8, at most 1 KiB).
+    Abort(String),
+}
+
+const KIND_HELLO: u8 = 1;
+const KIND_PROOF: u8 = 2;
+const KIND_ENDPOINT: u8 = 3;
+const KIND_REGIONS: u8 = 4;
+const KIND_SYNC: u8 = 5;
+const KIND_ABORT: u8 = 6;
+
+impl Message {
+    fn kind(&self) -> u8 {
+        match self {
+            Message::Hello(_) => KIND_HELLO,
+            Message::Proof(_) => KIND_PROOF,
+            Message::Endpoint(_) => KIND_ENDPOINT,
+            Message::Regions(_) => KIND_REGIONS,
+            Message::Sync(_) => KIND_SYNC,
+            Message::Abort(_) => KIND_ABORT,
+        }
+    }
+
+    /// A short name, for errors and logs.
+    pub fn name(&self) -> &'static str {
+        kind_name(self.kind())
+    }
+
+    /// Appends this message's frame to `out`.
+    ///
+    /// # Panics
+    /// Never for messages built from valid values; an encoder-side limit breach (more than
+    /// [`MAX_REGIONS`] regions, an abort text over 1 KiB) is truncated to the limit instead.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&MAGIC);
+        out.push(VERSION);
+        out.push(self.kind());
+        out.extend_from_slice(&0u16.to_be_bytes());
+        out.extend_from_slice(&0u32.to_be_bytes()); // length, patched below
+        match self {
+            Message::Hello(h) => {
+                out.push(match h.role {
+                    Role::Client => 0,
+                    Role::Server => 1,
+                });
+                out.push(h.auth_required as u8);
+                out.extend_from_slice(&h.nonce);
+            }
+            Message::Proof(p) => out.extend_from_slice(&p.tag),
+            Message::Endpoint(e) => {
+                out.extend_from_slice(&e.qp_num.to_be_bytes());
+                out.extend_from_slice(&e.psn.to_be_bytes());
+                out.extend_from_slice(&e.lid.to_be_bytes());
+                out.extend_from_slice(&e.gid.0);
+                out.push(e.gid_index);
+                out.extend_from_slice(&e.mtu.to_be_bytes());
+                out.push(e.qp_type);
+                out.extend_from_slice(&e.send_depth.to_be_bytes());
+                out.extend_from_slice(&e.recv_depth.to_be_bytes());
+                out.extend_from_slice(&e.max_inline.to_be_bytes());
+                out.push(e.max_rd_atomic);
+                out.push(e.max_dest_rd_atomic);
+                let n = e.params.len().min(u8::MAX as usize);
+                out.push(n as u8);
+                for (k, v) in &e.params[..n] {
+                    out.extend_from_slice(&k.to_be_bytes());
+                    out.extend_from_slice(&v.to_be_bytes());
+                }
+            }
+            Message::Regions(r) => {
+                let n = r.0.len().min(MAX_REGIONS);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+                for m in &r.0[..n] {
+                    out.extend_from_slice(&m.addr.to_be_bytes());
+                    out.extend_from_slice(&m.len.to_be_bytes());
+                    out.extend_from_slice(&m.rkey.to_be_bytes());
+                }
+            }
+            Message::Sync(step) => out.extend_from_slice(&step.to_be_bytes()),
+            Message::Abort(text) => {
+                let mut end = text.len().min(1024);
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                out.extend_from_slice(&text.as_bytes()[..end]);
+            }
+        }
+        let body = (out.len() - start - HEADER_LEN) as u32;
+        out[start + 8..start + 12].copy_from_slice(&body.to_be_bytes());
+    }
+
+    /// The frame as a new buffer.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.encode(&mut v);
+        v
+    }
+}
+
+fn kind_name(kind: u8) -> &'static str {
+    match kind {
+        KIND_HELLO => "hello",
+        KIND_PROOF => "proof",
+        KIND_ENDPOINT => "endpoint",
+        KIND_REGIONS => "regions",
+        KIND_SYNC => "sync",
+        KIND_ABORT => "abort",
+        _ => "unknown",
+    }
+}
+
+/// A parsed frame header: what kind of body follows, and how long it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Message kind.
+    pub kind: u8,
+    /// Body length.
+    pub body_len: usize,
+}
+
+/// Parses a frame header.
+///
+/// # Errors
+/// [`DecodeError`] for a wrong magic, version, kind, reserved bits or length.
+pub fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header, DecodeError> {
+    let magic: [u8; 4] = h[0..4].try_into().expect("4 bytes");
+    if magic != MAGIC {
+        return Err(DecodeError::BadMagic(magic));
+    }
+    if h[4] != VERSION {
+        return Err(DecodeError::Version(h[4]));
+    }
+    let kind = h[5];
+    if !(KIND_HELLO..=KIND_ABORT).contains(&kind) {
+        return Err(DecodeError::Kind(kind));
+    }
+    let reserved = u16::from_be_bytes([h[6], h[7]]);
+    if reserved != 0 {
+        return Err(DecodeError::Reserved(reserved));
+    }
+    let body_len = u32::from_be_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
+    if body_len > MAX_BODY {
+        return Err(DecodeError::TooLong(body_len));
+    }
+    Ok(Header { kind, body_len })
+}
+
+/// Decodes one frame from the front of `buf`: `Ok(None)` when more bytes are needed,
+/// otherwise the message and how many bytes it took.
+///
+/// # Errors
+/// [`DecodeError`] when the bytes cannot be a valid frame.
+pub fn decode(buf: &[u8]) -> Result<Option<(Message, usize)>, DecodeError> {
+    let Some(h) = buf.get(..HEADER_LEN) else {
+        // Reject garbage as early as its first bytes show it.
+        let n = buf.len().min(4);
+        if buf[..n] != MAGIC[..n] {
+            let mut m = [0u8; 4];
+            m[..n].copy_from_slice(&buf[..n]);
+            return Err(DecodeError::BadMagic(m));
+        }
+        return Ok(None);
+    };
+    let header = decode_header(h.try_into().expect("header length"))?;
+    let Some(body) = buf.get(HEADER_LEN..HEADER_LEN + header.body_len) else {
+        return Ok(None);
+    };
+    Ok(Some((
+        decode_body(header.kind, body)?,
+        HEADER_LEN + header.body_len,
+    )))
+}
+
+/// Decodes a body of `kind` (as a header announced it).
+///
+/// # Errors
+/// [`DecodeError`] for a truncated, overlong or invalid body.
+pub fn decode_body(kind: u8, body: &[u8]) -> Result<Message, DecodeError> {
+    let name = kind_name(kind);
+    let mut r = Reader {
+        buf: body,
+        kind: name,
+    };
+    let msg = match kind {
+        KIND_HELLO => {
+            let role = match r.u8("role")? {
+                0 => Role::Client,
+                1 => Role::Server,
+                v => {
+                    return Err(
+                        r.invalid("role", format!("{v} is neither client (0) nor server (1)"))
+                    )
+                }
+            };
+            let auth_required = match r.u8("auth_required")? {
+                0 => false,
+                1 => true,
+                v => return Err(r.invalid("auth_required", format!("{v} is not a boolean"))),
+            };
+            Message::Hello(Hello {
+                role,
+                auth_required,
+                nonce: r.array("nonce")?,
+            })
+        }
+        KIND_PROOF => Message::Proof(Proof {
+            tag: r.array("tag")?,
+        }),
+        KIND_ENDPOINT => {
+            let qp_num = r.u32("qp_num")?;
+            if qp_num > 0xff_ffff {
+                return Err(r.invalid("qp_num", format!("{qp_num:#x} is wider than 24 bits")));
+            }
+            let psn = r.u32("psn")?;
+            if psn > 0xff_ffff {
+                return Err(r.invalid("psn", format!("{psn:#x} is wider than 24 bits")));
+            }
+            let lid = r.u16("lid")?;
+            let gid = Gid(r.array("gid")?);
+            let gid_index = r.u8("gid_index")?;
+            let mtu = r.u16("mtu")?;
+            if !matches!(mtu, 256 | 512 | 1024 | 2048 | 4096) {
+                return Err(r.invalid("mtu", format!("{mtu} is not 256, 512, 1024, 2048 or 4096")));
+            }
+            let qp_type = r.u8("qp_type")?;
+            if qp_type > 2 {
+                return Err(r.invalid(
+                    "qp_type",
+                    format!("{qp_type} is not RC (0), UC (1) or UD (2)"),
+                ));
+            }
+            let send_depth = r.u32("send_depth")?;
+            let recv_depth = r.u32("recv_depth")?;
+            let max_inline = r.u32("max_inline")?;
+            let max_rd_atomic = r.u8("max_rd_atomic")?;
+            let max_dest_rd_atomic = r.u8("max_dest_rd_atomic")?;
+            let n = r.u8("param count")? as usize;
+            let mut params = Vec::with_capacity(n);
+            for _ in 0..n {
+                params.push((r.u16("param key")?, r.u64("param value")?));
+            }
+            Message::Endpoint(Endpoint {
+                qp_num,
+                psn,
+                lid,
+                gid,
+                gid_index,
+                mtu,
+                qp_type,
+                send_depth,
+                recv_depth,
+                max_inline,
+                max_rd_atomic,
+                max_dest_rd_atomic,
+                params,
+            })
+        }
+        KIND_REGIONS => {
+            let n = r.u16("region count")? as usize;
+            if n > MAX_REGIONS {
+                return Err(r.invalid("region count", format!("{n} exceeds {MAX_REGIONS}")));
+            }
+            // The count is checked against the bytes present before allocating for it.
+            let need = n * 20;
+            if r.buf.len() < need {
+                return Err(DecodeError::Truncated {
+                    kind: name,
+                    field: "regions",
+                    need: need - r.buf.len(),
+                });
+            }
+            let mut regions = Vec::with_capacity(n);
+            for _ in 0..n {
+                let addr = r.u64("region addr")?;
+                let len = r.u64("region len")?;
+                if addr.checked_add(len).is_none() {
+                    return Err(
+                        r.invalid("region", format!("{addr:#x}+{len} wraps the address space"))
+                    );
+                }
+                regions.push(RemoteMemory {
+                    addr,
+                    len,
+                    rkey: r.u32("region rkey")?,
+                });
+            }
+            Message::Regions(Regions(regions))
+        }
+        KIND_SYNC => Message::Sync(r.u32("step")?),
+        KIND_ABORT => {
+            let text = std::str::from_utf8(r.rest()).map_err(|e| DecodeError::Invalid {
+                kind: name,
+                field: "reason",
+                why: e.to_string(),
+            })?;
+            if text.len() > 1024 {
+                return Err(DecodeError::Invalid {
+                    kind: name,
+                    field: "reason",
+                    why: "longer than 1 KiB".into(),
+                });
+            }
+            Message::Abort(text.to_owned())
+        }
+        other => return Err(DecodeError::Kind(other)),
+    };
+    if !r.buf.is_empty() {
+        return Err(DecodeError::Trailing {
+            kind: name,
+            extra: r.buf.len(),
+        });
+    }
+    Ok(msg)
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    kind: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, field: &'static str, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.buf.len() < n {
+            return Err(DecodeError::Truncated {
+                kind: self.kind,
+                field,
+                need: n - self.buf.len(),
+            });
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], DecodeError> {
+        Ok(self.take(field, N)?.try_into().expect("length checked"))
+    }
+
+    fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
+        Ok(self.take(field, 1)?[0])
+    }
+
+    fn u16(&mut self, field: &'static str) -> Result<u16, DecodeError> {
+        Ok(u16::from_be_bytes(self.array(field)?))
+    }
+
+    fn u32(&mut self, field: &'static str) -> Result<u32, DecodeError> {
+        Ok(u32::from_be_bytes(self.array(field)?))
+    }
+
+    fn u64(&mut self, field: &'static str) -> Result<u64, DecodeError> {
+        Ok(u64::from_be_bytes(self.array(field)?))
+    }
+
+    fn rest(&mut self) -> &'a [u8] {
+        std::mem::take(&mut self.buf)
+    }
+
+    fn invalid(&self, field: &'static str, why: String) -> DecodeError {
+        DecodeError::Invalid {
+            kind: self.kind,
+            field,
+            why,
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Client => "client",
+            Role::Server => "server",
+        })
+    }
+}

@@ -1,0 +1,14 @@
+//! rsrdma-net: connections over rsrdma.
+//!
+//! - [`handshake`]: the out-of-band TCP exchange (versioned, optionally authenticated) that
+//!   connects two queue pairs and swaps memory descriptors.
+//! - [`RawConn`]: a connection for the data plane at line rate: register memory, post work
+//!   requests (singly or in batches), busy-poll, and do one-sided RDMA Write/Read with the
+//!   peer's exchanged descriptors.
+
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod handshake;
+
+pub use error::{NetError, Result};
