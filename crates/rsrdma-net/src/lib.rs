@@ -12,3 +12,8 @@ pub mod error;
 pub mod handshake;
 
 pub use error::{NetError, Result};
+pub mod pipeline;
+mod raw_conn;
+
+pub use pipeline::RunStats;
+pub use raw_conn::{RawConn, RawListener, RawOptions};

@@ -1,0 +1,689 @@
+//! RawConn: a connection for the data plane at line rate.
+//!
+//! The handshake ([`crate::handshake`]) connects one RC (or UC) queue pair per side; the TCP
+//! connection stays open as a control channel for memory descriptors, barriers, liveness and
+//! the close. After that, the user registers memory, posts work requests (one at a time or a
+//! batch per call), and busy-polls the completion queues; nothing is copied, framed, or
+//! handed to another thread.
+//!
+//! # What is `unsafe`
+//! Posting ([`RawConn::post_send`], [`RawConn::post_recv`], their batch forms and the
+//! [`RawConn::pipeline`] family) is `unsafe` for the reason `rsrdma`'s posting is: the NIC
+//! reads and writes the named memory after the call returns, until the completion is reaped.
+//! Memory registered through [`RawConn::register_memory`] is never freed while registered, so
+//! the contract is about not touching in-flight buffers from the CPU.
+
+use crate::error::{NetError, Result};
+use crate::handshake::{Channel, Endpoint, Regions, Role, Settled};
+use crate::pipeline::{probe_enabled, Pipeline, RunStats};
+use rsrdma::{
+    AccessFlags, AhAttr, Context, Cq, GidType, GlobalRoute, InitAttr, LinkLayer, Mr, Mtu, Pd, Qp,
+    QpCaps, QpType, RecvWr, RemoteMemory, RtrAttr, RtsAttr, SendWr, Wc,
+};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// How long a pipeline waits without any completion before it gives up on the peer.
+const STALL_LIMIT: Duration = Duration::from_secs(5);
+
+/// Options of [`RawConn::dial`] and [`RawListener::bind`].
+#[derive(Debug, Clone)]
+pub struct RawOptions {
+    /// Device name; `None` takes the first device.
+    pub device: Option<String>,
+    /// Port, from 1.
+    pub port: u8,
+    /// GID index; `None` picks the first RoCE v2 IPv4 GID on Ethernet ports, none on IB.
+    pub gid_index: Option<u8>,
+    /// RC or UC.
+    pub qp_type: QpType,
+    /// Send-queue depth.
+    pub send_depth: u32,
+    /// Receive-queue depth.
+    pub recv_depth: u32,
+    /// Inline bytes per send.
+    pub max_inline: u32,
+    /// Path MTU; `None` uses the port's active MTU. Both sides settle on the smaller.
+    pub mtu: Option<Mtu>,
+    /// What the peer may do to this side's memory through the QP (regions need their own
+    /// flags too). Least privilege: nothing unless asked.
+    pub remote_access: AccessFlags,
+    /// Shared secret: when set, the peer must prove it knows it before anything else is sent.
+    pub secret: Option<Vec<u8>>,
+    /// Time limit for the TCP connect and every handshake read.
+    pub timeout: Duration,
+    /// Application parameters that must be equal on both sides, as `(key, value)`.
+    pub params: Vec<(u16, u64)>,
+}
+
+impl Default for RawOptions {
+    fn default() -> Self {
+        RawOptions {
+            device: None,
+            port: 1,
+            gid_index: None,
+            qp_type: QpType::Rc,
+            send_depth: 128,
+            recv_depth: 128,
+            max_inline: 0,
+            mtu: None,
+            remote_access: AccessFlags::NONE,
+            secret: None,
+            timeout: Duration::from_secs(10),
+            params: Vec::new(),
+        }
+    }
+}
+
+/// A listener for [`RawConn`]s.
+#[derive(Debug)]
+pub struct RawListener {
+    tcp: TcpListener,
+    opts: RawOptions,
+}
+
+impl RawListener {
+    /// Listens on `addr` (port 0 picks one; see [`RawListener::local_addr`]).
+    ///
+    /// # Errors
+    /// [`NetError::Io`] naming `bind`.
+    pub fn bind(addr: impl ToSocketAddrs, opts: RawOptions) -> Result<RawListener> {
+        let tcp = TcpListener::bind(addr).map_err(|e| NetError::io("bind", e))?;
+        Ok(RawListener { tcp, opts })
+    }
+
+    /// The address it listens on.
+    ///
+    /// # Errors
+    /// [`NetError::Io`].
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.tcp
+            .local_addr()
+            .map_err(|e| NetError::io("local_addr", e))
+    }
+
+    /// Accepts the next peer and runs the handshake. A peer that fails the handshake
+    /// (garbage, wrong secret, mismatched options, silence) gives an error for that peer only:
+    /// the listener stays usable, so call `accept` again.
+    ///
+    /// # Errors
+    /// The handshake's errors, or the verbs errors of setting up the queue pair.
+    pub fn accept(&self) -> Result<RawConn> {
+        let (stream, from) = self.tcp.accept().map_err(|e| NetError::io("accept", e))?;
+        tracing::debug!(%from, "raw connection accepted");
+        RawConn::establish(stream, Role::Server, &self.opts)
+    }
+}
+
+/// A connected queue pair plus its control channel. See the module docs.
+pub struct RawConn {
+    // Field order is drop order: the QP goes before the CQs and PD it uses.
+    qp: Qp,
+    send_cq: Cq,
+    recv_cq: Cq,
+    pd: Pd,
+    ctrl: Channel,
+    peer: Endpoint,
+    settled: Settled,
+    peer_regions: Vec<RemoteMemory>,
+    sync_step: u32,
+    probe: bool,
+}
+
+impl std::fmt::Debug for RawConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawConn")
+            .field("qp", &self.qp)
+            .field("peer_qp", &self.peer.qp_num)
+            .field("settled", &self.settled)
+            .finish()
+    }
+}
+
+impl RawConn {
+    /// Connects to a [`RawListener`] at `addr` and runs the handshake.
+    ///
+    /// # Errors
+    /// [`NetError::Io`]/[`NetError::Timeout`] for the TCP connect; the handshake's errors;
+    /// verbs errors.
+    pub fn dial(addr: impl ToSocketAddrs, opts: RawOptions) -> Result<RawConn> {
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| NetError::io("resolve address", e))?
+            .collect();
+        let mut last = None;
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, opts.timeout) {
+                Ok(s) => return RawConn::establish(s, Role::Client, &opts),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(match last {
+            Some(e) => NetError::io("connect", e),
+            None => NetError::InvalidArgument("the address resolved to nothing".into()),
+        })
+    }
+
+    fn establish(stream: TcpStream, role: Role, opts: &RawOptions) -> Result<RawConn> {
+        if opts.qp_type == QpType::Ud {
+            return Err(NetError::InvalidArgument(
+                "RawConn is connected: use RC or UC".into(),
+            ));
+        }
+        let mut ctrl = Channel::new(stream, role, opts.timeout)?;
+        // Authenticate before creating anything or sending any queue-pair detail.
+        ctrl.authenticate(opts.secret.as_deref())?;
+        let p = match Self::setup(&mut ctrl, opts) {
+            Ok(p) => p,
+            // Tell the peer why, so it does not wait for an endpoint that will never come.
+            Err(e @ (NetError::Verbs(_) | NetError::InvalidArgument(_))) => {
+                return Err(ctrl.abort(e))
+            }
+            Err(e) => return Err(e),
+        };
+        // Both queue pairs are ready to receive before either side may send.
+        ctrl.barrier(0)?;
+        Ok(RawConn {
+            qp: p.qp,
+            send_cq: p.send_cq,
+            recv_cq: p.recv_cq,
+            pd: p.pd,
+            ctrl,
+            peer: p.peer,
+            settled: p.settled,
+            peer_regions: Vec::new(),
+            sync_step: 1,
+            probe: probe_enabled(),
+        })
+    }
+
+    fn setup(ctrl: &mut Channel, opts: &RawOptions) -> Result<Parts> {
+        let ctx = match &opts.device {
+            Some(name) => rsrdma::open(name)?,
+            None => {
+                let list = rsrdma::devices()?;
+                let dev = list
+                    .iter()
+                    .next()
+                    .ok_or_else(|| NetError::InvalidArgument("no RDMA device".into()))?;
+                Context::open(&dev)?
+            }
+        };
+        let port = ctx.query_port(opts.port)?;
+        let gid_index = match opts.gid_index {
+            Some(i) => Some(i),
+            None if port.link_layer == LinkLayer::Ethernet => {
+                Some(default_gid_index(&ctx, opts.port)?)
+            }
+            None => None,
+        };
+        let pd = Pd::new(&ctx)?;
+        let send_cq = Cq::new(&ctx, opts.send_depth.max(1), None)?;
+        let recv_cq = Cq::new(&ctx, opts.recv_depth.max(1), None)?;
+        let caps = QpCaps {
+            max_send_wr: opts.send_depth,
+            max_recv_wr: opts.recv_depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: opts.max_inline,
+        };
+        let qp = Qp::builder(opts.qp_type)
+            .caps(caps)
+            .build(&pd, &send_cq, &recv_cq)?;
+        let psn = random_psn()?;
+        let me = qp.endpoint(opts.port, gid_index, psn)?;
+        let mtu = opts.mtu.or(port.active_mtu).unwrap_or(Mtu::Mtu1024);
+        let dev = ctx.attr();
+        let local = Endpoint {
+            qp_num: me.qp_num,
+            psn: me.psn,
+            lid: me.lid,
+            gid: me.gid,
+            gid_index: gid_index.unwrap_or(0),
+            mtu: mtu.bytes() as u16,
+            qp_type: match opts.qp_type {
+                QpType::Rc => 0,
+                QpType::Uc => 1,
+                QpType::Ud => 2,
+            },
+            send_depth: qp.caps().max_send_wr,
+            recv_depth: qp.caps().max_recv_wr,
+            max_inline: qp.caps().max_inline_data,
+            max_rd_atomic: dev.max_qp_init_rd_atom.min(255) as u8,
+            max_dest_rd_atomic: dev.max_qp_rd_atom.min(255) as u8,
+            params: opts.params.clone(),
+        };
+        let (peer, settled) = ctrl.exchange_endpoints(&local, |k| format!("parameter {k}"))?;
+        let path_mtu = Mtu::from_bytes(settled.mtu.into()).unwrap_or(Mtu::Mtu1024);
+        qp.to_init(&InitAttr {
+            port: opts.port,
+            access: opts.remote_access,
+            ..Default::default()
+        })?;
+        let grh = gid_index.map(|i| GlobalRoute::new(peer.gid, i));
+        qp.to_rtr(&RtrAttr {
+            path_mtu,
+            dest_qp_num: peer.qp_num,
+            rq_psn: peer.psn,
+            max_dest_rd_atomic: settled.max_dest_rd_atomic,
+            min_rnr_timer: 12,
+            ah: AhAttr {
+                port_num: opts.port,
+                dlid: peer.lid,
+                grh,
+                ..Default::default()
+            },
+        })?;
+        qp.to_rts(&RtsAttr {
+            sq_psn: me.psn,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: settled.max_rd_atomic,
+        })?;
+        Ok(Parts {
+            qp,
+            send_cq,
+            recv_cq,
+            pd,
+            peer,
+            settled,
+        })
+    }
+}
+
+/// What the handshake set up, before it becomes a [`RawConn`].
+struct Parts {
+    qp: Qp,
+    send_cq: Cq,
+    recv_cq: Cq,
+    pd: Pd,
+    peer: Endpoint,
+    settled: Settled,
+}
+
+impl RawConn {
+    /// Registers `len` bytes of page-aligned memory with `access`. Grant remote flags only to
+    /// memory the peer must reach; then share it with [`RawConn::exchange_memory`].
+    ///
+    /// # Errors
+    /// rsrdma's registration errors.
+    pub fn register_memory(&self, len: usize, access: AccessFlags) -> Result<Mr> {
+        Ok(Mr::new(&self.pd, len, access)?)
+    }
+
+    /// Sends the descriptors of `regions` to the peer and receives the peer's (both sides
+    /// call it; either may pass none). Afterwards [`RawConn::peer_regions`] and
+    /// [`RawConn::peer_region`] name the peer's memory for one-sided Write and Read.
+    ///
+    /// # Errors
+    /// The control channel's errors.
+    pub fn exchange_memory(&mut self, regions: &[&Mr]) -> Result<&[RemoteMemory]> {
+        let mine = Regions(regions.iter().map(|m| m.remote()).collect());
+        self.peer_regions = self.ctrl.exchange_regions(&mine)?.0;
+        Ok(&self.peer_regions)
+    }
+
+    /// The peer's memory descriptors, in the order the peer shared them.
+    pub fn peer_regions(&self) -> &[RemoteMemory] {
+        &self.peer_regions
+    }
+
+    /// The peer's first shared region.
+    ///
+    /// # Errors
+    /// [`NetError::InvalidArgument`] when the peer shared none.
+    pub fn peer_region(&self) -> Result<RemoteMemory> {
+        self.peer_regions
+            .first()
+            .copied()
+            .ok_or_else(|| NetError::InvalidArgument("the peer shared no memory".into()))
+    }
+
+    /// A barrier over the control channel: returns once the peer has called `sync` as often.
+    ///
+    /// # Errors
+    /// The control channel's errors (a dead peer gives [`NetError::PeerClosed`]).
+    pub fn sync(&mut self) -> Result<()> {
+        let step = self.sync_step;
+        self.sync_step += 1;
+        self.ctrl.barrier(step)
+    }
+
+    /// Posts one send-queue request.
+    ///
+    /// # Safety
+    /// As [`rsrdma::Qp::post_send`].
+    ///
+    /// # Errors
+    /// As [`rsrdma::Qp::post_send`].
+    #[inline]
+    pub unsafe fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        // SAFETY: the caller's contract is the QP's.
+        Ok(unsafe { self.qp.post_send(wr) }?)
+    }
+
+    /// Posts a list of send requests with one FFI call; on failure the error names the first
+    /// request not posted.
+    ///
+    /// # Safety
+    /// As [`rsrdma::Qp::post_send_batch`].
+    ///
+    /// # Errors
+    /// As [`rsrdma::Qp::post_send_batch`].
+    #[inline]
+    pub unsafe fn post_send_batch(&self, wrs: &mut [SendWr<'_>]) -> Result<()> {
+        // SAFETY: the caller's contract is the QP's.
+        Ok(unsafe { self.qp.post_send_batch(wrs) }?)
+    }
+
+    /// Posts one receive request.
+    ///
+    /// # Safety
+    /// As [`rsrdma::Qp::post_recv`].
+    ///
+    /// # Errors
+    /// As [`rsrdma::Qp::post_recv`].
+    #[inline]
+    pub unsafe fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        // SAFETY: the caller's contract is the QP's.
+        Ok(unsafe { self.qp.post_recv(wr) }?)
+    }
+
+    /// Polls the send completion queue into `wcs`, returning how many arrived.
+    ///
+    /// # Errors
+    /// As [`rsrdma::Cq::poll`].
+    #[inline]
+    pub fn poll_send(&self, wcs: &mut [Wc]) -> Result<usize> {
+        Ok(self.send_cq.poll(wcs)?)
+    }
+
+    /// Polls the receive completion queue into `wcs`.
+    ///
+    /// # Errors
+    /// As [`rsrdma::Cq::poll`].
+    #[inline]
+    pub fn poll_recv(&self, wcs: &mut [Wc]) -> Result<usize> {
+        Ok(self.recv_cq.poll(wcs)?)
+    }
+
+    /// Sends `iters` requests built by `make_wr(id)`, keeping `depth` signaled requests in
+    /// flight and posting one more per completion (one FFI call per request).
+    ///
+    /// # Safety
+    /// Every request `make_wr` returns must satisfy [`rsrdma::Qp::post_send`]'s contract; a
+    /// buffer may be reused once the completion with its id (or a later one) was reaped.
+    ///
+    /// # Errors
+    /// A failed completion ([`rsrdma::Error::WorkCompletion`]); [`NetError::Timeout`] when
+    /// nothing completes for 5 s; [`NetError::PeerClosed`] when the peer is gone.
+    pub unsafe fn pipeline<'a>(
+        &mut self,
+        iters: u64,
+        depth: u32,
+        make_wr: impl FnMut(u64) -> SendWr<'a>,
+    ) -> Result<RunStats> {
+        // SAFETY: forwarded contract.
+        unsafe { self.run_pipeline(iters, depth, 1, make_wr) }
+    }
+
+    /// As [`RawConn::pipeline`], but refills in batches of `batch` requests, each batch
+    /// posted with one FFI call (one doorbell where the provider batches).
+    ///
+    /// # Safety
+    /// As [`RawConn::pipeline`].
+    ///
+    /// # Errors
+    /// As [`RawConn::pipeline`].
+    pub unsafe fn pipeline_batch<'a>(
+        &mut self,
+        iters: u64,
+        depth: u32,
+        batch: u32,
+        make_wr: impl FnMut(u64) -> SendWr<'a>,
+    ) -> Result<RunStats> {
+        // SAFETY: forwarded contract.
+        unsafe { self.run_pipeline(iters, depth, batch.max(1), make_wr) }
+    }
+
+    unsafe fn run_pipeline<'a>(
+        &mut self,
+        iters: u64,
+        depth: u32,
+        batch: u32,
+        mut make_wr: impl FnMut(u64) -> SendWr<'a>,
+    ) -> Result<RunStats> {
+        let depth = depth
+            .min(self.settled.send_depth)
+            .min(self.qp.caps().max_send_wr)
+            .max(1);
+        if batch > depth {
+            return Err(NetError::InvalidArgument(format!(
+                "batch {batch} exceeds the settled send depth {depth}"
+            )));
+        }
+        const BATCH_MAX: usize = 64;
+        let mut p = Pipeline::new(iters, depth, batch.min(BATCH_MAX as u32));
+        let mut stats = RunStats::default();
+        let mut wcs = [Wc::default(); 32];
+        // Built in place and posted with one call per chunk: no allocation on the hot path.
+        let mut list: [SendWr<'a>; BATCH_MAX] = [SendWr::send(0, &[]); BATCH_MAX];
+        let probe = self.probe;
+        let (mut post_t, mut poll_t) = (Duration::ZERO, Duration::ZERO);
+        let start = Instant::now();
+        let mut last_progress = start;
+        let mut idle_polls = 0u32;
+        while !p.done() {
+            let ids = p.next_ids();
+            if !ids.is_empty() {
+                let t = probe.then(Instant::now);
+                if batch == 1 {
+                    for id in ids.clone() {
+                        let wr = make_wr(id).signaled(true);
+                        stats.bytes += wr.payload_len();
+                        // SAFETY: the caller vouches for every request make_wr builds.
+                        unsafe { self.qp.post_send(&wr) }?;
+                        stats.post_calls += 1;
+                    }
+                } else {
+                    for chunk_start in ids.clone().step_by(BATCH_MAX) {
+                        let chunk_end = (chunk_start + BATCH_MAX as u64).min(ids.end);
+                        let n = (chunk_end - chunk_start) as usize;
+                        for (slot, id) in list.iter_mut().zip(chunk_start..chunk_end) {
+                            *slot = make_wr(id).signaled(true);
+                            stats.bytes += slot.payload_len();
+                        }
+                        // SAFETY: as above.
+                        unsafe { self.qp.post_send_batch(&mut list[..n]) }?;
+                        stats.post_calls += 1;
+                    }
+                }
+                p.posted(ids.end - ids.start);
+                if let Some(t) = t {
+                    post_t += t.elapsed();
+                }
+            }
+            let t = probe.then(Instant::now);
+            let n = self.send_cq.poll(&mut wcs)?;
+            if let Some(t) = t {
+                poll_t += t.elapsed();
+            }
+            stats.poll_calls += 1;
+            for wc in &wcs[..n] {
+                wc.ok()?;
+            }
+            if n > 0 {
+                p.completed(n as u64);
+                idle_polls = 0;
+                last_progress = Instant::now();
+            } else {
+                idle_polls += 1;
+                if idle_polls % 4096 == 0 {
+                    self.check_stall(last_progress)?;
+                }
+            }
+        }
+        stats.elapsed = start.elapsed();
+        stats.completed = p.completed_count();
+        if probe {
+            stats.post_time = Some(post_t);
+            stats.poll_time = Some(poll_t);
+        }
+        Ok(stats)
+    }
+
+    /// The receiving side of a send pipeline: keeps `depth` receives posted (built by
+    /// `make_wr(id)`), reposting one per completion, until `iters` have arrived.
+    ///
+    /// # Safety
+    /// Every request `make_wr` returns must satisfy [`rsrdma::Qp::post_recv`]'s contract; a
+    /// receive buffer may be read once the completion with its id was reaped.
+    ///
+    /// # Errors
+    /// A failed completion; [`NetError::PeerClosed`] when the peer is gone (checked while
+    /// idle, so a dead sender is noticed within seconds, not never); [`NetError::Timeout`].
+    pub unsafe fn recv_drain<'a>(
+        &mut self,
+        iters: u64,
+        depth: u32,
+        mut make_wr: impl FnMut(u64) -> RecvWr<'a>,
+    ) -> Result<RunStats> {
+        let depth = depth.min(self.qp.caps().max_recv_wr).max(1);
+        let mut p = Pipeline::new(iters, depth, 1);
+        let mut stats = RunStats::default();
+        let mut wcs = [Wc::default(); 32];
+        let start = Instant::now();
+        let mut first = None;
+        let mut last_progress = start;
+        let mut idle_polls = 0u32;
+        while !p.done() {
+            let ids = p.next_ids();
+            for id in ids.clone() {
+                // SAFETY: the caller vouches for every request make_wr builds.
+                unsafe { self.qp.post_recv(&make_wr(id)) }?;
+                stats.post_calls += 1;
+            }
+            p.posted(ids.end - ids.start);
+            let n = self.recv_cq.poll(&mut wcs)?;
+            stats.poll_calls += 1;
+            for wc in &wcs[..n] {
+                wc.ok()?;
+                stats.bytes += u64::from(wc.byte_len());
+            }
+            if n > 0 {
+                first.get_or_insert_with(Instant::now);
+                p.completed(n as u64);
+                idle_polls = 0;
+                last_progress = Instant::now();
+            } else {
+                idle_polls += 1;
+                if idle_polls % 4096 == 0 {
+                    self.check_stall(last_progress)?;
+                }
+            }
+        }
+        stats.elapsed = first.map_or(Duration::ZERO, |f| f.elapsed());
+        stats.completed = p.completed_count();
+        Ok(stats)
+    }
+
+    /// While waiting: is the peer still there, and has the wait gone on too long?
+    fn check_stall(&mut self, last_progress: Instant) -> Result<()> {
+        if !self.peer_alive()? {
+            return Err(NetError::PeerClosed("the data transfer"));
+        }
+        if last_progress.elapsed() > STALL_LIMIT {
+            return Err(NetError::Timeout {
+                op: "waiting for a completion",
+                millis: STALL_LIMIT.as_millis() as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether the peer's end of the control channel is still open. Never blocks.
+    ///
+    /// # Errors
+    /// [`NetError::Io`] when the socket cannot be queried.
+    pub fn peer_alive(&self) -> Result<bool> {
+        let s = self.ctrl.stream();
+        s.set_nonblocking(true)
+            .map_err(|e| NetError::io("set_nonblocking", e))?;
+        let mut b = [0u8; 1];
+        let r = s.peek(&mut b);
+        s.set_nonblocking(false)
+            .map_err(|e| NetError::io("set_nonblocking", e))?;
+        match r {
+            Ok(0) => Ok(false),
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(false),
+            Err(e) => Err(NetError::io("peek", e)),
+        }
+    }
+
+    /// Closes in step with the peer: a barrier (so neither side tears down while the other
+    /// still has work in flight toward it), then the QP moves to ERROR and its flushed
+    /// completions are reaped before everything is destroyed.
+    ///
+    /// # Errors
+    /// The barrier's errors (the resources are released either way).
+    pub fn close(mut self) -> Result<()> {
+        let r = self.ctrl.barrier(u32::MAX);
+        let _ = self.qp.to_error();
+        let mut wcs = [Wc::default(); 32];
+        while matches!(self.send_cq.poll(&mut wcs), Ok(n) if n > 0) {}
+        while matches!(self.recv_cq.poll(&mut wcs), Ok(n) if n > 0) {}
+        r
+    }
+
+    /// The queue pair.
+    pub fn qp(&self) -> &Qp {
+        &self.qp
+    }
+
+    /// The send completion queue.
+    pub fn send_cq(&self) -> &Cq {
+        &self.send_cq
+    }
+
+    /// The receive completion queue.
+    pub fn recv_cq(&self) -> &Cq {
+        &self.recv_cq
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
+    /// The peer's endpoint as it sent it.
+    pub fn peer_endpoint(&self) -> &Endpoint {
+        &self.peer
+    }
+
+    /// What both sides settled on.
+    pub fn settled(&self) -> &Settled {
+        &self.settled
+    }
+}
+
+/// The first RoCE v2 GID with an IPv4 address on `port`: what perftest users pass as `-x`.
+fn default_gid_index(ctx: &Context, port: u8) -> Result<u8> {
+    let table = ctx.gid_table()?;
+    table
+        .iter()
+        .filter(|e| e.port == port && e.gid_type == GidType::RoceV2)
+        .find(|e| e.gid.to_ipv4().is_some())
+        .or_else(|| table.iter().find(|e| e.port == port && !e.gid.is_zero()))
+        .map(|e| e.index as u8)
+        .ok_or_else(|| {
+            NetError::InvalidArgument(format!("port {port} of {} has no usable GID", ctx.name()))
+        })
+}
+
+fn random_psn() -> Result<u32> {
+    let n = crate::handshake::auth::nonce().map_err(|e| NetError::io("read /dev/urandom", e))?;
+    Ok(u32::from_be_bytes([0, n[0], n[1], n[2]]))
+}
