@@ -1,0 +1,1 @@
+//! perftest-compatible tools (work in progress).
