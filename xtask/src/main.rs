@@ -5,7 +5,10 @@
 //! - `test`: every test: fmt, clippy, unit tests, then the RDMA tests inside the VM.
 //! - `demo`: build, boot the VM, run a real RC transfer between two processes, print what it measured.
 
+mod demo;
 mod regen;
+mod test;
+mod vm;
 
 use anyhow::{bail, Result};
 use std::path::PathBuf;
@@ -22,6 +25,9 @@ fn main() -> Result<()> {
     let root = project_root();
     match args.first().map(String::as_str) {
         Some("regen-bindings") => regen::run(&root),
+        Some("vm") => std::process::exit(vm::main(&args[1..])?),
+        Some("test") => std::process::exit(test::main(&root, &args[1..])?),
+        Some("demo") => std::process::exit(demo::main(&root, &args[1..])?),
         _ => {
             eprintln!("usage: cargo xtask <regen-bindings|vm|test|demo>");
             bail!("unknown command")

@@ -1,0 +1,411 @@
+//! `cargo xtask test`: every test, in order: formatting, clippy, the host's unit tests, then the
+//! device tests inside one boot of the soft-RoCE VM (see `vm.rs`).
+//!
+//! Device tests are integration-test targets declared with `test = false` in their crate's
+//! Cargo.toml, so that a plain `cargo test` on a machine without RDMA does not run them:
+//!
+//! ```toml
+//! [[test]]
+//! name = "device"
+//! path = "tests/device/main.rs"
+//! test = false
+//! ```
+//!
+//! They are found through `cargo metadata`, built on the host, and run in the guest one binary
+//! after another with `--test-threads=1` (soft RDMA under emulation is slow, and a test may spawn
+//! child processes of its own binary).
+
+use crate::vm::{self, sh_quote, VmOpts};
+use anyhow::{anyhow, bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "usage: cargo xtask test [--no-vm] [--filter SUBSTRING] \
+                     [--timeout SECS] [--mem MB] [--cpus N] [--verbose]";
+
+pub fn main(root: &Path, args: &[String]) -> Result<i32> {
+    let mut vm_opts = VmOpts::default();
+    let mut no_vm = false;
+    let mut filter: Option<String> = None;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if vm::parse_common_opt(arg, &mut it, &mut vm_opts)? {
+            continue;
+        }
+        match arg.as_str() {
+            "--no-vm" => no_vm = true,
+            "--filter" => {
+                filter = Some(
+                    it.next()
+                        .cloned()
+                        .ok_or_else(|| anyhow!("--filter needs a value"))?,
+                )
+            }
+            a if a.starts_with("--filter=") => filter = Some(a["--filter=".len()..].to_string()),
+            "-h" | "--help" => {
+                eprintln!("{USAGE}");
+                return Ok(0);
+            }
+            _ => bail!("unknown argument {arg:?}\n{USAGE}"),
+        }
+    }
+
+    let mut steps: Vec<(String, bool, Duration)> = Vec::new();
+    let cargo = |args: &[&str]| {
+        let mut cmd = Command::new(vm::cargo());
+        cmd.args(args).current_dir(root);
+        cmd
+    };
+    for (name, args) in [
+        ("fmt", &["fmt", "--all", "--check"][..]),
+        (
+            "clippy",
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ),
+        ("unit tests", &["test", "--workspace"]),
+    ] {
+        banner(&format!("{name}: cargo {}", args.join(" ")));
+        let started = Instant::now();
+        let ok = cargo(args)
+            .status()
+            .with_context(|| format!("running cargo {}", args[0]))?
+            .success();
+        if !ok {
+            eprintln!("[test] {name} FAILED");
+        }
+        steps.push((name.to_string(), ok, started.elapsed()));
+    }
+
+    if no_vm {
+        eprintln!();
+        let line = "*** SKIPPED the device tests (--no-vm): nothing ran against RDMA ***";
+        let stars = "*".repeat(line.len());
+        eprintln!("[test] {stars}\n[test] {line}\n[test] {stars}");
+    } else {
+        banner("device tests in the VM");
+        let started = Instant::now();
+        let ok = match device_tests(root, &vm_opts, filter.as_deref()) {
+            Ok(ok) => ok,
+            Err(e) => {
+                eprintln!("[test] device tests FAILED: {e:#}");
+                false
+            }
+        };
+        steps.push(("device tests (VM)".into(), ok, started.elapsed()));
+    }
+
+    eprintln!();
+    eprintln!("[test] summary:");
+    for (name, ok, took) in &steps {
+        let verdict = if *ok { "ok" } else { "FAILED" };
+        eprintln!(
+            "[test]   {name:<20} {verdict:<7} {:>7.1} s",
+            took.as_secs_f64()
+        );
+    }
+    if no_vm {
+        eprintln!("[test]   {:<20} SKIPPED (--no-vm)", "device tests (VM)");
+    }
+    let failed = steps.iter().filter(|(_, ok, _)| !ok).count();
+    if failed == 0 {
+        let skipped = if no_vm { " (device tests SKIPPED)" } else { "" };
+        eprintln!("[test] all passed{skipped}");
+        Ok(0)
+    } else {
+        eprintln!("[test] {failed} step(s) FAILED");
+        Ok(1)
+    }
+}
+
+fn banner(title: &str) {
+    eprintln!();
+    eprintln!("[test] ==== {title}");
+}
+
+/// An integration-test target declared with `test = false`.
+#[derive(Debug)]
+struct DeviceTarget {
+    package: String,
+    name: String,
+    manifest_dir: PathBuf,
+}
+
+impl DeviceTarget {
+    fn label(&self) -> String {
+        format!("{}/{}", self.package, self.name)
+    }
+}
+
+fn discover(metadata: &serde_json::Value) -> Vec<DeviceTarget> {
+    let mut found = Vec::new();
+    for pkg in metadata["packages"].as_array().into_iter().flatten() {
+        let manifest = PathBuf::from(pkg["manifest_path"].as_str().unwrap_or_default());
+        for target in pkg["targets"].as_array().into_iter().flatten() {
+            let is_test = target["kind"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|k| k == "test");
+            if is_test && target["test"] == serde_json::Value::Bool(false) {
+                found.push(DeviceTarget {
+                    package: pkg["name"].as_str().unwrap_or_default().to_string(),
+                    name: target["name"].as_str().unwrap_or_default().to_string(),
+                    manifest_dir: manifest.parent().unwrap_or(Path::new("/")).to_path_buf(),
+                });
+            }
+        }
+    }
+    found
+}
+
+/// Builds one package's device-test targets, returning each target's executable.
+fn build(root: &Path, package: &str, targets: &[&DeviceTarget]) -> Result<Vec<PathBuf>> {
+    let mut cmd = Command::new(vm::cargo());
+    cmd.args([
+        "test",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+        "-p",
+        package,
+    ]);
+    for t in targets {
+        cmd.args(["--test", &t.name]);
+    }
+    let out = cmd
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the device tests of {package} failed");
+    }
+    let mut exes = Vec::new();
+    for t in targets {
+        let exe = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|m| m["reason"] == "compiler-artifact")
+            .filter(|m| m["target"]["name"] == t.name.as_str())
+            .filter(|m| {
+                m["target"]["kind"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|k| k == "test")
+            })
+            .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+            .ok_or_else(|| anyhow!("cargo reported no executable for {}", t.label()))?;
+        exes.push(exe);
+    }
+    Ok(exes)
+}
+
+/// What one test binary did in the guest.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct BinaryResult {
+    status: Option<i32>,
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+    /// Whether libtest printed its final "test result:" line.
+    summarised: bool,
+}
+
+const START: &str = "[test] ==> ";
+const FINISH: &str = "[test] <== ";
+
+fn device_tests(root: &Path, vm_opts: &VmOpts, filter: Option<&str>) -> Result<bool> {
+    let metadata = vm::cargo_metadata()?;
+    let targets = discover(&metadata);
+    if targets.is_empty() {
+        bail!(
+            "no device test targets found: declare them as `[[test]] … test = false` in a \
+             workspace crate's Cargo.toml (cargo metadata lists no test target with \"test\": false)"
+        );
+    }
+    let labels: Vec<String> = targets.iter().map(DeviceTarget::label).collect();
+    eprintln!("[test] device test targets: {}", labels.join(", "));
+
+    let mut packages: Vec<&str> = targets.iter().map(|t| t.package.as_str()).collect();
+    packages.dedup();
+    let mut runs: Vec<(&DeviceTarget, PathBuf)> = Vec::new();
+    for package in packages {
+        let of_pkg: Vec<&DeviceTarget> = targets.iter().filter(|t| t.package == package).collect();
+        let exes = build(root, package, &of_pkg)?;
+        runs.extend(of_pkg.into_iter().zip(exes));
+    }
+
+    let mut script = String::from(
+        "failed=0\n\
+         : \"${RUST_BACKTRACE:=1}\"; export RUST_BACKTRACE\n\
+         run() {\n\
+         \x20   label=$1; dir=$2; exe=$3; shift 3\n\
+         \x20   echo \"[test] ==> $label\"\n\
+         \x20   (cd \"$dir\" && CARGO_MANIFEST_DIR=\"$dir\" exec \"$exe\" --test-threads=1 \"$@\")\n\
+         \x20   st=$?\n\
+         \x20   echo \"[test] <== $label $st\"\n\
+         \x20   [ $st -eq 0 ] || failed=1\n\
+         }\n",
+    );
+    for (t, exe) in &runs {
+        script.push_str(&format!(
+            "run {} {} {}{}\n",
+            sh_quote(&t.label()),
+            sh_quote(&t.manifest_dir.to_string_lossy()),
+            sh_quote(&exe.to_string_lossy()),
+            filter
+                .map(|f| format!(" {}", sh_quote(f)))
+                .unwrap_or_default()
+        ));
+    }
+    script.push_str("exit $failed\n");
+
+    let run = vm::run_in_vm_captured(vm_opts, &script)?;
+    let results = parse_results(&run.output);
+
+    let mut ok = !run.timed_out && run.status == 0;
+    let (mut passed, mut failed, mut ignored) = (0, 0, 0);
+    for label in &labels {
+        let r = results.iter().find(|(l, _)| l == label).map(|(_, r)| r);
+        match r {
+            None => {
+                eprintln!("[test] {label}: did not run");
+                ok = false;
+            }
+            Some(r) => {
+                passed += r.passed;
+                failed += r.failed;
+                ignored += r.ignored;
+                if r.status != Some(0) || !r.summarised {
+                    let status = r.status.map_or("none".into(), |s| s.to_string());
+                    let note = if r.summarised {
+                        ""
+                    } else {
+                        ", no libtest summary (crashed?)"
+                    };
+                    eprintln!("[test] {label}: FAILED (exit status {status}{note})");
+                    ok = false;
+                }
+            }
+        }
+    }
+    if passed + failed == 0 {
+        match filter {
+            Some(f) => eprintln!("[test] no device test matched the filter {f:?}"),
+            None => eprintln!("[test] the device test targets contain no tests"),
+        }
+        ok = false;
+    }
+    eprintln!(
+        "[test] device tests: {passed} passed, {failed} failed, {ignored} ignored in {} target(s); \
+         the VM part took {:.1} s (boot {:.1} s){}",
+        labels.len(),
+        run.total.as_secs_f64(),
+        run.boot.as_secs_f64(),
+        if run.timed_out { ", TIMED OUT" } else { "" }
+    );
+    Ok(ok)
+}
+
+/// Per binary (by label): its exit status and libtest's last "test result:" line (a test's child
+/// processes may print their own summaries before it).
+fn parse_results(output: &str) -> Vec<(String, BinaryResult)> {
+    let mut results: Vec<(String, BinaryResult)> = Vec::new();
+    for line in output.lines() {
+        let line = line.trim_end_matches('\r');
+        if let Some(label) = line.strip_prefix(START) {
+            results.push((label.to_string(), BinaryResult::default()));
+        } else if let Some(rest) = line.strip_prefix(FINISH) {
+            if let (Some((label, status)), Some((current, r))) =
+                (rest.rsplit_once(' '), results.last_mut())
+            {
+                if label == current {
+                    r.status = status.parse().ok();
+                }
+            }
+        } else if let Some(summary) = line.trim_start().strip_prefix("test result: ") {
+            if let Some((_, r)) = results.last_mut() {
+                let count = |what: &str| {
+                    summary
+                        .split([';', '.'])
+                        .filter_map(|part| part.trim().strip_suffix(what))
+                        .find_map(|n| n.trim().parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
+                r.passed = count("passed");
+                r.failed = count("failed");
+                r.ignored = count("ignored");
+                r.summarised = true;
+            }
+        }
+    }
+    results
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_libtest_summaries_per_binary() {
+        let out = "\
+[test] ==> rsrdma/device
+running 3 tests
+test a ... ok
+running 1 test
+test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 2 filtered out; finished in 0.10s
+test result: FAILED. 2 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; finished in 3.21s
+[test] <== rsrdma/device 101
+[test] ==> other/device
+[test] <== other/device 134
+";
+        let r = parse_results(out);
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            r[0],
+            (
+                "rsrdma/device".into(),
+                BinaryResult {
+                    status: Some(101),
+                    passed: 2,
+                    failed: 1,
+                    ignored: 1,
+                    summarised: true
+                }
+            )
+        );
+        assert_eq!(
+            r[1].1,
+            BinaryResult {
+                status: Some(134),
+                ..Default::default()
+            }
+        );
+    }
+
+    #[test]
+    fn discovers_only_tests_with_test_false() {
+        let metadata = serde_json::json!({"packages": [{
+            "name": "rsrdma",
+            "manifest_path": "/w/crates/rsrdma/Cargo.toml",
+            "targets": [
+                {"name": "rsrdma", "kind": ["lib"], "test": true},
+                {"name": "device", "kind": ["test"], "test": false},
+                {"name": "unit", "kind": ["test"], "test": true},
+                {"name": "rc_transfer", "kind": ["example"], "test": false}
+            ]
+        }]});
+        let found = discover(&metadata);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].label(), "rsrdma/device");
+        assert_eq!(found[0].manifest_dir, PathBuf::from("/w/crates/rsrdma"));
+    }
+}
