@@ -170,9 +170,9 @@ fn send_pipelines_per_wr_and_batched_against_recv_drain() {
         } else {
             assert_eq!(st.post_calls, iters);
         }
+        c.sync().unwrap(); // pairs with the server's sync after its drain
         let (rst, recv, s2) = rx.join().unwrap();
         s = s2;
-        c.sync().unwrap();
         assert_eq!(rst.completed, iters);
         assert_eq!(rst.bytes, iters * size as u64);
         assert!(

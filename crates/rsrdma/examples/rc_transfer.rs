@@ -212,7 +212,7 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
     let mut exposed = if o.server {
         Some(Mr::new(
             &pd,
-            size,
+            size * DEPTH,
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         )?)
     } else {
@@ -290,8 +290,8 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
 
-    // Client. Wait for the server's receives (its second hello carries the exposed region).
-    let server = Hello::read(&mut tcp)?;
+    // Client. The server's hello came only after it had posted its receives, and it carries
+    // the region the server exposes.
     let mut sum = 0u64;
     for slot in 0..DEPTH {
         pattern(
@@ -327,16 +327,25 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // Phase 2: one-sided writes into the server's region, DEPTH in flight, then verify.
-    let region = server.region;
-    pattern(&mut bufs.as_mut_slice()[..size], 99);
-    let chunk = size.min(65536);
-    let chunks = size.div_ceil(chunk);
+    // The region is `DEPTH` messages long: write all of it, one message-sized piece per WR.
+    let region = peer.region;
+    let total = region.len as usize;
+    if total > bufs.len() {
+        return Err(format!(
+            "the server exposed {total} B, more than the {} B here",
+            bufs.len()
+        )
+        .into());
+    }
+    pattern(&mut bufs.as_mut_slice()[..total], 99);
+    let chunk = size;
+    let chunks = total.div_ceil(chunk);
     let start = Instant::now();
     let (mut posted, mut done) = (0usize, 0usize);
     while done < chunks {
         while posted < chunks && posted - done < DEPTH {
             let off = posted * chunk;
-            let len = chunk.min(size - off);
+            let len = chunk.min(total - off);
             let sge = [bufs.sge(off, len)?];
             // SAFETY: as above; this part of `bufs` is not rewritten until verified.
             unsafe {
@@ -355,10 +364,11 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
     let secs = start.elapsed().as_secs_f64();
     tcp.write_all(b"W")?;
     tcp.read_exact(&mut theirs)?;
-    let ok = u64::from_be_bytes(theirs) == checksum(&bufs.as_slice()[..size]);
+    let ok = u64::from_be_bytes(theirs) == checksum(&bufs.as_slice()[..total]);
     println!(
-        "rdma write     : {size} B in {chunks} writes, {:.3} ms, data {}",
+        "rdma write     : {total} B in {chunks} writes in {:.3} ms = {:.3} Gb/s, data {}",
         secs * 1e3,
+        total as f64 * 8.0 / secs / 1e9,
         if ok { "verified" } else { "MISMATCH" }
     );
     if !ok {

@@ -97,6 +97,8 @@ impl fmt::Debug for CmEventType {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnParam {
     /// Bytes for the peer (at most [`MAX_CONNECT_PRIVATE_DATA`] / [`MAX_ACCEPT_PRIVATE_DATA`]).
+    /// On IB and RoCE the CM carries them in fixed-size fields, so the peer receives them
+    /// zero-padded to that size: put a length in the data if the receiver needs it.
     pub private_data: Vec<u8>,
     /// Incoming RDMA reads/atomics served; `None` uses the device's maximum.
     pub responder_resources: Option<u8>,
@@ -283,7 +285,8 @@ pub struct ConnectRequest {
     /// The new id for this connection, on its own event channel. Create its QP with
     /// [`CmId::create_qp`], then [`CmId::accept`] (or [`CmId::reject`]).
     pub id: CmId,
-    /// The private data the connecting side sent.
+    /// The private data the connecting side sent, zero-padded to the transport's field size
+    /// (see [`ConnParam::private_data`]).
     pub private_data: Vec<u8>,
 }
 

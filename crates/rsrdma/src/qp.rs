@@ -320,8 +320,9 @@ pub struct InitAttr {
     pub port: u8,
     /// Partition key index.
     pub pkey_index: u16,
-    /// What the peer may do to this side's memory through this QP (RC/UC). Least privilege:
-    /// grant only what the protocol needs.
+    /// What the peer may do to this side's memory through this QP (RC/UC): only the remote
+    /// flags matter here (the regions carry their own). Least privilege: grant only what the
+    /// protocol needs.
     pub access: AccessFlags,
     /// Q_Key (UD only).
     pub qkey: u32,
@@ -648,7 +649,6 @@ impl Qp {
     pub fn to_init(&self, a: &InitAttr) -> Result<()> {
         use ffi::ibv_qp_attr_mask as M;
         self.check_transition(QpState::Init)?;
-        a.access.validate()?;
         let mut attr = ffi::ibv_qp_attr {
             qp_state: QpState::Init.to_raw(),
             pkey_index: a.pkey_index,
