@@ -58,6 +58,8 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         }
     }
 
+    // The build links libibverbs: install the development packages (and the VM's) first.
+    vm::ensure_packages(vm::HOST_PACKAGES)?;
     if build {
         let args = ["build", "--release", "-p", PACKAGE, "--example", EXAMPLE];
         eprintln!("[demo] cargo {}", args.join(" "));

@@ -51,6 +51,9 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         }
     }
 
+    // Building links libibverbs and librdmacm: install their development packages (and the
+    // VM's) first, so the README's command works on a fresh machine.
+    vm::ensure_packages(vm::HOST_PACKAGES)?;
     let mut steps: Vec<(String, bool, Duration)> = Vec::new();
     let cargo = |args: &[&str]| {
         let mut cmd = Command::new(vm::cargo());
