@@ -4,7 +4,9 @@
 //! - `vm -- <command…>`: boot a throwaway VM with soft-RoCE (rxe0) and run the command in it.
 //! - `test`: every test: fmt, clippy, unit tests, then the RDMA tests inside the VM.
 //! - `demo`: build, boot the VM, run a real RC transfer between two processes, print what it measured.
+//! - `bench perftest`: ours against C perftest side by side (A B A B …), medians and ratios.
 
+mod bench;
 mod demo;
 mod regen;
 mod test;
@@ -28,8 +30,9 @@ fn main() -> Result<()> {
         Some("vm") => std::process::exit(vm::main(&args[1..])?),
         Some("test") => std::process::exit(test::main(&root, &args[1..])?),
         Some("demo") => std::process::exit(demo::main(&root, &args[1..])?),
+        Some("bench") => std::process::exit(bench::main(&root, &args[1..])?),
         _ => {
-            eprintln!("usage: cargo xtask <regen-bindings|vm|test|demo>");
+            eprintln!("usage: cargo xtask <regen-bindings|vm|test|demo|bench perftest>");
             bail!("unknown command")
         }
     }

@@ -1,0 +1,444 @@
+//! `cargo xtask bench perftest`: ours against C perftest, side by side, in one run.
+//!
+//! Every case runs A and B alternately (A B A B …, `--rounds` times), each as a server and a
+//! client process on the same device, and the table reports the median of each side and their
+//! ratio. The cases:
+//! - `ib_{send,write,read}_bw` against `rs_{send,write,read}_bw` at 64 KiB and 1 KiB;
+//! - `ib_{send,write,read}_lat` against `rs_*_lat` at 2 bytes (t_typical);
+//! - `rs_send_bw` against RawConn's `pipeline_batch` (the `rawconn_bw` example) at 64 KiB;
+//! - RawConn per-WR `pipeline` against `pipeline_batch` at 1 KiB.
+//!
+//! By default it boots the soft-RoCE VM (`rxe0`, GID index 1): useful for ratios, not absolute
+//! speed. On a machine with an RDMA NIC, `--no-vm -d mlx5_0 -x 3` runs the same cases there.
+
+use crate::vm::{self, sh_quote, VmOpts};
+use anyhow::{anyhow, bail, Context, Result};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const USAGE: &str = "usage: cargo xtask bench perftest [--rounds N] [--quick] \
+                     [--no-vm -d DEVICE -x GID_INDEX] [--timeout SECS]";
+
+/// What a case measures.
+#[derive(Clone, Copy, PartialEq)]
+enum Metric {
+    /// BW average, Gb/s: higher is better.
+    Gbits,
+    /// t_typical, µs: lower is better.
+    Typical,
+}
+
+struct Case {
+    name: String,
+    metric: Metric,
+    /// (label, server command, client command) for A and B; `{port}`, `{dev}`, `{gid}` and
+    /// `{host}` are filled in per run.
+    a: (String, String, String),
+    b: (String, String, String),
+    /// What the ratio B/A (or A/B for latency) is held to, as text for the table.
+    target: &'static str,
+}
+
+fn perftest_case(op: &str, kind: &str, size: u32, iters: u32, bin: &Path) -> Case {
+    let flags = format!("-d {{dev}} -x {{gid}} -p {{port}} -s {size} -n {iters} -F --report_gbits");
+    let c = |tool: &str| {
+        (
+            tool.to_string(),
+            format!("{tool} {flags}"),
+            format!("{tool} {flags} {{host}}"),
+        )
+    };
+    let ib = format!("ib_{op}_{kind}");
+    let rs = bin.join(format!("rs_{op}_{kind}")).display().to_string();
+    let (mut a, mut b) = (c(&ib), c(&rs));
+    a.0 = ib.clone();
+    b.0 = format!("rs_{op}_{kind}");
+    Case {
+        name: format!("{op}_{kind} {}", human(size)),
+        metric: if kind == "bw" {
+            Metric::Gbits
+        } else {
+            Metric::Typical
+        },
+        a,
+        b,
+        target: if kind == "bw" {
+            "rs/ib >= 1.00"
+        } else {
+            "rs/ib <= 1.00"
+        },
+    }
+}
+
+fn rawconn(size: u32, iters: u32, batch: u32, examples: &Path) -> (String, String, String) {
+    let exe = examples.join("rawconn_bw").display().to_string();
+    let label = if batch == 1 {
+        "RawConn pipeline"
+    } else {
+        "RawConn pipeline_batch"
+    };
+    (
+        label.to_string(),
+        format!("{exe} server --port {{port}} -d {{dev}} -x {{gid}}"),
+        format!("{exe} client {{host}} --port {{port}} -d {{dev}} -x {{gid}} -s {size} -n {iters} -t 128 --batch {batch}"),
+    )
+}
+
+fn human(size: u32) -> String {
+    match size {
+        s if s >= 1024 && s % 1024 == 0 => format!("{} KiB", s / 1024),
+        s => format!("{s} B"),
+    }
+}
+
+pub fn main(root: &Path, args: &[String]) -> Result<i32> {
+    match args.first().map(String::as_str) {
+        Some("perftest") => {}
+        _ => bail!("{USAGE}"),
+    }
+    let mut rounds = 3u32;
+    let mut quick = false;
+    let mut no_vm = false;
+    let mut dev = vm::GUEST_DEVICE.to_string();
+    let mut gid = vm::GUEST_GID_INDEX.to_string();
+    let mut opts = VmOpts {
+        timeout: Duration::from_secs(1800),
+        ..VmOpts::default()
+    };
+    let mut it = args[1..].iter();
+    while let Some(arg) = it.next() {
+        if vm::parse_common_opt(arg, &mut it, &mut opts)? {
+            continue;
+        }
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| anyhow!("{arg} needs a value"))
+        };
+        match arg.as_str() {
+            "--rounds" => rounds = value()?.parse().context("--rounds")?,
+            "--quick" => quick = true,
+            "--no-vm" => no_vm = true,
+            "-d" => dev = value()?,
+            "-x" => gid = value()?,
+            "-h" | "--help" => {
+                eprintln!("{USAGE}");
+                return Ok(0);
+            }
+            _ => bail!("unknown argument {arg:?}\n{USAGE}"),
+        }
+    }
+    if rounds < 1 {
+        bail!("--rounds must be at least 1");
+    }
+    vm::ensure_packages(vm::HOST_PACKAGES)?;
+
+    for args in [
+        vec!["build", "--release", "-p", "rsrdma-perftest", "--bins"],
+        vec![
+            "build",
+            "--release",
+            "-p",
+            "rsrdma-net",
+            "--example",
+            "rawconn_bw",
+        ],
+    ] {
+        eprintln!("[bench] cargo {}", args.join(" "));
+        let status = Command::new(vm::cargo())
+            .args(&args)
+            .current_dir(root)
+            .status()?;
+        if !status.success() {
+            bail!("cargo {} failed", args.join(" "));
+        }
+    }
+    let target = vm::target_dir()?;
+    let bin = target.join("release");
+    let examples = bin.join("examples");
+
+    // Soft-RoCE under emulation moves about 0.2 Gb/s: sized so that a 64 KiB run takes a few
+    // seconds there. On real NICs the iteration counts are perftest's defaults.
+    let scale = |vm_iters: u32, nic_iters: u32| {
+        if no_vm {
+            nic_iters
+        } else if quick {
+            vm_iters / 4
+        } else {
+            vm_iters
+        }
+    };
+    let mut cases = Vec::new();
+    for op in ["send", "write", "read"] {
+        cases.push(perftest_case(op, "bw", 65536, scale(1000, 5000), &bin));
+        cases.push(perftest_case(op, "bw", 1024, scale(4000, 100_000), &bin));
+    }
+    for op in ["send", "write", "read"] {
+        cases.push(perftest_case(op, "lat", 2, scale(1000, 10_000), &bin));
+    }
+    let send = perftest_case("send", "bw", 65536, scale(1000, 5000), &bin);
+    cases.push(Case {
+        name: "RawConn vs rs_send_bw 64 KiB".into(),
+        metric: Metric::Gbits,
+        a: send.b,
+        b: rawconn(65536, scale(1000, 5000), 16, &examples),
+        target: "batch/rs >= 0.98",
+    });
+    cases.push(Case {
+        name: "RawConn per-WR vs batch 1 KiB".into(),
+        metric: Metric::Gbits,
+        a: rawconn(1024, scale(4000, 100_000), 1, &examples),
+        b: rawconn(1024, scale(4000, 100_000), 16, &examples),
+        target: "batch/per-WR > 1",
+    });
+
+    let out_dir = if no_vm {
+        target.join("bench-out")
+    } else {
+        target.join("vm-out")
+    };
+    let (script, runs) = script(
+        &cases,
+        rounds,
+        &dev,
+        &gid,
+        if no_vm { "127.0.0.1" } else { vm::GUEST_IP },
+        &out_dir,
+    );
+    let status = if no_vm {
+        let _ = std::fs::remove_dir_all(&out_dir);
+        std::fs::create_dir_all(&out_dir)?;
+        Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .current_dir(root)
+            .status()?
+            .code()
+            .unwrap_or(1)
+    } else {
+        vm::run_in_vm(&opts, &script)?
+    };
+    if status != 0 {
+        eprintln!("[bench] the benchmark script exited with status {status}");
+    }
+    let table = report(&cases, &runs, &out_dir, rounds, no_vm, &dev)?;
+    print!("{table}");
+    std::fs::write(target.join("bench-perftest.txt"), &table)?;
+    eprintln!(
+        "[bench] table saved to {}",
+        target.join("bench-perftest.txt").display()
+    );
+    Ok(status)
+}
+
+/// One run: the case, A or B, the round, and its output file's stem.
+struct Run {
+    case: usize,
+    b: bool,
+    stem: String,
+}
+
+/// The shell script that runs every case, alternating A and B.
+fn script(
+    cases: &[Case],
+    rounds: u32,
+    dev: &str,
+    gid: &str,
+    host: &str,
+    out: &Path,
+) -> (String, Vec<Run>) {
+    let mut s = String::from(
+        r#"set -u
+out=$1
+wait_listen() { # port: wait until something listens on it (the perftest client never retries)
+  i=0
+  while [ $i -lt 200 ]; do
+    ss -ltn 2>/dev/null | grep -q ":$1 " && return 0
+    sleep 0.05; i=$((i+1))
+  done
+  return 1
+}
+pair() { # stem port server client
+  timeout 300 sh -c "$3" > "$out/$1.server" 2>&1 &
+  spid=$!
+  wait_listen "$2" || echo "server did not listen on $2" >> "$out/$1.client"
+  timeout 300 sh -c "$4" >> "$out/$1.client" 2>&1
+  echo "client status $?" >> "$out/$1.client"
+  wait $spid
+  echo "server status $?" >> "$out/$1.server"
+}
+"#,
+    );
+    let mut runs = Vec::new();
+    let mut port = 21000;
+    for (ci, case) in cases.iter().enumerate() {
+        let _ = writeln!(s, "echo '[bench] {}' >&2", case.name);
+        for round in 0..rounds {
+            for b in [false, true] {
+                let (_, server, client) = if b { &case.b } else { &case.a };
+                let fill = |t: &str| {
+                    t.replace("{port}", &port.to_string())
+                        .replace("{dev}", dev)
+                        .replace("{gid}", gid)
+                        .replace("{host}", host)
+                };
+                let stem = format!("c{ci}-{}-r{round}", if b { "b" } else { "a" });
+                let _ = writeln!(
+                    s,
+                    "pair {stem} {port} {} {}",
+                    sh_quote(&fill(server)),
+                    sh_quote(&fill(client))
+                );
+                runs.push(Run { case: ci, b, stem });
+                port += 1;
+            }
+        }
+    }
+    let out = out.display().to_string();
+    (
+        format!("sh -c {} bench {}", sh_quote(&s), sh_quote(&out)),
+        runs,
+    )
+}
+
+/// The figure a client printed: BW average (Gb/s) from a perftest-style bw table or the
+/// `rawconn_bw` line, or t_typical (µs) from a latency table.
+fn parse_metric(text: &str, metric: Metric) -> Option<f64> {
+    if let Some(line) = text.lines().find(|l| l.starts_with("rawconn_bw:")) {
+        let v = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("gbits="))?;
+        return v.parse().ok();
+    }
+    // The result row follows the header row that starts with "#bytes".
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("#bytes"));
+    lines.next()?;
+    let row: Vec<f64> = lines
+        .find(|l| !l.trim().is_empty())?
+        .split_whitespace()
+        .map(|w| w.parse().ok())
+        .collect::<Option<_>>()?;
+    match metric {
+        Metric::Gbits => row.get(3).copied(),
+        Metric::Typical => row.get(4).copied(),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+fn report(
+    cases: &[Case],
+    runs: &[Run],
+    out: &Path,
+    rounds: u32,
+    no_vm: bool,
+    dev: &str,
+) -> Result<String> {
+    let mut t = String::new();
+    let where_ = if no_vm {
+        format!("device {dev}")
+    } else {
+        "soft-RoCE (rxe0) in a TCG VM: ratios only, not absolute speed".to_string()
+    };
+    let _ = writeln!(
+        t,
+        "\nrsrdma vs C perftest, {where_}; medians of {rounds} alternating rounds\n"
+    );
+    let _ = writeln!(
+        t,
+        "{:<32} {:<24} {:>12} {:<24} {:>12} {:>8}  target",
+        "case", "A", "median A", "B", "median B", "ratio"
+    );
+    for (ci, case) in cases.iter().enumerate() {
+        let unit = if case.metric == Metric::Gbits {
+            "Gb/s"
+        } else {
+            "us"
+        };
+        let collect = |b: bool| -> (Vec<f64>, Vec<String>) {
+            let mut vals = Vec::new();
+            let mut errs = Vec::new();
+            for r in runs.iter().filter(|r| r.case == ci && r.b == b) {
+                let path: PathBuf = out.join(format!("{}.client", r.stem));
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                match parse_metric(&text, case.metric) {
+                    Some(v) => vals.push(v),
+                    None => errs.push(format!(
+                        "{}: {}",
+                        r.stem,
+                        text.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
+                    )),
+                }
+            }
+            (vals, errs)
+        };
+        let (va, ea) = collect(false);
+        let (vb, eb) = collect(true);
+        let (ma, mb) = (median(va), median(vb));
+        let ratio = match (ma, mb, case.metric) {
+            (Some(a), Some(b), _) if a > 0.0 => Some(b / a),
+            _ => None,
+        };
+        let fmt = |m: Option<f64>| m.map_or("failed".to_string(), |v| format!("{v:.3} {unit}"));
+        let _ = writeln!(
+            t,
+            "{:<32} {:<24} {:>12} {:<24} {:>12} {:>8}  {}",
+            case.name,
+            case.a.0,
+            fmt(ma),
+            case.b.0,
+            fmt(mb),
+            ratio.map_or("-".into(), |r| format!("{r:.3}")),
+            case.target,
+        );
+        for e in ea.iter().chain(&eb) {
+            let _ = writeln!(t, "    failed run {e}");
+        }
+    }
+    let _ = writeln!(
+        t,
+        "\nratio = B/A (for latency, B's t_typical over A's: below 1 is faster)"
+    );
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_perftest_tables_and_rawconn_lines() {
+        let bw = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n 65536      1000             0.21               0.20   \t\t   0.000390\n";
+        assert_eq!(parse_metric(bw, Metric::Gbits), Some(0.20));
+        let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n 2       1000          35.12          410.20       48.33    \t55.10       \t20.00   \t\t120.00  \t\t400.00  \n";
+        assert_eq!(parse_metric(lat, Metric::Typical), Some(48.33));
+        let rc = "rawconn_bw: mode=batch size=65536 iters=1000 depth=128 batch=16 gbits=0.215000 mpps=0.000410 post_calls=70 secs=2.4\n";
+        assert_eq!(parse_metric(rc, Metric::Gbits), Some(0.215));
+        assert_eq!(
+            parse_metric("Couldn't connect to 10.77.0.1:18515\n", Metric::Gbits),
+            None
+        );
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(vec![]), None);
+    }
+}
