@@ -55,6 +55,7 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     // VM's) first, so the README's command works on a fresh machine.
     vm::ensure_packages(vm::HOST_PACKAGES)?;
     let mut steps: Vec<(String, bool, Duration)> = Vec::new();
+    let (mut total_passed, mut total_failed) = (0u64, 0u64);
     let cargo = |args: &[&str]| {
         let mut cmd = Command::new(vm::cargo());
         cmd.args(args).current_dir(root);
@@ -77,10 +78,18 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     ] {
         banner(&format!("{name}: cargo {}", args.join(" ")));
         let started = Instant::now();
-        let ok = cargo(args)
-            .status()
-            .with_context(|| format!("running cargo {}", args[0]))?
-            .success();
+        let ok = if name == "unit tests" {
+            // Streamed through, and counted for the closing line.
+            let (ok, p, f) = run_counting(cargo(args))?;
+            total_passed += p;
+            total_failed += f;
+            ok
+        } else {
+            cargo(args)
+                .status()
+                .with_context(|| format!("running cargo {}", args[0]))?
+                .success()
+        };
         if !ok {
             eprintln!("[test] {name} FAILED");
         }
@@ -96,7 +105,11 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         banner("device tests in the VM");
         let started = Instant::now();
         let ok = match device_tests(root, &vm_opts, filter.as_deref()) {
-            Ok(ok) => ok,
+            Ok((ok, p, f)) => {
+                total_passed += p;
+                total_failed += f;
+                ok
+            }
             Err(e) => {
                 eprintln!("[test] device tests FAILED: {e:#}");
                 false
@@ -118,6 +131,8 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         eprintln!("[test]   {:<20} SKIPPED (--no-vm)", "device tests (VM)");
     }
     let failed = steps.iter().filter(|(_, ok, _)| !ok).count();
+    // One plain closing line over every test that ran, host and VM.
+    println!("total: {total_passed} passed, {total_failed} failed");
     if failed == 0 {
         let skipped = if no_vm { " (device tests SKIPPED)" } else { "" };
         eprintln!("[test] all passed{skipped}");
@@ -225,7 +240,42 @@ struct BinaryResult {
 const START: &str = "[test] ==> ";
 const FINISH: &str = "[test] <== ";
 
-fn device_tests(root: &Path, vm_opts: &VmOpts, filter: Option<&str>) -> Result<bool> {
+/// Runs `cmd` with its stdout streamed through, and adds up libtest's "test result:" lines.
+/// Returns whether it succeeded, and the tests passed and failed.
+fn run_counting(mut cmd: Command) -> Result<(bool, u64, u64)> {
+    use std::io::{BufRead, BufReader};
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running cargo test")?;
+    let (mut passed, mut failed) = (0, 0);
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line.context("reading cargo test's output")?;
+        println!("{line}");
+        if let Some(summary) = line.trim_start().strip_prefix("test result: ") {
+            let count = |word: &str| {
+                summary
+                    .split(';')
+                    .find_map(|part| {
+                        part.trim()
+                            .strip_suffix(word)?
+                            .trim()
+                            .rsplit(' ')
+                            .next()?
+                            .parse::<u64>()
+                            .ok()
+                    })
+                    .unwrap_or(0)
+            };
+            passed += count("passed");
+            failed += count("failed");
+        }
+    }
+    Ok((child.wait()?.success(), passed, failed))
+}
+
+/// Runs the device tests in one VM boot. Returns whether all passed, and the counts.
+fn device_tests(root: &Path, vm_opts: &VmOpts, filter: Option<&str>) -> Result<(bool, u64, u64)> {
     let metadata = vm::cargo_metadata()?;
     let targets = discover(&metadata);
     if targets.is_empty() {
@@ -315,7 +365,7 @@ fn device_tests(root: &Path, vm_opts: &VmOpts, filter: Option<&str>) -> Result<b
         run.boot.as_secs_f64(),
         if run.timed_out { ", TIMED OUT" } else { "" }
     );
-    Ok(ok)
+    Ok((ok, passed, failed))
 }
 
 /// Per binary (by label): its exit status and libtest's last "test result:" line (a test's child
