@@ -173,6 +173,20 @@ pub(crate) fn check_rc(op: &'static str, rc: i32) -> Result<()> {
     }
 }
 
+/// The result of a posting call: `rc` is its return code (0 or an errno value, negated by
+/// some providers); `index` the first request not posted, of `count`.
+pub(crate) fn check_post(op: &'static str, rc: i32, index: usize, count: usize) -> Result<()> {
+    if rc == 0 {
+        return Ok(());
+    }
+    Err(Error::Post {
+        op,
+        index,
+        count,
+        errno: rc.abs(),
+    })
+}
+
 impl From<Error> for io::Error {
     fn from(e: Error) -> Self {
         let kind = match &e {

@@ -9,7 +9,7 @@
 use crate::ah::{AhAttr, GlobalRoute};
 use crate::context::{Gid, LinkLayer, Mtu};
 use crate::cq::Cq;
-use crate::error::{check_rc, Error, Result};
+use crate::error::{check_post, check_rc, Error, Result};
 use crate::ffi;
 use crate::mr::AccessFlags;
 use crate::pd::Pd;
@@ -934,15 +934,7 @@ impl Qp {
         let mut bad = std::ptr::null_mut();
         // SAFETY: live QP; `raw` is a valid single request; the caller vouches for its memory.
         let rc = unsafe { ffi::ibv_post_send(self.inner.raw, &mut raw, &mut bad) };
-        if rc != 0 {
-            return Err(Error::Post {
-                op: "ibv_post_send",
-                index: 0,
-                count: 1,
-                errno: rc.abs(),
-            });
-        }
-        Ok(())
+        check_post("ibv_post_send", rc, 0, 1)
     }
 
     /// Posts a list of send requests with one call into the provider (one doorbell where the
@@ -983,15 +975,7 @@ impl Qp {
                 &mut bad,
             )
         };
-        if rc != 0 {
-            return Err(Error::Post {
-                op: "ibv_post_send",
-                index: bad,
-                count: wrs.len(),
-                errno: rc.abs(),
-            });
-        }
-        Ok(())
+        check_post("ibv_post_send", rc, bad, wrs.len())
     }
 
     /// Posts one receive request.
@@ -1009,15 +993,7 @@ impl Qp {
         let mut bad = std::ptr::null_mut();
         // SAFETY: live QP; valid single request; the caller vouches for its memory.
         let rc = unsafe { ffi::ibv_post_recv(self.inner.raw, &mut raw, &mut bad) };
-        if rc != 0 {
-            return Err(Error::Post {
-                op: "ibv_post_recv",
-                index: 0,
-                count: 1,
-                errno: rc.abs(),
-            });
-        }
-        Ok(())
+        check_post("ibv_post_recv", rc, 0, 1)
     }
 
     /// Posts a list of receive requests with one call.
@@ -1039,15 +1015,7 @@ impl Qp {
                 &mut bad,
             )
         };
-        if rc != 0 {
-            return Err(Error::Post {
-                op: "ibv_post_recv",
-                index: bad,
-                count: wrs.len(),
-                errno: rc.abs(),
-            });
-        }
-        Ok(())
+        check_post("ibv_post_recv", rc, bad, wrs.len())
     }
 
     #[inline]

@@ -1,6 +1,6 @@
 //! Shared receive queues: one pool of receive requests for many queue pairs.
 
-use crate::error::{Error, Result};
+use crate::error::{check_post, Error, Result};
 use crate::ffi;
 use crate::pd::Pd;
 use crate::wr::RecvWr;
@@ -105,15 +105,7 @@ impl Srq {
         let mut bad = std::ptr::null_mut();
         // SAFETY: live SRQ; `raw` is a valid single request whose memory the caller vouches for.
         let rc = unsafe { ffi::ibv_post_srq_recv(self.inner.raw, &mut raw, &mut bad) };
-        if rc != 0 {
-            return Err(Error::Post {
-                op: "ibv_post_srq_recv",
-                index: 0,
-                count: 1,
-                errno: rc.abs(),
-            });
-        }
-        Ok(())
+        check_post("ibv_post_srq_recv", rc, 0, 1)
     }
 
     /// Posts a list of receive requests with one call.
@@ -135,15 +127,7 @@ impl Srq {
                 &mut bad,
             )
         };
-        if rc != 0 {
-            return Err(Error::Post {
-                op: "ibv_post_srq_recv",
-                index: bad,
-                count: wrs.len(),
-                errno: rc.abs(),
-            });
-        }
-        Ok(())
+        check_post("ibv_post_srq_recv", rc, bad, wrs.len())
     }
 
     /// The raw `ibv_srq`; `None` for a provider that is not libibverbs.
