@@ -1,1 +1,82 @@
-//! perftest-compatible tools (work in progress).
+//! perftest-compatible RDMA benchmarks on rsrdma: `rs_send_bw`, `rs_send_lat`, `rs_write_bw`,
+//! `rs_write_lat`, `rs_read_bw`, `rs_read_lat`.
+//!
+//! The tools speak Debian 12 perftest's (version 6.06) TCP exchange, so each end works against
+//! an `ib_*` peer, and print the same header, tables and exit codes (see
+//! `docs/perftest-protocol.md` in the workspace and this crate's README).
+//!
+//! The library is the engine: [`args::parse`] turns a command line into [`args::Params`];
+//! [`run_connected`] runs one end (server or client) against a connected [`oob::Oob`] and writes perftest's
+//! output to any `Write`; [`main`] is what the binaries call.
+//!
+//! - [`wire`]: the exchanged messages (pure).
+//! - [`stats`]: bandwidth and latency arithmetic (pure).
+//! - [`report`]: perftest's text (pure).
+//! - [`oob`]: the TCP connection with time limits.
+//! - [`engine`]: device resources and the data paths.
+
+pub mod args;
+pub mod datapath;
+pub mod engine;
+pub mod error;
+pub mod oob;
+pub mod report;
+pub mod stats;
+pub mod watch;
+pub mod wire;
+
+pub use engine::{main, run_connected};
+pub use error::{Error, Result};
+
+/// The operation a tool measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verb {
+    /// SEND/RECV.
+    Send,
+    /// RDMA WRITE.
+    Write,
+    /// RDMA READ.
+    Read,
+}
+
+/// Bandwidth or latency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Bandwidth (`*_bw`).
+    Bw,
+    /// Latency (`*_lat`).
+    Lat,
+}
+
+/// One of the six tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tool {
+    /// What it measures.
+    pub verb: Verb,
+    /// Bandwidth or latency.
+    pub kind: Kind,
+}
+
+impl Tool {
+    /// The tool for `verb` and `kind`.
+    pub const fn new(verb: Verb, kind: Kind) -> Tool {
+        Tool { verb, kind }
+    }
+
+    /// perftest's name without prefix, e.g. `write_bw`.
+    pub fn name(self) -> &'static str {
+        match (self.verb, self.kind) {
+            (Verb::Send, Kind::Bw) => "send_bw",
+            (Verb::Send, Kind::Lat) => "send_lat",
+            (Verb::Write, Kind::Bw) => "write_bw",
+            (Verb::Write, Kind::Lat) => "write_lat",
+            (Verb::Read, Kind::Bw) => "read_bw",
+            (Verb::Read, Kind::Lat) => "read_lat",
+        }
+    }
+
+    /// The binary's name, e.g. `rs_write_bw`.
+    pub fn binary_name(self) -> String {
+        format!("rs_{}", self.name())
+    }
+}

@@ -1,0 +1,683 @@
+//! Device tests: the rs tools against the installed perftest (`ib_*`) and against each other,
+//! on a real RDMA device (soft-RoCE `rxe0` in the VM: `cargo xtask test`). Declared with
+//! `test = false`, so a plain `cargo test` on a machine without RDMA does not run them; run
+//! here without a device, every test fails (none skips).
+//!
+//! Each test uses its own TCP port, gives every process a time limit, and kills what it
+//! started if it fails.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+fn device() -> String {
+    let d = std::env::var("RSRDMA_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into());
+    assert!(
+        std::path::Path::new(&format!("/sys/class/infiniband/{d}")).exists(),
+        "RDMA device {d} is not present: these tests need the soft-RoCE VM (`cargo xtask test`)"
+    );
+    d
+}
+
+fn gid_index() -> String {
+    std::env::var("RSRDMA_TEST_GID_INDEX").unwrap_or_else(|_| "1".into())
+}
+
+/// A distinct TCP port per use.
+fn port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(19600);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn rs(tool: &str) -> &'static str {
+    match tool {
+        "send_bw" => env!("CARGO_BIN_EXE_rs_send_bw"),
+        "send_lat" => env!("CARGO_BIN_EXE_rs_send_lat"),
+        "write_bw" => env!("CARGO_BIN_EXE_rs_write_bw"),
+        "write_lat" => env!("CARGO_BIN_EXE_rs_write_lat"),
+        "read_bw" => env!("CARGO_BIN_EXE_rs_read_bw"),
+        "read_lat" => env!("CARGO_BIN_EXE_rs_read_lat"),
+        _ => panic!("unknown tool {tool}"),
+    }
+}
+
+fn program(side: Side, tool: &str) -> String {
+    match side {
+        Side::Rs => rs(tool).to_string(),
+        Side::Ib => format!("ib_{tool}"),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Side {
+    Rs,
+    Ib,
+}
+
+/// A child process that is killed if the test ends before it does.
+struct Proc {
+    name: String,
+    child: Option<Child>,
+    out: Option<JoinHandle<String>>,
+    err: Option<JoinHandle<String>>,
+}
+
+#[derive(Debug)]
+struct Done {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl Proc {
+    fn spawn(prog: &str, args: &[String]) -> Proc {
+        let mut cmd = Command::new(prog);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {prog}: {e}"));
+        let mut so = child.stdout.take().unwrap();
+        let mut se = child.stderr.take().unwrap();
+        let out = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = so.read_to_string(&mut s);
+            s
+        });
+        let err = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = se.read_to_string(&mut s);
+            s
+        });
+        Proc {
+            name: format!("{prog} {}", args.join(" ")),
+            child: Some(child),
+            out: Some(out),
+            err: Some(err),
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Waits at most `limit`; a process still running then is killed and the test fails.
+    fn wait(mut self, limit: Duration) -> Done {
+        let start = Instant::now();
+        let mut child = self.child.take().unwrap();
+        let code = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st.code();
+            }
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                let so = self.out.take().unwrap().join().unwrap_or_default();
+                let se = self.err.take().unwrap().join().unwrap_or_default();
+                panic!(
+                    "{} still running after {:?}: killed\n--- stdout\n{so}\n--- stderr\n{se}",
+                    self.name, limit
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Done {
+            code,
+            stdout: self.out.take().unwrap().join().unwrap_or_default(),
+            stderr: self.err.take().unwrap().join().unwrap_or_default(),
+            took: start.elapsed(),
+        }
+    }
+
+    fn kill(mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Waits until something listens on TCP `port` (read from /proc: a test connection would be
+/// taken as the client by a perftest server).
+fn wait_listening(port: u16, server: &mut Proc) {
+    let start = Instant::now();
+    let want = format!(":{port:04X} ");
+    loop {
+        let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        if tcp.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && format!("{} ", f[1]).ends_with(&want) && f[3] == "0A"
+        }) {
+            return;
+        }
+        if let Some(Some(st)) = server.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
+            let so = server.out.take().map(|h| h.join().unwrap_or_default());
+            let se = server.err.take().map(|h| h.join().unwrap_or_default());
+            panic!(
+                "the server exited ({st}) before listening\n--- stdout\n{}\n--- stderr\n{}",
+                so.unwrap_or_default(),
+                se.unwrap_or_default()
+            );
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "nothing listens on port {port} after 15 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn common(port: u16) -> Vec<String> {
+    vec![
+        "-d".into(),
+        device(),
+        "-x".into(),
+        gid_index(),
+        "-p".into(),
+        port.to_string(),
+    ]
+}
+
+fn with(mut v: Vec<String>, extra: &[&str]) -> Vec<String> {
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// Runs a server and a client; returns (server, client).
+fn pair(srv: (Side, &str, &[&str]), cli: (Side, &str, &[&str]), limit: Duration) -> (Done, Done) {
+    let port = port();
+    let mut s = Proc::spawn(&program(srv.0, srv.1), &with(common(port), srv.2));
+    wait_listening(port, &mut s);
+    let c = Proc::spawn(
+        &program(cli.0, cli.1),
+        &with(with(common(port), cli.2), &["127.0.0.1"]),
+    );
+    let c = c.wait(limit);
+    let s = s.wait(Duration::from_secs(20));
+    (s, c)
+}
+
+fn show(what: &str, d: &Done) -> String {
+    format!(
+        "{what}: exit {:?} after {:?}\n--- stdout\n{}--- stderr\n{}",
+        d.code, d.took, d.stdout, d.stderr
+    )
+}
+
+/// The fields of the result lines (those starting with the size).
+fn result_lines(out: &str, size: u64) -> Vec<Vec<String>> {
+    out.lines()
+        .filter(|l| l.starts_with(&format!(" {size} ")))
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+/// A successful interop run: both exit 0, and whoever prints a table prints a sane line.
+fn interop(tool: &str, ud: bool, srv: Side, cli: Side) {
+    let bw = tool.ends_with("_bw");
+    let (size, iters) = match (bw, ud) {
+        (true, true) => (1024, 200),
+        (true, false) => (65536, 200),
+        (false, _) => (2, 200),
+    };
+    let mut extra = vec!["-n", "200"];
+    if ud {
+        extra.extend(["-c", "UD"]);
+    }
+    if bw && ud {
+        extra.extend(["-s", "1024"]);
+    }
+    let (s, c) = pair(
+        (srv, tool, &extra),
+        (cli, tool, &extra),
+        Duration::from_secs(90),
+    );
+    let ctx = format!("{}\n{}", show("server", &s), show("client", &c));
+    assert_eq!(s.code, Some(0), "server failed\n{ctx}");
+    assert_eq!(c.code, Some(0), "client failed\n{ctx}");
+    for (who, d) in [("client", &c), ("server", &s)] {
+        if who == "server" && tool == "read_lat" {
+            continue; // perftest's read_lat server prints no table
+        }
+        let lines = result_lines(&d.stdout, size);
+        assert_eq!(lines.len(), 1, "{who} printed no single result line\n{ctx}");
+        let f = &lines[0];
+        assert_eq!(f[1], iters.to_string(), "{who} iterations\n{ctx}");
+        let avg: f64 = f[if bw { 3 } else { 5 }].parse().unwrap();
+        assert!(avg > 0.0, "{who} average is 0\n{ctx}");
+        assert!(d.stdout.contains("---------------------------------------------------------------------------------------\n"));
+    }
+    // write_bw/read_bw servers print the client's report: the REPORT exchange is exact.
+    if tool == "write_bw" || tool == "read_bw" {
+        assert_eq!(
+            result_lines(&s.stdout, size),
+            result_lines(&c.stdout, size),
+            "the server must print the client's report\n{ctx}"
+        );
+    }
+    for d in [&s, &c] {
+        assert!(!d.stderr.contains("panicked"), "{ctx}");
+    }
+}
+
+macro_rules! matrix {
+    ($($name:ident: $tool:literal, $ud:literal;)*) => {
+        mod interop {
+            use super::*;
+            $(
+                mod $name {
+                    use super::*;
+                    #[test]
+                    fn rs_client_ib_server() {
+                        interop($tool, $ud, Side::Ib, Side::Rs);
+                    }
+                    #[test]
+                    fn ib_client_rs_server() {
+                        interop($tool, $ud, Side::Rs, Side::Ib);
+                    }
+                    #[test]
+                    fn rs_client_rs_server() {
+                        interop($tool, $ud, Side::Rs, Side::Rs);
+                    }
+                }
+            )*
+        }
+    };
+}
+
+matrix! {
+    send_bw_rc: "send_bw", false;
+    send_lat_rc: "send_lat", false;
+    write_bw_rc: "write_bw", false;
+    write_lat_rc: "write_lat", false;
+    read_bw_rc: "read_bw", false;
+    read_lat_rc: "read_lat", false;
+    send_bw_ud: "send_bw", true;
+    send_lat_ud: "send_lat", true;
+}
+
+fn loopback(tool: &str, extra: &[&str], env: &[(&str, &str)]) -> Done {
+    let port = port();
+    let mut cmd_args = with(common(port), extra);
+    cmd_args.push("--loopback".into());
+    for (k, v) in env {
+        std::env::set_var(k, v);
+    }
+    let p = Proc::spawn(rs(tool), &cmd_args);
+    for (k, _) in env {
+        std::env::remove_var(k);
+    }
+    let d = p.wait(Duration::from_secs(90));
+    assert_eq!(d.code, Some(0), "{}", show(tool, &d));
+    d
+}
+
+mod loopback {
+    use super::*;
+
+    fn check(tool: &str, size: u64, extra: &[&str]) {
+        let mut args = vec!["-n", "100"];
+        args.extend_from_slice(extra);
+        let d = loopback(tool, &args, &[]);
+        assert_eq!(result_lines(&d.stdout, size).len(), 1, "{}", show(tool, &d));
+        assert!(
+            d.stdout.contains(" TX depth "),
+            "prints the client's header\n{}",
+            d.stdout
+        );
+    }
+
+    #[test]
+    fn send_bw() {
+        check("send_bw", 65536, &[]);
+    }
+    #[test]
+    fn send_bw_ud() {
+        check("send_bw", 1024, &["-c", "UD"]);
+    }
+    #[test]
+    fn send_lat() {
+        check("send_lat", 2, &[]);
+    }
+    #[test]
+    fn write_bw() {
+        check("write_bw", 65536, &[]);
+    }
+    #[test]
+    fn write_lat() {
+        check("write_lat", 2, &[]);
+    }
+    #[test]
+    fn read_bw() {
+        check("read_bw", 65536, &[]);
+    }
+    #[test]
+    fn read_lat() {
+        check("read_lat", 2, &[]);
+    }
+
+    #[test]
+    fn probe_line_follows_the_table() {
+        let d = loopback(
+            "write_bw",
+            &["-n", "100", "-s", "4096"],
+            &[("RSRDMA_PROBE", "1")],
+        );
+        let after: Vec<&str> = d
+            .stdout
+            .lines()
+            .skip_while(|l| !l.starts_with(" 4096 "))
+            .collect();
+        assert!(after.len() >= 3, "{}", d.stdout);
+        assert!(after[2].starts_with(" probe: post "), "{}", d.stdout);
+        assert!(
+            after[2].contains("ns/WR") && after[2].contains("poll"),
+            "{}",
+            d.stdout
+        );
+    }
+
+    #[test]
+    fn events_bidirectional_and_duration() {
+        let d = loopback("send_bw", &["-n", "100", "-e", "-s", "4096"], &[]);
+        assert_eq!(result_lines(&d.stdout, 4096).len(), 1, "{}", d.stdout);
+        let d = loopback("read_lat", &["-n", "100", "-e"], &[]);
+        assert_eq!(result_lines(&d.stdout, 2).len(), 1, "{}", d.stdout);
+        let d = loopback("write_bw", &["-n", "100", "-b", "-s", "4096"], &[]);
+        assert!(
+            d.stdout.contains("RDMA_Write Bidirectional BW Test"),
+            "{}",
+            d.stdout
+        );
+        assert_eq!(result_lines(&d.stdout, 4096).len(), 1, "{}", d.stdout);
+        let d = loopback("write_bw", &["-D", "3", "-f", "1", "-s", "4096"], &[]);
+        let l = result_lines(&d.stdout, 4096);
+        assert_eq!(l.len(), 1, "{}", d.stdout);
+        assert_eq!(l[0][2], "0.00", "no peak in duration mode");
+        assert!(l[0][1].parse::<u64>().unwrap() > 0, "{}", d.stdout);
+    }
+
+    #[test]
+    fn output_bandwidth_prints_only_the_value() {
+        let d = loopback("write_bw", &["-n", "100", "--output=bandwidth"], &[]);
+        let v: f64 = d
+            .stdout
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{:?}", d.stdout));
+        assert!(v > 0.0);
+    }
+
+    #[test]
+    fn multiple_qps_post_list_and_all_sizes() {
+        let d = loopback(
+            "write_bw",
+            &["-n", "100", "-q", "2", "-l", "10", "-s", "4096"],
+            &[],
+        );
+        let l = result_lines(&d.stdout, 4096);
+        assert_eq!(l.len(), 1, "{}", d.stdout);
+        assert_eq!(l[0][1], "200", "iterations x QPs");
+        assert!(d.stdout.contains(" Post List       : 10\n"));
+        let d = loopback("send_lat", &["-n", "5", "-a"], &[]);
+        for size in [2u64, 1024, 8 << 20] {
+            assert_eq!(
+                result_lines(&d.stdout, size).len(),
+                1,
+                "{size}\n{}",
+                d.stdout
+            );
+        }
+    }
+}
+
+mod features {
+    use super::*;
+
+    #[test]
+    fn bidirectional_send_bw_rs_with_ib() {
+        let (s, c) = pair(
+            (Side::Ib, "send_bw", &["-b", "-n", "200"]),
+            (Side::Rs, "send_bw", &["-b", "-n", "200"]),
+            Duration::from_secs(90),
+        );
+        let ctx = format!("{}\n{}", show("server", &s), show("client", &c));
+        assert_eq!((s.code, c.code), (Some(0), Some(0)), "{ctx}");
+        assert_eq!(result_lines(&c.stdout, 65536).len(), 1, "{ctx}");
+        assert!(c.stdout.contains("Send Bidirectional BW Test"), "{ctx}");
+    }
+
+    /// `-a` runs one handshake pair per size (send_bw) or none until the end (write_bw).
+    #[test]
+    fn all_sizes_against_ib() {
+        for (tool, srv, cli) in [
+            ("send_bw", Side::Ib, Side::Rs),
+            ("write_bw", Side::Rs, Side::Ib),
+        ] {
+            let args: &[&str] = &["-a", "-n", "5"];
+            let (s, c) = pair(
+                (srv, tool, args),
+                (cli, tool, args),
+                Duration::from_secs(120),
+            );
+            let ctx = format!("{}\n{}", show("server", &s), show("client", &c));
+            assert_eq!((s.code, c.code), (Some(0), Some(0)), "{ctx}");
+            for size in [2u64, 4096, 8 << 20] {
+                assert_eq!(result_lines(&c.stdout, size).len(), 1, "{size}\n{ctx}");
+            }
+        }
+    }
+
+    #[test]
+    fn two_qps_and_post_list_against_ib() {
+        let args: &[&str] = &["-q", "2", "-l", "10", "-n", "200", "-s", "8192"];
+        let (s, c) = pair(
+            (Side::Ib, "write_bw", args),
+            (Side::Rs, "write_bw", args),
+            Duration::from_secs(90),
+        );
+        let ctx = format!("{}\n{}", show("server", &s), show("client", &c));
+        assert_eq!((s.code, c.code), (Some(0), Some(0)), "{ctx}");
+        assert_eq!(
+            result_lines(&s.stdout, 8192),
+            result_lines(&c.stdout, 8192),
+            "{ctx}"
+        );
+    }
+}
+
+mod failures {
+    use super::*;
+
+    /// The survivor of a killed peer exits non-zero within 10 s, with a message.
+    fn killed(tool: &str, kill_server: bool, srv_side: Side, cli_side: Side) {
+        let port = port();
+        let extra: &[&str] = if tool.ends_with("_bw") {
+            &["-n", "5000000"]
+        } else {
+            &["-n", "10000000"]
+        };
+        let mut s = Proc::spawn(&program(srv_side, tool), &with(common(port), extra));
+        wait_listening(port, &mut s);
+        let c = Proc::spawn(
+            &program(cli_side, tool),
+            &with(with(common(port), extra), &["127.0.0.1"]),
+        );
+        std::thread::sleep(Duration::from_secs(3));
+        let (victim, survivor) = if kill_server { (s, c) } else { (c, s) };
+        let pid = victim.pid();
+        victim.kill();
+        let d = survivor.wait(Duration::from_secs(10));
+        let ctx = show(&format!("survivor (killed pid {pid})"), &d);
+        assert_ne!(d.code, Some(0), "{ctx}");
+        assert!(d.code.is_some(), "died by a signal\n{ctx}");
+        assert!(d.stderr.trim().len() > 10, "no message\n{ctx}");
+        assert!(!d.stderr.contains("panicked"), "{ctx}");
+    }
+
+    #[test]
+    fn write_bw_client_killed_rs_server_survives() {
+        killed("write_bw", false, Side::Rs, Side::Rs);
+    }
+
+    #[test]
+    fn write_bw_server_killed_rs_client_survives() {
+        killed("write_bw", true, Side::Rs, Side::Rs);
+    }
+
+    #[test]
+    fn send_bw_client_killed_rs_server_survives() {
+        killed("send_bw", false, Side::Rs, Side::Ib);
+    }
+
+    #[test]
+    fn write_lat_ib_server_killed_rs_client_survives() {
+        killed("write_lat", true, Side::Ib, Side::Rs);
+    }
+
+    fn garbage(bytes: &[u8], expect: &str) {
+        let port = port();
+        let mut s = Proc::spawn(rs("send_bw"), &common(port));
+        wait_listening(port, &mut s);
+        let mut t = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        t.write_all(bytes).unwrap();
+        // End of input right away: the server must cope with what it got.
+        t.shutdown(std::net::Shutdown::Write).unwrap();
+        t.set_read_timeout(Some(Duration::from_secs(5))).ok();
+        let mut sink = Vec::new();
+        let _ = t.read_to_end(&mut sink);
+        drop(t);
+        let d = s.wait(Duration::from_secs(10));
+        let ctx = show("server", &d);
+        assert_eq!(d.code, Some(1), "{ctx}");
+        assert!(d.stderr.contains(expect), "{ctx}");
+        assert!(!d.stderr.contains("panicked"), "{ctx}");
+    }
+
+    #[test]
+    fn garbage_instead_of_a_version() {
+        garbage(
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+            "not compatible with versions older than 5.70",
+        );
+    }
+
+    #[test]
+    fn garbage_instead_of_an_endpoint() {
+        let mut b = b"6.06".to_vec();
+        b.resize(16, 0);
+        b.extend([0, 0, 0x10, 0, 0, 0, 0, 0x40, b'3', 0]);
+        b.extend([0xa5u8; 108]);
+        garbage(&b, "Couldn't parse line");
+    }
+
+    #[test]
+    fn truncated_then_closed() {
+        garbage(b"6.0", "closed the connection");
+    }
+
+    #[test]
+    fn size_mismatch_between_two_rs_tools() {
+        let (s, c) = pair(
+            (Side::Rs, "send_bw", &["-s", "1024", "-n", "100"]),
+            (Side::Rs, "send_bw", &["-s", "4096", "-n", "100"]),
+            Duration::from_secs(30),
+        );
+        for (who, d) in [("server", &s), ("client", &c)] {
+            let ctx = show(who, d);
+            assert_eq!(d.code, Some(1), "{ctx}");
+            assert!(d.stderr.contains("-s (message size)"), "{ctx}");
+            assert!(
+                d.stderr.contains("1024") && d.stderr.contains("4096"),
+                "{ctx}"
+            );
+        }
+    }
+
+    #[test]
+    fn size_mismatch_with_ib_sender_is_detected_by_the_rs_receiver() {
+        let port = port();
+        let mut s = Proc::spawn(
+            rs("send_bw"),
+            &with(common(port), &["-s", "8192", "-n", "100"]),
+        );
+        wait_listening(port, &mut s);
+        // perftest's client itself never notices (it blocks once the receiver is gone), so
+        // it is killed after the rs server has spoken.
+        let c = Proc::spawn(
+            "ib_send_bw",
+            &with(common(port), &["-s", "4096", "-n", "100", "127.0.0.1"]),
+        );
+        let d = s.wait(Duration::from_secs(30));
+        c.kill();
+        let ctx = show("server", &d);
+        assert_eq!(d.code, Some(1), "{ctx}");
+        assert!(
+            d.stderr
+                .contains("-s (message size): this side 8192, peer 4096"),
+            "{ctx}"
+        );
+    }
+
+    #[test]
+    fn wrong_device_matches_perftest() {
+        let args = vec!["-d".to_string(), "nosuch0".into()];
+        let ours = Proc::spawn(rs("send_bw"), &args).wait(Duration::from_secs(10));
+        let theirs = Proc::spawn("ib_send_bw", &args).wait(Duration::from_secs(10));
+        assert_eq!(ours.code, Some(1), "{}", show("rs", &ours));
+        assert_eq!(ours.code, theirs.code);
+        assert_eq!(
+            ours.stderr,
+            "IB device nosuch0 not found\n Unable to find the Infiniband/RoCE device\n"
+        );
+        let norm = |s: &str| s.replace('\r', "");
+        assert_eq!(
+            norm(&ours.stderr) + &ours.stdout,
+            norm(&theirs.stderr) + &theirs.stdout
+        );
+    }
+
+    #[test]
+    fn empty_gid_index_fails_like_perftest() {
+        let (s, c) = pair(
+            (Side::Rs, "send_bw", &["-x", "40", "-n", "100"]),
+            (Side::Rs, "send_bw", &["-x", "40", "-n", "100"]),
+            Duration::from_secs(30),
+        );
+        for (who, d) in [("server", &s), ("client", &c)] {
+            assert_eq!(d.code, Some(1), "{}", show(who, d));
+            assert!(
+                d.stderr
+                    .contains("Unable to Connect the HCA's through the link"),
+                "{}",
+                show(who, d)
+            );
+        }
+    }
+
+    #[test]
+    fn gid_index_out_of_range_is_a_parser_error() {
+        let d =
+            Proc::spawn(rs("send_bw"), &["-x".into(), "200".into()]).wait(Duration::from_secs(10));
+        assert_eq!(d.code, Some(1));
+        assert_eq!(
+            d.stderr,
+            " Gid index should be between 0 and 64\n Parser function exited with Error\n"
+        );
+    }
+}
