@@ -172,18 +172,18 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     };
     let mut cases = Vec::new();
     for op in ["send", "write", "read"] {
-        cases.push(perftest_case(op, "bw", 65536, scale(1000, 5000), &bin));
+        cases.push(perftest_case(op, "bw", 65536, scale(500, 5000), &bin));
         cases.push(perftest_case(op, "bw", 1024, scale(4000, 100_000), &bin));
     }
     for op in ["send", "write", "read"] {
         cases.push(perftest_case(op, "lat", 2, scale(1000, 10_000), &bin));
     }
-    let send = perftest_case("send", "bw", 65536, scale(1000, 5000), &bin);
+    let send = perftest_case("send", "bw", 65536, scale(500, 5000), &bin);
     cases.push(Case {
         name: "RawConn vs rs_send_bw 64 KiB".into(),
         metric: Metric::Gbits,
         a: send.b,
-        b: rawconn(65536, scale(1000, 5000), 16, &examples),
+        b: rawconn(65536, scale(500, 5000), 16, &examples),
         target: "batch/rs >= 0.98",
     });
     cases.push(Case {
@@ -323,7 +323,9 @@ fn parse_metric(text: &str, metric: Metric) -> Option<f64> {
         .map(|w| w.parse().ok())
         .collect::<Option<_>>()?;
     match metric {
-        Metric::Gbits => row.get(3).copied(),
+        // The BW columns have two decimals, too coarse at soft-RoCE speeds; MsgRate (Mpps)
+        // has six, and BW average = MsgRate x size.
+        Metric::Gbits => Some(row.get(4)? * row.first()? * 8.0 / 1e3),
         Metric::Typical => row.get(4).copied(),
     }
 }
@@ -424,7 +426,8 @@ mod tests {
     #[test]
     fn parses_perftest_tables_and_rawconn_lines() {
         let bw = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n 65536      1000             0.21               0.20   \t\t   0.000390\n";
-        assert_eq!(parse_metric(bw, Metric::Gbits), Some(0.20));
+        let g = parse_metric(bw, Metric::Gbits).unwrap();
+        assert!((g - 0.000390 * 65536.0 * 8.0 / 1e3).abs() < 1e-12, "{g}");
         let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n 2       1000          35.12          410.20       48.33    \t55.10       \t20.00   \t\t120.00  \t\t400.00  \n";
         assert_eq!(parse_metric(lat, Metric::Typical), Some(48.33));
         let rc = "rawconn_bw: mode=batch size=65536 iters=1000 depth=128 batch=16 gbits=0.215000 mpps=0.000410 post_calls=70 secs=2.4\n";

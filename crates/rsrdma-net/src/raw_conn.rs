@@ -428,8 +428,11 @@ impl RawConn {
         unsafe { self.run_pipeline(iters, depth, 1, make_wr) }
     }
 
-    /// As [`RawConn::pipeline`], but refills in batches of `batch` requests, each batch
-    /// posted with one FFI call (one doorbell where the provider batches).
+    /// As [`RawConn::pipeline`], but refills in batches of at least `batch` requests, each
+    /// list posted with one FFI call (one doorbell where the provider batches), and signals
+    /// only the last request of each list (selective signaling, as perftest's CQ moderation):
+    /// its completion accounts for the whole list. The pipeline sets each request's `wr_id` to
+    /// its sequence number.
     ///
     /// # Safety
     /// As [`RawConn::pipeline`].
@@ -490,8 +493,13 @@ impl RawConn {
                     for chunk_start in ids.clone().step_by(BATCH_MAX) {
                         let chunk_end = (chunk_start + BATCH_MAX as u64).min(ids.end);
                         let n = (chunk_end - chunk_start) as usize;
+                        // Selective signaling: only the list's last request asks for a
+                        // completion, which (send queues complete in order) accounts for
+                        // the whole list.
                         for (slot, id) in list.iter_mut().zip(chunk_start..chunk_end) {
-                            *slot = make_wr(id).signaled(true);
+                            let mut wr = make_wr(id).signaled(id + 1 == chunk_end);
+                            wr.set_wr_id(id);
+                            *slot = wr;
                             stats.bytes += slot.payload_len();
                         }
                         // SAFETY: as above.
@@ -512,9 +520,16 @@ impl RawConn {
             stats.poll_calls += 1;
             for wc in &wcs[..n] {
                 wc.ok()?;
+                // Per-WR mode: each completion is one request. Batch mode: a completion
+                // covers every request up to its id.
+                let done = if batch == 1 {
+                    1
+                } else {
+                    (wc.wr_id() + 1).saturating_sub(p.completed_count())
+                };
+                p.completed(done);
             }
             if n > 0 {
-                p.completed(n as u64);
                 idle_polls = 0;
                 last_progress = Instant::now();
             } else {

@@ -577,15 +577,14 @@ pub fn parse(tool: Tool, args: &[String]) -> Result<Params, ParseOutcome> {
             "Bidirectional mode only available on bw tests",
         ));
     }
-    if lat && (cli.post_list.is_some() || cli.cq_mod.is_some() || cli.no_peak || cli.report_gbits) {
+    // perftest's latency tools accept --report_gbits and ignore it; so do these.
+    if lat && (cli.post_list.is_some() || cli.cq_mod.is_some() || cli.no_peak) {
         return not_for(if cli.post_list.is_some() {
             "-l"
         } else if cli.cq_mod.is_some() {
             "-Q"
-        } else if cli.no_peak {
-            "-N"
         } else {
-            "--report_gbits"
+            "-N"
         });
     }
     if tool.verb != Verb::Send && cli.rx_depth.is_some() {
