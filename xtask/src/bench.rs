@@ -98,7 +98,7 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         Some("perftest") => {}
         _ => bail!("{USAGE}"),
     }
-    let mut rounds = 3u32;
+    let mut rounds = 5u32;
     let mut quick = false;
     let mut no_vm = false;
     let mut dev = vm::GUEST_DEVICE.to_string();
