@@ -131,16 +131,15 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         eprintln!("[test]   {:<20} SKIPPED (--no-vm)", "device tests (VM)");
     }
     let failed = steps.iter().filter(|(_, ok, _)| !ok).count();
-    // One plain closing line over every test that ran, host and VM.
-    println!("total: {total_passed} passed, {total_failed} failed");
     if failed == 0 {
         let skipped = if no_vm { " (device tests SKIPPED)" } else { "" };
         eprintln!("[test] all passed{skipped}");
-        Ok(0)
     } else {
         eprintln!("[test] {failed} step(s) FAILED");
-        Ok(1)
     }
+    // The closing line: every test that ran, host and VM, plainly counted.
+    println!("total: {total_passed} passed, {total_failed} failed");
+    Ok(if failed == 0 { 0 } else { 1 })
 }
 
 fn banner(title: &str) {
