@@ -7,6 +7,7 @@ use std::path::Path;
 
 /// Enums whose values the provider or the kernel writes: a Rust `enum` would be undefined
 /// behaviour on an unknown value, so these become newtypes over the integer.
+#[cfg(feature = "regen")]
 const NEWTYPE_ENUMS: &[&str] = &[
     "ibv_wc_status",
     "ibv_wc_opcode",
@@ -27,6 +28,7 @@ const NEWTYPE_ENUMS: &[&str] = &[
 ];
 
 /// Flag enums: bit sets that callers combine.
+#[cfg(feature = "regen")]
 const BITFIELD_ENUMS: &[&str] = &[
     "ibv_access_flags",
     "ibv_send_flags",
@@ -40,6 +42,29 @@ const BITFIELD_ENUMS: &[&str] = &[
     "ibv_qp_init_attr_mask",
 ];
 
+/// Without the `regen` feature, rebuilds xtask with it (bindgen is heavy, and only this
+/// command needs it) and runs the command again.
+#[cfg(not(feature = "regen"))]
+pub fn run(root: &Path) -> Result<()> {
+    let status = std::process::Command::new(crate::vm::cargo())
+        .args([
+            "run",
+            "--quiet",
+            "-p",
+            "xtask",
+            "--features",
+            "regen",
+            "--",
+            "regen-bindings",
+        ])
+        .current_dir(root)
+        .status()
+        .context("running cargo")?;
+    anyhow::ensure!(status.success(), "regen-bindings failed");
+    Ok(())
+}
+
+#[cfg(feature = "regen")]
 pub fn run(root: &Path) -> Result<()> {
     let sys = root.join("crates/rsrdma-sys");
     let wrappers = sys.join("src/inline_wrappers.c");
