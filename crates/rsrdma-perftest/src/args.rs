@@ -523,6 +523,17 @@ fn ranged(opt: &str, v: &str, lo: u64, hi: u64, what: &str) -> Result<u64, Parse
     Ok(n)
 }
 
+/// [`ranged`] for an option that may be absent.
+fn opt_ranged(
+    v: Option<&str>,
+    opt: &str,
+    lo: u64,
+    hi: u64,
+    what: &str,
+) -> Result<Option<u64>, ParseOutcome> {
+    v.map(|v| ranged(opt, v, lo, hi, what)).transpose()
+}
+
 /// Parses `args` (without the program name) for `tool`.
 ///
 /// # Errors
@@ -639,11 +650,7 @@ pub fn parse(tool: Tool, args: &[String]) -> Result<Params, ParseOutcome> {
         Some(v) => ranged("-n", v, 5, 100_000_000, "Iteration num")?,
         None => default_iters(tool),
     };
-    let duration = cli
-        .duration
-        .as_deref()
-        .map(|v| ranged("-D", v, 1, 1 << 31, "Duration"))
-        .transpose()?;
+    let duration = opt_ranged(cli.duration.as_deref(), "-D", 1, 1 << 31, "Duration")?;
     if duration.is_some() && iters_given {
         return Err(parser_error(
             "Duration (-D) and iterations (-n) cannot be used together",
@@ -659,12 +666,7 @@ pub fn parse(tool: Tool, args: &[String]) -> Result<Params, ParseOutcome> {
             "Duration mode (-D) of the latency tests is not supported by the rs_* tools",
         ));
     }
-    let margin = cli
-        .margin
-        .as_deref()
-        .map(|v| ranged("-f", v, 0, 1 << 31, "Margin"))
-        .transpose()?
-        .unwrap_or(2);
+    let margin = opt_ranged(cli.margin.as_deref(), "-f", 0, 1 << 31, "Margin")?.unwrap_or(2);
     let mut tx_depth = match &cli.tx_depth {
         Some(v) if bw => ranged("-t", v, 1, 15000, "Tx depth")? as u32,
         Some(_) => return not_for("-t"),
@@ -677,19 +679,10 @@ pub fn parse(tool: Tool, args: &[String]) -> Result<Params, ParseOutcome> {
         None if tool.verb == Verb::Send => 512,
         None => 1,
     };
-    let num_qps = cli
-        .qps
-        .as_deref()
-        .map(|v| ranged("-q", v, 1, 16384, "Num of qps"))
-        .transpose()?
-        .unwrap_or(1) as u32;
+    let num_qps = opt_ranged(cli.qps.as_deref(), "-q", 1, 16384, "Num of qps")?.unwrap_or(1) as u32;
     let cq_mod_given = cli.cq_mod.is_some();
-    let mut cq_mod = cli
-        .cq_mod
-        .as_deref()
-        .map(|v| ranged("-Q", v, 1, 1024, "CQ moderation"))
-        .transpose()?
-        .unwrap_or(100) as u32;
+    let mut cq_mod =
+        opt_ranged(cli.cq_mod.as_deref(), "-Q", 1, 1024, "CQ moderation")?.unwrap_or(100) as u32;
     let inline = cli
         .inline
         .as_deref()
@@ -704,28 +697,15 @@ pub fn parse(tool: Tool, args: &[String]) -> Result<Params, ParseOutcome> {
         })
         .transpose()?
         .map(|v| v as u32);
-    let post_list = cli
-        .post_list
-        .as_deref()
-        .map(|v| ranged("-l", v, 1, 15000, "Post list"))
-        .transpose()?
-        .unwrap_or(1) as u32;
+    let post_list =
+        opt_ranged(cli.post_list.as_deref(), "-l", 1, 15000, "Post list")?.unwrap_or(1) as u32;
     let gid_index = cli
         .gid_index
         .as_deref()
         .map(|v| ranged("-x", v, 0, 64, "Gid index").map(|v| v as u8))
         .transpose()?;
-    let ib_port = cli
-        .ib_port
-        .as_deref()
-        .map(|v| ranged("-i", v, 1, 255, "IB port"))
-        .transpose()?
-        .unwrap_or(1) as u8;
-    let port = cli
-        .port
-        .as_deref()
-        .map(|v| ranged("-p", v, 1, 65535, "Port"))
-        .transpose()?
+    let ib_port = opt_ranged(cli.ib_port.as_deref(), "-i", 1, 255, "IB port")?.unwrap_or(1) as u8;
+    let port = opt_ranged(cli.port.as_deref(), "-p", 1, 65535, "Port")?
         .unwrap_or(DEFAULT_PORT as u64) as u16;
     let (mtu, mtu_invalid) = match cli.mtu.as_deref() {
         None => (None, None),
@@ -738,36 +718,21 @@ pub fn parse(tool: Tool, args: &[String]) -> Result<Params, ParseOutcome> {
             }
         }
     };
-    let out_reads = cli
-        .outs
-        .as_deref()
-        .map(|v| ranged("-o", v, 1, 65535, "Outstanding reads"))
-        .transpose()?
-        .map(|v| v as u32);
-    let qp_timeout = cli
-        .qp_timeout
-        .as_deref()
-        .map(|v| ranged("-u", v, 0, 31, "QP timeout"))
-        .transpose()?
-        .unwrap_or(14) as u8;
-    let sl = cli
-        .sl
-        .as_deref()
-        .map(|v| ranged("-S", v, 0, 15, "SL"))
-        .transpose()?
-        .unwrap_or(0) as u8;
-    let tclass = cli
-        .tclass
-        .as_deref()
-        .map(|v| ranged("--tclass", v, 0, 255, "Traffic class"))
-        .transpose()?
-        .unwrap_or(0) as u8;
-    let pkey_index = cli
-        .pkey_index
-        .as_deref()
-        .map(|v| ranged("--pkey_index", v, 0, 65535, "PKey index"))
-        .transpose()?
-        .unwrap_or(0) as u16;
+    let out_reads =
+        opt_ranged(cli.outs.as_deref(), "-o", 1, 65535, "Outstanding reads")?.map(|v| v as u32);
+    let qp_timeout =
+        opt_ranged(cli.qp_timeout.as_deref(), "-u", 0, 31, "QP timeout")?.unwrap_or(14) as u8;
+    let sl = opt_ranged(cli.sl.as_deref(), "-S", 0, 15, "SL")?.unwrap_or(0) as u8;
+    let tclass =
+        opt_ranged(cli.tclass.as_deref(), "--tclass", 0, 255, "Traffic class")?.unwrap_or(0) as u8;
+    let pkey_index = opt_ranged(
+        cli.pkey_index.as_deref(),
+        "--pkey_index",
+        0,
+        65535,
+        "PKey index",
+    )?
+    .unwrap_or(0) as u16;
     let output =
         match cli.output.as_deref() {
             None => None,
