@@ -475,8 +475,7 @@ impl RawConn {
         let probe = self.probe;
         let (mut post_t, mut poll_t) = (Duration::ZERO, Duration::ZERO);
         let start = Instant::now();
-        let mut last_progress = start;
-        let mut idle_polls = 0u32;
+        let mut watch = StallWatch::new(start);
         while !p.done() {
             let ids = p.next_ids();
             if !ids.is_empty() {
@@ -529,15 +528,7 @@ impl RawConn {
                 };
                 p.completed(done);
             }
-            if n > 0 {
-                idle_polls = 0;
-                last_progress = Instant::now();
-            } else {
-                idle_polls += 1;
-                if idle_polls % 4096 == 0 {
-                    self.check_stall(last_progress)?;
-                }
-            }
+            watch.polled(n, self)?;
         }
         stats.elapsed = start.elapsed();
         stats.completed = p.completed_count();
@@ -570,8 +561,7 @@ impl RawConn {
         let mut wcs = [Wc::default(); 32];
         let start = Instant::now();
         let mut first = None;
-        let mut last_progress = start;
-        let mut idle_polls = 0u32;
+        let mut watch = StallWatch::new(start);
         while !p.done() {
             let ids = p.next_ids();
             for id in ids.clone() {
@@ -589,32 +579,12 @@ impl RawConn {
             if n > 0 {
                 first.get_or_insert_with(Instant::now);
                 p.completed(n as u64);
-                idle_polls = 0;
-                last_progress = Instant::now();
-            } else {
-                idle_polls += 1;
-                if idle_polls % 4096 == 0 {
-                    self.check_stall(last_progress)?;
-                }
             }
+            watch.polled(n, self)?;
         }
         stats.elapsed = first.map_or(Duration::ZERO, |f| f.elapsed());
         stats.completed = p.completed_count();
         Ok(stats)
-    }
-
-    /// While waiting: is the peer still there, and has the wait gone on too long?
-    fn check_stall(&mut self, last_progress: Instant) -> Result<()> {
-        if !self.peer_alive()? {
-            return Err(NetError::PeerClosed("the data transfer"));
-        }
-        if last_progress.elapsed() > STALL_LIMIT {
-            return Err(NetError::Timeout {
-                op: "waiting for a completion",
-                millis: STALL_LIMIT.as_millis() as u64,
-            });
-        }
-        Ok(())
     }
 
     /// Whether the peer's end of the control channel is still open. Never blocks.
@@ -681,6 +651,45 @@ impl RawConn {
     /// What both sides settled on.
     pub fn settled(&self) -> &Settled {
         &self.settled
+    }
+}
+
+/// Notices, while a loop waits for completions, a peer that is gone or a wait that has gone
+/// on too long. The checks cost a socket peek, so they run only every 4096 empty polls.
+struct StallWatch {
+    last_progress: Instant,
+    idle_polls: u32,
+}
+
+impl StallWatch {
+    fn new(start: Instant) -> Self {
+        StallWatch {
+            last_progress: start,
+            idle_polls: 0,
+        }
+    }
+
+    /// Records a poll that found `n` completions.
+    fn polled(&mut self, n: usize, conn: &RawConn) -> Result<()> {
+        if n > 0 {
+            self.idle_polls = 0;
+            self.last_progress = Instant::now();
+            return Ok(());
+        }
+        self.idle_polls += 1;
+        if self.idle_polls % 4096 != 0 {
+            return Ok(());
+        }
+        if !conn.peer_alive()? {
+            return Err(NetError::PeerClosed("the data transfer"));
+        }
+        if self.last_progress.elapsed() > STALL_LIMIT {
+            return Err(NetError::Timeout {
+                op: "waiting for a completion",
+                millis: STALL_LIMIT.as_millis() as u64,
+            });
+        }
+        Ok(())
     }
 }
 

@@ -28,7 +28,7 @@ use crate::ffi;
 use crate::pd::Pd;
 use crate::qp::{Qp, QpBuilder, QpType};
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -754,15 +754,6 @@ unsafe fn sockaddr_to_std(sa: *const ffi::sockaddr) -> Option<SocketAddr> {
             )))
         }
         _ => None,
-    }
-}
-
-/// The IP address of a GID, where it is IPv4-mapped or a plain IPv6 address; for matching
-/// rdma_cm addresses to GID table entries.
-pub fn gid_ip(gid: &crate::Gid) -> IpAddr {
-    match gid.to_ipv4() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(Ipv6Addr::from(gid.0)),
     }
 }
 

@@ -211,15 +211,4 @@ impl Channel {
             })),
         }
     }
-
-    /// Changes the read timeout (e.g. for a long-running test's final barrier).
-    ///
-    /// # Errors
-    /// [`NetError::Io`].
-    pub fn set_timeout(&mut self, timeout: Duration) -> Result<()> {
-        self.timeout = timeout;
-        self.stream
-            .set_read_timeout(Some(timeout))
-            .map_err(|e| NetError::io("set_read_timeout", e))
-    }
 }
