@@ -166,11 +166,9 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
     let ctx = rsrdma::open(&o.device)?;
     let pd = Pd::new(&ctx)?;
     let cq = Cq::new(&ctx, (4 * DEPTH) as u32, None)?;
-    let caps = QpCaps {
-        max_send_wr: DEPTH as u32 * 2,
-        max_recv_wr: DEPTH as u32 * 2,
-        ..Default::default()
-    };
+    let caps = QpCaps::default()
+        .max_send_wr(DEPTH as u32 * 2)
+        .max_recv_wr(DEPTH as u32 * 2);
     let qp = Qp::builder(QpType::Rc).caps(caps).build(&pd, &cq, &cq)?;
     let psn = std::process::id() & 0xff_ffff;
     let me = qp.endpoint(1, Some(o.gid_index), psn)?;
@@ -224,11 +222,9 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
         AccessFlags::NONE
     };
     qp.connect(
-        &ConnectOptions {
-            gid_index: Some(o.gid_index),
-            access,
-            ..Default::default()
-        },
+        &ConnectOptions::default()
+            .gid_index(Some(o.gid_index))
+            .access(access),
         psn,
         &peer.ep,
     )?;

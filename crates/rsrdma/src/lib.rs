@@ -66,6 +66,9 @@ pub mod srq;
 pub mod wc;
 pub mod wr;
 
+mod gid_select;
+mod setters;
+
 /// The raw bindings, for what rsrdma does not wrap.
 pub use rsrdma_sys as ffi;
 

@@ -13,6 +13,7 @@ use crate::error::{check_post, check_rc, Error, Result};
 use crate::ffi;
 use crate::mr::AccessFlags;
 use crate::pd::Pd;
+use crate::setters::setters;
 use crate::srq::Srq;
 use crate::wr::{RecvWr, SendWr};
 use std::fmt;
@@ -134,6 +135,7 @@ impl fmt::Display for QpState {
 
 /// Queue sizes of a QP. The provider may round them up; [`Qp::caps`] gives what it granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QpCaps {
     /// Outstanding send-queue work requests.
     pub max_send_wr: u32,
@@ -158,6 +160,19 @@ impl Default for QpCaps {
         }
     }
 }
+
+setters!(QpCaps {
+    /// Sets [`QpCaps::max_send_wr`].
+    max_send_wr: u32,
+    /// Sets [`QpCaps::max_recv_wr`].
+    max_recv_wr: u32,
+    /// Sets [`QpCaps::max_send_sge`].
+    max_send_sge: u32,
+    /// Sets [`QpCaps::max_recv_sge`].
+    max_recv_sge: u32,
+    /// Sets [`QpCaps::max_inline_data`].
+    max_inline_data: u32,
+});
 
 /// How to create a queue pair; see [`Qp::builder`].
 #[derive(Debug, Clone)]
@@ -315,6 +330,7 @@ impl QpBuilder {
 
 /// Attributes of RESET→INIT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct InitAttr {
     /// Physical port, from 1.
     pub port: u8,
@@ -339,11 +355,23 @@ impl Default for InitAttr {
     }
 }
 
+setters!(InitAttr {
+    /// Sets [`InitAttr::port`].
+    port: u8,
+    /// Sets [`InitAttr::pkey_index`].
+    pkey_index: u16,
+    /// Sets [`InitAttr::access`].
+    access: AccessFlags,
+    /// Sets [`InitAttr::qkey`].
+    qkey: u32,
+});
+
 /// The Q_Key rsrdma uses for UD unless told otherwise (perftest's).
 pub const DEFAULT_QKEY: u32 = 0x1111_1111;
 
 /// Attributes of INIT→RTR: the path to the peer and what this side accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RtrAttr {
     /// Path MTU.
     pub path_mtu: Mtu,
@@ -359,8 +387,38 @@ pub struct RtrAttr {
     pub ah: AhAttr,
 }
 
+impl Default for RtrAttr {
+    /// MTU 1024, one incoming read, RNR timer 12 (0.64 ms); the peer's fields are zero.
+    fn default() -> Self {
+        RtrAttr {
+            path_mtu: Mtu::Mtu1024,
+            dest_qp_num: 0,
+            rq_psn: 0,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            ah: AhAttr::default(),
+        }
+    }
+}
+
+setters!(RtrAttr {
+    /// Sets [`RtrAttr::path_mtu`].
+    path_mtu: Mtu,
+    /// Sets [`RtrAttr::dest_qp_num`].
+    dest_qp_num: u32,
+    /// Sets [`RtrAttr::rq_psn`].
+    rq_psn: u32,
+    /// Sets [`RtrAttr::max_dest_rd_atomic`].
+    max_dest_rd_atomic: u8,
+    /// Sets [`RtrAttr::min_rnr_timer`].
+    min_rnr_timer: u8,
+    /// Sets [`RtrAttr::ah`].
+    ah: AhAttr,
+});
+
 /// Attributes of RTR→RTS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RtsAttr {
     /// This side's first packet sequence number (24 bits).
     pub sq_psn: u32,
@@ -373,6 +431,32 @@ pub struct RtsAttr {
     /// Outgoing RDMA reads/atomics in flight at once (RC).
     pub max_rd_atomic: u8,
 }
+
+impl Default for RtsAttr {
+    /// perftest's values: timeout 14 (67 ms), 7 retries, RNR retry forever, one read in flight.
+    fn default() -> Self {
+        RtsAttr {
+            sq_psn: 0,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+        }
+    }
+}
+
+setters!(RtsAttr {
+    /// Sets [`RtsAttr::sq_psn`].
+    sq_psn: u32,
+    /// Sets [`RtsAttr::timeout`].
+    timeout: u8,
+    /// Sets [`RtsAttr::retry_cnt`].
+    retry_cnt: u8,
+    /// Sets [`RtsAttr::rnr_retry`].
+    rnr_retry: u8,
+    /// Sets [`RtsAttr::max_rd_atomic`].
+    max_rd_atomic: u8,
+});
 
 /// What a peer needs to connect to a QP: a plain value for an out-of-band exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -389,6 +473,7 @@ pub struct QpEndpoint {
 
 /// Options of [`Qp::connect`]: perftest's defaults unless changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConnectOptions {
     /// Local port.
     pub port: u8,
@@ -416,6 +501,11 @@ pub struct ConnectOptions {
     pub hop_limit: u8,
     /// GRH traffic class.
     pub traffic_class: u8,
+    /// Partition key index.
+    pub pkey_index: u16,
+    /// Move on to RTS. False stops at RTR: a QP that only receives and serves one-sided
+    /// operations (perftest's write and read servers), and never sends.
+    pub ready_to_send: bool,
 }
 
 impl Default for ConnectOptions {
@@ -434,9 +524,44 @@ impl Default for ConnectOptions {
             sl: 0,
             hop_limit: 0xff,
             traffic_class: 0,
+            pkey_index: 0,
+            ready_to_send: true,
         }
     }
 }
+
+setters!(ConnectOptions {
+    /// Sets [`ConnectOptions::port`].
+    port: u8,
+    /// Sets [`ConnectOptions::gid_index`].
+    gid_index: Option<u8>,
+    /// Sets [`ConnectOptions::mtu`].
+    mtu: Option<Mtu>,
+    /// Sets [`ConnectOptions::access`].
+    access: AccessFlags,
+    /// Sets [`ConnectOptions::timeout`].
+    timeout: u8,
+    /// Sets [`ConnectOptions::retry_cnt`].
+    retry_cnt: u8,
+    /// Sets [`ConnectOptions::rnr_retry`].
+    rnr_retry: u8,
+    /// Sets [`ConnectOptions::min_rnr_timer`].
+    min_rnr_timer: u8,
+    /// Sets [`ConnectOptions::max_rd_atomic`].
+    max_rd_atomic: Option<u8>,
+    /// Sets [`ConnectOptions::max_dest_rd_atomic`].
+    max_dest_rd_atomic: Option<u8>,
+    /// Sets [`ConnectOptions::sl`].
+    sl: u8,
+    /// Sets [`ConnectOptions::hop_limit`].
+    hop_limit: u8,
+    /// Sets [`ConnectOptions::traffic_class`].
+    traffic_class: u8,
+    /// Sets [`ConnectOptions::pkey_index`].
+    pkey_index: u16,
+    /// Sets [`ConnectOptions::ready_to_send`].
+    ready_to_send: bool,
+});
 
 /// Details of a queue pair, from `ibv_query_qp`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -591,11 +716,21 @@ impl Qp {
         self.inner.caps
     }
 
-    /// The last state set through this handle (libibverbs records it on every successful
-    /// modify). An asynchronous move to ERROR by the device shows only in [`Qp::query`].
+    /// The QP's current state, asked of the provider (`ibv_query_qp`): libibverbs writes the
+    /// `state` field of `ibv_qp` under its own lock, so reading it from here would race, and
+    /// rdma_cm and the device (an asynchronous move to ERROR) change the state behind this
+    /// handle. [`QpState::Unknown`] when the query fails.
     pub fn state(&self) -> QpState {
-        // SAFETY: live QP; `state` is a plain field libibverbs updates under its own lock.
-        QpState::from_raw(unsafe { std::ptr::read_volatile(&(*self.inner.raw).state) })
+        let mut attr = ffi::ibv_qp_attr::default();
+        let mut init = ffi::ibv_qp_init_attr::default();
+        let mask = ffi::ibv_qp_attr_mask::IBV_QP_STATE;
+        // SAFETY: live QP; both out-structs are valid for the call.
+        let rc = unsafe { ffi::ibv_query_qp(self.inner.raw, &mut attr, mask.0 as i32, &mut init) };
+        if rc != 0 {
+            tracing::debug!(rc, qp = self.qp_num(), "ibv_query_qp(STATE) failed");
+            return QpState::Unknown;
+        }
+        QpState::from_raw(attr.qp_state)
     }
 
     /// The protection domain.
@@ -851,8 +986,20 @@ impl Qp {
         })
     }
 
-    /// Connects an RC or UC QP in RESET to `remote`: INIT, RTR and RTS with `opts`, sending
-    /// with `local_psn`. For UD, moves to RTS (the peer is named per send instead).
+    /// Brings a QP in RESET up to talk to `remote`: INIT, RTR and (unless
+    /// [`ConnectOptions::ready_to_send`] is false) RTS, with `local_psn` as this side's first
+    /// sequence number. This is the one place rsrdma and its tools do it: the timeouts, retry
+    /// counts, MTU and read-depth rules live here.
+    ///
+    /// - MTU: [`ConnectOptions::mtu`], else the port's active MTU.
+    /// - GID: [`ConnectOptions::gid_index`]; a RoCE port needs one (see
+    ///   [`crate::Context::resolve_gid_index`] for the default choice).
+    /// - Read/atomic depths: the options, else the device's maxima.
+    /// - UD: INIT (with [`crate::qp::DEFAULT_QKEY`]), RTR, RTS; `remote` is unused, since each
+    ///   send names its peer.
+    ///
+    /// On failure the QP stays in the last state reached ([`Qp::state`] says which step
+    /// failed).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when a RoCE port is used without a GID index; the errors of
@@ -868,6 +1015,7 @@ impl Qp {
         let dev = ctx.attr();
         self.to_init(&InitAttr {
             port: opts.port,
+            pkey_index: opts.pkey_index,
             access: opts.access,
             ..Default::default()
         })?;
@@ -879,7 +1027,7 @@ impl Qp {
                 traffic_class: opts.traffic_class,
                 flow_label: 0,
             }),
-            None if port.link_layer == LinkLayer::Ethernet => {
+            None if port.link_layer == LinkLayer::Ethernet && self.qp_type() != QpType::Ud => {
                 return Err(Error::InvalidArgument(format!(
                     "port {} of {} is RoCE (Ethernet): a GID index is required",
                     opts.port,
@@ -904,6 +1052,9 @@ impl Qp {
                 ..Default::default()
             },
         })?;
+        if !opts.ready_to_send {
+            return Ok(());
+        }
         self.to_rts(&RtsAttr {
             sq_psn: local_psn & 0xff_ffff,
             timeout: opts.timeout,
@@ -1059,6 +1210,18 @@ impl fmt::Debug for Qp {
 /// The largest `max_inline_data` the device grants a QP of `qp_type`. The verbs API reports
 /// no such limit, so it is found once per context by creating throwaway QPs (a binary search
 /// over 0..=64 KiB, about 17 creations), then cached.
+impl Pd {
+    /// The most inline data a QP of `qp_type` can get on this device. The verbs API reports no
+    /// such limit, so it is found once per context by creating throwaway QPs (a binary
+    /// search) and cached. C programs ask for an inline size and fall back; this asks first.
+    ///
+    /// # Errors
+    /// [`Error::Verbs`] naming `ibv_create_cq` when the probe's CQ cannot be made.
+    pub fn max_inline_data(&self, qp_type: QpType) -> Result<u32> {
+        max_inline_data(self, qp_type)
+    }
+}
+
 fn max_inline_data(pd: &Pd, qp_type: QpType) -> Result<u32> {
     let slot = &pd.context().inner.inline_limits[qp_type as usize];
     if let Some(v) = slot.get() {

@@ -24,11 +24,9 @@ pub fn ctx() -> Context {
 }
 
 pub fn connect_opts(access: rsrdma::AccessFlags) -> ConnectOptions {
-    ConnectOptions {
-        gid_index: Some(gid_index()),
-        access,
-        ..Default::default()
-    }
+    ConnectOptions::default()
+        .gid_index(Some(gid_index()))
+        .access(access)
 }
 
 /// Two queue pairs of `qp_type` on one device, connected to each other, each with its own CQ.

@@ -267,11 +267,7 @@ fn atomics_compare_swap_and_fetch_add() {
 
 #[test]
 fn batch_of_64_in_one_post_with_every_16th_signaled() {
-    let caps = QpCaps {
-        max_send_wr: 64,
-        max_recv_wr: 64,
-        ..Default::default()
-    };
+    let caps = QpCaps::default().max_send_wr(64).max_recv_wr(64);
     let p = rc_pair(caps, AccessFlags::NONE);
     let slot = 256;
     let mut src = Mr::new(&p.pd, 64 * slot, AccessFlags::NONE).unwrap();
@@ -317,12 +313,10 @@ fn batch_of_64_in_one_post_with_every_16th_signaled() {
 
 #[test]
 fn batch_post_reports_which_request_failed() {
-    let caps = QpCaps {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        ..Default::default()
-    };
+    let caps = QpCaps::default()
+        .max_send_wr(16)
+        .max_recv_wr(16)
+        .max_send_sge(1);
     let p = rc_pair(caps, AccessFlags::NONE);
     let src = Mr::new(&p.pd, 4096, AccessFlags::NONE).unwrap();
     let dst = Mr::new(&p.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
@@ -369,11 +363,7 @@ fn batch_post_reports_which_request_failed() {
 fn unsignaled_sends_with_every_nth_signaled() {
     let n = 200u64;
     let every = 10;
-    let caps = QpCaps {
-        max_send_wr: 32,
-        max_recv_wr: 256,
-        ..Default::default()
-    };
+    let caps = QpCaps::default().max_send_wr(32).max_recv_wr(256);
     let p = rc_pair(caps, AccessFlags::NONE);
     let src = Mr::new(&p.pd, 64, AccessFlags::NONE).unwrap();
     let dst = Mr::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -404,10 +394,7 @@ fn unsignaled_sends_with_every_nth_signaled() {
 
 #[test]
 fn inline_sends_need_no_registration_and_respect_the_limit() {
-    let caps = QpCaps {
-        max_inline_data: 64,
-        ..Default::default()
-    };
+    let caps = QpCaps::default().max_inline_data(64);
     let p = rc_pair(caps, AccessFlags::NONE);
     assert!(p.a.caps().max_inline_data >= 64);
     let dst = Mr::new(&p.pd, 256, AccessFlags::LOCAL_WRITE).unwrap();
@@ -472,13 +459,7 @@ fn transitions_are_checked_and_queryable() {
     let cq = rsrdma::Cq::new(&ctx, 8, None).unwrap();
     let qp = Qp::builder(QpType::Rc).build(&pd, &cq, &cq).unwrap();
     assert_eq!(qp.state(), QpState::Reset);
-    let rts = RtsAttr {
-        sq_psn: 1,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 1,
-    };
+    let rts = RtsAttr::default().sq_psn(1u32);
     let e = qp.to_rts(&rts).unwrap_err();
     assert!(
         matches!(
@@ -491,11 +472,8 @@ fn transitions_are_checked_and_queryable() {
         ),
         "{e}"
     );
-    qp.to_init(&InitAttr {
-        access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
-        ..Default::default()
-    })
-    .unwrap();
+    qp.to_init(&InitAttr::default().access(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ))
+        .unwrap();
     let info = qp.query().unwrap();
     assert_eq!(info.state, QpState::Init);
     assert_eq!(info.port, 1);
@@ -523,10 +501,7 @@ fn transitions_are_checked_and_queryable() {
     // TTL (64 on Linux). Either way it is not the reference's 1, which breaks at the first router.
     assert!(grh.hop_limit >= 64, "hop limit {}", grh.hop_limit);
     // Beyond the device's read/atomic depth: refused before the verb.
-    let too_deep = RtsAttr {
-        max_rd_atomic: 255,
-        ..rts
-    };
+    let too_deep = rts.max_rd_atomic(255);
     let max = ctx.attr().max_qp_init_rd_atom;
     if max < 255 {
         let e = p.a.to_rts(&too_deep).unwrap_err();

@@ -183,10 +183,7 @@ fn limits_are_checked_before_any_verb() {
     let cq = Cq::new(&ctx, 16, None).unwrap();
     let e = Cq::new(&ctx, a.max_cqe + 1, None).unwrap_err();
     assert!(matches!(e, Error::Limit { what: "cqe", .. }), "{e}");
-    let caps = QpCaps {
-        max_send_wr: a.max_qp_wr + 1,
-        ..Default::default()
-    };
+    let caps = QpCaps::default().max_send_wr(a.max_qp_wr + 1);
     let e = Qp::builder(QpType::Rc)
         .caps(caps)
         .build(&pd, &cq, &cq)
@@ -202,10 +199,7 @@ fn limits_are_checked_before_any_verb() {
         "{e}"
     );
     assert!(e.to_string().contains("max_qp_wr"), "{e}");
-    let caps = QpCaps {
-        max_send_sge: a.max_sge + 1,
-        ..Default::default()
-    };
+    let caps = QpCaps::default().max_send_sge(a.max_sge + 1);
     let e = Qp::builder(QpType::Rc)
         .caps(caps)
         .build(&pd, &cq, &cq)
@@ -232,10 +226,7 @@ fn limits_are_checked_before_any_verb() {
         "{e}"
     );
     // An inline size the provider cannot give is an error naming the limit, not a silent cut.
-    let caps = QpCaps {
-        max_inline_data: 1 << 20,
-        ..Default::default()
-    };
+    let caps = QpCaps::default().max_inline_data(1 << 20);
     let e = Qp::builder(QpType::Rc)
         .caps(caps)
         .build(&pd, &cq, &cq)
@@ -254,10 +245,7 @@ fn limits_are_checked_before_any_verb() {
     let Error::Limit { limit, .. } = e else {
         unreachable!()
     };
-    let caps = QpCaps {
-        max_inline_data: limit as u32,
-        ..Default::default()
-    };
+    let caps = QpCaps::default().max_inline_data(limit as u32);
     let qp = Qp::builder(QpType::Rc)
         .caps(caps)
         .build(&pd, &cq, &cq)
