@@ -207,7 +207,7 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // The server grants remote write only now, to the peer it accepted, and only on this region.
-    let mut exposed = if o.server {
+    let exposed = if o.server {
         Some(Mr::new(
             &pd,
             size * DEPTH,
@@ -251,7 +251,7 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
         for n in 0..iters {
             let wc = poll_one(&cq)?;
             let slot = wc.wr_id() as usize;
-            let got = &bufs.as_slice()[slot * size..slot * size + wc.byte_len() as usize];
+            let got = &bufs.as_slice()?[slot * size..slot * size + wc.byte_len() as usize];
             sum = sum.wrapping_add(checksum(got));
             if n + DEPTH < iters {
                 // SAFETY: as above; the slot was just consumed.
@@ -262,7 +262,11 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
         // Phase 2: the client writes into `exposed`, then says so; answer with its checksum.
         let mut done = [0u8; 1];
         tcp.read_exact(&mut done)?;
-        tcp.write_all(&checksum(exposed.as_mut().unwrap().as_slice()).to_be_bytes())?;
+        // The region is remotely writable: copy it out rather than borrow it.
+        let region = exposed.as_ref().unwrap();
+        let mut written = vec![0u8; region.len()];
+        region.read_at(0, &mut written)?;
+        tcp.write_all(&checksum(&written).to_be_bytes())?;
         // Phase 3: echo 8-byte pings. The next receive is posted before each echo goes out,
         // so the client's next ping always finds one.
         let lat_iters = iters.min(1000);
@@ -291,7 +295,7 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
     let mut sum = 0u64;
     for slot in 0..DEPTH {
         pattern(
-            &mut bufs.as_mut_slice()[slot * size..(slot + 1) * size],
+            &mut bufs.as_mut_slice()?[slot * size..(slot + 1) * size],
             slot as u8,
         );
     }
@@ -306,7 +310,7 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
             let slot = posted % DEPTH;
             // SAFETY: `bufs` outlives every completion reaped here; slots are not rewritten.
             unsafe { qp.post_send(&SendWr::send(slot as u64, &sges[slot]))? };
-            sum = sum.wrapping_add(checksum(&bufs.as_slice()[slot * size..(slot + 1) * size]));
+            sum = sum.wrapping_add(checksum(&bufs.as_slice()?[slot * size..(slot + 1) * size]));
             posted += 1;
         }
         poll_one(&cq)?;
@@ -333,7 +337,7 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    pattern(&mut bufs.as_mut_slice()[..total], 99);
+    pattern(&mut bufs.as_mut_slice()?[..total], 99);
     let chunk = size;
     let chunks = total.div_ceil(chunk);
     let start = Instant::now();
@@ -360,7 +364,7 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
     let secs = start.elapsed().as_secs_f64();
     tcp.write_all(b"W")?;
     tcp.read_exact(&mut theirs)?;
-    let ok = u64::from_be_bytes(theirs) == checksum(&bufs.as_slice()[..total]);
+    let ok = u64::from_be_bytes(theirs) == checksum(&bufs.as_slice()?[..total]);
     println!(
         "rdma write     : {total} B in {chunks} writes in {:.3} ms = {:.3} Gb/s, data {}",
         secs * 1e3,

@@ -141,10 +141,14 @@ enum Backing {
 
 /// A registered memory region (`ibv_mr`). Keeps its [`Pd`] alive.
 ///
-/// Reading and writing its bytes is safe Rust, but the NIC writes them too: a buffer named by a
-/// posted receive or RDMA read, or exposed to a peer with remote write access, may change under
-/// a `&[u8]`. Only look at such bytes after the completion that covers them is reaped (the
-/// contract of the `unsafe` posting calls).
+/// The NIC writes a region's bytes too, so Rust references to them are handed out only where
+/// that cannot race:
+/// - a region no peer can write (no `REMOTE_WRITE`/`REMOTE_ATOMIC`): [`Mr::as_slice`] and
+///   [`Mr::as_mut_slice`]; local DMA (a posted receive, an RDMA read result) is excluded by
+///   the contract of the `unsafe` posting calls;
+/// - a remotely writable region: no references in safe code, only copies that hold none
+///   ([`Mr::read_at`], [`Mr::write_at`]), or the `unsafe` `*_unchecked` accessors once the
+///   protocol says the peer is done.
 pub struct Mr {
     raw: *mut ffi::ibv_mr,
     ptr: *mut u8,
@@ -183,9 +187,7 @@ impl Mr {
                 source_of_limit: "device max_mr_size",
             });
         }
-        let size = len.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let layout = Layout::from_size_align(size, PAGE_SIZE)
-            .map_err(|_| Error::InvalidArgument(format!("{len} bytes cannot be allocated")))?;
+        let layout = page_layout(len)?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
@@ -289,16 +291,110 @@ impl Mr {
         }
     }
 
-    /// The region's bytes. See the type's docs for when the NIC may be writing them.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr+len` is valid for the region's lifetime, which the borrow is tied to.
+    /// True when a peer may change the bytes at any time: the region was registered with
+    /// `REMOTE_WRITE` or `REMOTE_ATOMIC`. Such a region never hands out Rust references to its
+    /// bytes in safe code; see [`Mr::read_at`] and [`Mr::write_at`].
+    pub fn remotely_writable(&self) -> bool {
+        self.access.contains(AccessFlags::REMOTE_WRITE)
+            || self.access.contains(AccessFlags::REMOTE_ATOMIC)
+    }
+
+    /// The region's bytes, for a region no peer can write.
+    ///
+    /// Once a remotely writable region's key is with a peer, the peer's DMA can change bytes
+    /// under a live `&[u8]`, which is undefined behaviour; so for those this is an error and
+    /// [`Mr::read_at`] (a copy that holds no reference) is the safe way in. Local DMA (posted
+    /// receives, RDMA read results) is covered by the contract of the `unsafe` posting calls.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a remotely writable region.
+    pub fn as_slice(&self) -> Result<&[u8]> {
+        self.check_local_only("as_slice")?;
+        // SAFETY: `ptr..ptr+len` is valid for the region's lifetime, which the borrow is tied
+        // to, and no peer can write it (checked above).
+        Ok(unsafe { self.as_slice_unchecked() })
+    }
+
+    /// The region's bytes, writable, for a region no peer can write.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a remotely writable region (use [`Mr::write_at`]).
+    pub fn as_mut_slice(&mut self) -> Result<&mut [u8]> {
+        self.check_local_only("as_mut_slice")?;
+        // SAFETY: as `as_slice`, and `&mut self` makes this the only reference from Rust.
+        Ok(unsafe { self.as_mut_slice_unchecked() })
+    }
+
+    /// The region's bytes, whatever its access.
+    ///
+    /// # Safety
+    /// While the returned borrow lives, nothing may write the region: no peer (the protocol
+    /// must say the peer is done, e.g. a message after its last RDMA write), and no local DMA
+    /// (no posted receive or RDMA read into it).
+    pub unsafe fn as_slice_unchecked(&self) -> &[u8] {
+        // SAFETY: the range is valid for the region's lifetime; the caller excludes writers.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
-    /// The region's bytes, writable.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and `&mut self` makes this the only reference from Rust.
+    /// The region's bytes, writable, whatever its access.
+    ///
+    /// # Safety
+    /// While the returned borrow lives, neither a peer nor the local NIC may read or write the
+    /// region (no request naming it in flight, no peer access the protocol allows).
+    pub unsafe fn as_mut_slice_unchecked(&mut self) -> &mut [u8] {
+        // SAFETY: as above; `&mut self` makes this the only reference from Rust.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// Copies `dst.len()` bytes at `offset` out of the region. Sound while a peer writes the
+    /// region: the copy uses volatile loads and creates no reference to the region's bytes.
+    /// Bytes a peer is writing at that moment may be old, new, or a mix; a protocol message
+    /// says when they are final.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the range is outside the region.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check_range(offset, dst.len())?;
+        // SAFETY: the range is inside the region (checked), valid while `self` lives; `dst`
+        // is ordinary memory that cannot overlap the region's (no reference to it exists
+        // from safe code for remotely writable regions, and `&self` excludes `&mut` ones).
+        unsafe { volatile_copy::load(self.ptr.add(offset), dst) };
+        Ok(())
+    }
+
+    /// Copies `src` into the region at `offset`, with volatile stores: sound while a peer may
+    /// read or write the region (racing bytes are the protocol's business, not UB).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the range is outside the region.
+    pub fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check_range(offset, src.len())?;
+        // SAFETY: the range is inside the region (checked); `&mut self` excludes Rust
+        // references to it; `src` cannot overlap it for the same reason.
+        unsafe { volatile_copy::store(src, self.ptr.add(offset)) };
+        Ok(())
+    }
+
+    fn check_local_only(&self, what: &str) -> Result<()> {
+        if self.remotely_writable() {
+            return Err(Error::InvalidArgument(format!(
+                "Mr::{what}: the region is remotely writable ({:?}), so a peer may change it \
+                 under a reference; use read_at/write_at, or the unsafe *_unchecked accessors \
+                 once the protocol says the peer is done",
+                self.access
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_range(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "range {offset}+{len} is outside the {}-byte memory region",
+                self.len
+            ))),
+        }
     }
 
     /// A scatter/gather entry for `len` bytes at `offset`.
@@ -323,6 +419,18 @@ impl Mr {
     pub fn as_raw(&self) -> Option<*mut ffi::ibv_mr> {
         Some(self.raw)
     }
+}
+
+/// The page-aligned layout that holds `len` bytes, rounded up to whole pages. The rounding is
+/// checked: a length near `usize::MAX` would wrap to a zero-size layout.
+fn page_layout(len: usize) -> Result<Layout> {
+    len.checked_next_multiple_of(PAGE_SIZE)
+        .and_then(|size| Layout::from_size_align(size, PAGE_SIZE).ok())
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "a memory region of {len} bytes cannot be allocated (past the address space)"
+            ))
+        })
 }
 
 /// Registers memory, through `__ibv_reg_mr` (what the `ibv_reg_mr` macro expands to).
@@ -366,6 +474,65 @@ impl Drop for Mr {
     }
 }
 
+/// Copies between a region that DMA may change and ordinary memory, with volatile accesses:
+/// word-sized in the middle, so a large copy is not a byte loop.
+mod volatile_copy {
+    const WORD: usize = std::mem::size_of::<u64>();
+
+    /// Copies `dst.len()` bytes from `src` into `dst`.
+    ///
+    /// # Safety
+    /// `src..src+dst.len()` must be valid for reads and must not overlap `dst`.
+    pub(super) unsafe fn load(src: *const u8, dst: &mut [u8]) {
+        let len = dst.len();
+        let head = src.align_offset(WORD).min(len);
+        let words = (len - head) / WORD;
+        for (i, b) in dst[..head].iter_mut().enumerate() {
+            // SAFETY: `i < len`: inside the source range.
+            *b = unsafe { src.add(i).read_volatile() };
+        }
+        for w in 0..words {
+            let at = head + w * WORD;
+            // SAFETY: `src + at` is word-aligned (past the head) and `at + WORD <= len`.
+            let v = unsafe { src.add(at).cast::<u64>().read_volatile() };
+            dst[at..at + WORD].copy_from_slice(&v.to_ne_bytes());
+        }
+        for (i, b) in dst.iter_mut().enumerate().skip(head + words * WORD) {
+            // SAFETY: `i < len`.
+            *b = unsafe { src.add(i).read_volatile() };
+        }
+    }
+
+    /// Copies `src` to `dst..dst+src.len()`.
+    ///
+    /// # Safety
+    /// `dst..dst+src.len()` must be valid for writes and must not overlap `src`.
+    pub(super) unsafe fn store(src: &[u8], dst: *mut u8) {
+        let len = src.len();
+        let head = dst.align_offset(WORD).min(len);
+        let words = (len - head) / WORD;
+        for (i, b) in src[..head].iter().enumerate() {
+            // SAFETY: `i < len`: inside the destination range.
+            unsafe { dst.add(i).write_volatile(*b) };
+        }
+        for w in 0..words {
+            let at = head + w * WORD;
+            let mut v = [0u8; WORD];
+            v.copy_from_slice(&src[at..at + WORD]);
+            // SAFETY: `dst + at` is word-aligned and `at + WORD <= len`.
+            unsafe {
+                dst.add(at)
+                    .cast::<u64>()
+                    .write_volatile(u64::from_ne_bytes(v))
+            };
+        }
+        for (i, b) in src.iter().enumerate().skip(head + words * WORD) {
+            // SAFETY: `i < len`.
+            unsafe { dst.add(i).write_volatile(*b) };
+        }
+    }
+}
+
 impl fmt::Debug for Mr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Mr")
@@ -399,6 +566,41 @@ mod tests {
             .validate()
             .is_ok());
         assert!(AccessFlags::REMOTE_READ.validate().is_ok());
+    }
+
+    #[test]
+    fn page_rounding_is_checked() {
+        assert_eq!(page_layout(1).unwrap().size(), PAGE_SIZE);
+        assert_eq!(page_layout(PAGE_SIZE).unwrap().size(), PAGE_SIZE);
+        assert_eq!(page_layout(PAGE_SIZE + 1).unwrap().size(), 2 * PAGE_SIZE);
+        // Before the fix, div_ceil * PAGE_SIZE wrapped these to a zero-size layout.
+        for len in [usize::MAX, usize::MAX - PAGE_SIZE + 2, isize::MAX as usize] {
+            let e = page_layout(len).unwrap_err();
+            assert!(e.to_string().contains(&len.to_string()), "{e}");
+        }
+    }
+
+    #[test]
+    fn volatile_copies_match_plain_copies_at_every_alignment() {
+        let src: Vec<u8> = (0..200u32).map(|i| (i * 7 + 3) as u8).collect();
+        for offset in 0..16 {
+            for len in [0, 1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 150] {
+                let mut out = vec![0u8; len];
+                // SAFETY: `offset + len <= 200`; `out` is a separate buffer.
+                unsafe { volatile_copy::load(src.as_ptr().add(offset), &mut out) };
+                assert_eq!(out, src[offset..offset + len], "load {offset}+{len}");
+                let mut region = vec![0xAAu8; 200];
+                // SAFETY: as above.
+                unsafe { volatile_copy::store(&src[..len], region.as_mut_ptr().add(offset)) };
+                assert_eq!(
+                    &region[offset..offset + len],
+                    &src[..len],
+                    "store {offset}+{len}"
+                );
+                assert!(region[..offset].iter().all(|&b| b == 0xAA));
+                assert!(region[offset + len..].iter().all(|&b| b == 0xAA));
+            }
+        }
     }
 
     #[test]

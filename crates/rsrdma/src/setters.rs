@@ -5,19 +5,31 @@
 //! same name: `ConnectOptions::default().port(2).gid_index(3)`. Fields stay public for reading
 //! and for plain assignment.
 
-/// `setters!(Type { field: FieldType, ... })` generates `pub fn field(mut self, v: impl
-/// Into<FieldType>) -> Self` for each field.
+/// `setters!(Type { field: FieldType, opt: Option<Inner>, ... })` generates `pub fn
+/// field(mut self, v: FieldType) -> Self` for each field; an `Option` field's setter takes
+/// `impl Into<Option<Inner>>`, so `gid_index(3)` and `gid_index(None)` both read well.
 macro_rules! setters {
-    ($ty:ident { $($(#[$doc:meta])* $field:ident : $fty:ty),* $(,)? }) => {
+    ($ty:ident { $($(#[$doc:meta])* $field:ident : $($fty:ident)::+ $(<$inner:ty>)?),* $(,)? }) => {
         impl $ty {
             $(
-                $(#[$doc])*
-                #[must_use]
-                pub fn $field(mut self, v: impl Into<$fty>) -> Self {
-                    self.$field = v.into();
-                    self
-                }
+                $crate::setters::setters!(@one $(#[$doc])* $field : $($fty)::+ $(<$inner>)?);
             )*
+        }
+    };
+    (@one $(#[$doc:meta])* $field:ident : Option<$inner:ty>) => {
+        $(#[$doc])*
+        #[must_use]
+        pub fn $field(mut self, v: impl Into<Option<$inner>>) -> Self {
+            self.$field = v.into();
+            self
+        }
+    };
+    (@one $(#[$doc:meta])* $field:ident : $($fty:ident)::+) => {
+        $(#[$doc])*
+        #[must_use]
+        pub fn $field(mut self, v: $($fty)::+) -> Self {
+            self.$field = v;
+            self
         }
     };
 }

@@ -60,7 +60,7 @@ fn cm_server_child() {
     let wc = poll_ok(&cq);
     let n = wc.byte_len() as usize;
     // Echo the message back, reversed.
-    buf.as_mut_slice()[..n].reverse();
+    buf.as_mut_slice().unwrap()[..n].reverse();
     let sge = [buf.sge(0, n).unwrap()];
     // SAFETY: as above.
     unsafe { qp.post_send(&SendWr::send(2, &sge)).unwrap() };
@@ -134,7 +134,7 @@ fn rdma_cm_connect_accept_between_processes() {
     assert_eq!(id.peer_addr(), Some(server));
 
     let msg = b"a message over an rdma_cm connection";
-    buf.as_mut_slice()[..msg.len()].copy_from_slice(msg);
+    buf.as_mut_slice().unwrap()[..msg.len()].copy_from_slice(msg);
     let ssge = [buf.sge(0, msg.len()).unwrap()];
     // SAFETY: as above.
     unsafe { qp.post_send(&SendWr::send(11, &ssge)).unwrap() };
@@ -143,7 +143,7 @@ fn rdma_cm_connect_accept_between_processes() {
     let n = r.byte_len() as usize;
     let mut expect = msg.to_vec();
     expect.reverse();
-    assert_eq!(&buf.as_slice()[2048..2048 + n], &expect[..]);
+    assert_eq!(&buf.as_slice().unwrap()[2048..2048 + n], &expect[..]);
     id.disconnect().unwrap();
     id.wait_disconnected(WAIT).unwrap();
 

@@ -108,9 +108,18 @@ pub fn assert_quiet(cq: &Cq) {
     assert_eq!(n, 0, "unexpected completions: {:?}", &buf[..n]);
 }
 
-/// Fills `mr` with a pattern that differs per `seed`.
+/// Fills `mr` with a pattern that differs per `seed` (through `write_at`, which works on
+/// remotely writable regions too).
 pub fn fill(mr: &mut Mr, seed: u8) {
-    for (i, b) in mr.as_mut_slice().iter_mut().enumerate() {
-        *b = (i as u8).wrapping_mul(31).wrapping_add(seed);
-    }
+    let pattern: Vec<u8> = (0..mr.len())
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    mr.write_at(0, &pattern).unwrap();
+}
+
+/// A copy of the region's bytes (through `read_at`, sound whatever the region's access).
+pub fn snap(mr: &Mr) -> Vec<u8> {
+    let mut v = vec![0u8; mr.len()];
+    mr.read_at(0, &mut v).unwrap();
+    v
 }

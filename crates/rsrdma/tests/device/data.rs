@@ -1,7 +1,7 @@
 //! RC data path: send/receive at the edge sizes, immediate data, RDMA write and read, remote
 //! access errors, atomics, batches, selective signaling, inline sends, flush on error.
 
-use crate::common::{assert_quiet, fill, poll_n, poll_ok, rc_pair};
+use crate::common::{assert_quiet, fill, poll_n, poll_ok, rc_pair, snap};
 use rsrdma::{AccessFlags, Error, Mr, QpCaps, RecvWr, SendWr, WcOpcode, WcStatus};
 
 const SIZES: [usize; 6] = [0, 1, 4095, 4096, 4097, 1 << 20];
@@ -14,7 +14,7 @@ fn rc_send_recv_at_edge_sizes() {
     let mut dst = Mr::new(&p.pd, max, AccessFlags::LOCAL_WRITE).unwrap();
     for (round, &size) in SIZES.iter().enumerate() {
         fill(&mut src, round as u8);
-        dst.as_mut_slice().fill(0xee);
+        dst.write_at(0, &vec![0xee; max]).unwrap();
         let rsge = [dst.sge(0, max).unwrap()];
         let ssge = [src.sge(0, size).unwrap()];
         // SAFETY: both MRs outlive the completions polled below; neither is touched meanwhile.
@@ -31,12 +31,12 @@ fn rc_send_recv_at_edge_sizes() {
         assert_eq!(r.byte_len() as usize, size, "byte_len at size {size}");
         assert_eq!(r.imm_data(), None);
         assert_eq!(
-            &dst.as_slice()[..size],
-            &src.as_slice()[..size],
+            &snap(&dst)[..size],
+            &snap(&src)[..size],
             "payload at size {size}"
         );
         assert!(
-            dst.as_slice()[size..].iter().all(|&b| b == 0xee),
+            snap(&dst)[size..].iter().all(|&b| b == 0xee),
             "bytes past {size} untouched"
         );
     }
@@ -68,7 +68,7 @@ fn immediate_data_reaches_the_receiver() {
     let r = poll_ok(&p.cq_b);
     assert_eq!(r.imm_data(), Some(0xdead_beef));
     assert_eq!(r.byte_len(), 16);
-    assert_eq!(&dst.as_slice()[..16], &src.as_slice()[..16]);
+    assert_eq!(&snap(&dst)[..16], &snap(&src)[..16]);
 
     // Write with immediate: the payload lands by RDMA, the immediate in a receive completion
     // that consumes a (payload-less) receive request.
@@ -91,7 +91,7 @@ fn immediate_data_reaches_the_receiver() {
     let r = poll_ok(&p.cq_b);
     assert_eq!(r.opcode(), WcOpcode::RECV_RDMA_WITH_IMM);
     assert_eq!(r.imm_data(), Some(77));
-    assert_eq!(&dst.as_slice()[32..64], &src.as_slice()[16..48]);
+    assert_eq!(&snap(&dst)[32..64], &snap(&src)[16..48]);
 }
 
 #[test]
@@ -114,15 +114,11 @@ fn rdma_write_and_read_move_bytes_exactly() {
     };
     let wc = poll_ok(&p.cq_a);
     assert_eq!(wc.opcode(), WcOpcode::RDMA_WRITE);
-    assert_eq!(
-        target.as_slice(),
-        local.as_slice(),
-        "write copied every byte"
-    );
+    assert_eq!(snap(&target), snap(&local), "write copied every byte");
     assert_quiet(&p.cq_b);
 
     fill(&mut target, 77);
-    let expect = target.as_slice()[4096..4096 + 10000].to_vec();
+    let expect = snap(&target)[4096..4096 + 10000].to_vec();
     let sge = [local.sge(100, 10000).unwrap()];
     // SAFETY: as above.
     unsafe {
@@ -136,7 +132,7 @@ fn rdma_write_and_read_move_bytes_exactly() {
     };
     let wc = poll_ok(&p.cq_a);
     assert_eq!(wc.opcode(), WcOpcode::RDMA_READ);
-    assert_eq!(&local.as_slice()[100..10100], &expect[..]);
+    assert_eq!(&snap(&local)[100..10100], &expect[..]);
 }
 
 /// Posts one RDMA write that must fail with a remote access error, then checks the error
@@ -230,11 +226,10 @@ fn atomics_compare_swap_and_fetch_add() {
         "rxe supports atomics"
     );
     let mut target = Mr::new(&p.pd, 64, access).unwrap();
-    target.as_mut_slice()[..8].copy_from_slice(&100u64.to_ne_bytes());
+    target.write_at(0, &100u64.to_ne_bytes()).unwrap();
     let t = target.remote();
     let result = Mr::new(&p.pd, 16, AccessFlags::LOCAL_WRITE).unwrap();
-    let old =
-        |mr: &Mr, at: usize| u64::from_ne_bytes(mr.as_slice()[at..at + 8].try_into().unwrap());
+    let old = |mr: &Mr, at: usize| u64::from_ne_bytes(snap(mr)[at..at + 8].try_into().unwrap());
 
     let sge = [result.sge(0, 8).unwrap()];
     // SAFETY: MRs outlive the completions; untouched until polled.
@@ -308,7 +303,7 @@ fn batch_of_64_in_one_post_with_every_16th_signaled() {
         vec![15, 31, 47, 63]
     );
     assert_quiet(&p.cq_a);
-    assert_eq!(dst.as_slice(), src.as_slice());
+    assert_eq!(snap(&dst), snap(&src));
 }
 
 #[test]
@@ -408,7 +403,7 @@ fn inline_sends_need_no_registration_and_respect_the_limit() {
     }
     poll_ok(&p.cq_a);
     let r = poll_ok(&p.cq_b);
-    assert_eq!(&dst.as_slice()[..r.byte_len() as usize], &payload[..]);
+    assert_eq!(&snap(&dst)[..r.byte_len() as usize], &payload[..]);
     let big = vec![0u8; p.a.caps().max_inline_data as usize + 1];
     let sge = [rsrdma::Sge::inline(&big)];
     // SAFETY: refused before reaching the provider.
@@ -459,7 +454,7 @@ fn transitions_are_checked_and_queryable() {
     let cq = rsrdma::Cq::new(&ctx, 8, None).unwrap();
     let qp = Qp::builder(QpType::Rc).build(&pd, &cq, &cq).unwrap();
     assert_eq!(qp.state(), QpState::Reset);
-    let rts = RtsAttr::default().sq_psn(1u32);
+    let rts = RtsAttr::default().sq_psn(1);
     let e = qp.to_rts(&rts).unwrap_err();
     assert!(
         matches!(
@@ -540,7 +535,7 @@ fn uc_send_and_rdma_write() {
     poll_ok(&p.cq_a);
     let r = poll_ok(&p.cq_b);
     assert_eq!(r.byte_len(), 3000);
-    assert_eq!(&dst.as_slice()[..3000], &src.as_slice()[..3000]);
+    assert_eq!(&snap(&dst)[..3000], &snap(&src)[..3000]);
     let t = dst.remote();
     let wsge = [src.sge(4096, 4096).unwrap()];
     // SAFETY: as above.
@@ -557,7 +552,7 @@ fn uc_send_and_rdma_write() {
     // UC writes are unacknowledged: the sender's completion says the data left, so wait for it
     // to land before comparing.
     let deadline = std::time::Instant::now() + crate::common::WAIT;
-    while dst.as_slice()[4096..] != src.as_slice()[4096..] {
+    while snap(&dst)[4096..] != snap(&src)[4096..] {
         assert!(
             std::time::Instant::now() < deadline,
             "the UC write never landed"

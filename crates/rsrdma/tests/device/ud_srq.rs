@@ -1,7 +1,7 @@
 //! UD datagrams (with the 40-byte GRH, replies through an AH made from the completion) and
 //! shared receive queues.
 
-use crate::common::{assert_quiet, ctx, fill, gid_index, poll_n, poll_ok};
+use crate::common::{assert_quiet, ctx, fill, gid_index, poll_n, poll_ok, snap};
 use rsrdma::{
     AccessFlags, Ah, AhAttr, Cq, GlobalRoute, Mr, Pd, Qp, QpType, RecvWr, SendWr, Srq, WcOpcode,
 };
@@ -60,13 +60,10 @@ fn ud_send_recv_with_grh_and_reply_by_wc() {
     );
     assert_eq!(r.src_qp(), a.qp_num());
     assert_eq!(r.imm_data(), Some(5));
-    assert_eq!(
-        &dst.as_slice()[GRH..GRH + payload],
-        &src.as_slice()[..payload]
-    );
+    assert_eq!(&snap(&dst)[GRH..GRH + payload], &snap(&src)[..payload]);
 
     // Reply to the sender with an AH built from the completion and its GRH.
-    let back = Ah::from_wc(&pd, 1, &r, &dst.as_slice()[..GRH]).unwrap();
+    let back = Ah::from_wc(&pd, 1, &r, &snap(&dst)[..GRH]).unwrap();
     let rsge_a = [dst.sge(2048, GRH + 8).unwrap()];
     let reply = [src.sge(0, 8).unwrap()];
     // SAFETY: as above.
@@ -81,10 +78,7 @@ fn ud_send_recv_with_grh_and_reply_by_wc() {
         (r2.wr_id(), r2.src_qp(), r2.byte_len() as usize),
         (3, b.qp_num(), GRH + 8)
     );
-    assert_eq!(
-        &dst.as_slice()[2048 + GRH..2048 + GRH + 8],
-        &src.as_slice()[..8]
-    );
+    assert_eq!(&snap(&dst)[2048 + GRH..2048 + GRH + 8], &snap(&src)[..8]);
 
     // A datagram sent with the wrong Q_Key is dropped, not delivered.
     // SAFETY: as above.
@@ -164,6 +158,6 @@ fn srq_feeds_several_queue_pairs() {
     // One SRQ slot per message: 8 consumed, 8 left, each holding the payload.
     for w in &got {
         let off = w.wr_id() as usize * 128;
-        assert_eq!(&dst.as_slice()[off..off + 100], &src.as_slice()[..100]);
+        assert_eq!(&snap(&dst)[off..off + 100], &snap(&src)[..100]);
     }
 }
