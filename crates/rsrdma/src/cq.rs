@@ -2,17 +2,27 @@
 //!
 //! Busy polling: [`Cq::poll`] into a caller's slice, never allocating. Event mode: create the
 //! CQ with a [`CompChannel`], [`Cq::arm`] it, poll until empty, then [`Cq::wait`] (or watch the
-//! channel's fd with epoll/mio/tokio: it is non-blocking and [`AsFd`]). Events are acknowledged
-//! in batches, because `ibv_ack_cq_events` takes a lock and `ibv_destroy_cq` waits for every
-//! event to be acknowledged.
+//! channel's fd with epoll/mio/tokio, it is non-blocking and [`AsFd`], and call
+//! [`Cq::try_event`] when it is readable). Events are acknowledged in batches, because
+//! `ibv_ack_cq_events` takes a lock and `ibv_destroy_cq` waits for every event to be
+//! acknowledged.
+//!
+//! # One channel, several CQs
+//! A channel may serve several CQs (a connection's send and receive CQs, say). Whoever reads
+//! an event off the channel routes it to the CQ it names, where it counts as pending until
+//! that CQ's [`Cq::wait`] or [`Cq::try_event`] takes it; a thread waiting for that CQ is
+//! woken. So no wake-up is lost, whichever thread reads the fd. At most one thread at a time
+//! blocks in `poll(2)` on the fd; other waiters sleep on a condition variable and are woken
+//! when an event is routed to them or when the reader leaves.
 
 use crate::context::Context;
 use crate::error::{check_rc, Error, Result};
 use crate::ffi;
 use crate::wc::Wc;
+use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 /// Events are acknowledged once this many have accumulated (and on drop).
@@ -29,6 +39,11 @@ pub struct CompChannel {
 struct ChannelInner {
     raw: *mut ffi::ibv_comp_channel,
     _ctx: Context,
+    /// The CQs attached to this channel, by their `ibv_cq` address: where events are routed.
+    cqs: Mutex<HashMap<usize, Weak<CqInner>>>,
+    /// True while one waiter blocks on the fd; the others sleep on `wake`.
+    reading: Mutex<bool>,
+    wake: Condvar,
 }
 
 // SAFETY: the channel is a kernel fd plus an immutable struct; reads are serialised by the kernel.
@@ -61,6 +76,9 @@ impl CompChannel {
             inner: Arc::new(ChannelInner {
                 raw,
                 _ctx: ctx.clone(),
+                cqs: Mutex::new(HashMap::new()),
+                reading: Mutex::new(false),
+                wake: Condvar::new(),
             }),
         };
         let fd = ch.as_raw_fd();
@@ -88,6 +106,42 @@ impl CompChannel {
             Some(libc::EAGAIN) => Ok(None),
             _ => Err(e),
         }
+    }
+
+    /// Reads every pending event off the channel and routes each to its CQ. Returns whether
+    /// any went to a CQ other than `me` (whose waiters then need waking).
+    fn drain(&self, me: *mut ffi::ibv_cq) -> Result<bool> {
+        let mut others = false;
+        while let Some(cq) = self.try_get_event()? {
+            others |= cq != me;
+            self.route(cq);
+        }
+        Ok(others)
+    }
+
+    /// Credits one event to the CQ at `raw`: it becomes pending there and is acknowledged by
+    /// that CQ (in its batches, or when it is dropped).
+    fn route(&self, raw: *mut ffi::ibv_cq) {
+        let cqs = lock(&self.inner.cqs);
+        match cqs.get(&(raw as usize)).map(|w| (w, w.upgrade())) {
+            Some((_, Some(cq))) => {
+                cq.unacked.fetch_add(1, Ordering::AcqRel);
+                cq.events.fetch_add(1, Ordering::AcqRel);
+            }
+            // The CQ is being dropped: its drop waits for this lock to unregister, so it is
+            // not destroyed yet, and ibv_destroy_cq needs this event acknowledged.
+            // SAFETY: `raw` is a live CQ of this channel (see above); one event taken.
+            Some((_, None)) => unsafe { ffi::ibv_ack_cq_events(raw, 1) },
+            None => tracing::warn!(cq = ?raw, "completion event for a CQ not on this channel"),
+        }
+    }
+
+    /// Wakes every waiter of this channel (an event was routed, or the reader left). Taken
+    /// under the same lock waiters check their CQ under, so no wake-up falls between a
+    /// waiter's check and its sleep.
+    fn wake_all(&self) {
+        let _reading = lock(&self.inner.reading);
+        self.inner.wake.notify_all();
     }
 
     /// Waits until the fd is readable or `deadline` passes. Returns false on time-out.
@@ -124,6 +178,12 @@ impl CompChannel {
     }
 }
 
+/// Locks `m`, ignoring poisoning: the guarded state (a map of weak pointers, a flag) stays
+/// consistent even if a holder panicked.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl AsFd for CompChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
         // SAFETY: the fd is open for as long as the channel, which the borrow is tied to.
@@ -155,7 +215,10 @@ pub struct Cq {
 pub(crate) struct CqInner {
     pub(crate) raw: *mut ffi::ibv_cq,
     channel: Option<CompChannel>,
+    /// Events taken off the channel for this CQ and not yet acknowledged.
     unacked: AtomicU32,
+    /// Events routed to this CQ and not yet taken by [`Cq::wait`]/[`Cq::try_event`].
+    events: AtomicU32,
     pub(crate) ctx: Context,
 }
 
@@ -166,6 +229,11 @@ unsafe impl Sync for CqInner {}
 
 impl Drop for CqInner {
     fn drop(&mut self) {
+        if let Some(ch) = &self.channel {
+            // Unregister first: from here on no thread can route an event to this CQ, and
+            // one that found it dead acknowledged its event itself (see `route`).
+            lock(&ch.inner.cqs).remove(&(self.raw as usize));
+        }
         let n = *self.unacked.get_mut();
         if n > 0 {
             // SAFETY: these events were taken from this CQ's channel and not yet acknowledged;
@@ -209,14 +277,17 @@ impl Cq {
         if raw.is_null() {
             return Err(Error::last_os("ibv_create_cq"));
         }
-        Ok(Cq {
-            inner: Arc::new(CqInner {
-                raw,
-                channel: channel.cloned(),
-                unacked: AtomicU32::new(0),
-                ctx: ctx.clone(),
-            }),
-        })
+        let inner = Arc::new(CqInner {
+            raw,
+            channel: channel.cloned(),
+            unacked: AtomicU32::new(0),
+            events: AtomicU32::new(0),
+            ctx: ctx.clone(),
+        });
+        if let Some(ch) = channel {
+            lock(&ch.inner.cqs).insert(raw as usize, Arc::downgrade(&inner));
+        }
+        Ok(Cq { inner })
     }
 
     /// The number of entries the provider actually gave (at least what was asked).
@@ -280,39 +351,80 @@ impl Cq {
         check_rc("ibv_req_notify_cq", rc)
     }
 
+    /// Takes one event for this CQ if one is ready, without blocking: for event loops that
+    /// watch the channel's fd themselves. Events read off the channel for other CQs are
+    /// routed to them (and their waiters woken). Re-arm before polling again.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] without a channel; [`Error::Verbs`] naming
+    /// `ibv_get_cq_event`.
+    pub fn try_event(&self) -> Result<bool> {
+        let ch = self.channel()?;
+        if self.take_routed() {
+            return Ok(true);
+        }
+        if ch.drain(self.inner.raw)? {
+            ch.wake_all();
+        }
+        Ok(self.take_routed())
+    }
+
     /// Blocks until the channel delivers an event for this CQ, or `timeout` passes. The event
-    /// is consumed and acknowledged (in batches); re-arm before polling again. A channel
-    /// shared by several CQs may wake this call for another CQ's event, which is then
-    /// acknowledged on that CQ and reported as a wake-up: callers re-poll either way.
+    /// is consumed and acknowledged (in batches); re-arm before polling again. Several CQs may
+    /// share the channel, and several threads may wait on them: each event reaches the CQ it
+    /// is for (see the module docs).
     ///
     /// # Errors
     /// [`Error::Timeout`]; [`Error::InvalidArgument`] without a channel; [`Error::Verbs`].
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
         let ch = self.channel()?;
         let deadline = timeout.map(|t| Instant::now() + t);
+        let timed_out = || Error::Timeout {
+            op: "wait for a completion event",
+            millis: timeout.map_or(0, |t| t.as_millis() as u64),
+        };
         loop {
-            if let Some(cq) = ch.try_get_event()? {
-                if cq == self.inner.raw {
-                    let n = self.inner.unacked.fetch_add(1, Ordering::AcqRel) + 1;
-                    if n >= ACK_BATCH {
-                        self.ack_pending();
-                    }
-                } else {
-                    // SAFETY: the event is for another live CQ on this channel (the channel
-                    // only carries events of CQs attached to it, which keep it alive);
-                    // acknowledging one event there is what its owner would do.
-                    unsafe { ffi::ibv_ack_cq_events(cq, 1) };
-                }
+            if self.try_event()? {
                 return Ok(());
             }
-            if !ch.wait_readable(deadline)? {
-                let millis = timeout.map_or(0, |t| t.as_millis() as u64);
-                return Err(Error::Timeout {
-                    op: "wait for a completion event",
-                    millis,
-                });
+            let mut reading = lock(&ch.inner.reading);
+            if self.take_routed() {
+                return Ok(());
+            }
+            if *reading {
+                // Another waiter blocks on the fd: sleep until it routes us an event or leaves.
+                let left = match deadline {
+                    None => Duration::from_secs(3600),
+                    Some(d) => d.saturating_duration_since(Instant::now()),
+                };
+                if left.is_zero() {
+                    return Err(timed_out());
+                }
+                drop(ch.inner.wake.wait_timeout(reading, left));
+                continue;
+            }
+            *reading = true;
+            drop(reading);
+            let readable = ch.wait_readable(deadline);
+            *lock(&ch.inner.reading) = false;
+            ch.wake_all();
+            if !readable? && !self.try_event()? {
+                return Err(timed_out());
             }
         }
+    }
+
+    /// Consumes one routed event, acknowledging in batches.
+    fn take_routed(&self) -> bool {
+        let taken = self
+            .inner
+            .events
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+        if taken && self.inner.unacked.load(Ordering::Acquire) >= ACK_BATCH {
+            self.ack_pending();
+        }
+        taken
     }
 
     fn ack_pending(&self) {

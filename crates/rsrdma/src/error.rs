@@ -27,14 +27,17 @@ pub enum Error {
         errno: i32,
     },
 
-    /// The machine has no RDMA stack (ENOSYS/ENODEV from the device list or rdma_cm), or the
-    /// provider does not implement the operation (EOPNOTSUPP).
-    #[error("{op}: RDMA is not supported here (errno {errno}); {}", NO_RDMA_HINT)]
+    /// ENOSYS, ENODEV or EOPNOTSUPP: either the machine has no RDMA stack at all (then the
+    /// message points to `cargo xtask vm`), or the device or its provider lacks what was
+    /// asked (then the message says so, without the hint).
+    #[error("{op}: {}", unsupported_text(*.errno, *.no_stack))]
     Unsupported {
         /// The call that reported it.
         op: &'static str,
         /// ENOSYS, ENODEV or EOPNOTSUPP.
         errno: i32,
+        /// True when the machine has no RDMA stack (no `/sys/class/infiniband` devices).
+        no_stack: bool,
     },
 
     /// No device of that name.
@@ -131,7 +134,11 @@ impl Error {
     /// [`Error::Unsupported`].
     pub fn from_errno(op: &'static str, errno: i32) -> Self {
         match errno {
-            libc::ENOSYS | libc::ENODEV | libc::EOPNOTSUPP => Error::Unsupported { op, errno },
+            libc::ENOSYS | libc::ENODEV | libc::EOPNOTSUPP => Error::Unsupported {
+                op,
+                errno,
+                no_stack: !rdma_stack_present(),
+            },
             _ => Error::Verbs { op, errno },
         }
     }
@@ -159,6 +166,32 @@ impl Error {
     pub fn is_unsupported(&self) -> bool {
         matches!(self, Error::Unsupported { .. })
     }
+}
+
+/// What an [`Error::Unsupported`] says: the VM hint only where there is no RDMA stack.
+fn unsupported_text(errno: i32, no_stack: bool) -> String {
+    if no_stack {
+        return format!("RDMA is not supported here (errno {errno}); {NO_RDMA_HINT}");
+    }
+    let what = match errno {
+        libc::ENODEV => "no such device, or the device cannot do this (for rdma_cm: no RDMA device serves that address or route)",
+        libc::EOPNOTSUPP => "the device or its provider does not support this operation",
+        libc::ENOSYS => "the provider does not implement this verb",
+        _ => "not supported",
+    };
+    format!(
+        "{what} ({}, errno {errno})",
+        io::Error::from_raw_os_error(errno)
+    )
+}
+
+/// True when the kernel has an RDMA stack with at least one device: the VM hint is useful
+/// only where this is false. Checked once.
+pub(crate) fn rdma_stack_present() -> bool {
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PRESENT.get_or_init(|| {
+        std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
+    })
 }
 
 /// A verb's return code: 0 is success, anything else an errno value (the convention of
@@ -208,14 +241,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn missing_stack_maps_to_unsupported_with_hint() {
+    fn unsupported_gives_the_vm_hint_only_without_a_stack() {
         for errno in [libc::ENOSYS, libc::ENODEV, libc::EOPNOTSUPP] {
             let e = Error::from_errno("ibv_get_device_list", errno);
             assert!(e.is_unsupported());
             let text = e.to_string();
             assert!(text.contains("ibv_get_device_list"), "{text}");
-            assert!(text.contains("cargo xtask vm"), "{text}");
+            // This host's kernel has no RDMA (CI and development machines); in the VM the
+            // stack is there and the hint must not appear.
+            assert_eq!(
+                text.contains("cargo xtask vm"),
+                !rdma_stack_present(),
+                "{text}"
+            );
+            let with_stack = Error::Unsupported {
+                op: "ibv_alloc_mw",
+                errno,
+                no_stack: false,
+            }
+            .to_string();
+            assert!(!with_stack.contains("cargo xtask vm"), "{with_stack}");
+            assert!(
+                with_stack.contains(&format!("errno {errno}")),
+                "{with_stack}"
+            );
         }
+        let text = Error::Unsupported {
+            op: "ibv_alloc_mw",
+            errno: libc::EOPNOTSUPP,
+            no_stack: false,
+        }
+        .to_string();
+        assert!(text.contains("does not support this operation"), "{text}");
     }
 
     #[test]

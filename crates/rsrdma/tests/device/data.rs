@@ -154,6 +154,9 @@ fn expect_remote_access_error(wr_id: u64, f: impl FnOnce(&rsrdma::Qp, &Mr) -> Mr
     );
     assert!(e.to_string().contains("IBV_WC_REM_ACCESS_ERR"), "{e}");
     assert_eq!(p.a.query().unwrap().state, rsrdma::QpState::Error);
+    // The device moved the QP to ERROR behind the handle's back: `state()` must see it
+    // (reading libibverbs' cached field said RTS).
+    assert_eq!(p.a.state(), rsrdma::QpState::Error);
 }
 
 #[test]

@@ -86,3 +86,129 @@ fn waiting_without_a_channel_is_an_error() {
         Err(Error::InvalidArgument(_))
     ));
 }
+
+/// One channel, two CQs (a QP's send and receive CQs), a waiter on each. The event for one
+/// CQ must reach its own waiter, whichever thread reads it off the fd. Before events were
+/// routed, the send-CQ waiter swallowed the receive CQ's event and the receive waiter slept
+/// until its timeout.
+#[test]
+fn a_shared_channel_routes_each_event_to_its_cq() {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let channel = CompChannel::new(&ctx).unwrap();
+    let send_cq = Cq::new(&ctx, 16, Some(&channel)).unwrap();
+    let recv_cq = Cq::new(&ctx, 16, Some(&channel)).unwrap();
+    let a = Qp::builder(QpType::Rc)
+        .build(&pd, &send_cq, &recv_cq)
+        .unwrap();
+    let b_cq = Cq::new(&ctx, 16, None).unwrap();
+    let b = Qp::builder(QpType::Rc).build(&pd, &b_cq, &b_cq).unwrap();
+    let opts = crate::common::connect_opts(AccessFlags::NONE);
+    let (ea, eb) = (
+        a.endpoint(1, Some(gid_index()), 1).unwrap(),
+        b.endpoint(1, Some(gid_index()), 2).unwrap(),
+    );
+    a.connect(&opts, ea.psn, &eb).unwrap();
+    b.connect(&opts, eb.psn, &ea).unwrap();
+    let buf = Mr::new(&pd, 256, AccessFlags::LOCAL_WRITE).unwrap();
+    let (a_rsge, b_rsge, ssge) = (
+        [buf.sge(0, 64).unwrap()],
+        [buf.sge(64, 64).unwrap()],
+        [buf.sge(128, 8).unwrap()],
+    );
+    // SAFETY: `buf` outlives every completion polled below; the CPU does not touch it.
+    unsafe {
+        a.post_recv(&RecvWr::new(10, &a_rsge)).unwrap();
+        b.post_recv(&RecvWr::new(20, &b_rsge)).unwrap();
+    }
+    send_cq.arm(false).unwrap();
+    recv_cq.arm(false).unwrap();
+
+    // The send-CQ waiter blocks first, alone on the fd.
+    let send_waiter = {
+        let cq = send_cq.clone();
+        std::thread::spawn(move || {
+            cq.wait(Some(WAIT)).unwrap();
+            let mut wc = [Wc::default(); 1];
+            assert_eq!(cq.poll(&mut wc).unwrap(), 1, "woken for its own CQ");
+            wc[0]
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    // A receive completes on `recv_cq`: its event is read by the send waiter.
+    // SAFETY: as above.
+    unsafe { b.post_send(&SendWr::send(21, &ssge)).unwrap() };
+    crate::common::poll_ok(&b_cq);
+    let t0 = Instant::now();
+    recv_cq.wait(Some(Duration::from_secs(5))).unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    let mut wc = [Wc::default(); 1];
+    assert_eq!(recv_cq.poll(&mut wc).unwrap(), 1);
+    assert_eq!(wc[0].wr_id(), 10);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !send_waiter.is_finished(),
+        "the send waiter returned for an event that was not its CQ's"
+    );
+
+    // Now an event for the send CQ: that waiter wakes with it.
+    // SAFETY: as above.
+    unsafe { a.post_send(&SendWr::send(11, &ssge)).unwrap() };
+    let wc = send_waiter.join().unwrap();
+    wc.ok().unwrap();
+    assert_eq!(wc.wr_id(), 11);
+    crate::common::poll_ok(&b_cq);
+}
+
+/// The non-blocking form for event loops: watch the fd, then take the event.
+#[test]
+fn try_event_takes_a_ready_event_without_blocking() {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let channel = CompChannel::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 16, Some(&channel)).unwrap();
+    let other = Cq::new(&ctx, 16, Some(&channel)).unwrap();
+    let p_cq = Cq::new(&ctx, 16, None).unwrap();
+    let a = Qp::builder(QpType::Rc).build(&pd, &p_cq, &cq).unwrap();
+    let b = Qp::builder(QpType::Rc).build(&pd, &p_cq, &p_cq).unwrap();
+    let opts = crate::common::connect_opts(AccessFlags::NONE);
+    let (ea, eb) = (
+        a.endpoint(1, Some(gid_index()), 1).unwrap(),
+        b.endpoint(1, Some(gid_index()), 2).unwrap(),
+    );
+    a.connect(&opts, ea.psn, &eb).unwrap();
+    b.connect(&opts, eb.psn, &ea).unwrap();
+    cq.arm(false).unwrap();
+    other.arm(false).unwrap();
+    let t0 = Instant::now();
+    assert!(!cq.try_event().unwrap(), "nothing is ready yet");
+    assert!(
+        t0.elapsed() < Duration::from_millis(100),
+        "it did not block"
+    );
+
+    let buf = Mr::new(&pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let (rsge, ssge) = ([buf.sge(0, 32).unwrap()], [buf.sge(32, 8).unwrap()]);
+    // SAFETY: `buf` outlives the completions polled below.
+    unsafe {
+        a.post_recv(&RecvWr::new(1, &rsge)).unwrap();
+        b.post_send(&SendWr::send(2, &ssge)).unwrap();
+    }
+    let mut pfd = libc::pollfd {
+        fd: channel.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, WAIT.as_millis() as i32) };
+    assert_eq!(n, 1, "the channel fd became readable");
+    assert!(
+        !other.try_event().unwrap(),
+        "the event is not the other CQ's"
+    );
+    assert!(cq.try_event().unwrap(), "the event was routed to its CQ");
+    assert!(!cq.try_event().unwrap(), "and taken once");
+    let mut wc = [Wc::default(); 1];
+    assert_eq!(cq.poll(&mut wc).unwrap(), 1);
+    wc[0].ok().unwrap();
+}

@@ -9,4 +9,5 @@ mod data;
 mod drops;
 mod events;
 mod queries;
+mod soundness;
 mod ud_srq;

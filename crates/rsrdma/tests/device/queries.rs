@@ -2,7 +2,7 @@
 //! reads).
 
 use crate::common::{ctx, device_name, gid_index};
-use rsrdma::{GidType, LinkLayer, PortState};
+use rsrdma::{Cq, GidType, LinkLayer, Pd, PortState, Qp, QpCaps, QpType};
 use std::collections::HashMap;
 use std::net::Ipv6Addr;
 use std::process::Command;
@@ -251,4 +251,54 @@ fn limits_are_checked_before_any_verb() {
         .build(&pd, &cq, &cq)
         .unwrap();
     assert!(qp.caps().max_inline_data >= limit as u32);
+}
+
+#[test]
+fn the_default_gid_is_the_routable_ipv4_one() {
+    let ctx = ctx();
+    let index = ctx
+        .default_gid_index(1)
+        .unwrap()
+        .expect("rxe is RoCE: a GID is needed");
+    let entry = ctx.query_gid(1, index.into()).unwrap();
+    assert!(entry.gid.to_ipv4().is_some(), "{entry:?}");
+    assert_eq!(entry.gid_type, GidType::RoceV2, "{entry:?}");
+    // The test environment names the same one.
+    assert_eq!(index, crate::common::gid_index());
+    assert_eq!(ctx.resolve_gid_index(1, None).unwrap(), Some(index));
+    assert_eq!(ctx.resolve_gid_index(1, Some(0)).unwrap(), Some(0));
+    let len = ctx.query_port(1).unwrap().gid_tbl_len;
+    let e = ctx
+        .resolve_gid_index(1, Some(len.min(255) as u8))
+        .unwrap_err();
+    assert!(matches!(e, rsrdma::Error::InvalidArgument(_)), "{e}");
+}
+
+#[test]
+fn the_inline_limit_is_public_and_exact() {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 4, None).unwrap();
+    let max = pd.max_inline_data(QpType::Rc).unwrap();
+    assert!(max > 0, "rxe supports inline data");
+    let at = Qp::builder(QpType::Rc)
+        .caps(QpCaps::default().max_inline_data(max))
+        .build(&pd, &cq, &cq)
+        .unwrap();
+    assert!(at.caps().max_inline_data >= max);
+    let e = Qp::builder(QpType::Rc)
+        .caps(QpCaps::default().max_inline_data(max + 1))
+        .build(&pd, &cq, &cq)
+        .unwrap_err();
+    assert!(matches!(e, rsrdma::Error::Limit { .. }), "{e}");
+}
+
+/// With an RDMA stack present, "not supported" says what the device lacks, not "use the VM".
+#[test]
+fn unsupported_on_a_machine_with_rdma_names_no_vm() {
+    for errno in [libc::ENODEV, libc::EOPNOTSUPP, libc::ENOSYS] {
+        let text = rsrdma::Error::from_errno("ibv_alloc_mw", errno).to_string();
+        assert!(!text.contains("cargo xtask vm"), "{text}");
+        assert!(text.contains(&format!("errno {errno}")), "{text}");
+    }
 }

@@ -1,0 +1,196 @@
+//! The soundness rules, on a real device: remotely writable memory hands out no references,
+//! impossible sizes are errors, deregistered memory is never written, and one QP/CQ pair may
+//! be driven from two threads.
+
+use crate::common::{poll_n, poll_ok, rc_pair, snap, WAIT};
+use rsrdma::{AccessFlags, Error, Mr, QpCaps, RecvWr, SendWr, Wc, WcStatus};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+#[test]
+fn remotely_writable_regions_give_copies_not_references() {
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let p = rc_pair(QpCaps::default(), access);
+    let mut exposed = Mr::new(&p.pd, 4096, access).unwrap();
+    assert!(exposed.remotely_writable());
+    // A `&[u8]` the peer's DMA can change under is undefined behaviour: refused.
+    for e in [
+        exposed.as_slice().map(drop).unwrap_err(),
+        exposed.as_mut_slice().map(drop).unwrap_err(),
+    ] {
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(e.to_string().contains("remotely writable"), "{e}");
+    }
+    let atomic = Mr::new(
+        &p.pd,
+        64,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
+    )
+    .unwrap();
+    assert!(atomic.as_slice().is_err());
+
+    // The copies work while the peer writes.
+    exposed.write_at(4000, b"local").unwrap();
+    let mut src = Mr::new(&p.pd, 100, AccessFlags::NONE).unwrap();
+    assert!(!src.remotely_writable());
+    src.as_mut_slice().unwrap().copy_from_slice(&[7u8; 100]);
+    let sge = [src.sge(0, 100).unwrap()];
+    let t = exposed.remote();
+    // SAFETY: `src` outlives the completion polled below and is not written meanwhile.
+    unsafe {
+        p.b.post_send(&SendWr::rdma_write(
+            1,
+            &sge,
+            t.addr_at(10, 100).unwrap(),
+            t.rkey,
+        ))
+        .unwrap()
+    };
+    poll_ok(&p.cq_b);
+    let mut got = [0u8; 110];
+    exposed.read_at(0, &mut got).unwrap();
+    assert_eq!(&got[..10], &[0u8; 10]);
+    assert_eq!(&got[10..], &[7u8; 100]);
+    let mut tail = [0u8; 5];
+    exposed.read_at(4000, &mut tail).unwrap();
+    assert_eq!(&tail, b"local");
+    assert!(exposed.read_at(4095, &mut [0u8; 2]).is_err());
+    assert!(exposed.write_at(usize::MAX, b"x").is_err());
+}
+
+#[test]
+fn impossible_region_sizes_are_errors() {
+    let p = rc_pair(QpCaps::default(), AccessFlags::NONE);
+    for len in [usize::MAX, usize::MAX - 4094] {
+        match Mr::new(&p.pd, len, AccessFlags::LOCAL_WRITE) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains(&len.to_string()), "{m}"),
+            // A device whose max_mr_size is below the address space refuses it earlier.
+            Err(Error::Limit { what, .. }) => assert_eq!(what, "memory region length"),
+            other => panic!("{len} bytes: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_deregistered_region_is_never_written() {
+    let p = rc_pair(QpCaps::default(), AccessFlags::NONE);
+    // The caller's own memory, so it outlives the registration and can be inspected after.
+    let mut landing = vec![0u8; 8192];
+    // SAFETY: `landing` outlives the Mr (dropped below) and every request naming it.
+    let mr = unsafe {
+        Mr::register(
+            &p.pd,
+            landing.as_mut_ptr(),
+            landing.len(),
+            AccessFlags::LOCAL_WRITE,
+        )
+    }
+    .unwrap();
+    let rsge = [mr.sge(0, 4096).unwrap()];
+    // SAFETY: `landing` stays allocated until after the completion below; the CPU does not
+    // touch it meanwhile.
+    unsafe { p.b.post_recv(&RecvWr::new(5, &rsge)).unwrap() };
+    // Deregistered with the receive still queued: the NIC loses its translation.
+    drop(mr);
+
+    let mut src = Mr::new(&p.pd, 4096, AccessFlags::NONE).unwrap();
+    src.as_mut_slice().unwrap().fill(0x5a);
+    let ssge = [src.sge(0, 4096).unwrap()];
+    // SAFETY: `src` outlives the completion polled below.
+    unsafe { p.a.post_send(&SendWr::send(6, &ssge)).unwrap() };
+    let recv = poll_n(&p.cq_b, 1)[0];
+    assert_eq!(recv.wr_id(), 5);
+    assert_ne!(recv.status(), WcStatus::SUCCESS, "{recv:?}");
+    let send = poll_n(&p.cq_a, 1)[0];
+    assert_ne!(send.status(), WcStatus::SUCCESS, "{send:?}");
+    assert!(
+        landing.iter().all(|&b| b == 0),
+        "deregistered memory was written"
+    );
+}
+
+#[test]
+fn two_threads_post_and_poll_one_queue_pair() {
+    const PER_THREAD: u64 = 150;
+    const WINDOW: i64 = 24;
+    let caps = QpCaps::default().max_send_wr(64).max_recv_wr(512);
+    let p = rc_pair(caps, AccessFlags::NONE);
+    let total = 2 * PER_THREAD as usize;
+    let landing = Mr::new(&p.pd, total * 8, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..total {
+        let sge = [landing.sge(i * 8, 8).unwrap()];
+        // SAFETY: `landing` outlives every completion polled below; read only after them.
+        unsafe { p.b.post_recv(&RecvWr::new(i as u64, &sge)).unwrap() };
+    }
+    let mut src = Mr::new(&p.pd, total * 8, AccessFlags::NONE).unwrap();
+    for (i, chunk) in src.as_mut_slice().unwrap().chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(&(i as u64).to_le_bytes());
+    }
+    let src = Arc::new(src);
+    let outstanding = Arc::new(AtomicI64::new(0));
+    let workers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (qp, cq, src, outstanding) = (
+                p.a.clone(),
+                p.cq_a.clone(),
+                src.clone(),
+                outstanding.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut reaped = Vec::new();
+                let mut wcs = [Wc::default(); 8];
+                let ids = t * PER_THREAD..(t + 1) * PER_THREAD;
+                let start = Instant::now();
+                for id in ids {
+                    while outstanding.load(Ordering::Acquire) >= WINDOW {
+                        let n = cq.poll(&mut wcs).unwrap();
+                        outstanding.fetch_sub(n as i64, Ordering::AcqRel);
+                        reaped.extend(wcs[..n].iter().map(|w| (w.wr_id(), w.status())));
+                        assert!(start.elapsed() < WAIT, "send queue never drained");
+                    }
+                    outstanding.fetch_add(1, Ordering::AcqRel);
+                    let sge = [src.sge(id as usize * 8, 8).unwrap()];
+                    // SAFETY: `src` (an Arc) outlives the completions; it is never written.
+                    unsafe { qp.post_send(&SendWr::send(id, &sge)).unwrap() };
+                }
+                reaped
+            })
+        })
+        .collect();
+    let mut sent: Vec<(u64, WcStatus)> = workers
+        .into_iter()
+        .flat_map(|w| w.join().unwrap())
+        .collect();
+    let rest = outstanding.load(Ordering::Acquire) as usize;
+    sent.extend(
+        poll_n(&p.cq_a, rest)
+            .iter()
+            .map(|w| (w.wr_id(), w.status())),
+    );
+    assert!(
+        sent.iter().all(|(_, s)| *s == WcStatus::SUCCESS),
+        "{sent:?}"
+    );
+    let mut ids: Vec<u64> = sent.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        (0..total as u64).collect::<Vec<_>>(),
+        "each send completes once"
+    );
+
+    let recvs = poll_n(&p.cq_b, total);
+    assert!(recvs.iter().all(|w| w.ok().is_ok()), "{recvs:?}");
+    let bytes = snap(&landing);
+    let mut payloads: Vec<u64> = bytes
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    payloads.sort_unstable();
+    assert_eq!(
+        payloads,
+        (0..total as u64).collect::<Vec<_>>(),
+        "no message lost or doubled"
+    );
+}
