@@ -41,9 +41,18 @@
 //! 3. **Raw escape hatches** (`as_raw()`): the pointers are safe to obtain; using them with
 //!    the raw `ffi` functions is the caller's responsibility.
 //!
-//! Memory exposed to a peer with remote access flags may change at any time from the peer's
-//! side; treat what [`Mr::as_slice`] shows as a snapshot, synchronised by the protocol (a
-//! completion, a message) that says the peer is done.
+//! **Remotely writable memory.** A region registered with `REMOTE_WRITE` or `REMOTE_ATOMIC`
+//! can change at any moment once its key is with a peer, with no call on this side: a Rust
+//! reference to its bytes would be undefined behaviour, not a "snapshot". So safe code gets no
+//! reference to such a region: [`Mr::as_slice`]/[`Mr::as_mut_slice`] refuse it, and
+//! [`Mr::read_at`]/[`Mr::write_at`] copy with volatile accesses that hold no reference. The
+//! `unsafe` [`Mr::as_slice_unchecked`] is for code whose protocol says the peer is done.
+//!
+//! **Threads and events.** `Qp`, `Cq` and `Mr` are `Send + Sync`: libibverbs serialises
+//! posting and polling. [`Qp::state`] asks the provider rather than reading a field libibverbs
+//! writes under its own lock. A [`CompChannel`] shared by several CQs routes each event to its
+//! CQ, so no waiter misses its wake-up. [`cm::CmId`] is `Send` but not `Sync`: librdmacm does
+//! not serialise calls on one id.
 //!
 //! # A second provider
 //!
