@@ -1,5 +1,5 @@
 //! `cargo xtask test`: every test, in order: formatting, clippy, the host's unit tests, then the
-//! device tests inside one boot of the soft-RoCE VM (see `vm.rs`).
+//! device tests inside one boot of the soft-RoCE VM (see `vm/mod.rs`).
 //!
 //! Device tests are integration-test targets declared with `test = false` in their crate's
 //! Cargo.toml, so that a plain `cargo test` on a machine without RDMA does not run them:

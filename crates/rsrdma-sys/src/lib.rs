@@ -10,7 +10,8 @@
 //!   file of `*__extern` wrappers that `build.rs` compiles; their Rust declarations carry
 //!   `#[link_name]`, so they are called by their C names.
 //! - [`rsrdma_post_send_batch`] and its receive twins post a whole array of work requests with
-//!   one call (see `src/shim.c`).
+//!   one call (one C walker in `src/shim.c` behind all three; host-tested against a fake
+//!   provider in `src/batch_tests.rs`).
 //! - Enums the provider or kernel writes (`ibv_wc_status`, `ibv_qp_state`, …) are newtypes over
 //!   the integer, never Rust enums, so an unknown value cannot be undefined behaviour.
 
@@ -72,6 +73,9 @@ extern "C" {
         out: *mut rsrdma_layout,
     ) -> ::std::os::raw::c_int;
 }
+
+#[cfg(test)]
+mod batch_tests;
 
 #[cfg(test)]
 mod layout_tests {
