@@ -17,8 +17,7 @@ pub struct Context {
 
 pub(crate) struct ContextInner {
     pub(crate) raw: *mut ffi::ibv_context,
-    /// False for contexts that librdmacm opened and owns; those are never closed by us.
-    owned: bool,
+    owner: Owner,
     attr: DeviceAttr,
     name: String,
     /// The largest inline size a QP of each type (RC, UC, UD) can get, probed on first need:
@@ -31,9 +30,19 @@ unsafe impl Send for ContextInner {}
 // SAFETY: as above.
 unsafe impl Sync for ContextInner {}
 
+/// Who closes a context.
+pub(crate) enum Owner {
+    /// We opened it: closed when the last handle drops.
+    Us,
+    /// librdmacm opened it and closes it; the guard holds librdmacm's reference on it and is
+    /// released (after the last handle drops) by dropping it.
+    Cm { _guard: Box<dyn Send + Sync> },
+}
+
 impl Drop for ContextInner {
     fn drop(&mut self) {
-        if self.owned {
+        // A librdmacm guard in `owner` is released after this, with the other fields.
+        if let Owner::Us = self.owner {
             // SAFETY: we opened this context, and every object made from it holds an Arc to
             // this inner, so none is left when it drops.
             let rc = unsafe { ffi::ibv_close_device(self.raw) };
@@ -56,16 +65,15 @@ impl Context {
             return Err(Error::last_os("ibv_open_device"));
         }
         // SAFETY: `raw` is a freshly opened context that this call owns.
-        unsafe { Self::from_raw(raw, true) }
+        unsafe { Self::from_raw(raw, Owner::Us) }
     }
 
     /// Wraps a context.
     ///
     /// # Safety
-    /// `raw` must be a valid open context. With `owned`, it is closed when the last handle
-    /// drops; without, it must stay open for as long as any handle (or object made from it)
-    /// lives — true of the contexts librdmacm opens, which live until the process exits.
-    pub(crate) unsafe fn from_raw(raw: *mut ffi::ibv_context, owned: bool) -> Result<Context> {
+    /// `raw` must be a valid open context. Owned by [`Owner::Us`], it is closed when the last
+    /// handle drops; by [`Owner::Cm`], the guard must keep it open for as long as it lives.
+    pub(crate) unsafe fn from_raw(raw: *mut ffi::ibv_context, owner: Owner) -> Result<Context> {
         let mut a = ffi::ibv_device_attr::default();
         // SAFETY: `raw` is valid (caller's contract); `a` is a valid out-pointer.
         let rc = unsafe { ffi::ibv_query_device(raw, &mut a) };
@@ -75,7 +83,7 @@ impl Context {
             .into_owned();
         let inner = ContextInner {
             raw,
-            owned,
+            owner,
             attr: DeviceAttr::from_raw(&a),
             name,
             inline_limits: Default::default(),

@@ -106,8 +106,9 @@ pub enum Error {
         errno: i32,
     },
 
-    /// An rdma_cm event other than the one expected arrived.
-    #[error("{op}: expected {expected}, got {got} (status {status})")]
+    /// An rdma_cm event other than the one expected arrived. The message says what its
+    /// status means (e.g. REJECTED with status 8: no listener on that address and port).
+    #[error("{op}: expected {expected}, got {got} ({})", crate::cm::explain_status(*got, *status, private_data))]
     CmEvent {
         /// The operation waiting for the event.
         op: &'static str,
@@ -117,6 +118,8 @@ pub enum Error {
         got: crate::cm::CmEventType,
         /// The event's status field (a negative errno or a reject reason).
         status: i32,
+        /// The private data that came with it (for REJECTED: the peer's, zero-padded).
+        private_data: Vec<u8>,
     },
 
     /// A wait ran out of time.

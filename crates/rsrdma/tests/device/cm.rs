@@ -7,11 +7,12 @@ use rsrdma::{AccessFlags, Cq, Error, Mr, Pd, Qp, QpCaps, QpType, RecvWr, SendWr}
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 const CHILD_ENV: &str = "RSRDMA_CM_CHILD_ADDR";
 
 /// The IPv4 address behind the test GID: what rdma_cm resolves to the device under test.
-fn device_ip() -> IpAddr {
+pub fn device_ip() -> IpAddr {
     let g = ctx().query_gid(1, gid_index().into()).unwrap().gid;
     IpAddr::V4(g.to_ipv4().expect("the test GID is IPv4-mapped RoCE v2"))
 }
@@ -34,6 +35,16 @@ fn cm_server_child() {
     let id = req.id;
     assert!(id.peer_addr().is_some());
     let ctx = id.context().unwrap();
+    // The client named no depths, so it offered its device's maximum.
+    let dev = ctx.attr();
+    assert_eq!(
+        u32::from(req.requester_initiator_depth),
+        dev.max_qp_init_rd_atom.min(255)
+    );
+    assert_eq!(
+        u32::from(req.requester_responder_resources),
+        dev.max_qp_rd_atom.min(255)
+    );
     let pd = Pd::new(&ctx).unwrap();
     let cq = Cq::new(&ctx, 16, None).unwrap();
     let qp = id
@@ -49,14 +60,8 @@ fn cm_server_child() {
     // Post the receive before accepting, so the client's first send finds it.
     // SAFETY: `buf` outlives the completion polled below.
     unsafe { qp.post_recv(&RecvWr::new(1, &sge)).unwrap() };
-    id.accept(
-        &ConnParam {
-            private_data: b"welcome".to_vec(),
-            ..Default::default()
-        },
-        WAIT,
-    )
-    .unwrap();
+    id.accept(&ConnParam::default().with_private_data(*b"welcome"), WAIT)
+        .unwrap();
     let wc = poll_ok(&cq);
     let n = wc.byte_len() as usize;
     // Echo the message back, reversed.
@@ -117,10 +122,7 @@ fn rdma_cm_connect_accept_between_processes() {
     unsafe { qp.post_recv(&RecvWr::new(10, &rsge)).unwrap() };
     let reply = id
         .connect(
-            &ConnParam {
-                private_data: b"hello from the client".to_vec(),
-                ..Default::default()
-            },
+            &ConnParam::default().with_private_data(*b"hello from the client"),
             WAIT,
         )
         .unwrap();
@@ -160,7 +162,7 @@ fn rdma_cm_connect_accept_between_processes() {
 #[test]
 fn rdma_cm_errors_are_clean() {
     let ip = device_ip();
-    // Nobody listens on this port: the connect is refused or times out, it does not hang.
+    // Nobody listens on this port: the peer's CM rejects the request at once.
     let id = CmId::new().unwrap();
     let nobody = SocketAddr::new(ip, 1);
     id.resolve_addr(None, nobody, WAIT).unwrap();
@@ -172,10 +174,7 @@ fn rdma_cm_errors_are_clean() {
         .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
         .unwrap();
     // Oversized private data is refused before the verb.
-    let big = ConnParam {
-        private_data: vec![0; 57],
-        ..Default::default()
-    };
+    let big = ConnParam::default().with_private_data(vec![0; 57]);
     assert!(matches!(
         id.connect(&big, WAIT),
         Err(Error::Limit {
@@ -183,19 +182,26 @@ fn rdma_cm_errors_are_clean() {
             ..
         })
     ));
-    match id.connect(&ConnParam::default(), WAIT) {
-        Err(Error::CmEvent { got, .. }) => {
-            assert!(
-                matches!(
-                    got,
-                    CmEventType::REJECTED | CmEventType::UNREACHABLE | CmEventType::CONNECT_ERROR
-                ),
-                "{got}"
-            )
-        }
-        Err(Error::Timeout { .. }) => {}
-        other => panic!("expected a refused connection, got {other:?}"),
-    }
+    let started = Instant::now();
+    let e = id.connect(&ConnParam::default(), WAIT).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::CmEvent {
+                got: CmEventType::REJECTED,
+                status: 8,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(started.elapsed() < WAIT / 2, "took {:?}", started.elapsed());
+    let text = e.to_string();
+    assert!(
+        text.contains("status 8: no listener on that address and port"),
+        "{text}"
+    );
+
     // A UC builder is refused: rdma_cm's TCP port space carries RC.
     let id2 = CmId::new().unwrap();
     id2.resolve_addr(None, nobody, WAIT).unwrap();
@@ -206,8 +212,51 @@ fn rdma_cm_errors_are_clean() {
     // Waiting for a request that never comes times out.
     let listener = CmId::listener(SocketAddr::new(ip, 0), 1).unwrap();
     let e = listener
-        .get_request(std::time::Duration::from_millis(200))
+        .get_request(Duration::from_millis(200))
         .err()
         .unwrap();
     assert!(matches!(e, Error::Timeout { .. }), "{e}");
+}
+
+#[test]
+fn rdma_cm_unreachable_addresses_say_why() {
+    let short = Duration::from_secs(2);
+    // On the device's subnet, but nobody there: neighbour resolution times out, and the
+    // kernel's ADDR_ERROR (not a bare timeout of ours) says so.
+    let id = CmId::new().unwrap();
+    let started = Instant::now();
+    let e = id
+        .resolve_addr(None, "10.77.0.2:7471".parse().unwrap(), short)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::CmEvent {
+                got: CmEventType::ADDR_ERROR,
+                status,
+                ..
+            } if status == -libc::ETIMEDOUT
+        ),
+        "{e}"
+    );
+    assert!(started.elapsed() >= short, "{:?}", started.elapsed());
+    assert!(
+        e.to_string().contains("address resolution timed out"),
+        "{e}"
+    );
+    // No route at all: refused at once by the call itself.
+    let id = CmId::new().unwrap();
+    let e = id
+        .resolve_addr(None, "192.0.2.1:7471".parse().unwrap(), short)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Verbs {
+                op: "rdma_resolve_addr",
+                errno: libc::ENETUNREACH
+            }
+        ),
+        "{e}"
+    );
 }

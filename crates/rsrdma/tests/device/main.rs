@@ -5,6 +5,7 @@
 mod common;
 
 mod cm;
+mod cm_local;
 mod data;
 mod drops;
 mod events;
