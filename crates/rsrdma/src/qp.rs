@@ -628,12 +628,10 @@ unsafe impl Sync for QpInner {}
 impl Drop for QpInner {
     fn drop(&mut self) {
         let rc = match &self.cm_id {
-            // SAFETY: rdma_create_qp made this QP on this id; rdma_destroy_qp destroys it and
-            // clears the id's pointer, so the id never names a freed QP.
-            Some(id) => unsafe {
-                ffi::rdma_destroy_qp(id.raw);
+            Some(id) => {
+                id.destroy_qp();
                 0
-            },
+            }
             // SAFETY: created by us, destroyed once; CQs and PD outlive it (fields below).
             None => unsafe { ffi::ibv_destroy_qp(self.raw) },
         };

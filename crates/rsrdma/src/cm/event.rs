@@ -107,6 +107,10 @@ impl fmt::Debug for CmEvent {
 /// An event channel (`rdma_event_channel`), non-blocking.
 pub(super) struct Channel {
     pub(super) raw: *mut ffi::rdma_event_channel,
+    /// Serialises what touches the id's QP: librdmacm modifies it while processing events
+    /// (RTR/RTS on CONNECT_RESPONSE), in connect/accept/disconnect, and `rdma_destroy_qp`
+    /// frees it. A `Qp` may be dropped on another thread than the one using the `CmId`.
+    pub(super) qp_guard: std::sync::Mutex<()>,
 }
 
 // SAFETY: the channel is a kernel fd; librdmacm serialises access to it.
@@ -128,7 +132,10 @@ impl Channel {
         if raw.is_null() {
             return Err(Error::last_os("rdma_create_event_channel"));
         }
-        let ch = Arc::new(Channel { raw });
+        let ch = Arc::new(Channel {
+            raw,
+            qp_guard: std::sync::Mutex::new(()),
+        });
         // SAFETY: `fd` is the channel's open descriptor; only O_NONBLOCK is added, so waits
         // can honour their timeouts and event loops never block on it.
         let fd = unsafe { (*raw).fd };
@@ -141,6 +148,12 @@ impl Channel {
         Ok(ch)
     }
 
+    /// Holds off every other use of the id's QP (see `qp_guard`); poisoning is ignored, the
+    /// guard protects no data.
+    pub(super) fn guard_qp(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.qp_guard.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub(super) fn fd(&self) -> RawFd {
         // SAFETY: live channel; plain field.
         unsafe { (*self.raw).fd }
@@ -149,6 +162,7 @@ impl Channel {
     /// The next event if one is queued, copied and acknowledged; never blocks.
     pub(super) fn try_take(self: &Arc<Self>) -> Result<Option<RawEvent>> {
         let mut ev = std::ptr::null_mut();
+        let _qp = self.guard_qp();
         // SAFETY: live channel; valid out-pointer. The fd is non-blocking, so an empty queue
         // gives EAGAIN instead of a wait.
         let rc = unsafe { ffi::rdma_get_cm_event(self.raw, &mut ev) };

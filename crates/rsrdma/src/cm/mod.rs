@@ -100,6 +100,18 @@ unsafe impl Send for CmIdInner {}
 // SAFETY: as above.
 unsafe impl Sync for CmIdInner {}
 
+impl CmIdInner {
+    /// Destroys the QP that `rdma_create_qp` made on this id, serialised with the id's other
+    /// uses of it (events, connect, accept, disconnect), which may run on another thread.
+    pub(crate) fn destroy_qp(&self) {
+        let _qp = self.channel.guard_qp();
+        // SAFETY: the id is live (we are borrowed from it) and has a QP made by
+        // rdma_create_qp; rdma_destroy_qp clears the id's pointer, so it never names a
+        // freed QP, and the guard keeps librdmacm from using it meanwhile.
+        unsafe { ffi::rdma_destroy_qp(self.raw) }
+    }
+}
+
 impl Drop for CmIdInner {
     fn drop(&mut self) {
         // SAFETY: created or accepted by us; its QP (if any) holds an Arc to this inner and so
@@ -454,7 +466,11 @@ impl CmId {
         let dev = ctx.attr();
         let mut param = p.to_raw(MAX_CONNECT_PRIVATE_DATA, dev, Depths::device_max(dev))?;
         // SAFETY: live id with a resolved route; `param` and its private data outlive the call.
-        let rc = unsafe { ffi::rdma_connect(self.inner.raw, &mut param) };
+        let rc = {
+            let _qp = self.inner.channel.guard_qp();
+            // SAFETY: as above.
+            unsafe { ffi::rdma_connect(self.inner.raw, &mut param) }
+        };
         if rc != 0 {
             return Err(Error::last_os("rdma_connect"));
         }
@@ -477,7 +493,11 @@ impl CmId {
         };
         let mut param = p.to_raw(MAX_ACCEPT_PRIVATE_DATA, dev, defaults)?;
         // SAFETY: live id from a connect request; `param` outlives the call.
-        let rc = unsafe { ffi::rdma_accept(self.inner.raw, &mut param) };
+        let rc = {
+            let _qp = self.inner.channel.guard_qp();
+            // SAFETY: as above.
+            unsafe { ffi::rdma_accept(self.inner.raw, &mut param) }
+        };
         if rc != 0 {
             return Err(Error::last_os("rdma_accept"));
         }
@@ -507,7 +527,8 @@ impl CmId {
     /// # Errors
     /// [`Error::Verbs`] naming `rdma_disconnect`.
     pub fn disconnect(&self) -> Result<()> {
-        // SAFETY: live id.
+        let _qp = self.inner.channel.guard_qp();
+        // SAFETY: live id; the QP it may modify is not being destroyed (the guard).
         let rc = unsafe { ffi::rdma_disconnect(self.inner.raw) };
         if rc != 0 {
             return Err(Error::last_os("rdma_disconnect"));
