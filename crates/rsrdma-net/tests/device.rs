@@ -7,14 +7,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 fn opts() -> RawOptions {
-    RawOptions {
-        device: Some(std::env::var("RSRDMA_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into())),
-        gid_index: std::env::var("RSRDMA_TEST_GID_INDEX")
-            .ok()
-            .and_then(|v| v.parse().ok()),
-        timeout: Duration::from_secs(20),
-        ..Default::default()
-    }
+    RawOptions::default()
+        .device(std::env::var("RSRDMA_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into()))
+        .gid_index(
+            std::env::var("RSRDMA_TEST_GID_INDEX")
+                .ok()
+                .and_then(|v| v.parse().ok()),
+        )
+        .timeout(Duration::from_secs(20))
 }
 
 /// A connected pair: (the dialing side, the accepting side).
@@ -35,10 +35,7 @@ fn pattern(mr: &mut Mr, seed: u8) {
 #[test]
 fn one_sided_write_and_read_byte_for_byte() {
     let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-    let server_opts = RawOptions {
-        remote_access: remote,
-        ..opts()
-    };
+    let server_opts = opts().remote_access(remote);
     let (mut c, mut s) = connected(opts(), server_opts);
     let len = 256 * 1024;
     let mut exposed = s
@@ -185,11 +182,7 @@ fn send_pipelines_per_wr_and_batched_against_recv_drain() {
 /// Depths settle on what the peer can take, and a barrier returns on both sides.
 #[test]
 fn barriers_and_settled_options() {
-    let small = RawOptions {
-        send_depth: 16,
-        recv_depth: 8,
-        ..opts()
-    };
+    let small = opts().send_depth(16u32).recv_depth(8u32);
     let (mut c, s) = connected(opts(), small);
     assert_eq!(
         c.settled().send_depth,
@@ -207,10 +200,7 @@ fn barriers_and_settled_options() {
 
 #[test]
 fn authentication_and_bad_peers() {
-    let secret = RawOptions {
-        secret: Some(b"open sesame".to_vec()),
-        ..opts()
-    };
+    let secret = opts().secret(b"open sesame".to_vec());
     let l = RawListener::bind("127.0.0.1:0", secret.clone()).unwrap();
     let addr = l.local_addr().unwrap();
     let server = thread::spawn(move || {
@@ -232,14 +222,7 @@ fn authentication_and_bad_peers() {
         matches!(e, NetError::Auth(_) | NetError::PeerAborted(_)),
         "{e}"
     );
-    let e = RawConn::dial(
-        addr,
-        RawOptions {
-            secret: Some(b"guess".to_vec()),
-            ..opts()
-        },
-    )
-    .unwrap_err();
+    let e = RawConn::dial(addr, opts().secret(b"guess".to_vec())).unwrap_err();
     assert!(
         matches!(e, NetError::Auth(_) | NetError::PeerAborted(_)),
         "{e}"
@@ -258,25 +241,12 @@ fn authentication_and_bad_peers() {
 
 #[test]
 fn mismatched_parameters_fail_on_both_ends() {
-    let l = RawListener::bind(
-        "127.0.0.1:0",
-        RawOptions {
-            params: vec![(1, 4096)],
-            ..opts()
-        },
-    )
-    .unwrap();
+    let l = RawListener::bind("127.0.0.1:0", opts().params([(1, 4096)])).unwrap();
     let addr = l.local_addr().unwrap();
     let t = thread::spawn(move || l.accept().unwrap_err().to_string());
-    let e = RawConn::dial(
-        addr,
-        RawOptions {
-            params: vec![(1, 65536)],
-            ..opts()
-        },
-    )
-    .unwrap_err()
-    .to_string();
+    let e = RawConn::dial(addr, opts().params([(1, 65536)]))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("65536") && e.contains("4096"), "{e}");
     let se = t.join().unwrap();
     assert!(se.contains("65536") && se.contains("4096"), "{se}");
