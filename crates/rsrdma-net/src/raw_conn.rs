@@ -647,7 +647,8 @@ impl RawConn {
 }
 
 /// Notices, while a loop waits for completions, a peer that is gone or a wait that has gone
-/// on too long. The checks cost a socket peek, so they run only every 4096 empty polls.
+/// on too long. The checks cost a non-blocking socket read, so they run only every 4096 empty
+/// polls.
 struct StallWatch {
     last_progress: Instant,
     idle_polls: u32,
