@@ -306,7 +306,10 @@ fn liveness_checks_leave_the_socket_non_blocking() {
     drop(raw);
     let deadline = Instant::now() + T;
     while ch.peer_open().unwrap() {
-        assert!(Instant::now() < deadline, "the end of the stream was never seen");
+        assert!(
+            Instant::now() < deadline,
+            "the end of the stream was never seen"
+        );
         thread::sleep(Duration::from_millis(10));
     }
     assert!(nonblocking(&ch));
