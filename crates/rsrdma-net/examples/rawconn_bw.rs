@@ -91,14 +91,12 @@ fn main() {
 }
 
 fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let mut opts = RawOptions {
-        device: a.device.clone(),
-        gid_index: a.gid_index,
-        send_depth: a.depth,
-        recv_depth: a.depth,
-        timeout: Duration::from_secs(30),
-        ..Default::default()
-    };
+    let opts = RawOptions::default()
+        .device(a.device.clone())
+        .gid_index(a.gid_index)
+        .send_depth(a.depth)
+        .recv_depth(a.depth)
+        .timeout(Duration::from_secs(30));
     if a.server {
         // The server takes the test's shape from the client: accept first with no parameters
         // of its own, then read them from the peer's endpoint.
@@ -139,11 +137,11 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         rc.close()?;
         return Ok(());
     }
-    opts.params = vec![
+    let opts = opts.params([
         (PARAM_SIZE, a.size as u64),
         (PARAM_ITERS, a.iters),
         (PARAM_DEPTH, u64::from(a.depth)),
-    ];
+    ]);
     let mut rc = dial_retry(&a.host, a.port, opts)?;
     let slots = a.depth as usize;
     let mr = rc.register_memory(a.size * slots, AccessFlags::NONE)?;

@@ -1,6 +1,6 @@
 //! The connection layer's one error type.
 
-use crate::handshake::DecodeError;
+use crate::handshake::{DecodeError, EncodeError};
 use std::io;
 
 /// Everything that can go wrong in rsrdma-net.
@@ -24,6 +24,17 @@ pub enum NetError {
     /// The peer sent bytes that are not a valid handshake message.
     #[error("malformed handshake message from the peer: {0}")]
     Malformed(#[from] DecodeError),
+
+    /// A message breaks a limit of the wire format (this side refuses to send it).
+    #[error("cannot send the message: {0}")]
+    Encode(#[from] EncodeError),
+
+    /// The peer sent more messages than the control channel keeps unread.
+    #[error("the peer sent more than {limit} control messages that nobody has read")]
+    QueueFull {
+        /// The limit ([`crate::handshake::MAX_QUEUED`]).
+        limit: usize,
+    },
 
     /// The peer sent a valid message, but not the one the protocol expects now.
     #[error("handshake: expected {expected}, got {got}")]

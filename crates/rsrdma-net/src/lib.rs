@@ -3,8 +3,9 @@
 //! - [`handshake`]: the out-of-band TCP exchange (versioned, optionally authenticated) that
 //!   connects two queue pairs and swaps memory descriptors.
 //! - [`RawConn`]: a connection for the data plane at line rate: register memory, post work
-//!   requests (singly or in batches), busy-poll, and do one-sided RDMA Write/Read with the
-//!   peer's exchanged descriptors.
+//!   requests (singly or in batches), busy-poll (or sleep on completion channels), and do
+//!   one-sided RDMA Write/Read with the peer's exchanged descriptors. Connections can share
+//!   one protection domain, and so memory registered once.
 
 #![deny(missing_docs)]
 
@@ -12,8 +13,10 @@ pub mod error;
 pub mod handshake;
 
 pub use error::{NetError, Result};
+mod options;
 pub mod pipeline;
 mod raw_conn;
 
+pub use options::{Completion, RawOptions};
 pub use pipeline::RunStats;
-pub use raw_conn::{RawConn, RawListener, RawOptions};
+pub use raw_conn::{RawConn, RawListener};

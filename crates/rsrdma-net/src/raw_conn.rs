@@ -3,8 +3,13 @@
 //! The handshake ([`crate::handshake`]) connects one RC (or UC) queue pair per side; the TCP
 //! connection stays open as a control channel for memory descriptors, barriers, liveness and
 //! the close. After that, the user registers memory, posts work requests (one at a time or a
-//! batch per call), and busy-polls the completion queues; nothing is copied, framed, or
-//! handed to another thread.
+//! batch per call), and busy-polls the completion queues (or, with [`Completion::Event`],
+//! sleeps on their channels); nothing is copied, framed, or handed to another thread.
+//!
+//! # Sharing memory between connections
+//! With [`RawOptions::pd`] every connection is created in one protection domain, so memory
+//! registered once ([`rsrdma::Mr::new`] on that domain) serves all of them: its `lkey` is
+//! valid on each connection's QP, and its descriptor can be shared with each peer.
 //!
 //! # What is `unsafe`
 //! Posting ([`RawConn::post_send`], [`RawConn::post_recv`], their batch forms and the
@@ -15,65 +20,17 @@
 
 use crate::error::{NetError, Result};
 use crate::handshake::{Channel, Endpoint, Regions, Role, Settled};
+use crate::options::{Completion, RawOptions};
 use crate::pipeline::{probe_enabled, Pipeline, RunStats};
 use rsrdma::{
-    AccessFlags, AhAttr, Context, Cq, GidType, GlobalRoute, InitAttr, LinkLayer, Mr, Mtu, Pd, Qp,
-    QpCaps, QpType, RecvWr, RemoteMemory, RtrAttr, RtsAttr, SendWr, Wc,
+    AccessFlags, CompChannel, ConnectOptions, Context, Cq, Mr, Mtu, Pd, Qp, QpCaps, QpEndpoint,
+    QpType, RecvWr, RemoteMemory, SendWr, Wc,
 };
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 /// How long a pipeline waits without any completion before it gives up on the peer.
 const STALL_LIMIT: Duration = Duration::from_secs(5);
-
-/// Options of [`RawConn::dial`] and [`RawListener::bind`].
-#[derive(Debug, Clone)]
-pub struct RawOptions {
-    /// Device name; `None` takes the first device.
-    pub device: Option<String>,
-    /// Port, from 1.
-    pub port: u8,
-    /// GID index; `None` picks the first RoCE v2 IPv4 GID on Ethernet ports, none on IB.
-    pub gid_index: Option<u8>,
-    /// RC or UC.
-    pub qp_type: QpType,
-    /// Send-queue depth.
-    pub send_depth: u32,
-    /// Receive-queue depth.
-    pub recv_depth: u32,
-    /// Inline bytes per send.
-    pub max_inline: u32,
-    /// Path MTU; `None` uses the port's active MTU. Both sides settle on the smaller.
-    pub mtu: Option<Mtu>,
-    /// What the peer may do to this side's memory through the QP (regions need their own
-    /// flags too). Least privilege: nothing unless asked.
-    pub remote_access: AccessFlags,
-    /// Shared secret: when set, the peer must prove it knows it before anything else is sent.
-    pub secret: Option<Vec<u8>>,
-    /// Time limit for the TCP connect and every handshake read.
-    pub timeout: Duration,
-    /// Application parameters that must be equal on both sides, as `(key, value)`.
-    pub params: Vec<(u16, u64)>,
-}
-
-impl Default for RawOptions {
-    fn default() -> Self {
-        RawOptions {
-            device: None,
-            port: 1,
-            gid_index: None,
-            qp_type: QpType::Rc,
-            send_depth: 128,
-            recv_depth: 128,
-            max_inline: 0,
-            mtu: None,
-            remote_access: AccessFlags::NONE,
-            secret: None,
-            timeout: Duration::from_secs(10),
-            params: Vec::new(),
-        }
-    }
-}
 
 /// A listener for [`RawConn`]s.
 #[derive(Debug)]
@@ -86,8 +43,10 @@ impl RawListener {
     /// Listens on `addr` (port 0 picks one; see [`RawListener::local_addr`]).
     ///
     /// # Errors
-    /// [`NetError::Io`] naming `bind`.
+    /// [`NetError::InvalidArgument`] for options that cannot work (a UD queue pair, a device
+    /// other than the shared protection domain's); [`NetError::Io`] naming `bind`.
     pub fn bind(addr: impl ToSocketAddrs, opts: RawOptions) -> Result<RawListener> {
+        check_options(&opts)?;
         let tcp = TcpListener::bind(addr).map_err(|e| NetError::io("bind", e))?;
         Ok(RawListener { tcp, opts })
     }
@@ -144,9 +103,11 @@ impl RawConn {
     /// Connects to a [`RawListener`] at `addr` and runs the handshake.
     ///
     /// # Errors
+    /// [`NetError::InvalidArgument`] as [`RawListener::bind`];
     /// [`NetError::Io`]/[`NetError::Timeout`] for the TCP connect; the handshake's errors;
     /// verbs errors.
     pub fn dial(addr: impl ToSocketAddrs, opts: RawOptions) -> Result<RawConn> {
+        check_options(&opts)?;
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
             .map_err(|e| NetError::io("resolve address", e))?
@@ -165,11 +126,6 @@ impl RawConn {
     }
 
     fn establish(stream: TcpStream, role: Role, opts: &RawOptions) -> Result<RawConn> {
-        if opts.qp_type == QpType::Ud {
-            return Err(NetError::InvalidArgument(
-                "RawConn is connected: use RC or UC".into(),
-            ));
-        }
         let mut ctrl = Channel::new(stream, role, opts.timeout)?;
         // Authenticate before creating anything or sending any queue-pair detail.
         ctrl.authenticate(opts.secret.as_deref())?;
@@ -198,35 +154,16 @@ impl RawConn {
     }
 
     fn setup(ctrl: &mut Channel, opts: &RawOptions) -> Result<Parts> {
-        let ctx = match &opts.device {
-            Some(name) => rsrdma::open(name)?,
-            None => {
-                let list = rsrdma::devices()?;
-                let dev = list
-                    .iter()
-                    .next()
-                    .ok_or_else(|| NetError::InvalidArgument("no RDMA device".into()))?;
-                Context::open(&dev)?
-            }
-        };
+        let (ctx, pd) = open_domain(opts)?;
         let port = ctx.query_port(opts.port)?;
-        let gid_index = match opts.gid_index {
-            Some(i) => Some(i),
-            None if port.link_layer == LinkLayer::Ethernet => {
-                Some(default_gid_index(&ctx, opts.port)?)
-            }
-            None => None,
-        };
-        let pd = Pd::new(&ctx)?;
-        let send_cq = Cq::new(&ctx, opts.send_depth.max(1), None)?;
-        let recv_cq = Cq::new(&ctx, opts.recv_depth.max(1), None)?;
-        let caps = QpCaps {
-            max_send_wr: opts.send_depth,
-            max_recv_wr: opts.recv_depth,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: opts.max_inline,
-        };
+        let gid_index = ctx.resolve_gid_index(opts.port, opts.gid_index)?;
+        let (send_cq, recv_cq) = create_cqs(&ctx, opts)?;
+        let caps = QpCaps::default()
+            .max_send_wr(opts.send_depth)
+            .max_recv_wr(opts.recv_depth)
+            .max_send_sge(1u32)
+            .max_recv_sge(1u32)
+            .max_inline_data(opts.max_inline);
         let qp = Qp::builder(opts.qp_type)
             .caps(caps)
             .build(&pd, &send_cq, &recv_cq)?;
@@ -254,33 +191,24 @@ impl RawConn {
             params: opts.params.clone(),
         };
         let (peer, settled) = ctrl.exchange_endpoints(&local, |k| format!("parameter {k}"))?;
-        let path_mtu = Mtu::from_bytes(settled.mtu.into()).unwrap_or(Mtu::Mtu1024);
-        qp.to_init(&InitAttr {
-            port: opts.port,
-            access: opts.remote_access,
-            ..Default::default()
-        })?;
-        let grh = gid_index.map(|i| GlobalRoute::new(peer.gid, i));
-        qp.to_rtr(&RtrAttr {
-            path_mtu,
-            dest_qp_num: peer.qp_num,
-            rq_psn: peer.psn,
-            max_dest_rd_atomic: settled.max_dest_rd_atomic,
-            min_rnr_timer: 12,
-            ah: AhAttr {
-                port_num: opts.port,
-                dlid: peer.lid,
-                grh,
-                ..Default::default()
-            },
-        })?;
-        qp.to_rts(&RtsAttr {
-            sq_psn: me.psn,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: settled.max_rd_atomic,
-        })?;
+        let bring_up = ConnectOptions::default()
+            .port(opts.port)
+            .gid_index(gid_index)
+            .mtu(Mtu::from_bytes(settled.mtu.into()).unwrap_or(Mtu::Mtu1024))
+            .access(opts.remote_access)
+            .timeout(14u8)
+            .retry_cnt(7u8)
+            .rnr_retry(7u8)
+            .min_rnr_timer(12u8)
+            .max_rd_atomic(settled.max_rd_atomic)
+            .max_dest_rd_atomic(settled.max_dest_rd_atomic);
+        let remote = QpEndpoint {
+            qp_num: peer.qp_num,
+            psn: peer.psn,
+            lid: peer.lid,
+            gid: peer.gid,
+        };
+        qp.connect(&bring_up, me.psn, &remote)?;
         Ok(Parts {
             qp,
             send_cq,
@@ -290,6 +218,59 @@ impl RawConn {
             settled,
         })
     }
+}
+
+/// Refuses options that cannot work, before any socket or verb.
+fn check_options(opts: &RawOptions) -> Result<()> {
+    if opts.qp_type == QpType::Ud {
+        return Err(NetError::InvalidArgument(
+            "RawConn is connected: use RC or UC".into(),
+        ));
+    }
+    if let (Some(pd), Some(name)) = (&opts.pd, &opts.device) {
+        let pd_device = pd.context().name();
+        if pd_device != name {
+            return Err(NetError::InvalidArgument(format!(
+                "device {name} was named, but the shared protection domain is on {pd_device}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The device context and protection domain: the shared domain's, or a new one on the named
+/// (or first) device.
+fn open_domain(opts: &RawOptions) -> Result<(Context, Pd)> {
+    if let Some(pd) = &opts.pd {
+        return Ok((pd.context().clone(), pd.clone()));
+    }
+    let ctx = match &opts.device {
+        Some(name) => rsrdma::open(name)?,
+        None => {
+            let list = rsrdma::devices()?;
+            let dev = list
+                .iter()
+                .next()
+                .ok_or_else(|| NetError::InvalidArgument("no RDMA device".into()))?;
+            Context::open(&dev)?
+        }
+    };
+    let pd = Pd::new(&ctx)?;
+    Ok((ctx, pd))
+}
+
+/// The send and receive CQs, each with its own completion channel in event mode (so each can
+/// be waited on alone).
+fn create_cqs(ctx: &Context, opts: &RawOptions) -> Result<(Cq, Cq)> {
+    let channel = || -> Result<Option<CompChannel>> {
+        Ok(match opts.completion {
+            Completion::Busy => None,
+            Completion::Event => Some(CompChannel::new(ctx)?),
+        })
+    };
+    let send_cq = Cq::new(ctx, opts.send_depth.max(1), channel()?.as_ref())?;
+    let recv_cq = Cq::new(ctx, opts.recv_depth.max(1), channel()?.as_ref())?;
+    Ok((send_cq, recv_cq))
 }
 
 /// What the handshake set up, before it becomes a [`RawConn`].
@@ -587,25 +568,14 @@ impl RawConn {
         Ok(stats)
     }
 
-    /// Whether the peer's end of the control channel is still open. Never blocks.
+    /// Whether the peer's end of the control channel is still open: false once it closed the
+    /// socket, sent a close notice or aborted. Never blocks; messages that arrived meanwhile
+    /// are queued for the calls that want them.
     ///
     /// # Errors
-    /// [`NetError::Io`] when the socket cannot be queried.
-    pub fn peer_alive(&self) -> Result<bool> {
-        let s = self.ctrl.stream();
-        s.set_nonblocking(true)
-            .map_err(|e| NetError::io("set_nonblocking", e))?;
-        let mut b = [0u8; 1];
-        let r = s.peek(&mut b);
-        s.set_nonblocking(false)
-            .map_err(|e| NetError::io("set_nonblocking", e))?;
-        match r {
-            Ok(0) => Ok(false),
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(false),
-            Err(e) => Err(NetError::io("peek", e)),
-        }
+    /// The errors of [`Channel::read_available`] (garbage from the peer, a socket error).
+    pub fn peer_alive(&mut self) -> Result<bool> {
+        self.ctrl.peer_open()
     }
 
     /// Closes in step with the peer: a barrier (so neither side tears down while the other
@@ -638,9 +608,31 @@ impl RawConn {
         &self.recv_cq
     }
 
-    /// The protection domain.
+    /// The protection domain (the shared one of [`RawOptions::pd`], if given).
     pub fn pd(&self) -> &Pd {
         &self.pd
+    }
+
+    /// The send CQ's completion channel ([`Completion::Event`] only).
+    pub fn send_channel(&self) -> Option<&CompChannel> {
+        self.send_cq.comp_channel()
+    }
+
+    /// The receive CQ's completion channel ([`Completion::Event`] only).
+    pub fn recv_channel(&self) -> Option<&CompChannel> {
+        self.recv_cq.comp_channel()
+    }
+
+    /// The control channel; its fd ([`std::os::fd::AsFd`]) can join an event loop.
+    pub fn channel(&self) -> &Channel {
+        &self.ctrl
+    }
+
+    /// The control channel, to read what arrived ([`Channel::read_available`]), send
+    /// keepalives or take queued messages. Barriers sent through it directly do not advance
+    /// the step [`RawConn::sync`] uses.
+    pub fn channel_mut(&mut self) -> &mut Channel {
+        &mut self.ctrl
     }
 
     /// The peer's endpoint as it sent it.
@@ -655,7 +647,8 @@ impl RawConn {
 }
 
 /// Notices, while a loop waits for completions, a peer that is gone or a wait that has gone
-/// on too long. The checks cost a socket peek, so they run only every 4096 empty polls.
+/// on too long. The checks cost a non-blocking socket read, so they run only every 4096 empty
+/// polls.
 struct StallWatch {
     last_progress: Instant,
     idle_polls: u32,
@@ -670,7 +663,7 @@ impl StallWatch {
     }
 
     /// Records a poll that found `n` completions.
-    fn polled(&mut self, n: usize, conn: &RawConn) -> Result<()> {
+    fn polled(&mut self, n: usize, conn: &mut RawConn) -> Result<()> {
         if n > 0 {
             self.idle_polls = 0;
             self.last_progress = Instant::now();
@@ -691,20 +684,6 @@ impl StallWatch {
         }
         Ok(())
     }
-}
-
-/// The first RoCE v2 GID with an IPv4 address on `port`: what perftest users pass as `-x`.
-fn default_gid_index(ctx: &Context, port: u8) -> Result<u8> {
-    let table = ctx.gid_table()?;
-    table
-        .iter()
-        .filter(|e| e.port == port && e.gid_type == GidType::RoceV2)
-        .find(|e| e.gid.to_ipv4().is_some())
-        .or_else(|| table.iter().find(|e| e.port == port && !e.gid.is_zero()))
-        .map(|e| e.index as u8)
-        .ok_or_else(|| {
-            NetError::InvalidArgument(format!("port {port} of {} has no usable GID", ctx.name()))
-        })
 }
 
 fn random_psn() -> Result<u32> {

@@ -1,20 +1,25 @@
 //! RawConn on a real device (rxe0 in the VM): pipelines, one-sided Write and Read checked byte
-//! for byte, batching, authentication, bad peers, and a peer that dies mid-transfer.
+//! for byte, batching, authentication, bad peers, a peer that dies mid-transfer, connections
+//! sharing one protection domain and memory region, and event-mode completions.
 
-use rsrdma::{AccessFlags, Mr, RecvWr, SendWr};
-use rsrdma_net::{NetError, RawConn, RawListener, RawOptions};
+use rsrdma::{AccessFlags, Mr, Pd, RecvWr, SendWr, Wc};
+use rsrdma_net::{Completion, NetError, RawConn, RawListener, RawOptions};
 use std::thread;
 use std::time::{Duration, Instant};
 
+fn device() -> String {
+    std::env::var("RSRDMA_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into())
+}
+
 fn opts() -> RawOptions {
-    RawOptions {
-        device: Some(std::env::var("RSRDMA_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into())),
-        gid_index: std::env::var("RSRDMA_TEST_GID_INDEX")
-            .ok()
-            .and_then(|v| v.parse().ok()),
-        timeout: Duration::from_secs(20),
-        ..Default::default()
-    }
+    RawOptions::default()
+        .device(device())
+        .gid_index(
+            std::env::var("RSRDMA_TEST_GID_INDEX")
+                .ok()
+                .and_then(|v| v.parse().ok()),
+        )
+        .timeout(Duration::from_secs(20))
 }
 
 /// A connected pair: (the dialing side, the accepting side).
@@ -32,13 +37,16 @@ fn pattern(mr: &mut Mr, seed: u8) {
     }
 }
 
+fn pattern_bytes(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect()
+}
+
 #[test]
 fn one_sided_write_and_read_byte_for_byte() {
     let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-    let server_opts = RawOptions {
-        remote_access: remote,
-        ..opts()
-    };
+    let server_opts = opts().remote_access(remote);
     let (mut c, mut s) = connected(opts(), server_opts);
     let len = 256 * 1024;
     let mut exposed = s
@@ -185,11 +193,7 @@ fn send_pipelines_per_wr_and_batched_against_recv_drain() {
 /// Depths settle on what the peer can take, and a barrier returns on both sides.
 #[test]
 fn barriers_and_settled_options() {
-    let small = RawOptions {
-        send_depth: 16,
-        recv_depth: 8,
-        ..opts()
-    };
+    let small = opts().send_depth(16u32).recv_depth(8u32);
     let (mut c, s) = connected(opts(), small);
     assert_eq!(
         c.settled().send_depth,
@@ -207,10 +211,7 @@ fn barriers_and_settled_options() {
 
 #[test]
 fn authentication_and_bad_peers() {
-    let secret = RawOptions {
-        secret: Some(b"open sesame".to_vec()),
-        ..opts()
-    };
+    let secret = opts().secret(b"open sesame".to_vec());
     let l = RawListener::bind("127.0.0.1:0", secret.clone()).unwrap();
     let addr = l.local_addr().unwrap();
     let server = thread::spawn(move || {
@@ -232,14 +233,7 @@ fn authentication_and_bad_peers() {
         matches!(e, NetError::Auth(_) | NetError::PeerAborted(_)),
         "{e}"
     );
-    let e = RawConn::dial(
-        addr,
-        RawOptions {
-            secret: Some(b"guess".to_vec()),
-            ..opts()
-        },
-    )
-    .unwrap_err();
+    let e = RawConn::dial(addr, opts().secret(b"guess".to_vec())).unwrap_err();
     assert!(
         matches!(e, NetError::Auth(_) | NetError::PeerAborted(_)),
         "{e}"
@@ -258,25 +252,12 @@ fn authentication_and_bad_peers() {
 
 #[test]
 fn mismatched_parameters_fail_on_both_ends() {
-    let l = RawListener::bind(
-        "127.0.0.1:0",
-        RawOptions {
-            params: vec![(1, 4096)],
-            ..opts()
-        },
-    )
-    .unwrap();
+    let l = RawListener::bind("127.0.0.1:0", opts().params([(1, 4096)])).unwrap();
     let addr = l.local_addr().unwrap();
     let t = thread::spawn(move || l.accept().unwrap_err().to_string());
-    let e = RawConn::dial(
-        addr,
-        RawOptions {
-            params: vec![(1, 65536)],
-            ..opts()
-        },
-    )
-    .unwrap_err()
-    .to_string();
+    let e = RawConn::dial(addr, opts().params([(1, 65536)]))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("65536") && e.contains("4096"), "{e}");
     let se = t.join().unwrap();
     assert!(se.contains("65536") && se.contains("4096"), "{se}");
@@ -301,4 +282,173 @@ fn a_receiver_notices_a_dead_sender_within_seconds() {
         t0.elapsed()
     );
     killer.join().unwrap();
+}
+
+/// Two accepted connections live in one protection domain and serve one memory region: each
+/// peer writes its half with RDMA Write, and each connection sends the other half from the
+/// same region (its lkey is valid on both queue pairs).
+#[test]
+fn shared_pd_two_connections_one_mr() {
+    let ctx = rsrdma::open(&device()).unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let half = 64 * 1024;
+    let remote = AccessFlags::REMOTE_WRITE;
+    let hub_mr = Mr::new(&pd, 2 * half, AccessFlags::LOCAL_WRITE | remote).unwrap();
+    let e = RawListener::bind(
+        "127.0.0.1:0",
+        opts()
+            .pd(pd.clone())
+            .device("not-the-pd-device".to_string()),
+    )
+    .unwrap_err();
+    assert!(matches!(e, NetError::InvalidArgument(_)), "{e}");
+    let l = RawListener::bind("127.0.0.1:0", opts().pd(pd.clone()).remote_access(remote)).unwrap();
+    let addr = l.local_addr().unwrap();
+    let clients: Vec<_> = (0..2u64)
+        .map(|i| thread::spawn(move || shared_pd_client(addr, i, half)))
+        .collect();
+    let mut hubs = Vec::new();
+    for _ in 0..2 {
+        let mut hub = l.accept().unwrap();
+        assert_eq!(
+            hub.pd().as_raw(),
+            pd.as_raw(),
+            "the connection uses the given PD"
+        );
+        let i = hub.peer_endpoint().params[0].1 as usize;
+        hub.exchange_memory(&[&hub_mr]).unwrap();
+        hub.sync().unwrap(); // the client wrote its half
+        hubs.push((i, hub));
+    }
+    for i in 0..2 {
+        assert!(
+            hub_mr.as_slice()[i * half..(i + 1) * half] == pattern_bytes(half, i as u8 + 1)[..],
+            "half {i} holds exactly what client {i} wrote"
+        );
+    }
+    for (i, hub) in &mut hubs {
+        let other = 1 - *i;
+        let sge = [hub_mr.sge(other * half, half).unwrap()];
+        // SAFETY: `hub_mr` outlives the send, whose completion is reaped below.
+        unsafe { hub.post_send(&SendWr::send(7, &sge).signaled(true)) }.unwrap();
+        let mut wcs = [Wc::default(); 4];
+        let n = hub
+            .send_cq()
+            .poll_blocking(&mut wcs, Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(n, 1);
+        wcs[0].ok().unwrap();
+        hub.sync().unwrap(); // the client checked what it received
+    }
+    let closers: Vec<_> = hubs
+        .into_iter()
+        .map(|(_, hub)| thread::spawn(move || hub.close().unwrap()))
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    for c in closers {
+        c.join().unwrap();
+    }
+}
+
+/// Client `i` of [`shared_pd_two_connections_one_mr`].
+fn shared_pd_client(addr: std::net::SocketAddr, i: u64, half: usize) {
+    let mut c = RawConn::dial(addr, opts().params([(1, i)])).unwrap();
+    let mut local = c.register_memory(half, AccessFlags::LOCAL_WRITE).unwrap();
+    pattern(&mut local, i as u8 + 1);
+    let inbox = c.register_memory(half, AccessFlags::LOCAL_WRITE).unwrap();
+    let rsge = [inbox.sge(0, half).unwrap()];
+    // SAFETY: `inbox` outlives the receive, which is reaped below before it is read.
+    unsafe { c.post_recv(&RecvWr::new(1, &rsge)) }.unwrap();
+    let peer = c.exchange_memory(&[]).unwrap()[0];
+    let piece = 16 * 1024;
+    let sges: Vec<_> = (0..half / piece)
+        .map(|k| [local.sge(k * piece, piece).unwrap()])
+        .collect();
+    let base = i * half as u64;
+    // SAFETY: `local` outlives the pipeline, which reaps every completion before returning.
+    unsafe {
+        c.pipeline(sges.len() as u64, 4, |id| {
+            let k = id as usize;
+            let at = base + (k * piece) as u64;
+            SendWr::rdma_write(
+                id,
+                &sges[k],
+                peer.addr_at(at, piece as u64).unwrap(),
+                peer.rkey,
+            )
+        })
+    }
+    .unwrap();
+    c.sync().unwrap();
+    let mut wcs = [Wc::default(); 4];
+    let n = c
+        .recv_cq()
+        .poll_blocking(&mut wcs, Duration::from_secs(15))
+        .unwrap();
+    assert_eq!(n, 1);
+    wcs[0].ok().unwrap();
+    assert_eq!(wcs[0].byte_len() as usize, half);
+    assert!(
+        inbox.as_slice() == &pattern_bytes(half, (1 - i) as u8 + 1)[..],
+        "client {i} received the other client's half from the shared region"
+    );
+    c.sync().unwrap();
+    c.close().unwrap();
+}
+
+/// An event-mode connection sleeps on its receive CQ's channel and wakes for the message.
+#[test]
+fn event_mode_receive_wakes_through_the_channel() {
+    let (mut c, mut s) = connected(opts(), opts().completion(Completion::Event));
+    assert!(s.recv_channel().is_some() && s.send_channel().is_some());
+    assert!(c.recv_channel().is_none(), "busy mode has no channel");
+    let len = 4096;
+    let inbox = s.register_memory(len, AccessFlags::LOCAL_WRITE).unwrap();
+    let rsge = [inbox.sge(0, len).unwrap()];
+    // SAFETY: `inbox` outlives the receive, which is reaped below before it is read.
+    unsafe { s.post_recv(&RecvWr::new(1, &rsge)) }.unwrap();
+    s.recv_cq().arm(false).unwrap();
+    let mut wcs = [Wc::default(); 4];
+    assert_eq!(s.poll_recv(&mut wcs).unwrap(), 0);
+    // Nothing was sent: the wait ends by its timeout.
+    let e = s
+        .recv_cq()
+        .wait(Some(Duration::from_millis(200)))
+        .unwrap_err();
+    assert!(matches!(e, rsrdma::Error::Timeout { .. }), "{e}");
+    let sender = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(300));
+        let mut out = c.register_memory(len, AccessFlags::NONE).unwrap();
+        pattern(&mut out, 42);
+        let sge = [out.sge(0, len).unwrap()];
+        // SAFETY: `out` outlives the send, whose completion is reaped below.
+        unsafe { c.post_send(&SendWr::send(9, &sge).signaled(true)) }.unwrap();
+        let mut wcs = [Wc::default(); 4];
+        c.send_cq()
+            .poll_blocking(&mut wcs, Duration::from_secs(10))
+            .unwrap();
+        wcs[0].ok().unwrap();
+        c.sync().unwrap();
+        c.close().unwrap();
+    });
+    let t0 = Instant::now();
+    s.recv_cq().wait(Some(Duration::from_secs(10))).unwrap();
+    assert!(
+        t0.elapsed() >= Duration::from_millis(250),
+        "woke before the send: {:?}",
+        t0.elapsed()
+    );
+    let n = s
+        .recv_cq()
+        .poll_blocking(&mut wcs, Duration::from_secs(1))
+        .unwrap();
+    assert_eq!(n, 1);
+    wcs[0].ok().unwrap();
+    assert_eq!(wcs[0].byte_len() as usize, len);
+    assert!(inbox.as_slice() == &pattern_bytes(len, 42)[..]);
+    s.sync().unwrap();
+    s.close().unwrap();
+    sender.join().unwrap();
 }

@@ -1,32 +1,78 @@
-//! The blocking driver of the handshake over a TCP stream.
+//! The control channel: framed messages over a non-blocking TCP socket.
+//!
+//! The socket stays non-blocking for the channel's life; every wait is a poll(2) with a
+//! deadline. Bytes are read as they come into a [`FrameReader`], and whole messages go to a
+//! queue, so a message that arrives before anyone asks for it (memory descriptors, a barrier
+//! step) is kept for the receive that wants its kind. Keepalives only refresh
+//! [`Channel::last_heard`]; a close notice, an abort or the end of the stream end the peer's
+//! side, and every later wait for a message that is not already queued fails at once.
 
-use super::codec::{self, Endpoint, Hello, Message, Proof, Regions, Role, HEADER_LEN};
+use super::codec::{DecodeError, Endpoint, Hello, Message, MessageKind, Proof, Regions, Role};
+use super::frames::FrameReader;
+use super::readiness;
 use super::{auth, settle, Settled};
 use crate::error::{NetError, Result};
-use std::io::{ErrorKind, Read, Write};
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::time::{Duration, Instant};
 
-/// The TCP control channel: the handshake, then barriers and the close.
+/// Most messages queued unread; a peer that sends more is broken or hostile.
+pub const MAX_QUEUED: usize = 256;
+
+/// Reads per [`Channel::read_available`], so a peer that sends without pause cannot keep a
+/// "never blocks" call busy.
+const MAX_READS_PER_PUMP: usize = 16;
+
+/// How the peer's side ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PeerEnd {
+    /// End of stream or a reset.
+    Eof,
+    /// A close notice.
+    Closed,
+    /// An abort, with the peer's reason.
+    Aborted(String),
+    /// Bytes that are not a frame: the stream is out of step, nothing after them is read.
+    Malformed(DecodeError),
+}
+
+impl PeerEnd {
+    fn error(&self, op: &'static str) -> NetError {
+        match self {
+            PeerEnd::Aborted(why) => NetError::PeerAborted(why.clone()),
+            PeerEnd::Malformed(e) => NetError::Malformed(e.clone()),
+            PeerEnd::Eof | PeerEnd::Closed => NetError::PeerClosed(op),
+        }
+    }
+}
+
+/// The TCP control channel: the handshake, then memory descriptors, barriers, liveness and
+/// the close. [`AsFd`] gives its socket to an event loop: when it is readable, call
+/// [`Channel::read_available`] and take messages with [`Channel::try_recv_kind`].
 #[derive(Debug)]
 pub struct Channel {
     stream: TcpStream,
     timeout: Duration,
     role: Role,
+    frames: FrameReader,
+    inbox: VecDeque<Message>,
+    peer_end: Option<PeerEnd>,
+    last_heard: Instant,
+    /// A close notice or abort went out, or a write stopped mid-frame: send nothing more.
+    done_sending: bool,
 }
 
 impl Channel {
-    /// Wraps a connected stream; every read waits at most `timeout`.
+    /// Wraps a connected stream and makes it non-blocking; every wait lasts at most `timeout`.
     ///
     /// # Errors
-    /// [`NetError::Io`] when the timeout cannot be set.
+    /// [`NetError::Io`] when the socket cannot be set up.
     pub fn new(stream: TcpStream, role: Role, timeout: Duration) -> Result<Channel> {
         stream
-            .set_read_timeout(Some(timeout))
-            .map_err(|e| NetError::io("set_read_timeout", e))?;
-        stream
-            .set_write_timeout(Some(timeout))
-            .map_err(|e| NetError::io("set_write_timeout", e))?;
+            .set_nonblocking(true)
+            .map_err(|e| NetError::io("set_nonblocking", e))?;
         stream
             .set_nodelay(true)
             .map_err(|e| NetError::io("set_nodelay", e))?;
@@ -34,6 +80,11 @@ impl Channel {
             stream,
             timeout,
             role,
+            frames: FrameReader::new(),
+            inbox: VecDeque::new(),
+            peer_end: None,
+            last_heard: Instant::now(),
+            done_sending: false,
         })
     }
 
@@ -42,59 +93,253 @@ impl Channel {
         self.role
     }
 
-    /// The socket.
+    /// The limit of each wait.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The socket. It is non-blocking and must stay so; read from it only through the channel.
     pub fn stream(&self) -> &TcpStream {
         &self.stream
     }
 
-    /// Sends one message.
+    /// When the last message (of any kind, keepalives included) arrived, or the channel was
+    /// created.
+    pub fn last_heard(&self) -> Instant {
+        self.last_heard
+    }
+
+    /// Messages received and not yet taken.
+    pub fn queued(&self) -> usize {
+        self.inbox.len()
+    }
+
+    /// Sends one message, waiting at most the channel's timeout for room in the socket (and
+    /// reading meanwhile, so two ends sending large messages at once cannot deadlock).
     ///
     /// # Errors
-    /// [`NetError::Io`] or [`NetError::Timeout`].
+    /// [`NetError::Encode`] for a message over a codec limit (nothing is sent);
+    /// [`NetError::PeerClosed`], [`NetError::Io`] or [`NetError::Timeout`].
     pub fn send(&mut self, msg: &Message) -> Result<()> {
-        self.stream
-            .write_all(&msg.to_bytes())
-            .map_err(|e| self.map_io("send handshake message", e))
+        let bytes = msg.to_bytes()?;
+        if self.done_sending {
+            return Err(NetError::InvalidArgument(
+                "the control channel already sent its close (or stopped mid-frame)".into(),
+            ));
+        }
+        let r = self.write_all(&bytes, "send control message");
+        if r.is_err() {
+            // Whatever part went out leaves the peer's decoder mid-frame.
+            self.done_sending = true;
+        }
+        r
     }
 
-    /// Receives one message, waiting at most the channel's timeout for each part. A peer's
-    /// abort becomes [`NetError::PeerAborted`].
+    fn write_all(&mut self, bytes: &[u8], op: &'static str) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        let mut off = 0;
+        while off < bytes.len() {
+            match (&self.stream).write(&bytes[off..]) {
+                Ok(0) => return Err(NetError::PeerClosed(op)),
+                Ok(n) => off += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    let read = self.peer_end.is_none();
+                    match readiness::wait(self.stream.as_fd(), read, true, deadline)
+                        .map_err(|e| NetError::io("poll", e))?
+                    {
+                        None => return Err(self.timed_out(op, self.timeout)),
+                        Some(r) if r.readable && read => self.pump()?,
+                        Some(_) => {}
+                    }
+                }
+                Err(e) if is_reset(e.kind()) => return Err(NetError::PeerClosed(op)),
+                Err(e) => return Err(NetError::io(op, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads whatever has arrived, without blocking, and queues the whole messages. For event
+    /// loops: call it when the fd is readable.
     ///
     /// # Errors
-    /// [`NetError::Malformed`], [`NetError::PeerClosed`], [`NetError::Timeout`],
-    /// [`NetError::PeerAborted`].
+    /// [`NetError::Malformed`] when the peer sent bytes that are not a frame (the whole
+    /// messages before them stay queued); [`NetError::QueueFull`] past [`MAX_QUEUED`] unread
+    /// messages; [`NetError::Io`].
+    pub fn read_available(&mut self) -> Result<()> {
+        self.pump()?;
+        match &self.peer_end {
+            Some(PeerEnd::Malformed(e)) => Err(NetError::Malformed(e.clone())),
+            _ => Ok(()),
+        }
+    }
+
+    /// As [`Channel::read_available`], but garbage only ends the peer's side, so that the
+    /// messages queued before it can still be taken.
+    fn pump(&mut self) -> Result<()> {
+        for _ in 0..MAX_READS_PER_PUMP {
+            self.take_frames()?;
+            if self.peer_end.is_some() {
+                return Ok(());
+            }
+            match self.frames.read_from(&mut &self.stream) {
+                Ok(0) => {
+                    if self.frames.buffered() > 0 {
+                        tracing::debug!(
+                            bytes = self.frames.buffered(),
+                            "the peer closed the control channel mid-frame"
+                        );
+                    }
+                    self.peer_end = Some(PeerEnd::Eof);
+                    return Ok(());
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if is_reset(e.kind()) => {
+                    self.peer_end = Some(PeerEnd::Eof);
+                    return Ok(());
+                }
+                Err(e) => return Err(NetError::io("read control channel", e)),
+            }
+        }
+        self.take_frames()
+    }
+
+    fn take_frames(&mut self) -> Result<()> {
+        while self.peer_end.is_none() {
+            let msg = match self.frames.next_frame() {
+                Ok(Some(msg)) => msg,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    self.peer_end = Some(PeerEnd::Malformed(e));
+                    return Ok(());
+                }
+            };
+            self.last_heard = Instant::now();
+            match msg {
+                Message::Keepalive => {}
+                Message::Close => self.peer_end = Some(PeerEnd::Closed),
+                Message::Abort(why) => self.peer_end = Some(PeerEnd::Aborted(why)),
+                m if self.inbox.len() >= MAX_QUEUED => {
+                    tracing::warn!(kind = m.name(), "control channel queue full");
+                    return Err(NetError::QueueFull { limit: MAX_QUEUED });
+                }
+                m => self.inbox.push_back(m),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the peer's side is still open: reads what has arrived (never blocks) and says
+    /// false after the end of the stream, a close notice or an abort. The socket's blocking
+    /// mode is not touched (it stays non-blocking).
+    ///
+    /// # Errors
+    /// The errors of [`Channel::read_available`].
+    pub fn peer_open(&mut self) -> Result<bool> {
+        self.read_available()?;
+        Ok(self.peer_end.is_none())
+    }
+
+    /// Receives the next message in arrival order (queued ones first), waiting at most the
+    /// channel's timeout. The handshake uses it: its order is fixed.
+    ///
+    /// # Errors
+    /// [`NetError::Timeout`]; [`NetError::PeerClosed`] or [`NetError::PeerAborted`] once the
+    /// peer's side ended; the errors of [`Channel::read_available`].
     pub fn recv(&mut self, op: &'static str) -> Result<Message> {
-        let mut header = [0u8; HEADER_LEN];
-        self.read_exact(&mut header, op)?;
-        let h = codec::decode_header(&header)?;
-        let mut body = vec![0u8; h.body_len];
-        self.read_exact(&mut body, op)?;
-        match codec::decode_body(h.kind, &body)? {
-            Message::Abort(why) => Err(NetError::PeerAborted(why)),
-            m => Ok(m),
+        let deadline = Instant::now() + self.timeout;
+        self.wait_for(op, deadline, VecDeque::pop_front)
+    }
+
+    /// Receives the first message of `kind`, from the queue or, waiting at most the channel's
+    /// timeout, from the socket; messages of other kinds stay queued in order.
+    ///
+    /// # Errors
+    /// As [`Channel::recv`].
+    pub fn recv_kind(&mut self, kind: MessageKind, op: &'static str) -> Result<Message> {
+        self.recv_kind_until(kind, op, Instant::now() + self.timeout)
+    }
+
+    /// As [`Channel::recv_kind`], waiting until `deadline`.
+    ///
+    /// # Errors
+    /// As [`Channel::recv`].
+    pub fn recv_kind_until(
+        &mut self,
+        kind: MessageKind,
+        op: &'static str,
+        deadline: Instant,
+    ) -> Result<Message> {
+        self.wait_for(op, deadline, |q| take_kind(q, kind))
+    }
+
+    /// Takes the first queued message of `kind` after reading what has arrived; never blocks.
+    ///
+    /// # Errors
+    /// The errors of [`Channel::read_available`] (an ended peer is not an error here: see
+    /// [`Channel::peer_open`]).
+    pub fn try_recv_kind(&mut self, kind: MessageKind) -> Result<Option<Message>> {
+        self.read_available()?;
+        Ok(take_kind(&mut self.inbox, kind))
+    }
+
+    fn wait_for(
+        &mut self,
+        op: &'static str,
+        deadline: Instant,
+        mut take: impl FnMut(&mut VecDeque<Message>) -> Option<Message>,
+    ) -> Result<Message> {
+        let limit = deadline.saturating_duration_since(Instant::now());
+        loop {
+            if let Some(m) = take(&mut self.inbox) {
+                return Ok(m);
+            }
+            if let Some(end) = &self.peer_end {
+                return Err(end.error(op));
+            }
+            match readiness::wait(self.stream.as_fd(), true, false, deadline)
+                .map_err(|e| NetError::io("poll", e))?
+            {
+                None => return Err(self.timed_out(op, limit)),
+                Some(_) => self.pump()?,
+            }
         }
     }
 
-    fn read_exact(&mut self, buf: &mut [u8], op: &'static str) -> Result<()> {
-        self.stream.read_exact(buf).map_err(|e| match e.kind() {
-            ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset => NetError::PeerClosed(op),
-            _ => self.map_io(op, e),
-        })
+    fn timed_out(&self, op: &'static str, limit: Duration) -> NetError {
+        NetError::Timeout {
+            op,
+            millis: limit.as_millis() as u64,
+        }
     }
 
-    fn map_io(&self, op: &'static str, e: std::io::Error) -> NetError {
-        match e.kind() {
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => NetError::Timeout {
-                op,
-                millis: self.timeout.as_millis() as u64,
-            },
-            _ => NetError::io(op, e),
-        }
+    /// Sends a keepalive: the peer's [`Channel::last_heard`] moves on.
+    ///
+    /// # Errors
+    /// As [`Channel::send`].
+    pub fn send_keepalive(&mut self) -> Result<()> {
+        self.send(&Message::Keepalive)
+    }
+
+    /// Tells the peer this side is closing and will send nothing more. The peer's waits for
+    /// messages it has not yet received then fail at once with [`NetError::PeerClosed`].
+    /// [`Drop`] sends it too (best effort, never waiting) unless it or an abort went out.
+    ///
+    /// # Errors
+    /// As [`Channel::send`].
+    pub fn send_close(&mut self) -> Result<()> {
+        let r = self.send(&Message::Close);
+        self.done_sending = true;
+        r
     }
 
     /// Tells the peer why this side gives up (best effort), and returns `err`.
     pub fn abort(&mut self, err: NetError) -> NetError {
-        let _ = self.send(&Message::Abort(err.to_string()));
+        let _ = self.send(&Message::abort(&err.to_string()));
+        self.done_sending = true;
         err
     }
 
@@ -112,12 +357,7 @@ impl Channel {
         }))?;
         let peer = match self.recv("handshake hello")? {
             Message::Hello(h) => h,
-            other => {
-                return Err(self.abort(NetError::Unexpected {
-                    expected: "hello",
-                    got: other.name(),
-                }))
-            }
+            other => return Err(self.unexpected("hello", &other)),
         };
         if peer.role == self.role {
             return Err(self.abort(NetError::Auth(format!(
@@ -138,12 +378,7 @@ impl Channel {
         }))?;
         let tag = match self.recv("handshake proof")? {
             Message::Proof(p) => p.tag,
-            other => {
-                return Err(self.abort(NetError::Unexpected {
-                    expected: "proof",
-                    got: other.name(),
-                }))
-            }
+            other => return Err(self.unexpected("proof", &other)),
         };
         if !auth::verify(secret, peer.role, &peer.nonce, &nonce, &tag) {
             return Err(self.abort(NetError::Auth(
@@ -151,6 +386,13 @@ impl Channel {
             )));
         }
         Ok(())
+    }
+
+    fn unexpected(&mut self, expected: &'static str, got: &Message) -> NetError {
+        self.abort(NetError::Unexpected {
+            expected,
+            got: got.name(),
+        })
     }
 
     /// Swaps endpoints and settles on what both can do. On a mismatch both sides learn which
@@ -166,49 +408,77 @@ impl Channel {
         self.send(&Message::Endpoint(local.clone()))?;
         let peer = match self.recv("handshake endpoint")? {
             Message::Endpoint(e) => e,
-            other => {
-                return Err(self.abort(NetError::Unexpected {
-                    expected: "endpoint",
-                    got: other.name(),
-                }))
-            }
+            other => return Err(self.unexpected("endpoint", &other)),
         };
         let settled = settle(local, &peer, param_name)?;
         Ok((peer, settled))
     }
 
-    /// Swaps memory descriptors.
+    /// Swaps memory descriptors: sends `local`, then takes the peer's (which may have arrived
+    /// earlier, or after other messages, which stay queued).
     ///
     /// # Errors
-    /// The errors of [`Channel::recv`].
+    /// The errors of [`Channel::send`] and [`Channel::recv_kind`].
     pub fn exchange_regions(&mut self, local: &Regions) -> Result<Regions> {
         self.send(&Message::Regions(local.clone()))?;
-        match self.recv("memory descriptors")? {
+        match self.recv_kind(MessageKind::Regions, "memory descriptors")? {
             Message::Regions(r) => Ok(r),
-            other => Err(self.abort(NetError::Unexpected {
-                expected: "regions",
-                got: other.name(),
-            })),
+            other => Err(self.unexpected("regions", &other)),
         }
     }
 
-    /// A barrier: both sides send `step` and wait for the other's.
+    /// A barrier: both sides send `step` and wait for the other's (other messages that arrive
+    /// meanwhile stay queued).
     ///
     /// # Errors
     /// [`NetError::Unexpected`] when the peer is at another step; the errors of
-    /// [`Channel::recv`].
+    /// [`Channel::send`] and [`Channel::recv_kind`].
     pub fn barrier(&mut self, step: u32) -> Result<()> {
         self.send(&Message::Sync(step))?;
-        match self.recv("barrier")? {
+        match self.recv_kind(MessageKind::Sync, "barrier")? {
             Message::Sync(s) if s == step => Ok(()),
             Message::Sync(_) => Err(self.abort(NetError::Unexpected {
                 expected: "the same barrier step",
                 got: "another step",
             })),
-            other => Err(self.abort(NetError::Unexpected {
-                expected: "sync",
-                got: other.name(),
-            })),
+            other => Err(self.unexpected("sync", &other)),
         }
     }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        if self.done_sending || self.peer_end.is_some() {
+            return;
+        }
+        // Best effort and never waiting: a full socket buffer drops the notice, and the end
+        // of the stream tells the peer the same thing a moment later.
+        if let Ok(bytes) = Message::Close.to_bytes() {
+            let _ = (&self.stream).write(&bytes);
+        }
+    }
+}
+
+impl AsFd for Channel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+}
+
+impl AsRawFd for Channel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+}
+
+fn take_kind(q: &mut VecDeque<Message>, kind: MessageKind) -> Option<Message> {
+    let i = q.iter().position(|m| m.kind() == kind)?;
+    q.remove(i)
+}
+
+fn is_reset(kind: ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
+    )
 }

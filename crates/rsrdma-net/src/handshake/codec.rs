@@ -5,7 +5,7 @@
 //! ```text
 //! offset  size  field
 //! 0       4     magic "RSRD"
-//! 4       1     protocol version (1)
+//! 4       1     protocol version: the version that introduced the kind (1 or 2)
 //! 5       1     message kind
 //! 6       2     reserved, zero
 //! 8       4     body length, big-endian (at most MAX_BODY)
@@ -15,21 +15,39 @@
 //! All integers are big-endian. A decoder given too few bytes asks for more; given bytes that
 //! cannot be a frame (wrong magic, unknown version or kind, oversized or malformed body) it
 //! returns a [`DecodeError`] that says what was wrong, and never panics.
+//!
+//! # Versions
+//! Version 1 has hello, proof, endpoint, regions, sync and abort; version 2 adds keepalive and
+//! close. Each frame carries the version that introduced its kind, so a version-1 peer still
+//! decodes every message it knows, and version-1 frames decode here.
+//!
+//! # Limits
+//! The limits hold on both sides: [`Message::encode`] refuses a message over a limit (it never
+//! truncates) and the decoder refuses a frame over it. The largest region list,
+//! [`MAX_REGIONS`] descriptors, is exactly [`MAX_BODY`] bytes of body.
 
 use rsrdma::{Gid, RemoteMemory};
 use std::fmt;
 
 /// The frame magic.
 pub const MAGIC: [u8; 4] = *b"RSRD";
-/// The protocol version this build speaks.
-pub const VERSION: u8 = 1;
+/// The newest protocol version this build speaks (it decodes every version from 1).
+pub const VERSION: u8 = 2;
+/// The oldest protocol version this build decodes.
+pub const MIN_VERSION: u8 = 1;
 /// Frame header length.
 pub const HEADER_LEN: usize = 12;
-/// Largest body accepted: enough for 4096 memory descriptors, small enough that a stranger
-/// cannot make us allocate much.
-pub const MAX_BODY: usize = 64 * 1024;
 /// Most memory descriptors in one message.
 pub const MAX_REGIONS: usize = 4096;
+/// Bytes of one memory descriptor on the wire (address, length, rkey).
+pub const REGION_LEN: usize = 20;
+/// Largest body accepted: exactly a list of [`MAX_REGIONS`] descriptors (the largest
+/// message), small enough that a stranger cannot make us allocate much.
+pub const MAX_BODY: usize = 2 + MAX_REGIONS * REGION_LEN;
+/// Most application parameters in one endpoint.
+pub const MAX_PARAMS: usize = u8::MAX as usize;
+/// Most bytes of an abort's reason.
+pub const MAX_REASON: usize = 1024;
 /// Bytes of a nonce.
 pub const NONCE_LEN: usize = 32;
 /// Bytes of an authentication proof (HMAC-SHA-256).
@@ -43,16 +61,16 @@ pub enum DecodeError {
     #[error("bad magic {0:02x?}: the peer does not speak the rsrdma handshake")]
     BadMagic([u8; 4]),
     /// A protocol version this build does not speak.
-    #[error("protocol version {0} is not supported (this side speaks {VERSION})")]
+    #[error("protocol version {0} is not supported (this side speaks {MIN_VERSION} to {VERSION})")]
     Version(u8),
-    /// An unknown message kind.
+    /// A message kind unknown in the frame's version.
     #[error("unknown message kind {0}")]
     Kind(u8),
     /// The reserved field is not zero.
     #[error("reserved header bits are set ({0:#06x})")]
     Reserved(u16),
     /// A body longer than [`MAX_BODY`].
-    #[error("body of {0} bytes exceeds the {MAX_BODY}-byte limit")]
+    #[error("body of {0} bytes exceeds the {MAX_BODY}-byte limit (MAX_BODY)")]
     TooLong(usize),
     /// The body ended before a field.
     #[error("{kind} body truncated: {field} needs {need} more bytes")]
@@ -81,6 +99,26 @@ pub enum DecodeError {
         field: &'static str,
         /// Why.
         why: String,
+    },
+}
+
+/// Why a message cannot be encoded: it breaks a limit the peer's decoder would enforce.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EncodeError {
+    /// A list or text longer than the wire format allows.
+    #[error("{kind}: {len} {what} exceed the limit of {limit} ({limit_name})")]
+    TooLarge {
+        /// Message kind.
+        kind: &'static str,
+        /// What is counted (`regions`, `parameters`, `reason bytes`).
+        what: &'static str,
+        /// How many there are.
+        len: usize,
+        /// The most allowed.
+        limit: usize,
+        /// The constant that sets the limit.
+        limit_name: &'static str,
     },
 }
 
@@ -160,44 +198,144 @@ pub enum Message {
     Regions(Regions),
     /// A barrier or close step: both sides send it and wait for the other's.
     Sync(u32),
-    /// The sender gives up, and says why (UTF-8, at most 1 KiB).
+    /// The sender gives up, and says why (UTF-8, at most [`MAX_REASON`] bytes; see
+    /// [`Message::abort`]).
     Abort(String),
+    /// The sender is alive (version 2). Carries nothing; any message proves liveness.
+    Keepalive,
+    /// The sender is closing the connection and will send nothing more (version 2).
+    Close,
 }
 
-const KIND_HELLO: u8 = 1;
-const KIND_PROOF: u8 = 2;
-const KIND_ENDPOINT: u8 = 3;
-const KIND_REGIONS: u8 = 4;
-const KIND_SYNC: u8 = 5;
-const KIND_ABORT: u8 = 6;
+/// The kind of a [`Message`], as its frame header names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MessageKind {
+    /// [`Message::Hello`].
+    Hello = 1,
+    /// [`Message::Proof`].
+    Proof = 2,
+    /// [`Message::Endpoint`].
+    Endpoint = 3,
+    /// [`Message::Regions`].
+    Regions = 4,
+    /// [`Message::Sync`].
+    Sync = 5,
+    /// [`Message::Abort`].
+    Abort = 6,
+    /// [`Message::Keepalive`].
+    Keepalive = 7,
+    /// [`Message::Close`].
+    Close = 8,
+}
+
+impl MessageKind {
+    /// The kind with header code `code` in a frame of protocol `version`.
+    pub fn from_code(code: u8, version: u8) -> Option<MessageKind> {
+        let kind = match code {
+            1 => MessageKind::Hello,
+            2 => MessageKind::Proof,
+            3 => MessageKind::Endpoint,
+            4 => MessageKind::Regions,
+            5 => MessageKind::Sync,
+            6 => MessageKind::Abort,
+            7 => MessageKind::Keepalive,
+            8 => MessageKind::Close,
+            _ => return None,
+        };
+        (kind.since_version() <= version).then_some(kind)
+    }
+
+    /// The header code.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The protocol version that introduced this kind; its frames carry that version.
+    pub fn since_version(self) -> u8 {
+        match self {
+            MessageKind::Keepalive | MessageKind::Close => 2,
+            _ => 1,
+        }
+    }
+
+    /// A short name, for errors and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            MessageKind::Hello => "hello",
+            MessageKind::Proof => "proof",
+            MessageKind::Endpoint => "endpoint",
+            MessageKind::Regions => "regions",
+            MessageKind::Sync => "sync",
+            MessageKind::Abort => "abort",
+            MessageKind::Keepalive => "keepalive",
+            MessageKind::Close => "close",
+        }
+    }
+}
 
 impl Message {
-    fn kind(&self) -> u8 {
+    /// This message's kind.
+    pub fn kind(&self) -> MessageKind {
         match self {
-            Message::Hello(_) => KIND_HELLO,
-            Message::Proof(_) => KIND_PROOF,
-            Message::Endpoint(_) => KIND_ENDPOINT,
-            Message::Regions(_) => KIND_REGIONS,
-            Message::Sync(_) => KIND_SYNC,
-            Message::Abort(_) => KIND_ABORT,
+            Message::Hello(_) => MessageKind::Hello,
+            Message::Proof(_) => MessageKind::Proof,
+            Message::Endpoint(_) => MessageKind::Endpoint,
+            Message::Regions(_) => MessageKind::Regions,
+            Message::Sync(_) => MessageKind::Sync,
+            Message::Abort(_) => MessageKind::Abort,
+            Message::Keepalive => MessageKind::Keepalive,
+            Message::Close => MessageKind::Close,
         }
     }
 
     /// A short name, for errors and logs.
     pub fn name(&self) -> &'static str {
-        kind_name(self.kind())
+        self.kind().name()
+    }
+
+    /// An abort with `reason` cut to [`MAX_REASON`] bytes (at a character boundary): a reason
+    /// is for people, so a long one is shortened rather than refused.
+    pub fn abort(reason: &str) -> Message {
+        let mut end = reason.len().min(MAX_REASON);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        Message::Abort(reason[..end].to_owned())
+    }
+
+    /// Checks the limits the peer's decoder enforces.
+    fn check_limits(&self) -> Result<(), EncodeError> {
+        let (len, limit, what, limit_name) = match self {
+            Message::Endpoint(e) => (e.params.len(), MAX_PARAMS, "parameters", "MAX_PARAMS"),
+            Message::Regions(r) => (r.0.len(), MAX_REGIONS, "regions", "MAX_REGIONS"),
+            Message::Abort(t) => (t.len(), MAX_REASON, "reason bytes", "MAX_REASON"),
+            _ => return Ok(()),
+        };
+        if len > limit {
+            return Err(EncodeError::TooLarge {
+                kind: self.name(),
+                what,
+                len,
+                limit,
+                limit_name,
+            });
+        }
+        Ok(())
     }
 
     /// Appends this message's frame to `out`.
     ///
-    /// # Panics
-    /// Never for messages built from valid values; an encoder-side limit breach (more than
-    /// [`MAX_REGIONS`] regions, an abort text over 1 KiB) is truncated to the limit instead.
-    pub fn encode(&self, out: &mut Vec<u8>) {
+    /// # Errors
+    /// [`EncodeError::TooLarge`] for more than [`MAX_REGIONS`] regions, more than
+    /// [`MAX_PARAMS`] parameters or an abort reason over [`MAX_REASON`] bytes; `out` is then
+    /// unchanged.
+    pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        self.check_limits()?;
         let start = out.len();
         out.extend_from_slice(&MAGIC);
-        out.push(VERSION);
-        out.push(self.kind());
+        out.push(self.kind().since_version());
+        out.push(self.kind().code());
         out.extend_from_slice(&0u16.to_be_bytes());
         out.extend_from_slice(&0u32.to_be_bytes()); // length, patched below
         match self {
@@ -223,59 +361,44 @@ impl Message {
                 out.extend_from_slice(&e.max_inline.to_be_bytes());
                 out.push(e.max_rd_atomic);
                 out.push(e.max_dest_rd_atomic);
-                let n = e.params.len().min(u8::MAX as usize);
-                out.push(n as u8);
-                for (k, v) in &e.params[..n] {
+                out.push(e.params.len() as u8);
+                for (k, v) in &e.params {
                     out.extend_from_slice(&k.to_be_bytes());
                     out.extend_from_slice(&v.to_be_bytes());
                 }
             }
             Message::Regions(r) => {
-                let n = r.0.len().min(MAX_REGIONS);
-                out.extend_from_slice(&(n as u16).to_be_bytes());
-                for m in &r.0[..n] {
+                out.extend_from_slice(&(r.0.len() as u16).to_be_bytes());
+                for m in &r.0 {
                     out.extend_from_slice(&m.addr.to_be_bytes());
                     out.extend_from_slice(&m.len.to_be_bytes());
                     out.extend_from_slice(&m.rkey.to_be_bytes());
                 }
             }
             Message::Sync(step) => out.extend_from_slice(&step.to_be_bytes()),
-            Message::Abort(text) => {
-                let mut end = text.len().min(1024);
-                while !text.is_char_boundary(end) {
-                    end -= 1;
-                }
-                out.extend_from_slice(&text.as_bytes()[..end]);
-            }
+            Message::Abort(text) => out.extend_from_slice(text.as_bytes()),
+            Message::Keepalive | Message::Close => {}
         }
         let body = (out.len() - start - HEADER_LEN) as u32;
         out[start + 8..start + 12].copy_from_slice(&body.to_be_bytes());
+        Ok(())
     }
 
     /// The frame as a new buffer.
-    pub fn to_bytes(&self) -> Vec<u8> {
+    ///
+    /// # Errors
+    /// As [`Message::encode`].
+    pub fn to_bytes(&self) -> Result<Vec<u8>, EncodeError> {
         let mut v = Vec::new();
-        self.encode(&mut v);
-        v
-    }
-}
-
-fn kind_name(kind: u8) -> &'static str {
-    match kind {
-        KIND_HELLO => "hello",
-        KIND_PROOF => "proof",
-        KIND_ENDPOINT => "endpoint",
-        KIND_REGIONS => "regions",
-        KIND_SYNC => "sync",
-        KIND_ABORT => "abort",
-        _ => "unknown",
+        self.encode(&mut v)?;
+        Ok(v)
     }
 }
 
 /// A parsed frame header: what kind of body follows, and how long it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
-    /// Message kind.
+    /// Message kind (its header code; see [`MessageKind::code`]).
     pub kind: u8,
     /// Body length.
     pub body_len: usize,
@@ -290,11 +413,12 @@ pub fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header, DecodeError> {
     if magic != MAGIC {
         return Err(DecodeError::BadMagic(magic));
     }
-    if h[4] != VERSION {
-        return Err(DecodeError::Version(h[4]));
+    let version = h[4];
+    if !(MIN_VERSION..=VERSION).contains(&version) {
+        return Err(DecodeError::Version(version));
     }
     let kind = h[5];
-    if !(KIND_HELLO..=KIND_ABORT).contains(&kind) {
+    if MessageKind::from_code(kind, version).is_none() {
         return Err(DecodeError::Kind(kind));
     }
     let reserved = u16::from_be_bytes([h[6], h[7]]);
@@ -339,13 +463,19 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Message, usize)>, DecodeError> {
 /// # Errors
 /// [`DecodeError`] for a truncated, overlong or invalid body.
 pub fn decode_body(kind: u8, body: &[u8]) -> Result<Message, DecodeError> {
-    let name = kind_name(kind);
+    let Some(kind) = MessageKind::from_code(kind, VERSION) else {
+        return Err(DecodeError::Kind(kind));
+    };
+    if body.len() > MAX_BODY {
+        return Err(DecodeError::TooLong(body.len()));
+    }
+    let name = kind.name();
     let mut r = Reader {
         buf: body,
         kind: name,
     };
     let msg = match kind {
-        KIND_HELLO => {
+        MessageKind::Hello => {
             let role = match r.u8("role")? {
                 0 => Role::Client,
                 1 => Role::Server,
@@ -366,10 +496,10 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Message, DecodeError> {
                 nonce: r.array("nonce")?,
             })
         }
-        KIND_PROOF => Message::Proof(Proof {
+        MessageKind::Proof => Message::Proof(Proof {
             tag: r.array("tag")?,
         }),
-        KIND_ENDPOINT => {
+        MessageKind::Endpoint => {
             let qp_num = r.u32("qp_num")?;
             if qp_num > 0xff_ffff {
                 return Err(r.invalid("qp_num", format!("{qp_num:#x} is wider than 24 bits")));
@@ -418,13 +548,16 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Message, DecodeError> {
                 params,
             })
         }
-        KIND_REGIONS => {
+        MessageKind::Regions => {
             let n = r.u16("region count")? as usize;
             if n > MAX_REGIONS {
-                return Err(r.invalid("region count", format!("{n} exceeds {MAX_REGIONS}")));
+                return Err(r.invalid(
+                    "region count",
+                    format!("{n} regions exceed the limit of {MAX_REGIONS} (MAX_REGIONS)"),
+                ));
             }
             // The count is checked against the bytes present before allocating for it.
-            let need = n * 20;
+            let need = n * REGION_LEN;
             if r.buf.len() < need {
                 return Err(DecodeError::Truncated {
                     kind: name,
@@ -449,23 +582,27 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Message, DecodeError> {
             }
             Message::Regions(Regions(regions))
         }
-        KIND_SYNC => Message::Sync(r.u32("step")?),
-        KIND_ABORT => {
+        MessageKind::Sync => Message::Sync(r.u32("step")?),
+        MessageKind::Abort => {
             let text = std::str::from_utf8(r.rest()).map_err(|e| DecodeError::Invalid {
                 kind: name,
                 field: "reason",
                 why: e.to_string(),
             })?;
-            if text.len() > 1024 {
+            if text.len() > MAX_REASON {
                 return Err(DecodeError::Invalid {
                     kind: name,
                     field: "reason",
-                    why: "longer than 1 KiB".into(),
+                    why: format!(
+                        "{} bytes exceed the limit of {MAX_REASON} (MAX_REASON)",
+                        text.len()
+                    ),
                 });
             }
             Message::Abort(text.to_owned())
         }
-        other => return Err(DecodeError::Kind(other)),
+        MessageKind::Keepalive => Message::Keepalive,
+        MessageKind::Close => Message::Close,
     };
     if !r.buf.is_empty() {
         return Err(DecodeError::Trailing {

@@ -1,0 +1,130 @@
+//! Options of [`crate::RawConn`]: what to open, how big, how to wait for completions.
+//!
+//! Option structs are `#[non_exhaustive]`, so a new field is not a breaking change; outside
+//! this crate they are built from `Default` with chained setters of the fields' names:
+//! `RawOptions::default().device("mlx5_0".to_string()).send_depth(256u32)`.
+
+use rsrdma::{AccessFlags, Mtu, Pd, QpType};
+use std::time::Duration;
+
+/// `setters!(Type { field: FieldType, ... })` generates `pub fn field(mut self, v: impl
+/// Into<FieldType>) -> Self` for each field.
+macro_rules! setters {
+    ($ty:ident { $($(#[$doc:meta])* $field:ident : $fty:ty),* $(,)? }) => {
+        impl $ty {
+            $(
+                $(#[$doc])*
+                #[must_use]
+                pub fn $field(mut self, v: impl Into<$fty>) -> Self {
+                    self.$field = v.into();
+                    self
+                }
+            )*
+        }
+    };
+}
+
+/// How a [`crate::RawConn`]'s completion queues report completions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Completion {
+    /// Busy polling only: the CQs have no completion channel. The lowest latency, and what
+    /// the pipelines do in either mode.
+    #[default]
+    Busy,
+    /// Each CQ gets its own [`rsrdma::CompChannel`] ([`crate::RawConn::send_channel`],
+    /// [`crate::RawConn::recv_channel`]), so a caller can sleep until a completion: arm the
+    /// CQ ([`rsrdma::Cq::arm`]), poll it empty, then wait ([`rsrdma::Cq::wait`] with a
+    /// timeout, or the channel's fd in an event loop) and poll again. Polling works as in
+    /// busy mode.
+    Event,
+}
+
+/// Options of [`crate::RawConn::dial`] and [`crate::RawListener::bind`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RawOptions {
+    /// Device name; `None` takes the first device, or the device of [`RawOptions::pd`].
+    pub device: Option<String>,
+    /// An existing protection domain to create the connection in, so that many connections
+    /// share memory registered once (every connection of a listener uses it). The device is
+    /// then the domain's; naming another one in [`RawOptions::device`] is an error.
+    pub pd: Option<Pd>,
+    /// Port, from 1.
+    pub port: u8,
+    /// GID index; `None` lets [`rsrdma::Context::resolve_gid_index`] choose (none on IB).
+    pub gid_index: Option<u8>,
+    /// RC or UC.
+    pub qp_type: QpType,
+    /// Send-queue depth.
+    pub send_depth: u32,
+    /// Receive-queue depth.
+    pub recv_depth: u32,
+    /// Inline bytes per send.
+    pub max_inline: u32,
+    /// Path MTU; `None` uses the port's active MTU. Both sides settle on the smaller.
+    pub mtu: Option<Mtu>,
+    /// What the peer may do to this side's memory through the QP (regions need their own
+    /// flags too). Least privilege: nothing unless asked.
+    pub remote_access: AccessFlags,
+    /// Busy polling, or completion channels for sleeping waits.
+    pub completion: Completion,
+    /// Shared secret: when set, the peer must prove it knows it before anything else is sent.
+    pub secret: Option<Vec<u8>>,
+    /// Time limit for the TCP connect and every wait on the control channel.
+    pub timeout: Duration,
+    /// Application parameters that must be equal on both sides, as `(key, value)`.
+    pub params: Vec<(u16, u64)>,
+}
+
+impl Default for RawOptions {
+    fn default() -> Self {
+        RawOptions {
+            device: None,
+            pd: None,
+            port: 1,
+            gid_index: None,
+            qp_type: QpType::Rc,
+            send_depth: 128,
+            recv_depth: 128,
+            max_inline: 0,
+            mtu: None,
+            remote_access: AccessFlags::NONE,
+            completion: Completion::Busy,
+            secret: None,
+            timeout: Duration::from_secs(10),
+            params: Vec::new(),
+        }
+    }
+}
+
+setters!(RawOptions {
+    /// Sets [`RawOptions::device`].
+    device: Option<String>,
+    /// Sets [`RawOptions::pd`].
+    pd: Option<Pd>,
+    /// Sets [`RawOptions::port`].
+    port: u8,
+    /// Sets [`RawOptions::gid_index`].
+    gid_index: Option<u8>,
+    /// Sets [`RawOptions::qp_type`].
+    qp_type: QpType,
+    /// Sets [`RawOptions::send_depth`].
+    send_depth: u32,
+    /// Sets [`RawOptions::recv_depth`].
+    recv_depth: u32,
+    /// Sets [`RawOptions::max_inline`].
+    max_inline: u32,
+    /// Sets [`RawOptions::mtu`].
+    mtu: Option<Mtu>,
+    /// Sets [`RawOptions::remote_access`].
+    remote_access: AccessFlags,
+    /// Sets [`RawOptions::completion`].
+    completion: Completion,
+    /// Sets [`RawOptions::secret`].
+    secret: Option<Vec<u8>>,
+    /// Sets [`RawOptions::timeout`].
+    timeout: Duration,
+    /// Sets [`RawOptions::params`].
+    params: Vec<(u16, u64)>,
+});
