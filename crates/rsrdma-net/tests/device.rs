@@ -31,10 +31,17 @@ fn connected(client: RawOptions, server: RawOptions) -> (RawConn, RawConn) {
     (c, t.join().unwrap())
 }
 
+/// Fills `mr` through `write_at`, which is sound for remotely writable regions too.
 fn pattern(mr: &mut Mr, seed: u8) {
-    for (i, b) in mr.as_mut_slice().iter_mut().enumerate() {
-        *b = (i as u8).wrapping_mul(13).wrapping_add(seed);
-    }
+    let bytes = pattern_bytes(mr.len(), seed);
+    mr.write_at(0, &bytes).unwrap();
+}
+
+/// A copy of the region's bytes (`read_at`: no reference to memory a peer may write).
+fn snap(mr: &Mr) -> Vec<u8> {
+    let mut v = vec![0u8; mr.len()];
+    mr.read_at(0, &mut v).unwrap();
+    v
 }
 
 fn pattern_bytes(len: usize, seed: u8) -> Vec<u8> {
@@ -58,11 +65,11 @@ fn one_sided_write_and_read_byte_for_byte() {
     let st = thread::spawn(move || {
         s.exchange_memory(&[&exposed]).unwrap();
         s.sync().unwrap(); // the client wrote
-        let after_write = exposed.as_slice().to_vec();
+        let after_write = snap(&exposed);
         pattern(&mut exposed, 200);
         s.sync().unwrap(); // the client may read now
         s.sync().unwrap(); // the client read
-        (after_write, exposed.as_slice().to_vec(), s)
+        (after_write, snap(&exposed), s)
     });
     let peer = c.exchange_memory(&[]).unwrap()[0];
     assert_eq!(peer.len, len as u64);
@@ -109,11 +116,11 @@ fn one_sided_write_and_read_byte_for_byte() {
     c.sync().unwrap();
     let (after_write, server_now, s) = st.join().unwrap();
     assert!(
-        after_write == local.as_slice(),
+        after_write == snap(&local),
         "the server's region holds exactly what was written"
     );
     assert!(
-        back.as_slice() == &server_now[..],
+        snap(&back) == &server_now[..],
         "the read brought back exactly the server's bytes"
     );
     let t = thread::spawn(move || s.close().unwrap());
@@ -135,7 +142,7 @@ fn send_pipelines_per_wr_and_batched_against_recv_drain() {
             .register_memory(size * depth as usize, AccessFlags::NONE)
             .unwrap();
         pattern(&mut send, batch as u8);
-        let expect: Vec<u8> = send.as_slice().to_vec();
+        let expect: Vec<u8> = snap(&send);
         let rx = thread::spawn(move || {
             let sges: Vec<_> = (0..depth as usize)
                 .map(|i| [recv.sge(i * size, size).unwrap()])
@@ -184,7 +191,7 @@ fn send_pipelines_per_wr_and_batched_against_recv_drain() {
         assert_eq!(rst.completed, iters);
         assert_eq!(rst.bytes, iters * size as u64);
         assert!(
-            recv.as_slice() == &expect[..],
+            snap(&recv) == &expect[..],
             "every slot holds the last message sent into it"
         );
     }
@@ -322,7 +329,7 @@ fn shared_pd_two_connections_one_mr() {
     }
     for i in 0..2 {
         assert!(
-            hub_mr.as_slice()[i * half..(i + 1) * half] == pattern_bytes(half, i as u8 + 1)[..],
+            snap(&hub_mr)[i * half..(i + 1) * half] == pattern_bytes(half, i as u8 + 1)[..],
             "half {i} holds exactly what client {i} wrote"
         );
     }
@@ -391,7 +398,7 @@ fn shared_pd_client(addr: std::net::SocketAddr, i: u64, half: usize) {
     wcs[0].ok().unwrap();
     assert_eq!(wcs[0].byte_len() as usize, half);
     assert!(
-        inbox.as_slice() == &pattern_bytes(half, (1 - i) as u8 + 1)[..],
+        snap(&inbox) == &pattern_bytes(half, (1 - i) as u8 + 1)[..],
         "client {i} received the other client's half from the shared region"
     );
     c.sync().unwrap();
@@ -447,7 +454,7 @@ fn event_mode_receive_wakes_through_the_channel() {
     assert_eq!(n, 1);
     wcs[0].ok().unwrap();
     assert_eq!(wcs[0].byte_len() as usize, len);
-    assert!(inbox.as_slice() == &pattern_bytes(len, 42)[..]);
+    assert!(snap(&inbox) == &pattern_bytes(len, 42)[..]);
     s.sync().unwrap();
     s.close().unwrap();
     sender.join().unwrap();
