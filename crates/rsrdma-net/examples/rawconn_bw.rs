@@ -137,7 +137,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         rc.close()?;
         return Ok(());
     }
-    let opts = opts.params([
+    let opts = opts.params(vec![
         (PARAM_SIZE, a.size as u64),
         (PARAM_ITERS, a.iters),
         (PARAM_DEPTH, u64::from(a.depth)),

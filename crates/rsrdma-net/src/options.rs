@@ -2,27 +2,12 @@
 //!
 //! Option structs are `#[non_exhaustive]`, so a new field is not a breaking change; outside
 //! this crate they are built from `Default` with chained setters of the fields' names:
-//! `RawOptions::default().device("mlx5_0".to_string()).send_depth(256u32)`.
+//! `RawOptions::default().device("mlx5_0".to_string()).send_depth(256)`.
 
 use rsrdma::{AccessFlags, Mtu, Pd, QpType};
 use std::time::Duration;
 
-/// `setters!(Type { field: FieldType, ... })` generates `pub fn field(mut self, v: impl
-/// Into<FieldType>) -> Self` for each field.
-macro_rules! setters {
-    ($ty:ident { $($(#[$doc:meta])* $field:ident : $fty:ty),* $(,)? }) => {
-        impl $ty {
-            $(
-                $(#[$doc])*
-                #[must_use]
-                pub fn $field(mut self, v: impl Into<$fty>) -> Self {
-                    self.$field = v.into();
-                    self
-                }
-            )*
-        }
-    };
-}
+use rsrdma::option_setters as setters;
 
 /// How a [`crate::RawConn`]'s completion queues report completions.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -259,10 +259,10 @@ fn authentication_and_bad_peers() {
 
 #[test]
 fn mismatched_parameters_fail_on_both_ends() {
-    let l = RawListener::bind("127.0.0.1:0", opts().params([(1, 4096)])).unwrap();
+    let l = RawListener::bind("127.0.0.1:0", opts().params(vec![(1, 4096)])).unwrap();
     let addr = l.local_addr().unwrap();
     let t = thread::spawn(move || l.accept().unwrap_err().to_string());
-    let e = RawConn::dial(addr, opts().params([(1, 65536)]))
+    let e = RawConn::dial(addr, opts().params(vec![(1, 65536)]))
         .unwrap_err()
         .to_string();
     assert!(e.contains("65536") && e.contains("4096"), "{e}");
@@ -361,7 +361,7 @@ fn shared_pd_two_connections_one_mr() {
 
 /// Client `i` of [`shared_pd_two_connections_one_mr`].
 fn shared_pd_client(addr: std::net::SocketAddr, i: u64, half: usize) {
-    let mut c = RawConn::dial(addr, opts().params([(1, i)])).unwrap();
+    let mut c = RawConn::dial(addr, opts().params(vec![(1, i)])).unwrap();
     let mut local = c.register_memory(half, AccessFlags::LOCAL_WRITE).unwrap();
     pattern(&mut local, i as u8 + 1);
     let inbox = c.register_memory(half, AccessFlags::LOCAL_WRITE).unwrap();
