@@ -6,27 +6,46 @@
 //! `docs/perftest-protocol.md` in the workspace and this crate's README).
 //!
 //! The library is the engine: [`args::parse`] turns a command line into [`args::Params`];
-//! [`run_connected`] runs one end (server or client) against a connected [`oob::Oob`] and writes perftest's
-//! output to any `Write`; [`main`] is what the binaries call.
+//! [`run_connected`] runs one end (server or client) against a connected [`oob::Oob`] and
+//! writes perftest's output to an [`out::Out`]; [`main`] is what the binaries call.
 //!
-//! - [`wire`]: the exchanged messages (pure).
-//! - [`stats`]: bandwidth and latency arithmetic (pure).
-//! - [`report`]: perftest's text (pure).
-//! - [`oob`]: the TCP connection with time limits.
-//! - [`engine`]: device resources and the data paths.
+//! Dependencies point one way, from the entry point down to the pure modules:
+//!
+//! - [`engine`]: the entry point: parse, open the device, connect, run one end or both.
+//! - [`session`]: one end over a TCP connection, step by step; it uses
+//!   - [`setup`] (version, page/cache-line and MTU exchanges), [`gid`] (the GID),
+//!     [`resources`] (PD, MR, CQs, QPs), [`handshake`] (the DEST exchanges),
+//!     [`connect`] (QP bring-up with `Qp::connect`), [`flow`] (the test phase per size) and
+//!     [`results`] (the REPORT exchange and printed lines);
+//!   - [`datapath`]: the busy loops, on [`resources`] and [`handshake`] only.
+//! - [`device`]: the device, the port, and the rules that depend on them.
+//! - [`wire`]: the exchanged messages (pure). [`stats`]: bandwidth and latency arithmetic
+//!   (pure). [`report`]: perftest's text (pure). [`oob`]: the TCP connection with time limits.
+//!   [`watch`]: clock, stall watchdog, probe. [`out`]: where text goes.
 
 pub mod args;
+pub mod connect;
 pub mod datapath;
+pub mod device;
 pub mod engine;
 pub mod error;
+pub mod flow;
+pub mod gid;
+pub mod handshake;
 pub mod oob;
+pub mod out;
 pub mod report;
+pub mod resources;
+pub mod results;
+pub mod session;
+pub mod setup;
 pub mod stats;
 pub mod watch;
 pub mod wire;
 
-pub use engine::{main, run_connected};
+pub use engine::main;
 pub use error::{Error, Result};
+pub use session::run_connected;
 
 /// The operation a tool measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
