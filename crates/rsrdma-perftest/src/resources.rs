@@ -113,11 +113,14 @@ fn region(p: &Params, pd: &Pd, len: usize) -> Result<Mr> {
     if !(p.tool.verb == Verb::Write && p.tool.kind == Kind::Lat) {
         // perftest fills the buffer with random bytes; write_lat's stays zero (its last byte
         // is the ping-pong counter).
+        // Through `write_at`: the region may be remotely writable, so no slice of it.
         let mut x = Xorshift(seed());
-        for chunk in mr.as_mut_slice().chunks_mut(8) {
+        let mut bytes = vec![0u8; len];
+        for chunk in bytes.chunks_mut(8) {
             let b = x.next().to_le_bytes();
             chunk.copy_from_slice(&b[..chunk.len()]);
         }
+        mr.write_at(0, &bytes).ctx("Couldn't allocate MR")?;
     }
     Ok(mr)
 }
