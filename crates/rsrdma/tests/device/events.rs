@@ -5,6 +5,21 @@ use rsrdma::{AccessFlags, CompChannel, Cq, Error, Mr, Pd, Qp, QpType, RecvWr, Se
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+/// Two RC queue pairs connected to each other: `a` completes on `a_send`/`a_recv`, `b` on
+/// `b_cq`.
+fn connected(pd: &Pd, a_send: &Cq, a_recv: &Cq, b_cq: &Cq) -> (Qp, Qp) {
+    let a = Qp::builder(QpType::Rc).build(pd, a_send, a_recv).unwrap();
+    let b = Qp::builder(QpType::Rc).build(pd, b_cq, b_cq).unwrap();
+    let opts = crate::common::connect_opts(AccessFlags::NONE);
+    let (ea, eb) = (
+        a.endpoint(1, Some(gid_index()), 1).unwrap(),
+        b.endpoint(1, Some(gid_index()), 2).unwrap(),
+    );
+    a.connect(&opts, ea.psn, &eb).unwrap();
+    b.connect(&opts, eb.psn, &ea).unwrap();
+    (a, b)
+}
+
 #[test]
 fn completion_channel_wakes_a_blocked_waiter() {
     let ctx = ctx();
@@ -18,18 +33,8 @@ fn completion_channel_wakes_a_blocked_waiter() {
     );
     let cq_recv = Cq::new(&ctx, 16, Some(&channel)).unwrap();
     let cq_send = Cq::new(&ctx, 16, None).unwrap();
-    let rx = Qp::builder(QpType::Rc)
-        .build(&pd, &cq_send, &cq_recv)
-        .unwrap();
     let tx_cq = Cq::new(&ctx, 16, None).unwrap();
-    let tx = Qp::builder(QpType::Rc).build(&pd, &tx_cq, &tx_cq).unwrap();
-    let opts = crate::common::connect_opts(AccessFlags::NONE);
-    let (er, et) = (
-        rx.endpoint(1, Some(gid_index()), 1).unwrap(),
-        tx.endpoint(1, Some(gid_index()), 2).unwrap(),
-    );
-    rx.connect(&opts, er.psn, &et).unwrap();
-    tx.connect(&opts, et.psn, &er).unwrap();
+    let (rx, tx) = connected(&pd, &cq_send, &cq_recv, &tx_cq);
 
     // Nothing posted: a wait with a timeout ends with Timeout, not a hang.
     cq_recv.arm(false).unwrap();
@@ -98,18 +103,8 @@ fn a_shared_channel_routes_each_event_to_its_cq() {
     let channel = CompChannel::new(&ctx).unwrap();
     let send_cq = Cq::new(&ctx, 16, Some(&channel)).unwrap();
     let recv_cq = Cq::new(&ctx, 16, Some(&channel)).unwrap();
-    let a = Qp::builder(QpType::Rc)
-        .build(&pd, &send_cq, &recv_cq)
-        .unwrap();
     let b_cq = Cq::new(&ctx, 16, None).unwrap();
-    let b = Qp::builder(QpType::Rc).build(&pd, &b_cq, &b_cq).unwrap();
-    let opts = crate::common::connect_opts(AccessFlags::NONE);
-    let (ea, eb) = (
-        a.endpoint(1, Some(gid_index()), 1).unwrap(),
-        b.endpoint(1, Some(gid_index()), 2).unwrap(),
-    );
-    a.connect(&opts, ea.psn, &eb).unwrap();
-    b.connect(&opts, eb.psn, &ea).unwrap();
+    let (a, b) = connected(&pd, &send_cq, &recv_cq, &b_cq);
     let buf = Mr::new(&pd, 256, AccessFlags::LOCAL_WRITE).unwrap();
     let (a_rsge, b_rsge, ssge) = (
         [buf.sge(0, 64).unwrap()],
@@ -169,15 +164,7 @@ fn try_event_takes_a_ready_event_without_blocking() {
     let cq = Cq::new(&ctx, 16, Some(&channel)).unwrap();
     let other = Cq::new(&ctx, 16, Some(&channel)).unwrap();
     let p_cq = Cq::new(&ctx, 16, None).unwrap();
-    let a = Qp::builder(QpType::Rc).build(&pd, &p_cq, &cq).unwrap();
-    let b = Qp::builder(QpType::Rc).build(&pd, &p_cq, &p_cq).unwrap();
-    let opts = crate::common::connect_opts(AccessFlags::NONE);
-    let (ea, eb) = (
-        a.endpoint(1, Some(gid_index()), 1).unwrap(),
-        b.endpoint(1, Some(gid_index()), 2).unwrap(),
-    );
-    a.connect(&opts, ea.psn, &eb).unwrap();
-    b.connect(&opts, eb.psn, &ea).unwrap();
+    let (a, b) = connected(&pd, &p_cq, &cq, &p_cq);
     cq.arm(false).unwrap();
     other.arm(false).unwrap();
     let t0 = Instant::now();
