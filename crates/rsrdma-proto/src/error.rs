@@ -144,7 +144,10 @@ impl ProtoError {
     pub fn is_sticky(&self) -> bool {
         !matches!(
             self,
-            Self::WouldBlock | Self::ShortBuffer { .. } | Self::Closed { .. } | Self::TooLarge { .. }
+            Self::WouldBlock
+                | Self::ShortBuffer { .. }
+                | Self::Closed { .. }
+                | Self::TooLarge { .. }
         )
     }
 }
@@ -174,8 +177,12 @@ pub enum Fatal {
 impl fmt::Display for Fatal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::SendCompletion { status } => write!(f, "send completion failed (status {status})"),
-            Self::RecvCompletion { status } => write!(f, "receive completion failed (status {status})"),
+            Self::SendCompletion { status } => {
+                write!(f, "send completion failed (status {status})")
+            }
+            Self::RecvCompletion { status } => {
+                write!(f, "receive completion failed (status {status})")
+            }
             Self::QpError => f.write_str("the queue pair entered the error state"),
             Self::Disconnected => f.write_str("disconnected"),
         }

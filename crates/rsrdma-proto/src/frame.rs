@@ -161,7 +161,11 @@ impl Header {
             if !msg_id_ok {
                 return bad("message id on a control frame");
             }
-            let aux_ok = self.aux == 0 || matches!(self.kind, FrameType::Ping | FrameType::Pong | FrameType::Abort);
+            let aux_ok = self.aux == 0
+                || matches!(
+                    self.kind,
+                    FrameType::Ping | FrameType::Pong | FrameType::Abort
+                );
             if !aux_ok {
                 return bad("aux set on a frame type that has none");
             }

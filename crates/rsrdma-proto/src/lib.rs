@@ -68,5 +68,7 @@ pub use conn::Conn;
 pub use error::{Fatal, ProtoError};
 pub use frame::{FrameType, Header, HEADER_LEN};
 pub use memory::{SlotMemory, VecSlots};
-pub use params::{settle, Config, Params, Settled, CONTROL_RESERVE, FEATURE_RENDEZVOUS, PARAMS_LEN};
+pub use params::{
+    settle, Config, Params, Settled, CONTROL_RESERVE, FEATURE_RENDEZVOUS, PARAMS_LEN,
+};
 pub use work::{Counters, Event, Work, WrId};

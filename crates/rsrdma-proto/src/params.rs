@@ -92,10 +92,13 @@ impl Params {
             });
         }
         if bytes[0..4] != MAGIC {
-            return Err(ProtoError::BadParams { reason: "bad magic" });
+            return Err(ProtoError::BadParams {
+                reason: "bad magic",
+            });
         }
         let le16 = |o: usize| u16::from_le_bytes([bytes[o], bytes[o + 1]]);
-        let le32 = |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+        let le32 =
+            |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
         let p = Self {
             major: bytes[4],
             minor: bytes[5],

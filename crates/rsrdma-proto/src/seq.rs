@@ -17,7 +17,12 @@ pub(crate) struct RxSequence {
 }
 
 impl RxSequence {
-    pub(crate) fn on_data(&mut self, h: &Header, max_message: u32, max_payload: u32) -> Result<(), ProtoError> {
+    pub(crate) fn on_data(
+        &mut self,
+        h: &Header,
+        max_message: u32,
+        max_payload: u32,
+    ) -> Result<(), ProtoError> {
         let seq = |reason| Err(ProtoError::Sequence { reason });
         if self.fin {
             return Err(ProtoError::DataAfterFin { what: "DATA" });
@@ -69,7 +74,9 @@ impl RxSequence {
 
     pub(crate) fn on_fin(&mut self, h: &Header) -> Result<(), ProtoError> {
         if self.fin {
-            return Err(ProtoError::DataAfterFin { what: "a second FIN" });
+            return Err(ProtoError::DataAfterFin {
+                what: "a second FIN",
+            });
         }
         if self.in_message {
             return Err(ProtoError::Sequence {

@@ -63,8 +63,17 @@ impl SendQueue {
     }
 
     /// Takes an SQ entry (and a slot when asked); the caller checked `has_room`.
-    pub(crate) fn post(&mut self, needs_slot: bool, len: u32, force_signal: bool) -> (WrId, Option<u16>, bool) {
-        let slot = if needs_slot { self.free_slots.pop() } else { None };
+    pub(crate) fn post(
+        &mut self,
+        needs_slot: bool,
+        len: u32,
+        force_signal: bool,
+    ) -> (WrId, Option<u16>, bool) {
+        let slot = if needs_slot {
+            self.free_slots.pop()
+        } else {
+            None
+        };
         let sq_free_after = self.depth - self.outstanding() - 1;
         let signaled = force_signal
             || self.signal_all
@@ -73,7 +82,11 @@ impl SendQueue {
             || self.free_slots.len() < self.slot_low_water;
         let wr = WrId(self.next);
         let at = self.entry(wr);
-        self.records[at] = WrRecord { slot, len, signaled };
+        self.records[at] = WrRecord {
+            slot,
+            len,
+            signaled,
+        };
         self.next += 1;
         self.since_signal = if signaled { 0 } else { self.since_signal + 1 };
         (wr, slot, signaled)
@@ -138,10 +151,16 @@ mod tests {
         let sig: Vec<bool> = (0..8).map(|_| sq.post(true, 100, false).2).collect();
         assert_eq!(sig, [false, false, false, true, false, false, false, true]);
         assert_eq!(sq.free_slots(), 24);
-        assert_eq!(sq.complete(WrId(2), true), Err("successful completion for an unsignalled WR"));
+        assert_eq!(
+            sq.complete(WrId(2), true),
+            Err("successful completion for an unsignalled WR")
+        );
         sq.complete(WrId(3), true).unwrap();
         assert_eq!((sq.outstanding(), sq.free_slots()), (4, 28));
-        assert!(sq.complete(WrId(3), true).is_err(), "a completed WR completes once");
+        assert!(
+            sq.complete(WrId(3), true).is_err(),
+            "a completed WR completes once"
+        );
     }
 
     #[test]

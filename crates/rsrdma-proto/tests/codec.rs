@@ -25,8 +25,17 @@ fn valid_headers() -> Vec<Header> {
         data(0, 3, 100, 0),
         data(FLAG_LAST, 3, 0, 0),
     ];
-    for kind in [FrameType::Credit, FrameType::Ping, FrameType::Pong, FrameType::Abort] {
-        let aux = if kind == FrameType::Credit { 0 } else { 0xdead_beef };
+    for kind in [
+        FrameType::Credit,
+        FrameType::Ping,
+        FrameType::Pong,
+        FrameType::Abort,
+    ] {
+        let aux = if kind == FrameType::Credit {
+            0
+        } else {
+            0xdead_beef
+        };
         v.push(Header::control(kind, 0, u32::MAX, aux));
     }
     v.push(Header::control(FrameType::Fin, 42, 9, 0));
@@ -46,7 +55,10 @@ fn every_header_round_trips_byte_exact() {
     let b = data(FLAG_FIRST, 0x0102, 0x0304_0506, 0x0708_090a).encode();
     assert_eq!(
         b,
-        [1, 1, 0x02, 0x01, 0x78, 0x56, 0x34, 0x12, 0x06, 0x05, 0x04, 0x03, 0x0a, 0x09, 0x08, 0x07]
+        [
+            1, 1, 0x02, 0x01, 0x78, 0x56, 0x34, 0x12, 0x06, 0x05, 0x04, 0x03, 0x0a, 0x09, 0x08,
+            0x07
+        ]
     );
 }
 
@@ -83,11 +95,26 @@ fn every_malformed_header_is_refused() {
             },
             "payload on a control frame",
         ),
-        (Header::control(FrameType::Pong, 1, 0, 0), "message id on a control frame"),
-        (Header::control(FrameType::Credit, 0, 0, 1), "aux set on a frame type that has none"),
-        (Header::control(FrameType::Fin, 0, 0, 1), "aux set on a frame type that has none"),
-        (data(0, 0, 10, 10), "message length on a continuation fragment"),
-        (data(FLAG_FIRST, 0, 11, 10), "first fragment longer than its message"),
+        (
+            Header::control(FrameType::Pong, 1, 0, 0),
+            "message id on a control frame",
+        ),
+        (
+            Header::control(FrameType::Credit, 0, 0, 1),
+            "aux set on a frame type that has none",
+        ),
+        (
+            Header::control(FrameType::Fin, 0, 0, 1),
+            "aux set on a frame type that has none",
+        ),
+        (
+            data(0, 0, 10, 10),
+            "message length on a continuation fragment",
+        ),
+        (
+            data(FLAG_FIRST, 0, 11, 10),
+            "first fragment longer than its message",
+        ),
         (
             data(FLAG_FIRST | FLAG_LAST, 0, 9, 10),
             "single-fragment message whose length differs from its fragment",
@@ -127,14 +154,22 @@ fn params_round_trip_and_documented_layout() {
 fn every_malformed_params_is_refused() {
     let good = params().encode();
     for cut in 0..PARAMS_LEN {
-        assert!(matches!(Params::decode(&good[..cut]), Err(ProtoError::BadParams { .. })));
+        assert!(matches!(
+            Params::decode(&good[..cut]),
+            Err(ProtoError::BadParams { .. })
+        ));
     }
     let mut long = good.to_vec();
     long.push(0);
     assert!(Params::decode(&long).is_err());
     let mut b = good;
     b[1] ^= 0xff;
-    assert_eq!(Params::decode(&b), Err(ProtoError::BadParams { reason: "bad magic" }));
+    assert_eq!(
+        Params::decode(&b),
+        Err(ProtoError::BadParams {
+            reason: "bad magic"
+        })
+    );
     let bad = |f: fn(&mut Params)| {
         let mut p = params();
         f(&mut p);
@@ -171,10 +206,16 @@ fn settle_takes_minimums_intersection_and_mirrors() {
     assert_eq!(ab.frame_size, 4096);
     assert_eq!(ab.max_message, 1 << 20);
     assert_eq!(ab.minor, 0);
-    assert_eq!(ab.features, 0, "rendezvous is not implemented: never settled");
+    assert_eq!(
+        ab.features, 0,
+        "rendezvous is not implemented: never settled"
+    );
     assert_eq!((ab.local_recv_slots, ab.peer_recv_slots), (64, 16));
     assert_eq!((ba.local_recv_slots, ba.peer_recv_slots), (16, 64));
-    assert_eq!((ab.frame_size, ab.max_message, ab.features, ab.minor), (ba.frame_size, ba.max_message, ba.features, ba.minor));
+    assert_eq!(
+        (ab.frame_size, ab.max_message, ab.features, ab.minor),
+        (ba.frame_size, ba.max_message, ba.features, ba.minor)
+    );
     assert_eq!(ab.frame_payload(), 4096 - HEADER_LEN as u32);
 }
 
@@ -192,7 +233,10 @@ fn settle_refuses_another_major_version_clearly() {
             peer: 2
         }
     );
-    assert_eq!(err.to_string(), "the peer speaks protocol version 2, this side version 1");
+    assert_eq!(
+        err.to_string(),
+        "the peer speaks protocol version 2, this side version 1"
+    );
 }
 
 #[test]
@@ -203,7 +247,10 @@ fn config_checks_its_local_fields() {
     assert!(Config::default().with_signal_interval(0).check().is_err());
     assert!(Config::default().with_inline_size(1025).check().is_err());
     let slow = Config::default().with_keepalive(Some(std::time::Duration::from_secs(9)));
-    assert!(slow.check().is_err(), "keepalive longer than the peer timeout");
+    assert!(
+        slow.check().is_err(),
+        "keepalive longer than the peer timeout"
+    );
     assert_eq!(Config::default().slot_memory(), 2 << 20);
 }
 

@@ -196,10 +196,22 @@ impl World {
         self.p.check_credits();
         for s in &self.p.sides {
             let c = s.conn.counters();
-            assert!(c.reassembly_bytes <= u64::from(MAX_MESSAGE), "reassembly over the cap");
-            assert!(c.queued_send_bytes <= u64::from(MAX_MESSAGE), "queued send bytes unbounded");
-            assert!(s.posted_after_failure.len() <= 1, "more than one frame after failure");
-            assert!(s.posted_after_failure.iter().all(|f| *f == FrameType::Abort));
+            assert!(
+                c.reassembly_bytes <= u64::from(MAX_MESSAGE),
+                "reassembly over the cap"
+            );
+            assert!(
+                c.queued_send_bytes <= u64::from(MAX_MESSAGE),
+                "queued send bytes unbounded"
+            );
+            assert!(
+                s.posted_after_failure.len() <= 1,
+                "more than one frame after failure"
+            );
+            assert!(s
+                .posted_after_failure
+                .iter()
+                .all(|f| *f == FrameType::Abort));
             assert!(s.posted_receives() <= usize::from(s.cfg.recv_slots));
         }
     }
@@ -227,12 +239,22 @@ impl World {
         }
         for side in 0..2 {
             if !self.read_closed[side] {
-                assert!(self.chk[side].all_taken(), "side {side} did not get everything");
+                assert!(
+                    self.chk[side].all_taken(),
+                    "side {side} did not get everything"
+                );
                 if self.write_closed[1 - side] {
-                    assert_eq!(self.p.sides[side].conn.recv_msg(), Ok(None), "EOF after the data");
+                    assert_eq!(
+                        self.p.sides[side].conn.recv_msg(),
+                        Ok(None),
+                        "EOF after the data"
+                    );
                 }
             }
-            assert!(self.p.sides[side].conn.can_send() || self.write_closed[side], "sender stuck");
+            assert!(
+                self.p.sides[side].conn.can_send() || self.write_closed[side],
+                "sender stuck"
+            );
         }
         self.p.check_conservation();
         // Close both and drain.
@@ -242,7 +264,10 @@ impl World {
         }
         assert!(self.p.drive(100_000));
         for side in 0..2 {
-            assert!(self.p.sides[side].conn.is_drained(), "side {side} not drained after close");
+            assert!(
+                self.p.sides[side].conn.is_drained(),
+                "side {side} not drained after close"
+            );
             assert_eq!(self.p.sides[side].conn.poll_timeout(), None);
         }
     }

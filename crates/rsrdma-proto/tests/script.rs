@@ -37,7 +37,9 @@ impl Script {
         let t0 = Instant::now();
         let mut c = Conn::new(&cfg, &settled, VecSlots::for_config(&cfg), t0).unwrap();
         let first: Vec<Work> = std::iter::from_fn(|| c.poll_work()).collect();
-        let want: Vec<Work> = (0..cfg.recv_slots).map(|slot| Work::PostRecv { slot }).collect();
+        let want: Vec<Work> = (0..cfg.recv_slots)
+            .map(|slot| Work::PostRecv { slot })
+            .collect();
         assert_eq!(first, want, "every receive slot is posted at creation");
         Self {
             c,
@@ -69,17 +71,26 @@ impl Script {
         let mem = self.c.memory_mut().recv_slot_mut(slot);
         mem[..HEADER_LEN].copy_from_slice(&h.encode());
         mem[HEADER_LEN..len].copy_from_slice(payload);
-        self.c.handle_recv_completion(slot, len as u32, Ok(()), self.t0);
+        self.c
+            .handle_recv_completion(slot, len as u32, Ok(()), self.t0);
     }
 
     /// Header and payload of a posted send.
     fn sent(&self, w: &Work) -> (Header, Vec<u8>) {
-        let Work::PostSend { wr_id, slot, len, .. } = *w else { panic!("{w:?} is not a send") };
+        let Work::PostSend {
+            wr_id, slot, len, ..
+        } = *w
+        else {
+            panic!("{w:?} is not a send")
+        };
         let bytes = match slot {
             None => self.c.inline_frame(wr_id).unwrap().to_vec(),
             Some(s) => self.c.memory().send_slot(s)[..len as usize].to_vec(),
         };
-        (Header::decode(&bytes).unwrap(), bytes[HEADER_LEN..].to_vec())
+        (
+            Header::decode(&bytes).unwrap(),
+            bytes[HEADER_LEN..].to_vec(),
+        )
     }
 }
 
@@ -121,11 +132,21 @@ fn a_small_message_goes_inline_and_is_read_in_place() {
     let w = s.work();
     assert_eq!(w, [send(0, None, 21, false)]);
     let (h, p) = s.sent(&w[0]);
-    assert_eq!(h, Header { credit_limit: 8, ..single(0, b"hello") });
+    assert_eq!(
+        h,
+        Header {
+            credit_limit: 8,
+            ..single(0, b"hello")
+        }
+    );
     assert_eq!(p, b"hello");
 
     s.arrive(single(0, b"world"), b"world");
-    assert_eq!(s.work(), [], "the slot stays lent until the message is read");
+    assert_eq!(
+        s.work(),
+        [],
+        "the slot stays lent until the message is read"
+    );
     assert_eq!(s.events(), [Event::Readable]);
     let mut buf = [0u8; 16];
     assert_eq!(s.c.recv_msg_into(&mut buf), Ok(Some(5)));
@@ -142,12 +163,34 @@ fn a_fragmented_message_uses_slots_and_reassembles() {
     let w = s.work();
     assert_eq!(
         w,
-        [send(0, Some(0), 256, false), send(1, Some(1), 256, false), send(2, Some(2), 136, false)]
+        [
+            send(0, Some(0), 256, false),
+            send(1, Some(1), 256, false),
+            send(2, Some(2), 136, false)
+        ]
     );
     let frames: Vec<(Header, Vec<u8>)> = w.iter().map(|w| s.sent(w)).collect();
-    assert_eq!(frames[0].0, Header { credit_limit: 8, ..fragment(FLAG_FIRST, 0, 240, 600) });
-    assert_eq!(frames[1].0, Header { credit_limit: 8, ..fragment(0, 0, 240, 0) });
-    assert_eq!(frames[2].0, Header { credit_limit: 8, ..fragment(FLAG_LAST, 0, 120, 0) });
+    assert_eq!(
+        frames[0].0,
+        Header {
+            credit_limit: 8,
+            ..fragment(FLAG_FIRST, 0, 240, 600)
+        }
+    );
+    assert_eq!(
+        frames[1].0,
+        Header {
+            credit_limit: 8,
+            ..fragment(0, 0, 240, 0)
+        }
+    );
+    assert_eq!(
+        frames[2].0,
+        Header {
+            credit_limit: 8,
+            ..fragment(FLAG_LAST, 0, 120, 0)
+        }
+    );
     let joined: Vec<u8> = frames.iter().flat_map(|f| f.1.clone()).collect();
     assert_eq!(joined, msg);
 
@@ -159,8 +202,18 @@ fn a_fragmented_message_uses_slots_and_reassembles() {
     s.arrive(fragment(FLAG_LAST, 0, 120, 0), &msg[480..]);
     // With 8 slots a quarter of the ring is 2: the second repost is worth a CREDIT frame.
     let w = s.work();
-    assert_eq!(w, [Work::PostRecv { slot: 1 }, send(3, None, 16, true), Work::PostRecv { slot: 2 }]);
-    assert_eq!(s.sent(&w[1]).0, Header::control(FrameType::Credit, 0, 10, 0));
+    assert_eq!(
+        w,
+        [
+            Work::PostRecv { slot: 1 },
+            send(3, None, 16, true),
+            Work::PostRecv { slot: 2 }
+        ]
+    );
+    assert_eq!(
+        s.sent(&w[1]).0,
+        Header::control(FrameType::Credit, 0, 10, 0)
+    );
     assert_eq!(s.events(), [Event::Readable]);
     assert_eq!(s.c.recv_msg(), Ok(Some(msg)));
 }
@@ -171,7 +224,11 @@ fn credit_exhaustion_blocks_data_and_a_credit_frame_releases_it() {
     for i in 0..5u8 {
         s.c.send_msg(&[i]).unwrap();
     }
-    assert_eq!(s.work().len(), 5, "8 credits, 3 kept for control: 5 data frames");
+    assert_eq!(
+        s.work().len(),
+        5,
+        "8 credits, 3 kept for control: 5 data frames"
+    );
     s.c.send_msg(b"sixth").unwrap(); // accepted, held by the core
     assert_eq!(s.work(), []);
     assert_eq!(s.c.counters().queued_send_bytes, 5);
@@ -182,7 +239,11 @@ fn credit_exhaustion_blocks_data_and_a_credit_frame_releases_it() {
     let w = s.work();
     assert_eq!(w, [Work::PostRecv { slot: 0 }, send(5, None, 21, false)]);
     let (h, p) = s.sent(&w[1]);
-    assert_eq!((h.msg_id, h.credit_limit, &p[..]), (5, 9, &b"sixth"[..]), "the header returns the CREDIT's slot");
+    assert_eq!(
+        (h.msg_id, h.credit_limit, &p[..]),
+        (5, 9, &b"sixth"[..]),
+        "the header returns the CREDIT's slot"
+    );
     assert_eq!(s.events(), [Event::Writable]);
     assert_eq!(s.c.send_msg(b"seventh"), Ok(()));
     assert_eq!(s.work(), [], "back at the reserve");
@@ -203,7 +264,10 @@ fn the_control_reserve_carries_fin_and_pong_while_data_is_blocked() {
     let w = s.work();
     assert_eq!(w, [send(6, None, 16, true)], "FIN is signalled");
     assert_eq!(s.sent(&w[0]).0, Header::control(FrameType::Fin, 5, 9, 0));
-    assert_eq!(s.c.send_msg(b"x"), Err(ProtoError::Closed { op: "send_msg" }));
+    assert_eq!(
+        s.c.send_msg(b"x"),
+        Err(ProtoError::Closed { op: "send_msg" })
+    );
     // One credit left and nothing new to announce: a PING must wait (it would strand us at 0).
     s.c.handle_timeout(s.t0 + Duration::from_secs(1));
     assert_eq!(s.work(), []);
@@ -220,7 +284,10 @@ fn data_spending_the_peers_control_reserve_aborts() {
     assert_eq!(s.c.error(), Some(&ProtoError::ReserveViolated));
     let w = s.work();
     assert_eq!(w, [send(0, None, 16, true)]);
-    assert_eq!(s.sent(&w[0]).0, Header::control(FrameType::Abort, 0, 8, abort_code::CREDIT));
+    assert_eq!(
+        s.sent(&w[0]).0,
+        Header::control(FrameType::Abort, 0, 8, abort_code::CREDIT)
+    );
 }
 
 #[test]
@@ -239,7 +306,11 @@ fn selective_signalling_every_kth_and_when_the_sq_runs_low() {
     s.c.send_msg(b"ninth").unwrap();
     assert_eq!(s.work(), [], "SQ full");
     s.c.handle_send_completion(WrId(3), Ok(()));
-    assert_eq!(s.work(), [send(8, None, 21, true)], "4 entries free, fewer than k=4 after it");
+    assert_eq!(
+        s.work(),
+        [send(8, None, 21, true)],
+        "4 entries free, fewer than k=4 after it"
+    );
     assert_eq!(s.c.counters().sq_outstanding, 5);
     // A successful completion for an unsignalled WR is a driver bug.
     let mut s = Script::new(cfg());
@@ -300,11 +371,17 @@ fn a_short_buffer_does_not_consume_the_message() {
     let msg = [9u8; 100];
     s.arrive(single(0, &msg), &msg);
     let mut small = [0u8; 10];
-    assert_eq!(s.c.recv_msg_into(&mut small), Err(ProtoError::ShortBuffer { needed: 100 }));
+    assert_eq!(
+        s.c.recv_msg_into(&mut small),
+        Err(ProtoError::ShortBuffer { needed: 100 })
+    );
     assert_eq!(s.work(), []);
     // A stream read takes a part; the message read then returns the rest.
     assert_eq!(s.c.read(&mut small), Ok(10));
-    assert_eq!(s.c.recv_msg_into(&mut small), Err(ProtoError::ShortBuffer { needed: 90 }));
+    assert_eq!(
+        s.c.recv_msg_into(&mut small),
+        Err(ProtoError::ShortBuffer { needed: 90 })
+    );
     let mut big = [0u8; 100];
     assert_eq!(s.c.recv_msg_into(&mut big), Ok(Some(90)));
     assert_eq!(s.work(), [Work::PostRecv { slot: 0 }]);
@@ -345,7 +422,11 @@ fn keepalive_pings_and_a_silent_peer_is_declared_dead() {
     for sec in 4..8 {
         s.c.handle_timeout(t0 + Duration::from_secs(sec));
     }
-    assert_eq!(s.work().len(), 1 + 4, "the PONG's repost, then one PING a second");
+    assert_eq!(
+        s.work().len(),
+        1 + 4,
+        "the PONG's repost, then one PING a second"
+    );
     assert!(s.c.error().is_none());
     s.c.handle_timeout(t0 + Duration::from_secs(8));
     assert_eq!(s.c.error(), Some(&ProtoError::PeerDead { silent_ms: 5000 }));
@@ -353,7 +434,10 @@ fn keepalive_pings_and_a_silent_peer_is_declared_dead() {
     assert_eq!(w.len(), 1);
     assert_eq!(s.sent(&w[0]).0.kind, FrameType::Abort);
     assert_eq!(s.sent(&w[0]).0.aux, abort_code::TIMEOUT);
-    assert_eq!(s.events(), [Event::Failed(ProtoError::PeerDead { silent_ms: 5000 })]);
+    assert_eq!(
+        s.events(),
+        [Event::Failed(ProtoError::PeerDead { silent_ms: 5000 })]
+    );
     assert_eq!(s.c.poll_timeout(), None);
 }
 
@@ -371,7 +455,10 @@ fn a_bad_frame_aborts_once_and_then_nothing() {
     assert_eq!(s.c.error(), Some(&err));
     let w = s.work();
     assert_eq!(w, [send(0, None, 16, true)]);
-    assert_eq!(s.sent(&w[0]).0, Header::control(FrameType::Abort, 0, 8, abort_code::BAD_FRAME));
+    assert_eq!(
+        s.sent(&w[0]).0,
+        Header::control(FrameType::Abort, 0, 8, abort_code::BAD_FRAME)
+    );
     assert_eq!(s.events(), [Event::Failed(err.clone())]);
     assert_eq!(s.c.send_msg(b"x"), Err(err.clone()));
     assert_eq!(s.c.recv_msg(), Err(err.clone()));
@@ -430,7 +517,10 @@ fn every_peer_violation_is_a_sticky_error() {
             |s| {
                 s.arrive(fragment(FLAG_FIRST, 0, 240, 4097), &[0; 240]);
             },
-            ProtoError::MessageTooLarge { len: 4097, max: 4096 },
+            ProtoError::MessageTooLarge {
+                len: 4097,
+                max: 4096,
+            },
         ),
         (
             "oversize fragment",
@@ -440,7 +530,13 @@ fn every_peer_violation_is_a_sticky_error() {
                 h.payload_len = 241;
                 let slot = s.next_slot;
                 let m = s.c.memory_mut().recv_slot_mut(slot);
-                m[..HEADER_LEN].copy_from_slice(&Header { credit_limit: 8, ..h }.encode());
+                m[..HEADER_LEN].copy_from_slice(
+                    &Header {
+                        credit_limit: 8,
+                        ..h
+                    }
+                    .encode(),
+                );
                 s.c.handle_recv_completion(slot, 257, Ok(()), s.t0);
             },
             ProtoError::BadFrame {
@@ -497,7 +593,13 @@ fn every_peer_violation_is_a_sticky_error() {
             |s| {
                 let slot = s.next_slot;
                 let m = s.c.memory_mut().recv_slot_mut(slot);
-                m[..HEADER_LEN].copy_from_slice(&Header { credit_limit: 8, ..single(0, b"abc") }.encode());
+                m[..HEADER_LEN].copy_from_slice(
+                    &Header {
+                        credit_limit: 8,
+                        ..single(0, b"abc")
+                    }
+                    .encode(),
+                );
                 s.c.handle_recv_completion(slot, HEADER_LEN as u32 + 2, Ok(()), s.t0);
             },
             ProtoError::BadFrame {
@@ -510,7 +612,10 @@ fn every_peer_violation_is_a_sticky_error() {
         script(&mut s);
         assert_eq!(s.c.error(), Some(&want), "{name}");
         let w = s.work();
-        let aborts = w.iter().filter(|w| matches!(w, Work::PostSend { .. })).count();
+        let aborts = w
+            .iter()
+            .filter(|w| matches!(w, Work::PostSend { .. }))
+            .count();
         assert_eq!(aborts, 1, "{name}: exactly one ABORT");
         assert_eq!(s.c.send_msg(b"x"), Err(want), "{name}: sticky");
     }
@@ -519,7 +624,10 @@ fn every_peer_violation_is_a_sticky_error() {
 #[test]
 fn a_peer_abort_fails_without_an_answer() {
     let mut s = Script::new(cfg());
-    s.arrive(Header::control(FrameType::Abort, 0, 0, abort_code::SEQUENCE), &[]);
+    s.arrive(
+        Header::control(FrameType::Abort, 0, 0, abort_code::SEQUENCE),
+        &[],
+    );
     assert_eq!(s.c.error(), Some(&ProtoError::PeerAborted { code: 4 }));
     assert_eq!(s.work(), []);
 }
@@ -529,7 +637,10 @@ fn close_discards_arriving_data_and_returns_its_credit() {
     let mut s = Script::new(cfg());
     s.arrive(single(0, b"unread"), b"unread");
     s.c.close().unwrap();
-    assert_eq!(s.work(), [Work::PostRecv { slot: 0 }, send(0, None, 16, true)]);
+    assert_eq!(
+        s.work(),
+        [Work::PostRecv { slot: 0 }, send(0, None, 16, true)]
+    );
     s.arrive(single(1, b"more"), b"more");
     assert_eq!(s.work(), [Work::PostRecv { slot: 1 }]);
     assert_eq!(s.c.recv_msg(), Err(ProtoError::Closed { op: "recv_msg" }));
@@ -548,4 +659,25 @@ fn a_fatal_error_posts_nothing_and_drains_after_the_flush() {
     assert!(!s.c.is_drained(), "WR 0 is still outstanding");
     s.c.handle_flushed();
     assert!(s.c.is_drained());
+}
+
+#[test]
+fn a_peer_down_to_its_last_credit_gets_a_credit_frame_early() {
+    let mut s = Script::new(cfg().with_recv_slots(16)); // a quarter of the ring: 4
+    for i in 0..13u16 {
+        s.arrive(single(i, b"d"), b"d"); // held unread: the peer may send 3 more frames
+    }
+    s.arrive(Header::control(FrameType::Pong, 0, 0, 0), &[]);
+    assert_eq!(
+        s.work(),
+        [Work::PostRecv { slot: 13 }],
+        "one unannounced credit: not worth a frame"
+    );
+    s.arrive(Header::control(FrameType::Pong, 0, 0, 0), &[]);
+    let w = s.work();
+    assert_eq!(w, [Work::PostRecv { slot: 14 }, send(0, None, 16, false)]);
+    assert_eq!(
+        s.sent(&w[1]).0,
+        Header::control(FrameType::Credit, 0, 18, 0)
+    );
 }

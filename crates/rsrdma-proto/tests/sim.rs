@@ -24,7 +24,12 @@ fn transfer(p: &mut Pair, from: usize, lens: &[usize]) -> Checker {
     let mut chk = Checker::default();
     let mut next = 0;
     for _ in 0..100_000 {
-        if next < lens.len() && p.sides[from].conn.send_msg(&payload(next as u64, lens[next])).is_ok() {
+        if next < lens.len()
+            && p.sides[from]
+                .conn
+                .send_msg(&payload(next as u64, lens[next]))
+                .is_ok()
+        {
             chk.lens.push(lens[next]);
             next += 1;
             p.pump(from);
@@ -37,7 +42,12 @@ fn transfer(p: &mut Pair, from: usize, lens: &[usize]) -> Checker {
             return chk;
         }
     }
-    panic!("no progress: {} of {} sent, {} taken", next, lens.len(), chk.done());
+    panic!(
+        "no progress: {} of {} sent, {} taken",
+        next,
+        lens.len(),
+        chk.done()
+    );
 }
 
 #[test]
@@ -66,7 +76,12 @@ fn both_directions_at_once_with_delayed_completions() {
     let mut next = [0usize; 2];
     for round in 0..200_000 {
         for i in 0..2 {
-            if next[i] < lens.len() && p.sides[i].conn.send_msg(&payload(next[i] as u64, lens[next[i]])).is_ok() {
+            if next[i] < lens.len()
+                && p.sides[i]
+                    .conn
+                    .send_msg(&payload(next[i] as u64, lens[next[i]]))
+                    .is_ok()
+            {
                 chk[1 - i].lens.push(lens[next[i]]);
                 next[i] += 1;
                 p.pump(i);
@@ -86,7 +101,11 @@ fn both_directions_at_once_with_delayed_completions() {
             return;
         }
     }
-    panic!("stalled: sent {next:?}, taken {} / {}", chk[0].done(), chk[1].done());
+    panic!(
+        "stalled: sent {next:?}, taken {} / {}",
+        chk[0].done(),
+        chk[1].done()
+    );
 }
 
 #[test]
@@ -104,7 +123,11 @@ fn a_reader_that_stops_stalls_the_sender_but_not_the_connection() {
         p.advance(Duration::from_millis(100));
         assert!(p.drive(10_000));
     }
-    assert!(!p.sides[0].failed() && !p.sides[1].failed(), "{:?}", p.sides[0].conn.error());
+    assert!(
+        !p.sides[0].failed() && !p.sides[1].failed(),
+        "{:?}",
+        p.sides[0].conn.error()
+    );
     assert!(p.sides[0].frames_posted.contains(&FrameType::Ping));
     assert!(p.sides[1].frames_posted.contains(&FrameType::Pong));
     let mut chk = Checker::default();
@@ -137,7 +160,11 @@ fn graceful_close_both_ways_reaches_eof_and_drains() {
     assert!(p.drive(1000));
     assert!(p.sides[1].conn.is_drained());
     assert!(p.sides[0].conn.peer_closed());
-    assert_eq!(p.sides[0].conn.poll_timeout(), None, "both closed: no timers");
+    assert_eq!(
+        p.sides[0].conn.poll_timeout(),
+        None,
+        "both closed: no timers"
+    );
 }
 
 fn transfer_discarded(p: &mut Pair) {
@@ -162,9 +189,15 @@ fn a_held_direction_makes_the_other_side_declare_the_peer_dead() {
         assert!(p.drive(1000));
     }
     assert!(p.sides[0].failed());
-    assert!(matches!(p.sides[0].conn.error(), Some(ProtoError::PeerDead { .. })));
+    assert!(matches!(
+        p.sides[0].conn.error(),
+        Some(ProtoError::PeerDead { .. })
+    ));
     assert_eq!(p.sides[0].posted_after_failure, [FrameType::Abort]);
-    assert_eq!(p.sides[1].conn.error(), Some(&ProtoError::PeerAborted { code: 6 }));
+    assert_eq!(
+        p.sides[1].conn.error(),
+        Some(&ProtoError::PeerAborted { code: 6 })
+    );
     assert_eq!(p.sides[1].posted_after_failure, [], "no answer to an ABORT");
 }
 
@@ -188,7 +221,10 @@ fn a_broken_qp_mid_transfer_fails_both_sides_cleanly() {
         }
         assert!(p.sides[1].failed(), "k={k}: the survivor notices");
         assert!(p.sides[1].posted_after_failure.len() <= 1);
-        assert!(p.sides[1].posted_after_failure.iter().all(|f| *f == FrameType::Abort));
+        assert!(p.sides[1]
+            .posted_after_failure
+            .iter()
+            .all(|f| *f == FrameType::Abort));
         assert!(p.sides[0].posted_after_failure.is_empty());
     }
 }

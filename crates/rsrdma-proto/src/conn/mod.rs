@@ -115,7 +115,12 @@ pub struct Conn<M: SlotMemory> {
 impl<M: SlotMemory> Conn<M> {
     /// A connection over `memory` (laid out as `memory` module docs say). Queues a
     /// `PostRecv` for every receive slot: the driver posts them before the peer may send.
-    pub fn new(config: &Config, settled: &Settled, memory: M, now: Instant) -> Result<Self, ProtoError> {
+    pub fn new(
+        config: &Config,
+        settled: &Settled,
+        memory: M,
+        now: Instant,
+    ) -> Result<Self, ProtoError> {
         config.check()?;
         if settled.local_recv_slots != config.recv_slots || settled.frame_size > config.slot_size {
             return Err(ProtoError::BadParams {
@@ -209,7 +214,8 @@ impl<M: SlotMemory> Conn<M> {
     /// the connection failed. The driver may then destroy the QP and free the memory (after a
     /// failure, once it has flushed the QP and called `handle_flushed`).
     pub fn is_drained(&self) -> bool {
-        let quiet = self.out.iter().all(|w| matches!(w, Work::PostRecv { .. })) && self.sq.outstanding() == 0;
+        let quiet = self.out.iter().all(|w| matches!(w, Work::PostRecv { .. }))
+            && self.sq.outstanding() == 0;
         quiet && (self.failed.is_some() || self.ctl.fin == FinState::Done)
     }
 
@@ -254,7 +260,13 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// A receive completion of `len` bytes into `slot`.
-    pub fn handle_recv_completion(&mut self, slot: u16, len: u32, status: Result<(), u32>, now: Instant) {
+    pub fn handle_recv_completion(
+        &mut self,
+        slot: u16,
+        len: u32,
+        status: Result<(), u32>,
+        now: Instant,
+    ) {
         let Some(posted) = self.recv_posted.get_mut(usize::from(slot)).filter(|p| **p) else {
             self.fail(ProtoError::Misuse {
                 reason: "receive completion for a slot that is not posted",
@@ -287,7 +299,10 @@ impl<M: SlotMemory> Conn<M> {
             self.fail(ProtoError::PeerDead { silent_ms });
             return;
         }
-        if let (true, Some(every)) = (self.timers.expired(Timer::KeepAlive, now), self.lim.keepalive) {
+        if let (true, Some(every)) = (
+            self.timers.expired(Timer::KeepAlive, now),
+            self.lim.keepalive,
+        ) {
             self.ctl.ping = true;
             self.timers.set(Timer::KeepAlive, Some(now + every));
             self.flush();
@@ -346,8 +361,12 @@ impl<M: SlotMemory> Conn<M> {
         self.last_heard = self.last_heard.max(now);
         self.ctl.ping = false;
         if let Some(every) = self.lim.keepalive {
-            self.timers.set(Timer::KeepAlive, Some(self.last_heard + every));
-            self.timers.set(Timer::PeerDead, Some(self.last_heard + self.lim.peer_timeout));
+            self.timers
+                .set(Timer::KeepAlive, Some(self.last_heard + every));
+            self.timers.set(
+                Timer::PeerDead,
+                Some(self.last_heard + self.lim.peer_timeout),
+            );
         }
         self.stop_timers_if_closed();
     }
@@ -380,7 +399,8 @@ impl<M: SlotMemory> Conn<M> {
                 if view_before <= u64::from(CONTROL_RESERVE) {
                     return Err(ProtoError::ReserveViolated);
                 }
-                self.seq.on_data(&h, self.lim.max_message, self.lim.frame_payload as u32)?;
+                self.seq
+                    .on_data(&h, self.lim.max_message, self.lim.frame_payload as u32)?;
                 self.on_data(slot, &h);
             }
             FrameType::Credit | FrameType::Pong => self.repost(slot),
@@ -396,7 +416,11 @@ impl<M: SlotMemory> Conn<M> {
                 self.stop_timers_if_closed();
             }
             FrameType::Abort => return Err(ProtoError::PeerAborted { code: h.aux }),
-            FrameType::Rts | FrameType::Done => return Err(ProtoError::Unsupported { frame: h.kind as u8 }),
+            FrameType::Rts | FrameType::Done => {
+                return Err(ProtoError::Unsupported {
+                    frame: h.kind as u8,
+                })
+            }
         }
         Ok(())
     }

@@ -70,7 +70,9 @@ impl<M: SlotMemory> Conn<M> {
         let mut n = 0;
         loop {
             self.skip_finished();
-            let Some((head, len)) = self.head() else { break };
+            let Some((head, len)) = self.head() else {
+                break;
+            };
             if n == buf.len() {
                 break;
             }
@@ -119,7 +121,9 @@ impl<M: SlotMemory> Conn<M> {
             return Some((Head::Reassembled, self.rx.asm_total));
         }
         match self.rx.queue.front() {
-            Some(f) if !self.rx.asm_active && f.first && f.last => Some((Head::Slot(*f), f.len as usize)),
+            Some(f) if !self.rx.asm_active && f.first && f.last => {
+                Some((Head::Slot(*f), f.len as usize))
+            }
             _ => None,
         }
     }
@@ -180,7 +184,9 @@ impl<M: SlotMemory> Conn<M> {
     /// buffer, until a message is complete there or the head is a one-fragment message.
     fn reassemble(&mut self) {
         while !self.rx.asm_complete {
-            let Some(f) = self.rx.queue.front().copied() else { return };
+            let Some(f) = self.rx.queue.front().copied() else {
+                return;
+            };
             if !self.rx.asm_active {
                 if f.first && f.last {
                     return;
@@ -192,7 +198,8 @@ impl<M: SlotMemory> Conn<M> {
             }
             let at = self.rx.asm.len();
             self.rx.asm.resize(at + f.len as usize, 0);
-            self.mem.read_recv(f.slot, HEADER_LEN, &mut self.rx.asm[at..]);
+            self.mem
+                .read_recv(f.slot, HEADER_LEN, &mut self.rx.asm[at..]);
             self.rx.queue.pop_front();
             self.repost(f.slot);
             self.rx.asm_complete = f.last;

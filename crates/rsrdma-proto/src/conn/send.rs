@@ -103,7 +103,11 @@ impl<M: SlotMemory> Conn<M> {
                 self.sq.signal_all = true;
             }
         }
-        if self.ctl.ping && self.try_control(FrameType::Ping, 0, self.ctl.ping_token).is_some() {
+        if self.ctl.ping
+            && self
+                .try_control(FrameType::Ping, 0, self.ctl.ping_token)
+                .is_some()
+        {
             self.ctl.ping = false;
             self.ctl.ping_token = self.ctl.ping_token.wrapping_add(1);
         }

@@ -121,7 +121,10 @@ impl Pair {
             assert!(!side.broken, "side {i} posted {w:?} on a broken QP");
             match w {
                 Work::PostRecv { slot } => {
-                    assert!(!side.posted.contains(&slot), "side {i}: receive slot {slot} posted twice");
+                    assert!(
+                        !side.posted.contains(&slot),
+                        "side {i}: receive slot {slot} posted twice"
+                    );
                     side.posted.push_back(slot);
                 }
                 Work::PostSend {
@@ -131,15 +134,25 @@ impl Pair {
                     signaled,
                 } => {
                     let depth = usize::from(side.cfg.sq_depth);
-                    assert!(side.sq.len() < depth, "side {i}: SQ overflow ({depth} WRs outstanding)");
+                    assert!(
+                        side.sq.len() < depth,
+                        "side {i}: SQ overflow ({depth} WRs outstanding)"
+                    );
                     if let Some((last, _)) = side.sq.back() {
                         assert_eq!(wr_id.0, last.0 + 1, "side {i}: WR ids not consecutive");
                     }
                     let inline = match slot {
                         None => {
-                            let bytes = side.conn.inline_frame(wr_id).expect("inline frame").to_vec();
+                            let bytes = side
+                                .conn
+                                .inline_frame(wr_id)
+                                .expect("inline frame")
+                                .to_vec();
                             assert_eq!(bytes.len(), len as usize, "inline length");
-                            assert!(len <= u32::from(side.cfg.inline_size), "inline over the QP's limit");
+                            assert!(
+                                len <= u32::from(side.cfg.inline_size),
+                                "inline over the QP's limit"
+                            );
                             Some(bytes)
                         }
                         Some(s) => {
@@ -173,18 +186,25 @@ impl Pair {
         }
         if let Some(t) = side.conn.poll_timeout() {
             // A deadline may be due at once, never in the past of an earlier input.
-            assert!(t + Duration::from_secs(3600) > self.now, "timeout far in the past");
+            assert!(
+                t + Duration::from_secs(3600) > self.now,
+                "timeout far in the past"
+            );
         }
     }
 
     /// Delivers the oldest frame sent by side `from`. Returns false if there is none.
     pub fn deliver(&mut self, from: usize) -> bool {
-        let Some(p) = self.wire[from].pop_front() else { return false };
+        let Some(p) = self.wire[from].pop_front() else {
+            return false;
+        };
         let to = 1 - from;
         let bytes = match p.inline {
             Some(b) => b,
             // The NIC reads the slot when it transmits: a slot reused too early shows here.
-            None => self.sides[from].conn.memory().send_slot(p.slot.unwrap())[..p.len as usize].to_vec(),
+            None => {
+                self.sides[from].conn.memory().send_slot(p.slot.unwrap())[..p.len as usize].to_vec()
+            }
         };
         if self.sides[to].broken {
             // The peer's QP is gone: the sender's retries run out.
@@ -194,10 +214,17 @@ impl Pair {
             return true;
         }
         let rx = &mut self.sides[to];
-        let slot = rx.posted.pop_front().expect("RNR: credit bug (a SEND found no posted receive)");
-        assert!(bytes.len() <= rx.cfg.slot_size as usize, "LOCAL_LENGTH: frame larger than the receive slot");
+        let slot = rx
+            .posted
+            .pop_front()
+            .expect("RNR: credit bug (a SEND found no posted receive)");
+        assert!(
+            bytes.len() <= rx.cfg.slot_size as usize,
+            "LOCAL_LENGTH: frame larger than the receive slot"
+        );
         rx.conn.memory_mut().recv_slot_mut(slot)[..bytes.len()].copy_from_slice(&bytes);
-        rx.conn.handle_recv_completion(slot, bytes.len() as u32, Ok(()), self.now);
+        rx.conn
+            .handle_recv_completion(slot, bytes.len() as u32, Ok(()), self.now);
         self.pump(to);
         if p.signaled {
             self.completions[from].push_back(p.wr);
@@ -210,14 +237,19 @@ impl Pair {
 
     /// Delivers the oldest send completion of side `i`.
     pub fn complete(&mut self, i: usize) -> bool {
-        let Some(wr) = self.completions[i].pop_front() else { return false };
+        let Some(wr) = self.completions[i].pop_front() else {
+            return false;
+        };
         let side = &mut self.sides[i];
         if side.broken {
             return true;
         }
         let before = side.sq.len();
         side.sq.retain(|(w, _)| w.0 > wr.0);
-        assert!(side.sq.len() < before, "completion for a WR not outstanding");
+        assert!(
+            side.sq.len() < before,
+            "completion for a WR not outstanding"
+        );
         side.conn.handle_send_completion(wr, Ok(()));
         self.pump(i);
         true
@@ -249,7 +281,10 @@ impl Pair {
     pub fn advance(&mut self, d: Duration) {
         self.now += d;
         for i in 0..2 {
-            let due = self.sides[i].conn.poll_timeout().is_some_and(|t| t <= self.now);
+            let due = self.sides[i]
+                .conn
+                .poll_timeout()
+                .is_some_and(|t| t <= self.now);
             if due && !self.sides[i].broken {
                 self.sides[i].conn.handle_timeout(self.now);
                 self.pump(i);
@@ -284,8 +319,14 @@ impl Pair {
     pub fn check_credits(&self) {
         for i in 0..2 {
             let c = self.sides[i].conn.counters();
-            assert!(c.frames_sent <= c.peer_limit, "side {i} spent credit it did not have");
-            assert!(c.peer_limit - c.frames_sent <= c.peer_slots, "side {i} holds more credit than peer slots");
+            assert!(
+                c.frames_sent <= c.peer_limit,
+                "side {i} spent credit it did not have"
+            );
+            assert!(
+                c.peer_limit - c.frames_sent <= c.peer_slots,
+                "side {i} holds more credit than peer slots"
+            );
             assert!(c.announced <= c.grant && c.frames_received <= c.announced);
         }
     }
@@ -342,8 +383,16 @@ impl Checker {
             assert!(self.idx < self.lens.len(), "read more bytes than were sent");
             let k = (bytes.len() - i).min(self.lens[self.idx] - self.off);
             assert!(k > 0, "read crossed into a message that has not arrived");
-            let want: Vec<u8> = (self.off..self.off + k).map(|o| byte_at(self.idx as u64, o)).collect();
-            assert_eq!(&bytes[i..i + k], &want[..], "stream bytes of message {} at {}", self.idx, self.off);
+            let want: Vec<u8> = (self.off..self.off + k)
+                .map(|o| byte_at(self.idx as u64, o))
+                .collect();
+            assert_eq!(
+                &bytes[i..i + k],
+                &want[..],
+                "stream bytes of message {} at {}",
+                self.idx,
+                self.off
+            );
             self.off += k;
             i += k;
         }
@@ -356,8 +405,13 @@ impl Checker {
 
     /// One `recv_msg*` result.
     pub fn on_msg(&mut self, bytes: &[u8]) {
-        assert!(self.idx < self.lens.len(), "received more messages than were sent");
-        let want: Vec<u8> = (self.off..self.lens[self.idx]).map(|o| byte_at(self.idx as u64, o)).collect();
+        assert!(
+            self.idx < self.lens.len(),
+            "received more messages than were sent"
+        );
+        let want: Vec<u8> = (self.off..self.lens[self.idx])
+            .map(|o| byte_at(self.idx as u64, o))
+            .collect();
         assert_eq!(bytes.len(), want.len(), "length of message {}", self.idx);
         assert!(bytes == &want[..], "bytes of message {}", self.idx);
         self.idx += 1;
