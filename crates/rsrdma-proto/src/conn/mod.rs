@@ -1,0 +1,469 @@
+//! `Conn`: the connection state machine. Inputs are `handle_*` calls and application
+//! commands; outputs are drained with `poll_work`, `poll_timeout` and `poll_event`, in that
+//! order, after every input.
+
+mod recv;
+mod send;
+
+use crate::credit::{RxCredit, TxCredit};
+use crate::error::{Fatal, ProtoError};
+use crate::frame::{abort_code, FrameType, Header, HEADER_LEN};
+use crate::memory::SlotMemory;
+use crate::params::{Config, Settled, CONTROL_RESERVE};
+use crate::seq::RxSequence;
+use crate::sq::SendQueue;
+use crate::timer::{Timer, Timers};
+use crate::work::{Counters, Event, Work, WrId};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Numbers fixed at creation.
+#[derive(Debug)]
+struct Limits {
+    frame_payload: usize,
+    inline_size: usize,
+    slot_size: u32,
+    max_message: u32,
+    credit_threshold: u64,
+    keepalive: Option<Duration>,
+    peer_timeout: Duration,
+}
+
+/// The message being fragmented: frames go straight from the caller's slice into send slots
+/// while resources last; the rest is copied once into `pending`.
+#[derive(Debug, Default)]
+struct TxState {
+    active: bool,
+    id: u16,
+    total: usize,
+    offset: usize,
+    pending: Vec<u8>,
+    pending_base: usize,
+    messages: u64,
+    write_closed: bool,
+    want_writable: bool,
+}
+
+/// A DATA frame waiting in its receive slot.
+#[derive(Debug, Clone, Copy)]
+struct RxFrame {
+    slot: u16,
+    len: u32,
+    first: bool,
+    last: bool,
+    total: u32,
+}
+
+#[derive(Debug, Default)]
+struct RxState {
+    queue: VecDeque<RxFrame>,
+    asm: Vec<u8>,
+    asm_active: bool,
+    asm_complete: bool,
+    asm_total: usize,
+    read_off: usize,
+    read_closed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FinState {
+    Open,
+    Pending,
+    Sent(WrId),
+    Done,
+}
+
+#[derive(Debug)]
+struct Control {
+    pong: Option<u32>,
+    ping: bool,
+    ping_token: u32,
+    fin: FinState,
+    abort: Option<u32>,
+}
+
+#[derive(Debug, Default)]
+struct EventFlags {
+    failed: bool,
+    peer_closed: bool,
+    readable: bool,
+    writable: bool,
+}
+
+/// The protocol core of one connection. `M` is the slot memory the driver lends.
+#[derive(Debug)]
+pub struct Conn<M: SlotMemory> {
+    mem: M,
+    lim: Limits,
+    settled: Settled,
+    sq: SendQueue,
+    txc: TxCredit,
+    rxc: RxCredit,
+    tx: TxState,
+    rx: RxState,
+    seq: RxSequence,
+    recv_posted: Vec<bool>,
+    ctl: Control,
+    timers: Timers,
+    last_heard: Instant,
+    failed: Option<ProtoError>,
+    out: VecDeque<Work>,
+    ev: EventFlags,
+    inline: Box<[u8]>,
+}
+
+impl<M: SlotMemory> Conn<M> {
+    /// A connection over `memory` (laid out as `memory` module docs say). Queues a
+    /// `PostRecv` for every receive slot: the driver posts them before the peer may send.
+    pub fn new(
+        config: &Config,
+        settled: &Settled,
+        memory: M,
+        now: Instant,
+    ) -> Result<Self, ProtoError> {
+        config.check()?;
+        if settled.local_recv_slots != config.recv_slots || settled.frame_size > config.slot_size {
+            return Err(ProtoError::BadParams {
+                reason: "the settled parameters do not come from this config",
+            });
+        }
+        let slots = config.recv_slots;
+        let sq_depth = usize::from(config.sq_depth);
+        let mut out = VecDeque::with_capacity(usize::from(slots) + sq_depth);
+        out.extend((0..slots).map(|slot| Work::PostRecv { slot }));
+        let mut conn = Self {
+            mem: memory,
+            lim: Limits {
+                frame_payload: settled.frame_payload() as usize,
+                inline_size: usize::from(config.inline_size),
+                slot_size: config.slot_size,
+                max_message: settled.max_message,
+                credit_threshold: (u64::from(slots) / 4).max(2),
+                keepalive: config.keepalive,
+                peer_timeout: config.peer_timeout,
+            },
+            settled: *settled,
+            sq: SendQueue::new(config.sq_depth, config.signal_interval, config.send_slots),
+            txc: TxCredit::new(settled.peer_recv_slots),
+            rxc: RxCredit::new(slots),
+            tx: TxState::default(),
+            rx: RxState {
+                queue: VecDeque::with_capacity(usize::from(slots)),
+                ..RxState::default()
+            },
+            seq: RxSequence::default(),
+            recv_posted: vec![true; usize::from(slots)],
+            ctl: Control {
+                pong: None,
+                ping: false,
+                ping_token: 0,
+                fin: FinState::Open,
+                abort: None,
+            },
+            timers: Timers::default(),
+            last_heard: now,
+            failed: None,
+            out,
+            ev: EventFlags::default(),
+            inline: vec![0; sq_depth * usize::from(config.inline_size)].into_boxed_slice(),
+        };
+        conn.heard(now);
+        Ok(conn)
+    }
+
+    // ----- (A) getters -------------------------------------------------------------------
+
+    /// The negotiated parameters.
+    pub fn settled(&self) -> &Settled {
+        &self.settled
+    }
+
+    /// The slot memory (the driver maps slots to its registered regions through it).
+    pub fn memory(&self) -> &M {
+        &self.mem
+    }
+
+    /// The slot memory, mutably: for a driver or a simulation that writes receive slots.
+    pub fn memory_mut(&mut self) -> &mut M {
+        &mut self.mem
+    }
+
+    /// The bytes of an inline send (`Work::PostSend { slot: None, .. }`), valid until the WR
+    /// completes; `None` if `wr_id` is not an outstanding inline WR.
+    pub fn inline_frame(&self, wr_id: WrId) -> Option<&[u8]> {
+        match self.sq.record_len(wr_id)? {
+            (None, len) => {
+                let at = self.sq.entry(wr_id) * self.lim.inline_size;
+                Some(&self.inline[at..at + len as usize])
+            }
+            (Some(_), _) => None,
+        }
+    }
+
+    /// The sticky error, once the connection failed.
+    pub fn error(&self) -> Option<&ProtoError> {
+        self.failed.as_ref()
+    }
+
+    /// Whether the peer's FIN arrived.
+    pub fn peer_closed(&self) -> bool {
+        self.seq.fin
+    }
+
+    /// Nothing is in flight: no send WR outstanding or queued, and either our FIN completed or
+    /// the connection failed. The driver may then destroy the QP and free the memory (after a
+    /// failure, once it has flushed the QP and called `handle_flushed`).
+    pub fn is_drained(&self) -> bool {
+        let quiet = self.out.iter().all(|w| matches!(w, Work::PostRecv { .. }))
+            && self.sq.outstanding() == 0;
+        quiet && (self.failed.is_some() || self.ctl.fin == FinState::Done)
+    }
+
+    /// Counters for tests and diagnostics.
+    pub fn counters(&self) -> Counters {
+        Counters {
+            frames_sent: self.txc.sent,
+            peer_limit: self.txc.limit,
+            peer_slots: self.txc.peer_slots,
+            frames_received: self.rxc.received,
+            grant: self.rxc.grant,
+            announced: self.rxc.announced,
+            held_slots: self.rx.queue.len() as u64,
+            sq_outstanding: self.sq.outstanding(),
+            free_send_slots: self.sq.free_slots() as u64,
+            reassembly_bytes: self.rx.asm.len() as u64,
+            queued_send_bytes: self.tx.pending.len() as u64,
+            messages_sent: self.tx.messages,
+            messages_received: self.seq.messages,
+        }
+    }
+
+    // ----- (B) inputs --------------------------------------------------------------------
+
+    /// A send completion (`status`: `Err(ibv_wc_status)` when it failed). A successful one
+    /// must be for a signalled WR; it completes every earlier WR too.
+    pub fn handle_send_completion(&mut self, wr_id: WrId, status: Result<(), u32>) {
+        if let Err(reason) = self.sq.complete(wr_id, status.is_ok()) {
+            self.fail(ProtoError::Misuse { reason });
+            return;
+        }
+        if let FinState::Sent(fin) = self.ctl.fin {
+            if self.sq.is_done(fin) {
+                self.ctl.fin = FinState::Done;
+                self.stop_timers_if_closed();
+            }
+        }
+        match status {
+            Err(status) => self.fail(ProtoError::Fatal(Fatal::SendCompletion { status })),
+            Ok(()) => self.flush(),
+        }
+    }
+
+    /// A receive completion of `len` bytes into `slot`.
+    pub fn handle_recv_completion(
+        &mut self,
+        slot: u16,
+        len: u32,
+        status: Result<(), u32>,
+        now: Instant,
+    ) {
+        let Some(posted) = self.recv_posted.get_mut(usize::from(slot)).filter(|p| **p) else {
+            self.fail(ProtoError::Misuse {
+                reason: "receive completion for a slot that is not posted",
+            });
+            return;
+        };
+        *posted = false;
+        if let Err(status) = status {
+            self.fail(ProtoError::Fatal(Fatal::RecvCompletion { status }));
+            return;
+        }
+        if self.failed.is_some() {
+            return;
+        }
+        self.heard(now);
+        if let Err(e) = self.on_frame(slot, len) {
+            self.fail(e);
+            return;
+        }
+        self.flush();
+    }
+
+    /// Timers: a no-op unless a deadline from `poll_timeout` has passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.failed.is_some() {
+            return;
+        }
+        if self.timers.expired(Timer::PeerDead, now) {
+            let silent_ms = now.saturating_duration_since(self.last_heard).as_millis() as u64;
+            self.fail(ProtoError::PeerDead { silent_ms });
+            return;
+        }
+        if let (true, Some(every)) = (
+            self.timers.expired(Timer::KeepAlive, now),
+            self.lim.keepalive,
+        ) {
+            self.ctl.ping = true;
+            self.timers.set(Timer::KeepAlive, Some(now + every));
+            self.flush();
+        }
+    }
+
+    /// The transport broke (a failed completion the driver saw first, the QP in ERROR, a
+    /// disconnect). Nothing more is posted; the driver moves the QP to ERROR, reaps the
+    /// flushed completions and calls `handle_flushed`.
+    pub fn handle_fatal(&mut self, reason: Fatal) {
+        self.fail(ProtoError::Fatal(reason));
+    }
+
+    /// The driver flushed the QP (in ERROR, completion queue drained): no WR is outstanding.
+    pub fn handle_flushed(&mut self) {
+        self.sq.complete_all();
+        self.recv_posted.iter_mut().for_each(|p| *p = false);
+        if let FinState::Sent(_) = self.ctl.fin {
+            self.ctl.fin = FinState::Done;
+        }
+    }
+
+    // ----- (D) outputs -------------------------------------------------------------------
+
+    /// The next work request to post.
+    pub fn poll_work(&mut self) -> Option<Work> {
+        self.out.pop_front()
+    }
+
+    /// When `handle_timeout` is next due.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next()
+    }
+
+    /// The next event, in the order Failed, PeerClosed, Readable, Writable.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        let ev = &mut self.ev;
+        if std::mem::take(&mut ev.failed) {
+            return self.failed.clone().map(Event::Failed);
+        }
+        if std::mem::take(&mut ev.peer_closed) {
+            return Some(Event::PeerClosed);
+        }
+        if std::mem::take(&mut ev.readable) {
+            return Some(Event::Readable);
+        }
+        if std::mem::take(&mut ev.writable) {
+            return Some(Event::Writable);
+        }
+        None
+    }
+
+    // ----- internals ---------------------------------------------------------------------
+
+    fn heard(&mut self, now: Instant) {
+        self.last_heard = self.last_heard.max(now);
+        self.ctl.ping = false;
+        if let Some(every) = self.lim.keepalive {
+            self.timers
+                .set(Timer::KeepAlive, Some(self.last_heard + every));
+            self.timers.set(
+                Timer::PeerDead,
+                Some(self.last_heard + self.lim.peer_timeout),
+            );
+        }
+        self.stop_timers_if_closed();
+    }
+
+    fn stop_timers_if_closed(&mut self) {
+        if self.seq.fin && self.ctl.fin == FinState::Done {
+            self.timers.clear();
+        }
+    }
+
+    /// One arrived frame: checks, credits, then its effect.
+    fn on_frame(&mut self, slot: u16, len: u32) -> Result<(), ProtoError> {
+        if (len as usize) < HEADER_LEN || len > self.lim.slot_size {
+            return Err(ProtoError::BadFrame {
+                reason: "completion length outside header ..= slot size",
+            });
+        }
+        let mut raw = [0u8; HEADER_LEN];
+        self.mem.read_recv(slot, 0, &mut raw);
+        let h = Header::decode(&raw)?;
+        if HEADER_LEN as u64 + u64::from(h.payload_len) != u64::from(len) {
+            return Err(ProtoError::BadFrame {
+                reason: "payload length differs from the received length",
+            });
+        }
+        let view_before = self.rxc.arrive()?;
+        self.txc.update(h.credit_limit)?;
+        match h.kind {
+            FrameType::Data => {
+                if view_before <= u64::from(CONTROL_RESERVE) {
+                    return Err(ProtoError::ReserveViolated);
+                }
+                self.seq
+                    .on_data(&h, self.lim.max_message, self.lim.frame_payload as u32)?;
+                self.on_data(slot, &h);
+            }
+            FrameType::Credit | FrameType::Pong => self.repost(slot),
+            FrameType::Ping => {
+                self.ctl.pong = Some(h.aux);
+                self.repost(slot);
+            }
+            FrameType::Fin => {
+                self.seq.on_fin(&h)?;
+                self.repost(slot);
+                self.ev.peer_closed = true;
+                self.ev.readable = true;
+                self.stop_timers_if_closed();
+            }
+            FrameType::Abort => return Err(ProtoError::PeerAborted { code: h.aux }),
+            FrameType::Rts | FrameType::Done => {
+                return Err(ProtoError::Unsupported {
+                    frame: h.kind as u8,
+                })
+            }
+        }
+        Ok(())
+    }
+
+    fn repost(&mut self, slot: u16) {
+        self.recv_posted[usize::from(slot)] = true;
+        self.rxc.grant += 1;
+        self.out.push_back(Work::PostRecv { slot });
+    }
+
+    /// Makes the error sticky, drops work the driver has not taken, and queues one ABORT when
+    /// the error is ours to report and the QP still works.
+    fn fail(&mut self, err: ProtoError) {
+        if self.failed.is_some() {
+            return;
+        }
+        tracing::debug!(error = %err, "rsrdma-proto: connection failed");
+        self.ctl.abort = abort_for(&err);
+        self.failed = Some(err);
+        self.ev.failed = true;
+        self.timers.clear();
+        while let Some(w) = self.out.pop_back() {
+            match w {
+                Work::PostSend { wr_id, .. } => self.sq.unpost_last(wr_id),
+                Work::PostRecv { slot } => self.recv_posted[usize::from(slot)] = false,
+            }
+        }
+        self.flush();
+    }
+}
+
+/// The ABORT code to send for a local failure, or `None` when no ABORT should go (the QP is
+/// broken, or the peer aborted first).
+fn abort_for(err: &ProtoError) -> Option<u32> {
+    use ProtoError as E;
+    Some(match err {
+        E::BadFrame { .. } => abort_code::BAD_FRAME,
+        E::CreditOverrun { .. } | E::ReserveViolated => abort_code::CREDIT,
+        E::OversizeFragment { .. } | E::MessageTooLarge { .. } => abort_code::TOO_LARGE,
+        E::Sequence { .. } | E::DataAfterFin { .. } => abort_code::SEQUENCE,
+        E::Unsupported { .. } => abort_code::UNSUPPORTED,
+        E::PeerDead { .. } => abort_code::TIMEOUT,
+        E::PeerAborted { .. } | E::Fatal(_) => return None,
+        _ => abort_code::OTHER,
+    })
+}

@@ -1,0 +1,219 @@
+//! The receive side: holding DATA frames in their slots, reassembly, and the read calls.
+//!
+//! A one-fragment message stays in its receive slot until it is read (copied once, straight
+//! into the caller's buffer), so credit returns only as fast as the reader reads. A message
+//! of several fragments is appended into one reassembly buffer as its fragments arrive, and
+//! each slot is reposted at once: a message larger than the whole ring still gets through.
+//! While a reassembled message waits unread, later fragments stay in their slots, so the core
+//! holds at most one reassembled message (at most `max_message` bytes).
+//!
+//! Message reads and stream reads mix: `read` consumes the head message from its current
+//! offset and may stop inside it; `recv_msg*` then returns the unread rest of that message.
+//! `read` consumes a message as soon as nothing of it is left, which skips empty messages (a
+//! byte stream has nothing to show for them).
+
+use super::{Conn, RxFrame};
+use crate::error::ProtoError;
+use crate::frame::{Header, HEADER_LEN};
+use crate::memory::SlotMemory;
+
+/// The message at the head of the read order.
+#[derive(Debug, Clone, Copy)]
+enum Head {
+    Reassembled,
+    Slot(RxFrame),
+}
+
+impl<M: SlotMemory> Conn<M> {
+    /// Receives the next whole message (or its unread rest) into `buf`: `Ok(Some(len))`,
+    /// `Ok(None)` at EOF (the peer's FIN after all its data), `Err(WouldBlock)`, or
+    /// `Err(ShortBuffer { needed })`, which leaves the message queued.
+    pub fn recv_msg_into(&mut self, buf: &mut [u8]) -> Result<Option<usize>, ProtoError> {
+        self.check_read("recv_msg_into")?;
+        let Some((head, len)) = self.head() else {
+            return self.no_message();
+        };
+        let needed = len - self.rx.read_off;
+        if buf.len() < needed {
+            return Err(ProtoError::ShortBuffer { needed });
+        }
+        self.copy_head(head, self.rx.read_off, &mut buf[..needed]);
+        self.consume_head(head);
+        self.flush();
+        Ok(Some(needed))
+    }
+
+    /// Receives the next whole message (or its unread rest) as a new vector; `Ok(None)` at
+    /// EOF. A reassembled message is handed over without a copy.
+    pub fn recv_msg(&mut self) -> Result<Option<Vec<u8>>, ProtoError> {
+        self.check_read("recv_msg")?;
+        let Some((head, len)) = self.head() else {
+            return self.no_message();
+        };
+        let msg = match head {
+            Head::Reassembled if self.rx.read_off == 0 => std::mem::take(&mut self.rx.asm),
+            _ => {
+                let mut v = vec![0; len - self.rx.read_off];
+                self.copy_head(head, self.rx.read_off, &mut v);
+                v
+            }
+        };
+        self.consume_head(head);
+        self.flush();
+        Ok(Some(msg))
+    }
+
+    /// Byte-stream read: fills `buf` from the head message and the ones after it, and may stop
+    /// inside a message. `Ok(0)` only at EOF or for an empty `buf`.
+    pub fn read(&mut self, buf: &mut [u8]) -> Result<usize, ProtoError> {
+        self.check_read("read")?;
+        let mut n = 0;
+        loop {
+            self.skip_finished();
+            let Some((head, len)) = self.head() else {
+                break;
+            };
+            if n == buf.len() {
+                break;
+            }
+            let k = (len - self.rx.read_off).min(buf.len() - n);
+            self.copy_head(head, self.rx.read_off, &mut buf[n..n + k]);
+            self.rx.read_off += k;
+            n += k;
+        }
+        self.flush();
+        if n > 0 || buf.is_empty() {
+            return Ok(n);
+        }
+        self.no_message::<()>().map(|_| 0)
+    }
+
+    /// Length of the next message's unread part, if one is ready.
+    pub fn peek_len(&self) -> Option<usize> {
+        self.head().map(|(_, len)| len - self.rx.read_off)
+    }
+
+    /// EOF: the peer's FIN arrived and every message before it was read.
+    pub fn is_eof(&self) -> bool {
+        self.seq.fin && self.rx.queue.is_empty() && !self.rx.asm_active
+    }
+
+    fn no_message<T>(&self) -> Result<Option<T>, ProtoError> {
+        if self.is_eof() {
+            Ok(None)
+        } else {
+            Err(ProtoError::WouldBlock)
+        }
+    }
+
+    fn check_read(&self, op: &'static str) -> Result<(), ProtoError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.rx.read_closed {
+            return Err(ProtoError::Closed { op });
+        }
+        Ok(())
+    }
+
+    fn head(&self) -> Option<(Head, usize)> {
+        if self.rx.asm_complete {
+            return Some((Head::Reassembled, self.rx.asm_total));
+        }
+        match self.rx.queue.front() {
+            Some(f) if !self.rx.asm_active && f.first && f.last => {
+                Some((Head::Slot(*f), f.len as usize))
+            }
+            _ => None,
+        }
+    }
+
+    fn copy_head(&self, head: Head, offset: usize, out: &mut [u8]) {
+        match head {
+            Head::Reassembled => out.copy_from_slice(&self.rx.asm[offset..offset + out.len()]),
+            Head::Slot(f) => self.mem.read_recv(f.slot, HEADER_LEN + offset, out),
+        }
+    }
+
+    fn consume_head(&mut self, head: Head) {
+        match head {
+            Head::Reassembled => {
+                self.rx.asm.clear();
+                self.rx.asm_active = false;
+                self.rx.asm_complete = false;
+            }
+            Head::Slot(f) => {
+                self.rx.queue.pop_front();
+                self.repost(f.slot);
+            }
+        }
+        self.rx.read_off = 0;
+        self.reassemble();
+    }
+
+    /// Consumes head messages with nothing left to read (read to the end, or empty).
+    fn skip_finished(&mut self) {
+        while let Some((head, len)) = self.head() {
+            if len > self.rx.read_off {
+                return;
+            }
+            self.consume_head(head);
+        }
+    }
+
+    /// A checked DATA frame arrived in `slot`.
+    pub(super) fn on_data(&mut self, slot: u16, h: &Header) {
+        if self.rx.read_closed {
+            self.repost(slot);
+            return;
+        }
+        self.rx.queue.push_back(RxFrame {
+            slot,
+            len: h.payload_len,
+            first: h.first(),
+            last: h.last(),
+            total: h.aux,
+        });
+        if h.last() {
+            self.ev.readable = true;
+        }
+        self.reassemble();
+    }
+
+    /// Moves fragments of a multi-fragment message from their slots into the reassembly
+    /// buffer, until a message is complete there or the head is a one-fragment message.
+    fn reassemble(&mut self) {
+        while !self.rx.asm_complete {
+            let Some(f) = self.rx.queue.front().copied() else {
+                return;
+            };
+            if !self.rx.asm_active {
+                if f.first && f.last {
+                    return;
+                }
+                self.rx.asm.clear();
+                self.rx.asm.reserve_exact(f.total as usize);
+                self.rx.asm_active = true;
+                self.rx.asm_total = f.total as usize;
+            }
+            let at = self.rx.asm.len();
+            self.rx.asm.resize(at + f.len as usize, 0);
+            self.mem
+                .read_recv(f.slot, HEADER_LEN, &mut self.rx.asm[at..]);
+            self.rx.queue.pop_front();
+            self.repost(f.slot);
+            self.rx.asm_complete = f.last;
+        }
+    }
+
+    /// After `close`: everything held is dropped and its slots reposted.
+    pub(super) fn discard_received(&mut self) {
+        while let Some(f) = self.rx.queue.pop_front() {
+            self.repost(f.slot);
+        }
+        self.rx.asm.clear();
+        self.rx.asm_active = false;
+        self.rx.asm_complete = false;
+        self.rx.read_off = 0;
+    }
+}

@@ -1,0 +1,222 @@
+//! The send side: accepting messages, building frames, control frames and close.
+
+use super::{Conn, FinState};
+use crate::error::ProtoError;
+use crate::frame::{FrameType, Header, FLAG_FIRST, FLAG_LAST, HEADER_LEN};
+use crate::memory::SlotMemory;
+use crate::params::CONTROL_RESERVE;
+use crate::work::{Work, WrId};
+
+impl<M: SlotMemory> Conn<M> {
+    /// Queues one message. Fragments go straight into free send slots (the one copy) as far as
+    /// credits, SQ entries and slots allow; the rest is copied into the core and sent as
+    /// resources free up. While a message is still partly unsent, the next `send_msg` returns
+    /// `WouldBlock` (and `Event::Writable` follows once it would succeed), so the core never
+    /// holds more than one unsent message.
+    pub fn send_msg(&mut self, data: &[u8]) -> Result<(), ProtoError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.tx.write_closed {
+            return Err(ProtoError::Closed { op: "send_msg" });
+        }
+        if data.len() > self.lim.max_message as usize {
+            return Err(ProtoError::TooLarge {
+                len: data.len(),
+                max: self.lim.max_message,
+            });
+        }
+        if self.tx.active {
+            self.tx.want_writable = true;
+            return Err(ProtoError::WouldBlock);
+        }
+        self.tx.active = true;
+        self.tx.id = self.tx.messages as u16;
+        self.tx.total = data.len();
+        self.tx.offset = 0;
+        self.tx.messages += 1;
+        self.push_data(Some(data));
+        if self.tx.active {
+            self.tx.pending.clear();
+            self.tx.pending.extend_from_slice(&data[self.tx.offset..]);
+            self.tx.pending_base = self.tx.offset;
+        }
+        self.flush();
+        Ok(())
+    }
+
+    /// Whether `send_msg` would accept a message now.
+    pub fn can_send(&self) -> bool {
+        self.failed.is_none() && !self.tx.write_closed && !self.tx.active
+    }
+
+    /// Half-close: FIN goes after every queued message. Reading goes on. Idempotent.
+    pub fn shutdown_write(&mut self) -> Result<(), ProtoError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if !self.tx.write_closed {
+            self.tx.write_closed = true;
+            self.ctl.fin = FinState::Pending;
+            self.flush();
+        }
+        Ok(())
+    }
+
+    /// Full close: `shutdown_write`, and from now on arriving data is discarded at once (its
+    /// slots reposted, its credit returned), so a peer that is still sending never stalls on
+    /// us. Control frames (credits, PONG) keep flowing until the driver tears down.
+    pub fn close(&mut self) -> Result<(), ProtoError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if !self.rx.read_closed {
+            // Before the FIN is built, so that it returns the discarded slots' credit.
+            self.rx.read_closed = true;
+            self.discard_received();
+        }
+        self.shutdown_write()?;
+        self.flush();
+        Ok(())
+    }
+
+    /// Builds every frame that may go now, in priority order. Called after every input.
+    pub(super) fn flush(&mut self) {
+        if self.failed.is_some() {
+            if let Some(code) = self.ctl.abort {
+                if self.may_send(FrameType::Abort) && self.sq.has_room(self.control_needs_slot()) {
+                    self.ctl.abort = None;
+                    self.emit(Header::control(FrameType::Abort, 0, 0, code), &[], true);
+                }
+            }
+            return;
+        }
+        if let Some(token) = self.ctl.pong {
+            if self.try_control(FrameType::Pong, 0, token).is_some() {
+                self.ctl.pong = None;
+            }
+        }
+        self.push_data(None);
+        if self.ctl.fin == FinState::Pending && !self.tx.active {
+            if let Some(wr) = self.try_control(FrameType::Fin, self.tx.messages as u16, 0) {
+                self.ctl.fin = FinState::Sent(wr);
+                self.sq.signal_all = true;
+            }
+        }
+        if self.ctl.ping
+            && self
+                .try_control(FrameType::Ping, 0, self.ctl.ping_token)
+                .is_some()
+        {
+            self.ctl.ping = false;
+            self.ctl.ping_token = self.ctl.ping_token.wrapping_add(1);
+        }
+        if self.credit_due() {
+            self.try_control(FrameType::Credit, 0, 0);
+        }
+    }
+
+    /// A credit-only frame pays off: it returns at least 2 credits (so credit frames alone can
+    /// never ping-pong forever), and either a quarter of the ring is unannounced or the peer
+    /// is down to its last credit (so its control frames never wait for our data).
+    fn credit_due(&self) -> bool {
+        let unannounced = self.rxc.unannounced();
+        unannounced >= 2 && (unannounced >= self.lim.credit_threshold || self.rxc.peer_view() <= 1)
+    }
+
+    /// The credit rules. Data keeps `CONTROL_RESERVE` credits back; a control frame may take
+    /// the last credit only if it carries new credit (so both sides can never sit at zero
+    /// credit with nothing in flight); ABORT may take any credit.
+    fn may_send(&self, kind: FrameType) -> bool {
+        let credit = self.txc.available();
+        match kind {
+            FrameType::Data => credit > u64::from(CONTROL_RESERVE),
+            FrameType::Abort => credit >= 1,
+            _ => credit >= 2 || (credit == 1 && self.rxc.unannounced() >= 1),
+        }
+    }
+
+    fn control_needs_slot(&self) -> bool {
+        HEADER_LEN > self.lim.inline_size
+    }
+
+    fn try_control(&mut self, kind: FrameType, msg_id: u16, aux: u32) -> Option<WrId> {
+        if !self.may_send(kind) || !self.sq.has_room(self.control_needs_slot()) {
+            return None;
+        }
+        let force = kind == FrameType::Fin;
+        Some(self.emit(Header::control(kind, msg_id, 0, aux), &[], force))
+    }
+
+    /// Sends fragments of the current message while resources allow; `src` is the caller's
+    /// message (inside `send_msg`) or `None` for the core's pending copy.
+    fn push_data(&mut self, src: Option<&[u8]>) {
+        while self.tx.active {
+            let (offset, total) = (self.tx.offset, self.tx.total);
+            let n = self.lim.frame_payload.min(total - offset);
+            let needs_slot = HEADER_LEN + n > self.lim.inline_size;
+            if !self.may_send(FrameType::Data) || !self.sq.has_room(needs_slot) {
+                return;
+            }
+            let first = offset == 0;
+            let last = offset + n == total;
+            let h = Header {
+                kind: FrameType::Data,
+                flags: if first { FLAG_FIRST } else { 0 } | if last { FLAG_LAST } else { 0 },
+                msg_id: self.tx.id,
+                credit_limit: 0,
+                payload_len: n as u32,
+                aux: if first { total as u32 } else { 0 },
+            };
+            match src {
+                Some(data) => {
+                    self.emit(h, &data[offset..offset + n], false);
+                }
+                None => {
+                    let pending = std::mem::take(&mut self.tx.pending);
+                    let at = offset - self.tx.pending_base;
+                    self.emit(h, &pending[at..at + n], false);
+                    self.tx.pending = pending;
+                }
+            }
+            self.tx.offset += n;
+            if last {
+                self.tx.active = false;
+                self.tx.pending.clear();
+                if std::mem::take(&mut self.tx.want_writable) {
+                    self.ev.writable = true;
+                }
+            }
+        }
+    }
+
+    /// Writes one frame (header with the latest credit, then payload) into a send slot or the
+    /// inline staging entry, and queues its `PostSend`. The caller checked credit and room.
+    fn emit(&mut self, mut h: Header, payload: &[u8], force_signal: bool) -> WrId {
+        h.credit_limit = self.rxc.announce();
+        let len = HEADER_LEN + payload.len();
+        let needs_slot = len > self.lim.inline_size;
+        let (wr_id, slot, signaled) = self.sq.post(needs_slot, len as u32, force_signal);
+        let header = h.encode();
+        match slot {
+            Some(s) => {
+                self.mem.write_send(s, 0, &header);
+                self.mem.write_send(s, HEADER_LEN, payload);
+            }
+            None => {
+                let at = self.sq.entry(wr_id) * self.lim.inline_size;
+                let staging = &mut self.inline[at..at + len];
+                staging[..HEADER_LEN].copy_from_slice(&header);
+                staging[HEADER_LEN..].copy_from_slice(payload);
+            }
+        }
+        self.txc.sent += 1;
+        self.out.push_back(Work::PostSend {
+            wr_id,
+            slot,
+            len: len as u32,
+            signaled,
+        });
+        wr_id
+    }
+}

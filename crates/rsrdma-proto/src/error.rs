@@ -1,0 +1,190 @@
+//! The crate's one error type, and the reasons a driver gives for a fatal failure.
+
+use std::fmt;
+
+/// Everything that can go wrong in the protocol core.
+///
+/// `WouldBlock`, `ShortBuffer`, `Closed` and `TooLarge` answer one call and change nothing.
+/// Every other variant is sticky (as in rustls): once the connection has failed, every call
+/// returns the same error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtoError {
+    /// The call cannot make progress now: no message is ready, or the send queue is full.
+    #[error("the operation would block")]
+    WouldBlock,
+
+    /// `recv_msg_into`: the buffer is too short for the next message, which stays queued.
+    #[error("recv_msg_into: the buffer is too short, the message needs {needed} bytes")]
+    ShortBuffer {
+        /// The bytes the message (or its unread rest) needs.
+        needed: usize,
+    },
+
+    /// The local side was shut down for this direction (`send_msg` after `shutdown_write`,
+    /// or a read after `close`).
+    #[error("{op}: the local side is closed")]
+    Closed {
+        /// The call that was refused.
+        op: &'static str,
+    },
+
+    /// `send_msg`: the message is larger than the negotiated maximum.
+    #[error("send_msg: a message of {len} bytes is over the negotiated maximum of {max}")]
+    TooLarge {
+        /// The message length.
+        len: usize,
+        /// The negotiated maximum.
+        max: u32,
+    },
+
+    /// A `Params` value or a `Config` is out of range, or its bytes are malformed.
+    #[error("params: {reason}")]
+    BadParams {
+        /// Which rule failed.
+        reason: &'static str,
+    },
+
+    /// The peer speaks a major protocol version this side does not.
+    #[error("the peer speaks protocol version {peer}, this side version {local}")]
+    IncompatibleVersion {
+        /// This side's major version.
+        local: u8,
+        /// The peer's major version.
+        peer: u8,
+    },
+
+    /// The peer sent a frame that breaks the format.
+    #[error("malformed frame from the peer: {reason}")]
+    BadFrame {
+        /// Which rule failed.
+        reason: &'static str,
+    },
+
+    /// The peer sent more frames than it had credits for, or announced more credit than it
+    /// has receive slots.
+    #[error("credit overrun by the peer: {reason}")]
+    CreditOverrun {
+        /// Which limit was crossed.
+        reason: &'static str,
+    },
+
+    /// The peer spent a credit of the control reserve on data.
+    #[error("the peer sent data with only the control reserve left")]
+    ReserveViolated,
+
+    /// A fragment is larger than the negotiated frame size.
+    #[error("a fragment of {len} bytes is over the frame payload limit of {max}")]
+    OversizeFragment {
+        /// The fragment's payload length.
+        len: u32,
+        /// The limit.
+        max: u32,
+    },
+
+    /// A message announces more bytes than the negotiated maximum.
+    #[error("a message of {len} bytes is over the negotiated maximum of {max}")]
+    MessageTooLarge {
+        /// The announced length.
+        len: u32,
+        /// The negotiated maximum.
+        max: u32,
+    },
+
+    /// The peer sent data (or a second FIN) after its FIN.
+    #[error("the peer sent {what} after its FIN")]
+    DataAfterFin {
+        /// The frame type.
+        what: &'static str,
+    },
+
+    /// Fragments out of order: a continuation without a start, a start inside a message, a
+    /// wrong message id, or lengths that do not add up.
+    #[error("fragment sequence broken: {reason}")]
+    Sequence {
+        /// Which rule failed.
+        reason: &'static str,
+    },
+
+    /// The peer used a frame type whose feature was not negotiated (rendezvous).
+    #[error("the peer sent frame type {frame}, whose feature was not negotiated")]
+    Unsupported {
+        /// The frame type byte.
+        frame: u8,
+    },
+
+    /// The peer aborted the connection.
+    #[error("the peer aborted the connection (code {code})")]
+    PeerAborted {
+        /// The peer's abort code (see `frame::abort_code`).
+        code: u32,
+    },
+
+    /// Nothing arrived from the peer within the configured timeout.
+    #[error("the peer is dead: nothing arrived for {silent_ms} ms")]
+    PeerDead {
+        /// How long the peer was silent.
+        silent_ms: u64,
+    },
+
+    /// The driver reported a failed work completion or a broken queue pair.
+    #[error("fatal transport failure: {0}")]
+    Fatal(Fatal),
+
+    /// The driver broke the core's contract (a completion for a work request never posted).
+    #[error("driver misuse: {reason}")]
+    Misuse {
+        /// Which rule failed.
+        reason: &'static str,
+    },
+}
+
+impl ProtoError {
+    /// Whether this error ends the connection (it is then returned by every later call).
+    pub fn is_sticky(&self) -> bool {
+        !matches!(
+            self,
+            Self::WouldBlock
+                | Self::ShortBuffer { .. }
+                | Self::Closed { .. }
+                | Self::TooLarge { .. }
+        )
+    }
+}
+
+/// Why the driver declares the transport broken (`Conn::handle_fatal`).
+///
+/// Plain numbers, so the core names no verbs type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fatal {
+    /// A send work completion failed with this `ibv_wc_status`.
+    SendCompletion {
+        /// The status code.
+        status: u32,
+    },
+    /// A receive work completion failed with this `ibv_wc_status`.
+    RecvCompletion {
+        /// The status code.
+        status: u32,
+    },
+    /// The queue pair entered the error state (an asynchronous event).
+    QpError,
+    /// The rdma_cm connection was torn down, or the device went away.
+    Disconnected,
+}
+
+impl fmt::Display for Fatal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::SendCompletion { status } => {
+                write!(f, "send completion failed (status {status})")
+            }
+            Self::RecvCompletion { status } => {
+                write!(f, "receive completion failed (status {status})")
+            }
+            Self::QpError => f.write_str("the queue pair entered the error state"),
+            Self::Disconnected => f.write_str("disconnected"),
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! rsrdma-proto: the protocol core of `Conn`, the net-style RDMA connection, with no I/O.
+//!
+//! The core is a state machine in the quinn-proto mould: it takes completions, timer ticks and
+//! application calls, and returns work to post as plain data. It has no dependency on rsrdma
+//! or rsrdma-sys (so it cannot name a verbs type or do I/O), no clock (every time-dependent
+//! call takes `now`), no threads, and no allocation per frame (only reassembly and the copy
+//! of a message's unsent rest allocate, and both buffers are reused). The wire format is in
+//! `docs/conn-protocol.md`.
+//!
+//! # Shape
+//!
+//! - Inputs: [`Conn::handle_send_completion`], [`Conn::handle_recv_completion`],
+//!   [`Conn::handle_timeout`], [`Conn::handle_fatal`], [`Conn::handle_flushed`]; application
+//!   calls [`Conn::send_msg`], [`Conn::recv_msg_into`], [`Conn::recv_msg`], [`Conn::read`],
+//!   [`Conn::shutdown_write`], [`Conn::close`].
+//! - Outputs, drained after every input in this order: [`Conn::poll_work`] (post them, the
+//!   receives of a batch before its sends), [`Conn::poll_timeout`], [`Conn::poll_event`].
+//! - Memory: the driver owns and registers the slots and lends them through [`SlotMemory`].
+//!
+//! # Design decisions, and why
+//!
+//! - **SEND/RECV into fixed-size receive slots over RC**, not a byte ring written with
+//!   WRITE_WITH_IMM (rsockets). Slots work with a shared receive queue later (a Listener whose
+//!   connections share one SRQ and one pool: a per-peer byte ring cannot), need no remotely
+//!   writable memory for eager data, and keep message boundaries for free. Every frame is a
+//!   16-byte header plus payload in one slot. Default: 32 receive and 32 send slots of
+//!   32 KiB, 2 MiB per connection (gordma used about 16 MiB).
+//! - **Negotiated, not assumed.** Each side announces versioned [`Params`]; [`settle`] gives
+//!   both the same agreement: frames never exceed either side's slot, credits start at the
+//!   peer's slot count, the message cap is the smaller one, features the intersection. A
+//!   mismatch cannot surface later as a LOCAL_LENGTH error (gordma's failure).
+//! - **Credits, one per peer receive slot, never an RNR.** Cumulative limits ride in every
+//!   header. [`CONTROL_RESERVE`] (3) credits are kept from data so CREDIT, FIN, PING/PONG and
+//!   ABORT never wait behind data, and a control frame may take the last credit only if it
+//!   returns credit: both sides can never sit at zero credit with nothing in flight. A
+//!   credit-only frame goes when a quarter of the ring is unannounced or the peer is down to
+//!   one credit, and always returns at least 2, so credit frames cannot ping-pong forever.
+//!   Three reserved slots are what makes "the peer is down to one credit" imply "we hold at
+//!   least two unannounced credits" (see the docs for the argument).
+//! - **Credit returns as fast as the reader reads.** A one-fragment message waits in its slot
+//!   until read; a reader that stops reading stops the sender, whose `send_msg` then says
+//!   `WouldBlock`. Messages larger than a slot are reassembled as they arrive (the slots go
+//!   back at once), one reassembled message at a time.
+//! - **Selective signalling.** Every k-th WR (k ≤ SQ depth / 2), any WR after which fewer than
+//!   k SQ entries or send slots are free, and FIN and ABORT are signalled; a completion frees
+//!   every earlier WR's slot. Frames up to the inline size go inline and use no slot.
+//! - **Sticky errors** (rustls): a bad frame, a credit overrun, an oversize fragment, a message
+//!   over the cap or data after FIN fails the connection and queues one ABORT if a credit
+//!   allows; after that the core posts nothing else.
+//! - **Liveness**: PING after an idle interval, `PeerDead` after a silent timeout (5 s).
+//! - **Rendezvous** (RDMA READ of large messages) is left for later: the frame types RTS and
+//!   DONE and the feature bit [`FEATURE_RENDEZVOUS`] are reserved; this version refuses them.
+
+#![deny(missing_docs)]
+
+mod conn;
+mod credit;
+pub mod error;
+pub mod frame;
+pub mod memory;
+pub mod params;
+mod seq;
+mod sq;
+mod timer;
+pub mod work;
+
+pub use conn::Conn;
+pub use error::{Fatal, ProtoError};
+pub use frame::{FrameType, Header, HEADER_LEN};
+pub use memory::{SlotMemory, VecSlots};
+pub use params::{
+    settle, Config, Params, Settled, CONTROL_RESERVE, FEATURE_RENDEZVOUS, PARAMS_LEN,
+};
+pub use work::{Counters, Event, Work, WrId};

@@ -1,0 +1,71 @@
+//! How the core reaches slot memory that the driver owns and registers.
+//!
+//! The driver allocates and registers two regions: `send_slots × slot_size` bytes (local
+//! access) and `recv_slots × slot_size` bytes (local write). Slot `i` of a region starts at
+//! byte `i × slot_size`. A `Work::PostSend { slot: Some(i), len, .. }` is one SGE
+//! `{send_base + i × slot_size, len, send_lkey}`; a `Work::PostRecv { slot: i }` is one SGE
+//! `{recv_base + i × slot_size, slot_size, recv_lkey}`. The core touches memory only through
+//! this trait, by copies: it writes a frame into a send slot that is not in flight, and reads a
+//! receive slot only between its completion and its repost. So a driver over registered memory
+//! hands out no references into memory the NIC may write, and the only copy on the send path
+//! is the one into the send slot.
+
+/// Slot memory lent by the driver.
+pub trait SlotMemory {
+    /// Copies `bytes` into send slot `slot` at `offset`. The core never writes past
+    /// `slot_size` nor into a slot that is in flight.
+    fn write_send(&mut self, slot: u16, offset: usize, bytes: &[u8]);
+
+    /// Copies bytes of receive slot `slot` at `offset` into `out`. The core reads only a slot
+    /// whose receive completed and that it has not reposted yet.
+    fn read_recv(&self, slot: u16, offset: usize, out: &mut [u8]);
+}
+
+/// Plain heap memory, for tests, simulations and a software transport.
+#[derive(Debug, Clone)]
+pub struct VecSlots {
+    slot_size: usize,
+    send: Vec<u8>,
+    recv: Vec<u8>,
+}
+
+impl VecSlots {
+    /// Zeroed memory for the given geometry.
+    pub fn new(send_slots: u16, recv_slots: u16, slot_size: u32) -> Self {
+        let slot_size = slot_size as usize;
+        Self {
+            slot_size,
+            send: vec![0; send_slots as usize * slot_size],
+            recv: vec![0; recv_slots as usize * slot_size],
+        }
+    }
+
+    /// Memory for `config`'s geometry.
+    pub fn for_config(config: &crate::Config) -> Self {
+        Self::new(config.send_slots, config.recv_slots, config.slot_size)
+    }
+
+    /// A whole send slot (what a NIC would read).
+    pub fn send_slot(&self, slot: u16) -> &[u8] {
+        let at = slot as usize * self.slot_size;
+        &self.send[at..at + self.slot_size]
+    }
+
+    /// A whole receive slot (what a NIC would write).
+    pub fn recv_slot_mut(&mut self, slot: u16) -> &mut [u8] {
+        let at = slot as usize * self.slot_size;
+        &mut self.recv[at..at + self.slot_size]
+    }
+}
+
+impl SlotMemory for VecSlots {
+    fn write_send(&mut self, slot: u16, offset: usize, bytes: &[u8]) {
+        let at = slot as usize * self.slot_size + offset;
+        self.send[at..at + bytes.len()].copy_from_slice(bytes);
+    }
+
+    fn read_recv(&self, slot: u16, offset: usize, out: &mut [u8]) {
+        let at = slot as usize * self.slot_size + offset;
+        out.copy_from_slice(&self.recv[at..at + out.len()]);
+    }
+}

@@ -1,0 +1,34 @@
+//! Timers as a table (quinn style): each kind has one optional deadline.
+
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Timer {
+    /// Send a PING: nothing heard for the keepalive interval.
+    KeepAlive = 0,
+    /// Declare the peer dead: nothing heard for the peer timeout.
+    PeerDead = 1,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Timers {
+    at: [Option<Instant>; 2],
+}
+
+impl Timers {
+    pub(crate) fn set(&mut self, t: Timer, at: Option<Instant>) {
+        self.at[t as usize] = at;
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.at = [None; 2];
+    }
+
+    pub(crate) fn next(&self) -> Option<Instant> {
+        self.at.iter().flatten().min().copied()
+    }
+
+    pub(crate) fn expired(&self, t: Timer, now: Instant) -> bool {
+        self.at[t as usize].is_some_and(|at| at <= now)
+    }
+}

@@ -1,0 +1,76 @@
+//! The core's outputs: work to post and events for the application.
+
+use crate::error::ProtoError;
+
+/// The id of a send work request: its sequence number on this connection's send queue. A
+/// signalled completion of `WrId(n)` also completes every earlier WR (RC order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WrId(pub u64);
+
+/// One thing for the driver to post. Drain `poll_work` in order; post each batch's receives
+/// before its sends (a send may announce the credit of a receive queued before it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// Post receive slot `slot` (whole slot; the driver may use `slot` as the receive WR id).
+    PostRecv {
+        /// The receive slot.
+        slot: u16,
+    },
+    /// Post one SEND of `len` bytes.
+    PostSend {
+        /// The WR id to post with; completions come back through `handle_send_completion`.
+        wr_id: WrId,
+        /// `Some(slot)`: the bytes are send slot `slot`'s first `len` bytes. `None`: an inline
+        /// send of `Conn::inline_frame(wr_id)` (no slot is used; post with IBV_SEND_INLINE).
+        slot: Option<u16>,
+        /// Bytes to send (header included).
+        len: u32,
+        /// Request a completion (IBV_SEND_SIGNALED).
+        signaled: bool,
+    },
+}
+
+/// What the application may want to hear about (coalesced: each kind is reported once per
+/// change, drained by `poll_event` in the order Failed, PeerClosed, Readable, Writable).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A message (or EOF) became ready to read.
+    Readable,
+    /// `send_msg` would now accept a message after it reported `WouldBlock`.
+    Writable,
+    /// The peer sent FIN: reads reach EOF after the data already sent.
+    PeerClosed,
+    /// The connection failed; every call now returns this error.
+    Failed(ProtoError),
+}
+
+/// Counters for tests and diagnostics (cheap to read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counters {
+    /// Frames sent (each spent one peer credit).
+    pub frames_sent: u64,
+    /// Cumulative limit the peer granted: `peer_limit - frames_sent` is the spendable credit.
+    pub peer_limit: u64,
+    /// The peer's receive slots (the most credit it can grant at once).
+    pub peer_slots: u64,
+    /// Frames received.
+    pub frames_received: u64,
+    /// Cumulative limit this side can grant (its slots plus every repost).
+    pub grant: u64,
+    /// The limit last announced to the peer.
+    pub announced: u64,
+    /// Receive slots held with unread data.
+    pub held_slots: u64,
+    /// Send WRs posted and not yet completed.
+    pub sq_outstanding: u64,
+    /// Free send slots.
+    pub free_send_slots: u64,
+    /// Bytes in the reassembly buffer.
+    pub reassembly_bytes: u64,
+    /// Bytes of the message being sent that are not in a slot yet (the core's copy).
+    pub queued_send_bytes: u64,
+    /// Messages accepted by `send_msg`.
+    pub messages_sent: u64,
+    /// Messages whose last fragment arrived.
+    pub messages_received: u64,
+}

@@ -1,0 +1,297 @@
+//! Property tests: two cores on the simulated link, driven by random interleavings of sends,
+//! receives (message and stream reads, short buffers), deliveries, completions, time, closes
+//! and broken QPs. After every op: credits within bounds, memory bounded, at most one ABORT
+//! after a failure. At the end, with the readers reading: the pair goes idle (no deadlock)
+//! and every message sent arrived once, in order, byte-exact, with EOF right after the data
+//! of a side that closed.
+
+mod util;
+
+use proptest::prelude::*;
+use rsrdma_proto::{Config, FrameType, ProtoError};
+use std::time::Duration;
+use util::{payload, Checker, Pair};
+
+const MAX_MESSAGE: u32 = 3000;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Send { side: usize, len: usize },
+    RecvInto { side: usize, buf: usize },
+    RecvMsg { side: usize },
+    Read { side: usize, buf: usize },
+    Deliver { from: usize, n: usize },
+    Complete { side: usize },
+    Advance { ms: u64 },
+    Close { side: usize, full: bool },
+    Hold { from: usize, on: bool },
+    DelayCompletions(bool),
+    Break { side: usize },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let side = 0..2usize;
+    let len = prop_oneof![
+        6 => 0..120usize,
+        2 => 120..700usize,
+        1 => Just(MAX_MESSAGE as usize),
+        1 => Just(MAX_MESSAGE as usize + 1),
+        1 => 700..MAX_MESSAGE as usize,
+    ];
+    prop_oneof![
+        12 => (side.clone(), len).prop_map(|(side, len)| Op::Send { side, len }),
+        3 => (side.clone(), 0..1200usize).prop_map(|(side, buf)| Op::RecvInto { side, buf }),
+        3 => side.clone().prop_map(|side| Op::RecvMsg { side }),
+        3 => (side.clone(), 1..900usize).prop_map(|(side, buf)| Op::Read { side, buf }),
+        10 => (side.clone(), 1..40usize).prop_map(|(from, n)| Op::Deliver { from, n }),
+        4 => side.clone().prop_map(|side| Op::Complete { side }),
+        2 => (0..2500u64).prop_map(|ms| Op::Advance { ms }),
+        1 => (side.clone(), any::<bool>(), 0..8u8).prop_map(|(side, full, gate)| if gate == 0 {
+            Op::Close { side, full }
+        } else {
+            Op::RecvMsg { side }
+        }),
+        1 => (side.clone(), 0..4u8).prop_map(|(from, on)| Op::Hold { from, on: on == 0 }),
+        1 => any::<bool>().prop_map(Op::DelayCompletions),
+        1 => (1..200u32).prop_map(|w| w == 1).prop_flat_map(move |b| (Just(b), 0..2usize))
+            .prop_map(|(b, side)| if b { Op::Break { side } } else { Op::Complete { side } }),
+    ]
+}
+
+fn config() -> impl Strategy<Value = Config> {
+    (
+        prop_oneof![Just(64u32), Just(128), Just(300), Just(1024)],
+        8..20u16,
+        2..9u16,
+        2..24u16,
+        1..9u16,
+        prop_oneof![Just(0u16), Just(16), Just(64), Just(200)],
+    )
+        .prop_map(|(slot, recv, send, depth, interval, inline)| {
+            Config::default()
+                .with_slot_size(slot)
+                .with_recv_slots(recv)
+                .with_send_slots(send)
+                .with_sq_depth(depth)
+                .with_signal_interval(interval)
+                .with_inline_size(inline)
+                .with_max_message(MAX_MESSAGE)
+        })
+}
+
+/// What the test knows beyond the cores.
+struct World {
+    p: Pair,
+    /// `chk[i]` checks what side `i` reads (sent by the other side).
+    chk: [Checker; 2],
+    write_closed: [bool; 2],
+    read_closed: [bool; 2],
+    broken: [bool; 2],
+}
+
+impl World {
+    fn apply(&mut self, op: &Op) {
+        let p = &mut self.p;
+        match *op {
+            Op::Send { side, len } => {
+                let data = payload(self.chk[1 - side].lens.len() as u64, len);
+                match p.sides[side].conn.send_msg(&data) {
+                    Ok(()) => self.chk[1 - side].lens.push(len),
+                    Err(ProtoError::WouldBlock) => {}
+                    Err(ProtoError::TooLarge { .. }) => assert!(len > MAX_MESSAGE as usize),
+                    Err(ProtoError::Closed { .. }) => assert!(self.write_closed[side]),
+                    Err(e) => assert!(e.is_sticky() && p.sides[side].failed(), "{e}"),
+                }
+                p.pump(side);
+            }
+            Op::RecvInto { side, buf } => {
+                let mut b = vec![0; buf];
+                let r = p.sides[side].conn.recv_msg_into(&mut b);
+                match r {
+                    Ok(Some(n)) => self.chk[side].on_msg(&b[..n]),
+                    Err(ProtoError::ShortBuffer { needed }) => {
+                        assert!(needed > buf);
+                        assert_eq!(needed, self.chk[side].expected_len(), "needed length");
+                    }
+                    other => self.check_no_message(side, other.map(|o| o.map(|_| ()))),
+                }
+                self.p.pump(side);
+            }
+            Op::RecvMsg { side } => {
+                match p.sides[side].conn.recv_msg() {
+                    Ok(Some(m)) => self.chk[side].on_msg(&m),
+                    other => self.check_no_message(side, other.map(|o| o.map(|_| ()))),
+                }
+                self.p.pump(side);
+            }
+            Op::Read { side, buf } => {
+                let mut b = vec![0; buf];
+                let r = p.sides[side].conn.read(&mut b);
+                let received = p.sides[side].conn.counters().messages_received;
+                match r {
+                    Ok(n) if n > 0 => self.chk[side].on_read(&b[..n], received),
+                    Ok(_) => {
+                        self.chk[side].on_read(&[], received);
+                        self.check_no_message(side, Ok(None));
+                    }
+                    Err(ProtoError::WouldBlock) => self.chk[side].on_read(&[], received),
+                    Err(e) => self.check_no_message(side, Err(e)),
+                }
+                self.p.pump(side);
+            }
+            Op::Deliver { from, n } => {
+                for _ in 0..n {
+                    if p.hold[from] || !p.deliver(from) {
+                        break;
+                    }
+                }
+            }
+            Op::Complete { side } => {
+                p.complete(side);
+            }
+            Op::Advance { ms } => {
+                assert!(p.drive(100_000), "livelock");
+                p.advance(Duration::from_millis(ms));
+            }
+            Op::Close { side, full } => {
+                let r = if full {
+                    p.sides[side].conn.close()
+                } else {
+                    p.sides[side].conn.shutdown_write()
+                };
+                if r.is_ok() {
+                    self.write_closed[side] = true;
+                    self.read_closed[side] |= full;
+                }
+                p.pump(side);
+            }
+            Op::Hold { from, on } => p.hold[from] = on,
+            Op::DelayCompletions(on) => p.delay_completions = on,
+            Op::Break { side } => {
+                if !self.broken[side] {
+                    self.broken[side] = true;
+                    p.break_qp(side);
+                }
+            }
+        }
+        self.check();
+    }
+
+    /// A read that returned no message: WouldBlock, EOF (only after all data and a FIN),
+    /// Closed (only after close), or the sticky error.
+    fn check_no_message(&self, side: usize, r: Result<Option<()>, ProtoError>) {
+        match r {
+            Ok(Some(())) => unreachable!(),
+            Ok(None) => {
+                assert!(self.write_closed[1 - side], "EOF without the peer closing");
+                assert!(self.chk[side].all_taken(), "EOF before all data was read");
+            }
+            Err(ProtoError::WouldBlock) => {}
+            Err(ProtoError::Closed { .. }) => assert!(self.read_closed[side]),
+            Err(e) => assert!(e.is_sticky() && self.p.sides[side].failed(), "{e}"),
+        }
+    }
+
+    fn check(&self) {
+        self.p.check_credits();
+        for s in &self.p.sides {
+            let c = s.conn.counters();
+            assert!(
+                c.reassembly_bytes <= u64::from(MAX_MESSAGE),
+                "reassembly over the cap"
+            );
+            assert!(
+                c.queued_send_bytes <= u64::from(MAX_MESSAGE),
+                "queued send bytes unbounded"
+            );
+            assert!(
+                s.posted_after_failure.len() <= 1,
+                "more than one frame after failure"
+            );
+            assert!(s
+                .posted_after_failure
+                .iter()
+                .all(|f| *f == FrameType::Abort));
+            assert!(s.posted_receives() <= usize::from(s.cfg.recv_slots));
+        }
+    }
+
+    /// Readers read everything, senders finish: must go idle with everything delivered.
+    fn finish(&mut self) {
+        self.p.hold = [false; 2];
+        self.p.delay_completions = false;
+        for _ in 0..10_000 {
+            assert!(self.p.drive(100_000), "livelock");
+            let mut progressed = false;
+            for side in 0..2 {
+                while let Ok(Some(m)) = self.p.sides[side].conn.recv_msg() {
+                    self.chk[side].on_msg(&m);
+                    progressed = true;
+                }
+                self.p.pump(side);
+            }
+            if !progressed && !self.p.step() {
+                break;
+            }
+        }
+        if self.p.sides.iter().any(|s| s.failed()) {
+            return; // Failures were checked op by op; delivery is not promised after one.
+        }
+        for side in 0..2 {
+            if !self.read_closed[side] {
+                assert!(
+                    self.chk[side].all_taken(),
+                    "side {side} did not get everything"
+                );
+                if self.write_closed[1 - side] {
+                    assert_eq!(
+                        self.p.sides[side].conn.recv_msg(),
+                        Ok(None),
+                        "EOF after the data"
+                    );
+                }
+            }
+            assert!(
+                self.p.sides[side].conn.can_send() || self.write_closed[side],
+                "sender stuck"
+            );
+        }
+        self.p.check_conservation();
+        // Close both and drain.
+        for side in 0..2 {
+            self.p.sides[side].conn.close().unwrap();
+            self.p.pump(side);
+        }
+        assert!(self.p.drive(100_000));
+        for side in 0..2 {
+            assert!(
+                self.p.sides[side].conn.is_drained(),
+                "side {side} not drained after close"
+            );
+            assert_eq!(self.p.sides[side].conn.poll_timeout(), None);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_interleavings_keep_every_promise(
+        a in config(),
+        b in config(),
+        ops in proptest::collection::vec(op(), 1..300),
+    ) {
+        let mut w = World {
+            p: Pair::new(a, b),
+            chk: [Checker::default(), Checker::default()],
+            write_closed: [false; 2],
+            read_closed: [false; 2],
+            broken: [false; 2],
+        };
+        for op in &ops {
+            w.apply(op);
+        }
+        w.finish();
+    }
+}

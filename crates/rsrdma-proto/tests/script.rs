@@ -1,0 +1,683 @@
+//! Scripted tests (smoltcp style): inputs in, the exact `Work` out.
+//!
+//! Geometry: 256-byte slots (240 payload bytes per frame), 8 receive slots on both sides (so 8
+//! initial credits, 5 usable for data), 8 send slots, SQ depth 16, signal every 4th WR, frames
+//! up to 64 bytes inline.
+
+use rsrdma_proto::frame::{abort_code, FLAG_FIRST, FLAG_LAST};
+use rsrdma_proto::{
+    settle, Config, Conn, Event, FrameType, Header, ProtoError, VecSlots, Work, WrId, HEADER_LEN,
+};
+use std::time::{Duration, Instant};
+
+fn cfg() -> Config {
+    Config::default()
+        .with_slot_size(256)
+        .with_recv_slots(8)
+        .with_send_slots(8)
+        .with_sq_depth(16)
+        .with_signal_interval(4)
+        .with_inline_size(64)
+        .with_max_message(4096)
+}
+
+struct Script {
+    c: Conn<VecSlots>,
+    t0: Instant,
+    /// Cumulative credit limit the fake peer grants.
+    peer_grant: u32,
+    /// Next receive slot the fake peer's frames land in (the core posts 0..8 in order and
+    /// reposts in consumption order; scripts pick slots explicitly where it matters).
+    next_slot: u16,
+}
+
+impl Script {
+    fn new(cfg: Config) -> Self {
+        let settled = settle(&cfg.params(), &cfg.params()).unwrap();
+        let t0 = Instant::now();
+        let mut c = Conn::new(&cfg, &settled, VecSlots::for_config(&cfg), t0).unwrap();
+        let first: Vec<Work> = std::iter::from_fn(|| c.poll_work()).collect();
+        let want: Vec<Work> = (0..cfg.recv_slots)
+            .map(|slot| Work::PostRecv { slot })
+            .collect();
+        assert_eq!(first, want, "every receive slot is posted at creation");
+        Self {
+            c,
+            t0,
+            peer_grant: u32::from(cfg.recv_slots),
+            next_slot: 0,
+        }
+    }
+
+    fn work(&mut self) -> Vec<Work> {
+        std::iter::from_fn(|| self.c.poll_work()).collect()
+    }
+
+    fn events(&mut self) -> Vec<Event> {
+        std::iter::from_fn(|| self.c.poll_event()).collect()
+    }
+
+    /// A frame from the fake peer into the next receive slot.
+    fn arrive(&mut self, h: Header, payload: &[u8]) -> u16 {
+        let slot = self.next_slot;
+        self.next_slot += 1;
+        self.arrive_in(slot, h, payload);
+        slot
+    }
+
+    fn arrive_in(&mut self, slot: u16, mut h: Header, payload: &[u8]) {
+        h.credit_limit = self.peer_grant;
+        let len = HEADER_LEN + payload.len();
+        let mem = self.c.memory_mut().recv_slot_mut(slot);
+        mem[..HEADER_LEN].copy_from_slice(&h.encode());
+        mem[HEADER_LEN..len].copy_from_slice(payload);
+        self.c
+            .handle_recv_completion(slot, len as u32, Ok(()), self.t0);
+    }
+
+    /// Header and payload of a posted send.
+    fn sent(&self, w: &Work) -> (Header, Vec<u8>) {
+        let Work::PostSend {
+            wr_id, slot, len, ..
+        } = *w
+        else {
+            panic!("{w:?} is not a send")
+        };
+        let bytes = match slot {
+            None => self.c.inline_frame(wr_id).unwrap().to_vec(),
+            Some(s) => self.c.memory().send_slot(s)[..len as usize].to_vec(),
+        };
+        (
+            Header::decode(&bytes).unwrap(),
+            bytes[HEADER_LEN..].to_vec(),
+        )
+    }
+}
+
+fn send(wr: u64, slot: Option<u16>, len: u32, signaled: bool) -> Work {
+    Work::PostSend {
+        wr_id: WrId(wr),
+        slot,
+        len,
+        signaled,
+    }
+}
+
+fn single(msg_id: u16, payload: &[u8]) -> Header {
+    Header {
+        kind: FrameType::Data,
+        flags: FLAG_FIRST | FLAG_LAST,
+        msg_id,
+        credit_limit: 0,
+        payload_len: payload.len() as u32,
+        aux: payload.len() as u32,
+    }
+}
+
+fn fragment(flags: u8, msg_id: u16, len: usize, total: u32) -> Header {
+    Header {
+        kind: FrameType::Data,
+        flags,
+        msg_id,
+        credit_limit: 0,
+        payload_len: len as u32,
+        aux: if flags & FLAG_FIRST != 0 { total } else { 0 },
+    }
+}
+
+#[test]
+fn a_small_message_goes_inline_and_is_read_in_place() {
+    let mut s = Script::new(cfg());
+    s.c.send_msg(b"hello").unwrap();
+    let w = s.work();
+    assert_eq!(w, [send(0, None, 21, false)]);
+    let (h, p) = s.sent(&w[0]);
+    assert_eq!(
+        h,
+        Header {
+            credit_limit: 8,
+            ..single(0, b"hello")
+        }
+    );
+    assert_eq!(p, b"hello");
+
+    s.arrive(single(0, b"world"), b"world");
+    assert_eq!(
+        s.work(),
+        [],
+        "the slot stays lent until the message is read"
+    );
+    assert_eq!(s.events(), [Event::Readable]);
+    let mut buf = [0u8; 16];
+    assert_eq!(s.c.recv_msg_into(&mut buf), Ok(Some(5)));
+    assert_eq!(&buf[..5], b"world");
+    assert_eq!(s.work(), [Work::PostRecv { slot: 0 }]);
+    assert_eq!(s.c.recv_msg_into(&mut buf), Err(ProtoError::WouldBlock));
+}
+
+#[test]
+fn a_fragmented_message_uses_slots_and_reassembles() {
+    let mut s = Script::new(cfg());
+    let msg: Vec<u8> = (0..600u32).map(|i| i as u8).collect();
+    s.c.send_msg(&msg).unwrap();
+    let w = s.work();
+    assert_eq!(
+        w,
+        [
+            send(0, Some(0), 256, false),
+            send(1, Some(1), 256, false),
+            send(2, Some(2), 136, false)
+        ]
+    );
+    let frames: Vec<(Header, Vec<u8>)> = w.iter().map(|w| s.sent(w)).collect();
+    assert_eq!(
+        frames[0].0,
+        Header {
+            credit_limit: 8,
+            ..fragment(FLAG_FIRST, 0, 240, 600)
+        }
+    );
+    assert_eq!(
+        frames[1].0,
+        Header {
+            credit_limit: 8,
+            ..fragment(0, 0, 240, 0)
+        }
+    );
+    assert_eq!(
+        frames[2].0,
+        Header {
+            credit_limit: 8,
+            ..fragment(FLAG_LAST, 0, 120, 0)
+        }
+    );
+    let joined: Vec<u8> = frames.iter().flat_map(|f| f.1.clone()).collect();
+    assert_eq!(joined, msg);
+
+    // Receiving: each fragment is copied into the reassembly buffer and its slot goes back.
+    s.arrive(fragment(FLAG_FIRST, 0, 240, 600), &msg[..240]);
+    assert_eq!(s.work(), [Work::PostRecv { slot: 0 }]);
+    assert_eq!(s.c.recv_msg(), Err(ProtoError::WouldBlock), "incomplete");
+    s.arrive(fragment(0, 0, 240, 0), &msg[240..480]);
+    s.arrive(fragment(FLAG_LAST, 0, 120, 0), &msg[480..]);
+    // With 8 slots a quarter of the ring is 2: the second repost is worth a CREDIT frame.
+    let w = s.work();
+    assert_eq!(
+        w,
+        [
+            Work::PostRecv { slot: 1 },
+            send(3, None, 16, true),
+            Work::PostRecv { slot: 2 }
+        ]
+    );
+    assert_eq!(
+        s.sent(&w[1]).0,
+        Header::control(FrameType::Credit, 0, 10, 0)
+    );
+    assert_eq!(s.events(), [Event::Readable]);
+    assert_eq!(s.c.recv_msg(), Ok(Some(msg)));
+}
+
+#[test]
+fn credit_exhaustion_blocks_data_and_a_credit_frame_releases_it() {
+    let mut s = Script::new(cfg());
+    for i in 0..5u8 {
+        s.c.send_msg(&[i]).unwrap();
+    }
+    assert_eq!(
+        s.work().len(),
+        5,
+        "8 credits, 3 kept for control: 5 data frames"
+    );
+    s.c.send_msg(b"sixth").unwrap(); // accepted, held by the core
+    assert_eq!(s.work(), []);
+    assert_eq!(s.c.counters().queued_send_bytes, 5);
+    assert_eq!(s.c.send_msg(b"seventh"), Err(ProtoError::WouldBlock));
+
+    s.peer_grant += 1;
+    s.arrive(Header::control(FrameType::Credit, 0, 0, 0), &[]);
+    let w = s.work();
+    assert_eq!(w, [Work::PostRecv { slot: 0 }, send(5, None, 21, false)]);
+    let (h, p) = s.sent(&w[1]);
+    assert_eq!(
+        (h.msg_id, h.credit_limit, &p[..]),
+        (5, 9, &b"sixth"[..]),
+        "the header returns the CREDIT's slot"
+    );
+    assert_eq!(s.events(), [Event::Writable]);
+    assert_eq!(s.c.send_msg(b"seventh"), Ok(()));
+    assert_eq!(s.work(), [], "back at the reserve");
+}
+
+#[test]
+fn the_control_reserve_carries_fin_and_pong_while_data_is_blocked() {
+    let mut s = Script::new(cfg());
+    for i in 0..5u8 {
+        s.c.send_msg(&[i]).unwrap();
+    }
+    s.work();
+    s.arrive(Header::control(FrameType::Ping, 0, 0, 77), &[]);
+    let w = s.work();
+    assert_eq!(w, [Work::PostRecv { slot: 0 }, send(5, None, 16, false)]);
+    assert_eq!(s.sent(&w[1]).0, Header::control(FrameType::Pong, 0, 9, 77));
+    s.c.shutdown_write().unwrap();
+    let w = s.work();
+    assert_eq!(w, [send(6, None, 16, true)], "FIN is signalled");
+    assert_eq!(s.sent(&w[0]).0, Header::control(FrameType::Fin, 5, 9, 0));
+    assert_eq!(
+        s.c.send_msg(b"x"),
+        Err(ProtoError::Closed { op: "send_msg" })
+    );
+    // One credit left and nothing new to announce: a PING must wait (it would strand us at 0).
+    s.c.handle_timeout(s.t0 + Duration::from_secs(1));
+    assert_eq!(s.work(), []);
+}
+
+#[test]
+fn data_spending_the_peers_control_reserve_aborts() {
+    let mut s = Script::new(cfg());
+    for i in 0..5u16 {
+        s.arrive(single(i, b"d"), b"d");
+    }
+    assert!(s.c.error().is_none());
+    s.arrive(single(5, b"d"), b"d");
+    assert_eq!(s.c.error(), Some(&ProtoError::ReserveViolated));
+    let w = s.work();
+    assert_eq!(w, [send(0, None, 16, true)]);
+    assert_eq!(
+        s.sent(&w[0]).0,
+        Header::control(FrameType::Abort, 0, 8, abort_code::CREDIT)
+    );
+}
+
+#[test]
+fn selective_signalling_every_kth_and_when_the_sq_runs_low() {
+    let c = cfg().with_sq_depth(8).with_recv_slots(32);
+    let mut s = Script::new(c);
+    for i in 0..8u8 {
+        s.c.send_msg(&[i]).unwrap();
+    }
+    let sig: Vec<bool> = s
+        .work()
+        .iter()
+        .map(|w| matches!(w, Work::PostSend { signaled: true, .. }))
+        .collect();
+    assert_eq!(sig, [false, false, false, true, true, true, true, true]);
+    s.c.send_msg(b"ninth").unwrap();
+    assert_eq!(s.work(), [], "SQ full");
+    s.c.handle_send_completion(WrId(3), Ok(()));
+    assert_eq!(
+        s.work(),
+        [send(8, None, 21, true)],
+        "4 entries free, fewer than k=4 after it"
+    );
+    assert_eq!(s.c.counters().sq_outstanding, 5);
+    // A successful completion for an unsignalled WR is a driver bug.
+    let mut s = Script::new(cfg());
+    s.c.send_msg(b"a").unwrap();
+    s.work();
+    s.c.handle_send_completion(WrId(0), Ok(()));
+    assert!(matches!(s.c.error(), Some(ProtoError::Misuse { .. })));
+}
+
+#[test]
+fn send_slots_are_freed_by_a_later_signalled_completion() {
+    let mut s = Script::new(cfg().with_recv_slots(32));
+    let big = vec![7u8; 200];
+    for _ in 0..8 {
+        s.c.send_msg(&big).unwrap();
+    }
+    let w = s.work();
+    let slots: Vec<Option<u16>> = w
+        .iter()
+        .map(|w| match w {
+            Work::PostSend { slot, .. } => *slot,
+            _ => unreachable!(),
+        })
+        .collect();
+    assert_eq!(slots, (0..8).map(Some).collect::<Vec<_>>());
+    assert_eq!(s.c.counters().free_send_slots, 0);
+    s.c.send_msg(&big).unwrap();
+    assert_eq!(s.work(), [], "no free send slot");
+    s.c.handle_send_completion(WrId(7), Ok(()));
+    assert_eq!(s.c.counters().free_send_slots, 7);
+    assert_eq!(s.work().len(), 1);
+}
+
+#[test]
+fn fin_goes_after_all_queued_data_and_drains() {
+    let mut s = Script::new(cfg());
+    let msg = vec![1u8; 240 * 7];
+    s.c.send_msg(&msg).unwrap();
+    assert_eq!(s.work().len(), 5);
+    s.c.shutdown_write().unwrap();
+    assert_eq!(s.work(), [], "FIN waits for the rest of the message");
+    s.peer_grant += 4;
+    s.arrive(Header::control(FrameType::Credit, 0, 0, 0), &[]);
+    let w = s.work();
+    assert_eq!(w.len(), 4);
+    assert_eq!(s.sent(&w[1]).0.flags, 0);
+    assert_eq!(s.sent(&w[2]).0.flags, FLAG_LAST);
+    assert_eq!(w[3], send(7, None, 16, true));
+    assert_eq!(s.sent(&w[3]).0.kind, FrameType::Fin);
+    assert!(!s.c.is_drained());
+    s.c.handle_send_completion(WrId(7), Ok(()));
+    assert!(s.c.is_drained());
+}
+
+#[test]
+fn a_short_buffer_does_not_consume_the_message() {
+    let mut s = Script::new(cfg());
+    let msg = [9u8; 100];
+    s.arrive(single(0, &msg), &msg);
+    let mut small = [0u8; 10];
+    assert_eq!(
+        s.c.recv_msg_into(&mut small),
+        Err(ProtoError::ShortBuffer { needed: 100 })
+    );
+    assert_eq!(s.work(), []);
+    // A stream read takes a part; the message read then returns the rest.
+    assert_eq!(s.c.read(&mut small), Ok(10));
+    assert_eq!(
+        s.c.recv_msg_into(&mut small),
+        Err(ProtoError::ShortBuffer { needed: 90 })
+    );
+    let mut big = [0u8; 100];
+    assert_eq!(s.c.recv_msg_into(&mut big), Ok(Some(90)));
+    assert_eq!(s.work(), [Work::PostRecv { slot: 0 }]);
+}
+
+#[test]
+fn stream_reads_cross_messages_and_skip_empty_ones() {
+    let mut s = Script::new(cfg());
+    s.arrive(single(0, b"ab"), b"ab");
+    s.arrive(single(1, b""), b"");
+    s.arrive(single(2, b"cd"), b"cd");
+    let mut buf = [0u8; 8];
+    assert_eq!(s.c.read(&mut buf), Ok(4));
+    assert_eq!(&buf[..4], b"abcd");
+    assert_eq!(s.c.read(&mut buf), Err(ProtoError::WouldBlock));
+    s.arrive(Header::control(FrameType::Fin, 3, 0, 0), &[]);
+    assert_eq!(s.events(), [Event::PeerClosed, Event::Readable]);
+    assert_eq!(s.c.read(&mut buf), Ok(0), "EOF");
+    assert_eq!(s.c.recv_msg(), Ok(None), "EOF");
+}
+
+#[test]
+fn keepalive_pings_and_a_silent_peer_is_declared_dead() {
+    let mut s = Script::new(cfg());
+    let t0 = s.t0;
+    assert_eq!(s.c.poll_timeout(), Some(t0 + Duration::from_secs(1)));
+    s.c.handle_timeout(t0 + Duration::from_millis(999));
+    assert_eq!(s.work(), [], "early timeout is a no-op");
+    s.c.handle_timeout(t0 + Duration::from_secs(1));
+    let w = s.work();
+    assert_eq!(w, [send(0, None, 16, false)]);
+    assert_eq!(s.sent(&w[0]).0, Header::control(FrameType::Ping, 0, 8, 0));
+    assert_eq!(s.c.poll_timeout(), Some(t0 + Duration::from_secs(2)));
+    // Hearing anything pushes both deadlines out.
+    s.t0 = t0 + Duration::from_secs(3);
+    s.arrive(Header::control(FrameType::Pong, 0, 0, 0), &[]);
+    assert_eq!(s.c.poll_timeout(), Some(t0 + Duration::from_secs(4)));
+    for sec in 4..8 {
+        s.c.handle_timeout(t0 + Duration::from_secs(sec));
+    }
+    assert_eq!(
+        s.work().len(),
+        1 + 4,
+        "the PONG's repost, then one PING a second"
+    );
+    assert!(s.c.error().is_none());
+    s.c.handle_timeout(t0 + Duration::from_secs(8));
+    assert_eq!(s.c.error(), Some(&ProtoError::PeerDead { silent_ms: 5000 }));
+    let w = s.work();
+    assert_eq!(w.len(), 1);
+    assert_eq!(s.sent(&w[0]).0.kind, FrameType::Abort);
+    assert_eq!(s.sent(&w[0]).0.aux, abort_code::TIMEOUT);
+    assert_eq!(
+        s.events(),
+        [Event::Failed(ProtoError::PeerDead { silent_ms: 5000 })]
+    );
+    assert_eq!(s.c.poll_timeout(), None);
+}
+
+#[test]
+fn a_bad_frame_aborts_once_and_then_nothing() {
+    let mut s = Script::new(cfg());
+    s.c.send_msg(b"queued").unwrap(); // built but not taken by the driver: dropped on failure
+    let slot = s.next_slot;
+    let mem = s.c.memory_mut().recv_slot_mut(slot);
+    mem[..HEADER_LEN].copy_from_slice(&[99; HEADER_LEN]);
+    s.c.handle_recv_completion(slot, HEADER_LEN as u32, Ok(()), s.t0);
+    let err = ProtoError::BadFrame {
+        reason: "unknown frame type",
+    };
+    assert_eq!(s.c.error(), Some(&err));
+    let w = s.work();
+    assert_eq!(w, [send(0, None, 16, true)]);
+    assert_eq!(
+        s.sent(&w[0]).0,
+        Header::control(FrameType::Abort, 0, 8, abort_code::BAD_FRAME)
+    );
+    assert_eq!(s.events(), [Event::Failed(err.clone())]);
+    assert_eq!(s.c.send_msg(b"x"), Err(err.clone()));
+    assert_eq!(s.c.recv_msg(), Err(err.clone()));
+    s.c.handle_timeout(s.t0 + Duration::from_secs(60));
+    s.arrive_in(1, single(0, b"late"), b"late");
+    assert_eq!(s.work(), [], "after the ABORT nothing is posted");
+    assert!(!s.c.is_drained());
+    s.c.handle_send_completion(WrId(0), Ok(()));
+    assert!(s.c.is_drained());
+}
+
+#[test]
+fn every_peer_violation_is_a_sticky_error() {
+    type Case = (&'static str, fn(&mut Script), ProtoError);
+    let cases: Vec<Case> = vec![
+        (
+            "continuation without start",
+            |s| {
+                s.arrive(fragment(FLAG_LAST, 0, 5, 0), b"abcde");
+            },
+            ProtoError::Sequence {
+                reason: "a continuation without a first fragment",
+            },
+        ),
+        (
+            "start inside a message",
+            |s| {
+                s.arrive(fragment(FLAG_FIRST, 0, 240, 500), &[0; 240]);
+                s.arrive(fragment(FLAG_FIRST, 1, 240, 500), &[0; 240]);
+            },
+            ProtoError::Sequence {
+                reason: "a first fragment inside a message",
+            },
+        ),
+        (
+            "message id out of order",
+            |s| {
+                s.arrive(single(1, b"x"), b"x");
+            },
+            ProtoError::Sequence {
+                reason: "a message id out of order",
+            },
+        ),
+        (
+            "fragments longer than the message",
+            |s| {
+                s.arrive(fragment(FLAG_FIRST, 0, 240, 300), &[0; 240]);
+                s.arrive(fragment(FLAG_LAST, 0, 61, 0), &[0; 61]);
+            },
+            ProtoError::Sequence {
+                reason: "fragments longer than their message",
+            },
+        ),
+        (
+            "message over the cap",
+            |s| {
+                s.arrive(fragment(FLAG_FIRST, 0, 240, 4097), &[0; 240]);
+            },
+            ProtoError::MessageTooLarge {
+                len: 4097,
+                max: 4096,
+            },
+        ),
+        (
+            "oversize fragment",
+            |s| {
+                // A peer that ignores the settled frame size (its slot would be larger).
+                let mut h = fragment(FLAG_FIRST, 0, 240, 1000);
+                h.payload_len = 241;
+                let slot = s.next_slot;
+                let m = s.c.memory_mut().recv_slot_mut(slot);
+                m[..HEADER_LEN].copy_from_slice(
+                    &Header {
+                        credit_limit: 8,
+                        ..h
+                    }
+                    .encode(),
+                );
+                s.c.handle_recv_completion(slot, 257, Ok(()), s.t0);
+            },
+            ProtoError::BadFrame {
+                reason: "completion length outside header ..= slot size",
+            },
+        ),
+        (
+            "data after FIN",
+            |s| {
+                s.arrive(Header::control(FrameType::Fin, 0, 0, 0), &[]);
+                s.arrive(single(0, b"x"), b"x");
+            },
+            ProtoError::DataAfterFin { what: "DATA" },
+        ),
+        (
+            "FIN inside a message",
+            |s| {
+                s.arrive(fragment(FLAG_FIRST, 0, 240, 500), &[0; 240]);
+                s.arrive(Header::control(FrameType::Fin, 0, 0, 0), &[]);
+            },
+            ProtoError::Sequence {
+                reason: "FIN inside a message",
+            },
+        ),
+        (
+            "credit above the peer's slots",
+            |s| {
+                s.peer_grant += 1;
+                s.arrive(Header::control(FrameType::Credit, 0, 0, 0), &[]);
+            },
+            ProtoError::CreditOverrun {
+                reason: "credit limit above the peer's receive slots",
+            },
+        ),
+        (
+            "credit moved back",
+            |s| {
+                s.peer_grant -= 1;
+                s.arrive(Header::control(FrameType::Credit, 0, 0, 0), &[]);
+            },
+            ProtoError::CreditOverrun {
+                reason: "credit limit moved back or by more than the peer's slots",
+            },
+        ),
+        (
+            "rendezvous not negotiated",
+            |s| {
+                s.arrive(Header::control(FrameType::Rts, 0, 0, 0), &[]);
+            },
+            ProtoError::Unsupported { frame: 7 },
+        ),
+        (
+            "completion length differs",
+            |s| {
+                let slot = s.next_slot;
+                let m = s.c.memory_mut().recv_slot_mut(slot);
+                m[..HEADER_LEN].copy_from_slice(
+                    &Header {
+                        credit_limit: 8,
+                        ..single(0, b"abc")
+                    }
+                    .encode(),
+                );
+                s.c.handle_recv_completion(slot, HEADER_LEN as u32 + 2, Ok(()), s.t0);
+            },
+            ProtoError::BadFrame {
+                reason: "payload length differs from the received length",
+            },
+        ),
+    ];
+    for (name, script, want) in cases {
+        let mut s = Script::new(cfg());
+        script(&mut s);
+        assert_eq!(s.c.error(), Some(&want), "{name}");
+        let w = s.work();
+        let aborts = w
+            .iter()
+            .filter(|w| matches!(w, Work::PostSend { .. }))
+            .count();
+        assert_eq!(aborts, 1, "{name}: exactly one ABORT");
+        assert_eq!(s.c.send_msg(b"x"), Err(want), "{name}: sticky");
+    }
+}
+
+#[test]
+fn a_peer_abort_fails_without_an_answer() {
+    let mut s = Script::new(cfg());
+    s.arrive(
+        Header::control(FrameType::Abort, 0, 0, abort_code::SEQUENCE),
+        &[],
+    );
+    assert_eq!(s.c.error(), Some(&ProtoError::PeerAborted { code: 4 }));
+    assert_eq!(s.work(), []);
+}
+
+#[test]
+fn close_discards_arriving_data_and_returns_its_credit() {
+    let mut s = Script::new(cfg());
+    s.arrive(single(0, b"unread"), b"unread");
+    s.c.close().unwrap();
+    assert_eq!(
+        s.work(),
+        [Work::PostRecv { slot: 0 }, send(0, None, 16, true)]
+    );
+    s.arrive(single(1, b"more"), b"more");
+    assert_eq!(s.work(), [Work::PostRecv { slot: 1 }]);
+    assert_eq!(s.c.recv_msg(), Err(ProtoError::Closed { op: "recv_msg" }));
+    s.c.handle_send_completion(WrId(0), Ok(()));
+    assert!(s.c.is_drained());
+}
+
+#[test]
+fn a_fatal_error_posts_nothing_and_drains_after_the_flush() {
+    let mut s = Script::new(cfg());
+    s.c.send_msg(b"in flight").unwrap();
+    s.work();
+    s.c.send_msg(&[0; 600]).unwrap(); // queued, not taken by the driver
+    s.c.handle_fatal(rsrdma_proto::Fatal::QpError);
+    assert_eq!(s.work(), []);
+    assert!(!s.c.is_drained(), "WR 0 is still outstanding");
+    s.c.handle_flushed();
+    assert!(s.c.is_drained());
+}
+
+#[test]
+fn a_peer_down_to_its_last_credit_gets_a_credit_frame_early() {
+    let mut s = Script::new(cfg().with_recv_slots(16)); // a quarter of the ring: 4
+    for i in 0..13u16 {
+        s.arrive(single(i, b"d"), b"d"); // held unread: the peer may send 3 more frames
+    }
+    s.arrive(Header::control(FrameType::Pong, 0, 0, 0), &[]);
+    assert_eq!(
+        s.work(),
+        [Work::PostRecv { slot: 13 }],
+        "one unannounced credit: not worth a frame"
+    );
+    s.arrive(Header::control(FrameType::Pong, 0, 0, 0), &[]);
+    let w = s.work();
+    assert_eq!(w, [Work::PostRecv { slot: 14 }, send(0, None, 16, false)]);
+    assert_eq!(
+        s.sent(&w[1]).0,
+        Header::control(FrameType::Credit, 0, 18, 0)
+    );
+}

@@ -1,0 +1,425 @@
+//! A simulated RC link for two cores (after quinn's test `Pair`): one FIFO per direction (in
+//! order, lossless), virtual time, and the verbs rules as assertions: an arriving SEND finds a
+//! posted receive (else "RNR: credit bug") big enough for it; only signalled WRs complete, and
+//! complete every earlier one; the SQ never overflows; a receive slot is never posted twice.
+//! Knobs: hold a direction, delay send completions, break one side's QP.
+
+#![allow(dead_code)] // each test file uses a part
+
+use rsrdma_proto::{settle, Config, Conn, Event, Fatal, FrameType, Header, VecSlots, Work, WrId};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// The payload byte of message `id` at `offset`: corruption, loss and reordering all show.
+pub fn byte_at(id: u64, offset: usize) -> u8 {
+    (id.wrapping_mul(131) as usize ^ offset.wrapping_mul(7) ^ (offset >> 8).wrapping_mul(13)) as u8
+}
+
+/// Message `id` of `len` bytes.
+pub fn payload(id: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| byte_at(id, i)).collect()
+}
+
+struct Packet {
+    wr: WrId,
+    signaled: bool,
+    slot: Option<u16>,
+    len: u32,
+    inline: Option<Vec<u8>>,
+}
+
+/// One endpoint: the core plus the model of its queue pair.
+pub struct Side {
+    pub conn: Conn<VecSlots>,
+    pub cfg: Config,
+    posted: VecDeque<u16>,
+    sq: VecDeque<(WrId, bool)>,
+    pub events: Vec<Event>,
+    /// Frames posted after the core reported failure (type of each).
+    pub posted_after_failure: Vec<FrameType>,
+    /// Frames posted, by type.
+    pub frames_posted: Vec<FrameType>,
+    pub broken: bool,
+}
+
+impl Side {
+    fn new(cfg: Config, peer: &Config, now: Instant) -> Self {
+        let settled = settle(&cfg.params(), &peer.params()).expect("settle");
+        let conn = Conn::new(&cfg, &settled, VecSlots::for_config(&cfg), now).expect("Conn::new");
+        Self {
+            conn,
+            cfg,
+            posted: VecDeque::new(),
+            sq: VecDeque::new(),
+            events: Vec::new(),
+            posted_after_failure: Vec::new(),
+            frames_posted: Vec::new(),
+            broken: false,
+        }
+    }
+
+    /// Receives posted (the model's view).
+    pub fn posted_receives(&self) -> usize {
+        self.posted.len()
+    }
+
+    /// Send WRs posted and not completed (the model's view).
+    pub fn sq_len(&self) -> usize {
+        self.sq.len()
+    }
+
+    pub fn failed(&self) -> bool {
+        self.conn.error().is_some()
+    }
+}
+
+/// Two cores and the link between them.
+pub struct Pair {
+    pub sides: [Side; 2],
+    wire: [VecDeque<Packet>; 2],
+    completions: [VecDeque<WrId>; 2],
+    pub now: Instant,
+    /// Hold frames sent by side `i` on the wire.
+    pub hold: [bool; 2],
+    /// Keep send completions until `complete` is called.
+    pub delay_completions: bool,
+    turn: usize,
+}
+
+impl Pair {
+    pub fn new(a: Config, b: Config) -> Self {
+        let now = Instant::now();
+        let sides = [Side::new(a.clone(), &b, now), Side::new(b, &a, now)];
+        let mut p = Self {
+            sides,
+            wire: [VecDeque::new(), VecDeque::new()],
+            completions: [VecDeque::new(), VecDeque::new()],
+            now,
+            hold: [false; 2],
+            delay_completions: false,
+            turn: 0,
+        };
+        p.pump(0);
+        p.pump(1);
+        p
+    }
+
+    /// Frames on the wire from side `i`.
+    pub fn in_flight(&self, i: usize) -> usize {
+        self.wire[i].len()
+    }
+
+    /// Send completions waiting for side `i`.
+    pub fn pending_completions(&self, i: usize) -> usize {
+        self.completions[i].len()
+    }
+
+    /// Drains side `i`'s outputs like a driver: work onto the model QP, events into `events`.
+    pub fn pump(&mut self, i: usize) {
+        let side = &mut self.sides[i];
+        while let Some(w) = side.conn.poll_work() {
+            assert!(!side.broken, "side {i} posted {w:?} on a broken QP");
+            match w {
+                Work::PostRecv { slot } => {
+                    assert!(
+                        !side.posted.contains(&slot),
+                        "side {i}: receive slot {slot} posted twice"
+                    );
+                    side.posted.push_back(slot);
+                }
+                Work::PostSend {
+                    wr_id,
+                    slot,
+                    len,
+                    signaled,
+                } => {
+                    let depth = usize::from(side.cfg.sq_depth);
+                    assert!(
+                        side.sq.len() < depth,
+                        "side {i}: SQ overflow ({depth} WRs outstanding)"
+                    );
+                    if let Some((last, _)) = side.sq.back() {
+                        assert_eq!(wr_id.0, last.0 + 1, "side {i}: WR ids not consecutive");
+                    }
+                    let inline = match slot {
+                        None => {
+                            let bytes = side
+                                .conn
+                                .inline_frame(wr_id)
+                                .expect("inline frame")
+                                .to_vec();
+                            assert_eq!(bytes.len(), len as usize, "inline length");
+                            assert!(
+                                len <= u32::from(side.cfg.inline_size),
+                                "inline over the QP's limit"
+                            );
+                            Some(bytes)
+                        }
+                        Some(s) => {
+                            assert!(len <= side.cfg.slot_size, "send longer than its slot");
+                            let _ = s;
+                            None
+                        }
+                    };
+                    let head = match &inline {
+                        Some(b) => Header::decode(b),
+                        None => Header::decode(side.conn.memory().send_slot(slot.unwrap())),
+                    }
+                    .expect("the core sends well-formed headers");
+                    side.frames_posted.push(head.kind);
+                    if side.conn.error().is_some() {
+                        side.posted_after_failure.push(head.kind);
+                    }
+                    side.sq.push_back((wr_id, signaled));
+                    self.wire[i].push_back(Packet {
+                        wr: wr_id,
+                        signaled,
+                        slot,
+                        len,
+                        inline,
+                    });
+                }
+            }
+        }
+        while let Some(e) = side.conn.poll_event() {
+            side.events.push(e);
+        }
+        if let Some(t) = side.conn.poll_timeout() {
+            // A deadline may be due at once, never in the past of an earlier input.
+            assert!(
+                t + Duration::from_secs(3600) > self.now,
+                "timeout far in the past"
+            );
+        }
+    }
+
+    /// Delivers the oldest frame sent by side `from`. Returns false if there is none.
+    pub fn deliver(&mut self, from: usize) -> bool {
+        let Some(p) = self.wire[from].pop_front() else {
+            return false;
+        };
+        let to = 1 - from;
+        let bytes = match p.inline {
+            Some(b) => b,
+            // The NIC reads the slot when it transmits: a slot reused too early shows here.
+            None => {
+                self.sides[from].conn.memory().send_slot(p.slot.unwrap())[..p.len as usize].to_vec()
+            }
+        };
+        if self.sides[to].broken {
+            // The peer's QP is gone: the sender's retries run out.
+            self.sides[from].sq.retain(|(w, _)| w.0 > p.wr.0);
+            self.sides[from].conn.handle_send_completion(p.wr, Err(12));
+            self.pump(from);
+            return true;
+        }
+        let rx = &mut self.sides[to];
+        let slot = rx
+            .posted
+            .pop_front()
+            .expect("RNR: credit bug (a SEND found no posted receive)");
+        assert!(
+            bytes.len() <= rx.cfg.slot_size as usize,
+            "LOCAL_LENGTH: frame larger than the receive slot"
+        );
+        rx.conn.memory_mut().recv_slot_mut(slot)[..bytes.len()].copy_from_slice(&bytes);
+        rx.conn
+            .handle_recv_completion(slot, bytes.len() as u32, Ok(()), self.now);
+        self.pump(to);
+        if p.signaled {
+            self.completions[from].push_back(p.wr);
+            if !self.delay_completions {
+                self.complete(from);
+            }
+        }
+        true
+    }
+
+    /// Delivers the oldest send completion of side `i`.
+    pub fn complete(&mut self, i: usize) -> bool {
+        let Some(wr) = self.completions[i].pop_front() else {
+            return false;
+        };
+        let side = &mut self.sides[i];
+        if side.broken {
+            return true;
+        }
+        let before = side.sq.len();
+        side.sq.retain(|(w, _)| w.0 > wr.0);
+        assert!(
+            side.sq.len() < before,
+            "completion for a WR not outstanding"
+        );
+        side.conn.handle_send_completion(wr, Ok(()));
+        self.pump(i);
+        true
+    }
+
+    /// One unit of progress (alternating directions). False when idle.
+    pub fn step(&mut self) -> bool {
+        for k in 0..2 {
+            let i = (self.turn + k) % 2;
+            if !self.hold[i] && self.deliver(i) {
+                self.turn = 1 - i;
+                return true;
+            }
+        }
+        (0..2).any(|i| self.complete(i))
+    }
+
+    /// Runs until idle; false if still busy after `max` steps (a livelock).
+    pub fn drive(&mut self, max: usize) -> bool {
+        for _ in 0..max {
+            if !self.step() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Advances virtual time and runs due timers.
+    pub fn advance(&mut self, d: Duration) {
+        self.now += d;
+        for i in 0..2 {
+            let due = self.sides[i]
+                .conn
+                .poll_timeout()
+                .is_some_and(|t| t <= self.now);
+            if due && !self.sides[i].broken {
+                self.sides[i].conn.handle_timeout(self.now);
+                self.pump(i);
+            }
+        }
+    }
+
+    /// Breaks side `i`'s QP: the driver reports it, flushes everything and reports the flush.
+    pub fn break_qp(&mut self, i: usize) {
+        let side = &mut self.sides[i];
+        side.conn.handle_fatal(Fatal::QpError);
+        while let Some(e) = side.conn.poll_event() {
+            side.events.push(e);
+        }
+        assert!(side.conn.poll_work().is_none(), "work after a fatal error");
+        side.broken = true;
+        self.wire[i].clear();
+        self.completions[i].clear();
+        while let Some(slot) = side.posted.pop_front() {
+            side.conn.handle_recv_completion(slot, 0, Err(5), self.now);
+        }
+        if let Some((last, _)) = side.sq.back().copied() {
+            side.conn.handle_send_completion(last, Err(5));
+        }
+        side.sq.clear();
+        side.conn.handle_flushed();
+        assert!(side.conn.poll_work().is_none(), "work after a fatal error");
+        assert!(side.conn.is_drained(), "flushed but not drained");
+    }
+
+    /// Checks the credit invariants of both directions.
+    pub fn check_credits(&self) {
+        for i in 0..2 {
+            let c = self.sides[i].conn.counters();
+            assert!(
+                c.frames_sent <= c.peer_limit,
+                "side {i} spent credit it did not have"
+            );
+            assert!(
+                c.peer_limit - c.frames_sent <= c.peer_slots,
+                "side {i} holds more credit than peer slots"
+            );
+            assert!(c.announced <= c.grant && c.frames_received <= c.announced);
+        }
+    }
+
+    /// At quiescence (nothing on the wire either way), per direction: the sender's credit plus
+    /// the receiver's unannounced credit plus the slots it holds equals its receive slots.
+    pub fn check_conservation(&self) {
+        for from in 0..2 {
+            if !self.wire[from].is_empty() || self.sides[0].failed() || self.sides[1].failed() {
+                continue;
+            }
+            let s = self.sides[from].conn.counters();
+            let r = self.sides[1 - from].conn.counters();
+            let slots = u64::from(self.sides[1 - from].cfg.recv_slots);
+            assert_eq!(
+                (s.peer_limit - s.frames_sent) + (r.grant - r.announced) + r.held_slots,
+                slots,
+                "credit conservation from side {from}"
+            );
+        }
+    }
+}
+
+/// Receiver-side check of what one side reads, against what the other side sent: message and
+/// stream reads mixed, byte-exact, in order, no loss, no duplicates.
+#[derive(Default)]
+pub struct Checker {
+    pub lens: Vec<usize>,
+    idx: usize,
+    off: usize,
+}
+
+impl Checker {
+    /// Messages fully taken so far.
+    pub fn done(&self) -> usize {
+        self.idx
+    }
+
+    fn settle_position(&mut self, received: u64) {
+        while self.idx < received as usize && self.off == self.lens[self.idx] {
+            self.idx += 1;
+            self.off = 0;
+        }
+    }
+
+    /// Bytes from `read`; `received` is the reader's `messages_received` after the call.
+    pub fn on_read(&mut self, bytes: &[u8], received: u64) {
+        let mut i = 0;
+        loop {
+            self.settle_position(received);
+            if i == bytes.len() {
+                break;
+            }
+            assert!(self.idx < self.lens.len(), "read more bytes than were sent");
+            let k = (bytes.len() - i).min(self.lens[self.idx] - self.off);
+            assert!(k > 0, "read crossed into a message that has not arrived");
+            let want: Vec<u8> = (self.off..self.off + k)
+                .map(|o| byte_at(self.idx as u64, o))
+                .collect();
+            assert_eq!(
+                &bytes[i..i + k],
+                &want[..],
+                "stream bytes of message {} at {}",
+                self.idx,
+                self.off
+            );
+            self.off += k;
+            i += k;
+        }
+    }
+
+    /// The unread rest of the head message: how many bytes `recv_msg*` must need.
+    pub fn expected_len(&self) -> usize {
+        self.lens[self.idx] - self.off
+    }
+
+    /// One `recv_msg*` result.
+    pub fn on_msg(&mut self, bytes: &[u8]) {
+        assert!(
+            self.idx < self.lens.len(),
+            "received more messages than were sent"
+        );
+        let want: Vec<u8> = (self.off..self.lens[self.idx])
+            .map(|o| byte_at(self.idx as u64, o))
+            .collect();
+        assert_eq!(bytes.len(), want.len(), "length of message {}", self.idx);
+        assert!(bytes == &want[..], "bytes of message {}", self.idx);
+        self.idx += 1;
+        self.off = 0;
+    }
+
+    /// Everything sent was taken.
+    pub fn all_taken(&self) -> bool {
+        self.idx == self.lens.len() && self.off == 0
+    }
+}
