@@ -207,7 +207,10 @@ impl Pair {
             }
         };
         if self.sides[to].broken {
-            // The peer's QP is gone: the sender's retries run out.
+            // The peer's QP is gone: the sender's retries run out. RC completes in order, so
+            // the completions of earlier signalled WRs (held back by `delay_completions`)
+            // come first.
+            while self.complete(from) {}
             self.sides[from].sq.retain(|(w, _)| w.0 > p.wr.0);
             self.sides[from].conn.handle_send_completion(p.wr, Err(12));
             self.pump(from);
