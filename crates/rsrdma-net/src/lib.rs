@@ -15,8 +15,10 @@ pub mod handshake;
 pub use error::{NetError, Result};
 mod options;
 pub mod pipeline;
+pub mod progress;
 mod raw_conn;
 
 pub use options::{Completion, RawOptions};
 pub use pipeline::RunStats;
+pub use progress::PollMode;
 pub use raw_conn::{RawConn, RawListener};

@@ -1,0 +1,221 @@
+//! How a connection waits for completions: busy polling, sleeping on a completion channel, or
+//! both in turn. Shared by `Conn` and `PacketConn`, so the three modes mean the same thing
+//! everywhere.
+//!
+//! The loop is written against [`Waitable`], not a `Cq`, so that it can be tested without a
+//! device and a connection can wait on whatever it owns (one CQ, or a CQ behind a lock).
+
+use crate::error::{NetError, Result};
+use std::time::{Duration, Instant};
+
+/// How a blocking call waits for the NIC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PollMode {
+    /// Poll the completion queue in a loop: the lowest latency, one core per waiting thread.
+    Busy,
+    /// Sleep on the completion channel until the NIC raises an event: no CPU while idle, a
+    /// system call and a wake-up per wait.
+    Event,
+    /// Poll for `spin`, then sleep as in `Event`: close to `Busy` under load, close to `Event`
+    /// when idle (rsocket's `polling_time` does the same).
+    Adaptive {
+        /// How long to poll before sleeping.
+        spin: Duration,
+    },
+}
+
+impl Default for PollMode {
+    /// `Adaptive` with 20 µs of polling.
+    fn default() -> Self {
+        PollMode::Adaptive {
+            spin: Duration::from_micros(20),
+        }
+    }
+}
+
+impl PollMode {
+    /// Whether completion queues for this mode need a completion channel.
+    pub fn needs_channel(self) -> bool {
+        !matches!(self, PollMode::Busy)
+    }
+
+    /// How long to poll before sleeping (`None`: never sleep).
+    fn spin(self) -> Option<Duration> {
+        match self {
+            PollMode::Busy => None,
+            PollMode::Event => Some(Duration::ZERO),
+            PollMode::Adaptive { spin } => Some(spin),
+        }
+    }
+}
+
+/// What [`wait_until`] sleeps on: a completion queue with a channel, in practice.
+pub trait Waitable {
+    /// Asks for an event at the next completion (`Cq::arm`).
+    fn arm(&self) -> Result<()>;
+    /// Sleeps until an event or `deadline`; `Ok(false)` when the deadline passed first.
+    fn sleep(&self, deadline: Option<Instant>) -> Result<bool>;
+}
+
+impl Waitable for rsrdma::Cq {
+    fn arm(&self) -> Result<()> {
+        rsrdma::Cq::arm(self, false).map_err(NetError::from)
+    }
+
+    fn sleep(&self, deadline: Option<Instant>) -> Result<bool> {
+        let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        match self.wait(timeout) {
+            Ok(()) => Ok(true),
+            Err(rsrdma::Error::Timeout { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Runs `progress` (poll the CQ, feed the protocol, check the condition) until it returns
+/// true or `deadline` passes, waiting between calls as `mode` says. Returns false on the
+/// deadline. In the sleeping modes the CQ is armed and `progress` runs once more before each
+/// sleep, so a completion that arrived before the arm is not missed.
+///
+/// # Errors
+/// Whatever `progress` or the CQ returns.
+pub fn wait_until(
+    mode: PollMode,
+    cq: &impl Waitable,
+    deadline: Option<Instant>,
+    mut progress: impl FnMut() -> Result<bool>,
+) -> Result<bool> {
+    let started = Instant::now();
+    let past = |now: Instant| deadline.is_some_and(|d| now >= d);
+    loop {
+        if progress()? {
+            return Ok(true);
+        }
+        let now = Instant::now();
+        if past(now) {
+            return Ok(false);
+        }
+        match mode.spin() {
+            Some(spin) if now.duration_since(started) >= spin => {
+                cq.arm()?;
+                if progress()? {
+                    return Ok(true);
+                }
+                if !cq.sleep(deadline)? && !progress()? {
+                    return Ok(false);
+                }
+            }
+            _ => std::hint::spin_loop(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// A CQ stand-in: counts arms and sleeps; a sleep "delivers" the completion.
+    #[derive(Default)]
+    struct FakeCq {
+        arms: Cell<u32>,
+        sleeps: Cell<u32>,
+        fires: Cell<bool>,
+    }
+
+    impl Waitable for FakeCq {
+        fn arm(&self) -> Result<()> {
+            self.arms.set(self.arms.get() + 1);
+            Ok(())
+        }
+        fn sleep(&self, deadline: Option<Instant>) -> Result<bool> {
+            self.sleeps.set(self.sleeps.get() + 1);
+            if self.fires.get() {
+                return Ok(true);
+            }
+            if let Some(d) = deadline {
+                std::thread::sleep(d.saturating_duration_since(Instant::now()));
+            }
+            Ok(false)
+        }
+    }
+
+    #[test]
+    fn busy_never_arms_or_sleeps() {
+        let cq = FakeCq::default();
+        let mut n = 0;
+        let done = wait_until(PollMode::Busy, &cq, None, || {
+            n += 1;
+            Ok(n == 1000)
+        })
+        .unwrap();
+        assert!(done);
+        assert_eq!((cq.arms.get(), cq.sleeps.get()), (0, 0));
+    }
+
+    #[test]
+    fn event_arms_rechecks_then_sleeps() {
+        let cq = FakeCq {
+            fires: Cell::new(true),
+            ..Default::default()
+        };
+        let mut n = 0;
+        // Ready on the third progress call: the one after the first sleep.
+        let done = wait_until(PollMode::Event, &cq, None, || {
+            n += 1;
+            Ok(n == 3)
+        })
+        .unwrap();
+        assert!(done);
+        assert_eq!((cq.arms.get(), cq.sleeps.get()), (1, 1));
+    }
+
+    #[test]
+    fn a_completion_before_the_arm_is_not_slept_through() {
+        let cq = FakeCq::default();
+        let mut n = 0;
+        // Ready on the re-check right after arming: no sleep at all.
+        let done = wait_until(PollMode::Event, &cq, None, || {
+            n += 1;
+            Ok(n == 2)
+        })
+        .unwrap();
+        assert!(done);
+        assert_eq!((cq.arms.get(), cq.sleeps.get()), (1, 0));
+    }
+
+    #[test]
+    fn deadlines_end_every_mode() {
+        for mode in [PollMode::Busy, PollMode::Event, PollMode::default()] {
+            let cq = FakeCq::default();
+            let t0 = Instant::now();
+            let deadline = Some(t0 + Duration::from_millis(30));
+            let done = wait_until(mode, &cq, deadline, || Ok(false)).unwrap();
+            assert!(!done, "{mode:?}");
+            let took = t0.elapsed();
+            assert!(took >= Duration::from_millis(30), "{mode:?} {took:?}");
+            assert!(took < Duration::from_secs(2), "{mode:?} {took:?}");
+        }
+    }
+
+    #[test]
+    fn adaptive_spins_before_it_sleeps() {
+        let cq = FakeCq {
+            fires: Cell::new(true),
+            ..Default::default()
+        };
+        let spin = Duration::from_millis(20);
+        let t0 = Instant::now();
+        let mut first_sleep_at = None;
+        let done = wait_until(PollMode::Adaptive { spin }, &cq, None, || {
+            if cq.arms.get() > 0 && first_sleep_at.is_none() {
+                first_sleep_at = Some(t0.elapsed());
+            }
+            Ok(cq.sleeps.get() == 1)
+        })
+        .unwrap();
+        assert!(done);
+        assert!(first_sleep_at.unwrap() >= spin, "{first_sleep_at:?}");
+    }
+}
