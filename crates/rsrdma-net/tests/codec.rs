@@ -270,7 +270,14 @@ fn versions_one_and_two_decode_and_new_kinds_need_version_two() {
         assert_eq!(bytes.len(), HEADER_LEN);
         assert_eq!(decode(&bytes).unwrap().unwrap(), (m, HEADER_LEN));
     }
-    // Version-1 kinds go out as version 1, so an older peer still reads them.
+    // The hello announces version 2: a version-1 peer refuses it at once, with a clear error.
+    let hello = Message::Hello(Hello {
+        role: Role::Client,
+        auth_required: false,
+        nonce: [7; 32],
+    });
+    assert_eq!(hello.to_bytes().unwrap()[4], VERSION);
+    // Other version-1 kinds go out as version 1.
     let mut sync = Message::Sync(3).to_bytes().unwrap();
     assert_eq!(sync[4], 1);
     // The same frame marked version 2 decodes too.

@@ -334,3 +334,39 @@ fn a_flood_of_unread_messages_is_refused() {
         "{e}"
     );
 }
+
+/// A peer that never stops sending keeps the socket readable; the deadline must still end the
+/// wait (poll(2) alone never reports it).
+#[test]
+fn a_flooding_peer_cannot_hold_a_wait_past_its_deadline() {
+    let (mut ch, mut raw) = channel_and_raw_peer();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let ka = frames(&vec![Message::Keepalive; 64]);
+            let t0 = Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && t0.elapsed() < T {
+                if raw.write_all(&ka).is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    thread::sleep(Duration::from_millis(50));
+    let t0 = Instant::now();
+    let e = ch
+        .recv_kind_until(
+            MessageKind::Sync,
+            "barrier",
+            Instant::now() + Duration::from_millis(200),
+        )
+        .unwrap_err();
+    let took = t0.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Closing our end makes the flooder's blocked write fail, so it stops.
+    drop(ch);
+    flood.join().unwrap();
+    assert!(matches!(e, NetError::Timeout { .. }), "{e}");
+    assert!(took < Duration::from_secs(2), "the wait took {took:?}");
+}

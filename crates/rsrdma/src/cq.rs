@@ -20,7 +20,7 @@ use crate::error::{check_rc, Error, Result};
 use crate::ffi;
 use crate::wc::Wc;
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -44,6 +44,9 @@ struct ChannelInner {
     /// True while one waiter blocks on the fd; the others sleep on `wake`.
     reading: Mutex<bool>,
     wake: Condvar,
+    /// Wakes the waiter blocked on the fd when another thread routed an event (it may be the
+    /// one that waiter wants): it polls this eventfd beside the channel's fd.
+    kick: OwnedFd,
 }
 
 // SAFETY: the channel is a kernel fd plus an immutable struct; reads are serialised by the kernel.
@@ -72,6 +75,16 @@ impl CompChannel {
         if raw.is_null() {
             return Err(Error::last_os("ibv_create_comp_channel"));
         }
+        // SAFETY: eventfd has no memory preconditions.
+        let kick_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if kick_fd < 0 {
+            let e = Error::last_os("eventfd");
+            // SAFETY: created just above, not yet owned by anything else.
+            unsafe { ffi::ibv_destroy_comp_channel(raw) };
+            return Err(e);
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let kick = unsafe { OwnedFd::from_raw_fd(kick_fd) };
         let ch = CompChannel {
             inner: Arc::new(ChannelInner {
                 raw,
@@ -79,6 +92,7 @@ impl CompChannel {
                 cqs: Mutex::new(HashMap::new()),
                 reading: Mutex::new(false),
                 wake: Condvar::new(),
+                kick,
             }),
         };
         let fd = ch.as_raw_fd();
@@ -108,43 +122,78 @@ impl CompChannel {
         }
     }
 
-    /// Reads every pending event off the channel and routes each to its CQ. Returns whether
-    /// any went to a CQ other than `me` (whose waiters then need waking).
-    fn drain(&self, me: *mut ffi::ibv_cq) -> Result<bool> {
-        let mut others = false;
+    /// Reads every pending event off the channel and routes each to its CQ. Whenever one is
+    /// routed, every waiter is woken: the sleepers on the condvar, and the reader blocked on
+    /// the fd (through the kick eventfd), since the event may be the one it waits for.
+    fn drain(&self) -> Result<()> {
+        let mut routed = false;
         while let Some(cq) = self.try_get_event()? {
-            others |= cq != me;
             self.route(cq);
+            routed = true;
         }
-        Ok(others)
+        if routed {
+            self.wake_all();
+            self.kick_reader()?;
+        }
+        Ok(())
     }
 
     /// Credits one event to the CQ at `raw`: it becomes pending there and is acknowledged by
     /// that CQ (in its batches, or when it is dropped).
     fn route(&self, raw: *mut ffi::ibv_cq) {
-        let cqs = lock(&self.inner.cqs);
-        match cqs.get(&(raw as usize)).map(|w| (w, w.upgrade())) {
-            Some((_, Some(cq))) => {
+        // Upgrade under the lock, act after it: if this was the last strong reference, the
+        // CQ's drop runs here and takes the same lock.
+        let live = lock(&self.inner.cqs)
+            .get(&(raw as usize))
+            .and_then(Weak::upgrade);
+        match live {
+            Some(cq) => {
                 cq.unacked.fetch_add(1, Ordering::AcqRel);
                 cq.events.fetch_add(1, Ordering::AcqRel);
             }
-            // The CQ is being dropped: its drop waits for this lock to unregister, so it is
-            // not destroyed yet, and ibv_destroy_cq needs this event acknowledged.
-            // SAFETY: `raw` is a live CQ of this channel (see above); one event taken.
-            Some((_, None)) => unsafe { ffi::ibv_ack_cq_events(raw, 1) },
-            None => tracing::warn!(cq = ?raw, "completion event for a CQ not on this channel"),
+            // The CQ is being dropped (it unregistered, or its last reference is going). The
+            // kernel counted this event as read, so its ibv_destroy_cq cannot return before
+            // the event is acknowledged: `raw` is still valid, and acknowledging here is what
+            // lets that destroy finish.
+            // SAFETY: as just said; one event taken, acknowledged once.
+            None => unsafe { ffi::ibv_ack_cq_events(raw, 1) },
         }
     }
 
-    /// Wakes every waiter of this channel (an event was routed, or the reader left). Taken
-    /// under the same lock waiters check their CQ under, so no wake-up falls between a
-    /// waiter's check and its sleep.
+    /// Wakes every waiter sleeping on the condvar. Taken under the same lock waiters check
+    /// their CQ under, so no wake-up falls between a waiter's check and its sleep.
     fn wake_all(&self) {
         let _reading = lock(&self.inner.reading);
         self.inner.wake.notify_all();
     }
 
-    /// Waits until the fd is readable or `deadline` passes. Returns false on time-out.
+    /// Wakes the waiter blocked in poll(2), if any, by making the kick eventfd readable.
+    fn kick_reader(&self) -> Result<()> {
+        if !*lock(&self.inner.reading) {
+            return Ok(());
+        }
+        let one: u64 = 1;
+        // SAFETY: the eventfd is open for the channel's life; an 8-byte write is its protocol.
+        let n = unsafe { libc::write(self.inner.kick.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        if n < 0 {
+            let e = Error::last_os("write(eventfd)");
+            // EAGAIN: the counter is saturated, the reader is woken anyway.
+            if e.errno() != Some(libc::EAGAIN) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Resets the kick eventfd after the reader woke.
+    fn clear_kick(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: as above; a non-blocking read of 8 bytes (EAGAIN when not kicked).
+        let _ = unsafe { libc::read(self.inner.kick.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+
+    /// Waits until the channel's fd or the kick eventfd is readable, or `deadline` passes.
+    /// Returns false on time-out.
     fn wait_readable(&self, deadline: Option<Instant>) -> Result<bool> {
         loop {
             let timeout_ms = match deadline {
@@ -158,14 +207,17 @@ impl CompChannel {
                     left.as_millis().saturating_add(1).min(i32::MAX as u128) as i32
                 }
             };
-            let mut pfd = libc::pollfd {
-                fd: self.as_raw_fd(),
+            let mut fds = [self.as_raw_fd(), self.inner.kick.as_raw_fd()].map(|fd| libc::pollfd {
+                fd,
                 events: libc::POLLIN,
                 revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+            });
+            // SAFETY: two valid pollfds.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
             if n > 0 {
+                if fds[1].revents != 0 {
+                    self.clear_kick();
+                }
                 return Ok(true);
             }
             if n < 0 {
@@ -363,9 +415,7 @@ impl Cq {
         if self.take_routed() {
             return Ok(true);
         }
-        if ch.drain(self.inner.raw)? {
-            ch.wake_all();
-        }
+        ch.drain()?;
         Ok(self.take_routed())
     }
 
@@ -378,7 +428,7 @@ impl Cq {
     /// [`Error::Timeout`]; [`Error::InvalidArgument`] without a channel; [`Error::Verbs`].
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
         let ch = self.channel()?;
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.map(crate::error::deadline_after);
         let timed_out = || Error::Timeout {
             op: "wait for a completion event",
             millis: timeout.map_or(0, |t| t.as_millis() as u64),

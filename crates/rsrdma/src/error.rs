@@ -197,6 +197,15 @@ pub(crate) fn rdma_stack_present() -> bool {
     })
 }
 
+/// The instant `timeout` from now, clamped far into the future instead of overflowing, so a
+/// caller may pass `Duration::MAX` for "no limit".
+pub(crate) fn deadline_after(timeout: std::time::Duration) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(std::time::Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(now)
+}
+
 /// A verb's return code: 0 is success, anything else an errno value (the convention of
 /// `ibv_modify_qp`, `ibv_post_send` and most destroy calls).
 pub(crate) fn check_rc(op: &'static str, rc: i32) -> Result<()> {

@@ -36,6 +36,8 @@ enum PeerEnd {
     Aborted(String),
     /// Bytes that are not a frame: the stream is out of step, nothing after them is read.
     Malformed(DecodeError),
+    /// More unread messages than [`MAX_QUEUED`]: one was dropped.
+    Overrun,
 }
 
 impl PeerEnd {
@@ -44,6 +46,7 @@ impl PeerEnd {
             PeerEnd::Aborted(why) => NetError::PeerAborted(why.clone()),
             PeerEnd::Malformed(e) => NetError::Malformed(e.clone()),
             PeerEnd::Eof | PeerEnd::Closed => NetError::PeerClosed(op),
+            PeerEnd::Overrun => NetError::QueueFull { limit: MAX_QUEUED },
         }
     }
 }
@@ -136,7 +139,7 @@ impl Channel {
     }
 
     fn write_all(&mut self, bytes: &[u8], op: &'static str) -> Result<()> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = deadline_after(self.timeout);
         let mut off = 0;
         while off < bytes.len() {
             match (&self.stream).write(&bytes[off..]) {
@@ -144,6 +147,11 @@ impl Channel {
                 Ok(n) => off += n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    // A peer that sends without end keeps us readable: the deadline is
+                    // checked here, not left to poll(2).
+                    if Instant::now() >= deadline {
+                        return Err(self.timed_out(op, self.timeout));
+                    }
                     let read = self.peer_end.is_none();
                     match readiness::wait(self.stream.as_fd(), read, true, deadline)
                         .map_err(|e| NetError::io("poll", e))?
@@ -224,6 +232,9 @@ impl Channel {
                 Message::Abort(why) => self.peer_end = Some(PeerEnd::Aborted(why)),
                 m if self.inbox.len() >= MAX_QUEUED => {
                     tracing::warn!(kind = m.name(), "control channel queue full");
+                    // The message is lost: the stream is out of step from here on, so every
+                    // later wait fails instead of silently missing it.
+                    self.peer_end = Some(PeerEnd::Overrun);
                     return Err(NetError::QueueFull { limit: MAX_QUEUED });
                 }
                 m => self.inbox.push_back(m),
@@ -250,7 +261,7 @@ impl Channel {
     /// [`NetError::Timeout`]; [`NetError::PeerClosed`] or [`NetError::PeerAborted`] once the
     /// peer's side ended; the errors of [`Channel::read_available`].
     pub fn recv(&mut self, op: &'static str) -> Result<Message> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = deadline_after(self.timeout);
         self.wait_for(op, deadline, VecDeque::pop_front)
     }
 
@@ -260,7 +271,7 @@ impl Channel {
     /// # Errors
     /// As [`Channel::recv`].
     pub fn recv_kind(&mut self, kind: MessageKind, op: &'static str) -> Result<Message> {
-        self.recv_kind_until(kind, op, Instant::now() + self.timeout)
+        self.recv_kind_until(kind, op, deadline_after(self.timeout))
     }
 
     /// As [`Channel::recv_kind`], waiting until `deadline`.
@@ -293,6 +304,7 @@ impl Channel {
         mut take: impl FnMut(&mut VecDeque<Message>) -> Option<Message>,
     ) -> Result<Message> {
         let limit = deadline.saturating_duration_since(Instant::now());
+        let mut polled = false;
         loop {
             if let Some(m) = take(&mut self.inbox) {
                 return Ok(m);
@@ -300,6 +312,12 @@ impl Channel {
             if let Some(end) = &self.peer_end {
                 return Err(end.error(op));
             }
+            // Checked here too, not only by poll(2): a peer that never stops sending keeps
+            // the socket readable, and poll would never report the deadline.
+            if polled && Instant::now() >= deadline {
+                return Err(self.timed_out(op, limit));
+            }
+            polled = true;
             match readiness::wait(self.stream.as_fd(), true, false, deadline)
                 .map_err(|e| NetError::io("poll", e))?
             {
@@ -481,4 +499,13 @@ fn is_reset(kind: ErrorKind) -> bool {
         kind,
         ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
     )
+}
+
+/// The instant `timeout` from now, clamped instead of overflowing (`Duration::MAX` means no
+/// practical limit).
+fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(now)
 }

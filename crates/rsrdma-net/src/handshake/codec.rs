@@ -334,7 +334,13 @@ impl Message {
         self.check_limits()?;
         let start = out.len();
         out.extend_from_slice(&MAGIC);
-        out.push(self.kind().since_version());
+        // The hello announces the version this side speaks, so a version-1 peer stops at the
+        // first frame with a clear "version 2 is not supported" instead of misreading the
+        // keepalive and close frames later. Other frames carry the version of their kind.
+        out.push(match self {
+            Message::Hello(_) => VERSION,
+            _ => self.kind().since_version(),
+        });
         out.push(self.kind().code());
         out.extend_from_slice(&0u16.to_be_bytes());
         out.extend_from_slice(&0u32.to_be_bytes()); // length, patched below

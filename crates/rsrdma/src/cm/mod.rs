@@ -78,7 +78,7 @@ use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How much longer than the kernel's own timeout a resolve waits, so that the kernel's error
 /// (with its reason) arrives instead of a bare timeout.
@@ -257,7 +257,7 @@ impl CmId {
     /// then rejected).
     pub fn get_request(&self, timeout: Duration) -> Result<ConnectRequest> {
         const OP: &str = "wait for a connect request";
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::error::deadline_after(timeout);
         loop {
             let ev = self.inner.channel.take(OP, deadline, timeout)?;
             match ev.kind {
@@ -282,7 +282,7 @@ impl CmId {
     /// [`Error::Timeout`]; [`Error::Verbs`] naming `rdma_get_cm_event`, or for a request
     /// `rdma_create_event_channel` or `rdma_migrate_id` (the request is then rejected).
     pub fn next_event(&self, timeout: Duration) -> Result<CmEvent> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::error::deadline_after(timeout);
         self.inner
             .channel
             .take("wait for an rdma_cm event", deadline, timeout)?
@@ -345,7 +345,7 @@ impl CmId {
         self.expect(
             "rdma_resolve_addr",
             CmEventType::ADDR_RESOLVED,
-            timeout + RESOLVE_GRACE,
+            timeout.saturating_add(RESOLVE_GRACE),
         )
         .map(drop)
     }
@@ -365,7 +365,7 @@ impl CmId {
         self.expect(
             "rdma_resolve_route",
             CmEventType::ROUTE_RESOLVED,
-            timeout + RESOLVE_GRACE,
+            timeout.saturating_add(RESOLVE_GRACE),
         )
         .map(drop)
     }
@@ -422,6 +422,9 @@ impl CmId {
         }
         builder.validate(pd)?;
         let mut init = builder.init_attr(send_cq, recv_cq);
+        // The id's `qp` field is written here and by rdma_destroy_qp of an earlier Qp that
+        // may be dropping on another thread: under the guard.
+        let guard = self.inner.channel.guard_qp();
         // SAFETY: live id with a device; PD and CQs are live and of that device (the QP keeps
         // them alive); `init` is valid.
         let rc = unsafe {
@@ -434,10 +437,12 @@ impl CmId {
         if rc != 0 {
             return Err(Error::last_os("rdma_create_qp"));
         }
-        // SAFETY: rdma_create_qp stored the new QP in the id; the Qp takes it over and is
-        // destroyed through the id (whose Arc it holds).
+        // SAFETY: live id; rdma_create_qp just stored the new QP in it.
+        let raw = unsafe { (*self.inner.raw).qp };
+        drop(guard);
+        // SAFETY: the Qp takes the new QP over and destroys it through the id (whose Arc it
+        // holds).
         let qp = unsafe {
-            let raw = (*self.inner.raw).qp;
             Qp::from_parts(
                 raw,
                 builder,
@@ -548,7 +553,7 @@ impl CmId {
     /// Waits for `want` with status 0 and returns its private data. Any other event is an
     /// error; a connect request among them is refused.
     fn expect(&self, op: &'static str, want: CmEventType, timeout: Duration) -> Result<Vec<u8>> {
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::error::deadline_after(timeout);
         let ev = self.inner.channel.take(op, deadline, timeout)?;
         if ev.kind == want && ev.status == 0 {
             return Ok(ev.private_data);

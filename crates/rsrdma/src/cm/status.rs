@@ -207,8 +207,7 @@ pub fn describe_status(kind: CmEventType, status: i32) -> Option<String> {
             }
             None => text.push_str(": a reject reason the IB CM does not define"),
         }
-    } else if status < 0 {
-        let errno = -status;
+    } else if let Some(errno) = status.checked_neg().filter(|e| *e > 0) {
         let os = io::Error::from_raw_os_error(errno);
         match errno_meaning(kind, errno) {
             Some(meaning) => {
