@@ -242,8 +242,15 @@ fn serve_client(stream: TcpStream, shared: &Shared) -> Result<()> {
     let opts = &shared.opts;
     let mut fs = FrameStream::new(stream)?;
     let stop = Some(&shared.stop);
-    if !open(&mut fs, shared)? {
-        return Ok(());
+    match open(&mut fs, shared) {
+        Ok(true) => {}
+        Ok(false) => return Ok(()),
+        Err(NetError::RegistryMalformed(e)) => {
+            // Not a registry client (or out of step): say why, then hang up.
+            let _ = fs.send(&error(e.code(), e.to_string()), opts.io_timeout);
+            return Err(e.into());
+        }
+        Err(e) => return Err(e),
     }
     loop {
         let deadline = Instant::now() + opts.idle_timeout;
