@@ -95,7 +95,9 @@ pub enum NetError {
     },
 
     /// The caller's buffer cannot hold the next datagram, which stays queued.
-    #[error("a buffer of {got} bytes cannot hold the next datagram of {needed} bytes (it stays queued)")]
+    #[error(
+        "a buffer of {got} bytes cannot hold the next datagram of {needed} bytes (it stays queued)"
+    )]
     BufferTooSmall {
         /// The datagram's length.
         needed: usize,

@@ -122,7 +122,10 @@ fn limits_are_enforced_on_both_sides() {
         split_frame(&u32::MAX.to_be_bytes()).unwrap_err().code(),
         ErrorCode::TooLarge
     );
-    assert!(split_frame(&1u32.to_be_bytes()).is_err(), "no room for version and op");
+    assert!(
+        split_frame(&1u32.to_be_bytes()).is_err(),
+        "no room for version and op"
+    );
     // Names: the encoder refuses, the decoder refuses a crafted one.
     let long = "n".repeat(MAX_NAME + 1);
     let mut out = vec![7];
@@ -130,15 +133,28 @@ fn limits_are_enforced_on_both_sides() {
         encode(&Message::Lookup { name: long.clone() }, &mut out),
         Err(EncodeError::Name { len: MAX_NAME + 1 })
     );
-    assert_eq!(out, vec![7], "a refused message leaves the buffer as it was");
-    assert!(encode(&Message::Lookup { name: String::new() }, &mut out).is_err());
+    assert_eq!(
+        out,
+        vec![7],
+        "a refused message leaves the buffer as it was"
+    );
+    assert!(encode(
+        &Message::Lookup {
+            name: String::new()
+        },
+        &mut out
+    )
+    .is_err());
     let mut body = vec![VERSION, 0x04];
     body.extend_from_slice(&((MAX_NAME + 1) as u16).to_be_bytes());
     body.extend_from_slice(long.as_bytes());
     let e = decode_body(&body).unwrap_err();
     assert_eq!(e, DecodeError::NameTooLong { len: MAX_NAME + 1 });
     assert_eq!(e.code(), ErrorCode::NameTooLong);
-    assert_eq!(decode_body(&[VERSION, 0x04, 0, 0]), Err(DecodeError::EmptyName));
+    assert_eq!(
+        decode_body(&[VERSION, 0x04, 0, 0]),
+        Err(DecodeError::EmptyName)
+    );
     // Error text is cut at the limit, on a character boundary.
     let text = "é".repeat(MAX_TEXT);
     let m = Message::Error {
@@ -154,13 +170,28 @@ fn limits_are_enforced_on_both_sides() {
 
 #[test]
 fn bad_bodies_say_what_is_wrong() {
-    assert_eq!(decode_body(&[VERSION, 0x42]), Err(DecodeError::UnknownOp(0x42)));
-    assert_eq!(decode_body(&[VERSION, 0x42]).unwrap_err().code(), ErrorCode::UnknownOp);
-    assert_eq!(decode_body(&[VERSION + 1, 0x06]), Err(DecodeError::Version { got: VERSION + 1 }));
-    assert_eq!(decode_body(&[VERSION, 0x06, 0]), Err(DecodeError::Trailing(1)));
+    assert_eq!(
+        decode_body(&[VERSION, 0x42]),
+        Err(DecodeError::UnknownOp(0x42))
+    );
+    assert_eq!(
+        decode_body(&[VERSION, 0x42]).unwrap_err().code(),
+        ErrorCode::UnknownOp
+    );
+    assert_eq!(
+        decode_body(&[VERSION + 1, 0x06]),
+        Err(DecodeError::Version { got: VERSION + 1 })
+    );
+    assert_eq!(
+        decode_body(&[VERSION, 0x06, 0]),
+        Err(DecodeError::Trailing(1))
+    );
     let mut hello = frame(&Message::Hello { nonce: [0; 32] });
     hello[LEN_PREFIX + 2] = b'X';
-    assert_eq!(decode_body(&hello[LEN_PREFIX..]), Err(DecodeError::BadMagic));
+    assert_eq!(
+        decode_body(&hello[LEN_PREFIX..]),
+        Err(DecodeError::BadMagic)
+    );
     let mut reg = frame(&Message::Register {
         name: "a".into(),
         addr: addr(),
@@ -169,11 +200,17 @@ fn bad_bodies_say_what_is_wrong() {
     // The QPN's top byte: version, op, name len (2) + "a", GID (16).
     let qpn_at = LEN_PREFIX + 2 + 3 + 16;
     reg[qpn_at] = 1;
-    assert!(matches!(decode_body(&reg[LEN_PREFIX..]), Err(DecodeError::BadQpn(_))));
+    assert!(matches!(
+        decode_body(&reg[LEN_PREFIX..]),
+        Err(DecodeError::BadQpn(_))
+    ));
     let mut name = frame(&Message::Lookup { name: "ab".into() });
     let n = name.len();
     name[n - 1] = 0xff;
-    assert_eq!(decode_body(&name[LEN_PREFIX..]), Err(DecodeError::BadText("the name")));
+    assert_eq!(
+        decode_body(&name[LEN_PREFIX..]),
+        Err(DecodeError::BadText("the name"))
+    );
     for code in 0..=255u8 {
         assert_eq!(ErrorCode::from_u8(code).to_u8(), code);
     }

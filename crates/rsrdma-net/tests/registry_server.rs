@@ -34,7 +34,13 @@ fn raw(h: &RegistryHandle) -> TcpStream {
     let mut s = TcpStream::connect(h.local_addr()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     send(&mut s, &Message::Hello { nonce: [5; 32] });
-    assert!(matches!(reply(&mut s), Some(Message::Welcome { auth_required: false, .. })));
+    assert!(matches!(
+        reply(&mut s),
+        Some(Message::Welcome {
+            auth_required: false,
+            ..
+        })
+    ));
     s
 }
 
@@ -67,9 +73,17 @@ fn register_lookup_unregister_on_one_connection() {
     let h = serve(RegistryOptions::default());
     let mut c = client(&h);
     assert_eq!(c.register("a", &addr(1)).unwrap(), Duration::from_secs(30));
-    assert_eq!(c.register_for("b", &addr(2), Duration::from_secs(5)).unwrap(), Duration::from_secs(5));
+    assert_eq!(
+        c.register_for("b", &addr(2), Duration::from_secs(5))
+            .unwrap(),
+        Duration::from_secs(5)
+    );
     // Asking for more than the registry grants gets its longest.
-    assert_eq!(c.register_for("c", &addr(3), Duration::from_secs(3600)).unwrap(), Duration::from_secs(30));
+    assert_eq!(
+        c.register_for("c", &addr(3), Duration::from_secs(3600))
+            .unwrap(),
+        Duration::from_secs(30)
+    );
     for _ in 0..100 {
         assert_eq!(c.lookup("a").unwrap(), addr(1));
         assert_eq!(c.lookup("b").unwrap(), addr(2));
@@ -83,7 +97,10 @@ fn register_lookup_unregister_on_one_connection() {
     assert_eq!(code_of(&e), ErrorCode::NotFound);
     assert!(e.to_string().contains("\"a\""), "{e}");
     assert_eq!(std::io::Error::from(e).kind(), std::io::ErrorKind::NotFound);
-    assert_eq!(code_of(&c.unregister("a").unwrap_err()), ErrorCode::NotFound);
+    assert_eq!(
+        code_of(&c.unregister("a").unwrap_err()),
+        ErrorCode::NotFound
+    );
     // The one-shot helpers.
     register(h.local_addr(), "d", &addr(4)).unwrap();
     assert_eq!(c.lookup("d").unwrap(), addr(4));
@@ -94,17 +111,26 @@ fn register_lookup_unregister_on_one_connection() {
 fn leases_expire_unless_renewed() {
     let h = serve(RegistryOptions::default().lease(Duration::from_millis(300)));
     let mut c = client(&h);
-    assert_eq!(c.register("short", &addr(1)).unwrap(), Duration::from_millis(300));
+    assert_eq!(
+        c.register("short", &addr(1)).unwrap(),
+        Duration::from_millis(300)
+    );
     c.register("renewed", &addr(2)).unwrap();
     for _ in 0..4 {
         std::thread::sleep(Duration::from_millis(150));
         c.renew("renewed", &addr(2)).unwrap();
     }
     // 600 ms later: "short" is gone, "renewed" lives.
-    assert_eq!(code_of(&c.lookup("short").unwrap_err()), ErrorCode::NotFound);
+    assert_eq!(
+        code_of(&c.lookup("short").unwrap_err()),
+        ErrorCode::NotFound
+    );
     assert_eq!(c.lookup("renewed").unwrap(), addr(2));
     std::thread::sleep(Duration::from_millis(400));
-    assert_eq!(code_of(&c.lookup("renewed").unwrap_err()), ErrorCode::NotFound);
+    assert_eq!(
+        code_of(&c.lookup("renewed").unwrap_err()),
+        ErrorCode::NotFound
+    );
 }
 
 #[test]
@@ -119,22 +145,35 @@ fn the_shared_secret_is_checked_both_ways() {
     let e = RegistryClient::connect(h.local_addr(), wrong).unwrap_err();
     assert!(matches!(e, NetError::Auth(_)), "{e:?}");
     assert!(e.to_string().contains("wrong secret"), "{e}");
-    assert_eq!(std::io::Error::from(e).kind(), std::io::ErrorKind::PermissionDenied);
+    assert_eq!(
+        std::io::Error::from(e).kind(),
+        std::io::ErrorKind::PermissionDenied
+    );
 
     let none = RegistryClient::connect(h.local_addr(), ClientOptions::default()).unwrap_err();
-    assert!(none.to_string().contains("requires a shared secret"), "{none}");
+    assert!(
+        none.to_string().contains("requires a shared secret"),
+        "{none}"
+    );
     assert!(lookup(h.local_addr(), "a").is_err(), "no secret, no lookup");
 
     // A client with a secret refuses a registry that cannot prove one.
     let open = serve(RegistryOptions::default());
-    let e = RegistryClient::connect(open.local_addr(), ClientOptions::default().secret(secret)).unwrap_err();
+    let e = RegistryClient::connect(open.local_addr(), ClientOptions::default().secret(secret))
+        .unwrap_err();
     assert!(matches!(e, NetError::Auth(_)), "{e:?}");
 
     // A raw client skipping the proof gets AuthFailed, not a served request.
     let mut s = TcpStream::connect(h.local_addr()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     send(&mut s, &Message::Hello { nonce: [1; 32] });
-    assert!(matches!(reply(&mut s), Some(Message::Welcome { auth_required: true, .. })));
+    assert!(matches!(
+        reply(&mut s),
+        Some(Message::Welcome {
+            auth_required: true,
+            ..
+        })
+    ));
     send(&mut s, &Message::Lookup { name: "a".into() });
     assert_eq!(error_code(reply(&mut s)), ErrorCode::AuthFailed);
     assert_eq!(reply(&mut s), None, "then it hangs up");
@@ -164,7 +203,8 @@ fn bad_requests_get_clear_errors_and_the_connection_goes_on() {
         other => panic!("{other:?}"),
     }
     // Garbage inside a well-formed frame.
-    s.write_all(&[0, 0, 0, 5, VERSION, 0x03, 0x00, 0x05, b'a']).unwrap();
+    s.write_all(&[0, 0, 0, 5, VERSION, 0x03, 0x00, 0x05, b'a'])
+        .unwrap();
     assert_eq!(error_code(reply(&mut s)), ErrorCode::BadRequest);
     // Another version.
     s.write_all(&[0, 0, 0, 2, VERSION + 1, 0x06]).unwrap();
@@ -176,7 +216,8 @@ fn bad_requests_get_clear_errors_and_the_connection_goes_on() {
     send(&mut s, &Message::Ping);
     assert_eq!(reply(&mut s), Some(Message::Done));
     // An oversized frame: told why, then closed without reading it.
-    s.write_all(&((MAX_FRAME as u32 + 1).to_be_bytes())).unwrap();
+    s.write_all(&((MAX_FRAME as u32 + 1).to_be_bytes()))
+        .unwrap();
     assert_eq!(error_code(reply(&mut s)), ErrorCode::TooLarge);
     assert_eq!(reply(&mut s), None);
     // Garbage instead of a Hello.
@@ -203,7 +244,9 @@ fn silent_and_slow_clients_do_not_hold_the_server() {
     );
     // Connects and says nothing: dropped after the io timeout.
     let mut silent = TcpStream::connect(h.local_addr()).unwrap();
-    silent.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
     // Half a frame, then nothing.
     let mut half = raw(&h);
     half.write_all(&[0, 0, 0, 40, VERSION]).unwrap();

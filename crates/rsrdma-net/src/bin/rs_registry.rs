@@ -43,8 +43,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     }
     let secret = match secret_file {
         Some(path) => Some(
-            std::fs::read(&path)
-                .map_err(|e| format!("cannot read the secret file {path}: {e}"))?,
+            std::fs::read(&path).map_err(|e| format!("cannot read the secret file {path}: {e}"))?,
         ),
         None => std::env::var_os("RS_REGISTRY_SECRET").map(|s| s.into_encoded_bytes()),
     };

@@ -85,7 +85,9 @@ impl FromStr for Addr {
 
     fn from_str(s: &str) -> Result<Addr, AddrParseError> {
         let err = |reason| AddrParseError::new(s, reason);
-        let (gid, rest) = s.split_once('%').ok_or_else(|| err("no '%' after the GID"))?;
+        let (gid, rest) = s
+            .split_once('%')
+            .ok_or_else(|| err("no '%' after the GID"))?;
         let (qpn, qkey) = match rest.split_once('#') {
             Some((q, k)) => (q, Some(k)),
             None => (rest, None),

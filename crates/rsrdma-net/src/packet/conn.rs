@@ -8,9 +8,7 @@ use super::recv::{Ready, RecvQueue, RecvRing};
 use super::send::{Route, SendRing, CHUNK};
 use crate::error::{NetError, Result};
 use crate::progress::{wait_until, PollMode};
-use rsrdma::{
-    CompChannel, Context, Cq, InitAttr, Pd, Qp, QpCaps, QpType, RtrAttr, RtsAttr,
-};
+use rsrdma::{CompChannel, Context, Cq, InitAttr, Pd, Qp, QpCaps, QpType, RtrAttr, RtsAttr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -81,7 +79,9 @@ fn round_up(n: usize) -> usize {
 }
 
 fn to_nanos(t: Option<Duration>) -> u64 {
-    t.map_or(NO_TIMEOUT, |d| d.as_nanos().min(u128::from(NO_TIMEOUT - 1)) as u64)
+    t.map_or(NO_TIMEOUT, |d| {
+        d.as_nanos().min(u128::from(NO_TIMEOUT - 1)) as u64
+    })
 }
 
 fn from_nanos(n: u64) -> Option<Duration> {
@@ -100,7 +100,9 @@ impl PacketConn {
         check_options(&opts)?;
         let (ctx, pd) = open_domain(&opts)?;
         let port = ctx.query_port(opts.port)?;
-        let gid_index = ctx.resolve_gid_index(opts.port, opts.gid_index)?.unwrap_or(0);
+        let gid_index = ctx
+            .resolve_gid_index(opts.port, opts.gid_index)?
+            .unwrap_or(0);
         let mtu = port.active_mtu.map_or(1024, |m| m.bytes()) as usize;
         let max_datagram = opts.max_datagram.map_or(mtu, |m| (m as usize).min(mtu));
         let channel = || -> Result<Option<CompChannel>> {
@@ -246,7 +248,10 @@ impl PacketConn {
             done += posted;
             if posted == 0 && !self.wait_send(deadline, |r| r.free() > 0)? {
                 return match done {
-                    0 => Err(timed_out("send_to (waiting for a free send buffer)", timeout)),
+                    0 => Err(timed_out(
+                        "send_to (waiting for a free send buffer)",
+                        timeout,
+                    )),
                     n => Ok(n),
                 };
             }

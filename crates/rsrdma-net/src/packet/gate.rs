@@ -107,7 +107,10 @@ mod tests {
         std::thread::sleep(Duration::from_millis(10));
         let second = gate.sleep(deadline).unwrap();
         assert!(first.join().unwrap());
-        assert!(second, "the second waiter was woken by the sleeper, not the deadline");
+        assert!(
+            second,
+            "the second waiter was woken by the sleeper, not the deadline"
+        );
         assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
         assert_eq!(gate.cq.sleeps.load(Ordering::SeqCst), 1);
     }

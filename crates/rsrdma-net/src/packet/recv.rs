@@ -47,8 +47,9 @@ impl RecvRing {
             for (s, &slot) in sges.iter_mut().zip(part) {
                 *s = self.mr.sge(slot as usize * self.slot_len, self.slot_len)?;
             }
-            let mut wrs: [RecvWr<'_>; CHUNK] =
-                std::array::from_fn(|i| RecvWr::new(part.get(i).copied().unwrap_or(0).into(), &sges[i..i + 1]));
+            let mut wrs: [RecvWr<'_>; CHUNK] = std::array::from_fn(|i| {
+                RecvWr::new(part.get(i).copied().unwrap_or(0).into(), &sges[i..i + 1])
+            });
             // SAFETY: the buffers live in `self.mr`, which the connection drops after the QP;
             // no thread reads a buffer while it is posted (a buffer is read only between its
             // completion and this repost).

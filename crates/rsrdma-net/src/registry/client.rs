@@ -114,7 +114,10 @@ impl RegistryClient {
         let deadline = Instant::now() + self.timeout;
         self.fs.send(req, self.timeout)?;
         let left = deadline.saturating_duration_since(Instant::now());
-        match self.fs.recv("registry reply", Instant::now() + left, None)?? {
+        match self
+            .fs
+            .recv("registry reply", Instant::now() + left, None)??
+        {
             Message::Error { code, text } => Err(NetError::Registry {
                 code,
                 message: text,

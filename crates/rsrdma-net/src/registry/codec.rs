@@ -210,7 +210,9 @@ pub fn decode_body(body: &[u8]) -> Result<Message, DecodeError> {
     let msg = match kind {
         HELLO => {
             r.magic()?;
-            Message::Hello { nonce: r.array("nonce")? }
+            Message::Hello {
+                nonce: r.array("nonce")?,
+            }
         }
         WELCOME => {
             r.magic()?;
@@ -224,7 +226,9 @@ pub fn decode_body(body: &[u8]) -> Result<Message, DecodeError> {
                 nonce: r.array("nonce")?,
             }
         }
-        PROOF => Message::Proof { tag: r.array("proof")? },
+        PROOF => Message::Proof {
+            tag: r.array("proof")?,
+        },
         REGISTER => Message::Register {
             name: r.name()?,
             addr: r.addr()?,

@@ -175,9 +175,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         workers.retain(|w| !w.is_finished());
         match listener.accept() {
             Ok((stream, peer)) => admit(stream, peer, shared, &mut workers),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(ACCEPT_TICK)
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_TICK),
             Err(e) => {
                 // Out of descriptors and the like: back off instead of spinning.
                 tracing::warn!(error = %e, "registry accept failed");
@@ -193,7 +191,12 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
 }
 
 /// Starts a thread for `stream`, or turns it away when the registry serves its maximum.
-fn admit(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>, workers: &mut Vec<JoinHandle<()>>) {
+fn admit(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: &Arc<Shared>,
+    workers: &mut Vec<JoinHandle<()>>,
+) {
     let turn_away = |stream: TcpStream, why: String| {
         if let Ok(mut fs) = FrameStream::new(stream) {
             let msg = Message::Error {
@@ -210,7 +213,10 @@ fn admit(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>, workers: &mu
     if shared.clients.fetch_add(1, Ordering::AcqRel) >= max {
         shared.clients.fetch_sub(1, Ordering::AcqRel);
         tracing::warn!(%peer, max, "registry busy: client turned away");
-        turn_away(stream, format!("the registry serves its maximum of {max} clients"));
+        turn_away(
+            stream,
+            format!("the registry serves its maximum of {max} clients"),
+        );
         return;
     }
     let s = shared.clone();
@@ -277,7 +283,13 @@ fn open(fs: &mut FrameStream, shared: &Shared) -> Result<bool> {
     let client_nonce = match fs.recv("registry hello", deadline, stop)? {
         Ok(Message::Hello { nonce }) => nonce,
         Ok(other) => {
-            fs.send(&error(ErrorCode::BadRequest, format!("expected Hello, got {other}")), opts.io_timeout)?;
+            fs.send(
+                &error(
+                    ErrorCode::BadRequest,
+                    format!("expected Hello, got {other}"),
+                ),
+                opts.io_timeout,
+            )?;
             return Ok(false);
         }
         Err(e) => {
@@ -301,7 +313,13 @@ fn open(fs: &mut FrameStream, shared: &Shared) -> Result<bool> {
     };
     if !proven {
         tracing::warn!(peer = ?fs.peer_addr(), "registry client failed authentication");
-        fs.send(&error(ErrorCode::AuthFailed, "the client did not prove the shared secret"), opts.io_timeout)?;
+        fs.send(
+            &error(
+                ErrorCode::AuthFailed,
+                "the client did not prove the shared secret",
+            ),
+            opts.io_timeout,
+        )?;
         return Ok(false);
     }
     let tag = auth::proof(secret, Role::Server, &own, &client_nonce);
@@ -328,7 +346,13 @@ fn answer(msg: Message, shared: &Shared) -> Message {
                 Ok(()) => Message::Registered {
                     lease_ms: lease.as_millis().min(u32::MAX.into()) as u32,
                 },
-                Err(code) => error(code, format!("the registry holds its maximum of {} entries", shared.opts.max_entries)),
+                Err(code) => error(
+                    code,
+                    format!(
+                        "the registry holds its maximum of {} entries",
+                        shared.opts.max_entries
+                    ),
+                ),
             }
         }
         Message::Lookup { name } => match table.lookup(&name, now) {
@@ -343,6 +367,9 @@ fn answer(msg: Message, shared: &Shared) -> Message {
             false => error(ErrorCode::NotFound, format!("no live entry named {name:?}")),
         },
         Message::Ping => Message::Done,
-        other => error(ErrorCode::BadRequest, format!("{other} is not a request here")),
+        other => error(
+            ErrorCode::BadRequest,
+            format!("{other} is not a request here"),
+        ),
     }
 }

@@ -38,18 +38,19 @@ impl FrameStream {
     /// Sends one message within `timeout`.
     pub(crate) fn send(&mut self, msg: &Message, timeout: Duration) -> Result<()> {
         self.out.clear();
-        codec::encode(msg, &mut self.out)
-            .map_err(|e| NetError::InvalidArgument(e.to_string()))?;
+        codec::encode(msg, &mut self.out).map_err(|e| NetError::InvalidArgument(e.to_string()))?;
         self.stream
             .set_write_timeout(Some(timeout.max(Duration::from_millis(1))))
             .map_err(|e| NetError::io("set_write_timeout", e))?;
-        self.stream.write_all(&self.out).map_err(|e| match e.kind() {
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => NetError::Timeout {
-                op: "registry write",
-                millis: timeout.as_millis() as u64,
-            },
-            _ => NetError::io("registry write", e),
-        })
+        self.stream
+            .write_all(&self.out)
+            .map_err(|e| match e.kind() {
+                ErrorKind::WouldBlock | ErrorKind::TimedOut => NetError::Timeout {
+                    op: "registry write",
+                    millis: timeout.as_millis() as u64,
+                },
+                _ => NetError::io("registry write", e),
+            })
     }
 
     /// The next frame, waiting until `deadline` (and, with `stop`, until it is set).

@@ -47,7 +47,8 @@ impl Table {
                 return Err(ErrorCode::Full);
             }
         }
-        self.entries.insert(name.to_owned(), Entry { addr, expires });
+        self.entries
+            .insert(name.to_owned(), Entry { addr, expires });
         Ok(())
     }
 
@@ -93,10 +94,17 @@ mod tests {
         let t0 = Instant::now();
         let lease = Duration::from_secs(10);
         t.register("a", addr(1), lease, t0).unwrap();
-        assert_eq!(t.lookup("a", t0 + Duration::from_secs(4)), Some((addr(1), Duration::from_secs(6))));
+        assert_eq!(
+            t.lookup("a", t0 + Duration::from_secs(4)),
+            Some((addr(1), Duration::from_secs(6)))
+        );
         // Renewed at 9 s with a new address: lives until 19 s.
-        t.register("a", addr(2), lease, t0 + Duration::from_secs(9)).unwrap();
-        assert_eq!(t.lookup("a", t0 + Duration::from_secs(18)).map(|x| x.0), Some(addr(2)));
+        t.register("a", addr(2), lease, t0 + Duration::from_secs(9))
+            .unwrap();
+        assert_eq!(
+            t.lookup("a", t0 + Duration::from_secs(18)).map(|x| x.0),
+            Some(addr(2))
+        );
         assert_eq!(t.lookup("a", t0 + Duration::from_secs(19)), None);
         assert_eq!(t.len(), 0, "the expired entry was removed");
     }
@@ -105,14 +113,21 @@ mod tests {
     fn a_full_table_makes_room_only_from_expired_entries() {
         let mut t = Table::new(2);
         let t0 = Instant::now();
-        t.register("a", addr(1), Duration::from_secs(1), t0).unwrap();
-        t.register("b", addr(2), Duration::from_secs(100), t0).unwrap();
-        assert_eq!(t.register("c", addr(3), Duration::from_secs(1), t0), Err(ErrorCode::Full));
+        t.register("a", addr(1), Duration::from_secs(1), t0)
+            .unwrap();
+        t.register("b", addr(2), Duration::from_secs(100), t0)
+            .unwrap();
+        assert_eq!(
+            t.register("c", addr(3), Duration::from_secs(1), t0),
+            Err(ErrorCode::Full)
+        );
         // Renewing an existing name needs no room.
-        t.register("b", addr(4), Duration::from_secs(100), t0).unwrap();
+        t.register("b", addr(4), Duration::from_secs(100), t0)
+            .unwrap();
         // Once "a" expired, "c" fits.
         let later = t0 + Duration::from_secs(2);
-        t.register("c", addr(3), Duration::from_secs(1), later).unwrap();
+        t.register("c", addr(3), Duration::from_secs(1), later)
+            .unwrap();
         assert_eq!(t.len(), 2);
         assert!(t.unregister("c", later));
         assert!(!t.unregister("c", later));
