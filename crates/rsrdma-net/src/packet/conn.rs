@@ -42,6 +42,12 @@ pub struct PacketConn {
     received: AtomicU64,
 }
 
+// Shared by threads: every method takes `&self`.
+const _: fn() = || {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<PacketConn>();
+};
+
 /// Counters of a [`PacketConn`], from [`PacketConn::stats`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
