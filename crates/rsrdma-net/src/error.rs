@@ -80,6 +80,77 @@ pub enum NetError {
     /// An option or argument that cannot work.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+
+    // --- PacketConn and the registry (crate::packet, crate::registry) ---
+    /// A datagram larger than one UD packet may carry.
+    #[error(
+        "datagram of {len} bytes is over the limit of {limit} bytes \
+         (the path MTU, or PacketOptions::max_datagram)"
+    )]
+    DatagramTooLarge {
+        /// The datagram's length.
+        len: usize,
+        /// The endpoint's limit.
+        limit: usize,
+    },
+
+    /// The caller's buffer cannot hold the next datagram, which stays queued.
+    #[error(
+        "a buffer of {got} bytes cannot hold the next datagram of {needed} bytes (it stays queued)"
+    )]
+    BufferTooSmall {
+        /// The datagram's length.
+        needed: usize,
+        /// The buffer's length.
+        got: usize,
+    },
+
+    /// The registry refused a request and said why.
+    #[error("registry: {code}: {message}")]
+    Registry {
+        /// What kind of refusal.
+        code: crate::registry::ErrorCode,
+        /// The registry's explanation.
+        message: String,
+    },
+
+    /// Bytes that are not a registry message.
+    #[error("malformed registry message: {0}")]
+    RegistryMalformed(#[from] crate::registry::DecodeError),
+}
+
+impl From<NetError> for io::Error {
+    /// Keeps the kind callers test for: a timeout is `TimedOut`, a bad argument
+    /// `InvalidInput`, a failed authentication `PermissionDenied`, a missing registry name
+    /// `NotFound`.
+    fn from(e: NetError) -> Self {
+        use crate::registry::ErrorCode;
+        let kind = match &e {
+            NetError::Timeout { .. } => io::ErrorKind::TimedOut,
+            NetError::Io { source, .. } => source.kind(),
+            NetError::Verbs(v) => match v {
+                rsrdma::Error::Timeout { .. } => io::ErrorKind::TimedOut,
+                rsrdma::Error::InvalidArgument(_) | rsrdma::Error::Limit { .. } => {
+                    io::ErrorKind::InvalidInput
+                }
+                _ => io::ErrorKind::Other,
+            },
+            NetError::InvalidArgument(_)
+            | NetError::DatagramTooLarge { .. }
+            | NetError::BufferTooSmall { .. }
+            | NetError::Encode(_) => io::ErrorKind::InvalidInput,
+            NetError::Auth(_) => io::ErrorKind::PermissionDenied,
+            NetError::PeerClosed(_) => io::ErrorKind::UnexpectedEof,
+            NetError::Malformed(_) | NetError::RegistryMalformed(_) => io::ErrorKind::InvalidData,
+            NetError::Registry { code, .. } => match code {
+                ErrorCode::NotFound => io::ErrorKind::NotFound,
+                ErrorCode::AuthFailed => io::ErrorKind::PermissionDenied,
+                _ => io::ErrorKind::Other,
+            },
+            _ => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, e)
+    }
 }
 
 impl NetError {

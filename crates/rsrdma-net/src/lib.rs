@@ -6,6 +6,9 @@
 //!   requests (singly or in batches), busy-poll (or sleep on completion channels), and do
 //!   one-sided RDMA Write/Read with the peer's exchanged descriptors. Connections can share
 //!   one protection domain, and so memory registered once.
+//! - [`PacketConn`]: UD datagrams (`send_to`/`recv_from` an [`Addr`]), shared by threads.
+//! - [`registry`]: a name → [`Addr`] directory over TCP, as a library type or the
+//!   `rs_registry` binary.
 
 #![deny(missing_docs)]
 
@@ -22,3 +25,9 @@ pub use options::{Completion, RawOptions};
 pub use pipeline::RunStats;
 pub use progress::PollMode;
 pub use raw_conn::{RawConn, RawListener};
+
+// UD datagrams and the name registry.
+pub mod packet;
+pub mod registry;
+pub use packet::{Addr, PacketConn, PacketOptions};
+pub use registry::{Registry, RegistryClient, RegistryHandle, RegistryOptions};

@@ -1,0 +1,115 @@
+//! A bounded least-recently-used cache of address handles, keyed by destination GID (an
+//! address handle names the path to a port; the QPN and Q_Key travel in each request).
+//!
+//! A linear scan over a few dozen entries costs less than hashing, and the cache never
+//! allocates after it is full: a miss reuses the stalest entry's place. A handle evicted
+//! while sends through it are in flight stays alive: each in-flight send holds a clone.
+
+use rsrdma::{Ah, Gid};
+use std::sync::Arc;
+
+/// The cache. Generic over the handle so that its policy is testable without a device.
+#[derive(Debug)]
+pub(crate) struct AhCache<H = Arc<Ah>> {
+    entries: Vec<Entry<H>>,
+    capacity: usize,
+    clock: u64,
+    misses: u64,
+}
+
+#[derive(Debug)]
+struct Entry<H> {
+    gid: Gid,
+    handle: H,
+    used: u64,
+}
+
+impl<H: Clone> AhCache<H> {
+    /// A cache of at most `capacity` handles (at least one).
+    pub(crate) fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        AhCache {
+            entries: Vec::with_capacity(capacity),
+            capacity,
+            clock: 0,
+            misses: 0,
+        }
+    }
+
+    /// The handle for `gid`, created by `make` on a miss (evicting the least recently used
+    /// entry when full).
+    pub(crate) fn get_or_insert<E>(
+        &mut self,
+        gid: Gid,
+        make: impl FnOnce() -> Result<H, E>,
+    ) -> Result<H, E> {
+        self.clock += 1;
+        if let Some(e) = self.entries.iter_mut().find(|e| e.gid == gid) {
+            e.used = self.clock;
+            return Ok(e.handle.clone());
+        }
+        self.misses += 1;
+        let entry = Entry {
+            gid,
+            handle: make()?,
+            used: self.clock,
+        };
+        let handle = entry.handle.clone();
+        if self.entries.len() < self.capacity {
+            self.entries.push(entry);
+        } else if let Some(stalest) = self.entries.iter_mut().min_by_key(|e| e.used) {
+            *stalest = entry;
+        }
+        Ok(handle)
+    }
+
+    /// Entries held now.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Handles created so far.
+    pub(crate) fn misses(&self) -> u64 {
+        self.misses
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::convert::Infallible;
+
+    fn gid(n: u8) -> Gid {
+        Gid([n; 16])
+    }
+
+    #[test]
+    fn bounded_and_evicts_the_least_recently_used() {
+        let mut c: AhCache<u8> = AhCache::new(2);
+        let mut made = Vec::new();
+        let mut get = |c: &mut AhCache<u8>, n: u8| {
+            c.get_or_insert(gid(n), || {
+                made.push(n);
+                Ok::<_, Infallible>(n)
+            })
+            .unwrap()
+        };
+        assert_eq!(get(&mut c, 1), 1);
+        assert_eq!(get(&mut c, 2), 2);
+        assert_eq!(get(&mut c, 1), 1); // 1 is now the most recent
+        assert_eq!(get(&mut c, 3), 3); // evicts 2
+        assert_eq!(c.len(), 2);
+        assert_eq!(get(&mut c, 1), 1); // still cached
+        assert_eq!(get(&mut c, 2), 2); // made again
+        assert_eq!(made, vec![1, 2, 3, 2]);
+        assert_eq!(c.misses(), 4);
+    }
+
+    #[test]
+    fn a_failed_creation_caches_nothing() {
+        let mut c: AhCache<u8> = AhCache::new(4);
+        assert!(c.get_or_insert(gid(1), || Err("no route")).is_err());
+        assert_eq!(c.len(), 0);
+        assert_eq!(c.get_or_insert(gid(1), || Ok::<_, ()>(7)), Ok(7));
+    }
+}

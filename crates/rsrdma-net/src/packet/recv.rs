@@ -1,0 +1,121 @@
+//! The receive side of a [`super::PacketConn`]: `depth` buffers of GRH + datagram in one
+//! memory region, all posted at all times except while a caller copies one out.
+//!
+//! Every receive completion goes into a FIFO (it can never hold more than `depth`, so it
+//! never grows), whichever thread polled it; callers take datagrams from the FIFO. A
+//! datagram too big for the caller's buffer stays at the front.
+
+use super::grh::{source_gid, GRH_LEN};
+use super::send::CHUNK;
+use crate::error::Result;
+use rsrdma::{AccessFlags, Cq, Gid, Mr, Pd, Qp, RecvWr, Sge, Wc, WcStatus};
+use std::collections::VecDeque;
+
+/// A received datagram waiting in its buffer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ready {
+    pub(crate) slot: u32,
+    /// Payload bytes (after the GRH).
+    pub(crate) len: u32,
+    pub(crate) src_qp: u32,
+}
+
+/// The receive buffers.
+#[derive(Debug)]
+pub(crate) struct RecvRing {
+    mr: Mr,
+    slot_len: usize,
+}
+
+/// Everything behind the receive lock.
+#[derive(Debug)]
+pub(crate) struct RecvQueue {
+    ready: VecDeque<Ready>,
+    pub(crate) errors: u64,
+}
+
+impl RecvRing {
+    pub(crate) fn new(pd: &Pd, depth: u32, slot_len: usize) -> Result<Self> {
+        let mr = Mr::new(pd, depth as usize * slot_len, AccessFlags::LOCAL_WRITE)?;
+        Ok(RecvRing { mr, slot_len })
+    }
+
+    /// Posts buffers `slots` (ids), [`CHUNK`] per call.
+    pub(crate) fn post(&self, qp: &Qp, slots: &[u32]) -> Result<()> {
+        for part in slots.chunks(CHUNK) {
+            let mut sges = [Sge::new(0, 0, 0); CHUNK];
+            for (s, &slot) in sges.iter_mut().zip(part) {
+                *s = self.mr.sge(slot as usize * self.slot_len, self.slot_len)?;
+            }
+            let mut wrs: [RecvWr<'_>; CHUNK] = std::array::from_fn(|i| {
+                RecvWr::new(part.get(i).copied().unwrap_or(0).into(), &sges[i..i + 1])
+            });
+            // SAFETY: the buffers live in `self.mr`, which the connection drops after the QP;
+            // no thread reads a buffer while it is posted (a buffer is read only between its
+            // completion and this repost).
+            unsafe { qp.post_recv_batch(&mut wrs[..part.len()])? };
+        }
+        Ok(())
+    }
+
+    /// Copies datagram `r` into `buf` (which holds it) and returns the sender's GID.
+    pub(crate) fn copy_out(&self, r: &Ready, buf: &mut [u8]) -> Result<Gid> {
+        let off = r.slot as usize * self.slot_len;
+        let mut grh = [0u8; GRH_LEN];
+        self.mr.read_at(off, &mut grh)?;
+        self.mr.read_at(off + GRH_LEN, &mut buf[..r.len as usize])?;
+        Ok(source_gid(&grh).unwrap_or_else(|| {
+            tracing::warn!(slot = r.slot, "a UD receive with an unreadable GRH");
+            Gid::default()
+        }))
+    }
+}
+
+impl RecvQueue {
+    pub(crate) fn new(depth: u32) -> Self {
+        RecvQueue {
+            ready: VecDeque::with_capacity(depth as usize),
+            errors: 0,
+        }
+    }
+
+    /// The oldest datagram, without taking it.
+    pub(crate) fn front(&self) -> Option<&Ready> {
+        self.ready.front()
+    }
+
+    pub(crate) fn pop(&mut self) -> Option<Ready> {
+        self.ready.pop_front()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ready.is_empty()
+    }
+
+    /// Moves every receive completion there is into the FIFO. A failed receive (other than
+    /// a flush at teardown) is counted and its buffer reposted.
+    pub(crate) fn refill(&mut self, cq: &Cq, qp: &Qp, ring: &RecvRing) -> Result<()> {
+        let mut wcs = [Wc::default(); CHUNK];
+        loop {
+            let n = cq.poll(&mut wcs)?;
+            for wc in &wcs[..n] {
+                let slot = wc.wr_id() as u32;
+                if wc.is_ok() {
+                    let len = wc.byte_len().saturating_sub(GRH_LEN as u32);
+                    self.ready.push_back(Ready {
+                        slot,
+                        len,
+                        src_qp: wc.src_qp(),
+                    });
+                } else if wc.status() != WcStatus::WR_FLUSH_ERR {
+                    self.errors += 1;
+                    tracing::warn!(status = %wc.status(), "a UD receive failed");
+                    ring.post(qp, &[slot])?;
+                }
+            }
+            if n < CHUNK {
+                return Ok(());
+            }
+        }
+    }
+}

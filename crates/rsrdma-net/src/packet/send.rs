@@ -1,0 +1,197 @@
+//! The send side of a [`super::PacketConn`]: a ring of send buffers in one memory region,
+//! many datagrams in flight, selective signaling, and an address-handle cache.
+//!
+//! Buffers are used in ring order, so a signaled completion frees every buffer posted before
+//! it (a UD send queue completes in order). A batch signals every `signal_every`-th request
+//! and its last one, so the ring never fills with requests that nobody will report, and a
+//! flush can always wait for the last one.
+
+use super::addr::Addr;
+use super::ah_cache::AhCache;
+use crate::error::{NetError, Result};
+use rsrdma::{Ah, AhAttr, GlobalRoute, Mr, Pd, Qp, SendWr, Sge, Wc};
+use std::sync::Arc;
+
+/// Requests posted per call into the provider, and completions polled per call.
+pub(crate) const CHUNK: usize = 32;
+
+/// How the send side addresses a path.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Route {
+    pub(crate) port: u8,
+    pub(crate) sgid_index: u8,
+    pub(crate) hop_limit: u8,
+    pub(crate) traffic_class: u8,
+}
+
+/// Everything behind the send lock.
+#[derive(Debug)]
+pub(crate) struct SendRing {
+    mr: Mr,
+    slot_len: usize,
+    depth: u64,
+    /// Requests posted so far; the next one uses buffer `head % depth`.
+    head: u64,
+    /// Requests known complete; buffers `tail..head` are in flight.
+    tail: u64,
+    since_signal: u64,
+    signal_every: u64,
+    /// The address handle each in-flight buffer's request uses, kept alive until it completes.
+    held: Vec<Option<Arc<Ah>>>,
+    cache: AhCache,
+    /// The first failed send completion not yet reported to a caller.
+    failed: Option<rsrdma::Error>,
+    pub(crate) errors: u64,
+}
+
+impl SendRing {
+    pub(crate) fn new(pd: &Pd, depth: u32, slot_len: usize, ah_cache: usize) -> Result<Self> {
+        let depth = u64::from(depth.max(1));
+        let mr = Mr::new(pd, depth as usize * slot_len, rsrdma::AccessFlags::NONE)?;
+        Ok(SendRing {
+            mr,
+            slot_len,
+            depth,
+            head: 0,
+            tail: 0,
+            since_signal: 0,
+            signal_every: (depth / 4).max(1),
+            held: vec![None; depth as usize],
+            cache: AhCache::new(ah_cache),
+            failed: None,
+            errors: 0,
+        })
+    }
+
+    /// Free buffers.
+    pub(crate) fn free(&self) -> u64 {
+        self.depth - (self.head - self.tail)
+    }
+
+    /// True when every posted request has completed.
+    pub(crate) fn idle(&self) -> bool {
+        self.head == self.tail
+    }
+
+    /// Address handles created so far (cache misses), and held now.
+    pub(crate) fn ah_stats(&self) -> (u64, usize) {
+        (self.cache.misses(), self.cache.len())
+    }
+
+    /// A failed completion reaped earlier, reported once.
+    pub(crate) fn take_failure(&mut self) -> Result<()> {
+        match self.failed.take() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Reaps every send completion there is, freeing buffers.
+    pub(crate) fn reap(&mut self, cq: &rsrdma::Cq) -> Result<()> {
+        let mut wcs = [Wc::default(); CHUNK];
+        loop {
+            let n = cq.poll(&mut wcs)?;
+            for wc in &wcs[..n] {
+                self.complete(wc);
+            }
+            if n < CHUNK {
+                return Ok(());
+            }
+        }
+    }
+
+    fn complete(&mut self, wc: &Wc) {
+        if let Err(e) = wc.ok() {
+            self.errors += 1;
+            tracing::warn!(error = %e, "a UD send failed");
+            if self.failed.is_none() {
+                self.failed = Some(e);
+            }
+        }
+        let done = wc.wr_id();
+        while self.tail <= done && self.tail < self.head {
+            self.held[(self.tail % self.depth) as usize] = None;
+            self.tail += 1;
+        }
+    }
+
+    /// Copies and posts as many of `msgs` as there are free buffers (at most [`CHUNK`]),
+    /// returning how many were posted.
+    pub(crate) fn post(
+        &mut self,
+        qp: &Qp,
+        pd: &Pd,
+        route: Route,
+        msgs: &[(&[u8], Addr)],
+    ) -> Result<usize> {
+        let n = msgs.len().min(CHUNK).min(self.free() as usize);
+        if n == 0 {
+            return Ok(0);
+        }
+        let mut sges = [Sge::new(0, 0, 0); CHUNK];
+        let mut ahs: [Option<Arc<Ah>>; CHUNK] = Default::default();
+        let mut signaled = [false; CHUNK];
+        for (i, (data, to)) in msgs[..n].iter().enumerate() {
+            let seq = self.head + i as u64;
+            let off = (seq % self.depth) as usize * self.slot_len;
+            self.mr.write_at(off, data)?;
+            sges[i] = self.mr.sge(off, data.len())?;
+            let ah = self
+                .cache
+                .get_or_insert(to.gid, || Ah::new(pd, &ah_attr(route, to)).map(Arc::new))?;
+            self.held[(seq % self.depth) as usize] = Some(ah.clone());
+            ahs[i] = Some(ah);
+            self.since_signal += 1;
+            if self.since_signal >= self.signal_every || i + 1 == n {
+                signaled[i] = true;
+                self.since_signal = 0;
+            }
+        }
+        let head = self.head;
+        let mut wrs: [SendWr<'_>; CHUNK] = std::array::from_fn(|i| {
+            let wr = SendWr::send(head + i as u64, &sges[i..i + 1]).signaled(signaled[i]);
+            match (&ahs[i], msgs.get(i)) {
+                (Some(ah), Some((_, to))) => wr.ud(ah, to.qpn, to.qkey),
+                _ => wr,
+            }
+        });
+        // SAFETY: the buffers live in `self.mr`, which outlives the QP's requests (the
+        // connection drops the QP first) and is not written again until the request's
+        // completion frees the buffer; each request's address handle is held in `self.held`
+        // until then.
+        let posted = unsafe { qp.post_send_batch(&mut wrs[..n]) };
+        match posted {
+            Ok(()) => {
+                self.head += n as u64;
+                Ok(n)
+            }
+            Err(e) => {
+                let ok = match &e {
+                    rsrdma::Error::Post { index, .. } => *index,
+                    _ => 0,
+                };
+                for i in ok..n {
+                    self.held[((self.head + i as u64) % self.depth) as usize] = None;
+                }
+                self.head += ok as u64;
+                if ok > 0 {
+                    // The last posted request may be unsignaled: nothing would free it.
+                    tracing::warn!(posted = ok, of = n, "a partial UD send batch");
+                }
+                Err(NetError::from(e))
+            }
+        }
+    }
+}
+
+fn ah_attr(route: Route, to: &Addr) -> AhAttr {
+    AhAttr {
+        port_num: route.port,
+        grh: Some(GlobalRoute {
+            hop_limit: route.hop_limit,
+            traffic_class: route.traffic_class,
+            ..GlobalRoute::new(to.gid, route.sgid_index)
+        }),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,268 @@
+//! The registry client: one connection, many requests, a time limit on each.
+
+use super::codec::{Message, MAX_NAME};
+use super::stream::FrameStream;
+use super::ErrorCode;
+use crate::error::{NetError, Result};
+use crate::handshake::{auth, Role};
+use crate::packet::Addr;
+use rsrdma::option_setters as setters;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// Options of [`RegistryClient::connect`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// The registry's shared secret, if it has one. A client with a secret refuses a
+    /// registry that cannot prove it too.
+    pub secret: Option<Vec<u8>>,
+    /// Limit of the connect and of each request.
+    pub timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            secret: None,
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+setters!(ClientOptions {
+    /// Sets [`ClientOptions::secret`].
+    secret: Option<Vec<u8>>,
+    /// Sets [`ClientOptions::timeout`].
+    timeout: Duration,
+});
+
+/// A connection to a registry.
+#[derive(Debug)]
+pub struct RegistryClient {
+    fs: FrameStream,
+    timeout: Duration,
+    peer: SocketAddr,
+}
+
+impl RegistryClient {
+    /// Connects, and authenticates when either side has a secret.
+    ///
+    /// # Errors
+    /// [`NetError::Io`]/[`NetError::Timeout`] for the connect; [`NetError::Auth`] when the
+    /// registry requires a secret this side lacks, refuses this side's, or cannot prove the
+    /// one this side has; [`NetError::Registry`] when it refuses the client (`Busy`).
+    pub fn connect(registry: impl ToSocketAddrs, opts: ClientOptions) -> Result<RegistryClient> {
+        let (stream, peer) = dial(registry, opts.timeout)?;
+        let mut c = RegistryClient {
+            fs: FrameStream::new(stream)?,
+            timeout: opts.timeout,
+            peer,
+        };
+        c.open(opts.secret.as_deref())?;
+        Ok(c)
+    }
+
+    /// The registry's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    fn open(&mut self, secret: Option<&[u8]>) -> Result<()> {
+        let own = auth::nonce().map_err(|e| NetError::io("read /dev/urandom", e))?;
+        let (auth_required, theirs) = match self.call(&Message::Hello { nonce: own })? {
+            Message::Welcome {
+                auth_required,
+                nonce,
+            } => (auth_required, nonce),
+            other => return Err(unexpected("Welcome", &other)),
+        };
+        match (auth_required, secret) {
+            (false, None) => Ok(()),
+            (false, Some(_)) => Err(NetError::Auth(
+                "a secret was given, but the registry does not authenticate".into(),
+            )),
+            (true, None) => Err(NetError::Auth(
+                "the registry requires a shared secret, and none was given".into(),
+            )),
+            (true, Some(secret)) => {
+                let tag = auth::proof(secret, Role::Client, &own, &theirs);
+                match self.call(&Message::Proof { tag }) {
+                    Ok(Message::Proof { tag }) => {
+                        match auth::verify(secret, Role::Server, &theirs, &own, &tag) {
+                            true => Ok(()),
+                            false => Err(NetError::Auth(
+                                "the registry's proof is wrong: it does not know the secret".into(),
+                            )),
+                        }
+                    }
+                    Ok(other) => Err(unexpected("Proof", &other)),
+                    Err(NetError::Registry {
+                        code: ErrorCode::AuthFailed,
+                        ..
+                    }) => Err(NetError::Auth(
+                        "the registry refused this side's secret (wrong secret)".into(),
+                    )),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// Sends `req` and reads the reply; an Error reply becomes [`NetError::Registry`].
+    fn call(&mut self, req: &Message) -> Result<Message> {
+        let deadline = Instant::now() + self.timeout;
+        self.fs.send(req, self.timeout)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self
+            .fs
+            .recv("registry reply", Instant::now() + left, None)??
+        {
+            Message::Error { code, text } => Err(NetError::Registry {
+                code,
+                message: text,
+            }),
+            reply => Ok(reply),
+        }
+    }
+
+    /// Registers `name` → `addr` with the registry's default (and longest) lease; returns
+    /// the lease granted. Call again before it runs out to renew it.
+    ///
+    /// # Errors
+    /// [`NetError::InvalidArgument`] for a name of 0 or more than [`MAX_NAME`] bytes;
+    /// [`NetError::Registry`] (`Full`, …); connection errors and timeouts.
+    pub fn register(&mut self, name: &str, addr: &Addr) -> Result<Duration> {
+        self.register_for(name, addr, Duration::ZERO)
+    }
+
+    /// As [`RegistryClient::register`]: renews the lease (and updates the address).
+    ///
+    /// # Errors
+    /// As [`RegistryClient::register`].
+    pub fn renew(&mut self, name: &str, addr: &Addr) -> Result<Duration> {
+        self.register(name, addr)
+    }
+
+    /// Registers with a lease of `lease` (cut to the registry's longest; zero asks for its
+    /// default); returns the lease granted.
+    ///
+    /// # Errors
+    /// As [`RegistryClient::register`].
+    pub fn register_for(&mut self, name: &str, addr: &Addr, lease: Duration) -> Result<Duration> {
+        check_name(name)?;
+        let req = Message::Register {
+            name: name.to_owned(),
+            addr: *addr,
+            lease_ms: lease.as_millis().min(u32::MAX.into()) as u32,
+        };
+        match self.call(&req)? {
+            Message::Registered { lease_ms } => Ok(Duration::from_millis(lease_ms.into())),
+            other => Err(unexpected("Registered", &other)),
+        }
+    }
+
+    /// The address registered under `name`.
+    ///
+    /// # Errors
+    /// [`NetError::Registry`] with [`ErrorCode::NotFound`] when no live entry has it; as
+    /// [`RegistryClient::register`].
+    pub fn lookup(&mut self, name: &str) -> Result<Addr> {
+        check_name(name)?;
+        match self.call(&Message::Lookup {
+            name: name.to_owned(),
+        })? {
+            Message::Found { addr, .. } => Ok(addr),
+            other => Err(unexpected("Found", &other)),
+        }
+    }
+
+    /// Removes `name`.
+    ///
+    /// # Errors
+    /// As [`RegistryClient::lookup`].
+    pub fn unregister(&mut self, name: &str) -> Result<()> {
+        check_name(name)?;
+        match self.call(&Message::Unregister {
+            name: name.to_owned(),
+        })? {
+            Message::Done => Ok(()),
+            other => Err(unexpected("Done", &other)),
+        }
+    }
+
+    /// Checks that the registry answers.
+    ///
+    /// # Errors
+    /// Connection errors and timeouts.
+    pub fn ping(&mut self) -> Result<()> {
+        match self.call(&Message::Ping)? {
+            Message::Done => Ok(()),
+            other => Err(unexpected("Done", &other)),
+        }
+    }
+}
+
+/// Registers `name` → `addr` at `registry` over a new connection (no secret, 5 s limit).
+///
+/// # Errors
+/// As [`RegistryClient::connect`] and [`RegistryClient::register`].
+pub fn register(registry: impl ToSocketAddrs, name: &str, addr: &Addr) -> Result<Duration> {
+    RegistryClient::connect(registry, ClientOptions::default())?.register(name, addr)
+}
+
+/// Looks `name` up at `registry` over a new connection (no secret, 5 s limit).
+///
+/// # Errors
+/// As [`RegistryClient::connect`] and [`RegistryClient::lookup`].
+pub fn lookup(registry: impl ToSocketAddrs, name: &str) -> Result<Addr> {
+    RegistryClient::connect(registry, ClientOptions::default())?.lookup(name)
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > MAX_NAME {
+        return Err(NetError::InvalidArgument(format!(
+            "a registry name must be 1 to {MAX_NAME} bytes, this one is {}",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
+fn unexpected(expected: &'static str, got: &Message) -> NetError {
+    let got = match got {
+        Message::Hello { .. } => "Hello",
+        Message::Welcome { .. } => "Welcome",
+        Message::Proof { .. } => "Proof",
+        Message::Register { .. } => "Register",
+        Message::Lookup { .. } => "Lookup",
+        Message::Unregister { .. } => "Unregister",
+        Message::Ping => "Ping",
+        Message::Registered { .. } => "Registered",
+        Message::Found { .. } => "Found",
+        Message::Done => "Done",
+        Message::Error { .. } => "Error",
+    };
+    NetError::Unexpected { expected, got }
+}
+
+fn dial(registry: impl ToSocketAddrs, timeout: Duration) -> Result<(TcpStream, SocketAddr)> {
+    let addrs = registry
+        .to_socket_addrs()
+        .map_err(|e| NetError::io("resolve registry address", e))?;
+    let mut last = None;
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => return Ok((s, a)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(match last {
+        Some(e) if e.kind() == std::io::ErrorKind::TimedOut => NetError::Timeout {
+            op: "connect to the registry",
+            millis: timeout.as_millis() as u64,
+        },
+        Some(e) => NetError::io("connect to the registry", e),
+        None => NetError::InvalidArgument("the registry address resolved to nothing".into()),
+    })
+}

@@ -1,0 +1,337 @@
+//! The registry server end to end over loopback TCP (no device): many requests per
+//! connection, leases, authentication, bad input of every kind, caps, and concurrent clients.
+
+use rsrdma::Gid;
+use rsrdma_net::packet::Addr;
+use rsrdma_net::registry::codec::{self, Message, LEN_PREFIX, MAX_FRAME, MAX_NAME, VERSION};
+use rsrdma_net::registry::{lookup, register, ClientOptions, ErrorCode, RegistryClient};
+use rsrdma_net::{NetError, Registry, RegistryHandle, RegistryOptions};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+fn addr(n: u32) -> Addr {
+    Addr::new(Gid([n as u8; 16]), n)
+}
+
+fn serve(opts: RegistryOptions) -> RegistryHandle {
+    Registry::serve_with("127.0.0.1:0", opts).unwrap()
+}
+
+fn client(h: &RegistryHandle) -> RegistryClient {
+    RegistryClient::connect(h.local_addr(), ClientOptions::default()).unwrap()
+}
+
+fn code_of(e: &NetError) -> ErrorCode {
+    match e {
+        NetError::Registry { code, .. } => *code,
+        other => panic!("expected a registry error, got {other:?}"),
+    }
+}
+
+/// A raw connection that has done the opening exchange without a secret.
+fn raw(h: &RegistryHandle) -> TcpStream {
+    let mut s = TcpStream::connect(h.local_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    send(&mut s, &Message::Hello { nonce: [5; 32] });
+    assert!(matches!(
+        reply(&mut s),
+        Some(Message::Welcome {
+            auth_required: false,
+            ..
+        })
+    ));
+    s
+}
+
+fn send(s: &mut TcpStream, m: &Message) {
+    let mut out = Vec::new();
+    codec::encode(m, &mut out).unwrap();
+    s.write_all(&out).unwrap();
+}
+
+/// The next reply, or `None` when the server closed the connection.
+fn reply(s: &mut TcpStream) -> Option<Message> {
+    let mut len = [0u8; LEN_PREFIX];
+    if s.read_exact(&mut len).is_err() {
+        return None;
+    }
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body).ok()?;
+    Some(codec::decode_body(&body).unwrap())
+}
+
+fn error_code(m: Option<Message>) -> ErrorCode {
+    match m {
+        Some(Message::Error { code, .. }) => code,
+        other => panic!("expected an error reply, got {other:?}"),
+    }
+}
+
+#[test]
+fn register_lookup_unregister_on_one_connection() {
+    let h = serve(RegistryOptions::default());
+    let mut c = client(&h);
+    assert_eq!(c.register("a", &addr(1)).unwrap(), Duration::from_secs(30));
+    assert_eq!(
+        c.register_for("b", &addr(2), Duration::from_secs(5))
+            .unwrap(),
+        Duration::from_secs(5)
+    );
+    // Asking for more than the registry grants gets its longest.
+    assert_eq!(
+        c.register_for("c", &addr(3), Duration::from_secs(3600))
+            .unwrap(),
+        Duration::from_secs(30)
+    );
+    for _ in 0..100 {
+        assert_eq!(c.lookup("a").unwrap(), addr(1));
+        assert_eq!(c.lookup("b").unwrap(), addr(2));
+    }
+    c.ping().unwrap();
+    // Last registration wins.
+    c.renew("a", &addr(7)).unwrap();
+    assert_eq!(lookup(h.local_addr(), "a").unwrap(), addr(7));
+    c.unregister("a").unwrap();
+    let e = c.lookup("a").unwrap_err();
+    assert_eq!(code_of(&e), ErrorCode::NotFound);
+    assert!(e.to_string().contains("\"a\""), "{e}");
+    assert_eq!(std::io::Error::from(e).kind(), std::io::ErrorKind::NotFound);
+    assert_eq!(
+        code_of(&c.unregister("a").unwrap_err()),
+        ErrorCode::NotFound
+    );
+    // The one-shot helpers.
+    register(h.local_addr(), "d", &addr(4)).unwrap();
+    assert_eq!(c.lookup("d").unwrap(), addr(4));
+    assert_eq!(h.entries(), 3);
+}
+
+#[test]
+fn leases_expire_unless_renewed() {
+    let h = serve(RegistryOptions::default().lease(Duration::from_millis(300)));
+    let mut c = client(&h);
+    assert_eq!(
+        c.register("short", &addr(1)).unwrap(),
+        Duration::from_millis(300)
+    );
+    c.register("renewed", &addr(2)).unwrap();
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(150));
+        c.renew("renewed", &addr(2)).unwrap();
+    }
+    // 600 ms later: "short" is gone, "renewed" lives.
+    assert_eq!(
+        code_of(&c.lookup("short").unwrap_err()),
+        ErrorCode::NotFound
+    );
+    assert_eq!(c.lookup("renewed").unwrap(), addr(2));
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(
+        code_of(&c.lookup("renewed").unwrap_err()),
+        ErrorCode::NotFound
+    );
+}
+
+#[test]
+fn the_shared_secret_is_checked_both_ways() {
+    let secret = b"registry secret".to_vec();
+    let h = serve(RegistryOptions::default().secret(secret.clone()));
+    let good = ClientOptions::default().secret(secret.clone());
+    let mut c = RegistryClient::connect(h.local_addr(), good).unwrap();
+    c.register("a", &addr(1)).unwrap();
+
+    let wrong = ClientOptions::default().secret(b"guess".to_vec());
+    let e = RegistryClient::connect(h.local_addr(), wrong).unwrap_err();
+    assert!(matches!(e, NetError::Auth(_)), "{e:?}");
+    assert!(e.to_string().contains("wrong secret"), "{e}");
+    assert_eq!(
+        std::io::Error::from(e).kind(),
+        std::io::ErrorKind::PermissionDenied
+    );
+
+    let none = RegistryClient::connect(h.local_addr(), ClientOptions::default()).unwrap_err();
+    assert!(
+        none.to_string().contains("requires a shared secret"),
+        "{none}"
+    );
+    assert!(lookup(h.local_addr(), "a").is_err(), "no secret, no lookup");
+
+    // A client with a secret refuses a registry that cannot prove one.
+    let open = serve(RegistryOptions::default());
+    let e = RegistryClient::connect(open.local_addr(), ClientOptions::default().secret(secret))
+        .unwrap_err();
+    assert!(matches!(e, NetError::Auth(_)), "{e:?}");
+
+    // A raw client skipping the proof gets AuthFailed, not a served request.
+    let mut s = TcpStream::connect(h.local_addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    send(&mut s, &Message::Hello { nonce: [1; 32] });
+    assert!(matches!(
+        reply(&mut s),
+        Some(Message::Welcome {
+            auth_required: true,
+            ..
+        })
+    ));
+    send(&mut s, &Message::Lookup { name: "a".into() });
+    assert_eq!(error_code(reply(&mut s)), ErrorCode::AuthFailed);
+    assert_eq!(reply(&mut s), None, "then it hangs up");
+    // The good client is still served.
+    assert_eq!(c.lookup("a").unwrap(), addr(1));
+}
+
+#[test]
+fn bad_requests_get_clear_errors_and_the_connection_goes_on() {
+    let h = serve(RegistryOptions::default());
+    let mut s = raw(&h);
+    // Unknown operation.
+    s.write_all(&[0, 0, 0, 2, VERSION, 0x42]).unwrap();
+    assert_eq!(error_code(reply(&mut s)), ErrorCode::UnknownOp);
+    // An oversized name (crafted: the client library refuses to send it).
+    let long = vec![b'n'; MAX_NAME + 1];
+    let mut body = vec![VERSION, 0x04];
+    body.extend_from_slice(&(long.len() as u16).to_be_bytes());
+    body.extend_from_slice(&long);
+    s.write_all(&(body.len() as u32).to_be_bytes()).unwrap();
+    s.write_all(&body).unwrap();
+    match reply(&mut s) {
+        Some(Message::Error { code, text }) => {
+            assert_eq!(code, ErrorCode::NameTooLong);
+            assert!(text.contains("256") && text.contains("255"), "{text}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Garbage inside a well-formed frame.
+    s.write_all(&[0, 0, 0, 5, VERSION, 0x03, 0x00, 0x05, b'a'])
+        .unwrap();
+    assert_eq!(error_code(reply(&mut s)), ErrorCode::BadRequest);
+    // Another version.
+    s.write_all(&[0, 0, 0, 2, VERSION + 1, 0x06]).unwrap();
+    assert_eq!(error_code(reply(&mut s)), ErrorCode::Version);
+    // A reply kind sent as a request.
+    send(&mut s, &Message::Done);
+    assert_eq!(error_code(reply(&mut s)), ErrorCode::BadRequest);
+    // Still in step.
+    send(&mut s, &Message::Ping);
+    assert_eq!(reply(&mut s), Some(Message::Done));
+    // An oversized frame: told why, then closed without reading it.
+    s.write_all(&((MAX_FRAME as u32 + 1).to_be_bytes()))
+        .unwrap();
+    assert_eq!(error_code(reply(&mut s)), ErrorCode::TooLarge);
+    assert_eq!(reply(&mut s), None);
+    // Garbage instead of a Hello.
+    let mut g = TcpStream::connect(h.local_addr()).unwrap();
+    g.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    g.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    assert_eq!(error_code(reply(&mut g)), ErrorCode::TooLarge);
+    // The client library refuses bad names before sending.
+    let mut c = client(&h);
+    let e = c.lookup(&"x".repeat(MAX_NAME + 1)).unwrap_err();
+    assert!(matches!(e, NetError::InvalidArgument(_)), "{e:?}");
+    assert!(c.register("", &addr(1)).is_err());
+    // And the server serves everyone still.
+    c.register("ok", &addr(9)).unwrap();
+    assert_eq!(c.lookup("ok").unwrap(), addr(9));
+}
+
+#[test]
+fn silent_and_slow_clients_do_not_hold_the_server() {
+    let h = serve(
+        RegistryOptions::default()
+            .io_timeout(Duration::from_millis(200))
+            .idle_timeout(Duration::from_millis(300)),
+    );
+    // Connects and says nothing: dropped after the io timeout.
+    let mut silent = TcpStream::connect(h.local_addr()).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    // Half a frame, then nothing.
+    let mut half = raw(&h);
+    half.write_all(&[0, 0, 0, 40, VERSION]).unwrap();
+    let t0 = Instant::now();
+    let mut buf = [0u8; 16];
+    assert_eq!(silent.read(&mut buf).unwrap_or(0), 0, "closed");
+    assert_eq!(half.read(&mut buf).unwrap_or(0), 0, "closed");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    let mut c = client(&h);
+    c.ping().unwrap();
+}
+
+#[test]
+fn caps_bound_clients_and_entries() {
+    let h = serve(RegistryOptions::default().max_clients(2).max_entries(3));
+    let mut a = client(&h);
+    let _b = client(&h);
+    let e = RegistryClient::connect(h.local_addr(), ClientOptions::default()).unwrap_err();
+    assert_eq!(code_of(&e), ErrorCode::Busy);
+    for i in 0..3 {
+        a.register(&format!("n{i}"), &addr(i)).unwrap();
+    }
+    let e = a.register("n3", &addr(3)).unwrap_err();
+    assert_eq!(code_of(&e), ErrorCode::Full);
+    assert!(e.to_string().contains("maximum of 3"), "{e}");
+    a.renew("n0", &addr(0)).unwrap();
+    drop(_b);
+    // The freed place is reusable.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match RegistryClient::connect(h.local_addr(), ClientOptions::default()) {
+            Ok(mut c) => {
+                c.ping().unwrap();
+                break;
+            }
+            Err(e) if Instant::now() < deadline => {
+                assert_eq!(code_of(&e), ErrorCode::Busy);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[test]
+fn concurrent_clients_each_see_their_own_entries() {
+    let h = serve(RegistryOptions::default());
+    let at = h.local_addr();
+    let threads: Vec<_> = (0..16u32)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut c = RegistryClient::connect(at, ClientOptions::default()).unwrap();
+                for i in 0..50u32 {
+                    let name = format!("t{t}-{i}");
+                    let a = addr(t * 1000 + i);
+                    c.register(&name, &a).unwrap();
+                    assert_eq!(c.lookup(&name).unwrap(), a);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(h.entries(), 16 * 50);
+    let mut c = client(&h);
+    assert_eq!(c.lookup("t15-49").unwrap(), addr(15_049));
+}
+
+#[test]
+fn stop_disconnects_clients_and_frees_the_port() {
+    let h = serve(RegistryOptions::default());
+    let at = h.local_addr();
+    let mut c = client(&h);
+    c.ping().unwrap();
+    let t0 = Instant::now();
+    h.stop();
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(c.ping().is_err());
+    assert!(TcpStream::connect(at).is_err() || lookup(at, "x").is_err());
+    // A client timeout is a clear error.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mute = l.local_addr().unwrap();
+    let opts = ClientOptions::default().timeout(Duration::from_millis(200));
+    let e = RegistryClient::connect(mute, opts).unwrap_err();
+    assert!(matches!(e, NetError::Timeout { .. }), "{e:?}");
+    assert_eq!(std::io::Error::from(e).kind(), std::io::ErrorKind::TimedOut);
+}
