@@ -80,6 +80,52 @@ pub enum NetError {
     /// An option or argument that cannot work.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+
+    // ----- Conn and Listener (conn/) -----
+    /// The connection failed and stays failed: a protocol violation by the peer, a dead peer,
+    /// a broken queue pair or a disconnect. Every later call returns the same error.
+    #[error("connection failed: {0}")]
+    ConnFailed(rsrdma_proto::ProtoError),
+
+    /// `recv_msg_into`: the buffer is too short; the message stays queued.
+    #[error("recv_msg_into: the buffer is too short, the message needs {needed} bytes (it stays queued)")]
+    ShortBuffer {
+        /// The bytes the message needs.
+        needed: usize,
+    },
+
+    /// A message over the negotiated maximum (nothing was sent).
+    #[error("send_msg: a message of {len} bytes is over the negotiated maximum of {max}")]
+    MessageTooLarge {
+        /// The message length.
+        len: usize,
+        /// The negotiated maximum.
+        max: u32,
+    },
+
+    /// This side closed the connection (or shut down writing, for a send).
+    #[error("{op}: the connection is closed on this side")]
+    Closed {
+        /// The refused call.
+        op: &'static str,
+    },
+
+    /// The peer closed (or went away) after its FIN: there is nobody to send to.
+    #[error("{op}: the peer has closed the connection")]
+    PeerGone {
+        /// The refused call.
+        op: &'static str,
+    },
+
+    /// One peer's handshake failed on a listener; the listener keeps serving.
+    #[error("handshake with {peer} failed: {source}")]
+    Handshake {
+        /// The peer's address, as far as it is known.
+        peer: String,
+        /// Why.
+        #[source]
+        source: Box<NetError>,
+    },
 }
 
 impl NetError {

@@ -22,3 +22,7 @@ pub use options::{Completion, RawOptions};
 pub use pipeline::RunStats;
 pub use progress::PollMode;
 pub use raw_conn::{RawConn, RawListener};
+
+// Conn and Listener: the net-style RDMA connection (conn/).
+pub mod conn;
+pub use conn::{Conn, ConnInfo, ConnOptions, Establish, Listener};
