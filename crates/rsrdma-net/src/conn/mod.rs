@@ -27,8 +27,8 @@
 //!   (a timeout is [`std::io::ErrorKind::TimedOut`] and leaves the connection usable);
 //!   a dead peer fails every call within the peer timeout (default 5 s); `close` wakes every
 //!   blocked call at once.
-//! - **Close.** `close` (and drop) sends FIN after everything queued, lingers (bounded) for
-//!   its delivery and the peer's FIN, then moves the QP to ERROR and reaps the flush before
+//! - **Close.** `close` (and drop) sends FIN after everything queued, lingers (bounded) until
+//!   the FIN's completion says everything was delivered, then moves the QP to ERROR and reaps the flush before
 //!   any memory is released; if the flush cannot be confirmed the memory is leaked, never
 //!   freed under the NIC.
 //! - **Memory.** `(send_slots + recv_slots) × slot_size` registered bytes, 2 MiB by default;
@@ -258,7 +258,7 @@ impl Conn {
     }
 
     /// Closes: FIN after everything queued, then waits (up to [`ConnOptions::linger`]) for
-    /// its delivery and the peer's FIN, then releases the queue pair and memory (after
+    /// its delivery, then releases the queue pair and memory (after
     /// reaping the flush). Blocked calls on other threads return at once with
     /// [`NetError::Closed`]. Idempotent; drop does the same.
     ///
@@ -446,10 +446,13 @@ impl Drop for Conn {
     }
 }
 
-/// Our FIN completed and the peer's arrived (or the peer is gone, or it failed).
+/// Our FIN completed (so every byte before it sits in the peer's slots), or the peer is
+/// gone, or the connection failed. Close does not wait for the peer's FIN: a peer that is
+/// still reading gets our FIN, then sees our teardown as its peer leaving after FIN (its
+/// reads go on to EOF, its sends say `PeerGone`), as a TCP peer would see a closed socket.
 fn close_done(d: &Driver) -> bool {
     let core = d.core_ref();
-    core.error().is_some() || d.peer_gone() || (core.is_drained() && core.peer_closed())
+    core.error().is_some() || d.peer_gone() || core.is_drained()
 }
 
 fn check_timeout(t: Option<Duration>) -> Result<()> {

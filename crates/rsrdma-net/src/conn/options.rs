@@ -66,8 +66,8 @@ pub struct ConnOptions {
     pub peer_timeout: Duration,
     /// Limit for address resolution, the TCP connect and the whole handshake. Default 10 s.
     pub connect_timeout: Duration,
-    /// How long `close` waits for the queued data to be delivered and for the peer's FIN
-    /// before it tears down anyway. Default 2 s.
+    /// How long `close` waits for the queued data (and its FIN) to be delivered before it
+    /// tears down anyway. Default 2 s.
     pub linger: Duration,
     /// Shared secret for the TCP handshake (ignored by rdma_cm).
     pub secret: Option<Vec<u8>>,
