@@ -117,39 +117,105 @@ pub enum NetError {
     /// Bytes that are not a registry message.
     #[error("malformed registry message: {0}")]
     RegistryMalformed(#[from] crate::registry::DecodeError),
+
+    // ----- Conn and Listener (conn/) -----
+    /// The connection failed and stays failed: a protocol violation by the peer, a dead peer,
+    /// a broken queue pair or a disconnect. Every later call returns the same error.
+    #[error("connection failed: {0}")]
+    ConnFailed(rsrdma_proto::ProtoError),
+
+    /// `recv_msg_into`: the buffer is too short; the message stays queued.
+    #[error("recv_msg_into: the buffer is too short, the message needs {needed} bytes (it stays queued)")]
+    ShortBuffer {
+        /// The bytes the message needs.
+        needed: usize,
+    },
+
+    /// A message over the negotiated maximum (nothing was sent).
+    #[error("send_msg: a message of {len} bytes is over the negotiated maximum of {max}")]
+    MessageTooLarge {
+        /// The message length.
+        len: usize,
+        /// The negotiated maximum.
+        max: u32,
+    },
+
+    /// This side closed the connection (or shut down writing, for a send).
+    #[error("{op}: the connection is closed on this side")]
+    Closed {
+        /// The refused call.
+        op: &'static str,
+    },
+
+    /// The peer closed (or went away) after its FIN: there is nobody to send to.
+    #[error("{op}: the peer has closed the connection")]
+    PeerGone {
+        /// The refused call.
+        op: &'static str,
+    },
+
+    /// One peer's handshake failed on a listener; the listener keeps serving.
+    #[error("handshake with {peer} failed: {source}")]
+    Handshake {
+        /// The peer's address, as far as it is known.
+        peer: String,
+        /// Why.
+        #[source]
+        source: Box<NetError>,
+    },
 }
 
-impl From<NetError> for io::Error {
-    /// Keeps the kind callers test for: a timeout is `TimedOut`, a bad argument
-    /// `InvalidInput`, a failed authentication `PermissionDenied`, a missing registry name
-    /// `NotFound`.
-    fn from(e: NetError) -> Self {
+impl NetError {
+    /// The [`io::ErrorKind`] this error maps to (the `Read`/`Write` impls of `Conn`, and
+    /// `From<NetError> for io::Error`): `TimedOut` for a timeout, `NotConnected` after a local
+    /// close, `BrokenPipe` when the peer is gone, `ConnectionReset` when it aborted,
+    /// `ConnectionAborted` for a failed connection, `InvalidInput` for a bad argument, a short
+    /// buffer or an oversized message or datagram, `PermissionDenied` for a failed
+    /// authentication, `NotFound` for a name the registry does not know.
+    pub fn io_kind(&self) -> io::ErrorKind {
         use crate::registry::ErrorCode;
-        let kind = match &e {
-            NetError::Timeout { .. } => io::ErrorKind::TimedOut,
+        use io::ErrorKind as K;
+        match self {
+            NetError::Timeout { .. } => K::TimedOut,
             NetError::Io { source, .. } => source.kind(),
             NetError::Verbs(v) => match v {
-                rsrdma::Error::Timeout { .. } => io::ErrorKind::TimedOut,
-                rsrdma::Error::InvalidArgument(_) | rsrdma::Error::Limit { .. } => {
-                    io::ErrorKind::InvalidInput
-                }
-                _ => io::ErrorKind::Other,
+                rsrdma::Error::Timeout { .. } => K::TimedOut,
+                rsrdma::Error::InvalidArgument(_) | rsrdma::Error::Limit { .. } => K::InvalidInput,
+                _ => K::Other,
             },
+            NetError::Closed { .. } => K::NotConnected,
+            NetError::PeerGone { .. } => K::BrokenPipe,
+            NetError::PeerClosed(_) => K::UnexpectedEof,
+            NetError::ConnFailed(rsrdma_proto::ProtoError::PeerAborted { .. }) => {
+                K::ConnectionReset
+            }
+            NetError::ConnFailed(_) => K::ConnectionAborted,
             NetError::InvalidArgument(_)
             | NetError::DatagramTooLarge { .. }
             | NetError::BufferTooSmall { .. }
-            | NetError::Encode(_) => io::ErrorKind::InvalidInput,
-            NetError::Auth(_) => io::ErrorKind::PermissionDenied,
-            NetError::PeerClosed(_) => io::ErrorKind::UnexpectedEof,
-            NetError::Malformed(_) | NetError::RegistryMalformed(_) => io::ErrorKind::InvalidData,
+            | NetError::ShortBuffer { .. }
+            | NetError::MessageTooLarge { .. }
+            | NetError::Encode(_) => K::InvalidInput,
+            NetError::Auth(_) => K::PermissionDenied,
+            NetError::Malformed(_) | NetError::RegistryMalformed(_) => K::InvalidData,
             NetError::Registry { code, .. } => match code {
-                ErrorCode::NotFound => io::ErrorKind::NotFound,
-                ErrorCode::AuthFailed => io::ErrorKind::PermissionDenied,
-                _ => io::ErrorKind::Other,
+                ErrorCode::NotFound => K::NotFound,
+                ErrorCode::AuthFailed => K::PermissionDenied,
+                _ => K::Other,
             },
-            _ => io::ErrorKind::Other,
-        };
-        io::Error::new(kind, e)
+            _ => K::Other,
+        }
+    }
+
+    /// As an [`io::Error`] of [`NetError::io_kind`].
+    pub fn into_io(self) -> io::Error {
+        io::Error::new(self.io_kind(), self)
+    }
+}
+
+impl From<NetError> for io::Error {
+    fn from(e: NetError) -> Self {
+        e.into_io()
     }
 }
 

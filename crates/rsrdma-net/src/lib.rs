@@ -9,6 +9,9 @@
 //! - [`PacketConn`]: UD datagrams (`send_to`/`recv_from` an [`Addr`]), shared by threads.
 //! - [`registry`]: a name → [`Addr`] directory over TCP, as a library type or the
 //!   `rs_registry` binary.
+//! - [`Conn`] and [`Listener`]: the net-style connection (rdma_cm or the TCP handshake):
+//!   messages of any size, a byte stream (`Read`/`Write`), credit flow control, keepalive,
+//!   clean close, busy/event/adaptive progress ([`PollMode`]).
 
 #![deny(missing_docs)]
 
@@ -31,3 +34,7 @@ pub mod packet;
 pub mod registry;
 pub use packet::{Addr, PacketConn, PacketOptions};
 pub use registry::{Registry, RegistryClient, RegistryHandle, RegistryOptions};
+
+// Conn and Listener: the net-style RDMA connection (conn/).
+pub mod conn;
+pub use conn::{Conn, ConnInfo, ConnOptions, Establish, Listener};

@@ -1,0 +1,403 @@
+//! The driver: owns the queue pair, its one completion queue, the slot memory (inside the
+//! protocol core) and the liveness signal of the establishment path, and turns completions
+//! into core inputs and core work into posts.
+//!
+//! One [`Driver::progress`] step: poll the CQ (up to 32 completions at a time), feed each to
+//! the core, fire due timers, then drain `poll_work` into posts in the core's order (a receive
+//! is queued before any send that announces its credit, so posting in order is safe). No
+//! allocation and no formatting on this path.
+//!
+//! # Failures, and a peer that leaves after its FIN
+//! A failed completion, a post error, a DISCONNECTED event or a closed TCP channel *before*
+//! the peer's FIN is fatal (the core makes it sticky). The same signals *after* the peer's
+//! FIN are the peer's normal teardown: everything it sent already sits in our slots (its FIN
+//! completed, so every earlier frame was delivered), so reads go on to EOF and only sends
+//! fail ([`Driver::peer_gone`]). A transport that ends without a FIN gets a short grace
+//! ([`END_GRACE`]) for the FIN's completion to surface before it counts as fatal.
+//!
+//! # Teardown
+//! [`Driver::teardown`] moves the QP to ERROR (rdma_cm: disconnects), then reaps completions
+//! until every posted receive and send is accounted for; only then are the QP, CQ and
+//! memory released. If the flush cannot be confirmed in time, the memory is leaked (with a
+//! `tracing::error`) rather than freed while the NIC might still touch it.
+
+use super::slots::Slots;
+use crate::handshake::Channel;
+use rsrdma::cm::{CmEventType, CmId};
+use rsrdma::{Cq, Qp, RecvWr, SendWr, Sge, Wc};
+use rsrdma_proto::{Conn as Core, Fatal, Work, WrId};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+/// Receive WR ids carry this bit (and the slot below it); send WR ids are the core's
+/// sequence numbers. The kind must be in the id: a failed completion has no valid opcode.
+const RECV_TAG: u64 = 1 << 63;
+/// The WR id of a receive into `slot`.
+pub(crate) fn recv_wr_id(slot: u16) -> u64 {
+    RECV_TAG | u64::from(slot)
+}
+
+/// How long a transport that ended without the peer's FIN waits for that FIN to surface.
+const END_GRACE: Duration = Duration::from_millis(200);
+/// Completions per poll call.
+const POLL_BATCH: usize = 32;
+
+/// What tells us the peer is gone besides the data path.
+pub(crate) enum Liveness {
+    /// The rdma_cm id: DISCONNECTED or DEVICE_REMOVAL end the transport.
+    Cm(CmId),
+    /// The TCP channel of the handshake: end of stream, a close notice or an abort.
+    Tcp(Channel),
+}
+
+/// The data path of one connection. Lives behind the connection's mutex.
+pub(crate) struct Driver {
+    core: Core<Slots>,
+    qp: Qp,
+    cq: Cq,
+    liveness: Liveness,
+    wcs: [Wc; POLL_BATCH],
+    recvs_posted: u64,
+    sends_posted: u64,
+    sends_done: u64,
+    /// The transport ended (liveness signal), at this time; see [`END_GRACE`].
+    ended_at: Option<Instant>,
+    /// The transport ended after the peer's FIN: reads go on, sends fail.
+    peer_gone: bool,
+    /// A post failed or the transport broke: post nothing more.
+    broken: bool,
+}
+
+impl Driver {
+    /// Takes over an established connection. `recvs_posted` receives (slots
+    /// `0..recvs_posted`) were posted before the peer could send; the core queued a
+    /// `PostRecv` for each of them, which are dropped here.
+    pub(crate) fn new(
+        mut core: Core<Slots>,
+        qp: Qp,
+        cq: Cq,
+        liveness: Liveness,
+        recvs_posted: u16,
+    ) -> Driver {
+        for _ in 0..recvs_posted {
+            let _already_posted = core.poll_work();
+        }
+        Driver {
+            core,
+            qp,
+            cq,
+            liveness,
+            wcs: [Wc::default(); POLL_BATCH],
+            recvs_posted: u64::from(recvs_posted),
+            sends_posted: 0,
+            sends_done: 0,
+            ended_at: None,
+            peer_gone: false,
+            broken: false,
+        }
+    }
+
+    /// The protocol core.
+    pub(crate) fn core(&mut self) -> &mut Core<Slots> {
+        &mut self.core
+    }
+
+    /// The protocol core, read-only.
+    pub(crate) fn core_ref(&self) -> &Core<Slots> {
+        &self.core
+    }
+
+    /// The queue pair.
+    pub(crate) fn qp(&self) -> &Qp {
+        &self.qp
+    }
+
+    /// The peer left after its FIN: nothing can be sent any more.
+    pub(crate) fn peer_gone(&self) -> bool {
+        self.peer_gone
+    }
+
+    /// One step; returns whether anything happened (a completion, a timer, a state change).
+    pub(crate) fn progress(&mut self, now: Instant) -> bool {
+        let mut changed = self.poll_cq(now);
+        changed |= self.check_end(now);
+        if !self.peer_gone {
+            if let Some(t) = self.core.poll_timeout() {
+                if now >= t {
+                    self.core.handle_timeout(now);
+                    changed = true;
+                }
+            }
+        }
+        changed |= self.post_work();
+        if self.core.memory().faulted() && self.core.error().is_none() {
+            tracing::error!("rsrdma-net conn: the core addressed memory outside its slots");
+            self.core.handle_fatal(Fatal::QpError);
+            changed = true;
+        }
+        while self.core.poll_event().is_some() {
+            changed = true;
+        }
+        changed
+    }
+
+    /// Posts whatever the core queued after an application call.
+    pub(crate) fn post_work(&mut self) -> bool {
+        let mut any = false;
+        while let Some(work) = self.core.poll_work() {
+            any = true;
+            if self.broken || self.peer_gone {
+                continue;
+            }
+            if self.post(work).is_err() {
+                self.broken = true;
+                if self.core.error().is_none() {
+                    self.core.handle_fatal(Fatal::QpError);
+                }
+            }
+        }
+        any
+    }
+
+    fn post(&mut self, work: Work) -> Result<(), ()> {
+        match work {
+            Work::PostRecv { slot } => {
+                let sge = [self.core.memory().recv_sge(slot).ok_or(())?];
+                let wr = RecvWr::new(recv_wr_id(slot), &sge);
+                // SAFETY: the slot lies in our registered receive region, which outlives every
+                // posted request (teardown reaps the flush before releasing it), and the core
+                // does not read the slot until its completion.
+                unsafe { self.qp.post_recv(&wr) }.map_err(|_| ())?;
+                self.recvs_posted += 1;
+            }
+            Work::PostSend {
+                wr_id,
+                slot,
+                len,
+                signaled,
+            } => {
+                let (sge, inline) = match slot {
+                    Some(s) => (self.core.memory().send_sge(s, len).ok_or(())?, false),
+                    None => (Sge::inline(self.core.inline_frame(wr_id).ok_or(())?), true),
+                };
+                let sges = [sge];
+                let mut wr = SendWr::send(wr_id.0, &sges).signaled(signaled);
+                if inline {
+                    wr = wr.inline();
+                }
+                // SAFETY: a slot send names our registered send region, which outlives the
+                // request (see above), and the core does not rewrite a slot in flight; an
+                // inline send's bytes are copied during the call.
+                unsafe { self.qp.post_send(&wr) }.map_err(|_| ())?;
+                self.sends_posted = self.sends_posted.max(wr_id.0 + 1);
+            }
+        }
+        Ok(())
+    }
+
+    fn poll_cq(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        loop {
+            let n = match self.cq.poll(&mut self.wcs) {
+                Ok(n) => n,
+                Err(_) => {
+                    self.broken = true;
+                    if self.core.error().is_none() {
+                        self.core.handle_fatal(Fatal::QpError);
+                    }
+                    return true;
+                }
+            };
+            for i in 0..n {
+                let wc = self.wcs[i];
+                self.on_completion(&wc, now);
+            }
+            any |= n > 0;
+            if n < POLL_BATCH {
+                return any;
+            }
+        }
+    }
+
+    fn on_completion(&mut self, wc: &Wc, now: Instant) {
+        let id = wc.wr_id();
+        let status = if wc.is_ok() {
+            Ok(())
+        } else {
+            Err(wc.status().0)
+        };
+        let is_recv = id & RECV_TAG != 0;
+        if is_recv {
+            self.recvs_posted = self.recvs_posted.saturating_sub(1);
+        } else {
+            self.sends_done = self.sends_done.max(id + 1);
+        }
+        if self.peer_gone || (status.is_err() && self.core.error().is_some()) {
+            return;
+        }
+        if status.is_err() {
+            self.broken = true;
+            if self.core.peer_closed() {
+                // The peer tore down after its FIN (see the module docs).
+                self.peer_gone = true;
+                return;
+            }
+        }
+        if is_recv {
+            let slot = (id & 0xffff) as u16;
+            self.core
+                .handle_recv_completion(slot, wc.byte_len(), status, now);
+        } else {
+            self.core.handle_send_completion(WrId(id), status);
+        }
+    }
+
+    /// The fd that signals the transport's end, while it has not ended.
+    pub(crate) fn liveness_fd(&self) -> Option<RawFd> {
+        if self.ended_at.is_some() {
+            return None;
+        }
+        Some(match &self.liveness {
+            Liveness::Cm(id) => id.as_raw_fd(),
+            Liveness::Tcp(ch) => ch.as_raw_fd(),
+        })
+    }
+
+    /// Reads the liveness signal (never blocks); called when its fd is readable.
+    pub(crate) fn check_liveness(&mut self, now: Instant) {
+        if self.ended_at.is_some() {
+            return;
+        }
+        let ended = match &mut self.liveness {
+            Liveness::Cm(id) => {
+                let mut ended = false;
+                loop {
+                    match id.try_next_event() {
+                        Ok(Some(ev)) => {
+                            ended |= matches!(
+                                ev.kind,
+                                CmEventType::DISCONNECTED | CmEventType::DEVICE_REMOVAL
+                            );
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "rdma_cm event channel failed");
+                            ended = true;
+                            break;
+                        }
+                    }
+                }
+                ended
+            }
+            Liveness::Tcp(ch) => !matches!(ch.peer_open(), Ok(true)),
+        };
+        if ended {
+            tracing::debug!("rsrdma-net conn: the transport ended");
+            self.ended_at = Some(now);
+        }
+    }
+
+    /// After the transport ended: the peer's FIN makes it a normal end, its absence (after
+    /// the grace) a fatal one.
+    fn check_end(&mut self, now: Instant) -> bool {
+        let Some(at) = self.ended_at else {
+            return false;
+        };
+        if self.peer_gone || self.core.error().is_some() {
+            return false;
+        }
+        if self.core.peer_closed() {
+            self.peer_gone = true;
+            return true;
+        }
+        if now >= at + END_GRACE {
+            self.broken = true;
+            self.core.handle_fatal(Fatal::Disconnected);
+            return true;
+        }
+        false
+    }
+
+    /// When [`Driver::progress`] is next due without any completion.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        let grace = match self.ended_at {
+            Some(at) if !self.peer_gone && self.core.error().is_none() => Some(at + END_GRACE),
+            _ => None,
+        };
+        let timer = if self.peer_gone {
+            None
+        } else {
+            self.core.poll_timeout()
+        };
+        match (grace, timer) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Asks for a completion event (the progress thread, before it sleeps).
+    pub(crate) fn arm(&self) -> bool {
+        self.cq.arm(false).is_ok()
+    }
+
+    fn outstanding(&self) -> u64 {
+        self.recvs_posted + self.sends_posted.saturating_sub(self.sends_done)
+    }
+
+    /// Stops the QP, reaps its flushed requests, and releases everything; leaks the memory
+    /// if the flush cannot be confirmed by `deadline`.
+    pub(crate) fn teardown(mut self, deadline: Instant) {
+        if let Liveness::Cm(id) = &self.liveness {
+            let _ = id.disconnect();
+        }
+        if let Err(e) = self.qp.to_error() {
+            tracing::debug!(error = %e, "moving the QP to ERROR failed");
+        }
+        let mut wcs = [Wc::default(); POLL_BATCH];
+        while self.outstanding() > 0 {
+            match self.cq.poll(&mut wcs) {
+                Ok(0) if Instant::now() >= deadline => break,
+                Ok(0) => std::thread::sleep(Duration::from_micros(200)),
+                Ok(n) => {
+                    for wc in &wcs[..n] {
+                        let id = wc.wr_id();
+                        if id & RECV_TAG != 0 {
+                            self.recvs_posted = self.recvs_posted.saturating_sub(1);
+                        } else {
+                            self.sends_done = self.sends_done.max(id + 1);
+                        }
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        if self.outstanding() > 0 {
+            tracing::error!(
+                outstanding = self.outstanding(),
+                "rsrdma-net conn: the QP's flush was not confirmed; leaking its memory rather \
+                 than freeing what the NIC may still touch"
+            );
+            let Driver {
+                core, qp, liveness, ..
+            } = self;
+            drop(qp);
+            drop(liveness);
+            std::mem::forget(core);
+            return;
+        }
+        self.core.handle_fatal(Fatal::Disconnected);
+        self.core.handle_flushed();
+        // The QP goes first (it names the memory), then the memory and the CQ.
+        let Driver {
+            core,
+            qp,
+            cq,
+            liveness,
+            ..
+        } = self;
+        drop(qp);
+        drop(core);
+        drop(cq);
+        drop(liveness);
+    }
+}

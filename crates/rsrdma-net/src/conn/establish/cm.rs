@@ -1,0 +1,101 @@
+//! The rdma_cm path. The client's [`rsrdma_proto::Params`] travel in the connect private
+//! data (32 of 56 bytes), the server's in the accept private data (32 of 196); the 4-byte
+//! magic and the version bytes at their start identify an rsrdma Conn peer. A request whose
+//! announcement is malformed or incompatible is rejected with the reason as reject private
+//! data, so the client's error says why. Receives are posted between `rdma_create_qp` (which
+//! leaves the QP in INIT) and `rdma_connect`/`rdma_accept`.
+
+use super::{decode_params, domain_on, Established, Local};
+use crate::conn::driver::Liveness;
+use crate::conn::options::{ConnOptions, Establish};
+use crate::error::{NetError, Result};
+use rsrdma::cm::{CmEventType, CmId, ConnParam, ConnectRequest};
+use rsrdma_proto::settle;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+/// Prefix of the reject private data that carries a reason.
+const REJECT_PREFIX: &[u8] = b"RSCP reject: ";
+/// RNR retries: with credits there is never an RNR, so a few retries turn a bug into an
+/// error instead of a silent stall.
+const RNR_RETRY: u8 = 3;
+
+/// Connects to `addr`, all within `opts.connect_timeout`.
+pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> {
+    let deadline = Instant::now() + opts.connect_timeout;
+    let left = || {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    };
+    let id = CmId::new()?;
+    id.resolve_addr(None, addr, left())?;
+    id.resolve_route(left())?;
+    let ctx = id.context()?;
+    let local = Local::new(domain_on(&ctx, opts)?, opts)?;
+    let qp = id.create_qp(&local.pd, &local.builder, &local.cq, &local.cq)?;
+    local.post_receives(&qp)?;
+    let announce = ConnParam::default()
+        .with_private_data(local.config.params().encode().to_vec())
+        .with_rnr_retry_count(RNR_RETRY);
+    let reply = id.connect(&announce, left()).map_err(rejected)?;
+    let peer = decode_params(&reply)?;
+    let addrs = addrs_of(&id, addr);
+    local.finish(qp, &peer, Liveness::Cm(id), (Establish::Cm, opts), addrs)
+}
+
+/// Accepts one connect request.
+pub(crate) fn accept(req: ConnectRequest, opts: &ConnOptions) -> Result<Established> {
+    let id = req.id;
+    let peer_seen = id.peer_addr();
+    // Refuse a bad announcement before building anything, and say why.
+    let refuse = |id: &CmId, e: NetError| {
+        let mut why = REJECT_PREFIX.to_vec();
+        why.extend(e.to_string().bytes().take(200));
+        let _ = id.reject(&why);
+        e
+    };
+    let peer = match decode_params(&req.private_data) {
+        Ok(p) => p,
+        Err(e) => return Err(refuse(&id, e)),
+    };
+    if let Err(e) = settle(&opts.proto_config(0).params(), &peer) {
+        return Err(refuse(&id, NetError::ConnFailed(e)));
+    }
+    let ctx = id.context()?;
+    let pd = domain_on(&ctx, opts).map_err(|e| refuse(&id, e))?;
+    let local = Local::new(pd, opts).map_err(|e| refuse(&id, e))?;
+    let qp = id.create_qp(&local.pd, &local.builder, &local.cq, &local.cq)?;
+    local.post_receives(&qp)?;
+    let reply = ConnParam::default()
+        .with_private_data(local.config.params().encode().to_vec())
+        .with_rnr_retry_count(RNR_RETRY);
+    id.accept(&reply, opts.connect_timeout)?;
+    let fallback = peer_seen.unwrap_or_else(|| SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
+    let addrs = addrs_of(&id, fallback);
+    local.finish(qp, &peer, Liveness::Cm(id), (Establish::Cm, opts), addrs)
+}
+
+fn addrs_of(id: &CmId, peer_fallback: SocketAddr) -> (SocketAddr, SocketAddr) {
+    let unspecified = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0));
+    (
+        id.local_addr().unwrap_or(unspecified),
+        id.peer_addr().unwrap_or(peer_fallback),
+    )
+}
+
+/// A rejection that carries our reason becomes [`NetError::PeerAborted`] with it.
+fn rejected(e: rsrdma::Error) -> NetError {
+    if let rsrdma::Error::CmEvent {
+        got: CmEventType::REJECTED,
+        private_data,
+        ..
+    } = &e
+    {
+        if let Some(rest) = private_data.strip_prefix(REJECT_PREFIX) {
+            let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+            return NetError::PeerAborted(String::from_utf8_lossy(&rest[..end]).into_owned());
+        }
+    }
+    e.into()
+}

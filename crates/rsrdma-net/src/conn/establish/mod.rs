@@ -1,0 +1,174 @@
+//! Establishment: both paths build the same things in the same order.
+//!
+//! 1. The device, domain, one completion channel and one CQ (room for every receive and
+//!    every send-queue entry), the RC queue pair, and the slot memory.
+//! 2. Every receive slot is posted before the peer can send (rdma_cm: before
+//!    `rdma_connect`/`rdma_accept`; TCP: before the closing barrier).
+//! 3. Each side announces its versioned [`rsrdma_proto::Params`] (rdma_cm private data, or
+//!    the TCP endpoint message) and both run [`rsrdma_proto::settle`]: a mismatch or an
+//!    incompatible version is a clear error on both ends, not a later LOCAL_LENGTH error.
+//! 4. The protocol core and the driver take over.
+
+pub(crate) mod cm;
+pub(crate) mod tcp;
+
+use super::driver::{Driver, Liveness};
+use super::info::ConnInfo;
+use super::options::{ConnOptions, Establish};
+use super::slots::Slots;
+use crate::error::{NetError, Result};
+use rsrdma::{CompChannel, Context, Cq, Pd, Qp, QpBuilder, QpCaps, QpType, RecvWr};
+use rsrdma_proto::{settle, Config, Params, PARAMS_LEN};
+use std::net::SocketAddr;
+use std::time::Instant;
+
+/// An established connection, before it gets its threads.
+pub(crate) struct Established {
+    pub(crate) driver: Driver,
+    pub(crate) cq: Cq,
+    pub(crate) info: ConnInfo,
+    pub(crate) local_addr: SocketAddr,
+    pub(crate) peer_addr: SocketAddr,
+}
+
+/// Step 1: what exists before the exchange.
+pub(crate) struct Local {
+    pub(crate) pd: Pd,
+    pub(crate) cq: Cq,
+    pub(crate) slots: Slots,
+    pub(crate) config: Config,
+    pub(crate) builder: QpBuilder,
+}
+
+impl Local {
+    /// The CQ, the queue pair's builder and the slot memory on `pd`.
+    pub(crate) fn new(pd: Pd, opts: &ConnOptions) -> Result<Local> {
+        let ctx = pd.context().clone();
+        let max_inline = pd.max_inline_data(QpType::Rc)?;
+        let config = opts.proto_config(max_inline);
+        config
+            .check()
+            .map_err(|e| NetError::InvalidArgument(format!("ConnOptions: {e}")))?;
+        let cq = make_cq(&ctx, &config)?;
+        let caps = QpCaps::default()
+            .max_send_wr(u32::from(config.sq_depth))
+            .max_recv_wr(u32::from(config.recv_slots))
+            .max_send_sge(1u32)
+            .max_recv_sge(1u32)
+            .max_inline_data(u32::from(config.inline_size));
+        let builder = Qp::builder(QpType::Rc).caps(caps);
+        let slots = Slots::new(&pd, config.send_slots, config.recv_slots, config.slot_size)?;
+        Ok(Local {
+            pd,
+            cq,
+            slots,
+            config,
+            builder,
+        })
+    }
+
+    /// Step 2: posts every receive slot (the QP must be in INIT or later).
+    pub(crate) fn post_receives(&self, qp: &Qp) -> Result<()> {
+        for slot in 0..self.config.recv_slots {
+            let sge = [self.slots.recv_sge(slot).ok_or_else(|| {
+                NetError::InvalidArgument("a receive slot outside its region".into())
+            })?];
+            let wr = RecvWr::new(super::driver::recv_wr_id(slot), &sge);
+            // SAFETY: the slot is in registered memory that the driver keeps until the QP's
+            // flush is reaped; nothing reads it before its completion.
+            unsafe { qp.post_recv(&wr) }?;
+        }
+        Ok(())
+    }
+
+    /// Step 4: settles with the peer's announcement and hands everything to the driver.
+    pub(crate) fn finish(
+        self,
+        qp: Qp,
+        peer: &Params,
+        liveness: Liveness,
+        how: (Establish, &ConnOptions),
+        addrs: (SocketAddr, SocketAddr),
+    ) -> Result<Established> {
+        let settled = settle(&self.config.params(), peer).map_err(NetError::ConnFailed)?;
+        let registered = self.slots.registered();
+        let recv_slots = self.config.recv_slots;
+        let core = rsrdma_proto::Conn::new(&self.config, &settled, self.slots, Instant::now())
+            .map_err(NetError::ConnFailed)?;
+        let info = ConnInfo::gather(
+            &qp,
+            how.0,
+            settled,
+            self.config,
+            registered,
+            how.1.poll_mode,
+        )?;
+        let cq = self.cq.clone();
+        drop(self.pd);
+        Ok(Established {
+            driver: Driver::new(core, qp, self.cq, liveness, recv_slots),
+            cq,
+            info,
+            local_addr: addrs.0,
+            peer_addr: addrs.1,
+        })
+    }
+}
+
+/// One CQ for sends and receives, on a completion channel of its own: the progress thread
+/// sleeps on it in every poll mode (busy callers spin on the CQ themselves, but an idle
+/// connection must still hear the peer's PING without burning a core).
+fn make_cq(ctx: &Context, config: &Config) -> Result<Cq> {
+    let channel = CompChannel::new(ctx)?;
+    let entries = u32::from(config.recv_slots) + u32::from(config.sq_depth) + 1;
+    Ok(Cq::new(ctx, entries, Some(&channel))?)
+}
+
+/// The domain of `opts.pd`, or a new one on `ctx` (checking a named device).
+pub(crate) fn domain_on(ctx: &Context, opts: &ConnOptions) -> Result<Pd> {
+    if let Some(name) = &opts.device {
+        if name != ctx.name() {
+            return Err(NetError::InvalidArgument(format!(
+                "device {name} was named, but the address is on {}",
+                ctx.name()
+            )));
+        }
+    }
+    match &opts.pd {
+        Some(pd) if pd.context().name() == ctx.name() => Ok(pd.clone()),
+        Some(pd) => Err(NetError::InvalidArgument(format!(
+            "the protection domain is on {}, but the address is on {}",
+            pd.context().name(),
+            ctx.name()
+        ))),
+        None => Ok(Pd::new(ctx)?),
+    }
+}
+
+/// Decodes the peer's announcement from the first [`PARAMS_LEN`] bytes (rdma_cm pads
+/// private data with zeros).
+pub(crate) fn decode_params(bytes: &[u8]) -> Result<Params> {
+    let head = bytes.get(..PARAMS_LEN).ok_or(NetError::ConnFailed(
+        rsrdma_proto::ProtoError::BadParams {
+            reason: "shorter than 32 bytes (not an rsrdma Conn peer?)",
+        },
+    ))?;
+    Params::decode(head).map_err(NetError::ConnFailed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_decode_from_padded_private_data_and_refuse_garbage() {
+        let p = Config::default().params();
+        let mut padded = p.encode().to_vec();
+        padded.resize(56, 0);
+        assert_eq!(decode_params(&padded).unwrap(), p);
+        for bad in [&b"hello"[..], &[0u8; 56][..], &[0xffu8; 196][..]] {
+            let e = decode_params(bad).unwrap_err().to_string();
+            assert!(e.contains("params"), "{e}");
+        }
+    }
+}

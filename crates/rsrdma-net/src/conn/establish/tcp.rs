@@ -1,0 +1,177 @@
+//! The TCP path: the project's handshake ([`crate::handshake::Channel`]): optional
+//! authentication, then endpoints. The [`rsrdma_proto::Params`] ride in the endpoint's
+//! `params` as four 64-bit words under keys of the sender's role (client `0xC100..`, server
+//! `0xC200..`), so the handshake's "equal keys must match" rule never compares the two
+//! announcements: [`rsrdma_proto::settle`] combines them instead. Receives are posted after
+//! the QP is brought up and before the closing barrier. The TCP connection then stays open as
+//! the liveness signal: its end means the peer is gone.
+
+use super::{decode_params, Established, Local};
+use crate::conn::driver::Liveness;
+use crate::conn::options::{ConnOptions, Establish};
+use crate::error::{NetError, Result};
+use crate::handshake::{Channel, Endpoint, Role};
+use rsrdma::{ConnectOptions, Context, Mtu, Pd, Qp, QpEndpoint};
+use rsrdma_proto::{settle, Params, PARAMS_LEN};
+use std::net::TcpStream;
+
+/// RNR retries (see the rdma_cm path).
+const RNR_RETRY: u8 = 3;
+
+/// Runs the handshake over a connected stream.
+pub(crate) fn establish(stream: TcpStream, role: Role, opts: &ConnOptions) -> Result<Established> {
+    let local_addr = stream
+        .local_addr()
+        .map_err(|e| NetError::io("local_addr", e))?;
+    let peer_addr = stream
+        .peer_addr()
+        .map_err(|e| NetError::io("peer_addr", e))?;
+    let mut ch = Channel::new(stream, role, opts.connect_timeout)?;
+    ch.authenticate(opts.secret.as_deref())?;
+    let (local, qp, peer) = match setup(&mut ch, opts) {
+        Ok(p) => p,
+        // Tell the peer why, so it does not wait for a step that will never come.
+        Err(e @ (NetError::Verbs(_) | NetError::InvalidArgument(_) | NetError::ConnFailed(_))) => {
+            return Err(ch.abort(e))
+        }
+        Err(e) => return Err(e),
+    };
+    local.finish(
+        qp,
+        &peer,
+        Liveness::Tcp(ch),
+        (Establish::Tcp, opts),
+        (local_addr, peer_addr),
+    )
+}
+
+fn setup(ch: &mut Channel, opts: &ConnOptions) -> Result<(Local, Qp, Params)> {
+    let ctx = open_device(opts)?;
+    let pd = match &opts.pd {
+        Some(pd) => pd.clone(),
+        None => Pd::new(&ctx)?,
+    };
+    let port = ctx.query_port(opts.port)?;
+    let gid_index = ctx.resolve_gid_index(opts.port, opts.gid_index)?;
+    let local = Local::new(pd, opts)?;
+    let qp = local.builder.build(&local.pd, &local.cq, &local.cq)?;
+    let psn = random_psn()?;
+    let me = qp.endpoint(opts.port, gid_index, psn)?;
+    let mtu = port.active_mtu.unwrap_or(Mtu::Mtu1024);
+    let endpoint = Endpoint {
+        qp_num: me.qp_num,
+        psn: me.psn,
+        lid: me.lid,
+        gid: me.gid,
+        gid_index: gid_index.unwrap_or(0),
+        mtu: mtu.bytes() as u16,
+        qp_type: 0,
+        send_depth: qp.caps().max_send_wr,
+        recv_depth: qp.caps().max_recv_wr,
+        max_inline: qp.caps().max_inline_data,
+        max_rd_atomic: 0,
+        max_dest_rd_atomic: 0,
+        params: params_to_words(&local.config.params(), ch.role()),
+    };
+    let (peer_ep, agreed) = ch.exchange_endpoints(&endpoint, |k| format!("parameter {k:#x}"))?;
+    let peer_role = match ch.role() {
+        Role::Client => Role::Server,
+        Role::Server => Role::Client,
+    };
+    let peer = params_from_words(&peer_ep.params, peer_role)?;
+    settle(&local.config.params(), &peer).map_err(NetError::ConnFailed)?;
+    let bring_up = ConnectOptions::default()
+        .port(opts.port)
+        .gid_index(gid_index)
+        .mtu(Mtu::from_bytes(agreed.mtu.into()).unwrap_or(Mtu::Mtu1024))
+        .timeout(14u8)
+        .retry_cnt(7u8)
+        .rnr_retry(RNR_RETRY)
+        .min_rnr_timer(12u8);
+    let remote = QpEndpoint {
+        qp_num: peer_ep.qp_num,
+        psn: peer_ep.psn,
+        lid: peer_ep.lid,
+        gid: peer_ep.gid,
+    };
+    qp.connect(&bring_up, me.psn, &remote)?;
+    local.post_receives(&qp)?;
+    // Both sides have every receive posted before either may send.
+    ch.barrier(0)?;
+    Ok((local, qp, peer))
+}
+
+fn open_device(opts: &ConnOptions) -> Result<Context> {
+    if let Some(pd) = &opts.pd {
+        return Ok(pd.context().clone());
+    }
+    Ok(match &opts.device {
+        Some(name) => rsrdma::open(name)?,
+        None => {
+            let list = rsrdma::devices()?;
+            let dev = list
+                .iter()
+                .next()
+                .ok_or_else(|| NetError::InvalidArgument("no RDMA device".into()))?;
+            Context::open(&dev)?
+        }
+    })
+}
+
+fn key_base(role: Role) -> u16 {
+    match role {
+        Role::Client => 0xC100,
+        Role::Server => 0xC200,
+    }
+}
+
+/// The 32 announcement bytes as four little-endian words under `role`'s keys.
+pub(crate) fn params_to_words(p: &Params, role: Role) -> Vec<(u16, u64)> {
+    let bytes = p.encode();
+    (0..PARAMS_LEN / 8)
+        .map(|i| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
+            (key_base(role) + i as u16, u64::from_le_bytes(w))
+        })
+        .collect()
+}
+
+/// The peer's announcement from its words; missing words mean a peer that is no Conn.
+pub(crate) fn params_from_words(words: &[(u16, u64)], role: Role) -> Result<Params> {
+    let mut bytes = [0u8; PARAMS_LEN];
+    for i in 0..PARAMS_LEN / 8 {
+        let key = key_base(role) + i as u16;
+        let Some((_, v)) = words.iter().find(|(k, _)| *k == key) else {
+            return Err(NetError::InvalidArgument(
+                "the peer announced no Conn protocol parameters (is it a RawConn?)".into(),
+            ));
+        };
+        bytes[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    decode_params(&bytes)
+}
+
+fn random_psn() -> Result<u32> {
+    let n = crate::handshake::auth::nonce().map_err(|e| NetError::io("read /dev/urandom", e))?;
+    Ok(u32::from_be_bytes([0, n[0], n[1], n[2]]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rsrdma_proto::Config;
+
+    #[test]
+    fn params_round_trip_through_words_of_either_role() {
+        let p = Config::default().with_recv_slots(64).params();
+        for role in [Role::Client, Role::Server] {
+            let words = params_to_words(&p, role);
+            assert_eq!(words.len(), 4);
+            assert_eq!(params_from_words(&words, role).unwrap(), p);
+        }
+        let client = params_to_words(&p, Role::Client);
+        let e = params_from_words(&client, Role::Server).unwrap_err();
+        assert!(e.to_string().contains("no Conn protocol"), "{e}");
+    }
+}

@@ -1,0 +1,67 @@
+//! `std::io::Read` and `Write` for [`Conn`] and `&Conn`: a byte stream over the messages.
+//!
+//! `read` fills the buffer from the next messages (it may stop inside one; message
+//! boundaries are not kept) and returns 0 only at the end of the stream. `write` sends one
+//! message of up to the negotiated cap and returns its length; a zero-length write sends
+//! nothing. `flush` waits until every byte taken so far is handed to the NIC (delivery is
+//! confirmed by `close`). Timeouts are the read and write timeouts, as
+//! [`io::ErrorKind::TimedOut`].
+
+use super::{from_core, Conn};
+use crate::error::NetError;
+use rsrdma_proto::ProtoError;
+use std::io;
+
+impl io::Read for &Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let timeout = self.shared.lock().read_timeout;
+        self.block("read", timeout, |d| match d.core().read(buf) {
+            Ok(n) => Ok(Some(n)),
+            Err(ProtoError::WouldBlock) => Ok(None),
+            Err(e) => Err(from_core(e)),
+        })
+        .map_err(NetError::into_io)
+    }
+}
+
+impl io::Write for &Conn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let n = buf.len().min(self.info.settled.max_message as usize);
+        self.send_msg(&buf[..n]).map_err(NetError::into_io)?;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let timeout = self.shared.lock().write_timeout;
+        self.block("flush", timeout, |d| {
+            let c = d.core_ref().counters();
+            if let Some(e) = d.core_ref().error() {
+                return Err(NetError::ConnFailed(e.clone()));
+            }
+            Ok((c.queued_send_bytes == 0 || d.peer_gone()).then_some(()))
+        })
+        .map_err(NetError::into_io)
+    }
+}
+
+impl io::Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+}
+
+impl io::Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        (&*self).flush()
+    }
+}

@@ -1,0 +1,510 @@
+//! `Conn` and `Listener`: the net-style RDMA connection.
+//!
+//! A [`Conn`] carries whole messages (`send_msg`, `recv_msg`, `recv_msg_into`, batches) and,
+//! through [`std::io::Read`]/[`std::io::Write`], a byte stream, over one RC queue pair. The
+//! protocol (frames, credits, fragmentation, close, keepalive) is `rsrdma_proto`'s core; this
+//! module is its driver and its blocking, thread-safe face. The wire format is
+//! `docs/conn-protocol.md`.
+//!
+//! # Design, and why
+//!
+//! - **Two establishment paths, one result.** rdma_cm ([`Establish::Cm`], the default) or the
+//!   project's TCP handshake ([`Establish::Tcp`], which works wherever TCP does). Both post
+//!   every receive before the peer may send, exchange versioned `Params` and settle them, so
+//!   no option has to match by luck ([`establish`](self) module docs).
+//! - **Send + Sync, one mutex.** The driver and the core sit behind one mutex; every call
+//!   takes it for a short, non-blocking step. A message is accepted by the core whole (it
+//!   never holds two unsent messages), so concurrent senders never interleave fragments, and
+//!   a reader and a writer on two threads make progress for each other.
+//! - **Waiting.** One CQ serves both directions with one completion channel, and a channel
+//!   event wakes one sleeper: so a per-connection progress thread is the only one that sleeps
+//!   on it; blocked callers wait on a condition variable that every step which changed
+//!   something notifies. In [`PollMode::Busy`] (and the spin phase of `Adaptive`) callers
+//!   poll the CQ themselves and the progress thread stays out of the way. The progress
+//!   thread also answers and sends keepalives and notices a dead peer (keepalive timeout,
+//!   rdma_cm DISCONNECTED, or the TCP channel's end) when nobody calls in.
+//! - **Every wait has a deadline or an end.** Read and write timeouts as `TcpStream`'s
+//!   (a timeout is [`std::io::ErrorKind::TimedOut`] and leaves the connection usable);
+//!   a dead peer fails every call within the peer timeout (default 5 s); `close` wakes every
+//!   blocked call at once.
+//! - **Close.** `close` (and drop) sends FIN after everything queued, lingers (bounded) until
+//!   the FIN's completion says everything was delivered, then moves the QP to ERROR and reaps the flush before
+//!   any memory is released; if the flush cannot be confirmed the memory is leaked, never
+//!   freed under the NIC.
+//! - **Memory.** `(send_slots + recv_slots) × slot_size` registered bytes, 2 MiB by default;
+//!   messages above a slot are fragmented, and a message larger than what fits in flight is
+//!   copied once into the core (sent as credits return) or reassembled on receipt, both up
+//!   to the negotiated `max_message`.
+//! - **Flush semantics.** `send_msg` and `write` return once the core has taken the bytes
+//!   (in send slots or its one pending copy); [`std::io::Write::flush`] waits until every
+//!   byte is handed to the NIC; delivery to the peer is confirmed by `close`.
+
+mod driver;
+mod establish;
+mod fdwait;
+mod info;
+mod io;
+mod listener;
+mod options;
+mod shared;
+mod slots;
+mod worker;
+
+pub use info::ConnInfo;
+pub use listener::Listener;
+pub use options::{ConnOptions, Establish};
+
+use crate::error::{NetError, Result};
+use crate::progress::{self, PollMode};
+use driver::Driver;
+use establish::Established;
+use rsrdma_proto::ProtoError;
+use shared::{Shared, Waiter};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long teardown waits for the QP's flush before it leaks the memory instead.
+const FLUSH_LIMIT: Duration = Duration::from_secs(2);
+
+/// A connected, message-oriented RDMA connection. `Send + Sync`: share it (`Arc<Conn>` or
+/// `&Conn` in scoped threads) to read and write from different threads. See the module docs.
+pub struct Conn {
+    shared: Arc<Shared>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+    info: ConnInfo,
+    local_addr: SocketAddr,
+    peer_addr: SocketAddr,
+    linger: Duration,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("local", &self.local_addr)
+            .field("peer", &self.peer_addr)
+            .field("qpn", &self.info.local_qpn)
+            .finish()
+    }
+}
+
+impl Conn {
+    /// Connects to a [`Listener`] at `addr`, within `opts.connect_timeout` per address.
+    ///
+    /// # Errors
+    /// [`NetError::InvalidArgument`] for options that cannot work; the establishment's errors
+    /// (rdma_cm: [`NetError::Verbs`] naming the failing step, [`NetError::PeerAborted`] with
+    /// the listener's reason for a refusal; TCP: [`NetError::Io`], [`NetError::Timeout`] and
+    /// the handshake's); [`NetError::ConnFailed`] when the two ends cannot agree.
+    pub fn dial(addr: impl ToSocketAddrs, opts: ConnOptions) -> Result<Conn> {
+        opts.check()?;
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| NetError::io("resolve address", e))?
+            .collect();
+        let mut last = None;
+        for a in addrs {
+            let r = match opts.establish {
+                Establish::Cm => establish::cm::dial(a, &opts),
+                Establish::Tcp => TcpStream::connect_timeout(&a, opts.connect_timeout)
+                    .map_err(|e| NetError::io("connect", e))
+                    .and_then(|s| {
+                        establish::tcp::establish(s, crate::handshake::Role::Client, &opts)
+                    }),
+            };
+            match r {
+                Ok(est) => return Conn::start(est, &opts),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last
+            .unwrap_or_else(|| NetError::InvalidArgument("the address resolved to nothing".into())))
+    }
+
+    /// Starts the progress thread over an established connection.
+    fn start(est: Established, opts: &ConnOptions) -> Result<Conn> {
+        let wake = fdwait::Wake::new().map_err(|e| NetError::io("eventfd", e))?;
+        let shared = Arc::new(Shared::new(est.driver, est.cq, opts.poll_mode, wake));
+        let worker =
+            worker::spawn(shared.clone()).map_err(|e| NetError::io("spawn progress thread", e))?;
+        Ok(Conn {
+            shared,
+            worker: Mutex::new(Some(worker)),
+            info: est.info,
+            local_addr: est.local_addr,
+            peer_addr: est.peer_addr,
+            linger: opts.linger,
+        })
+    }
+
+    /// Sends one message (0 bytes up to the negotiated cap), blocking while the previous one
+    /// is still partly queued (credits come back as the peer reads), up to the write timeout.
+    ///
+    /// # Errors
+    /// [`NetError::MessageTooLarge`] above the cap (nothing sent, the connection stays
+    /// usable); [`NetError::Timeout`]; [`NetError::Closed`] after `shutdown(Write)` or
+    /// `close`; [`NetError::PeerGone`]; [`NetError::ConnFailed`].
+    pub fn send_msg(&self, msg: &[u8]) -> Result<()> {
+        let timeout = self.shared.lock().write_timeout;
+        self.block("send_msg", timeout, |d| {
+            if d.peer_gone() {
+                return Err(NetError::PeerGone { op: "send_msg" });
+            }
+            match d.core().send_msg(msg) {
+                Ok(()) => Ok(Some(())),
+                Err(ProtoError::WouldBlock) => Ok(None),
+                Err(e) => Err(from_core(e)),
+            }
+        })
+    }
+
+    /// Sends several messages in order (each as [`Conn::send_msg`]); checks every length
+    /// against the cap before sending any.
+    ///
+    /// # Errors
+    /// As [`Conn::send_msg`]; on an error after the first message, the earlier ones are sent.
+    pub fn send_batch(&self, msgs: &[&[u8]]) -> Result<()> {
+        let max = self.info.settled.max_message;
+        if let Some(m) = msgs.iter().find(|m| m.len() > max as usize) {
+            return Err(NetError::MessageTooLarge { len: m.len(), max });
+        }
+        msgs.iter().try_for_each(|m| self.send_msg(m))
+    }
+
+    /// Receives the next message; `Ok(None)` at the end of the stream (the peer's FIN after
+    /// all its data). Waits up to the read timeout.
+    ///
+    /// # Errors
+    /// [`NetError::Timeout`] (the connection stays usable); [`NetError::Closed`] after
+    /// `close`; [`NetError::ConnFailed`].
+    pub fn recv_msg(&self) -> Result<Option<Vec<u8>>> {
+        let timeout = self.shared.lock().read_timeout;
+        self.block("recv_msg", timeout, |d| match d.core().recv_msg() {
+            Ok(m) => Ok(Some(m)),
+            Err(ProtoError::WouldBlock) => Ok(None),
+            Err(e) => Err(from_core(e)),
+        })
+    }
+
+    /// Receives the next message into `buf`: `Ok(Some(len))`, or `Ok(None)` at the end of
+    /// the stream.
+    ///
+    /// # Errors
+    /// [`NetError::ShortBuffer`] with the length the message needs when `buf` is too short;
+    /// the message is not consumed (call again with a larger buffer). Otherwise as
+    /// [`Conn::recv_msg`].
+    pub fn recv_msg_into(&self, buf: &mut [u8]) -> Result<Option<usize>> {
+        let timeout = self.shared.lock().read_timeout;
+        self.block("recv_msg_into", timeout, |d| {
+            match d.core().recv_msg_into(buf) {
+                Ok(n) => Ok(Some(n)),
+                Err(ProtoError::WouldBlock) => Ok(None),
+                Err(e) => Err(from_core(e)),
+            }
+        })
+    }
+
+    /// Waits (up to the read timeout) for at least one message, then takes every message
+    /// that is ready, at most `max`. An empty vector means the end of the stream.
+    ///
+    /// # Errors
+    /// As [`Conn::recv_msg`].
+    pub fn recv_batch(&self, max: usize) -> Result<Vec<Vec<u8>>> {
+        let mut out = Vec::new();
+        let Some(first) = self.recv_msg()? else {
+            return Ok(out);
+        };
+        out.push(first);
+        let mut st = self.shared.lock();
+        let Some(d) = st.driver.as_mut() else {
+            return Ok(out);
+        };
+        while out.len() < max {
+            match d.core().recv_msg() {
+                Ok(Some(m)) => out.push(m),
+                _ => break,
+            }
+        }
+        d.post_work();
+        self.shared.changed(&mut st);
+        Ok(out)
+    }
+
+    /// Half-close with `Shutdown::Write`: FIN goes after everything queued; reading goes on
+    /// and the peer's reads end after our data. `Shutdown::Both` is [`Conn::close`] without
+    /// the wait: arriving data is discarded and blocked reads end.
+    ///
+    /// # Errors
+    /// [`NetError::InvalidArgument`] for `Shutdown::Read` (a reader that stops reading stops
+    /// the peer by credit, so there is nothing to shut); [`NetError::ConnFailed`].
+    pub fn shutdown(&self, how: Shutdown) -> Result<()> {
+        if how == Shutdown::Read {
+            return Err(NetError::InvalidArgument(
+                "Conn::shutdown(Read) is not supported: stop reading, or close".into(),
+            ));
+        }
+        let mut st = self.shared.lock();
+        let Some(d) = st.driver.as_mut() else {
+            return Err(NetError::Closed { op: "shutdown" });
+        };
+        let r = match how {
+            Shutdown::Write => d.core().shutdown_write(),
+            _ => d.core().close(),
+        };
+        d.post_work();
+        self.shared.changed(&mut st);
+        r.map_err(from_core)
+    }
+
+    /// Closes: FIN after everything queued, then waits (up to [`ConnOptions::linger`]) for
+    /// its delivery, then releases the queue pair and memory (after
+    /// reaping the flush). Blocked calls on other threads return at once with
+    /// [`NetError::Closed`]. Idempotent; drop does the same.
+    ///
+    /// # Errors
+    /// [`NetError::Timeout`] when the queued data was not confirmed delivered within the
+    /// linger time; [`NetError::ConnFailed`] for a connection that had failed. The
+    /// resources are released either way.
+    pub fn close(&self) -> Result<()> {
+        let failed = {
+            let mut st = self.shared.lock();
+            if st.closing {
+                return Ok(());
+            }
+            st.closing = true;
+            let failed = match st.driver.as_mut() {
+                Some(d) => {
+                    let failed = d.core_ref().error().cloned();
+                    if failed.is_none() && !d.peer_gone() {
+                        let _ = d.core().close();
+                    }
+                    d.post_work();
+                    failed
+                }
+                None => None,
+            };
+            self.shared.changed(&mut st);
+            failed
+        };
+        let delivered = if failed.is_none() {
+            self.block("close", Some(self.linger), |d| {
+                Ok(close_done(d).then_some(()))
+            })
+        } else {
+            Ok(())
+        };
+        let driver = {
+            let mut st = self.shared.lock();
+            st.stop = true;
+            let d = st.driver.take();
+            self.shared.changed(&mut st);
+            d
+        };
+        self.shared.wake.wake();
+        let worker = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(w) = worker {
+            let _ = w.join();
+        }
+        let ours_done = driver
+            .as_ref()
+            .is_some_and(|d| d.core_ref().is_drained() || d.peer_gone());
+        if let Some(d) = driver {
+            d.teardown(Instant::now() + FLUSH_LIMIT);
+        }
+        if let Some(e) = failed {
+            return Err(NetError::ConnFailed(e));
+        }
+        match delivered {
+            Err(NetError::Timeout { .. }) if ours_done => Ok(()),
+            Err(NetError::Timeout { .. }) => Err(NetError::Timeout {
+                op: "close: delivering the queued data",
+                millis: self.linger.as_millis() as u64,
+            }),
+            Err(NetError::ConnFailed(e)) => Err(NetError::ConnFailed(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Sets the read timeout (`None`: block indefinitely), as [`TcpStream::set_read_timeout`].
+    ///
+    /// # Errors
+    /// [`NetError::InvalidArgument`] for a zero duration.
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> Result<()> {
+        check_timeout(t)?;
+        self.shared.lock().read_timeout = t;
+        Ok(())
+    }
+
+    /// Sets the write timeout (`None`: block indefinitely).
+    ///
+    /// # Errors
+    /// [`NetError::InvalidArgument`] for a zero duration.
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> Result<()> {
+        check_timeout(t)?;
+        self.shared.lock().write_timeout = t;
+        Ok(())
+    }
+
+    /// The read timeout.
+    pub fn read_timeout(&self) -> Option<Duration> {
+        self.shared.lock().read_timeout
+    }
+
+    /// The write timeout.
+    pub fn write_timeout(&self) -> Option<Duration> {
+        self.shared.lock().write_timeout
+    }
+
+    /// The local address (rdma_cm: the RDMA device's IP address; TCP: the socket's).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
+    }
+
+    /// Device, port, GIDs, QP numbers, MTU and the negotiated parameters.
+    pub fn info(&self) -> &ConnInfo {
+        &self.info
+    }
+
+    /// The protocol core's counters (credits, slots, messages), for diagnostics; `None`
+    /// after close.
+    pub fn counters(&self) -> Option<rsrdma_proto::Counters> {
+        let st = self.shared.lock();
+        st.driver.as_ref().map(|d| d.core_ref().counters())
+    }
+
+    /// The poll mode.
+    pub fn poll_mode(&self) -> PollMode {
+        self.shared.mode
+    }
+
+    /// Fault injection for tests: moves the queue pair to ERROR, as a failing NIC would.
+    ///
+    /// # Errors
+    /// [`NetError::Closed`] after close; the verbs error of the transition.
+    #[doc(hidden)]
+    pub fn inject_qp_error(&self) -> Result<()> {
+        let st = self.shared.lock();
+        let d = st.driver.as_ref().ok_or(NetError::Closed {
+            op: "inject_qp_error",
+        })?;
+        Ok(d.qp().to_error()?)
+    }
+
+    /// Runs driver steps until `attempt` gives a value, waiting as the poll mode says, up to
+    /// `timeout`.
+    fn block<T>(
+        &self,
+        op: &'static str,
+        timeout: Option<Duration>,
+        mut attempt: impl FnMut(&mut Driver) -> Result<Option<T>>,
+    ) -> Result<T> {
+        let shared = &*self.shared;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let waiter = Waiter::new(shared);
+        let mut out = None;
+        let done = progress::wait_until(shared.mode, &waiter, deadline, || {
+            let mut st = shared.lock();
+            let Some(d) = st.driver.as_mut() else {
+                return Err(NetError::Closed { op });
+            };
+            let mut changed = d.progress(Instant::now());
+            let r = attempt(d);
+            changed |= d.post_work();
+            if changed || matches!(r, Ok(Some(_))) {
+                shared.changed(&mut st);
+            }
+            waiter.seen.set(st.gen);
+            match r? {
+                Some(v) => {
+                    out = Some(v);
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
+        })?;
+        match out {
+            Some(v) if done => Ok(v),
+            _ => Err(NetError::Timeout {
+                op,
+                millis: timeout.map_or(0, |t| t.as_millis() as u64),
+            }),
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            tracing::debug!(error = %e, "rsrdma-net conn: close on drop");
+        }
+    }
+}
+
+/// Our FIN completed (so every byte before it sits in the peer's slots), or the peer is
+/// gone, or the connection failed. Close does not wait for the peer's FIN: a peer that is
+/// still reading gets our FIN, then sees our teardown as its peer leaving after FIN (its
+/// reads go on to EOF, its sends say `PeerGone`), as a TCP peer would see a closed socket.
+fn close_done(d: &Driver) -> bool {
+    let core = d.core_ref();
+    core.error().is_some() || d.peer_gone() || core.is_drained()
+}
+
+fn check_timeout(t: Option<Duration>) -> Result<()> {
+    if t.is_some_and(|t| t.is_zero()) {
+        return Err(NetError::InvalidArgument(
+            "a zero timeout is not allowed (use None to block)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A core error as this crate's error.
+fn from_core(e: ProtoError) -> NetError {
+    match e {
+        ProtoError::ShortBuffer { needed } => NetError::ShortBuffer { needed },
+        ProtoError::TooLarge { len, max } => NetError::MessageTooLarge { len, max },
+        ProtoError::Closed { op } => NetError::Closed { op },
+        other => NetError::ConnFailed(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conn_and_listener_are_send_and_sync() {
+        fn both<T: Send + Sync>() {}
+        both::<Conn>();
+        both::<Listener>();
+    }
+
+    #[test]
+    fn core_errors_map_to_clear_errors_and_io_kinds() {
+        use std::io::ErrorKind as K;
+        let short = from_core(ProtoError::ShortBuffer { needed: 77 });
+        assert!(matches!(short, NetError::ShortBuffer { needed: 77 }));
+        assert!(short.to_string().contains("77"));
+        let big = from_core(ProtoError::TooLarge { len: 9, max: 8 });
+        assert_eq!(big.io_kind(), K::InvalidInput);
+        let dead = from_core(ProtoError::PeerDead { silent_ms: 5000 });
+        assert_eq!(dead.io_kind(), K::ConnectionAborted);
+        let t = NetError::Timeout {
+            op: "recv_msg",
+            millis: 5,
+        };
+        assert_eq!(t.into_io().kind(), K::TimedOut);
+        assert_eq!(
+            from_core(ProtoError::Closed { op: "read" }).io_kind(),
+            K::NotConnected
+        );
+        assert!(check_timeout(Some(Duration::ZERO)).is_err());
+        assert!(check_timeout(None).is_ok());
+    }
+}

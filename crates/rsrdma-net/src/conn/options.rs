@@ -1,0 +1,228 @@
+//! [`ConnOptions`]: how a [`crate::Conn`] is established, sized, and waits.
+//!
+//! Only local choices live here. Everything both ends must agree on (slot size, slot count,
+//! message cap, protocol version) is announced in the handshake and settled by
+//! [`rsrdma_proto::settle`], so two ends with different options still interoperate: nothing
+//! has to match by luck.
+
+use crate::progress::PollMode;
+use rsrdma::Pd;
+use rsrdma_proto::Config;
+use std::time::Duration;
+
+use rsrdma::option_setters as setters;
+
+/// How two ends find each other and connect their queue pairs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Establish {
+    /// rdma_cm (`rdma_connect`/`rdma_accept`): the protocol parameters travel in the connect
+    /// and accept private data; the listener's address is an address of an RDMA device.
+    #[default]
+    Cm,
+    /// The project's TCP handshake ([`crate::handshake`]): works wherever TCP does, also where
+    /// rdma_cm cannot resolve a route; the TCP connection stays open as a liveness signal.
+    Tcp,
+}
+
+/// Options of [`crate::Conn::dial`] and [`crate::Listener::bind`]. Build them from `Default`
+/// with setters named after the fields: `ConnOptions::default().establish(Establish::Tcp)`.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ConnOptions {
+    /// rdma_cm (default) or the TCP handshake.
+    pub establish: Establish,
+    /// How blocking calls wait for the NIC. Default: adaptive (spin 20 µs, then sleep).
+    pub poll_mode: PollMode,
+    /// Device name; `None`: the one rdma_cm resolves the address to, or the first device on
+    /// the TCP path (or the device of [`ConnOptions::pd`]).
+    pub device: Option<String>,
+    /// Port, from 1 (TCP path; rdma_cm picks the port of the address).
+    pub port: u8,
+    /// GID index (TCP path); `None` lets [`rsrdma::Context::resolve_gid_index`] choose.
+    pub gid_index: Option<u8>,
+    /// A protection domain to create the connection in (TCP path; rdma_cm needs the domain to
+    /// be on the device the address resolves to, which is checked).
+    pub pd: Option<Pd>,
+    /// Bytes per slot, the 16-byte frame header included. Default 32 KiB.
+    pub slot_size: u32,
+    /// Receive slots (the peer's credits). Default 32.
+    pub recv_slots: u16,
+    /// Send slots. Default 32. Registered memory per connection is
+    /// `(send_slots + recv_slots) × slot_size`: 2 MiB by default.
+    pub send_slots: u16,
+    /// Send-queue depth. Default 64.
+    pub sq_depth: u16,
+    /// Frames up to this many bytes (header included) go inline, capped at what the device
+    /// grants. Default 64.
+    pub inline_size: u16,
+    /// Largest message this side sends or accepts; the settled cap is the smaller of both
+    /// ends'. Default 16 MiB.
+    pub max_message: u32,
+    /// PING after this long without hearing from the peer; `None` turns keepalive and
+    /// dead-peer detection off. Default 1 s.
+    pub keepalive: Option<Duration>,
+    /// Declare the peer dead after this long without hearing from it. Default 5 s.
+    pub peer_timeout: Duration,
+    /// Limit for address resolution, the TCP connect and the whole handshake. Default 10 s.
+    pub connect_timeout: Duration,
+    /// How long `close` waits for the queued data (and its FIN) to be delivered before it
+    /// tears down anyway. Default 2 s.
+    pub linger: Duration,
+    /// Shared secret for the TCP handshake (ignored by rdma_cm).
+    pub secret: Option<Vec<u8>>,
+}
+
+impl Default for ConnOptions {
+    fn default() -> Self {
+        let p = Config::default();
+        ConnOptions {
+            establish: Establish::Cm,
+            poll_mode: PollMode::default(),
+            device: None,
+            port: 1,
+            gid_index: None,
+            pd: None,
+            slot_size: p.slot_size,
+            recv_slots: p.recv_slots,
+            send_slots: p.send_slots,
+            sq_depth: p.sq_depth,
+            inline_size: p.inline_size,
+            max_message: p.max_message,
+            keepalive: p.keepalive,
+            peer_timeout: p.peer_timeout,
+            connect_timeout: Duration::from_secs(10),
+            linger: Duration::from_secs(2),
+            secret: None,
+        }
+    }
+}
+
+setters!(ConnOptions {
+    /// Sets [`ConnOptions::establish`].
+    establish: Establish,
+    /// Sets [`ConnOptions::poll_mode`].
+    poll_mode: PollMode,
+    /// Sets [`ConnOptions::device`].
+    device: Option<String>,
+    /// Sets [`ConnOptions::port`].
+    port: u8,
+    /// Sets [`ConnOptions::gid_index`].
+    gid_index: Option<u8>,
+    /// Sets [`ConnOptions::pd`].
+    pd: Option<Pd>,
+    /// Sets [`ConnOptions::slot_size`].
+    slot_size: u32,
+    /// Sets [`ConnOptions::recv_slots`].
+    recv_slots: u16,
+    /// Sets [`ConnOptions::send_slots`].
+    send_slots: u16,
+    /// Sets [`ConnOptions::sq_depth`].
+    sq_depth: u16,
+    /// Sets [`ConnOptions::inline_size`].
+    inline_size: u16,
+    /// Sets [`ConnOptions::max_message`].
+    max_message: u32,
+    /// Sets [`ConnOptions::keepalive`].
+    keepalive: Option<Duration>,
+    /// Sets [`ConnOptions::peer_timeout`].
+    peer_timeout: Duration,
+    /// Sets [`ConnOptions::connect_timeout`].
+    connect_timeout: Duration,
+    /// Sets [`ConnOptions::linger`].
+    linger: Duration,
+    /// Sets [`ConnOptions::secret`].
+    secret: Option<Vec<u8>>,
+});
+
+impl ConnOptions {
+    /// The protocol core's configuration, with the inline size capped at `max_inline` (what
+    /// the queue pair granted).
+    pub(crate) fn proto_config(&self, max_inline: u32) -> Config {
+        let inline = u32::from(self.inline_size).min(max_inline);
+        Config::default()
+            .with_slot_size(self.slot_size)
+            .with_recv_slots(self.recv_slots)
+            .with_send_slots(self.send_slots)
+            .with_sq_depth(self.sq_depth)
+            .with_inline_size(inline as u16)
+            .with_max_message(self.max_message)
+            .with_keepalive(self.keepalive)
+            .with_peer_timeout(self.peer_timeout)
+    }
+
+    /// Refuses options that cannot work, before any socket or verb.
+    ///
+    /// # Errors
+    /// [`crate::NetError::InvalidArgument`] naming the rule.
+    pub fn check(&self) -> crate::Result<()> {
+        self.proto_config(u32::from(self.inline_size))
+            .check()
+            .map_err(|e| crate::NetError::InvalidArgument(format!("ConnOptions: {e}")))?;
+        if self.connect_timeout.is_zero() {
+            return Err(crate::NetError::InvalidArgument(
+                "ConnOptions: connect_timeout is 0".into(),
+            ));
+        }
+        if let (Some(pd), Some(name)) = (&self.pd, &self.device) {
+            if pd.context().name() != name {
+                return Err(crate::NetError::InvalidArgument(format!(
+                    "ConnOptions: device {name} was named, but the protection domain is on {}",
+                    pd.context().name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of registered slot memory one connection uses.
+    pub fn slot_memory(&self) -> usize {
+        (usize::from(self.send_slots) + usize::from(self.recv_slots)) * self.slot_size as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fit_in_two_mib_and_check() {
+        let o = ConnOptions::default();
+        assert!(o.slot_memory() <= 2 << 20, "{}", o.slot_memory());
+        o.check().unwrap();
+        assert_eq!(o.establish, Establish::Cm);
+        assert!(matches!(o.poll_mode, PollMode::Adaptive { .. }));
+    }
+
+    #[test]
+    fn setters_set_and_bad_values_are_refused() {
+        let o = ConnOptions::default()
+            .establish(Establish::Tcp)
+            .slot_size(4096)
+            .recv_slots(16)
+            .keepalive(None);
+        assert_eq!(
+            (o.establish, o.slot_size, o.recv_slots),
+            (Establish::Tcp, 4096, 16)
+        );
+        assert_eq!(o.keepalive, None);
+        o.check().unwrap();
+        for bad in [
+            ConnOptions::default().slot_size(16),
+            ConnOptions::default().recv_slots(2),
+            ConnOptions::default().max_message(0),
+            ConnOptions::default().keepalive(Duration::from_secs(9)),
+            ConnOptions::default().connect_timeout(Duration::ZERO),
+        ] {
+            let e = bad.check().unwrap_err().to_string();
+            assert!(e.contains("ConnOptions"), "{e}");
+        }
+    }
+
+    #[test]
+    fn inline_is_capped_by_the_device() {
+        let o = ConnOptions::default().inline_size(256);
+        assert_eq!(o.proto_config(100).inline_size, 100);
+        assert_eq!(o.proto_config(1000).inline_size, 256);
+    }
+}
