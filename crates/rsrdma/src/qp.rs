@@ -1220,10 +1220,31 @@ impl Pd {
     }
 }
 
+/// Inline limits already probed, per device (node GUID and name) and QP type, for the whole
+/// process: rdma_cm hands every connection a context of its own, and probing costs ~17
+/// throwaway QPs.
+fn probed_inline_limits(
+) -> &'static std::sync::Mutex<std::collections::HashMap<(u64, String, QpType), u32>> {
+    static LIMITS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<(u64, String, QpType), u32>>,
+    > = std::sync::OnceLock::new();
+    LIMITS.get_or_init(Default::default)
+}
+
 fn max_inline_data(pd: &Pd, qp_type: QpType) -> Result<u32> {
     let slot = &pd.context().inner.inline_limits[qp_type as usize];
     if let Some(v) = slot.get() {
         return Ok(*v);
+    }
+    let ctx = pd.context();
+    let key = (ctx.attr().node_guid, ctx.name().to_owned(), qp_type);
+    let known = probed_inline_limits()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+        .copied();
+    if let Some(v) = known {
+        return Ok(*slot.get_or_init(|| v));
     }
     let cq = Cq::new(pd.context(), 2, None)?;
     let fits = |inline: u32| -> bool {
@@ -1262,6 +1283,10 @@ fn max_inline_data(pd: &Pd, qp_type: QpType) -> Result<u32> {
         }
     }
     tracing::debug!(device = pd.context().name(), %qp_type, max_inline = lo, "probed the inline limit");
+    probed_inline_limits()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, lo);
     Ok(*slot.get_or_init(|| lo))
 }
 
