@@ -1220,14 +1220,13 @@ impl Pd {
     }
 }
 
-/// Inline limits already probed, per device (node GUID and name) and QP type, for the whole
-/// process: rdma_cm hands every connection a context of its own, and probing costs ~17
-/// throwaway QPs.
-fn probed_inline_limits(
-) -> &'static std::sync::Mutex<std::collections::HashMap<(u64, String, QpType), u32>> {
-    static LIMITS: std::sync::OnceLock<
-        std::sync::Mutex<std::collections::HashMap<(u64, String, QpType), u32>>,
-    > = std::sync::OnceLock::new();
+/// Inline limits already probed, keyed by device (node GUID and name) and QP type.
+type InlineLimits = std::sync::Mutex<std::collections::HashMap<(u64, String, QpType), u32>>;
+
+/// The process-wide [`InlineLimits`]: rdma_cm hands every connection a context of its own,
+/// and probing costs ~17 throwaway QPs.
+fn probed_inline_limits() -> &'static InlineLimits {
+    static LIMITS: std::sync::OnceLock<InlineLimits> = std::sync::OnceLock::new();
     LIMITS.get_or_init(Default::default)
 }
 
