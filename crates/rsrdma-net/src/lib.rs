@@ -38,3 +38,8 @@ pub use registry::{Registry, RegistryClient, RegistryHandle, RegistryOptions};
 // Conn and Listener: the net-style RDMA connection (conn/).
 pub mod conn;
 pub use conn::{Conn, ConnInfo, ConnOptions, Establish, Listener};
+
+/// The README's code blocks, compiled as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
