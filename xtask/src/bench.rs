@@ -5,6 +5,7 @@
 //! ratio. The cases:
 //! - `ib_{send,write,read}_bw` against `rs_{send,write,read}_bw` at 64 KiB and 1 KiB;
 //! - `ib_{send,write,read}_lat` against `rs_*_lat` at 2 bytes (t_typical);
+//! - `ib_atomic_bw` and `ib_atomic_lat` against `rs_atomic_*` (fetch-and-add, 8 bytes);
 //! - `rs_send_bw` against RawConn's `pipeline_batch` (the `rawconn_bw` example) at 64 KiB;
 //! - RawConn per-WR `pipeline` against `pipeline_batch` at 1 KiB.
 //!
@@ -178,6 +179,9 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     for op in ["send", "write", "read"] {
         cases.push(perftest_case(op, "lat", 2, scale(1000, 10_000), &bin));
     }
+    // The atomics move 8 bytes each (perftest takes no other -s).
+    cases.push(perftest_case("atomic", "bw", 8, scale(4000, 100_000), &bin));
+    cases.push(perftest_case("atomic", "lat", 8, scale(1000, 10_000), &bin));
     let send = perftest_case("send", "bw", 65536, scale(500, 5000), &bin);
     cases.push(Case {
         name: "RawConn vs rs_send_bw 64 KiB".into(),

@@ -58,6 +58,7 @@ fn options(
         // LOCAL_WRITE has no meaning on a QP, so adding it changes nothing.
         Verb::Write | Verb::Send => AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         Verb::Read => AccessFlags::REMOTE_READ,
+        Verb::Atomic => AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
     };
     let served = out_reads.min(dev.max_qp_rd_atom).min(255) as u8;
     let issued = r

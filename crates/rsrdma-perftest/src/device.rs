@@ -92,7 +92,7 @@ pub fn adjust_for_device(
     let mut p = p.clone();
     if p.inline.is_none() {
         let known = is_mellanox(ctx);
-        if p.tool.verb == Verb::Read && !known {
+        if p.tool.verb.reads() && !known {
             o.text("Device not recognized to implement inline feature. Disabling it\n");
             o.text(RESULT_LINE);
         }

@@ -9,7 +9,9 @@ use crate::oob::Wait;
 use crate::out::Out;
 use crate::report::{self, HeaderInfo};
 use crate::resources::Res;
-use crate::results::{exchange_report, print_bw, print_lat, sum, to_report, unit};
+use crate::results::{
+    exchange_report, print_bw, print_lat, print_lat_duration, sum, to_report, unit,
+};
 use crate::stats::{self, BwResult};
 use crate::wire::Report;
 use crate::Verb;
@@ -35,12 +37,12 @@ pub fn bw(ph: &mut Phase<'_, '_, '_>, res: &mut Res, ends: &mut Ends<'_>) -> Res
     ph.o.text(&report::bw_table_header(p.report_gbits));
     ph.o.flush();
     let probe_lines = match p.tool.verb {
-        Verb::Write | Verb::Read if !p.bidir && p.is_server() => {
+        Verb::Write | Verb::Read | Verb::Atomic if !p.bidir && p.is_server() => {
             one_sided_passive(ph, ends)?;
             Vec::new()
         }
-        Verb::Write | Verb::Read if !p.bidir => one_sided_client(ph, res, ends)?,
-        Verb::Write | Verb::Read => one_sided_bidir(ph, res, ends)?,
+        Verb::Write | Verb::Read | Verb::Atomic if !p.bidir => one_sided_client(ph, res, ends)?,
+        Verb::Write | Verb::Read | Verb::Atomic => one_sided_bidir(ph, res, ends)?,
         Verb::Send => send(ph, res, ends)?,
     };
     ph.o.text(RESULT_LINE);
@@ -139,35 +141,45 @@ fn send(ph: &mut Phase<'_, '_, '_>, res: &mut Res, ends: &mut Ends<'_>) -> Resul
 }
 
 /// The latency test phase: per size the ping-pong (or reads), the histogram if asked, the
-/// summary line. read_lat's server is passive and prints nothing.
+/// summary line (with `-D`, the duration line). The read and atomic servers are passive and
+/// print nothing.
 ///
 /// # Errors
 /// A failed exchange or data path.
 pub fn lat(ph: &mut Phase<'_, '_, '_>, res: &mut Res, ends: &mut Ends<'_>) -> Result<()> {
     let p = ph.p;
-    if p.tool.verb == Verb::Read && p.is_server() {
+    if p.tool.verb.reads() && p.is_server() {
         // Passive: the client reads our memory; we wait in the closing handshake.
         return Ok(());
     }
-    ph.o.text(report::LAT_TABLE_HEADER);
+    ph.o.text(if p.duration.is_some() {
+        report::LAT_DURATION_HEADER
+    } else {
+        report::LAT_TABLE_HEADER
+    });
     ph.o.flush();
-    let rtt = if p.tool.verb == Verb::Read { 1.0 } else { 2.0 };
+    let rtt = if p.tool.verb.reads() { 1.0 } else { 2.0 };
     let per_usec = if p.report_cycles {
         rtt
     } else {
         stats::MHZ * rtt
     };
     for &size in ph.sizes {
-        let tposted = match p.tool.verb {
+        let run = match p.tool.verb {
             Verb::Send => {
                 datapath::prepost_recvs(p, res, size)?;
                 ends.hs.one(ends.oob, Wait::Prompt)?;
                 datapath::send_lat(p, res, ends, size)?
             }
             Verb::Write => datapath::write_lat(p, res, ends, size)?,
-            Verb::Read => datapath::read_lat(p, res, ends, size)?,
+            Verb::Read | Verb::Atomic => datapath::one_sided_lat(p, res, ends, size)?,
         };
-        let mut samples = stats::lat_samples(&tposted);
+        if let Some((iters, ns)) = run.window {
+            let r = stats::lat_duration(size, iters, ns, per_usec);
+            print_lat_duration(p, ph.h, ph.o, &r);
+            continue;
+        }
+        let mut samples = stats::lat_samples(&run.tposted);
         if p.histogram {
             histogram(ph, &samples, per_usec);
         }

@@ -93,7 +93,7 @@ impl<'a> Handshake<'a> {
     ) -> Result<()> {
         let q = self.my.len();
         match (tool.verb, tool.kind) {
-            (Verb::Write | Verb::Read, Kind::Bw) => {
+            (Verb::Write | Verb::Read | Verb::Atomic, Kind::Bw) => {
                 self.round(oob, q, true)?;
                 connect(&self.remote)?;
                 self.local_lines(o, tool.verb);

@@ -1,5 +1,5 @@
 //! perftest-compatible RDMA benchmarks on rsrdma: `rs_send_bw`, `rs_send_lat`, `rs_write_bw`,
-//! `rs_write_lat`, `rs_read_bw`, `rs_read_lat`.
+//! `rs_write_lat`, `rs_read_bw`, `rs_read_lat`, `rs_atomic_bw`, `rs_atomic_lat`.
 //!
 //! The tools speak Debian 12 perftest's (version 6.06) TCP exchange, so each end works against
 //! an `ib_*` peer, and print the same header, tables and exit codes (see
@@ -18,12 +18,14 @@
 //!     [`connect`] (QP bring-up with `Qp::connect`), [`flow`] (the test phase per size) and
 //!     [`results`] (the REPORT exchange and printed lines);
 //!   - [`datapath`]: the busy loops, on [`resources`] and [`handshake`] only.
+//! - [`atomic_total`]: the rs-only check of what the peer's atomics added.
 //! - [`device`]: the device, the port, and the rules that depend on them.
 //! - [`wire`]: the exchanged messages (pure). [`stats`]: bandwidth and latency arithmetic
 //!   (pure). [`report`]: perftest's text (pure). [`oob`]: the TCP connection with time limits.
 //!   [`watch`]: clock, stall watchdog, probe. [`out`]: where text goes.
 
 pub mod args;
+pub mod atomic_total;
 pub mod connect;
 pub mod datapath;
 pub mod device;
@@ -56,6 +58,16 @@ pub enum Verb {
     Write,
     /// RDMA READ.
     Read,
+    /// RDMA atomics (fetch-and-add or compare-and-swap, `-A`) on 8 bytes.
+    Atomic,
+}
+
+impl Verb {
+    /// READ and the atomics: one-sided requests that bring data back, limited by the
+    /// peer's outstanding-read depth; the server is passive.
+    pub fn reads(self) -> bool {
+        matches!(self, Verb::Read | Verb::Atomic)
+    }
 }
 
 /// Bandwidth or latency.
@@ -67,7 +79,7 @@ pub enum Kind {
     Lat,
 }
 
-/// One of the six tools.
+/// One of the eight tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tool {
     /// What it measures.
@@ -91,6 +103,8 @@ impl Tool {
             (Verb::Write, Kind::Lat) => "write_lat",
             (Verb::Read, Kind::Bw) => "read_bw",
             (Verb::Read, Kind::Lat) => "read_lat",
+            (Verb::Atomic, Kind::Bw) => "atomic_bw",
+            (Verb::Atomic, Kind::Lat) => "atomic_lat",
         }
     }
 

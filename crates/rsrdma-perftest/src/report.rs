@@ -1,7 +1,7 @@
 //! perftest's text output (spec section 3), byte for byte, and the `--out_json` file.
 
 use crate::args::{Params, RESULT_LINE};
-use crate::stats::{BwResult, LatResult};
+use crate::stats::{BwResult, LatDurationResult, LatResult};
 use crate::wire::Dest;
 use crate::{Kind, Verb};
 
@@ -36,7 +36,10 @@ pub struct HeaderInfo {
 
 /// The test's title, e.g. `RDMA_Write BW Test`.
 pub fn title(p: &Params) -> String {
-    let verb = verb_name(p.tool.verb);
+    let mut verb = verb_name(p.tool.verb).to_string();
+    if p.tool.verb == Verb::Atomic {
+        verb = format!("{verb} {}", p.atomic_type.name());
+    }
     match p.tool.kind {
         Kind::Bw => format!(
             "{verb} {}{}BW Test",
@@ -53,6 +56,7 @@ pub fn verb_name(v: Verb) -> &'static str {
         Verb::Send => "Send",
         Verb::Write => "RDMA_Write",
         Verb::Read => "RDMA_Read",
+        Verb::Atomic => "Atomic",
     }
 }
 
@@ -106,7 +110,7 @@ pub fn header(p: &Params, h: &HeaderInfo) -> String {
     if let Some(g) = h.gid_index {
         s.push_str(&format!(" GID index       : {g}\n"));
     }
-    if p.tool.verb == Verb::Read {
+    if p.tool.verb.reads() {
         s.push_str(&format!(" Outstand reads  : {}\n", h.out_reads));
     } else {
         s.push_str(&format!(" Max inline data : {}[B]\n", h.inline));
@@ -129,7 +133,7 @@ pub fn address_line(local: bool, d: &Dest, verb: Verb, with_gid: bool) -> String
     if verb == Verb::Read {
         s.push_str(&format!(" OUT {}", alt_hex(d.out_reads.into(), 4)));
     }
-    if verb != Verb::Send {
+    if matches!(verb, Verb::Write | Verb::Read) {
         s.push_str(&format!(
             " RKey {} VAddr {}",
             alt_hex(d.rkey.into(), 8),
@@ -167,6 +171,18 @@ pub fn bw_line(r: &BwResult, gbits: bool) -> String {
 
 /// The latency table header (note the trailing space).
 pub const LAT_TABLE_HEADER: &str = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n";
+
+/// The latency table header of the duration mode (`-D`).
+pub const LAT_DURATION_HEADER: &str =
+    " #bytes        #iterations       t_avg[usec]    tps average\n";
+
+/// One latency line of the duration mode, with its newline.
+pub fn lat_duration_line(r: &LatDurationResult) -> String {
+    format!(
+        " {:<7}       {}            {:<7.2}        {:<7.2}\n",
+        r.size, r.iters, r.avg, r.tps
+    )
+}
 
 /// One latency result line, with its newline.
 pub fn lat_line(r: &LatResult) -> String {
@@ -240,7 +256,7 @@ pub fn json(p: &Params, h: &HeaderInfo, results: &JsonResults) -> String {
     if let Some(g) = h.gid_index {
         s.push_str(&format!("GID_index: {g},\n"));
     }
-    if p.tool.verb == Verb::Read {
+    if p.tool.verb.reads() {
         s.push_str(&format!("Outstand_reads: {},\n", h.out_reads));
     } else {
         s.push_str(&format!("Max_inline_data: {},\n", h.inline));
@@ -470,6 +486,10 @@ mod tests {
         assert_eq!(title(&p), "Send Bidirectional BW Test");
         let p = params(Tool::new(Verb::Write, Kind::Bw), &["-l", "10"]);
         assert_eq!(title(&p), "RDMA_Write Post List BW Test");
+        let p = params(Tool::new(Verb::Atomic, Kind::Bw), &["-b"]);
+        assert_eq!(title(&p), "Atomic FETCH_AND_ADD Bidirectional BW Test");
+        let p = params(Tool::new(Verb::Atomic, Kind::Lat), &["-A", "CMP_AND_SWAP"]);
+        assert_eq!(title(&p), "Atomic CMP_AND_SWAP Latency Test");
     }
 
     #[test]

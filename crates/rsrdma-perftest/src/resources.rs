@@ -104,6 +104,7 @@ fn region(p: &Params, pd: &Pd, len: usize) -> Result<Mr> {
     let mut access = match p.tool.verb {
         Verb::Write => AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
         Verb::Read => AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        Verb::Atomic => AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC,
         Verb::Send => AccessFlags::LOCAL_WRITE,
     };
     if p.relaxed_ordering {

@@ -7,7 +7,7 @@ use crate::handshake::Ends;
 use crate::oob::Wait;
 use crate::out::Out;
 use crate::report::{self, HeaderInfo, JsonResults};
-use crate::stats::{BwResult, LatResult};
+use crate::stats::{BwResult, LatDurationResult, LatResult};
 use crate::wire::Report;
 
 /// The bandwidth unit: Gbit/s with `--report_gbits`, else MiB/s.
@@ -69,6 +69,25 @@ pub fn print_lat(p: &Params, h: &HeaderInfo, o: &mut Out<'_>, r: &LatResult) {
         } else {
             JsonResults::Lat(*r)
         };
+        if let Err(e) = std::fs::write(path, report::json(p, h, &res)) {
+            eprintln!(" Couldn't write the json report {path}: {e}");
+        }
+    }
+    o.flush();
+}
+
+/// Prints a duration latency line (or the `--output=latency` value) and writes the JSON
+/// report if asked.
+pub fn print_lat_duration(p: &Params, h: &HeaderInfo, o: &mut Out<'_>, r: &LatDurationResult) {
+    o.text(&report::lat_duration_line(r));
+    if p.output == Some(OutputOnly::Latency) {
+        o.value(&format!("{:.6}\n", r.avg));
+    }
+    if let Some(path) = &p.out_json {
+        let res = JsonResults::Only(format!(
+            "t_avg: {:.2},\ntps_average: {:.2},\n",
+            r.avg, r.tps
+        ));
         if let Err(e) = std::fs::write(path, report::json(p, h, &res)) {
             eprintln!(" Couldn't write the json report {path}: {e}");
         }

@@ -3,6 +3,7 @@
 //! and the closing handshake.
 
 use crate::args::{self, Conn, Params, RESULT_LINE};
+use crate::atomic_total;
 use crate::connect::connect_qps;
 use crate::device::PortInfo;
 use crate::error::Result;
@@ -40,6 +41,11 @@ pub fn run_connected(
     };
     let out_reads = out_reads(p, ctx);
     let mut res = resources::create(p, ctx, layout, out_reads)?;
+    let atomic_before = if p.tool.verb == Verb::Atomic && !p.sends() && atomic_total::enabled() {
+        Some(atomic_total::sum_targets(&res)?)
+    } else {
+        None
+    };
     let h = HeaderInfo {
         device: ctx.name().to_string(),
         mtu: mtu.bytes(),
@@ -84,6 +90,9 @@ pub fn run_connected(
     if closing_handshake(p, &mut ends) {
         oob.finish();
     }
+    if let Some(before) = atomic_before {
+        atomic_total::report(&res, before, o)?;
+    }
     Ok(())
 }
 
@@ -97,9 +106,9 @@ fn max_size(p: &Params, mtu: Mtu) -> u64 {
 }
 
 /// perftest's read depth: `-o` or the device's maximum, at most the device's, 1..=255; 1 for
-/// the tests that do not read.
+/// the tests that neither read nor use atomics.
 fn out_reads(p: &Params, ctx: &Context) -> u32 {
-    if p.tool.verb != Verb::Read {
+    if !p.tool.verb.reads() {
         return 1;
     }
     let max = ctx.attr().max_qp_rd_atom;

@@ -98,6 +98,37 @@ pub struct LatResult {
     pub p999: f64,
 }
 
+/// A latency line of the duration mode (`-D`, spec 3.5).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LatDurationResult {
+    /// Message size.
+    pub size: u64,
+    /// Iterations completed in the sampling window.
+    pub iters: u64,
+    /// Mean latency: the window over the iterations, per round-trip factor.
+    pub avg: f64,
+    /// Iterations per second.
+    pub tps: f64,
+}
+
+/// The duration mode's line: `iters` iterations in `cycles`; `per_usec` as in [`lat_summary`].
+pub fn lat_duration(size: u64, iters: u64, cycles: u64, per_usec: f64) -> LatDurationResult {
+    // perftest divides by zero here; an empty window prints zeros instead.
+    if iters == 0 || cycles == 0 {
+        return LatDurationResult {
+            size,
+            iters,
+            ..Default::default()
+        };
+    }
+    LatDurationResult {
+        size,
+        iters,
+        avg: cycles as f64 / per_usec / iters as f64,
+        tps: iters as f64 / (cycles as f64 / HZ),
+    }
+}
+
 /// The per-round-trip samples in cycles: differences of consecutive post times.
 pub fn lat_samples(tposted: &[u64]) -> Vec<u64> {
     tposted
@@ -206,6 +237,15 @@ mod tests {
         assert_eq!((r.min, r.max, r.typical, r.avg), (1.0, 9.0, 4.0, 4.0));
         assert!((r.stdev - 5f64.sqrt()).abs() < 1e-12);
         assert_eq!((r.p99, r.p999), (9.0, 9.0));
+    }
+
+    #[test]
+    fn latency_duration_as_perftest_prints_it() {
+        // ib_write_lat -D 3 in the VM: 58505 iterations in 3.0018 s -> 25.65 µs, 19489.6 tps.
+        let r = lat_duration(2, 58505, 3_001_800_000, MHZ * 2.0);
+        assert!((r.avg - 25.654).abs() < 0.001, "{r:?}");
+        assert!((r.tps - 19489.97).abs() < 0.01, "{r:?}");
+        assert_eq!(lat_duration(2, 0, 5, 1.0).avg, 0.0);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The bytes of perftest's TCP exchange (spec section 1.3): encoding and parsing only, no I/O.
 
-use crate::args::{Params, VERSION};
+use crate::args::{AtomicType, Params, VERSION};
 use crate::error::{Error, Result};
 use crate::{Kind, Verb};
 
@@ -36,6 +36,7 @@ const FLAG_ALL: u8 = 1 << 2;
 const FLAG_BIDIR: u8 = 1 << 3;
 const FLAG_DURATION: u8 = 1 << 4;
 const FLAG_MTU: u8 = 1 << 5;
+const FLAG_CAS: u8 = 1 << 6;
 
 impl Trailer {
     /// The trailer describing `p`.
@@ -44,6 +45,7 @@ impl Trailer {
             Verb::Send => 0,
             Verb::Write => 2,
             Verb::Read => 4,
+            Verb::Atomic => 6,
         } | u8::from(p.tool.kind == Kind::Lat);
         let mut flags = p.conn.code();
         if p.all {
@@ -57,6 +59,9 @@ impl Trailer {
         }
         if p.mtu.is_some() {
             flags |= FLAG_MTU;
+        }
+        if p.tool.verb == Verb::Atomic && p.atomic_type == AtomicType::CmpAndSwap {
+            flags |= FLAG_CAS;
         }
         Trailer {
             tool,
@@ -75,7 +80,7 @@ impl Trailer {
     /// values as text.
     pub fn first_difference(&self, peer: &Trailer) -> Option<(&'static str, String, String)> {
         let tool_name = |t: u8| {
-            let verb = ["send", "write", "read", "?"][usize::from((t >> 1).min(3))];
+            let verb = ["send", "write", "read", "atomic", "?"][usize::from((t >> 1).min(4))];
             let kind = if t & 1 == 1 { "lat" } else { "bw" };
             format!("rs_{verb}_{kind}")
         };
@@ -107,6 +112,18 @@ impl Trailer {
                 on(self.flags, FLAG_DURATION),
                 on(peer.flags, FLAG_DURATION),
             ));
+        }
+        if (self.flags ^ peer.flags) & FLAG_CAS != 0 {
+            let name = |f: u8| {
+                if f & FLAG_CAS != 0 {
+                    AtomicType::CmpAndSwap
+                } else {
+                    AtomicType::FetchAndAdd
+                }
+                .name()
+                .to_string()
+            };
+            return Some(("-A (atomic type)", name(self.flags), name(peer.flags)));
         }
         if self.size != peer.size {
             return Some((

@@ -40,6 +40,8 @@ fn rs(tool: &str) -> &'static str {
         "write_lat" => env!("CARGO_BIN_EXE_rs_write_lat"),
         "read_bw" => env!("CARGO_BIN_EXE_rs_read_bw"),
         "read_lat" => env!("CARGO_BIN_EXE_rs_read_lat"),
+        "atomic_bw" => env!("CARGO_BIN_EXE_rs_atomic_bw"),
+        "atomic_lat" => env!("CARGO_BIN_EXE_rs_atomic_lat"),
         _ => panic!("unknown tool {tool}"),
     }
 }
@@ -259,6 +261,7 @@ fn result_lines(out: &str, size: u64) -> Vec<Vec<String>> {
 fn interop(tool: &str, ud: bool, srv: Side, cli: Side) {
     let bw = tool.ends_with("_bw");
     let (size, iters) = match (bw, ud) {
+        _ if tool.starts_with("atomic") => (8, 200),
         (true, true) => (1024, 200),
         (true, false) => (65536, 200),
         (false, _) => (2, 200),
@@ -279,8 +282,8 @@ fn interop(tool: &str, ud: bool, srv: Side, cli: Side) {
     assert_eq!(s.code, Some(0), "server failed\n{ctx}");
     assert_eq!(c.code, Some(0), "client failed\n{ctx}");
     for (who, d) in [("client", &c), ("server", &s)] {
-        if who == "server" && tool == "read_lat" {
-            continue; // perftest's read_lat server prints no table
+        if who == "server" && (tool == "read_lat" || tool == "atomic_lat") {
+            continue; // perftest's read_lat and atomic_lat servers print no table
         }
         let lines = result_lines(&d.stdout, size);
         assert_eq!(lines.len(), 1, "{who} printed no single result line\n{ctx}");
@@ -290,8 +293,8 @@ fn interop(tool: &str, ud: bool, srv: Side, cli: Side) {
         assert!(avg > 0.0, "{who} average is 0\n{ctx}");
         assert!(d.stdout.contains("---------------------------------------------------------------------------------------\n"));
     }
-    // write_bw/read_bw servers print the client's report: the REPORT exchange is exact.
-    if tool == "write_bw" || tool == "read_bw" {
+    // write/read/atomic_bw servers print the client's report: the REPORT exchange is exact.
+    if tool == "write_bw" || tool == "read_bw" || tool == "atomic_bw" {
         assert_eq!(
             result_lines(&s.stdout, size),
             result_lines(&c.stdout, size),
@@ -337,6 +340,134 @@ matrix! {
     read_lat_rc: "read_lat", false;
     send_bw_ud: "send_bw", true;
     send_lat_ud: "send_lat", true;
+    atomic_bw_rc: "atomic_bw", false;
+    atomic_lat_rc: "atomic_lat", false;
+}
+
+/// The atomics against perftest and each other: the header, and what the client's atomics
+/// did to the server's memory (the rs server's `RSRDMA_PERFTEST_ATOMIC_TOTAL` line).
+mod atomics {
+    use super::*;
+
+    /// Runs an rs server with the total check against `cli`; returns both ends.
+    fn checked(tool: &str, cli: Side, extra: &[&str]) -> (Done, Done) {
+        std::env::set_var("RSRDMA_PERFTEST_ATOMIC_TOTAL", "1");
+        let r = pair(
+            (Side::Rs, tool, extra),
+            (cli, tool, extra),
+            Duration::from_secs(60),
+        );
+        std::env::remove_var("RSRDMA_PERFTEST_ATOMIC_TOTAL");
+        r
+    }
+
+    fn total(d: &Done) -> Option<u64> {
+        d.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(" atomic target total: +"))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    #[test]
+    fn fetch_and_add_adds_iterations_rs_and_ib_clients() {
+        for (tool, cli) in [
+            ("atomic_bw", Side::Rs),
+            ("atomic_bw", Side::Ib),
+            ("atomic_lat", Side::Rs),
+            ("atomic_lat", Side::Ib),
+        ] {
+            let (s, c) = checked(tool, cli, &["-n", "150"]);
+            let ctx = format!("{}\n{}", show("server", &s), show("client", &c));
+            assert_eq!((s.code, c.code), (Some(0), Some(0)), "{ctx}");
+            assert_eq!(total(&s), Some(150), "{tool} {cli:?}\n{ctx}");
+        }
+    }
+
+    #[test]
+    fn compare_and_swap_header_and_unchanged_memory() {
+        let args: &[&str] = &["-n", "100", "-A", "CMP_AND_SWAP"];
+        let (s, c) = checked("atomic_bw", Side::Ib, args);
+        let ctx = format!("{}\n{}", show("server", &s), show("client", &c));
+        assert_eq!((s.code, c.code), (Some(0), Some(0)), "{ctx}");
+        // Compare 0, swap 0: the random target never changes.
+        assert_eq!(total(&s), Some(0), "{ctx}");
+        for d in [&s, &c] {
+            assert!(
+                d.stdout
+                    .contains("                    Atomic CMP_AND_SWAP BW Test\n"),
+                "{ctx}"
+            );
+            assert!(d.stdout.contains(" Outstand reads  : "), "{ctx}");
+        }
+        assert_eq!(
+            result_lines(&s.stdout, 8),
+            result_lines(&c.stdout, 8),
+            "{ctx}"
+        );
+    }
+
+    #[test]
+    fn different_atomic_types_between_rs_tools() {
+        let (s, c) = pair(
+            (Side::Rs, "atomic_bw", &["-n", "100"]),
+            (Side::Rs, "atomic_bw", &["-n", "100", "-A", "CMP_AND_SWAP"]),
+            Duration::from_secs(30),
+        );
+        for (who, d) in [("server", &s), ("client", &c)] {
+            assert_eq!(d.code, Some(1), "{}", show(who, d));
+            assert!(d.stderr.contains("-A (atomic type)"), "{}", show(who, d));
+        }
+    }
+}
+
+/// `-D` on the latency tools: perftest's duration table, against perftest both ways.
+mod latency_duration {
+    use super::*;
+
+    fn check(tool: &str, srv: Side, cli: Side) {
+        let args: &[&str] = &["-D", "2"];
+        let (s, c) = pair(
+            (srv, tool, args),
+            (cli, tool, args),
+            Duration::from_secs(60),
+        );
+        let ctx = format!("{}\n{}", show("server", &s), show("client", &c));
+        assert_eq!((s.code, c.code), (Some(0), Some(0)), "{ctx}");
+        let header = " #bytes        #iterations       t_avg[usec]    tps average\n";
+        let size = if tool.starts_with("atomic") { 8 } else { 2 };
+        let passive_server = tool == "read_lat" || tool == "atomic_lat";
+        for (who, d) in [("client", &c), ("server", &s)] {
+            if who == "server" && passive_server {
+                assert!(!d.stdout.contains(header), "{ctx}");
+                continue;
+            }
+            assert!(d.stdout.contains(header), "{who}\n{ctx}");
+            let l = result_lines(&d.stdout, size);
+            assert_eq!(l.len(), 1, "{who}\n{ctx}");
+            let iters: u64 = l[0][1].parse().unwrap();
+            let (avg, tps): (f64, f64) = (l[0][2].parse().unwrap(), l[0][3].parse().unwrap());
+            assert!(iters > 10 && avg > 0.0 && tps > 0.0, "{who}\n{ctx}");
+            // tps x t_avg x rtt = 10^6 µs: the two columns describe one window.
+            let rtt = if passive_server { 1.0 } else { 2.0 };
+            let one_second = tps * avg * rtt;
+            assert!((one_second - 1e6).abs() < 2e4, "{who}: {one_second}\n{ctx}");
+        }
+    }
+
+    #[test]
+    fn write_lat_rs_client_ib_server() {
+        check("write_lat", Side::Ib, Side::Rs);
+    }
+
+    #[test]
+    fn send_lat_ib_client_rs_server() {
+        check("send_lat", Side::Rs, Side::Ib);
+    }
+
+    #[test]
+    fn atomic_lat_rs_client_rs_server() {
+        check("atomic_lat", Side::Rs, Side::Rs);
+    }
 }
 
 fn loopback(tool: &str, extra: &[&str], env: &[(&str, &str)]) -> Done {
@@ -397,6 +528,14 @@ mod loopback {
     #[test]
     fn read_lat() {
         check("read_lat", 2, &[]);
+    }
+    #[test]
+    fn atomic_bw() {
+        check("atomic_bw", 8, &[]);
+    }
+    #[test]
+    fn atomic_lat() {
+        check("atomic_lat", 8, &["-A", "CMP_AND_SWAP"]);
     }
 
     #[test]

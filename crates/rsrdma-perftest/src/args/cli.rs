@@ -25,6 +25,9 @@ pub(super) struct Cli {
     pub version: bool,
     #[arg(short = 'a', long = "all")]
     pub all: bool,
+    // Checked by `super::parse`: perftest's complaint has no parser trailer.
+    #[arg(short = 'A', long = "atomic_type")]
+    pub atomic_type: Option<String>,
     #[arg(short = 'b', long = "bidirectional")]
     pub bidir: bool,
     // The transports depend on the tool: `parse_args` sets this parser per tool.

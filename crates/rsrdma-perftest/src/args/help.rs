@@ -10,9 +10,11 @@ enum Only {
     Bw,
     Lat,
     Send,
-    Read,
-    NotRead,
+    Reads,
+    NotReads,
     NotWrite,
+    Atomic,
+    NotAtomic,
 }
 
 impl Only {
@@ -22,9 +24,11 @@ impl Only {
             Only::Bw => tool.kind == Kind::Bw,
             Only::Lat => tool.kind == Kind::Lat,
             Only::Send => tool.verb == Verb::Send,
-            Only::Read => tool.verb == Verb::Read,
-            Only::NotRead => tool.verb != Verb::Read,
+            Only::Reads => tool.verb.reads(),
+            Only::NotReads => !tool.verb.reads(),
             Only::NotWrite => tool.verb != Verb::Write,
+            Only::Atomic => tool.verb == Verb::Atomic,
+            Only::NotAtomic => tool.verb != Verb::Atomic,
         }
     }
 }
@@ -32,7 +36,12 @@ impl Only {
 /// The flags with a short form, in perftest's order. `{conns}`, `{iters}` and `{size}` stand
 /// for the tool's values.
 const SHORT: &[(Only, &str, &str)] = &[
-    (Only::All, "-a, --all", "Run sizes from 2 till 2^23"),
+    (Only::NotAtomic, "-a, --all", "Run sizes from 2 till 2^23"),
+    (
+        Only::Atomic,
+        "-A, --atomic_type=<type>",
+        "type of atomic operation from {CMP_AND_SWAP,FETCH_AND_ADD} (default FETCH_AND_ADD)",
+    ),
     (
         Only::Bw,
         "-b, --bidirectional",
@@ -85,7 +94,7 @@ const SHORT: &[(Only, &str, &str)] = &[
         "Use port <port> of IB device (default 1)",
     ),
     (
-        Only::NotRead,
+        Only::NotReads,
         "-I, --inline_size=<size>",
         "Max size of message to be sent in inline",
     ),
@@ -110,7 +119,7 @@ const SHORT: &[(Only, &str, &str)] = &[
         "Cancel peak-bw calculation (default with peak up to iters=20000)",
     ),
     (
-        Only::Read,
+        Only::Reads,
         "-o, --outs=<num>",
         "num of outstanding read/atom(default max of device)",
     ),
@@ -136,7 +145,7 @@ const SHORT: &[(Only, &str, &str)] = &[
         "Connect QPs with rdma_cm and run test on those QPs (not supported: exits with an error)",
     ),
     (
-        Only::All,
+        Only::NotAtomic,
         "-s, --size=<size>",
         "Size of message to exchange (default {size})",
     ),
@@ -215,7 +224,7 @@ pub fn help_text(tool: Tool) -> String {
     let conns = match tool.verb {
         Verb::Send => "RC/UC/UD",
         Verb::Write => "RC/UC",
-        Verb::Read => "RC",
+        Verb::Read | Verb::Atomic => "RC",
     };
     let fill = |s: &str| {
         s.replace("{conns}", conns)
@@ -236,8 +245,11 @@ pub fn help_text(tool: Tool) -> String {
     s
 }
 
-/// `-s`'s default: 64 KiB for bandwidth, 2 bytes for latency.
+/// `-s`'s default: 64 KiB for bandwidth, 2 bytes for latency, 8 for the atomics.
 pub(super) fn default_size(tool: Tool) -> u64 {
+    if tool.verb == Verb::Atomic {
+        return super::rules::ATOMIC_SIZE;
+    }
     match tool.kind {
         Kind::Bw => 65536,
         Kind::Lat => 2,

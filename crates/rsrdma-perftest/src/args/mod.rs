@@ -13,7 +13,7 @@ mod rules;
 mod values;
 
 pub use help::help_text;
-pub use params::{Conn, OutputOnly, Params};
+pub use params::{AtomicType, Conn, OutputOnly, Params};
 
 use crate::{Kind, Tool, Verb};
 use cli::Cli;
@@ -95,13 +95,16 @@ pub fn parse(tool: Tool, args: &[String]) -> Result<Params, ParseOutcome> {
         });
     }
     rules::check_tool_flags(tool, &cli)?;
+    let atomic_type = rules::atomic_type(&cli)?;
     let conn = cli.conn.unwrap_or(Conn::Rc);
-    rules::check_combinations(tool, &cli, conn)?;
+    rules::check_combinations(&cli, conn)?;
     let size = cli.size.unwrap_or(help::default_size(tool));
     let iters = cli.iters.unwrap_or(help::default_iters(tool));
     let depths = rules::depths(tool, &cli, conn, iters);
     let moderation = rules::moderation(tool, &cli, conn, size, iters, depths.tx)?;
-    Ok(params(tool, cli, conn, size, iters, depths, moderation))
+    let mut p = params(tool, cli, conn, size, iters, depths, moderation);
+    p.atomic_type = atomic_type;
+    Ok(p)
 }
 
 /// The [`Params`] of a checked command line.
@@ -151,6 +154,7 @@ fn params(
         events: cli.events,
         bidir: cli.bidir,
         out_reads: cli.outs,
+        atomic_type: AtomicType::FetchAndAdd,
         no_peak_flag: cli.no_peak,
         report_gbits: cli.report_gbits,
         output: cli.output,

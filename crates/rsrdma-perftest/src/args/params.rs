@@ -30,7 +30,7 @@ impl Conn {
     pub fn carries(self, verb: Verb) -> bool {
         match self {
             Conn::Rc => true,
-            Conn::Uc => verb != Verb::Read,
+            Conn::Uc => matches!(verb, Verb::Send | Verb::Write),
             Conn::Ud => verb == Verb::Send,
         }
     }
@@ -42,6 +42,32 @@ impl Conn {
             Conn::Uc => 1,
             Conn::Ud => 2,
         }
+    }
+}
+
+/// `-A`: the atomic operation of the atomic tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicType {
+    /// Compare-and-swap (compare 0, swap 0, as perftest posts it).
+    CmpAndSwap,
+    /// Fetch-and-add of 1 (perftest's default).
+    FetchAndAdd,
+}
+
+impl AtomicType {
+    /// perftest's name, as `-A` takes it and the title shows it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicType::CmpAndSwap => "CMP_AND_SWAP",
+            AtomicType::FetchAndAdd => "FETCH_AND_ADD",
+        }
+    }
+
+    /// The `-A` value, if it is one of perftest's names.
+    pub fn from_name(s: &str) -> Option<AtomicType> {
+        [AtomicType::CmpAndSwap, AtomicType::FetchAndAdd]
+            .into_iter()
+            .find(|t| t.name() == s)
     }
 }
 
@@ -112,6 +138,8 @@ pub struct Params {
     pub bidir: bool,
     /// `-o`.
     pub out_reads: Option<u32>,
+    /// `-A` (atomic tools).
+    pub atomic_type: AtomicType,
     /// `-N`, or implied (see [`Params::no_peak`]).
     pub no_peak_flag: bool,
     /// `--report_gbits`.
@@ -171,7 +199,7 @@ impl Params {
     /// Whether this side sends on the data path (goes to RTS and posts sends).
     pub fn sends(&self) -> bool {
         match self.tool.kind {
-            Kind::Lat => !(self.tool.verb == Verb::Read && self.is_server()),
+            Kind::Lat => !(self.tool.verb.reads() && self.is_server()),
             Kind::Bw => !self.is_server() || self.bidir,
         }
     }

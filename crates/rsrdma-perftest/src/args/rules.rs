@@ -2,7 +2,7 @@
 //! go together, and the values derived from others.
 
 use super::cli::{Cli, UD_INLINE};
-use super::params::Conn;
+use super::params::{AtomicType, Conn};
 use super::{parser_error, ParseOutcome, RESULT_LINE};
 use crate::{Kind, Tool, Verb};
 
@@ -28,14 +28,18 @@ pub(super) fn check_tool_flags(tool: Tool, cli: &Cli) -> Result<(), ParseOutcome
             "Bidirectional mode only available on bw tests",
         ));
     }
+    if tool.verb == Verb::Atomic {
+        check_atomic_size(cli)?;
+    }
     // perftest's latency tools accept --report_gbits and ignore it; so do these.
     let refused = [
+        (tool.verb != Verb::Atomic && cli.atomic_type.is_some(), "-A"),
         (lat && cli.post_list.is_some(), "-l"),
         (lat && cli.cq_mod.is_some(), "-Q"),
         (lat && cli.no_peak, "-N"),
         (tool.verb != Verb::Send && cli.rx_depth.is_some(), "-r"),
-        (tool.verb != Verb::Read && cli.outs.is_some(), "-o"),
-        (tool.verb == Verb::Read && cli.inline.is_some(), "-I"),
+        (!tool.verb.reads() && cli.outs.is_some(), "-o"),
+        (tool.verb.reads() && cli.inline.is_some(), "-I"),
         (tool.verb == Verb::Write && cli.events, "-e"),
         (
             !lat && (cli.report_cycles || cli.histogram || cli.unsorted),
@@ -49,8 +53,35 @@ pub(super) fn check_tool_flags(tool: Tool, cli: &Cli) -> Result<(), ParseOutcome
     }
 }
 
+/// The atomics move 8 bytes: perftest refuses any other `-s`, and `-a`, with this text on
+/// stdout.
+fn check_atomic_size(cli: &Cli) -> Result<(), ParseOutcome> {
+    if cli.all || cli.size.is_some_and(|s| s != ATOMIC_SIZE) {
+        return Err(ParseOutcome::Error {
+            stderr: String::new(),
+            stdout: format!("{RESULT_LINE}Message size cannot be changed for Atomic tests \n"),
+        });
+    }
+    Ok(())
+}
+
+/// The size of every atomic operation.
+pub(super) const ATOMIC_SIZE: u64 = 8;
+
+/// `-A`: perftest's names only; its complaint comes without the parser's trailer.
+pub(super) fn atomic_type(cli: &Cli) -> Result<AtomicType, ParseOutcome> {
+    match cli.atomic_type.as_deref() {
+        None => Ok(AtomicType::FetchAndAdd),
+        Some(name) => AtomicType::from_name(name).ok_or_else(|| ParseOutcome::Error {
+            stderr: " Invalid Atomic type! please choose from {CMP_AND_SWAP,FETCH_AND_ADD}\n"
+                .into(),
+            stdout: String::new(),
+        }),
+    }
+}
+
 /// Refuses flags that do not go together.
-pub(super) fn check_combinations(tool: Tool, cli: &Cli, conn: Conn) -> Result<(), ParseOutcome> {
+pub(super) fn check_combinations(cli: &Cli, conn: Conn) -> Result<(), ParseOutcome> {
     let refused = [
         (
             cli.duration.is_some() && cli.iters.is_some(),
@@ -59,10 +90,6 @@ pub(super) fn check_combinations(tool: Tool, cli: &Cli, conn: Conn) -> Result<()
         (
             cli.duration.is_some() && cli.all,
             "Duration (-D) with all sizes (-a) is not supported".into(),
-        ),
-        (
-            cli.duration.is_some() && tool.kind == Kind::Lat,
-            "Duration mode (-D) of the latency tests is not supported by the rs_* tools".into(),
         ),
         (
             conn == Conn::Ud && cli.inline.is_some_and(|i| u64::from(i) > UD_INLINE.hi()),

@@ -7,6 +7,7 @@ fn tool(name: &str) -> Tool {
     let verb = match v {
         "send" => Verb::Send,
         "write" => Verb::Write,
+        "atomic" => Verb::Atomic,
         _ => Verb::Read,
     };
     Tool::new(verb, if k == "bw" { Kind::Bw } else { Kind::Lat })
@@ -154,7 +155,6 @@ fn perftests_errors() {
     assert!(err("write_bw", &["-c", "UD"]).0.contains("UD"));
     assert!(err("read_bw", &["-c", "UC"]).0.contains("UC"));
     assert!(err("write_bw", &["-r", "10"]).0.contains("-r"));
-    assert!(err("write_lat", &["-D", "5"]).0.contains("not supported"));
     assert!(err("write_bw", &["-s", "0"]).0.contains("Size"));
     assert!(err("write_bw", &["h", "--loopback"])
         .0
@@ -278,4 +278,68 @@ fn values_are_checked_in_perftests_words() {
         "{e}"
     );
     assert!(usage.starts_with("Usage:"));
+}
+
+#[test]
+fn atomic_tools_as_perftest() {
+    for name in ["atomic_bw", "atomic_lat"] {
+        let p = ok(name, &[]);
+        assert_eq!(
+            (p.size, p.iters, p.atomic_type),
+            (8, 1000, AtomicType::FetchAndAdd)
+        );
+        assert_eq!(ok(name, &["-s", "8"]).size, 8);
+        let p = ok(name, &["-A", "CMP_AND_SWAP", "-o", "4"]);
+        assert_eq!(
+            (p.atomic_type, p.out_reads),
+            (AtomicType::CmpAndSwap, Some(4))
+        );
+        // Another size, or -a: perftest's text on stdout, exit 1, no parser trailer.
+        for bad in [&["-s", "16"][..], &["-a"]] {
+            let (stderr, stdout) = err(name, bad);
+            assert_eq!(stderr, "");
+            assert_eq!(
+                stdout,
+                format!("{RESULT_LINE}Message size cannot be changed for Atomic tests \n")
+            );
+        }
+        let (stderr, _) = err(name, &["-A", "FOO"]);
+        assert_eq!(
+            stderr,
+            " Invalid Atomic type! please choose from {CMP_AND_SWAP,FETCH_AND_ADD}\n"
+        );
+        assert!(err(name, &["-I", "16"])
+            .0
+            .contains("option -I is not available"));
+        assert!(err(name, &["-c", "UC"])
+            .0
+            .contains("not supported by this test"));
+    }
+    assert_eq!(ok("atomic_bw", &["-n", "50"]).cq_mod, 50);
+    assert!(!ok("atomic_lat", &[]).sends(), "the server is passive");
+    assert!(ok("atomic_lat", &["h"]).sends());
+    assert!(err("read_bw", &["-A", "CMP_AND_SWAP"])
+        .0
+        .contains("option -A is not available"));
+    let help = help_text(tool("atomic_bw"));
+    assert!(help.contains("  -A, --atomic_type=<type>  type of atomic operation from {CMP_AND_SWAP,FETCH_AND_ADD} (default FETCH_AND_ADD)\n"));
+    assert!(
+        !help.contains("-s, --size") && !help.contains("-a, --all"),
+        "{help}"
+    );
+    assert!(
+        help.contains("-o, --outs") && !help.contains("-I, --inline"),
+        "{help}"
+    );
+}
+
+#[test]
+fn duration_on_latency_tools() {
+    for name in ["write_lat", "send_lat", "read_lat", "atomic_lat"] {
+        let p = ok(name, &["-D", "3"]);
+        assert_eq!(p.duration, Some(3), "{name}");
+    }
+    assert!(err("write_lat", &["-D", "3", "-n", "100"])
+        .0
+        .contains("cannot be used together"));
 }

@@ -146,7 +146,7 @@ impl TypedValueParser for ConnOf {
                 match self.0 {
                     Verb::Send => "RC, UC, UD",
                     Verb::Write => "RC, UC",
-                    Verb::Read => "RC",
+                    Verb::Read | Verb::Atomic => "RC",
                 }
             ))),
         }

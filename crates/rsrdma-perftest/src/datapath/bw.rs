@@ -2,7 +2,7 @@
 //! depth, completions reaped 16 at a time, receives re-posted as they complete.
 
 use super::window::Window;
-use super::{check_recv_len, poll, post_one_recv, wc_error, QKEY};
+use super::{check_recv_len, one_sided_wr, poll, post_one_recv, wc_error, QKEY};
 use crate::args::{Conn, Params};
 use crate::error::{Error, Result};
 use crate::handshake::Ends;
@@ -181,7 +181,7 @@ fn ring_wrs<'a>(
     sges: &'a [Sge],
     size: u64,
 ) -> Vec<SendWr<'a>> {
-    let inline = p.tool.verb != Verb::Read && size <= u64::from(res.inline) && res.inline > 0;
+    let inline = !p.tool.verb.reads() && size <= u64::from(res.inline) && res.inline > 0;
     let mut wrs = Vec::with_capacity(plan.q * plan.ring);
     for (i, r) in remote.iter().enumerate().take(plan.q) {
         for k in 0..plan.ring {
@@ -189,7 +189,7 @@ fn ring_wrs<'a>(
             let raddr = r.vaddr + ((k % plan.period) * plan.step) as u64;
             let mut wr = match p.tool.verb {
                 Verb::Write => SendWr::rdma_write(i as u64, sge, raddr, r.rkey),
-                Verb::Read => SendWr::rdma_read(i as u64, sge, raddr, r.rkey),
+                Verb::Read | Verb::Atomic => one_sided_wr(p, i as u64, sge, raddr, r.rkey),
                 Verb::Send => SendWr::send(i as u64, sge),
             };
             if p.conn == Conn::Ud {

@@ -1,20 +1,143 @@
-//! The latency loops (spec 2.5): send_lat's and write_lat's ping-pongs and read_lat's reads,
-//! one request in flight at a time.
+//! The latency loops (spec 2.5): send_lat's and write_lat's ping-pongs and the one-sided
+//! reads and atomics, one request in flight at a time; with `-D` each runs until the duration
+//! ends and counts the iterations completed inside the sampling window.
 
-use super::{check_recv_len, post_one_recv, wait_one, QKEY};
+use super::window::Window;
+use super::{check_recv_len, one_sided_wr, poll, post_one_recv, wc_error, QKEY};
 use crate::args::{Conn, Params};
 use crate::error::{Error, Result};
 use crate::handshake::Ends;
+use crate::oob::Oob;
 use crate::resources::Res;
 use crate::watch::{Clock, Watchdog};
-use rsrdma::{SendWr, Sge, Wc};
+use rsrdma::{Cq, SendWr, Sge, Wc};
 
-/// send_lat's ping-pong (the client sends first); returns the post times.
+/// What one latency run produced.
+#[derive(Debug, Clone, Default)]
+pub struct LatRun {
+    /// Post time of every iteration (iteration mode; empty with `-D`).
+    pub tposted: Vec<u64>,
+    /// `-D`: iterations completed in the sampling window and the window's length in ns.
+    pub window: Option<(u64, u64)>,
+}
+
+/// The pace of a latency loop: the iteration count or the duration, the post times, the
+/// watchdog and the reused completion.
+struct Pace {
+    iters: u64,
+    window: Option<Window>,
+    tposted: Vec<u64>,
+    completed: u64,
+    clock: Clock,
+    wd: Watchdog,
+    wcs: [Wc; 1],
+}
+
+impl Pace {
+    fn new(p: &Params, what: &'static str) -> Pace {
+        let clock = Clock::new();
+        let window = Window::new(p, clock.now());
+        Pace {
+            iters: p.iters,
+            tposted: if window.is_some() {
+                Vec::new()
+            } else {
+                vec![0; p.iters as usize]
+            },
+            window,
+            completed: 0,
+            clock,
+            wd: Watchdog::new(what),
+            wcs: [Wc::default(); 1],
+        }
+    }
+
+    /// Whether the `k`-th (0-based) step is due: below the iterations, or until the duration
+    /// ends.
+    #[inline]
+    fn due(&self, k: u64) -> bool {
+        self.window.is_some() || k < self.iters
+    }
+
+    /// Records the post time of iteration `k` (iteration mode).
+    #[inline]
+    fn stamp(&mut self, k: u64) {
+        if let Some(t) = self.tposted.get_mut(k as usize) {
+            *t = self.clock.now();
+        }
+    }
+
+    /// Counts an iteration as completed; true once the duration is over.
+    #[inline]
+    fn completed(&mut self) -> bool {
+        self.completed += 1;
+        match self.window.as_mut() {
+            Some(w) => w.tick(self.clock.now(), self.completed),
+            None => false,
+        }
+    }
+
+    /// True once the duration is over (never in iteration mode).
+    #[inline]
+    fn stopped(&self) -> bool {
+        self.window.is_some_and(|w| self.clock.now() >= w.stop_at())
+    }
+
+    /// Waits for the one completion in flight on `cq`; false when the duration ended first.
+    fn wait(
+        &mut self,
+        cq: &Cq,
+        p: &Params,
+        oob: &Oob,
+        progress: u64,
+        counts: impl Fn() -> String,
+    ) -> Result<bool> {
+        loop {
+            if poll(cq, &mut self.wcs, p.events)? > 0 {
+                if !self.wcs[0].is_ok() {
+                    return Err(wc_error(&self.wcs[0], p.is_server(), counts()));
+                }
+                return Ok(true);
+            }
+            if self.stopped() {
+                return Ok(false);
+            }
+            self.wd.idle(progress, oob, &counts)?;
+        }
+    }
+
+    fn finish(self) -> LatRun {
+        LatRun {
+            tposted: self.tposted,
+            window: self.window.map(|w| w.measured()),
+        }
+    }
+}
+
+/// Posts `wr` on QP 0 and waits for its completion; false when the duration ended first.
+fn post_and_wait(
+    pace: &mut Pace,
+    p: &Params,
+    res: &Res,
+    wr: &SendWr<'_>,
+    oob: &Oob,
+    progress: u64,
+) -> Result<bool> {
+    // SAFETY: every latency request names QP 0's source area in `res.mr` (alive longer than
+    // the QP: Res drops its QPs first); the CPU does not touch that area while the request is
+    // in flight (write_lat stores its counter before posting); the completion is reaped here
+    // or, when the duration ends first, the QP is destroyed before the region.
+    unsafe { res.qps[0].post_send(wr) }.map_err(|e| Error::rdma(" Couldn't post send", e))?;
+    pace.wait(&res.send_cq, p, oob, progress, || {
+        format!(" scnt={progress}")
+    })
+}
+
+/// send_lat's ping-pong (the client sends first).
 ///
 /// # Errors
 /// Failed posts or completions, a stalled run, a vanished peer.
-pub fn send_lat(p: &Params, res: &mut Res, ends: &mut Ends<'_>, size: u64) -> Result<Vec<u64>> {
-    let iters = p.iters;
+pub fn send_lat(p: &Params, res: &mut Res, ends: &mut Ends<'_>, size: u64) -> Result<LatRun> {
     let client = !p.is_server();
     let r = ends.remote[0];
     let sge = [Sge::new(res.mr.addr(), size as u32, res.mr.lkey())];
@@ -25,57 +148,38 @@ pub fn send_lat(p: &Params, res: &mut Res, ends: &mut Ends<'_>, size: u64) -> Re
     if size <= u64::from(res.inline) && res.inline > 0 {
         wr = wr.inline();
     }
-    let mut ts = vec![0u64; iters as usize];
+    let mut pace = Pace::new(p, "the peer's message");
     let (mut scnt, mut rcnt) = (0u64, 0u64);
-    let mut wcs = [Wc::default(); 1];
-    let mut wd = Watchdog::new("the peer's message");
-    let clock = Clock::new();
-    while scnt < iters || rcnt < iters {
-        if rcnt < iters && !(scnt == 0 && client) {
-            wait_one(
-                &res.recv_cq,
-                &mut wcs,
-                p,
-                &mut wd,
-                ends.oob,
-                scnt + rcnt,
-                || format!(" scnt={scnt}, rcnt={rcnt}"),
-            )?;
-            check_recv_len(p, &wcs[0], size)?;
+    while pace.due(scnt) || pace.due(rcnt) {
+        if pace.due(rcnt) && !(scnt == 0 && client) {
+            let counts = || format!(" scnt={scnt}, rcnt={rcnt}");
+            if !pace.wait(&res.recv_cq, p, ends.oob, scnt + rcnt, counts)? {
+                break;
+            }
+            check_recv_len(p, &pace.wcs[0], size)?;
             rcnt += 1;
-            if res.recv_posted[0] < iters {
+            if pace.window.is_some() || res.recv_posted[0] < p.iters {
                 post_one_recv(res, p, 0, size)?;
                 res.recv_posted[0] += 1;
             }
         }
-        if scnt < iters {
-            ts[scnt as usize] = clock.now();
+        if pace.due(scnt) {
+            pace.stamp(scnt);
             scnt += 1;
-            // SAFETY: the SGE names QP 0's source area in `res.mr` (alive longer than the
-            // QP); the CPU never writes it; the completion is reaped just below.
-            unsafe { res.qps[0].post_send(&wr) }
-                .map_err(|e| Error::rdma(" Couldn't post send", e))?;
-            wait_one(
-                &res.send_cq,
-                &mut wcs,
-                p,
-                &mut wd,
-                ends.oob,
-                scnt + rcnt,
-                || format!(" scnt={scnt}, rcnt={rcnt}"),
-            )?;
+            if !post_and_wait(&mut pace, p, res, &wr, ends.oob, scnt + rcnt)? || pace.completed() {
+                break;
+            }
         }
     }
-    Ok(ts)
+    Ok(pace.finish())
 }
 
 /// write_lat's ping-pong: each side writes a counter into the last byte of the peer's target
-/// area and spins on its own; the server writes first. Returns the post times.
+/// area and spins on its own; the server writes first.
 ///
 /// # Errors
 /// Failed posts or completions, a stalled run, a vanished peer.
-pub fn write_lat(p: &Params, res: &mut Res, ends: &mut Ends<'_>, size: u64) -> Result<Vec<u64>> {
-    let iters = p.iters;
+pub fn write_lat(p: &Params, res: &mut Res, ends: &mut Ends<'_>, size: u64) -> Result<LatRun> {
     let server = p.is_server();
     let r = ends.remote[0];
     let base = res.mr.addr();
@@ -86,13 +190,10 @@ pub fn write_lat(p: &Params, res: &mut Res, ends: &mut Ends<'_>, size: u64) -> R
     if size <= u64::from(res.inline) && res.inline > 0 {
         wr = wr.inline();
     }
-    let mut ts = vec![0u64; iters as usize];
+    let mut pace = Pace::new(p, "the peer's write");
     let (mut scnt, mut rcnt) = (0u64, 0u64);
-    let mut wcs = [Wc::default(); 1];
-    let mut wd = Watchdog::new("the peer's write");
-    let clock = Clock::new();
-    while scnt < iters || rcnt < iters {
-        if rcnt < iters && !(scnt == 0 && server) {
+    while pace.due(scnt) || pace.due(rcnt) {
+        if pace.due(rcnt) && !(scnt == 0 && server) {
             rcnt += 1;
             let want = rcnt as u8;
             loop {
@@ -103,58 +204,47 @@ pub fn write_lat(p: &Params, res: &mut Res, ends: &mut Ends<'_>, size: u64) -> R
                 if v == want {
                     break;
                 }
-                wd.idle(scnt + rcnt, ends.oob, || {
+                if pace.stopped() {
+                    return Ok(pace.finish());
+                }
+                pace.wd.idle(scnt + rcnt, ends.oob, || {
                     format!(" scnt={scnt}, rcnt={rcnt}")
                 })?;
                 std::hint::spin_loop();
             }
         }
-        if scnt < iters {
-            ts[scnt as usize] = clock.now();
+        if pace.due(scnt) {
+            pace.stamp(scnt);
             scnt += 1;
             // SAFETY: `send_last` is inside `res.mr` (QP 0's source area); the previous write
-            // from it has completed (reaped below before the loop turns), so the NIC is not
-            // reading it now.
+            // from it has completed (reaped before the loop turns), so the NIC is not reading
+            // it now.
             unsafe { std::ptr::write_volatile(send_last, scnt as u8) };
-            // SAFETY: the SGE names QP 0's source area in `res.mr`; the CPU does not touch it
-            // until the completion below is reaped.
-            unsafe { res.qps[0].post_send(&wr) }
-                .map_err(|e| Error::rdma(" Couldn't post send", e))?;
-            wait_one(
-                &res.send_cq,
-                &mut wcs,
-                p,
-                &mut wd,
-                ends.oob,
-                scnt + rcnt,
-                || format!(" scnt={scnt}, rcnt={rcnt}"),
-            )?;
+            if !post_and_wait(&mut pace, p, res, &wr, ends.oob, scnt + rcnt)? || pace.completed() {
+                break;
+            }
         }
     }
-    Ok(ts)
+    Ok(pace.finish())
 }
 
-/// read_lat: the client reads `size` bytes, waits for the completion, repeats. Returns the
-/// post times.
+/// read_lat and atomic_lat: the client reads (or runs its atomic on) `size` bytes of the
+/// server's target area, waits for the completion, repeats.
 ///
 /// # Errors
 /// Failed posts or completions, a stalled run, a vanished peer.
-pub fn read_lat(p: &Params, res: &mut Res, ends: &mut Ends<'_>, size: u64) -> Result<Vec<u64>> {
+pub fn one_sided_lat(p: &Params, res: &mut Res, ends: &mut Ends<'_>, size: u64) -> Result<LatRun> {
     let r = ends.remote[0];
     let sge = [Sge::new(res.mr.addr(), size as u32, res.mr.lkey())];
-    let wr = SendWr::rdma_read(0, &sge, r.vaddr, r.rkey);
-    let mut ts = vec![0u64; p.iters as usize];
-    let mut wcs = [Wc::default(); 1];
-    let mut wd = Watchdog::new("RDMA read completions");
-    let clock = Clock::new();
-    for k in 0..p.iters {
-        ts[k as usize] = clock.now();
-        // SAFETY: the SGE names QP 0's source area in `res.mr`, where the read's data lands;
-        // the CPU never reads it; the completion is reaped before the next post.
-        unsafe { res.qps[0].post_send(&wr) }.map_err(|e| Error::rdma(" Couldn't post send", e))?;
-        wait_one(&res.send_cq, &mut wcs, p, &mut wd, ends.oob, k, || {
-            format!("scnt={k}")
-        })?;
+    let wr = one_sided_wr(p, 0, &sge, r.vaddr, r.rkey);
+    let mut pace = Pace::new(p, "RDMA read or atomic completions");
+    let mut k = 0u64;
+    while pace.due(k) {
+        pace.stamp(k);
+        k += 1;
+        if !post_and_wait(&mut pace, p, res, &wr, ends.oob, k)? || pace.completed() {
+            break;
+        }
     }
-    Ok(ts)
+    Ok(pace.finish())
 }

@@ -9,14 +9,13 @@ mod lat;
 mod window;
 
 pub use bw::{bw_run, cycle, BwRun};
-pub use lat::{read_lat, send_lat, write_lat};
+pub use lat::{one_sided_lat, send_lat, write_lat, LatRun};
 
-use crate::args::{Conn, Params};
+use crate::args::{AtomicType, Conn, Params};
 use crate::error::{Error, Result};
-use crate::oob::Oob;
 use crate::resources::Res;
-use crate::watch::Watchdog;
-use rsrdma::{Cq, RecvWr, Sge, Wc, WcStatus};
+use crate::Verb;
+use rsrdma::{Cq, RecvWr, SendWr, Sge, Wc, WcStatus};
 use std::time::Duration;
 
 /// perftest's UD Q_Key: the one [`rsrdma::Qp::connect`] gives UD QPs.
@@ -147,24 +146,19 @@ fn size_mismatch(size: u64, got: u64) -> Error {
     }
 }
 
-/// Waits for the one completion a latency loop has in flight.
-fn wait_one(
-    cq: &Cq,
-    wcs: &mut [Wc; 1],
-    p: &Params,
-    wd: &mut Watchdog,
-    oob: &Oob,
-    progress: u64,
-    counts: impl Fn() -> String,
-) -> Result<()> {
-    loop {
-        let n = poll(cq, wcs, p.events)?;
-        if n > 0 {
-            if !wcs[0].is_ok() {
-                return Err(wc_error(&wcs[0], p.is_server(), counts()));
-            }
-            return Ok(());
+/// perftest's atomic values: fetch-and-add adds 1; compare-and-swap compares with 0 and swaps
+/// in 0.
+pub const ATOMIC_ADD: u64 = 1;
+
+/// The request of a READ or atomic test: `sge` from (or into) `raddr` in the peer's region.
+fn one_sided_wr<'a>(p: &Params, wr_id: u64, sge: &'a [Sge], raddr: u64, rkey: u32) -> SendWr<'a> {
+    match (p.tool.verb, p.atomic_type) {
+        (Verb::Atomic, AtomicType::FetchAndAdd) => {
+            SendWr::atomic_fetch_add(wr_id, sge, raddr, rkey, ATOMIC_ADD)
         }
-        wd.idle(progress, oob, &counts)?;
+        (Verb::Atomic, AtomicType::CmpAndSwap) => {
+            SendWr::atomic_cmp_swap(wr_id, sge, raddr, rkey, 0, 0)
+        }
+        _ => SendWr::rdma_read(wr_id, sge, raddr, rkey),
     }
 }

@@ -37,6 +37,11 @@ impl Window {
         now >= self.stop_at
     }
 
+    /// When the run ends (clock ns).
+    pub(super) fn stop_at(&self) -> u64 {
+        self.stop_at
+    }
+
     pub(super) fn measured(&self) -> (u64, u64) {
         match (self.start, self.end) {
             (Some((c0, t0)), Some((c1, t1))) => (c1 - c0, t1.saturating_sub(t0)),
