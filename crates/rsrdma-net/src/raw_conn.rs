@@ -154,7 +154,7 @@ impl RawConn {
     }
 
     fn setup(ctrl: &mut Channel, opts: &RawOptions) -> Result<Parts> {
-        let (ctx, pd) = open_domain(opts)?;
+        let (ctx, pd) = crate::domain::open_domain(opts.device.as_deref(), opts.pd.as_ref())?;
         let port = ctx.query_port(opts.port)?;
         let gid_index = ctx.resolve_gid_index(opts.port, opts.gid_index)?;
         let (send_cq, recv_cq) = create_cqs(&ctx, opts)?;
@@ -227,36 +227,7 @@ fn check_options(opts: &RawOptions) -> Result<()> {
             "RawConn is connected: use RC or UC".into(),
         ));
     }
-    if let (Some(pd), Some(name)) = (&opts.pd, &opts.device) {
-        let pd_device = pd.context().name();
-        if pd_device != name {
-            return Err(NetError::InvalidArgument(format!(
-                "device {name} was named, but the shared protection domain is on {pd_device}"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// The device context and protection domain: the shared domain's, or a new one on the named
-/// (or first) device.
-fn open_domain(opts: &RawOptions) -> Result<(Context, Pd)> {
-    if let Some(pd) = &opts.pd {
-        return Ok((pd.context().clone(), pd.clone()));
-    }
-    let ctx = match &opts.device {
-        Some(name) => rsrdma::open(name)?,
-        None => {
-            let list = rsrdma::devices()?;
-            let dev = list
-                .iter()
-                .next()
-                .ok_or_else(|| NetError::InvalidArgument("no RDMA device".into()))?;
-            Context::open(&dev)?
-        }
-    };
-    let pd = Pd::new(&ctx)?;
-    Ok((ctx, pd))
+    crate::domain::check_device(opts.device.as_deref(), opts.pd.as_ref())
 }
 
 /// The send and receive CQs, each with its own completion channel in event mode (so each can

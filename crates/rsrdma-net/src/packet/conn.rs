@@ -8,7 +8,7 @@ use super::recv::{Ready, RecvQueue, RecvRing};
 use super::send::{Route, SendRing, CHUNK};
 use crate::error::{NetError, Result};
 use crate::progress::{wait_until, PollMode};
-use rsrdma::{CompChannel, Context, Cq, InitAttr, Pd, Qp, QpCaps, QpType, RtrAttr, RtsAttr};
+use rsrdma::{CompChannel, Cq, InitAttr, Pd, Qp, QpCaps, QpType, RtrAttr, RtsAttr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -104,7 +104,7 @@ impl PacketConn {
     /// device's limits gives [`rsrdma::Error::Limit`]).
     pub fn bind(opts: PacketOptions) -> Result<PacketConn> {
         check_options(&opts)?;
-        let (ctx, pd) = open_domain(&opts)?;
+        let (ctx, pd) = crate::domain::open_domain(opts.device.as_deref(), opts.pd.as_ref())?;
         let port = ctx.query_port(opts.port)?;
         let gid_index = ctx
             .resolve_gid_index(opts.port, opts.gid_index)?
@@ -416,33 +416,5 @@ fn check_options(opts: &PacketOptions) -> Result<()> {
     if opts.max_datagram == Some(0) {
         return bad("PacketOptions: max_datagram must be at least 1");
     }
-    if let (Some(pd), Some(name)) = (&opts.pd, &opts.device) {
-        if pd.context().name() != name {
-            return Err(NetError::InvalidArgument(format!(
-                "device {name} was named, but the shared protection domain is on {}",
-                pd.context().name()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// The shared domain's context, or a new domain on the named (or first) device.
-fn open_domain(opts: &PacketOptions) -> Result<(Context, Pd)> {
-    if let Some(pd) = &opts.pd {
-        return Ok((pd.context().clone(), pd.clone()));
-    }
-    let ctx = match &opts.device {
-        Some(name) => rsrdma::open(name)?,
-        None => {
-            let list = rsrdma::devices()?;
-            let dev = list
-                .iter()
-                .next()
-                .ok_or_else(|| NetError::InvalidArgument("no RDMA device".into()))?;
-            Context::open(&dev)?
-        }
-    };
-    let pd = Pd::new(&ctx)?;
-    Ok((ctx, pd))
+    crate::domain::check_device(opts.device.as_deref(), opts.pd.as_ref())
 }
