@@ -230,20 +230,10 @@ fn check_name(name: &str) -> Result<()> {
 }
 
 fn unexpected(expected: &'static str, got: &Message) -> NetError {
-    let got = match got {
-        Message::Hello { .. } => "Hello",
-        Message::Welcome { .. } => "Welcome",
-        Message::Proof { .. } => "Proof",
-        Message::Register { .. } => "Register",
-        Message::Lookup { .. } => "Lookup",
-        Message::Unregister { .. } => "Unregister",
-        Message::Ping => "Ping",
-        Message::Registered { .. } => "Registered",
-        Message::Found { .. } => "Found",
-        Message::Done => "Done",
-        Message::Error { .. } => "Error",
-    };
-    NetError::Unexpected { expected, got }
+    NetError::Unexpected {
+        expected,
+        got: got.name(),
+    }
 }
 
 fn dial(registry: impl ToSocketAddrs, timeout: Duration) -> Result<(TcpStream, SocketAddr)> {

@@ -443,9 +443,10 @@ impl<'a> Reader<'a> {
     }
 }
 
-impl fmt::Display for Message {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Message {
+    /// The message's name, for errors and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
             Message::Hello { .. } => "Hello",
             Message::Welcome { .. } => "Welcome",
             Message::Proof { .. } => "Proof",
@@ -457,6 +458,12 @@ impl fmt::Display for Message {
             Message::Found { .. } => "Found",
             Message::Done => "Done",
             Message::Error { .. } => "Error",
-        })
+        }
+    }
+}
+
+impl fmt::Display for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
