@@ -36,6 +36,7 @@ pub mod gid;
 pub mod handshake;
 pub mod oob;
 pub mod out;
+pub mod rdmanet;
 pub mod report;
 pub mod resources;
 pub mod results;

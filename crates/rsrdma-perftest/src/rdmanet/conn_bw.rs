@@ -1,0 +1,105 @@
+//! `rs_rdmanet_bw` over `Conn`: the client floods messages (one `send_msg` per message, or
+//! `send_batch` groups with `-b`), the server receives until the end of the stream.
+
+use super::args::{BwArgs, Target};
+use super::net::{conn_options, dial, establish_name, listen, net_error};
+use super::text::{accepted_line, listening_line, received_line, send_line, SendMode};
+use crate::error::{Error, Result};
+use crate::out::Out;
+use rsrdma_net::{Conn, NetError};
+use std::io::Write;
+use std::time::Instant;
+
+/// The server: accepts one client, receives until it closes, prints the count.
+///
+/// # Errors
+/// Listening, accepting, a failed connection or a dead client.
+pub fn server(a: &BwArgs, o: &mut Out<'_>) -> Result<()> {
+    let c = &a.common;
+    let l = listen(c, conn_options(c, a.depth))?;
+    o.text(&listening_line(establish_name(c.establish), l.local_addr()));
+    o.flush();
+    let conn = l.accept().map_err(|e| net_error("accept", e))?;
+    o.text(&accepted_line(conn.peer_addr()));
+    o.flush();
+    let (messages, bytes) = if a.batch > 1 {
+        drain_batches(&conn, a.batch as usize)?
+    } else {
+        drain(&conn, a.size as usize)?
+    };
+    o.text(&received_line(messages, bytes));
+    o.flush();
+    conn.close().map_err(|e| net_error("close", e))
+}
+
+/// Receives one message at a time into a buffer that grows to the largest message.
+fn drain(conn: &Conn, size: usize) -> Result<(u64, u64)> {
+    let mut buf = vec![0u8; size];
+    let (mut messages, mut bytes) = (0u64, 0u64);
+    loop {
+        match conn.recv_msg_into(&mut buf) {
+            Ok(Some(n)) => {
+                messages += 1;
+                bytes += n as u64;
+            }
+            Ok(None) => return Ok((messages, bytes)),
+            Err(NetError::ShortBuffer { needed }) => buf.resize(needed, 0),
+            Err(e) => return Err(after("recv_msg_into", messages, e)),
+        }
+    }
+}
+
+/// Receives up to `max` ready messages per call.
+fn drain_batches(conn: &Conn, max: usize) -> Result<(u64, u64)> {
+    let (mut messages, mut bytes) = (0u64, 0u64);
+    loop {
+        let got = conn
+            .recv_batch(max)
+            .map_err(|e| after("recv_batch", messages, e))?;
+        if got.is_empty() {
+            return Ok((messages, bytes));
+        }
+        messages += got.len() as u64;
+        bytes += got.iter().map(|m| m.len() as u64).sum::<u64>();
+    }
+}
+
+/// The client: sends `-n` messages of `-s` bytes, waits until every byte is handed to the
+/// NIC, prints the rate, then closes (which confirms delivery).
+///
+/// # Errors
+/// Connecting, a failed connection or a dead server.
+pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
+    let c = &a.common;
+    let conn = dial(target, conn_options(c, a.depth))?;
+    let msg = vec![0x5au8; a.size as usize];
+    let start = Instant::now();
+    let mode = if a.batch > 1 {
+        let group: Vec<&[u8]> = vec![msg.as_slice(); a.batch as usize];
+        let mut sent = 0u64;
+        while sent < c.count {
+            let k = (c.count - sent).min(u64::from(a.batch)) as usize;
+            conn.send_batch(&group[..k])
+                .map_err(|e| after("send_batch", sent, e))?;
+            sent += k as u64;
+        }
+        SendMode::Batch(a.batch)
+    } else {
+        for i in 0..c.count {
+            conn.send_msg(&msg).map_err(|e| after("send_msg", i, e))?;
+        }
+        SendMode::Single
+    };
+    (&conn)
+        .flush()
+        .map_err(|e| Error::Oob(format!("flush: {e}")))?;
+    let elapsed = start.elapsed();
+    o.text(&send_line(mode, c.count, a.size, elapsed));
+    o.flush();
+    conn.close().map_err(|e| net_error("close", e))
+}
+
+/// A failure after `done` messages.
+pub(super) fn after(op: &str, done: u64, e: NetError) -> Error {
+    net_error(&format!("{op} (after {done} messages)"), e)
+}

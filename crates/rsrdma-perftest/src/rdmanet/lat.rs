@@ -1,0 +1,86 @@
+//! `rs_rdmanet_lat`: ping-pong over `Conn`. The client times `send_msg` plus the
+//! `recv_msg_into` of the echo; the server echoes every message until the end of the stream.
+
+use super::args::{LatArgs, Target};
+use super::conn_bw::after;
+use super::net::{conn_options, dial, establish_name, listen, net_error};
+use super::text::{accepted_line, echoed_line, lat_line, lat_summary, listening_line};
+use crate::error::{Error, Result};
+use crate::out::Out;
+use rsrdma_net::NetError;
+use std::time::Instant;
+
+/// The server: accepts one client and echoes each message until the client closes.
+///
+/// # Errors
+/// Listening, accepting, a failed connection or a dead client.
+pub fn server(a: &LatArgs, o: &mut Out<'_>) -> Result<()> {
+    let c = &a.common;
+    let l = listen(c, conn_options(c, 0))?;
+    o.text(&listening_line(establish_name(c.establish), l.local_addr()));
+    o.flush();
+    let conn = l.accept().map_err(|e| net_error("accept", e))?;
+    o.text(&accepted_line(conn.peer_addr()));
+    o.flush();
+    let mut buf = vec![0u8; a.size as usize];
+    let (mut messages, mut bytes) = (0u64, 0u64);
+    loop {
+        let n = match conn.recv_msg_into(&mut buf) {
+            Ok(Some(n)) => n,
+            Ok(None) => break,
+            Err(NetError::ShortBuffer { needed }) => {
+                buf.resize(needed, 0);
+                continue;
+            }
+            Err(e) => return Err(after("recv_msg_into", messages, e)),
+        };
+        conn.send_msg(&buf[..n])
+            .map_err(|e| after("send_msg", messages, e))?;
+        messages += 1;
+        bytes += n as u64;
+    }
+    o.text(&echoed_line(messages, bytes));
+    o.flush();
+    conn.close().map_err(|e| net_error("close", e))
+}
+
+/// The client: `-n` timed round trips of `-s` bytes, then the statistics.
+///
+/// # Errors
+/// Connecting, a failed connection, a dead server, or an echo of the wrong length.
+pub fn client(a: &LatArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
+    let c = &a.common;
+    let conn = dial(target, conn_options(c, 0))?;
+    let size = a.size as usize;
+    let msg = vec![0xa5u8; size];
+    let mut echo = vec![0u8; size];
+    // Grown outside the timed part of each round trip when a run is longer than this.
+    let mut samples = Vec::with_capacity(c.count.min(1 << 16) as usize);
+    for i in 0..c.count {
+        let t0 = Instant::now();
+        conn.send_msg(&msg).map_err(|e| after("send_msg", i, e))?;
+        let got = conn
+            .recv_msg_into(&mut echo)
+            .map_err(|e| after("recv_msg_into", i, e))?;
+        samples.push(t0.elapsed());
+        match got {
+            Some(n) if n == size => {}
+            Some(n) => {
+                return Err(Error::Protocol(format!(
+                    "round trip {i}: the echo has {n} bytes, {size} were sent"
+                )))
+            }
+            None => {
+                return Err(Error::Oob(format!(
+                    "the server closed the connection after {i} of {} round trips",
+                    c.count
+                )))
+            }
+        }
+    }
+    if let Some(s) = lat_summary(&mut samples) {
+        o.text(&lat_line(&s));
+        o.flush();
+    }
+    conn.close().map_err(|e| net_error("close", e))
+}

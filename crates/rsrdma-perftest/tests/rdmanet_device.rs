@@ -1,0 +1,489 @@
+//! Device tests of `rs_rdmanet_bw` and `rs_rdmanet_lat`: server and client as child
+//! processes on a real RDMA device (soft-RoCE `rxe0` in the VM: `cargo xtask test`). Declared
+//! with `test = false`; run here without a device, every test fails (none skips).
+//!
+//! rdma_cm runs dial 10.77.0.1 (rxe cannot route rdma_cm to 127.0.0.1); the TCP handshake and
+//! `--raw` dial 127.0.0.1. Sizes and counts are small: the VM emulates its CPU. Each test uses
+//! its own port and gives every process a time limit; whatever it started is killed when it
+//! ends.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const BW: &str = env!("CARGO_BIN_EXE_rs_rdmanet_bw");
+const LAT: &str = env!("CARGO_BIN_EXE_rs_rdmanet_lat");
+/// How long a run may take in the VM.
+const LIMIT: Duration = Duration::from_secs(30);
+/// How soon a dead peer must end the other side.
+const DEAD_PEER_LIMIT: Duration = Duration::from_secs(5);
+
+fn device() -> String {
+    let d = std::env::var("RSRDMA_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into());
+    assert!(
+        std::path::Path::new(&format!("/sys/class/infiniband/{d}")).exists(),
+        "RDMA device {d} is not present: these tests need the soft-RoCE VM (`cargo xtask test`)"
+    );
+    d
+}
+
+fn ip() -> String {
+    std::env::var("RSRDMA_TEST_IP").unwrap_or_else(|_| "10.77.0.1".into())
+}
+
+fn gid_index() -> String {
+    std::env::var("RSRDMA_TEST_GID_INDEX").unwrap_or_else(|_| "1".into())
+}
+
+fn port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(19900);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A child process whose stdout lines arrive as they are printed; killed on drop.
+struct Proc {
+    name: String,
+    child: Child,
+    lines: Receiver<String>,
+    stdout: String,
+    err: Option<JoinHandle<String>>,
+}
+
+#[derive(Debug)]
+struct Done {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl Proc {
+    fn spawn(prog: &str, args: &[String]) -> Proc {
+        let mut child = Command::new(prog)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {prog}: {e}"));
+        let so = child.stdout.take().expect("piped stdout");
+        let mut se = child.stderr.take().expect("piped stderr");
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(so).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let err = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = se.read_to_string(&mut s);
+            s
+        });
+        Proc {
+            name: format!("{prog} {}", args.join(" ")),
+            child,
+            lines,
+            stdout: String::new(),
+            err: Some(err),
+        }
+    }
+
+    /// Reads stdout until a line contains `what`, for at most `limit`.
+    fn wait_line(&mut self, what: &str, limit: Duration) {
+        let end = Instant::now() + limit;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.stdout.push_str(&l);
+                    self.stdout.push('\n');
+                    if l.contains(what) {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!(
+                        "{}: no {what:?} after {limit:?}:\n{}",
+                        self.name, self.stdout
+                    )
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let _ = self.child.wait();
+                    let se = self.err.take().map(|h| h.join().unwrap_or_default());
+                    panic!(
+                        "{}: ended before printing {what:?}\n--- stdout\n{}--- stderr\n{}",
+                        self.name,
+                        self.stdout,
+                        se.unwrap_or_default()
+                    )
+                }
+            }
+        }
+    }
+
+    /// Waits at most `limit` for the exit; a process still running then fails the test.
+    fn wait(mut self, limit: Duration) -> Done {
+        let start = Instant::now();
+        let code = loop {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                break st.code();
+            }
+            if start.elapsed() > limit {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                self.stdout.extend(self.lines.try_iter().map(|l| l + "\n"));
+                panic!(
+                    "{} still running after {limit:?}: killed\n--- stdout\n{}",
+                    self.name, self.stdout
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let took = start.elapsed();
+        // The reader ends at EOF, after the exit.
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(2)) {
+            self.stdout.push_str(&l);
+            self.stdout.push('\n');
+        }
+        Done {
+            code,
+            stdout: std::mem::take(&mut self.stdout),
+            stderr: self
+                .err
+                .take()
+                .map(|h| h.join().unwrap_or_default())
+                .unwrap_or_default(),
+            took,
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn args(port: u16, extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        "-d".to_string(),
+        device(),
+        "-x".into(),
+        gid_index(),
+        "-p".into(),
+        port.to_string(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// The address a client dials: rdma_cm needs the device's IP.
+fn host(extra: &[&str]) -> String {
+    if extra.contains(&"--handshake") || extra.contains(&"--raw") {
+        "127.0.0.1".into()
+    } else {
+        ip()
+    }
+}
+
+/// Starts a server and waits for its listening line.
+fn server(prog: &str, port: u16, extra: &[&str]) -> Proc {
+    let mut s = Proc::spawn(prog, &args(port, extra));
+    s.wait_line("listening on", Duration::from_secs(15));
+    s
+}
+
+fn client(prog: &str, port: u16, extra: &[&str]) -> Proc {
+    let mut a = args(port, extra);
+    a.push(host(extra));
+    Proc::spawn(prog, &a)
+}
+
+/// Runs a server and a client to the end; both must exit 0.
+fn pair(prog: &str, server_extra: &[&str], client_extra: &[&str]) -> (Done, Done) {
+    let port = port();
+    let s = server(prog, port, server_extra);
+    let c = client(prog, port, client_extra).wait(LIMIT);
+    let s = s.wait(LIMIT);
+    assert_eq!(
+        c.code,
+        Some(0),
+        "{}\n{}",
+        show("client", &c),
+        show("server", &s)
+    );
+    assert_eq!(
+        s.code,
+        Some(0),
+        "{}\n{}",
+        show("client", &c),
+        show("server", &s)
+    );
+    eprint!("{}{}", show("client", &c), show("server", &s));
+    (s, c)
+}
+
+fn show(what: &str, d: &Done) -> String {
+    format!(
+        "{what}: exit {:?} after {:?}\n--- stdout\n{}--- stderr\n{}",
+        d.code, d.took, d.stdout, d.stderr
+    )
+}
+
+/// The one line starting with `prefix`.
+fn line<'a>(out: &'a str, prefix: &str) -> &'a str {
+    let found: Vec<&str> = out.lines().filter(|l| l.starts_with(prefix)).collect();
+    assert_eq!(found.len(), 1, "one line {prefix:?} expected in:\n{out}");
+    found[0]
+}
+
+/// `…: sent N x S bytes in D: X Gb/s, Y Mpps`: the rates are those of N, S and D (as
+/// printed: 2 and 3 decimals), and D is a positive Go duration.
+fn check_rates(l: &str) {
+    let w: Vec<&str> = l.split_whitespace().collect();
+    assert!(w.len() == 12 && w[1] == "sent" && w[3] == "x", "{l}");
+    let (n, size): (f64, f64) = (w[2].parse().unwrap(), w[4].parse().unwrap());
+    let d = w[7].trim_end_matches(':');
+    let secs = go_seconds(d).unwrap_or_else(|| panic!("{d:?} in {l}"));
+    assert!(secs > 0.0, "{l}");
+    let (gbits, mpps): (f64, f64) = (w[8].parse().unwrap(), w[10].parse().unwrap());
+    assert_eq!((w[9], w[11]), ("Gb/s,", "Mpps"), "{l}");
+    assert!((gbits - n * size * 8.0 / secs / 1e9).abs() <= 0.0051, "{l}");
+    assert!((mpps - n / secs / 1e6).abs() <= 0.00051, "{l}");
+}
+
+/// A Go duration (`12.3µs`, `1.5ms`, `2s`; no minutes here) in seconds.
+fn go_seconds(s: &str) -> Option<f64> {
+    let unit_at = s.find(|c: char| c.is_alphabetic())?;
+    let (num, unit) = s.split_at(unit_at);
+    let scale = match unit {
+        "ns" => 1e-9,
+        "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        _ => return None,
+    };
+    num.parse::<f64>().ok().map(|v| v * scale)
+}
+
+/// A positive Go duration.
+fn go_duration_ok(s: &str) -> bool {
+    go_seconds(s).is_some_and(|v| v > 0.0)
+}
+
+#[test]
+fn rdmanet_bw_send_msg_over_rdma_cm_with_event_polling() {
+    let (s, c) = pair(BW, &["--poll", "event"], &["-n", "100", "-s", "4096"]);
+    let l = line(&c.stdout, "SendMsg: ");
+    assert!(l.starts_with("SendMsg: sent 100 x 4096 bytes in "), "{l}");
+    check_rates(l);
+    let _ = line(&s.stdout, "accepted a connection from 10.77.0.1:");
+    line(&s.stdout, "server received 100 messages (409600 bytes)");
+    assert!(s.stdout.contains("(rdma_cm)"), "{}", s.stdout);
+}
+
+#[test]
+fn rdmanet_bw_send_batch_over_the_tcp_handshake_with_busy_polling() {
+    let (s, c) = pair(
+        BW,
+        &["--handshake", "--poll", "busy", "-b", "8"],
+        &[
+            "--handshake",
+            "--poll",
+            "busy",
+            "-b",
+            "8",
+            "-n",
+            "100",
+            "-s",
+            "1000",
+        ],
+    );
+    let l = line(&c.stdout, "SendBatch(8): ");
+    assert!(
+        l.starts_with("SendBatch(8): sent 100 x 1000 bytes in "),
+        "{l}"
+    );
+    check_rates(l);
+    line(&s.stdout, "server received 100 messages (100000 bytes)");
+    assert!(s.stdout.contains("(TCP handshake)"), "{}", s.stdout);
+}
+
+#[test]
+fn rdmanet_bw_large_messages_and_a_small_credit_window_with_adaptive_polling() {
+    // 100 KiB messages over 32 KiB slots: fragmented and reassembled; --depth 8 credits.
+    let (s, c) = pair(
+        BW,
+        &["--handshake", "--poll", "adaptive", "--depth", "8"],
+        &[
+            "--handshake",
+            "--poll",
+            "adaptive",
+            "--depth",
+            "8",
+            "-n",
+            "10",
+            "-s",
+            "102400",
+        ],
+    );
+    check_rates(line(&c.stdout, "SendMsg: sent 10 x 102400 bytes in "));
+    line(&s.stdout, "server received 10 messages (1024000 bytes)");
+}
+
+#[test]
+fn rdmanet_bw_raw_prints_perftests_table() {
+    let (s, c) = pair(
+        BW,
+        &["--raw", "-b", "16"],
+        &["--raw", "-b", "16", "-n", "300", "-s", "4096"],
+    );
+    for out in [&s.stdout, &c.stdout] {
+        assert!(out.contains("                    Send BW Test\n"), "{out}");
+        assert!(out.contains(" local address: LID "), "{out}");
+        assert!(out.contains(" remote address: LID "), "{out}");
+        assert!(out.contains(" GID: "), "{out}");
+    }
+    assert!(c.stdout.contains(" TX depth        : 16\n"), "{}", c.stdout);
+    assert!(c.stdout.contains(" CQ Moderation   : 2\n"), "{}", c.stdout);
+    assert!(s.stdout.contains(" RX depth        : 16\n"), "{}", s.stdout);
+    line(&c.stdout, " #bytes     #iterations    BW peak[MB/sec]");
+    let row: Vec<&str> = line(&c.stdout, " 4096 ").split_whitespace().collect();
+    assert_eq!(row.len(), 5, "{row:?}");
+    assert_eq!((row[0], row[1], row[2]), ("4096", "300", "0.00"), "{row:?}");
+    let avg: f64 = row[3].parse().unwrap();
+    let rate: f64 = row[4].parse().unwrap();
+    assert!(avg > 0.0 && rate > 0.0, "{row:?}");
+    // MiB/s and Mpps describe the same run.
+    assert!(
+        (avg - rate * 1e6 * 4096.0 / 1_048_576.0).abs() < avg * 0.01 + 0.01,
+        "{row:?}"
+    );
+    line(&s.stdout, "server received 300 messages (1228800 bytes)");
+}
+
+#[test]
+fn rdmanet_bw_raw_onebuf_single_posts() {
+    let (s, c) = pair(
+        BW,
+        &["--raw", "--raw-onebuf", "--depth", "8"],
+        &[
+            "--raw",
+            "--raw-onebuf",
+            "--raw-single",
+            "--depth",
+            "8",
+            "-n",
+            "100",
+            "-s",
+            "1024",
+        ],
+    );
+    assert!(c.stdout.contains(" CQ Moderation   : 1\n"), "{}", c.stdout);
+    let row: Vec<&str> = line(&c.stdout, " 1024 ").split_whitespace().collect();
+    assert_eq!(row[1], "100", "{row:?}");
+    line(&s.stdout, "server received 100 messages (102400 bytes)");
+}
+
+#[test]
+fn rdmanet_bw_raw_onebuf_on_one_end_only_is_refused() {
+    let port = port();
+    let s = server(BW, port, &["--raw", "--raw-onebuf"]);
+    let c = client(BW, port, &["--raw", "-n", "10"]).wait(LIMIT);
+    let s = s.wait(LIMIT);
+    for d in [&s, &c] {
+        assert_eq!(d.code, Some(1), "{}", show("one end", d));
+        assert!(d.stderr.contains("--raw-onebuf"), "{}", show("one end", d));
+    }
+}
+
+#[test]
+fn rdmanet_lat_over_rdma_cm_with_adaptive_polling() {
+    let (s, c) = pair(
+        LAT,
+        &["--poll", "adaptive"],
+        &["--poll", "adaptive", "-n", "20"],
+    );
+    let l = line(&c.stdout, "round-trips=20 ");
+    let fields: Vec<(&str, &str)> = l
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.split_once('='))
+        .collect();
+    let names: Vec<&str> = fields.iter().map(|f| f.0).collect();
+    assert_eq!(names, ["avg", "p50", "p99", "min", "max"], "{l}");
+    assert!(fields.iter().all(|f| go_duration_ok(f.1)), "{l}");
+    line(&s.stdout, "server echoed 20 messages (1280 bytes)");
+}
+
+#[test]
+fn rdmanet_lat_over_the_tcp_handshake_with_busy_polling() {
+    let (s, c) = pair(
+        LAT,
+        &["--handshake", "--poll", "busy"],
+        &["--handshake", "--poll", "busy", "-n", "30", "-s", "1000"],
+    );
+    line(&c.stdout, "round-trips=30 avg=");
+    line(&s.stdout, "server echoed 30 messages (30000 bytes)");
+}
+
+/// Starts a long run, kills `victim` once data flows, and returns the survivor's end.
+fn kill_mid_run(prog: &str, extra: &[&str], kill_server: bool) -> Done {
+    let port = port();
+    let mut s = server(prog, port, extra);
+    let mut long_run = extra.to_vec();
+    long_run.extend(["-n", "100000000", "-s", "1024"]);
+    let mut c = client(prog, port, &long_run);
+    s.wait_line("accepted a connection", Duration::from_secs(15));
+    // Let data flow before the peer dies.
+    std::thread::sleep(Duration::from_millis(300));
+    for (p, what) in [(&mut c, "client"), (&mut s, "server")] {
+        let st = p.child.try_wait().expect("try_wait");
+        assert!(st.is_none(), "the {what} ended ({st:?}) before the kill");
+    }
+    let survivor = if kill_server {
+        s.kill();
+        c
+    } else {
+        c.kill();
+        s
+    };
+    let d = survivor.wait(DEAD_PEER_LIMIT + Duration::from_secs(5));
+    eprint!("{}", show("survivor", &d));
+    assert_eq!(d.code, Some(1), "{}", show("survivor", &d));
+    assert!(d.took < DEAD_PEER_LIMIT, "{}", show("survivor", &d));
+    assert!(d.stderr.starts_with("error: "), "{}", show("survivor", &d));
+    d
+}
+
+#[test]
+fn rdmanet_bw_client_exits_1_within_5_s_when_the_rdma_cm_server_is_killed() {
+    let d = kill_mid_run(BW, &[], true);
+    assert!(d.stderr.contains("send_msg"), "{}", d.stderr);
+}
+
+#[test]
+fn rdmanet_lat_client_exits_1_within_5_s_when_the_tcp_handshake_server_is_killed() {
+    kill_mid_run(LAT, &["--handshake", "--poll", "busy"], true);
+}
+
+#[test]
+fn rdmanet_raw_client_exits_1_within_5_s_when_the_server_is_killed() {
+    let d = kill_mid_run(BW, &["--raw"], true);
+    assert!(d.stderr.contains("send"), "{}", d.stderr);
+}
+
+#[test]
+fn rdmanet_bw_server_exits_1_within_5_s_when_the_client_is_killed() {
+    kill_mid_run(BW, &["--handshake", "-b", "4"], false);
+}
