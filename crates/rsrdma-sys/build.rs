@@ -4,9 +4,11 @@
 fn main() {
     println!("cargo:rerun-if-changed=src/inline_wrappers.c");
     println!("cargo:rerun-if-changed=src/shim.c");
+    println!("cargo:rerun-if-changed=src/bench.c");
     cc::Build::new()
         .file("src/inline_wrappers.c")
         .file("src/shim.c")
+        .file("src/bench.c")
         .opt_level(2)
         .warnings(false)
         .compile("rsrdma_shim");

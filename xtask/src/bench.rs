@@ -20,7 +20,7 @@ use std::process::Command;
 use std::time::Duration;
 
 const USAGE: &str = "usage: cargo xtask bench perftest [--rounds N] [--quick] \
-                     [--no-vm -d DEVICE -x GID_INDEX] [--timeout SECS]";
+                     [--no-vm -d DEVICE -x GID_INDEX] [--timeout SECS]\n       cargo xtask bench overhead [--rounds N] [--wrs N]";
 
 /// What a case measures.
 #[derive(Clone, Copy, PartialEq)]
@@ -97,6 +97,7 @@ fn human(size: u32) -> String {
 pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     match args.first().map(String::as_str) {
         Some("perftest") => {}
+        Some("overhead") => return crate::bench_overhead::main(root, &args[1..]),
         _ => bail!("{USAGE}"),
     }
     let mut rounds = 5u32;

@@ -5,8 +5,10 @@
 //! - `test`: every test: fmt, clippy, unit tests, then the RDMA tests inside the VM.
 //! - `demo`: build, boot the VM, run a real RC transfer between two processes, print what it measured.
 //! - `bench perftest`: ours against C perftest side by side (A B A B …), medians and ratios.
+//! - `bench overhead`: rsrdma's post path against C on a do-nothing provider (no RDMA needed).
 
 mod bench;
+mod bench_overhead;
 mod demo;
 mod regen;
 mod test;
@@ -32,7 +34,7 @@ fn main() -> Result<()> {
         Some("demo") => std::process::exit(demo::main(&root, &args[1..])?),
         Some("bench") => std::process::exit(bench::main(&root, &args[1..])?),
         _ => {
-            eprintln!("usage: cargo xtask <regen-bindings|vm|test|demo|bench perftest>");
+            eprintln!("usage: cargo xtask <regen-bindings|vm|test|demo|bench perftest|overhead>");
             bail!("unknown command")
         }
     }

@@ -66,6 +66,23 @@ extern "C" {
         n: usize,
         bad_index: *mut usize,
     ) -> ::std::os::raw::c_int;
+    /// The overhead bench's C baseline (`src/bench.c`): posts `wr` `n` times, one
+    /// `ibv_post_send` each; returns the failures.
+    pub fn rsrdma_bench_c_post(qp: *mut ibv_qp, wr: *mut ibv_send_wr, n: u64) -> u64;
+    /// The overhead bench's C baseline: `rounds` chains of `batch` requests, one post each.
+    pub fn rsrdma_bench_c_post_chain(
+        qp: *mut ibv_qp,
+        wrs: *mut ibv_send_wr,
+        batch: usize,
+        rounds: u64,
+    ) -> u64;
+    /// The overhead bench's C baseline: post one, poll one completion, `n` times.
+    pub fn rsrdma_bench_c_post_poll(
+        qp: *mut ibv_qp,
+        cq: *mut ibv_cq,
+        wr: *mut ibv_send_wr,
+        n: u64,
+    ) -> u64;
     /// Fills `*out` with the C layout of probe `which` (0 `ibv_sge`, 1 `ibv_send_wr`,
     /// 2 `ibv_recv_wr`, 3 `ibv_wc`, 4 `ibv_qp_attr`, 5 `ibv_port_attr`); 0 for an unknown index.
     pub fn rsrdma_layout_probe(

@@ -36,6 +36,17 @@ static void link_chain(char *wrs, size_t n, size_t stride, size_t next_off)
 	}
 }
 
+/* Undoes link_chain once the chain is posted: every `next` is NULL again, so a request from
+ * the array can later be posted alone, in place, without a copy to clear its link. */
+static void unlink_chain(char *wrs, size_t n, size_t stride, size_t next_off)
+{
+	void *none = NULL;
+	size_t i;
+
+	for (i = 0; i + 1 < n; i++)
+		memcpy(wrs + i * stride + next_off, &none, sizeof(none));
+}
+
 /* The index of `bad` in wrs[0..n), or n when it points elsewhere (or is NULL). Compared as
  * integers, so that a pointer outside the array is not undefined behaviour. */
 static size_t index_of(const char *wrs, size_t n, size_t stride, const void *bad)
@@ -75,6 +86,7 @@ static inline int post_batch(enum rsrdma_queue q, void *owner, void *wrs, size_t
 	}
 	if (rc && bad_index)
 		*bad_index = index_of(wrs, n, stride, send ? (void *)bad_send : (void *)bad_recv);
+	unlink_chain(wrs, n, stride, next_off);
 	return rc;
 }
 

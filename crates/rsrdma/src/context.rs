@@ -95,6 +95,24 @@ impl Context {
         })
     }
 
+    /// Wraps a context of the bench's do-nothing provider ([`crate::bench_support`]).
+    ///
+    /// # Safety
+    /// `raw` must stay valid while any handle lives, and no handle may ever be dropped (that
+    /// would close a context no provider owns).
+    #[cfg(feature = "bench-support")]
+    pub(crate) unsafe fn wrap_fake(raw: *mut ffi::ibv_context, name: &str) -> Context {
+        Context {
+            inner: Arc::new(ContextInner {
+                raw,
+                owner: Owner::Us,
+                attr: DeviceAttr::default(),
+                name: name.to_owned(),
+                inline_limits: Default::default(),
+            }),
+        }
+    }
+
     /// The device's name (`rxe0`, `mlx5_0`).
     pub fn name(&self) -> &str {
         &self.inner.name

@@ -342,6 +342,23 @@ impl Cq {
         Ok(Cq { inner })
     }
 
+    /// Wraps a CQ of the bench's do-nothing provider ([`crate::bench_support`]).
+    ///
+    /// # Safety
+    /// `raw` must stay valid while any handle lives, and no handle may ever be dropped.
+    #[cfg(feature = "bench-support")]
+    pub(crate) unsafe fn wrap_fake(raw: *mut ffi::ibv_cq, ctx: &Context) -> Cq {
+        Cq {
+            inner: Arc::new(CqInner {
+                raw,
+                channel: None,
+                unacked: AtomicU32::new(0),
+                events: AtomicU32::new(0),
+                ctx: ctx.clone(),
+            }),
+        }
+    }
+
     /// The number of entries the provider actually gave (at least what was asked).
     pub fn capacity(&self) -> u32 {
         // SAFETY: the CQ is live; `cqe` is a plain field.

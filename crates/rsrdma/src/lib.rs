@@ -63,6 +63,9 @@
 #![deny(missing_docs)]
 
 pub mod ah;
+#[cfg(feature = "bench-support")]
+#[doc(hidden)]
+pub mod bench_support;
 pub mod cm;
 pub mod context;
 pub mod cq;

@@ -101,10 +101,16 @@ impl Srq {
     /// [`Error::Post`] naming `ibv_post_srq_recv`.
     #[inline]
     pub unsafe fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
-        let mut raw = wr.raw_unchained();
         let mut bad = std::ptr::null_mut();
-        // SAFETY: live SRQ; `raw` is a valid single request whose memory the caller vouches for.
-        let rc = unsafe { ffi::ibv_post_srq_recv(self.inner.raw, &mut raw, &mut bad) };
+        // SAFETY: live SRQ; a valid single request posted in place (its `next` is null, and
+        // providers do not write it); the caller vouches for its memory.
+        let rc = unsafe {
+            ffi::ibv_post_srq_recv(
+                self.inner.raw,
+                std::ptr::from_ref(wr.as_raw()).cast_mut(),
+                &mut bad,
+            )
+        };
         check_post("ibv_post_srq_recv", rc, 0, 1)
     }
 

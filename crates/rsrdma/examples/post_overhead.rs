@@ -1,0 +1,264 @@
+//! What the Rust layer adds per work request: rsrdma's post path against the same call made
+//! from C, both on a do-nothing provider (`rsrdma::bench_support`), so nothing but the
+//! software path is measured. `cargo xtask bench overhead` runs it in release mode.
+//!
+//! Cases, each C then Rust, alternating for `--rounds` rounds (medians reported):
+//! - one WR per post: `ibv_post_send` from C, `Qp::post_send` from Rust;
+//! - a chain of 32 per post (per WR): C links and posts, `Qp::post_send_batch` from Rust;
+//! - a pipeline step (post one, poll one): the inner step of RawConn's pipelines.
+//!
+//! Instructions per WR come from the CPU's counters (perf_event_open) where the machine has
+//! them; virtual machines often do not, and the table then says so.
+
+use rsrdma::bench_support::FakeQp;
+use rsrdma::ffi;
+use rsrdma::{SendWr, Sge, Wc};
+use std::hint::black_box;
+use std::time::Instant;
+
+const BATCH: usize = 32;
+
+fn main() {
+    let mut rounds = 7usize;
+    let mut per_round: u64 = 2_000_000;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = |name: &str| -> u64 {
+            args.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage(&format!("{name} needs a number")))
+        };
+        match a.as_str() {
+            "--rounds" => rounds = value("--rounds").max(1) as usize,
+            "--wrs" => per_round = value("--wrs").max(BATCH as u64),
+            "-h" | "--help" => usage(""),
+            other => usage(&format!("unknown argument {other:?}")),
+        }
+    }
+    let fake = FakeQp::new(4096);
+    let counter = Counter::open();
+    println!(
+        "rsrdma's post path against C, on a do-nothing provider: {rounds} alternating rounds of {per_round} WRs, medians"
+    );
+    println!();
+    println!(
+        "{:<34} {:>12} {:>12} {:>12} {:>10} {:>10}  target",
+        "case", "C ns/WR", "Rust ns/WR", "added ns/WR", "C ins/WR", "Rust ins/WR"
+    );
+    let cases: [(&str, Runner, Runner); 5] = [
+        ("post 1 WR per call", c_post, rust_post),
+        ("  of which: raw FFI call only", c_post, rust_ffi_only),
+        (
+            "  of which: Qp::post_send, WR reused",
+            c_post,
+            rust_post_reused,
+        ),
+        ("post a chain of 32 (per WR)", c_chain, rust_batch),
+        ("pipeline step: post 1, poll 1", c_post_poll, rust_post_poll),
+    ];
+    let mut all_met = true;
+    for (name, c, rust) in cases {
+        let (mut tc, mut tr, mut ic, mut ir) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..rounds {
+            let (t, i) = measure(&counter, || c(&fake, per_round), per_round);
+            tc.push(t);
+            ic.extend(i);
+            let (t, i) = measure(&counter, || rust(&fake, per_round), per_round);
+            tr.push(t);
+            ir.extend(i);
+        }
+        let (mc, mr) = (median(&mut tc), median(&mut tr));
+        let added = mr - mc;
+        let met = added <= 10.0;
+        all_met &= met;
+        let ins = |v: &mut Vec<f64>| {
+            if v.is_empty() {
+                "n/a".to_string()
+            } else {
+                format!("{:.1}", median(v))
+            }
+        };
+        println!(
+            "{name:<34} {mc:>12.2} {mr:>12.2} {added:>12.2} {:>10} {:>10}  added <= 10 ns: {}",
+            ins(&mut ic),
+            ins(&mut ir),
+            if met { "met" } else { "MISSED" }
+        );
+    }
+    println!();
+    match &counter.0 {
+        Ok(_) => println!("instructions: user-space instructions retired, from perf_event_open"),
+        Err(e) => println!("instructions: n/a on this machine (perf_event_open: {e})"),
+    }
+    println!(
+        "target (at most 10 ns/WR added over C): {}",
+        if all_met {
+            "met in every case"
+        } else {
+            "missed"
+        }
+    );
+}
+
+type Runner = fn(&FakeQp, u64);
+
+fn usage(why: &str) -> ! {
+    if !why.is_empty() {
+        eprintln!("post_overhead: {why}");
+    }
+    eprintln!("usage: post_overhead [--rounds N] [--wrs N]");
+    std::process::exit(2)
+}
+
+fn sge() -> [Sge; 1] {
+    [Sge::new(0x1000, 64, 0x7)]
+}
+
+/// The C struct behind a `SendWr`, for the C side: the same request both sides post.
+fn raw(wr: SendWr<'_>) -> ffi::ibv_send_wr {
+    // SAFETY: `SendWr` is `repr(transparent)` over `ibv_send_wr`; the SGE pointer inside stays
+    // valid for as long as the caller keeps `sges` alive.
+    unsafe { std::mem::transmute::<SendWr<'_>, ffi::ibv_send_wr>(wr) }
+}
+
+fn c_post(f: &FakeQp, n: u64) {
+    let sges = sge();
+    let mut wr = raw(SendWr::send(0, &sges));
+    // SAFETY: the fake QP is live; `wr` is a valid request naming no real memory (the
+    // provider never reads it).
+    let failed = unsafe { ffi::rsrdma_bench_c_post(f.raw().0, &mut wr, n) };
+    assert_eq!(failed, 0);
+}
+
+fn rust_post(f: &FakeQp, n: u64) {
+    let sges = sge();
+    let qp = f.qp();
+    for i in 0..n {
+        // SAFETY: the provider never touches memory; nothing is in flight.
+        unsafe { qp.post_send(black_box(&SendWr::send(i, &sges))) }.unwrap();
+    }
+}
+
+/// Where the time goes, step 1: the raw FFI call alone, the same request each time.
+fn rust_ffi_only(f: &FakeQp, n: u64) {
+    let sges = sge();
+    let mut wr = raw(SendWr::send(0, &sges));
+    let qp = f.raw().0;
+    let mut bad = std::ptr::null_mut();
+    for i in 0..n {
+        wr.wr_id = i;
+        // SAFETY: as in `c_post`.
+        let rc = unsafe { ffi::ibv_post_send(qp, black_box(&mut wr), &mut bad) };
+        assert_eq!(rc, 0);
+    }
+}
+
+/// Where the time goes, step 2: `Qp::post_send` with one request built once.
+fn rust_post_reused(f: &FakeQp, n: u64) {
+    let sges = sge();
+    let qp = f.qp();
+    let wr = SendWr::send(0, &sges);
+    for _ in 0..n {
+        // SAFETY: as in `rust_post`.
+        unsafe { qp.post_send(black_box(&wr)) }.unwrap();
+    }
+}
+
+fn c_chain(f: &FakeQp, n: u64) {
+    let sges = sge();
+    let mut wrs: Vec<ffi::ibv_send_wr> = (0..BATCH).map(|_| raw(SendWr::send(0, &sges))).collect();
+    // SAFETY: as in `c_post`; `wrs` holds BATCH valid requests.
+    let failed = unsafe {
+        ffi::rsrdma_bench_c_post_chain(f.raw().0, wrs.as_mut_ptr(), BATCH, n / BATCH as u64)
+    };
+    assert_eq!(failed, 0);
+}
+
+fn rust_batch(f: &FakeQp, n: u64) {
+    let sges = sge();
+    let qp = f.qp();
+    let mut wrs: [SendWr<'_>; BATCH] = std::array::from_fn(|i| SendWr::send(i as u64, &sges));
+    for r in 0..n / BATCH as u64 {
+        for (i, wr) in wrs.iter_mut().enumerate() {
+            *wr = SendWr::send(r * BATCH as u64 + i as u64, &sges);
+        }
+        // SAFETY: as in `rust_post`.
+        unsafe { qp.post_send_batch(black_box(&mut wrs)) }.unwrap();
+    }
+}
+
+fn c_post_poll(f: &FakeQp, n: u64) {
+    let sges = sge();
+    let mut wr = raw(SendWr::send(0, &sges));
+    let (qp, cq) = f.raw();
+    // SAFETY: as in `c_post`; the fake CQ answers every poll with one completion.
+    let failed = unsafe { ffi::rsrdma_bench_c_post_poll(qp, cq, &mut wr, n) };
+    assert_eq!(failed, 0);
+}
+
+fn rust_post_poll(f: &FakeQp, n: u64) {
+    let sges = sge();
+    let (qp, cq) = (f.qp(), f.cq());
+    let mut wcs = [Wc::default(); 1];
+    for i in 0..n {
+        // SAFETY: as in `rust_post`.
+        unsafe { qp.post_send(black_box(&SendWr::send(i, &sges))) }.unwrap();
+        let got = cq.poll(&mut wcs).unwrap();
+        black_box(got);
+    }
+}
+
+/// ns per WR, and instructions per WR where counters exist.
+fn measure(counter: &Counter, run: impl FnOnce(), wrs: u64) -> (f64, Option<f64>) {
+    counter.reset();
+    let t0 = Instant::now();
+    run();
+    let ns = t0.elapsed().as_nanos() as f64 / wrs as f64;
+    (ns, counter.read().map(|i| i as f64 / wrs as f64))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// A user-space instruction counter (perf_event_open), if the machine has one.
+struct Counter(Result<std::fs::File, String>);
+
+impl Counter {
+    fn open() -> Counter {
+        // struct perf_event_attr, as far as needed: type, size, config, and the flag bits
+        // disabled (0), exclude_kernel (5) and exclude_hv (6).
+        let mut attr = [0u64; 16];
+        attr[0] = 128u64 << 32; // type PERF_TYPE_HARDWARE (0) in the low half, size 128
+        attr[1] = 1; // PERF_COUNT_HW_INSTRUCTIONS
+        attr[5] = (1 << 0) | (1 << 5) | (1 << 6);
+        // SAFETY: `attr` is a 128-byte perf_event_attr; pid 0 (this process), any CPU, no group.
+        let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, attr.as_ptr(), 0, -1, -1, 0) };
+        if fd < 0 {
+            return Counter(Err(std::io::Error::last_os_error().to_string()));
+        }
+        use std::os::fd::FromRawFd;
+        // SAFETY: a fresh descriptor that nothing else owns.
+        Counter(Ok(unsafe { std::fs::File::from_raw_fd(fd as i32) }))
+    }
+
+    fn reset(&self) {
+        if let Ok(f) = &self.0 {
+            use std::os::fd::AsRawFd;
+            // SAFETY: ioctls on our own perf event descriptor.
+            unsafe {
+                libc::ioctl(f.as_raw_fd(), 0x2403); // PERF_EVENT_IOC_RESET
+                libc::ioctl(f.as_raw_fd(), 0x2400); // PERF_EVENT_IOC_ENABLE
+            }
+        }
+    }
+
+    fn read(&self) -> Option<u64> {
+        use std::io::Read;
+        let mut f = self.0.as_ref().ok()?;
+        let mut b = [0u8; 8];
+        f.read_exact(&mut b).ok()?;
+        Some(u64::from_ne_bytes(b))
+    }
+}
