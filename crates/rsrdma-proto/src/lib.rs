@@ -41,6 +41,12 @@
 //!   until read; a reader that stops reading stops the sender, whose `send_msg` then says
 //!   `WouldBlock`. Messages larger than a slot are reassembled as they arrive (the slots go
 //!   back at once), one reassembled message at a time.
+//! - **Lent memory for blocking callers.** [`Conn::send_msg_borrowed`] sends from the
+//!   caller's slice as credits allow, never copying the rest, and [`Conn::recv_msg_direct`]
+//!   copies fragments from their slots straight into the caller's buffer: a caller that waits
+//!   in the call (the caller's memory stays borrowed anyway) needs no core buffer beyond the
+//!   slots for a message of any size. Giving up hands the transfer back to the core
+//!   ([`Conn::send_unborrow`], [`Conn::recv_direct_abort`]) without breaking the message.
 //! - **Selective signalling.** Every k-th WR (k ≤ SQ depth / 2), any WR after which fewer than
 //!   k SQ entries or send slots are free, and FIN and ABORT are signalled; a completion frees
 //!   every earlier WR's slot. Frames up to the inline size go inline and use no slot.

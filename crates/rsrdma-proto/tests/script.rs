@@ -681,3 +681,147 @@ fn a_peer_down_to_its_last_credit_gets_a_credit_frame_early() {
         Header::control(FrameType::Credit, 0, 18, 0)
     );
 }
+
+impl Script {
+    /// The fake peer grants `n` more credits with a CREDIT frame.
+    fn grant(&mut self, n: u32) {
+        self.peer_grant += n;
+        self.arrive(Header::control(FrameType::Credit, 0, 0, 0), &[]);
+    }
+
+    /// Payloads of the DATA frames in `w`, and the last signalled WR.
+    fn data_of(&self, w: &[Work]) -> (Vec<u8>, Option<WrId>) {
+        let mut bytes = Vec::new();
+        let mut signalled = None;
+        for work in w {
+            if let Work::PostSend {
+                wr_id, signaled, ..
+            } = *work
+            {
+                let (h, p) = self.sent(work);
+                if h.kind == FrameType::Data {
+                    bytes.extend(p);
+                }
+                if signaled {
+                    signalled = Some(wr_id);
+                }
+            }
+        }
+        (bytes, signalled)
+    }
+}
+
+fn counting(n: u32) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 + 3) as u8).collect()
+}
+
+#[test]
+fn a_borrowed_send_copies_nothing_and_moves_only_when_its_caller_calls() {
+    let mut s = Script::new(cfg());
+    let msg = counting(2000);
+    assert_eq!(s.c.send_msg_borrowed(&msg), Ok(false));
+    let w = s.work();
+    let (mut got, last) = s.data_of(&w);
+    assert_eq!(got.len(), 5 * 240, "data keeps the control reserve");
+    assert_eq!(s.c.counters().queued_send_bytes, 0, "nothing copied");
+    assert_eq!(s.c.send_msg(b"x"), Err(ProtoError::WouldBlock));
+    s.c.handle_send_completion(last.unwrap(), Ok(()));
+    s.grant(5);
+    assert!(
+        s.work().iter().all(|w| matches!(w, Work::PostRecv { .. })),
+        "the rest is the caller's: no DATA without its call"
+    );
+    assert_eq!(s.c.send_msg_borrowed(&msg), Ok(true));
+    let w = s.work();
+    got.extend(s.data_of(&w).0);
+    assert_eq!(got, msg);
+    assert_eq!(
+        s.c.send_msg_borrowed(&msg[..10]),
+        Ok(true),
+        "the next message starts (one credit above the reserve is left)"
+    );
+}
+
+#[test]
+fn an_unborrowed_send_is_finished_from_a_copy_or_withdrawn() {
+    let mut s = Script::new(cfg());
+    let msg = counting(2000);
+    assert_eq!(s.c.send_msg_borrowed(&msg), Ok(false));
+    let w = s.work();
+    let (mut got, last) = s.data_of(&w);
+    assert!(s.c.send_unborrow(&msg), "begun: kept");
+    assert_eq!(s.c.counters().queued_send_bytes, 800);
+    s.c.handle_send_completion(last.unwrap(), Ok(()));
+    s.grant(5);
+    let w = s.work();
+    got.extend(s.data_of(&w).0);
+    assert_eq!(got, msg, "the core finished it alone");
+
+    let mut s = Script::new(cfg());
+    s.c.send_msg(&[1u8; 1200]).unwrap(); // five frames: the data credits are spent
+    let _ = s.work();
+    assert_eq!(s.c.send_msg_borrowed(&msg), Ok(false));
+    let w = s.work();
+    assert_eq!(s.data_of(&w).0.len(), 0);
+    assert!(!s.c.send_unborrow(&msg), "not begun: withdrawn");
+    assert_eq!(s.c.counters().messages_sent, 1);
+    assert!(s.c.can_send());
+}
+
+#[test]
+fn a_direct_receive_takes_fragments_from_their_slots_and_can_give_them_back() {
+    let msg = counting(600);
+    for abort in [false, true] {
+        let mut s = Script::new(cfg());
+        s.arrive(fragment(FLAG_FIRST, 0, 240, 600), &msg[..240]);
+        assert_eq!(s.c.counters().reassembly_bytes, 240, "no reader yet");
+        let mut small = [0u8; 100];
+        assert_eq!(
+            s.c.recv_msg_direct(&mut small),
+            Err(ProtoError::ShortBuffer { needed: 600 })
+        );
+        let mut buf = vec![0u8; 700];
+        assert_eq!(s.c.recv_msg_direct(&mut buf), Err(ProtoError::WouldBlock));
+        assert_eq!(s.c.counters().reassembly_bytes, 0, "taken over");
+        let _ = s.work();
+        s.arrive(fragment(0, 0, 240, 0), &msg[240..480]);
+        assert_eq!(s.c.counters().held_slots, 1, "waits in its slot");
+        assert_eq!(s.c.recv_msg(), Err(ProtoError::WouldBlock));
+        if abort {
+            s.c.recv_direct_abort(&buf);
+            assert_eq!(s.c.counters().reassembly_bytes, 480);
+            s.arrive(fragment(FLAG_LAST, 0, 120, 0), &msg[480..]);
+            assert_eq!(s.c.recv_msg(), Ok(Some(msg.clone())));
+            continue;
+        }
+        assert_eq!(s.c.recv_msg_direct(&mut buf), Err(ProtoError::WouldBlock));
+        assert_eq!(s.c.counters().held_slots, 0);
+        s.arrive(fragment(FLAG_LAST, 0, 120, 0), &msg[480..]);
+        assert_eq!(s.c.recv_msg_direct(&mut buf), Ok(Some(600)));
+        assert_eq!(&buf[..600], &msg[..]);
+        assert_eq!(s.c.recv_msg_direct(&mut buf), Err(ProtoError::WouldBlock));
+    }
+}
+
+#[test]
+fn shutdown_read_discards_data_returns_its_credit_and_reads_eof() {
+    let mut s = Script::new(cfg());
+    s.arrive(single(0, b"held"), b"held");
+    assert_eq!(s.work(), []);
+    s.c.shutdown_read().unwrap();
+    assert_eq!(s.work(), [Work::PostRecv { slot: 0 }]);
+    assert_eq!(s.c.recv_msg(), Ok(None));
+    s.arrive(single(1, b"late"), b"late");
+    assert!(
+        s.work().contains(&Work::PostRecv { slot: 1 }),
+        "discarded at once"
+    );
+    assert_eq!(s.c.read(&mut [0u8; 4]), Ok(0));
+    assert_eq!(
+        s.c.counters().messages_received,
+        2,
+        "still checked in sequence"
+    );
+    s.c.send_msg(b"writing goes on").unwrap();
+    assert!(!s.work().is_empty());
+}

@@ -22,6 +22,7 @@
 //! `tracing::error`) rather than freed while the NIC might still touch it.
 
 use super::slots::Slots;
+use super::transfer::Owners;
 use crate::handshake::Channel;
 use rsrdma::cm::{CmEventType, CmId};
 use rsrdma::{Cq, Qp, RecvWr, SendWr, Sge, Wc};
@@ -66,6 +67,8 @@ pub(crate) struct Driver {
     peer_gone: bool,
     /// A post failed or the transport broke: post nothing more.
     broken: bool,
+    /// Which calls own the send side and the direct receive.
+    owners: Owners,
 }
 
 impl Driver {
@@ -94,6 +97,7 @@ impl Driver {
             ended_at: None,
             peer_gone: false,
             broken: false,
+            owners: Owners::default(),
         }
     }
 
@@ -105,6 +109,11 @@ impl Driver {
     /// The protocol core, read-only.
     pub(crate) fn core_ref(&self) -> &Core<Slots> {
         &self.core
+    }
+
+    /// Which calls own a side of the connection.
+    pub(crate) fn owners(&mut self) -> &mut Owners {
+        &mut self.owners
     }
 
     /// The queue pair.

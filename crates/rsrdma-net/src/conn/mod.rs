@@ -13,9 +13,9 @@
 //!   every receive before the peer may send, exchange versioned `Params` and settle them, so
 //!   no option has to match by luck ([`establish`](self) module docs).
 //! - **Send + Sync, one mutex.** The driver and the core sit behind one mutex; every call
-//!   takes it for a short, non-blocking step. A message is accepted by the core whole (it
-//!   never holds two unsent messages), so concurrent senders never interleave fragments, and
-//!   a reader and a writer on two threads make progress for each other.
+//!   takes it for a short, non-blocking step. One sender at a time owns the send side for a
+//!   whole message (or batch), so concurrent senders never interleave fragments, and a reader
+//!   and a writer on two threads make progress for each other.
 //! - **Waiting.** One CQ serves both directions with one completion channel, and a channel
 //!   event wakes one sleeper: so a per-connection progress thread is the only one that sleeps
 //!   on it; blocked callers wait on a condition variable that every step which changed
@@ -31,13 +31,17 @@
 //!   the FIN's completion says everything was delivered, then moves the QP to ERROR and reaps the flush before
 //!   any memory is released; if the flush cannot be confirmed the memory is leaked, never
 //!   freed under the NIC.
-//! - **Memory.** `(send_slots + recv_slots) × slot_size` registered bytes, 2 MiB by default;
-//!   messages above a slot are fragmented, and a message larger than what fits in flight is
-//!   copied once into the core (sent as credits return) or reassembled on receipt, both up
-//!   to the negotiated `max_message`.
-//! - **Flush semantics.** `send_msg` and `write` return once the core has taken the bytes
-//!   (in send slots or its one pending copy); [`std::io::Write::flush`] waits until every
-//!   byte is handed to the NIC; delivery to the peer is confirmed by `close`.
+//! - **Memory.** `(send_slots + recv_slots) × slot_size` registered bytes, 2 MiB by default,
+//!   and nothing more for a message of any size while the caller waits: `send_msg` sends
+//!   fragments straight from the caller's slice as credits return, and `recv_msg_into`
+//!   copies them from the receive slots straight into the caller's buffer (the `transfer`
+//!   module). Only a message that arrives while nobody waits in `recv_msg_into` (or is
+//!   read by `recv_msg`/`read`) is reassembled in the core, up to `max_message`, and a
+//!   buffer above 256 KiB is freed once its message is done.
+//! - **Flush semantics.** `send_msg` and `write` return once every fragment is handed to the
+//!   NIC (or, after a timeout mid-message, to the core's copy); [`std::io::Write::flush`]
+//!   waits until every byte is handed to the NIC; delivery to the peer is confirmed by
+//!   `close`.
 
 mod driver;
 mod establish;
@@ -48,6 +52,7 @@ mod listener;
 mod options;
 mod shared;
 mod slots;
+mod transfer;
 mod worker;
 
 pub use info::ConnInfo;
@@ -138,38 +143,33 @@ impl Conn {
         })
     }
 
-    /// Sends one message (0 bytes up to the negotiated cap), blocking while the previous one
-    /// is still partly queued (credits come back as the peer reads), up to the write timeout.
+    /// Sends one message (0 bytes up to the negotiated cap), blocking until every fragment is
+    /// handed to the NIC: fragments go straight from `msg` into send slots as credits come
+    /// back (the peer reads), so no copy of the message is kept. Concurrent senders take
+    /// turns, whole messages at a time. Up to the write timeout; a message that had begun to
+    /// go out when the timeout hit is finished from a copy and the call succeeds.
     ///
     /// # Errors
     /// [`NetError::MessageTooLarge`] above the cap (nothing sent, the connection stays
-    /// usable); [`NetError::Timeout`]; [`NetError::Closed`] after `shutdown(Write)` or
-    /// `close`; [`NetError::PeerGone`]; [`NetError::ConnFailed`].
+    /// usable); [`NetError::Timeout`] (nothing of the message was sent); [`NetError::Closed`]
+    /// after `shutdown(Write)` or `close`; [`NetError::PeerGone`]; [`NetError::ConnFailed`].
     pub fn send_msg(&self, msg: &[u8]) -> Result<()> {
-        let timeout = self.shared.lock().write_timeout;
-        self.block("send_msg", timeout, |d| {
-            if d.peer_gone() {
-                return Err(NetError::PeerGone { op: "send_msg" });
-            }
-            match d.core().send_msg(msg) {
-                Ok(()) => Ok(Some(())),
-                Err(ProtoError::WouldBlock) => Ok(None),
-                Err(e) => Err(from_core(e)),
-            }
-        })
+        self.send_lent("send_msg", &[msg])
     }
 
-    /// Sends several messages in order (each as [`Conn::send_msg`]); checks every length
-    /// against the cap before sending any.
+    /// Sends several messages in order, contiguously: no other thread's message goes between
+    /// them (the batch holds the send side). Every length is checked against the cap before
+    /// anything is sent.
     ///
     /// # Errors
-    /// As [`Conn::send_msg`]; on an error after the first message, the earlier ones are sent.
+    /// As [`Conn::send_msg`], with the write timeout for the whole batch; on an error the
+    /// messages before the failing one are sent, and that one too when it had begun.
     pub fn send_batch(&self, msgs: &[&[u8]]) -> Result<()> {
         let max = self.info.settled.max_message;
         if let Some(m) = msgs.iter().find(|m| m.len() > max as usize) {
             return Err(NetError::MessageTooLarge { len: m.len(), max });
         }
-        msgs.iter().try_for_each(|m| self.send_msg(m))
+        self.send_lent("send_batch", msgs)
     }
 
     /// Receives the next message; `Ok(None)` at the end of the stream (the peer's FIN after
@@ -188,21 +188,15 @@ impl Conn {
     }
 
     /// Receives the next message into `buf`: `Ok(Some(len))`, or `Ok(None)` at the end of
-    /// the stream.
+    /// the stream. A large message goes from the receive slots straight into `buf`, with no
+    /// reassembly buffer (one `recv_msg_into` at a time does this; others wait their turn).
     ///
     /// # Errors
     /// [`NetError::ShortBuffer`] with the length the message needs when `buf` is too short;
     /// the message is not consumed (call again with a larger buffer). Otherwise as
     /// [`Conn::recv_msg`].
     pub fn recv_msg_into(&self, buf: &mut [u8]) -> Result<Option<usize>> {
-        let timeout = self.shared.lock().read_timeout;
-        self.block("recv_msg_into", timeout, |d| {
-            match d.core().recv_msg_into(buf) {
-                Ok(n) => Ok(Some(n)),
-                Err(ProtoError::WouldBlock) => Ok(None),
-                Err(e) => Err(from_core(e)),
-            }
-        })
+        self.recv_lent(buf)
     }
 
     /// Waits (up to the read timeout) for at least one message, then takes every message
@@ -231,18 +225,18 @@ impl Conn {
         Ok(out)
     }
 
-    /// Half-close with `Shutdown::Write`: FIN goes after everything queued; reading goes on
-    /// and the peer's reads end after our data. `Shutdown::Both` is [`Conn::close`] without
-    /// the wait: arriving data is discarded and blocked reads end.
+    /// Shuts down a direction, as [`TcpStream::shutdown`]. `Write`: FIN goes after
+    /// everything queued; reading goes on and the peer's reads end after our data. `Read`:
+    /// what has arrived and whatever still arrives is discarded (its credit still returns, so
+    /// the peer never stalls), and reads report the end of the stream; sending goes on.
+    /// `Both`: [`Conn::close`].
     ///
     /// # Errors
-    /// [`NetError::InvalidArgument`] for `Shutdown::Read` (a reader that stops reading stops
-    /// the peer by credit, so there is nothing to shut); [`NetError::ConnFailed`].
+    /// [`NetError::Closed`] after close; [`NetError::ConnFailed`]; for `Both`, as
+    /// [`Conn::close`].
     pub fn shutdown(&self, how: Shutdown) -> Result<()> {
-        if how == Shutdown::Read {
-            return Err(NetError::InvalidArgument(
-                "Conn::shutdown(Read) is not supported: stop reading, or close".into(),
-            ));
+        if how == Shutdown::Both {
+            return self.close();
         }
         let mut st = self.shared.lock();
         let Some(d) = st.driver.as_mut() else {
@@ -250,7 +244,7 @@ impl Conn {
         };
         let r = match how {
             Shutdown::Write => d.core().shutdown_write(),
-            _ => d.core().close(),
+            _ => d.core().shutdown_read(),
         };
         d.post_work();
         self.shared.changed(&mut st);

@@ -42,6 +42,9 @@ struct TxState {
     messages: u64,
     write_closed: bool,
     want_writable: bool,
+    /// The current message's rest is in the caller's slice (`send_msg_borrowed`), not in
+    /// `pending`: only the caller's next call moves it.
+    borrowed: bool,
 }
 
 /// A DATA frame waiting in its receive slot.
@@ -63,6 +66,12 @@ struct RxState {
     asm_total: usize,
     read_off: usize,
     read_closed: bool,
+    /// `shutdown_read`: arriving data is discarded and reads report EOF.
+    read_shut: bool,
+    /// A direct receive (`recv_msg_direct`) is filling the caller's buffer with the head
+    /// message: this many bytes are there already. Fragments then wait in their slots for the
+    /// caller instead of being reassembled here.
+    direct: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,6 +12,7 @@
 //! `read` consumes a message as soon as nothing of it is left, which skips empty messages (a
 //! byte stream has nothing to show for them).
 
+use super::send::release_if_large;
 use super::{Conn, RxFrame};
 use crate::error::ProtoError;
 use crate::frame::{Header, HEADER_LEN};
@@ -41,6 +42,100 @@ impl<M: SlotMemory> Conn<M> {
         self.consume_head(head);
         self.flush();
         Ok(Some(needed))
+    }
+
+    /// As [`Conn::recv_msg_into`], but a message of several fragments goes straight from its
+    /// receive slots into `buf`, with no reassembly buffer: for a blocking caller whose `buf`
+    /// stays borrowed for the whole call. `Err(WouldBlock)` while the message is incomplete:
+    /// call again with the same `buf` when something changed, or end the attempt with
+    /// [`Conn::recv_direct_abort`]. Meanwhile fragments wait in their slots for the caller (so
+    /// credit returns as fast as it copies), and other reads see no message. A message that
+    /// began arriving before the call is taken over from the reassembly buffer.
+    /// `Err(ShortBuffer)` as soon as the message's length is known.
+    pub fn recv_msg_direct(&mut self, buf: &mut [u8]) -> Result<Option<usize>, ProtoError> {
+        self.check_read("recv_msg_into")?;
+        let got = match self.rx.direct {
+            Some(got) => got,
+            None => {
+                if self.head().is_some() {
+                    return self.recv_msg_into(buf);
+                }
+                let Some(total) = self.incomplete_total() else {
+                    return self.no_message();
+                };
+                if buf.len() < total {
+                    return Err(ProtoError::ShortBuffer { needed: total });
+                }
+                // Take over what was reassembled so far; later fragments stay in slots.
+                let have = self.rx.asm.len();
+                buf[..have].copy_from_slice(&self.rx.asm);
+                release_if_large(&mut self.rx.asm);
+                self.rx.asm_active = false;
+                self.rx.asm_total = total;
+                have
+            }
+        };
+        let total = self.rx.asm_total;
+        let mut got = got;
+        if buf.len() < total {
+            return Err(ProtoError::Misuse {
+                reason: "recv_msg_direct continued with a shorter buffer",
+            });
+        }
+        let mut done = false;
+        while let Some(f) = self.rx.queue.front().copied() {
+            let len = f.len as usize;
+            if got + len > total {
+                // The sequence checks make this impossible; refuse rather than overrun.
+                break;
+            }
+            self.mem
+                .read_recv(f.slot, HEADER_LEN, &mut buf[got..got + len]);
+            got += len;
+            self.rx.queue.pop_front();
+            self.repost(f.slot);
+            if f.last {
+                done = true;
+                break;
+            }
+        }
+        if done {
+            self.rx.direct = None;
+            self.rx.asm_total = 0;
+            self.reassemble();
+            self.flush();
+            return Ok(Some(got));
+        }
+        self.rx.direct = Some(got);
+        self.flush();
+        Err(ProtoError::WouldBlock)
+    }
+
+    /// Ends a direct receive that is not complete (the caller gives up waiting): the part
+    /// already in `buf` is copied into the reassembly buffer, so the message stays whole for
+    /// the next read. A no-op when no direct receive is in progress.
+    pub fn recv_direct_abort(&mut self, buf: &[u8]) {
+        let Some(got) = self.rx.direct.take() else {
+            return;
+        };
+        self.rx.asm.clear();
+        self.rx.asm.reserve_exact(self.rx.asm_total);
+        self.rx.asm.extend_from_slice(&buf[..got.min(buf.len())]);
+        self.rx.asm_active = true;
+        self.reassemble();
+        self.flush();
+    }
+
+    /// The length of the head message while it is still arriving (partly reassembled, or its
+    /// first fragment waiting in a slot).
+    fn incomplete_total(&self) -> Option<usize> {
+        if self.rx.asm_active && !self.rx.asm_complete {
+            return Some(self.rx.asm_total);
+        }
+        match self.rx.queue.front() {
+            Some(f) if f.first && !f.last => Some(f.total as usize),
+            _ => None,
+        }
     }
 
     /// Receives the next whole message (or its unread rest) as a new vector; `Ok(None)` at
@@ -93,9 +188,11 @@ impl<M: SlotMemory> Conn<M> {
         self.head().map(|(_, len)| len - self.rx.read_off)
     }
 
-    /// EOF: the peer's FIN arrived and every message before it was read.
+    /// EOF: the peer's FIN arrived and every message before it was read, or reading was shut
+    /// down.
     pub fn is_eof(&self) -> bool {
-        self.seq.fin && self.rx.queue.is_empty() && !self.rx.asm_active
+        let drained = self.rx.queue.is_empty() && !self.rx.asm_active && self.rx.direct.is_none();
+        self.rx.read_shut || (self.seq.fin && drained)
     }
 
     fn no_message<T>(&self) -> Result<Option<T>, ProtoError> {
@@ -138,7 +235,7 @@ impl<M: SlotMemory> Conn<M> {
     fn consume_head(&mut self, head: Head) {
         match head {
             Head::Reassembled => {
-                self.rx.asm.clear();
+                release_if_large(&mut self.rx.asm);
                 self.rx.asm_active = false;
                 self.rx.asm_complete = false;
             }
@@ -163,7 +260,7 @@ impl<M: SlotMemory> Conn<M> {
 
     /// A checked DATA frame arrived in `slot`.
     pub(super) fn on_data(&mut self, slot: u16, h: &Header) {
-        if self.rx.read_closed {
+        if self.rx.read_closed || self.rx.read_shut {
             self.repost(slot);
             return;
         }
@@ -183,6 +280,9 @@ impl<M: SlotMemory> Conn<M> {
     /// Moves fragments of a multi-fragment message from their slots into the reassembly
     /// buffer, until a message is complete there or the head is a one-fragment message.
     fn reassemble(&mut self) {
+        if self.rx.direct.is_some() {
+            return;
+        }
         while !self.rx.asm_complete {
             let Some(f) = self.rx.queue.front().copied() else {
                 return;
@@ -211,9 +311,10 @@ impl<M: SlotMemory> Conn<M> {
         while let Some(f) = self.rx.queue.pop_front() {
             self.repost(f.slot);
         }
-        self.rx.asm.clear();
+        release_if_large(&mut self.rx.asm);
         self.rx.asm_active = false;
         self.rx.asm_complete = false;
         self.rx.read_off = 0;
+        self.rx.direct = None;
     }
 }

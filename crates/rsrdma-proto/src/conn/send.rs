@@ -17,6 +17,68 @@ impl<M: SlotMemory> Conn<M> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
+        self.start_message(data)?;
+        self.push_data(Some(data));
+        if self.tx.active {
+            self.keep_rest(data);
+        }
+        self.flush();
+        Ok(())
+    }
+
+    /// Sends one message straight from the caller's memory, without ever copying its unsent
+    /// rest: fragments go into send slots as credits, SQ entries and slots allow, and the
+    /// rest waits in `data` itself. `Ok(true)`: every frame is queued. `Ok(false)`: call again
+    /// with the same `data` once something changed (a completion, a credit), or end the
+    /// attempt with [`Conn::send_unborrow`]; until then nothing else sends DATA. For a blocking
+    /// caller, whose slice stays borrowed for the whole call: the memory the core holds for a
+    /// message stays at its slots. `WouldBlock` while another message is being sent.
+    pub fn send_msg_borrowed(&mut self, data: &[u8]) -> Result<bool, ProtoError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.tx.active && self.tx.borrowed {
+            if data.len() != self.tx.total {
+                return Err(ProtoError::Misuse {
+                    reason: "send_msg_borrowed continued with another message",
+                });
+            }
+        } else {
+            self.start_message(data)?;
+            self.tx.borrowed = true;
+        }
+        self.push_data(Some(data));
+        let done = !self.tx.active;
+        if done {
+            self.tx.borrowed = false;
+        }
+        self.flush();
+        Ok(done)
+    }
+
+    /// Ends a borrowed send that is not finished (the caller gives up waiting): a message of
+    /// which nothing went out is withdrawn (`false`: as if never sent); otherwise its rest is
+    /// copied into the core and sent as resources allow (`true`: the message will be sent
+    /// whole). `data` is the slice given to `send_msg_borrowed`. A no-op (`true`) when no
+    /// borrowed send is in progress.
+    pub fn send_unborrow(&mut self, data: &[u8]) -> bool {
+        if !(self.tx.active && self.tx.borrowed) || data.len() != self.tx.total {
+            return true;
+        }
+        self.tx.borrowed = false;
+        if self.tx.offset == 0 {
+            self.tx.active = false;
+            self.tx.messages -= 1;
+            self.flush();
+            return false;
+        }
+        self.keep_rest(data);
+        self.flush();
+        true
+    }
+
+    /// Checks a new message against the state and the cap, and makes it the current one.
+    fn start_message(&mut self, data: &[u8]) -> Result<(), ProtoError> {
         if self.tx.write_closed {
             return Err(ProtoError::Closed { op: "send_msg" });
         }
@@ -35,14 +97,14 @@ impl<M: SlotMemory> Conn<M> {
         self.tx.total = data.len();
         self.tx.offset = 0;
         self.tx.messages += 1;
-        self.push_data(Some(data));
-        if self.tx.active {
-            self.tx.pending.clear();
-            self.tx.pending.extend_from_slice(&data[self.tx.offset..]);
-            self.tx.pending_base = self.tx.offset;
-        }
-        self.flush();
         Ok(())
+    }
+
+    /// Copies the current message's unsent rest into the core (the one copy of that rest).
+    fn keep_rest(&mut self, data: &[u8]) {
+        self.tx.pending.clear();
+        self.tx.pending.extend_from_slice(&data[self.tx.offset..]);
+        self.tx.pending_base = self.tx.offset;
     }
 
     /// Whether `send_msg` would accept a message now.
@@ -58,6 +120,22 @@ impl<M: SlotMemory> Conn<M> {
         if !self.tx.write_closed {
             self.tx.write_closed = true;
             self.ctl.fin = FinState::Pending;
+            self.flush();
+        }
+        Ok(())
+    }
+
+    /// Read side shut down: what is held and whatever data still arrives is discarded (slots
+    /// reposted, credit returned, so the peer never stalls on us), and reads report EOF.
+    /// Sending goes on. Idempotent.
+    pub fn shutdown_read(&mut self) -> Result<(), ProtoError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if !self.rx.read_shut {
+            self.rx.read_shut = true;
+            self.discard_received();
+            self.ev.readable = true;
             self.flush();
         }
         Ok(())
@@ -96,7 +174,9 @@ impl<M: SlotMemory> Conn<M> {
                 self.ctl.pong = None;
             }
         }
-        self.push_data(None);
+        if !self.tx.borrowed {
+            self.push_data(None);
+        }
         if self.ctl.fin == FinState::Pending && !self.tx.active {
             if let Some(wr) = self.try_control(FrameType::Fin, self.tx.messages as u16, 0) {
                 self.ctl.fin = FinState::Sent(wr);
@@ -182,7 +262,7 @@ impl<M: SlotMemory> Conn<M> {
             self.tx.offset += n;
             if last {
                 self.tx.active = false;
-                self.tx.pending.clear();
+                release_if_large(&mut self.tx.pending);
                 if std::mem::take(&mut self.tx.want_writable) {
                     self.ev.writable = true;
                 }
@@ -218,5 +298,18 @@ impl<M: SlotMemory> Conn<M> {
             signaled,
         });
         wr_id
+    }
+}
+
+/// Buffers above this keep no capacity once their message is done, so a connection at rest
+/// holds its slots and not the largest message it ever sent or received.
+pub(super) const KEEP_BUFFER: usize = 256 * 1024;
+
+/// Empties `buf`, and frees it when it grew past [`KEEP_BUFFER`].
+pub(super) fn release_if_large(buf: &mut Vec<u8>) {
+    if buf.capacity() > KEEP_BUFFER {
+        *buf = Vec::new();
+    } else {
+        buf.clear();
     }
 }
