@@ -164,15 +164,7 @@ impl ConnOptions {
                 "ConnOptions: connect_timeout is 0".into(),
             ));
         }
-        if let (Some(pd), Some(name)) = (&self.pd, &self.device) {
-            if pd.context().name() != name {
-                return Err(crate::NetError::InvalidArgument(format!(
-                    "ConnOptions: device {name} was named, but the protection domain is on {}",
-                    pd.context().name()
-                )));
-            }
-        }
-        Ok(())
+        crate::domain::check_device(self.device.as_deref(), self.pd.as_ref())
     }
 
     /// Bytes of registered slot memory one connection uses.

@@ -11,7 +11,7 @@ use crate::conn::driver::Liveness;
 use crate::conn::options::{ConnOptions, Establish};
 use crate::error::{NetError, Result};
 use crate::handshake::{Channel, Endpoint, Role};
-use rsrdma::{ConnectOptions, Context, Mtu, Pd, Qp, QpEndpoint};
+use rsrdma::{ConnectOptions, Mtu, Qp, QpEndpoint};
 use rsrdma_proto::{settle, Params, PARAMS_LEN};
 use std::net::TcpStream;
 
@@ -46,11 +46,7 @@ pub(crate) fn establish(stream: TcpStream, role: Role, opts: &ConnOptions) -> Re
 }
 
 fn setup(ch: &mut Channel, opts: &ConnOptions) -> Result<(Local, Qp, Params)> {
-    let ctx = open_device(opts)?;
-    let pd = match &opts.pd {
-        Some(pd) => pd.clone(),
-        None => Pd::new(&ctx)?,
-    };
+    let (ctx, pd) = crate::domain::open_domain(opts.device.as_deref(), opts.pd.as_ref())?;
     let port = ctx.query_port(opts.port)?;
     let gid_index = ctx.resolve_gid_index(opts.port, opts.gid_index)?;
     let local = Local::new(pd, opts)?;
@@ -99,23 +95,6 @@ fn setup(ch: &mut Channel, opts: &ConnOptions) -> Result<(Local, Qp, Params)> {
     // Both sides have every receive posted before either may send.
     ch.barrier(0)?;
     Ok((local, qp, peer))
-}
-
-fn open_device(opts: &ConnOptions) -> Result<Context> {
-    if let Some(pd) = &opts.pd {
-        return Ok(pd.context().clone());
-    }
-    Ok(match &opts.device {
-        Some(name) => rsrdma::open(name)?,
-        None => {
-            let list = rsrdma::devices()?;
-            let dev = list
-                .iter()
-                .next()
-                .ok_or_else(|| NetError::InvalidArgument("no RDMA device".into()))?;
-            Context::open(&dev)?
-        }
-    })
 }
 
 fn key_base(role: Role) -> u16 {
