@@ -10,6 +10,10 @@ pub(super) struct Window {
     stop_at: u64,
     start: Option<(u64, u64)>,
     end: Option<(u64, u64)>,
+    /// The latest tick: the window's end when the run stopped before `end_at` was ticked (a
+    /// peer whose own duration ran out first stops answering, and no completion comes after
+    /// `end_at`).
+    last: Option<(u64, u64)>,
 }
 
 impl Window {
@@ -23,6 +27,7 @@ impl Window {
             stop_at: now + d * s,
             start: None,
             end: None,
+            last: None,
         })
     }
 
@@ -34,6 +39,7 @@ impl Window {
         if self.end.is_none() && now >= self.end_at {
             self.end = Some((count, now));
         }
+        self.last = Some((count, now));
         now >= self.stop_at
     }
 
@@ -43,7 +49,7 @@ impl Window {
     }
 
     pub(super) fn measured(&self) -> (u64, u64) {
-        match (self.start, self.end) {
+        match (self.start, self.end.or(self.last)) {
             (Some((c0, t0)), Some((c1, t1))) => (c1 - c0, t1.saturating_sub(t0)),
             _ => (0, 0),
         }
@@ -69,5 +75,24 @@ mod tests {
         assert!(!w.tick(3 * s, 300));
         assert!(w.tick(5 * s, 500));
         assert_eq!(w.measured(), (200, s));
+    }
+
+    /// A peer whose duration ran out first stops answering: no completion reaches the
+    /// window's end, and the window closes at the last completion instead of measuring 0.
+    #[test]
+    fn a_peer_that_stops_early_still_gives_a_window() {
+        let p = crate::args::parse(
+            Tool::new(Verb::Write, Kind::Bw),
+            &["-D".to_string(), "5".to_string(), "h".to_string()],
+        )
+        .unwrap();
+        let s = 1_000_000_000;
+        let mut w = Window::new(&p, 0).unwrap();
+        // The window is 2 s .. 3 s (a 2 s margin at each end of 5 s): it opens, then the
+        // completions stop before 3 s.
+        assert!(!w.tick(s, 10));
+        assert!(!w.tick(2 * s, 60));
+        assert!(!w.tick(2 * s + s / 2, 110));
+        assert_eq!(w.measured(), (50, s / 2));
     }
 }
