@@ -47,29 +47,26 @@ fn client(p: &Params, host: &str, layout: Layout, out_reads: u32) -> Result<Res>
             .map_err(|e| Error::rdma("Couldn't create QP", e))
     })?;
     let param = connect_param(p, ctx.attr(), out_reads);
-    for i in 0..ids.len() {
+    for (i, id) in ids.iter_mut().enumerate() {
         let mut tries = 1;
-        loop {
-            match ids[i].connect(&param, Wait::Prompt.limit()) {
-                Ok(_) => break,
-                // The server may not listen yet: a new id and QP, as perftest retries.
-                Err(e @ rsrdma::Error::CmEvent { .. }) if tries < cmlink::CONNECT_TRIES => {
-                    tracing::debug!(%e, i, "data QP connect refused; trying again");
-                    tries += 1;
-                    std::thread::sleep(Duration::from_millis(100));
-                    ids[i] = cmlink::resolved_id(dst)
-                        .map_err(|e| failed("resolve the server's address", e))?;
-                    res.qps[i] = ids[i]
-                        .create_qp(
-                            &res.pd,
-                            &resources::qp_builder(p),
-                            &res.send_cq,
-                            &res.recv_cq,
-                        )
-                        .map_err(|e| Error::rdma("Couldn't create QP", e))?;
-                }
-                Err(e) => return Err(failed("connect the data QP", e)),
+        while let Err(e) = id.connect(&param, Wait::Prompt.limit()) {
+            // The server may not listen yet: a new id and QP, as perftest retries.
+            if !matches!(e, rsrdma::Error::CmEvent { .. }) || tries == cmlink::CONNECT_TRIES {
+                return Err(failed("connect the data QP", e));
             }
+            tracing::debug!(%e, i, "data QP connect refused; trying again");
+            tries += 1;
+            std::thread::sleep(Duration::from_millis(100));
+            *id =
+                cmlink::resolved_id(dst).map_err(|e| failed("resolve the server's address", e))?;
+            res.qps[i] = id
+                .create_qp(
+                    &res.pd,
+                    &resources::qp_builder(p),
+                    &res.send_cq,
+                    &res.recv_cq,
+                )
+                .map_err(|e| Error::rdma("Couldn't create QP", e))?;
         }
     }
     Ok(res)

@@ -104,6 +104,10 @@ pub(super) fn check_combinations(cli: &Cli, conn: Conn) -> Result<(), ParseOutco
             "rdma_cm (-R) does not support UC".into(),
         ),
         (
+            cli.rdma_cm && conn == Conn::Ud,
+            "rdma_cm (-R) with UD is not supported by the rs_* tools".into(),
+        ),
+        (
             cli.rdma_cm && cli.loopback,
             "--loopback with rdma_cm (-R) is not supported: run a server and a client".into(),
         ),
