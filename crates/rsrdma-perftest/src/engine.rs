@@ -1,7 +1,9 @@
-//! The tools' entry point: parse, open the device, connect the TCP channel and run one end
+//! The tools' entry point: parse, open the device, connect the exchange channel (TCP, or
+//! rdma_cm with `-R`) and run one end
 //! ([`crate::session::run_connected`]), or both with `--loopback`.
 
 use crate::args::{self, Params, ParseOutcome};
+use crate::cmlink;
 use crate::device::{adjust_for_device, open_device, port_info};
 use crate::error::{Error, Result};
 use crate::oob::{self, Oob};
@@ -26,10 +28,6 @@ pub fn main(tool: Tool) -> i32 {
             return 1;
         }
     };
-    if p.rdma_cm {
-        eprintln!("{}", Error::Unsupported("rdma_cm (-R)"));
-        return 1;
-    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let r = if p.loopback {
@@ -52,13 +50,23 @@ fn single(p: &Params, out: &mut dyn Write) -> Result<()> {
     let mut o = Out::new(out, p.output.is_some());
     o.notes(p);
     one_end(p, &mut o, |p, o| {
-        if !p.is_server() {
-            return Oob::connect(p.host.as_deref().unwrap_or_default(), p.port);
+        let host = p.host.as_deref().unwrap_or_default();
+        match (p.is_server(), p.rdma_cm) {
+            (false, false) => Oob::connect(host, p.port),
+            (false, true) => Oob::connect_rdma_cm(host, p.port),
+            (true, false) => {
+                let l = oob::listen(p.port)?;
+                o.text(report::BANNER);
+                o.flush();
+                Oob::accept(l)
+            }
+            (true, true) => {
+                let l = cmlink::listen(p.port, 1)?;
+                o.text(report::BANNER);
+                o.flush();
+                Oob::accept_rdma_cm(l)
+            }
         }
-        let l = oob::listen(p.port)?;
-        o.text(report::BANNER);
-        o.flush();
-        Oob::accept(l)
     })
 }
 

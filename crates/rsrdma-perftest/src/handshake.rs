@@ -37,6 +37,9 @@ impl<'a> Handshake<'a> {
     }
 
     fn exchange(&self, oob: &mut Oob, i: usize, wait: Wait) -> Result<Dest> {
+        if oob.is_rdma_cm() {
+            return exchange_cm(oob, &self.my[i], wait);
+        }
         let len = if self.with_gid {
             wire::DEST_LEN_GID
         } else {
@@ -92,33 +95,40 @@ impl<'a> Handshake<'a> {
         connect: impl FnOnce(&[Dest]) -> Result<()>,
     ) -> Result<()> {
         let q = self.my.len();
+        // Over rdma_cm perftest prints the address lines of its exchange QP's verb (SEND):
+        // LID, QPN and PSN only.
+        let shown = if oob.is_rdma_cm() {
+            Verb::Send
+        } else {
+            tool.verb
+        };
         match (tool.verb, tool.kind) {
             (Verb::Write | Verb::Read | Verb::Atomic, Kind::Bw) => {
                 self.round(oob, q, true)?;
                 connect(&self.remote)?;
-                self.local_lines(o, tool.verb);
+                self.local_lines(o, shown);
                 self.round(oob, q, false)?;
-                self.remote_lines(o, tool.verb);
+                self.remote_lines(o, shown);
                 self.one(oob, Wait::Prompt)?;
             }
             (Verb::Send, Kind::Bw) => {
                 self.round(oob, q, true)?;
                 connect(&self.remote)?;
                 self.one(oob, Wait::Prompt)?;
-                self.local_lines(o, tool.verb);
+                self.local_lines(o, shown);
                 self.round(oob, q, false)?;
-                self.remote_lines(o, tool.verb);
+                self.remote_lines(o, shown);
             }
             (_, Kind::Lat) => {
                 self.round(oob, 1, true)?;
                 connect(&self.remote)?;
-                self.local_lines(o, tool.verb);
+                self.local_lines(o, shown);
                 self.one(oob, Wait::Prompt)?;
                 self.one(oob, Wait::Prompt)?;
                 if tool.verb != Verb::Send {
                     self.one(oob, Wait::Prompt)?;
                 }
-                self.remote_lines(o, tool.verb);
+                self.remote_lines(o, shown);
             }
         }
         Ok(())
@@ -135,6 +145,22 @@ impl<'a> Handshake<'a> {
             o.text(&report::address_line(false, d, verb, self.with_gid));
         }
     }
+}
+
+/// One DEST exchange in rdma_cm's binary form.
+fn exchange_cm(oob: &mut Oob, my: &Dest, wait: Wait) -> Result<Dest> {
+    let mut b = [0u8; wire::DEST_LEN_CM];
+    oob.exchange("remote address", &my.encode_cm(), &mut b, wait)?;
+    Dest::parse_cm(&b)
+}
+
+/// The exchange of empty endpoints perftest makes before and after connecting its QPs with
+/// rdma_cm (`-R`): a sync point only, what arrives is not used.
+///
+/// # Errors
+/// A failed exchange.
+pub fn empty_sync(oob: &mut Oob, wait: Wait) -> Result<()> {
+    exchange_cm(oob, &Dest::default(), wait).map(drop)
 }
 
 fn out_of_step() -> Error {

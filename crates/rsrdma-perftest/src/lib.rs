@@ -1,8 +1,8 @@
 //! perftest-compatible RDMA benchmarks on rsrdma: `rs_send_bw`, `rs_send_lat`, `rs_write_bw`,
 //! `rs_write_lat`, `rs_read_bw`, `rs_read_lat`, `rs_atomic_bw`, `rs_atomic_lat`.
 //!
-//! The tools speak Debian 12 perftest's (version 6.06) TCP exchange, so each end works against
-//! an `ib_*` peer, and print the same header, tables and exit codes (see
+//! The tools speak Debian 12 perftest's (version 6.06) exchange, over TCP or with `-R` over
+//! rdma_cm, so each end works against an `ib_*` peer, and print the same header, tables and exit codes (see
 //! `docs/perftest-protocol.md` in the workspace and this crate's README).
 //!
 //! The library is the engine: [`args::parse`] turns a command line into [`args::Params`];
@@ -18,6 +18,8 @@
 //!     [`connect`] (QP bring-up with `Qp::connect`), [`flow`] (the test phase per size) and
 //!     [`results`] (the REPORT exchange and printed lines);
 //!   - [`datapath`]: the busy loops, on [`resources`] and [`handshake`] only.
+//! - [`cmlink`] (the exchange over an rdma_cm QP) and [`cmqps`] (data QPs connected by
+//!   rdma_cm): `-R`.
 //! - [`atomic_total`]: the rs-only check of what the peer's atomics added.
 //! - [`device`]: the device, the port, and the rules that depend on them.
 //! - [`wire`]: the exchanged messages (pure). [`stats`]: bandwidth and latency arithmetic
@@ -26,6 +28,8 @@
 
 pub mod args;
 pub mod atomic_total;
+pub mod cmlink;
+pub mod cmqps;
 pub mod connect;
 pub mod datapath;
 pub mod device;

@@ -1,6 +1,8 @@
-//! The TCP out-of-band connection (spec 1.1): lock-step exchanges with time limits, so that a
+//! The out-of-band connection: perftest's TCP socket (spec 1.1) or, with `-R`, its rdma_cm
+//! exchange QP ([`crate::cmlink`], spec 2.7). Lock-step exchanges with time limits, so that a
 //! dead or silent peer ends the run with a message instead of a hang.
 
+use crate::cmlink::CmLink;
 use crate::error::{Error, Result};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -23,7 +25,8 @@ pub enum Wait {
 }
 
 impl Wait {
-    fn limit(self) -> Duration {
+    /// The time limit of this wait.
+    pub fn limit(self) -> Duration {
         match self {
             Wait::Prompt => PROMPT,
             Wait::Long(extra) => {
@@ -38,11 +41,28 @@ impl Wait {
 }
 
 /// A connected OOB channel.
-#[derive(Debug)]
 pub struct Oob {
-    stream: TcpStream,
+    link: Link,
     server: bool,
     peer: String,
+}
+
+/// What carries the messages.
+enum Link {
+    /// perftest's default: a TCP socket.
+    Tcp(TcpStream),
+    /// `-R`: SEND/RECV on an rdma_cm-connected QP.
+    Cm(Box<CmLink>),
+}
+
+impl std::fmt::Debug for Oob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Oob")
+            .field("rdma_cm", &self.is_rdma_cm())
+            .field("server", &self.server)
+            .field("peer", &self.peer)
+            .finish()
+    }
 }
 
 /// Binds the server's listening socket on all IPv4 addresses (perftest: `AI_PASSIVE`, `AF_INET`).
@@ -100,10 +120,41 @@ impl Oob {
         stream.set_nodelay(true).ok();
         set_keepalive(&stream);
         Ok(Oob {
-            stream,
+            link: Link::Tcp(stream),
             server,
             peer,
         })
+    }
+
+    /// `-R` server: takes one client on the rdma_cm `listener` ([`crate::cmlink::listen`]).
+    ///
+    /// # Errors
+    /// As [`CmLink::accept`].
+    pub fn accept_rdma_cm(listener: rsrdma::cm::CmId) -> Result<Oob> {
+        let (link, peer) = CmLink::accept(listener)?;
+        Ok(Oob {
+            link: Link::Cm(Box::new(link)),
+            server: true,
+            peer,
+        })
+    }
+
+    /// `-R` client: connects to `host:port` with rdma_cm.
+    ///
+    /// # Errors
+    /// As [`CmLink::connect`].
+    pub fn connect_rdma_cm(host: &str, port: u16) -> Result<Oob> {
+        let (link, peer) = CmLink::connect(host, port)?;
+        Ok(Oob {
+            link: Link::Cm(Box::new(link)),
+            server: false,
+            peer,
+        })
+    }
+
+    /// True when the messages travel over rdma_cm (`-R`): endpoints are then binary.
+    pub fn is_rdma_cm(&self) -> bool {
+        matches!(self.link, Link::Cm(_))
     }
 
     /// True on the accepting side.
@@ -132,7 +183,11 @@ impl Oob {
     }
 
     fn write_all(&mut self, what: &str, b: &[u8]) -> Result<()> {
-        self.stream.write_all(b).map_err(|e| {
+        let stream = match &mut self.link {
+            Link::Tcp(s) => s,
+            Link::Cm(c) => return c.send(what, b),
+        };
+        stream.write_all(b).map_err(|e| {
             Error::Oob(format!(
                 " Unable to write {what} to the peer ({}): {e}\n Failed to exchange data between server and clients",
                 self.peer
@@ -146,6 +201,10 @@ impl Oob {
     /// [`Error::Oob`]: the peer closed the connection (it exited or was killed), or the time
     /// limit passed.
     pub fn read_exact(&mut self, what: &str, buf: &mut [u8], wait: Wait) -> Result<()> {
+        let stream = match &mut self.link {
+            Link::Tcp(s) => s,
+            Link::Cm(c) => return c.recv(what, buf, wait, self.server),
+        };
         let limit = wait.limit();
         let deadline = Instant::now() + limit;
         let mut got = 0;
@@ -169,8 +228,8 @@ impl Oob {
             let slice = left
                 .min(Duration::from_secs(1))
                 .max(Duration::from_millis(1));
-            self.stream.set_read_timeout(Some(slice)).ok();
-            match self.stream.read(&mut buf[got..]) {
+            stream.set_read_timeout(Some(slice)).ok();
+            match stream.read(&mut buf[got..]) {
                 Ok(0) => {
                     return Err(fail(format!(
                         "the peer {} closed the connection after {got} of {} bytes: it exited or was killed",
@@ -186,23 +245,29 @@ impl Oob {
         Ok(())
     }
 
-    /// Sends "done\0" and closes, as both perftest ends do last; errors are ignored (nobody
-    /// reads it).
-    pub fn finish(mut self) {
-        let _ = self.stream.write_all(crate::wire::DONE);
-        let _ = self.stream.shutdown(std::net::Shutdown::Write);
+    /// Sends "done\0" and closes, as both perftest ends do last over TCP; errors are ignored
+    /// (nobody reads it). Over rdma_cm perftest sends nothing: the connection just closes.
+    pub fn finish(self) {
+        if let Link::Tcp(mut stream) = self.link {
+            let _ = stream.write_all(crate::wire::DONE);
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+        }
     }
 
     /// Checks the socket without blocking: `Some(true)` if the peer closed it, `Some(false)` if
     /// it sent data that is waiting, `None` if nothing happened. Used while polling completions,
     /// so a dead peer ends the data path at once.
     pub fn peek_state(&self) -> Option<bool> {
+        let stream = match &self.link {
+            Link::Tcp(s) => s,
+            Link::Cm(c) => return c.peek(),
+        };
         let mut b = [0u8; 1];
         // SAFETY: `b` is a valid one-byte buffer; MSG_PEEK|MSG_DONTWAIT neither blocks nor
-        // consumes data; the fd is open for the life of `self.stream`.
+        // consumes data; the fd is open for the life of `stream`.
         let n = unsafe {
             libc::recv(
-                self.stream.as_raw_fd(),
+                stream.as_raw_fd(),
                 b.as_mut_ptr().cast(),
                 1,
                 libc::MSG_PEEK | libc::MSG_DONTWAIT,

@@ -115,8 +115,15 @@ pub fn header(p: &Params, h: &HeaderInfo) -> String {
     } else {
         s.push_str(&format!(" Max inline data : {}[B]\n", h.inline));
     }
-    s.push_str(" rdma_cm QPs\t : OFF\n");
-    s.push_str(" Data ex. method : Ethernet\n");
+    if p.rdma_cm {
+        s.push_str(" rdma_cm QPs\t : ON\n Data ex. method : rdma_cm\n");
+        if p.is_server() {
+            s.push_str(RESULT_LINE);
+            s.push_str(" Waiting for client rdma_cm QP to connect\n Please run the same command with the IB/RoCE interface IP\n");
+        }
+    } else {
+        s.push_str(" rdma_cm QPs\t : OFF\n Data ex. method : Ethernet\n");
+    }
     s.push_str(RESULT_LINE);
     s
 }
@@ -261,7 +268,11 @@ pub fn json(p: &Params, h: &HeaderInfo, results: &JsonResults) -> String {
     } else {
         s.push_str(&format!("Max_inline_data: {},\n", h.inline));
     }
-    s.push_str("rdma_cm_QPs: OFF,\nData_ex_method: Ethernet,\n},\nresults: {\n");
+    s.push_str(if p.rdma_cm {
+        "rdma_cm_QPs: ON,\nData_ex_method: rdma_cm,\n},\nresults: {\n"
+    } else {
+        "rdma_cm_QPs: OFF,\nData_ex_method: Ethernet,\n},\nresults: {\n"
+    });
     match results {
         JsonResults::Bw(r) => {
             s.push_str(&format!(
@@ -478,6 +489,27 @@ mod tests {
         assert!(hs.contains("                    RDMA_Read Latency Test\n"));
         assert!(hs.contains(" TX depth        : 1\n Mtu"));
         assert!(hs.contains(" Outstand reads  : 128\n") && !hs.contains("inline"));
+    }
+
+    #[test]
+    fn rdma_cm_header_lines_as_observed_on_rxe() {
+        let h = HeaderInfo {
+            device: "rxe0".into(),
+            mtu: 1024,
+            link_type: "Ethernet",
+            gid_index: Some(1),
+            inline: 0,
+            out_reads: 128,
+        };
+        let tail = " Max inline data : 0[B]\n rdma_cm QPs\t : ON\n Data ex. method : rdma_cm\n";
+        let line = "---------------------------------------------------------------------------------------\n";
+        let p = params(Tool::new(Verb::Write, Kind::Bw), &["-R", "10.77.0.1"]);
+        assert!(header(&p, &h).ends_with(&format!("{tail}{line}")));
+        // The server adds its note between two lines.
+        let p = params(Tool::new(Verb::Write, Kind::Bw), &["-R"]);
+        assert!(header(&p, &h).ends_with(&format!(
+            "{tail}{line} Waiting for client rdma_cm QP to connect\n Please run the same command with the IB/RoCE interface IP\n{line}"
+        )));
     }
 
     #[test]

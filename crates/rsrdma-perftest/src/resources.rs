@@ -4,7 +4,7 @@
 use crate::args::{Conn, Params};
 use crate::error::{Ctx, Error, Result};
 use crate::{Kind, Verb};
-use rsrdma::{AccessFlags, Ah, CompChannel, Context, Cq, Mr, Pd, Qp, QpCaps, QpType};
+use rsrdma::{AccessFlags, Ah, CompChannel, Context, Cq, Mr, Pd, Qp, QpBuilder, QpCaps, QpType};
 
 /// A run's verbs resources. Fields drop in order: QPs and AHs before the CQs and the memory.
 pub struct Res {
@@ -57,6 +57,27 @@ pub fn inc(x: usize, line: usize) -> usize {
 /// # Errors
 /// The failing verbs call, with perftest's wording.
 pub fn create(p: &Params, ctx: &Context, layout: Layout, out_reads: u32) -> Result<Res> {
+    create_with(p, ctx, layout, out_reads, |_, b, pd, s, r| {
+        b.build(pd, s, r)
+            .map_err(|e| Error::rdma("Couldn't create QP", e))
+    })
+}
+
+/// Makes QP `i` of a run from the builder, the PD and the send and receive CQs.
+pub trait MakeQp: FnMut(usize, &QpBuilder, &Pd, &Cq, &Cq) -> Result<Qp> {}
+impl<F: FnMut(usize, &QpBuilder, &Pd, &Cq, &Cq) -> Result<Qp>> MakeQp for F {}
+
+/// As [`create`], with the QPs made by `make_qp` (rdma_cm makes them on its ids, `-R`).
+///
+/// # Errors
+/// The failing verbs call, with perftest's wording, or what `make_qp` returns.
+pub fn create_with(
+    p: &Params,
+    ctx: &Context,
+    layout: Layout,
+    out_reads: u32,
+    mut make_qp: impl MakeQp,
+) -> Result<Res> {
     let q = p.num_qps as usize;
     let buff = inc((layout.max_size as usize).max(layout.page), layout.line);
     let pd = Pd::new(ctx).ctx("Couldn't allocate PD")?;
@@ -74,13 +95,9 @@ pub fn create(p: &Params, ctx: &Context, layout: Layout, out_reads: u32) -> Resu
         send_cq.clone()
     };
     let inline = p.inline.unwrap_or(0);
+    let builder = qp_builder(p);
     let qps = (0..q)
-        .map(|_| {
-            Qp::builder(qp_type(p.conn))
-                .caps(caps(p, inline))
-                .build(&pd, &send_cq, &recv_cq)
-                .map_err(|e| Error::rdma("Couldn't create QP", e))
-        })
+        .map(|i| make_qp(i, &builder, &pd, &send_cq, &recv_cq))
         .collect::<Result<Vec<_>>>()?;
     Ok(Res {
         pd,
@@ -124,6 +141,11 @@ fn region(p: &Params, pd: &Pd, len: usize) -> Result<Mr> {
         mr.write_at(0, &bytes).ctx("Couldn't allocate MR")?;
     }
     Ok(mr)
+}
+
+/// How the run's QPs are made: type and queue sizes.
+pub fn qp_builder(p: &Params) -> QpBuilder {
+    Qp::builder(qp_type(p.conn)).caps(caps(p, p.inline.unwrap_or(0)))
 }
 
 fn qp_type(conn: Conn) -> QpType {

@@ -4,6 +4,7 @@
 
 use crate::args::{self, Conn, Params, RESULT_LINE};
 use crate::atomic_total;
+use crate::cmqps;
 use crate::connect::connect_qps;
 use crate::device::PortInfo;
 use crate::error::Result;
@@ -19,7 +20,7 @@ use crate::wire::Dest;
 use crate::{Kind, Verb};
 use rsrdma::{Context, Gid, LinkLayer, Mtu};
 
-/// Runs one end over an established TCP connection.
+/// Runs one end over an established exchange channel (TCP, or rdma_cm with `-R`).
 ///
 /// # Errors
 /// Any failure of the exchange, the device or the data path.
@@ -40,7 +41,11 @@ pub fn run_connected(
         line,
     };
     let out_reads = out_reads(p, ctx);
-    let mut res = resources::create(p, ctx, layout, out_reads)?;
+    let mut res = if oob.is_rdma_cm() {
+        cmqps::connect(p, &mut oob, layout, out_reads)?
+    } else {
+        resources::create(p, ctx, layout, out_reads)?
+    };
     let atomic_before = if p.tool.verb == Verb::Atomic && !p.sends() && atomic_total::enabled() {
         Some(atomic_total::sum_targets(&res)?)
     } else {
@@ -63,7 +68,12 @@ pub fn run_connected(
 
     let my = endpoints(&res, port, gid);
     let mut hs = Handshake::new(&my, gid_index.is_some());
+    let cm = oob.is_rdma_cm();
     hs.setup(p.tool, &mut oob, o, |remote: &[Dest]| {
+        if cm {
+            // rdma_cm connected the QPs already (and perftest skips the GID check).
+            return Ok(());
+        }
         gid::check_types(&gid.0, &remote[0].gid)?;
         connect_qps(p, &mut res, remote, mtu, gid_index)
     })?;

@@ -10,6 +10,9 @@ pub const VER_LEN: usize = 16;
 pub const DEST_LEN_NO_GID: usize = 59;
 /// DEST with a GID.
 pub const DEST_LEN_GID: usize = 108;
+/// DEST over rdma_cm (`-R`): perftest's `struct pingpong_dest` as its x86-64 build lays it
+/// out, every integer big-endian.
+pub const DEST_LEN_CM: usize = 56;
 /// The closing "done\0".
 pub const DONE: &[u8; 5] = b"done\0";
 
@@ -307,6 +310,58 @@ impl Dest {
     }
 }
 
+impl Dest {
+    /// The binary form perftest sends over rdma_cm (spec 2.7): `lid`, `out_reads`, `qpn`,
+    /// `psn`, `rkey` as big-endian 32-bit integers at 0, 4, 8, 12, 16; 4 bytes of padding;
+    /// `vaddr` big-endian at 24; the GID's 16 bytes at 32; `srqn` and the GID index at 48
+    /// and 52 (this side sends 0 for the index; perftest does not read either).
+    pub fn encode_cm(&self) -> [u8; DEST_LEN_CM] {
+        let mut b = [0u8; DEST_LEN_CM];
+        let words = [
+            u32::from(self.lid),
+            self.out_reads,
+            self.qpn,
+            self.psn,
+            self.rkey,
+        ];
+        for (i, w) in words.iter().enumerate() {
+            b[4 * i..4 * i + 4].copy_from_slice(&w.to_be_bytes());
+        }
+        b[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
+        b[32..48].copy_from_slice(&self.gid);
+        b[48..52].copy_from_slice(&self.srqn.to_be_bytes());
+        b
+    }
+
+    /// Parses the binary form (see [`Dest::encode_cm`]).
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] for a message of another length.
+    pub fn parse_cm(b: &[u8]) -> Result<Dest> {
+        if b.len() != DEST_LEN_CM {
+            return Err(Error::Protocol(format!(
+                "Couldn't parse the peer's endpoint: {} bytes instead of {DEST_LEN_CM}",
+                b.len()
+            )));
+        }
+        let word = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[32..48]);
+        let mut vaddr = [0u8; 8];
+        vaddr.copy_from_slice(&b[24..32]);
+        Ok(Dest {
+            lid: word(0) as u16,
+            out_reads: word(4),
+            qpn: word(8) & 0xff_ffff,
+            psn: word(12) & 0xff_ffff,
+            rkey: word(16),
+            vaddr: u64::from_be_bytes(vaddr),
+            srqn: word(48),
+            gid,
+        })
+    }
+}
+
 /// The five 8-byte report exchanges of the BW tests.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Report {
@@ -462,6 +517,34 @@ mod tests {
             &b"0000:0001:018900:91fa93:00005189:00007f10daec6000:00:00:00:00:00:00:00:00:00:00:ff:ff:c0:a8:07:02:00000000:\0"[..]
         );
         assert_eq!(Dest::parse(&b, true).unwrap(), g);
+    }
+
+    #[test]
+    fn binary_dest_layout() {
+        let mut d = Dest {
+            lid: 0x1234,
+            out_reads: 16,
+            qpn: 0x0a0b0c,
+            psn: 0x112233,
+            rkey: 0xdeadbeef,
+            vaddr: 0x0000_7f10_daec_6000,
+            srqn: 0,
+            gid: [0; 16],
+        };
+        d.gid[10] = 0xff;
+        d.gid[11] = 0xff;
+        d.gid[12..].copy_from_slice(&[10, 77, 0, 1]);
+        let b = d.encode_cm();
+        assert_eq!(&b[..4], &[0, 0, 0x12, 0x34]);
+        assert_eq!(&b[4..8], &[0, 0, 0, 16]);
+        assert_eq!(&b[8..12], &[0, 0x0a, 0x0b, 0x0c]);
+        assert_eq!(&b[16..20], &[0xde, 0xad, 0xbe, 0xef]);
+        assert_eq!(&b[20..24], &[0; 4], "padding before the 8-byte vaddr");
+        assert_eq!(&b[24..32], &[0, 0, 0x7f, 0x10, 0xda, 0xec, 0x60, 0]);
+        assert_eq!(&b[44..48], &[10, 77, 0, 1]);
+        assert_eq!(Dest::parse_cm(&b).unwrap(), d);
+        assert_eq!(Dest::default().encode_cm(), [0u8; DEST_LEN_CM]);
+        assert!(Dest::parse_cm(&b[..55]).is_err());
     }
 
     #[test]

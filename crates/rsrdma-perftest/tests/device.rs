@@ -184,6 +184,43 @@ fn wait_listening(port: u16, server: &mut Proc) {
     }
 }
 
+/// Waits until an rdma_cm id listens on `port` (the `-R` servers open no TCP socket), as
+/// iproute2's `rdma resource show cm_id` lists them.
+fn wait_listening_cm(port: u16, server: &mut Proc) {
+    let start = Instant::now();
+    let want = format!("src-addr 0.0.0.0:{port} ");
+    loop {
+        let out = Command::new("rdma")
+            .args(["resource", "show", "cm_id"])
+            .output()
+            .expect("iproute2's rdma tool");
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text
+            .lines()
+            .any(|l| l.contains("state LISTEN") && format!("{l} ").contains(&want))
+        {
+            return;
+        }
+        if let Some(Some(st)) = server.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
+            let se = server.err.take().map(|h| h.join().unwrap_or_default());
+            panic!(
+                "the server exited ({st}) before listening\n--- stderr\n{}",
+                se.unwrap_or_default()
+            );
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "no rdma_cm listener on port {port} after 15 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The address rdma_cm clients connect to (over rxe, rdma_cm cannot use 127.0.0.1).
+fn cm_ip() -> String {
+    std::env::var("RSRDMA_TEST_IP").unwrap_or_else(|_| "10.77.0.1".into())
+}
+
 fn common(port: u16) -> Vec<String> {
     vec![
         "-d".into(),
@@ -231,11 +268,18 @@ fn pair_once(
     limit: Duration,
 ) -> (Done, Done) {
     let port = port();
+    let cm = srv.2.contains(&"-R");
     let mut s = Proc::spawn(&program(srv.0, srv.1), &with(common(port), srv.2));
-    wait_listening(port, &mut s);
+    let host = if cm {
+        wait_listening_cm(port, &mut s);
+        cm_ip()
+    } else {
+        wait_listening(port, &mut s);
+        "127.0.0.1".into()
+    };
     let c = Proc::spawn(
         &program(cli.0, cli.1),
-        &with(with(common(port), cli.2), &["127.0.0.1"]),
+        &with(with(common(port), cli.2), &[host.as_str()]),
     );
     let c = c.wait(limit);
     let s = s.wait(Duration::from_secs(20));
@@ -259,16 +303,27 @@ fn result_lines(out: &str, size: u64) -> Vec<Vec<String>> {
 
 /// A successful interop run: both exit 0, and whoever prints a table prints a sane line.
 fn interop(tool: &str, ud: bool, srv: Side, cli: Side) {
+    interop_with(tool, ud, false, srv, cli);
+}
+
+/// As [`interop`], over rdma_cm (`-R`) when `cm`: then both ends also print perftest's
+/// rdma_cm header lines, and the server its extra lines.
+fn interop_with(tool: &str, ud: bool, cm: bool, srv: Side, cli: Side) {
     let bw = tool.ends_with("_bw");
-    let (size, iters) = match (bw, ud) {
-        _ if tool.starts_with("atomic") => (8, 200),
-        (true, true) => (1024, 200),
-        (true, false) => (65536, 200),
-        (false, _) => (2, 200),
+    let n = if cm { "100" } else { "200" };
+    let iters: u64 = n.parse().unwrap();
+    let size = match (bw, ud) {
+        _ if tool.starts_with("atomic") => 8,
+        (true, true) => 1024,
+        (true, false) => 65536,
+        (false, _) => 2,
     };
-    let mut extra = vec!["-n", "200"];
+    let mut extra = vec!["-n", n];
     if ud {
         extra.extend(["-c", "UD"]);
+    }
+    if cm {
+        extra.push("-R");
     }
     if bw && ud {
         extra.extend(["-s", "1024"]);
@@ -303,6 +358,20 @@ fn interop(tool: &str, ud: bool, srv: Side, cli: Side) {
     }
     for d in [&s, &c] {
         assert!(!d.stderr.contains("panicked"), "{ctx}");
+    }
+    if cm {
+        for d in [&s, &c] {
+            assert!(
+                d.stdout
+                    .contains(" rdma_cm QPs\t : ON\n Data ex. method : rdma_cm\n"),
+                "{ctx}"
+            );
+            // Over rdma_cm perftest shows LID, QPN and PSN only.
+            assert!(!d.stdout.contains("RKey"), "{ctx}");
+        }
+        let waiting = " Waiting for client rdma_cm QP to connect\n Please run the same command with the IB/RoCE interface IP\n";
+        assert!(s.stdout.contains(waiting), "{ctx}");
+        assert!(!c.stdout.contains(waiting), "{ctx}");
     }
 }
 
@@ -340,6 +409,42 @@ matrix! {
     read_lat_rc: "read_lat", false;
     send_bw_ud: "send_bw", true;
     send_lat_ud: "send_lat", true;
+    atomic_bw_rc: "atomic_bw", false;
+    atomic_lat_rc: "atomic_lat", false;
+}
+
+macro_rules! matrix_rdma_cm {
+    ($($name:ident: $tool:literal, $ud:literal;)*) => {
+        mod rdma_cm {
+            use super::*;
+            $(
+                mod $name {
+                    use super::*;
+                    #[test]
+                    fn rs_client_ib_server() {
+                        interop_with($tool, $ud, true, Side::Ib, Side::Rs);
+                    }
+                    #[test]
+                    fn ib_client_rs_server() {
+                        interop_with($tool, $ud, true, Side::Rs, Side::Ib);
+                    }
+                    #[test]
+                    fn rs_client_rs_server() {
+                        interop_with($tool, $ud, true, Side::Rs, Side::Rs);
+                    }
+                }
+            )*
+        }
+    };
+}
+
+matrix_rdma_cm! {
+    send_bw_rc: "send_bw", false;
+    send_lat_rc: "send_lat", false;
+    write_bw_rc: "write_bw", false;
+    write_lat_rc: "write_lat", false;
+    read_bw_rc: "read_bw", false;
+    read_lat_rc: "read_lat", false;
     atomic_bw_rc: "atomic_bw", false;
     atomic_lat_rc: "atomic_lat", false;
 }
@@ -673,17 +778,31 @@ mod failures {
 
     /// The survivor of a killed peer exits non-zero within 10 s, with a message.
     fn killed(tool: &str, kill_server: bool, srv_side: Side, cli_side: Side) {
+        killed_with(tool, kill_server, srv_side, cli_side, false);
+    }
+
+    /// As [`killed`], over rdma_cm (`-R`) when `cm`.
+    fn killed_with(tool: &str, kill_server: bool, srv_side: Side, cli_side: Side, cm: bool) {
         let port = port();
-        let extra: &[&str] = if tool.ends_with("_bw") {
-            &["-n", "5000000"]
+        let mut extra: Vec<&str> = if tool.ends_with("_bw") {
+            vec!["-n", "5000000"]
         } else {
-            &["-n", "10000000"]
+            vec!["-n", "10000000"]
         };
-        let mut s = Proc::spawn(&program(srv_side, tool), &with(common(port), extra));
-        wait_listening(port, &mut s);
+        if cm {
+            extra.push("-R");
+        }
+        let mut s = Proc::spawn(&program(srv_side, tool), &with(common(port), &extra));
+        let host = if cm {
+            wait_listening_cm(port, &mut s);
+            cm_ip()
+        } else {
+            wait_listening(port, &mut s);
+            "127.0.0.1".into()
+        };
         let c = Proc::spawn(
             &program(cli_side, tool),
-            &with(with(common(port), extra), &["127.0.0.1"]),
+            &with(with(common(port), &extra), &[host.as_str()]),
         );
         std::thread::sleep(Duration::from_secs(3));
         let (victim, survivor) = if kill_server { (s, c) } else { (c, s) };
@@ -695,6 +814,16 @@ mod failures {
         assert!(d.code.is_some(), "died by a signal\n{ctx}");
         assert!(d.stderr.trim().len() > 10, "no message\n{ctx}");
         assert!(!d.stderr.contains("panicked"), "{ctx}");
+    }
+
+    #[test]
+    fn rdma_cm_write_bw_ib_client_killed_rs_server_survives() {
+        killed_with("write_bw", false, Side::Rs, Side::Ib, true);
+    }
+
+    #[test]
+    fn rdma_cm_send_lat_ib_server_killed_rs_client_survives() {
+        killed_with("send_lat", true, Side::Ib, Side::Rs, true);
     }
 
     #[test]

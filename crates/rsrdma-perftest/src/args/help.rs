@@ -142,7 +142,7 @@ const SHORT: &[(Only, &str, &str)] = &[
     (
         Only::All,
         "-R, --rdma_cm",
-        "Connect QPs with rdma_cm and run test on those QPs (not supported: exits with an error)",
+        "Connect QPs with rdma_cm and run test on those QPs",
     ),
     (
         Only::NotAtomic,

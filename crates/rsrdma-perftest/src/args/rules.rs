@@ -103,6 +103,14 @@ pub(super) fn check_combinations(cli: &Cli, conn: Conn) -> Result<(), ParseOutco
             cli.rdma_cm && conn == Conn::Uc,
             "rdma_cm (-R) does not support UC".into(),
         ),
+        (
+            cli.rdma_cm && conn == Conn::Ud,
+            "rdma_cm (-R) with UD is not supported by the rs_* tools".into(),
+        ),
+        (
+            cli.rdma_cm && cli.loopback,
+            "--loopback with rdma_cm (-R) is not supported: run a server and a client".into(),
+        ),
     ];
     match refused.into_iter().find(|(bad, _)| *bad) {
         Some((_, msg)) => Err(parser_error(&msg)),

@@ -343,3 +343,25 @@ fn duration_on_latency_tools() {
         .0
         .contains("cannot be used together"));
 }
+
+#[test]
+fn rdma_cm_over_rc_only_and_not_with_loopback() {
+    assert!(ok("write_bw", &["-R", "10.77.0.1"]).rdma_cm);
+    assert!(ok("read_lat", &["--rdma_cm"]).rdma_cm);
+    for (name, args, want) in [
+        (
+            "send_bw",
+            &["-R", "-c", "UD"][..],
+            "with UD is not supported",
+        ),
+        ("send_bw", &["-R", "-c", "UC"][..], "does not support UC"),
+        (
+            "write_bw",
+            &["-R", "--loopback"][..],
+            "--loopback with rdma_cm",
+        ),
+    ] {
+        let (stderr, _) = err(name, args);
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}
