@@ -20,29 +20,32 @@ use std::process::Command;
 use std::time::Duration;
 
 const USAGE: &str = "usage: cargo xtask bench perftest [--rounds N] [--quick] \
-                     [--no-vm -d DEVICE -x GID_INDEX] [--timeout SECS]\n       cargo xtask bench overhead [--rounds N] [--wrs N]";
+                     [--no-vm -d DEVICE -x GID_INDEX] [--timeout SECS]\n       \
+                     cargo xtask bench rdmanet [--rounds N] [--quick] \
+                     [--no-vm -d DEVICE -x GID_INDEX] [--timeout SECS]\n       \
+                     cargo xtask bench overhead [--rounds N] [--wrs N]";
 
 /// What a case measures.
 #[derive(Clone, Copy, PartialEq)]
-enum Metric {
+pub(crate) enum Metric {
     /// BW average, Gb/s: higher is better.
     Gbits,
     /// t_typical, µs: lower is better.
     Typical,
 }
 
-struct Case {
-    name: String,
-    metric: Metric,
+pub(crate) struct Case {
+    pub(crate) name: String,
+    pub(crate) metric: Metric,
     /// (label, server command, client command) for A and B; `{port}`, `{dev}`, `{gid}` and
     /// `{host}` are filled in per run.
-    a: (String, String, String),
-    b: (String, String, String),
+    pub(crate) a: (String, String, String),
+    pub(crate) b: (String, String, String),
     /// What the ratio B/A (or A/B for latency) is held to, as text for the table.
-    target: &'static str,
+    pub(crate) target: &'static str,
 }
 
-fn perftest_case(op: &str, kind: &str, size: u32, iters: u32, bin: &Path) -> Case {
+pub(crate) fn perftest_case(op: &str, kind: &str, size: u32, iters: u32, bin: &Path) -> Case {
     let flags = format!("-d {{dev}} -x {{gid}} -p {{port}} -s {size} -n {iters} -F --report_gbits");
     let c = |tool: &str| {
         (
@@ -87,31 +90,67 @@ fn rawconn(size: u32, iters: u32, batch: u32, examples: &Path) -> (String, Strin
     )
 }
 
-fn human(size: u32) -> String {
+pub(crate) fn human(size: u32) -> String {
     match size {
         s if s >= 1024 && s % 1024 == 0 => format!("{} KiB", s / 1024),
         s => format!("{s} B"),
     }
 }
 
-pub fn main(root: &Path, args: &[String]) -> Result<i32> {
-    match args.first().map(String::as_str) {
-        Some("perftest") => {}
-        Some("overhead") => return crate::bench_overhead::main(root, &args[1..]),
-        _ => bail!("{USAGE}"),
+/// The options `bench perftest` and `bench rdmanet` share.
+pub(crate) struct BenchArgs {
+    pub(crate) rounds: u32,
+    pub(crate) quick: bool,
+    pub(crate) no_vm: bool,
+    pub(crate) dev: String,
+    pub(crate) gid: String,
+    pub(crate) opts: VmOpts,
+}
+
+impl BenchArgs {
+    /// An iteration count: sized for soft-RoCE in the VM (a quarter with `--quick`), or for a
+    /// real NIC with `--no-vm`.
+    pub(crate) fn scale(&self, vm_iters: u32, nic_iters: u32) -> u32 {
+        if self.no_vm {
+            nic_iters
+        } else if self.quick {
+            vm_iters / 4
+        } else {
+            vm_iters
+        }
     }
-    let mut rounds = 5u32;
-    let mut quick = false;
-    let mut no_vm = false;
-    let mut dev = vm::GUEST_DEVICE.to_string();
-    let mut gid = vm::GUEST_GID_INDEX.to_string();
-    let mut opts = VmOpts {
-        timeout: Duration::from_secs(1800),
-        ..VmOpts::default()
+
+    /// The address clients connect to.
+    pub(crate) fn host(&self) -> &'static str {
+        if self.no_vm {
+            "127.0.0.1"
+        } else {
+            vm::GUEST_IP
+        }
+    }
+
+    /// Where the runs' output files go.
+    pub(crate) fn out_dir(&self, target: &Path) -> PathBuf {
+        target.join(if self.no_vm { "bench-out" } else { "vm-out" })
+    }
+}
+
+/// Parses the options after `bench <what>`; `None` when `--help` printed `usage`.
+pub(crate) fn parse_args(args: &[String], usage: &str) -> Result<Option<BenchArgs>> {
+    let mut a = BenchArgs {
+        rounds: 5,
+        quick: false,
+        no_vm: false,
+        dev: vm::GUEST_DEVICE.to_string(),
+        gid: vm::GUEST_GID_INDEX.to_string(),
+        opts: VmOpts {
+            timeout: Duration::from_secs(1800),
+            ..VmOpts::default()
+        },
     };
-    let mut it = args[1..].iter();
+    let mut it = args.iter();
     while let Some(arg) = it.next() {
-        if vm::parse_common_opt(arg, &mut it, &mut opts)? {
+        if vm::parse_common_opt(arg, &mut it, &mut a.opts)? {
             continue;
         }
         let mut value = || {
@@ -120,26 +159,76 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
                 .ok_or_else(|| anyhow!("{arg} needs a value"))
         };
         match arg.as_str() {
-            "--rounds" => rounds = value()?.parse().context("--rounds")?,
-            "--quick" => quick = true,
-            "--no-vm" => no_vm = true,
-            "-d" => dev = value()?,
-            "-x" => gid = value()?,
+            "--rounds" => a.rounds = value()?.parse().context("--rounds")?,
+            "--quick" => a.quick = true,
+            "--no-vm" => a.no_vm = true,
+            "-d" => a.dev = value()?,
+            "-x" => a.gid = value()?,
             "-h" | "--help" => {
-                eprintln!("{USAGE}");
-                return Ok(0);
+                eprintln!("{usage}");
+                return Ok(None);
             }
-            _ => bail!("unknown argument {arg:?}\n{USAGE}"),
+            _ => bail!("unknown argument {arg:?}\n{usage}"),
         }
     }
-    if rounds < 1 {
+    if a.rounds < 1 {
         bail!("--rounds must be at least 1");
     }
-    vm::ensure_packages(vm::HOST_PACKAGES)?;
+    Ok(Some(a))
+}
 
-    for args in [
-        vec!["build", "--release", "-p", "rsrdma-perftest", "--bins"],
-        vec![
+/// `cargo <args>` in the workspace root, failing unless it succeeds.
+pub(crate) fn cargo_build(root: &Path, args: &[&str]) -> Result<()> {
+    eprintln!("[bench] cargo {}", args.join(" "));
+    let status = Command::new(vm::cargo())
+        .args(args)
+        .current_dir(root)
+        .status()?;
+    if !status.success() {
+        bail!("cargo {} failed", args.join(" "));
+    }
+    Ok(())
+}
+
+/// Runs a script made by [`script`] in the VM, or here with `--no-vm`; its exit status.
+pub(crate) fn run_script(a: &BenchArgs, root: &Path, script: &str, out_dir: &Path) -> Result<i32> {
+    let status = if a.no_vm {
+        let _ = std::fs::remove_dir_all(out_dir);
+        std::fs::create_dir_all(out_dir)?;
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(root)
+            .status()?
+            .code()
+            .unwrap_or(1)
+    } else {
+        vm::run_in_vm(&a.opts, script)?
+    };
+    if status != 0 {
+        eprintln!("[bench] the benchmark script exited with status {status}");
+    }
+    Ok(status)
+}
+
+pub fn main(root: &Path, args: &[String]) -> Result<i32> {
+    match args.first().map(String::as_str) {
+        Some("perftest") => {}
+        Some("overhead") => return crate::bench_overhead::main(root, &args[1..]),
+        Some("rdmanet") => return crate::bench_rdmanet::main(root, &args[1..]),
+        _ => bail!("{USAGE}"),
+    }
+    let Some(a) = parse_args(&args[1..], USAGE)? else {
+        return Ok(0);
+    };
+    vm::ensure_packages(vm::HOST_PACKAGES)?;
+    cargo_build(
+        root,
+        &["build", "--release", "-p", "rsrdma-perftest", "--bins"],
+    )?;
+    cargo_build(
+        root,
+        &[
             "build",
             "--release",
             "-p",
@@ -147,31 +236,14 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
             "--example",
             "rawconn_bw",
         ],
-    ] {
-        eprintln!("[bench] cargo {}", args.join(" "));
-        let status = Command::new(vm::cargo())
-            .args(&args)
-            .current_dir(root)
-            .status()?;
-        if !status.success() {
-            bail!("cargo {} failed", args.join(" "));
-        }
-    }
+    )?;
     let target = vm::target_dir()?;
     let bin = target.join("release");
     let examples = bin.join("examples");
 
     // Soft-RoCE under emulation moves about 0.2 Gb/s: sized so that a 64 KiB run takes a few
     // seconds there. On real NICs the iteration counts are perftest's defaults.
-    let scale = |vm_iters: u32, nic_iters: u32| {
-        if no_vm {
-            nic_iters
-        } else if quick {
-            vm_iters / 4
-        } else {
-            vm_iters
-        }
-    };
+    let scale = |vm_iters: u32, nic_iters: u32| a.scale(vm_iters, nic_iters);
     let mut cases = Vec::new();
     for op in ["send", "write", "read"] {
         cases.push(perftest_case(op, "bw", 65536, scale(500, 5000), &bin));
@@ -199,36 +271,10 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         target: "batch/per-WR > 1",
     });
 
-    let out_dir = if no_vm {
-        target.join("bench-out")
-    } else {
-        target.join("vm-out")
-    };
-    let (script, runs) = script(
-        &cases,
-        rounds,
-        &dev,
-        &gid,
-        if no_vm { "127.0.0.1" } else { vm::GUEST_IP },
-        &out_dir,
-    );
-    let status = if no_vm {
-        let _ = std::fs::remove_dir_all(&out_dir);
-        std::fs::create_dir_all(&out_dir)?;
-        Command::new("sh")
-            .arg("-c")
-            .arg(&script)
-            .current_dir(root)
-            .status()?
-            .code()
-            .unwrap_or(1)
-    } else {
-        vm::run_in_vm(&opts, &script)?
-    };
-    if status != 0 {
-        eprintln!("[bench] the benchmark script exited with status {status}");
-    }
-    let table = report(&cases, &runs, &out_dir, rounds, no_vm, &dev)?;
+    let out_dir = a.out_dir(&target);
+    let (script, runs) = script(&cases, a.rounds, &a.dev, &a.gid, a.host(), &out_dir);
+    let status = run_script(&a, root, &script, &out_dir)?;
+    let table = report(&cases, &runs, &out_dir, a.rounds, a.no_vm, &a.dev)?;
     print!("{table}");
     std::fs::write(target.join("bench-perftest.txt"), &table)?;
     eprintln!(
@@ -239,14 +285,14 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
 }
 
 /// One run: the case, A or B, the round, and its output file's stem.
-struct Run {
-    case: usize,
-    b: bool,
-    stem: String,
+pub(crate) struct Run {
+    pub(crate) case: usize,
+    pub(crate) b: bool,
+    pub(crate) stem: String,
 }
 
 /// The shell script that runs every case, alternating A and B.
-fn script(
+pub(crate) fn script(
     cases: &[Case],
     rounds: u32,
     dev: &str,
@@ -257,10 +303,12 @@ fn script(
     let mut s = String::from(
         r#"set -u
 out=$1
-wait_listen() { # port: wait until something listens on it (the perftest client never retries)
+wait_listen() { # port server-output: wait until something listens on the port, or the server
+  # says it does (an rdma_cm listener opens no TCP port); the perftest client never retries
   i=0
   while [ $i -lt 200 ]; do
     ss -ltn 2>/dev/null | grep -q ":$1 " && return 0
+    grep -qs '^listening on ' "$2" && return 0
     sleep 0.05; i=$((i+1))
   done
   return 1
@@ -268,7 +316,7 @@ wait_listen() { # port: wait until something listens on it (the perftest client 
 pair() { # stem port server client
   timeout 300 sh -c "$3" > "$out/$1.server" 2>&1 &
   spid=$!
-  wait_listen "$2" || echo "server did not listen on $2" >> "$out/$1.client"
+  wait_listen "$2" "$out/$1.server" || echo "server did not listen on $2" >> "$out/$1.client"
   timeout 300 sh -c "$4" >> "$out/$1.client" 2>&1
   echo "client status $?" >> "$out/$1.client"
   wait $spid
@@ -310,7 +358,7 @@ pair() { # stem port server client
 
 /// The figure a client printed: BW average (Gb/s) from a perftest-style bw table or the
 /// `rawconn_bw` line, or t_typical (µs) from a latency table.
-fn parse_metric(text: &str, metric: Metric) -> Option<f64> {
+pub(crate) fn parse_metric(text: &str, metric: Metric) -> Option<f64> {
     if let Some(line) = text.lines().find(|l| l.starts_with("rawconn_bw:")) {
         let v = line
             .split_whitespace()
@@ -335,7 +383,7 @@ fn parse_metric(text: &str, metric: Metric) -> Option<f64> {
     }
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }

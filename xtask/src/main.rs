@@ -5,10 +5,13 @@
 //! - `test`: every test: fmt, clippy, unit tests, then the RDMA tests inside the VM.
 //! - `demo`: build, boot the VM, run a real RC transfer between two processes, print what it measured.
 //! - `bench perftest`: ours against C perftest side by side (A B A B …), medians and ratios.
+//! - `bench rdmanet`: rsrdma-net's Conn against RawConn and rs_send_lat (A B A B …), medians,
+//!   ratios and targets; registered memory and CPU per GB.
 //! - `bench overhead`: rsrdma's post path against C on a do-nothing provider (no RDMA needed).
 
 mod bench;
 mod bench_overhead;
+mod bench_rdmanet;
 mod demo;
 mod regen;
 mod test;
@@ -34,7 +37,9 @@ fn main() -> Result<()> {
         Some("demo") => std::process::exit(demo::main(&root, &args[1..])?),
         Some("bench") => std::process::exit(bench::main(&root, &args[1..])?),
         _ => {
-            eprintln!("usage: cargo xtask <regen-bindings|vm|test|demo|bench perftest|overhead>");
+            eprintln!(
+                "usage: cargo xtask <regen-bindings|vm|test|demo|bench perftest|rdmanet|overhead>"
+            );
             bail!("unknown command")
         }
     }

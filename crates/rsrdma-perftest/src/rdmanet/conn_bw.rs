@@ -2,8 +2,11 @@
 //! `send_batch` groups with `-b`), the server receives until the end of the stream.
 
 use super::args::{BwArgs, Target};
+use super::cpu::process_cpu;
 use super::net::{conn_options, dial, establish_name, listen, net_error};
-use super::text::{accepted_line, listening_line, received_line, send_line, SendMode};
+use super::text::{
+    accepted_line, cpu_line, listening_line, received_line, registered_line, send_line, SendMode,
+};
 use crate::error::{Error, Result};
 use crate::out::Out;
 use rsrdma_net::{Conn, NetError};
@@ -21,13 +24,17 @@ pub fn server(a: &BwArgs, o: &mut Out<'_>) -> Result<()> {
     o.flush();
     let conn = l.accept().map_err(|e| net_error("accept", e))?;
     o.text(&accepted_line(conn.peer_addr()));
+    o.text(&registered_line(conn.info().registered_bytes));
     o.flush();
+    let cpu = process_cpu();
     let (messages, bytes) = if a.batch > 1 {
         drain_batches(&conn, a.batch as usize)?
     } else {
         drain(&conn, a.size as usize)?
     };
+    let cpu = process_cpu().saturating_sub(cpu);
     o.text(&received_line(messages, bytes));
+    o.text(&cpu_line(cpu));
     o.flush();
     conn.close().map_err(|e| net_error("close", e))
 }
@@ -72,7 +79,10 @@ fn drain_batches(conn: &Conn, max: usize) -> Result<(u64, u64)> {
 pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
     let c = &a.common;
     let conn = dial(target, conn_options(c, a.depth))?;
+    o.text(&registered_line(conn.info().registered_bytes));
+    o.flush();
     let msg = vec![0x5au8; a.size as usize];
+    let cpu = process_cpu();
     let start = Instant::now();
     let mode = if a.batch > 1 {
         let group: Vec<&[u8]> = vec![msg.as_slice(); a.batch as usize];
@@ -94,7 +104,9 @@ pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
         .flush()
         .map_err(|e| Error::Oob(format!("flush: {e}")))?;
     let elapsed = start.elapsed();
+    let cpu = process_cpu().saturating_sub(cpu);
     o.text(&send_line(mode, c.count, a.size, elapsed));
+    o.text(&cpu_line(cpu));
     o.flush();
     conn.close().map_err(|e| net_error("close", e))
 }

@@ -10,10 +10,11 @@
 //! - [`args`]: the flags (pure). [`text`]: the printed lines (pure).
 //! - [`net`]: `Conn` options, connecting, errors. [`conn_bw`]: the `Conn` bandwidth ends;
 //!   [`lat`]: the ping-pong ends; [`raw`]: the `RawConn` bandwidth ends (perftest's header
-//!   and table from [`crate::report`]).
+//!   and table from [`crate::report`]). [`cpu`]: the CPU time a transfer took.
 
 pub mod args;
 pub mod conn_bw;
+pub mod cpu;
 pub mod lat;
 pub mod net;
 pub mod raw;

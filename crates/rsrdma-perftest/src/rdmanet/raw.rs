@@ -6,8 +6,11 @@
 //! ends that disagree are refused at the handshake instead of measuring different things.
 
 use super::args::{BwArgs, Raw, Target};
+use super::cpu::process_cpu;
 use super::net::net_error;
-use super::text::{accepted_line, listening_line, raw_result, received_line};
+use super::text::{
+    accepted_line, cpu_line, listening_line, raw_result, received_line, registered_line,
+};
 use crate::args::{Params, RESULT_LINE};
 use crate::error::{Error, Result};
 use crate::out::Out;
@@ -89,7 +92,9 @@ pub fn server(a: &BwArgs, r: &Raw, o: &mut Out<'_>) -> Result<()> {
     let mr = rc
         .register_memory(size * slots as usize, AccessFlags::LOCAL_WRITE)
         .map_err(|e| raw_err("register memory", e))?;
+    o.text(&registered_line(mr.len()));
     let sges = sges(&mr, size, slots)?;
+    let cpu = process_cpu();
     // SAFETY: `mr` outlives the drain, which reaps every completion before it returns; the
     // CPU does not touch the region meanwhile.
     let st = unsafe {
@@ -99,7 +104,9 @@ pub fn server(a: &BwArgs, r: &Raw, o: &mut Out<'_>) -> Result<()> {
     }
     .map_err(|e| raw_err("receive", e))?;
     rc.sync().map_err(|e| raw_err("final barrier", e))?;
+    let cpu = process_cpu().saturating_sub(cpu);
     o.text(&received_line(st.completed, st.bytes));
+    o.text(&cpu_line(cpu));
     o.flush();
     rc.close().map_err(|e| raw_err("close", e))
 }
@@ -125,8 +132,10 @@ pub fn client(a: &BwArgs, r: &Raw, target: &Target, o: &mut Out<'_>) -> Result<(
     let mr = rc
         .register_memory(size * slots as usize, AccessFlags::NONE)
         .map_err(|e| raw_err("register memory", e))?;
+    o.text(&registered_line(mr.len()));
     let sges = sges(&mr, size, slots)?;
     let make = |id: u64| SendWr::send(id, &sges[(id % sges.len() as u64) as usize]);
+    let cpu = process_cpu();
     // SAFETY: `mr` outlives the pipeline, which reaps every completion before it returns, and
     // the CPU never writes the region while it runs.
     let st = unsafe {
@@ -138,6 +147,7 @@ pub fn client(a: &BwArgs, r: &Raw, target: &Target, o: &mut Out<'_>) -> Result<(
     }
     .map_err(|e| raw_err("send", e))?;
     rc.sync().map_err(|e| raw_err("final barrier", e))?;
+    let cpu = process_cpu().saturating_sub(cpu);
     o.text(&report::bw_table_header(false));
     o.text(&report::bw_line(
         &raw_result(a.size, st.completed, st.elapsed),
@@ -147,6 +157,7 @@ pub fn client(a: &BwArgs, r: &Raw, target: &Target, o: &mut Out<'_>) -> Result<(
     if let Some(probe) = st.probe_report() {
         o.text(&format!("{probe}\n"));
     }
+    o.text(&cpu_line(cpu));
     o.flush();
     rc.close().map_err(|e| raw_err("close", e))
 }

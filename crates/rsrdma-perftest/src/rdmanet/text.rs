@@ -42,6 +42,20 @@ pub fn received_line(messages: u64, bytes: u64) -> String {
     format!("server received {messages} messages ({bytes} bytes)\n")
 }
 
+/// The memory this end registered for its connection (read by `cargo xtask bench rdmanet`).
+pub fn registered_line(bytes: usize) -> String {
+    format!("registered memory: {bytes} bytes for this connection\n")
+}
+
+/// The CPU time (user + sys, every thread) this end spent from the start of the transfer to
+/// its end (read by `cargo xtask bench rdmanet`).
+pub fn cpu_line(cpu: Duration) -> String {
+    format!(
+        "cpu: {:.6} s user+sys during the transfer\n",
+        cpu.as_secs_f64()
+    )
+}
+
 /// The latency server's line.
 pub fn echoed_line(messages: u64, bytes: u64) -> String {
     format!("server echoed {messages} messages ({bytes} bytes)\n")
@@ -252,6 +266,14 @@ mod tests {
         assert_eq!(
             accepted_line("10.77.0.1:4000"),
             "accepted a connection from 10.77.0.1:4000\n"
+        );
+        assert_eq!(
+            registered_line(2 << 20),
+            "registered memory: 2097152 bytes for this connection\n"
+        );
+        assert_eq!(
+            cpu_line(Duration::from_micros(1_250_500)),
+            "cpu: 1.250500 s user+sys during the transfer\n"
         );
         assert_eq!(
             echoed_line(2, 128),
