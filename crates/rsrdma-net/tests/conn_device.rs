@@ -473,8 +473,10 @@ fn an_idle_connection_uses_no_cpu() {
         thread::sleep(Duration::from_secs(2));
         let used = cpu_ticks() - before;
         eprintln!("{mode:?}: an idle pair used {used} ticks in 2 s");
-        // A spinning thread would use about 200 ticks; keepalives cost a few wake-ups.
-        assert!(used <= 10, "{mode:?}: {used} ticks");
+        // A spinning thread would use about 200 ticks (one CPU for 2 s). Keepalives cost a
+        // few wake-ups: 1-2 ticks on a quiet host, up to ~12 measured when the emulated CPU
+        // shares a loaded 2-core host. The bound keeps a 5x margin to a spinner.
+        assert!(used <= 40, "{mode:?}: {used} ticks");
         c.send_msg(b"after idling").unwrap();
         assert_eq!(s.recv_msg().unwrap().unwrap(), b"after idling");
     }
