@@ -38,3 +38,9 @@ pub use registry::{Registry, RegistryClient, RegistryHandle, RegistryOptions};
 // Conn and Listener: the net-style RDMA connection (conn/).
 pub mod conn;
 pub use conn::{Conn, ConnInfo, ConnOptions, Establish, Listener};
+
+// The async layer on tokio (feature `tokio`): AsyncConn, AsyncListener, AsyncPacketConn.
+#[cfg(feature = "tokio")]
+pub mod asyncio;
+#[cfg(feature = "tokio")]
+pub use asyncio::{AsyncConn, AsyncListener, AsyncPacketConn};
