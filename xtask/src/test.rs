@@ -153,6 +153,8 @@ struct DeviceTarget {
     package: String,
     name: String,
     manifest_dir: PathBuf,
+    /// The target's `required-features`: it is built with them turned on.
+    required_features: Vec<String>,
 }
 
 impl DeviceTarget {
@@ -176,6 +178,12 @@ fn discover(metadata: &serde_json::Value) -> Vec<DeviceTarget> {
                     package: pkg["name"].as_str().unwrap_or_default().to_string(),
                     name: target["name"].as_str().unwrap_or_default().to_string(),
                     manifest_dir: manifest.parent().unwrap_or(Path::new("/")).to_path_buf(),
+                    required_features: target["required-features"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|f| f.as_str().map(String::from))
+                        .collect(),
                 });
             }
         }
@@ -195,6 +203,10 @@ fn build(root: &Path, package: &str, targets: &[&DeviceTarget]) -> Result<Vec<Pa
     ]);
     for t in targets {
         cmd.args(["--test", &t.name]);
+    }
+    let features = features_of(targets);
+    if !features.is_empty() {
+        cmd.args(["--features", &features.join(",")]);
     }
     let out = cmd
         .current_dir(root)
@@ -223,6 +235,17 @@ fn build(root: &Path, package: &str, targets: &[&DeviceTarget]) -> Result<Vec<Pa
         exes.push(exe);
     }
     Ok(exes)
+}
+
+/// Every feature some of `targets` require, once each, in order.
+fn features_of(targets: &[&DeviceTarget]) -> Vec<String> {
+    let mut all: Vec<String> = Vec::new();
+    for f in targets.iter().flat_map(|t| &t.required_features) {
+        if !all.contains(f) {
+            all.push(f.clone());
+        }
+    }
+    all
 }
 
 /// What one test binary did in the guest.
@@ -459,5 +482,27 @@ test result: FAILED. 2 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].label(), "rsrdma/device");
         assert_eq!(found[0].manifest_dir, PathBuf::from("/w/crates/rsrdma"));
+        assert!(found[0].required_features.is_empty());
+    }
+
+    #[test]
+    fn device_targets_are_built_with_their_required_features() {
+        let metadata = serde_json::json!({"packages": [{
+            "name": "rsrdma-net",
+            "manifest_path": "/w/crates/rsrdma-net/Cargo.toml",
+            "targets": [
+                {"name": "conn_device", "kind": ["test"], "test": false},
+                {"name": "async_device", "kind": ["test"], "test": false,
+                 "required-features": ["tokio"]},
+                {"name": "more", "kind": ["test"], "test": false,
+                 "required-features": ["tokio", "extra"]}
+            ]
+        }]});
+        let found = discover(&metadata);
+        assert_eq!(found.len(), 3);
+        assert_eq!(found[1].required_features, vec!["tokio".to_string()]);
+        let refs: Vec<&DeviceTarget> = found.iter().collect();
+        assert_eq!(features_of(&refs), vec!["tokio", "extra"]);
+        assert!(features_of(&refs[..1]).is_empty());
     }
 }

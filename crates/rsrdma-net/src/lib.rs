@@ -40,6 +40,12 @@ pub use registry::{Registry, RegistryClient, RegistryHandle, RegistryOptions};
 pub mod conn;
 pub use conn::{Conn, ConnInfo, ConnOptions, Establish, Listener};
 
+// The async layer on tokio (feature `tokio`): AsyncConn, AsyncListener, AsyncPacketConn.
+#[cfg(feature = "tokio")]
+pub mod asyncio;
+#[cfg(feature = "tokio")]
+pub use asyncio::{AsyncConn, AsyncListener, AsyncPacketConn};
+
 /// The README's code blocks, compiled as doctests so they stay true.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]

@@ -440,6 +440,271 @@ impl Drop for Conn {
     }
 }
 
+// ===== BEGIN async hooks (feature `tokio`, used by `crate::asyncio`) =====================
+// A connection without the progress thread: the async layer runs the driver's steps inside
+// its poll functions and sleeps on the completion channel's and liveness fds through the
+// reactor (see `crate::asyncio` for why). Nothing outside this block changes for it.
+
+/// What one non-blocking step ([`Conn::step_send_msg`] and friends) found.
+#[cfg(feature = "tokio")]
+#[derive(Debug)]
+pub(crate) struct Step<T> {
+    /// The operation's result, or `None` when it would block.
+    pub(crate) out: Option<T>,
+    /// The step changed something another waiter may care about.
+    pub(crate) changed: bool,
+    /// When a step is next due without any completion (keepalive, grace timers).
+    pub(crate) deadline: Option<std::time::Instant>,
+    /// The liveness fd (rdma_cm id or TCP channel) to watch, while the transport lives.
+    pub(crate) live_fd: Option<std::os::fd::RawFd>,
+}
+
+/// How [`Conn::begin_close`] found the connection.
+#[cfg(feature = "tokio")]
+#[derive(Debug)]
+pub(crate) enum CloseStart {
+    /// Another close began earlier: nothing to do.
+    Already,
+    /// FIN is queued; wait for [`Conn::step_close_done`], then [`Conn::finish_close`].
+    Started,
+    /// The connection had failed: go straight to [`Conn::finish_close`].
+    Failed(ProtoError),
+}
+
+#[cfg(feature = "tokio")]
+impl Conn {
+    /// Establishes as [`Conn::dial`] does for one address (blocking), without the thread.
+    pub(crate) fn dial_threadless(addr: SocketAddr, opts: &ConnOptions) -> Result<Conn> {
+        let est = match opts.establish {
+            Establish::Cm => establish::cm::dial(addr, opts)?,
+            Establish::Tcp => {
+                let s = TcpStream::connect_timeout(&addr, opts.connect_timeout)
+                    .map_err(|e| NetError::io("connect", e))?;
+                establish::tcp::establish(s, crate::handshake::Role::Client, opts)?
+            }
+        };
+        Conn::start_threadless(est, opts)
+    }
+
+    /// Accepts an rdma_cm connect request (blocking), without the thread.
+    pub(crate) fn accept_cm_threadless(
+        req: rsrdma::cm::ConnectRequest,
+        opts: &ConnOptions,
+    ) -> Result<Conn> {
+        Conn::start_threadless(establish::cm::accept(req, opts)?, opts)
+    }
+
+    /// Runs the server side of the TCP handshake (blocking), without the thread.
+    pub(crate) fn accept_tcp_threadless(stream: TcpStream, opts: &ConnOptions) -> Result<Conn> {
+        let est = establish::tcp::establish(stream, crate::handshake::Role::Server, opts)?;
+        Conn::start_threadless(est, opts)
+    }
+
+    /// A connection with no progress thread. Its own blocking paths (`close` on drop) then
+    /// poll the CQ themselves: busy mode, as nobody else would run a step for them.
+    fn start_threadless(est: Established, opts: &ConnOptions) -> Result<Conn> {
+        let wake = fdwait::Wake::new().map_err(|e| NetError::io("eventfd", e))?;
+        let shared = Arc::new(Shared::new(est.driver, est.cq, PollMode::Busy, wake));
+        Ok(Conn {
+            shared,
+            worker: Mutex::new(None),
+            info: est.info,
+            local_addr: est.local_addr,
+            peer_addr: est.peer_addr,
+            linger: opts.linger,
+        })
+    }
+
+    /// The CQ's completion channel fd (non-blocking; every connection has its own channel).
+    pub(crate) fn cq_channel_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.shared.cq.comp_channel().map(|c| c.as_raw_fd())
+    }
+
+    /// Asks for a channel event at the next completion.
+    ///
+    /// # Errors
+    /// The verbs error of `ibv_req_notify_cq`.
+    pub(crate) fn arm_cq(&self) -> Result<()> {
+        Ok(self.shared.cq.arm(false)?)
+    }
+
+    /// Takes every pending channel event (never blocks); returns whether there was one.
+    ///
+    /// # Errors
+    /// The verbs error of `ibv_get_cq_event`.
+    pub(crate) fn take_cq_events(&self) -> Result<bool> {
+        let mut any = false;
+        while self.shared.cq.try_event()? {
+            any = true;
+        }
+        Ok(any)
+    }
+
+    /// The linger time of `close`.
+    pub(crate) fn linger(&self) -> Duration {
+        self.linger
+    }
+
+    /// One non-blocking step: reads the liveness signal when `live` says its fd was
+    /// readable, polls the CQ, fires due timers, runs `attempt`, posts its work.
+    fn step<T>(
+        &self,
+        op: &'static str,
+        live: bool,
+        attempt: impl FnOnce(&mut Driver) -> Result<Option<T>>,
+    ) -> Result<Step<T>> {
+        let mut st = self.shared.lock();
+        let Some(d) = st.driver.as_mut() else {
+            return Err(NetError::Closed { op });
+        };
+        let now = Instant::now();
+        if live {
+            d.check_liveness(now);
+        }
+        let mut changed = d.progress(now);
+        let r = attempt(d);
+        changed |= d.post_work();
+        let (deadline, live_fd) = (d.next_deadline(), d.liveness_fd());
+        if changed || matches!(r, Ok(Some(_))) {
+            self.shared.changed(&mut st);
+        }
+        Ok(Step {
+            out: r?,
+            changed,
+            deadline,
+            live_fd,
+        })
+    }
+
+    /// A step with no operation (timers, keepalive); fails once the connection failed.
+    pub(crate) fn step_idle(&self, live: bool) -> Result<Step<()>> {
+        self.step("progress", live, |d| match d.core_ref().error() {
+            Some(e) => Err(NetError::ConnFailed(e.clone())),
+            None => Ok(None),
+        })
+    }
+
+    /// [`Conn::send_msg`] as one step.
+    pub(crate) fn step_send_msg(&self, msg: &[u8], live: bool) -> Result<Step<()>> {
+        self.step("send_msg", live, |d| {
+            if d.peer_gone() {
+                return Err(NetError::PeerGone { op: "send_msg" });
+            }
+            match d.core().send_msg(msg) {
+                Ok(()) => Ok(Some(())),
+                Err(ProtoError::WouldBlock) => Ok(None),
+                Err(e) => Err(from_core(e)),
+            }
+        })
+    }
+
+    /// [`Conn::recv_msg`] as one step: `Some(None)` is the end of the stream.
+    pub(crate) fn step_recv_msg(&self, live: bool) -> Result<Step<Option<Vec<u8>>>> {
+        self.step("recv_msg", live, |d| match d.core().recv_msg() {
+            Ok(m) => Ok(Some(m)),
+            Err(ProtoError::WouldBlock) => Ok(None),
+            Err(e) => Err(from_core(e)),
+        })
+    }
+
+    /// [`Conn::recv_msg_into`] as one step.
+    pub(crate) fn step_recv_msg_into(
+        &self,
+        buf: &mut [u8],
+        live: bool,
+    ) -> Result<Step<Option<usize>>> {
+        self.step("recv_msg_into", live, |d| {
+            match d.core().recv_msg_into(buf) {
+                Ok(n) => Ok(Some(n)),
+                Err(ProtoError::WouldBlock) => Ok(None),
+                Err(e) => Err(from_core(e)),
+            }
+        })
+    }
+
+    /// `Read::read` as one step (0 is the end of the stream).
+    pub(crate) fn step_read(&self, buf: &mut [u8], live: bool) -> Result<Step<usize>> {
+        self.step("read", live, |d| match d.core().read(buf) {
+            Ok(n) => Ok(Some(n)),
+            Err(ProtoError::WouldBlock) => Ok(None),
+            Err(e) => Err(from_core(e)),
+        })
+    }
+
+    /// `Write::flush` as one step: done once every byte taken is handed to the NIC.
+    pub(crate) fn step_flushed(&self, live: bool) -> Result<Step<()>> {
+        self.step("flush", live, |d| {
+            if let Some(e) = d.core_ref().error() {
+                return Err(NetError::ConnFailed(e.clone()));
+            }
+            let queued = d.core_ref().counters().queued_send_bytes;
+            Ok((queued == 0 || d.peer_gone()).then_some(()))
+        })
+    }
+
+    /// Starts a close without waiting: FIN after everything queued (as [`Conn::close`]).
+    pub(crate) fn begin_close(&self) -> CloseStart {
+        let mut st = self.shared.lock();
+        if st.closing {
+            return CloseStart::Already;
+        }
+        st.closing = true;
+        let out = match st.driver.as_mut() {
+            Some(d) => {
+                let failed = d.core_ref().error().cloned();
+                if failed.is_none() && !d.peer_gone() {
+                    let _ = d.core().close();
+                }
+                d.post_work();
+                failed.map_or(CloseStart::Started, CloseStart::Failed)
+            }
+            None => CloseStart::Started,
+        };
+        self.shared.changed(&mut st);
+        out
+    }
+
+    /// One step of the close: done when our FIN completed, the peer left, or it failed.
+    pub(crate) fn step_close_done(&self, live: bool) -> Result<Step<()>> {
+        self.step("close", live, |d| Ok(close_done(d).then_some(())))
+    }
+
+    /// Ends a close begun by [`Conn::begin_close`]: tears the driver down (reaping the
+    /// flush, bounded) and says what [`Conn::close`] would have said. `delivered` is whether
+    /// [`Conn::step_close_done`] finished within the linger time. Deregister the fds from
+    /// any reactor first: the liveness fd closes here.
+    ///
+    /// # Errors
+    /// As [`Conn::close`].
+    pub(crate) fn finish_close(&self, failed: Option<ProtoError>, delivered: bool) -> Result<()> {
+        let driver = {
+            let mut st = self.shared.lock();
+            st.stop = true;
+            let d = st.driver.take();
+            self.shared.changed(&mut st);
+            d
+        };
+        let ours_done = driver
+            .as_ref()
+            .is_some_and(|d| d.core_ref().is_drained() || d.peer_gone());
+        if let Some(d) = driver {
+            d.teardown(Instant::now() + FLUSH_LIMIT);
+        }
+        if let Some(e) = failed {
+            return Err(NetError::ConnFailed(e));
+        }
+        if delivered || ours_done {
+            return Ok(());
+        }
+        Err(NetError::Timeout {
+            op: "close: delivering the queued data",
+            millis: self.linger.as_millis() as u64,
+        })
+    }
+}
+// ===== END async hooks =================================================================
+
 /// Our FIN completed (so every byte before it sits in the peer's slots), or the peer is
 /// gone, or the connection failed. Close does not wait for the peer's FIN: a peer that is
 /// still reading gets our FIN, then sees our teardown as its peer leaving after FIN (its

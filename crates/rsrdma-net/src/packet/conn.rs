@@ -392,6 +392,65 @@ impl PacketConn {
     }
 }
 
+// ===== BEGIN async hooks (feature `tokio`, used by `crate::asyncio`) =====================
+// Non-blocking variants of send and receive, and the CQs whose channels the async layer
+// watches through the reactor. Nothing outside this block changes for it.
+#[cfg(feature = "tokio")]
+impl PacketConn {
+    /// [`PacketConn::send_to`] without waiting: `Ok(None)` when every send buffer is in
+    /// flight (nothing was sent).
+    ///
+    /// # Errors
+    /// As [`PacketConn::send_to`], less the timeout.
+    pub(crate) fn try_send_to(&self, buf: &[u8], to: &Addr) -> Result<Option<usize>> {
+        if buf.len() > self.max_datagram {
+            return Err(NetError::DatagramTooLarge {
+                len: buf.len(),
+                limit: self.max_datagram,
+            });
+        }
+        let posted = {
+            let mut ring = lock(&self.send);
+            ring.take_failure()?;
+            ring.reap(&self.send_cq)?;
+            ring.post(&self.qp, &self.pd, self.route, &[(buf, *to)])?
+        };
+        if posted == 0 {
+            return Ok(None);
+        }
+        self.sent.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(buf.len()))
+    }
+
+    /// [`PacketConn::recv_from`] without waiting: `Ok(None)` when no datagram is there.
+    /// Taking the datagram and copying it out happen in this one call.
+    ///
+    /// # Errors
+    /// As [`PacketConn::recv_from`], less the timeout.
+    pub(crate) fn try_recv_from(&self, buf: &mut [u8]) -> Result<Option<(usize, Addr)>> {
+        let mut taken = [None::<Ready>; CHUNK];
+        let mut bufs = [buf];
+        let n = self.take(&bufs, &mut taken)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        let mut meta = [(0, self.local)];
+        self.deliver(&taken[..n], &mut bufs, &mut meta)?;
+        Ok(Some(meta[0]))
+    }
+
+    /// The send and the receive CQ (each on a channel of its own unless the mode is busy).
+    pub(crate) fn cqs(&self) -> (&Cq, &Cq) {
+        (&self.send_cq, &self.recv_cq)
+    }
+
+    /// The poll mode it was bound with.
+    pub(crate) fn poll_mode(&self) -> PollMode {
+        self.mode
+    }
+}
+// ===== END async hooks =================================================================
+
 impl Drop for PacketConn {
     fn drop(&mut self) {
         // Let the last datagrams leave before the queue pair is destroyed.

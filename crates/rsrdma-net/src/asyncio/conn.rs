@@ -1,0 +1,175 @@
+//! [`AsyncConn`]: a [`Conn`](crate::Conn) for tokio.
+
+use super::driven::Driven;
+use super::split::{OwnedReadHalf, OwnedWriteHalf};
+use crate::error::{NetError, Result};
+use crate::{ConnInfo, ConnOptions};
+use std::future::poll_fn;
+use std::net::{Shutdown, SocketAddr};
+use std::sync::Arc;
+
+/// A message-oriented RDMA connection on tokio: [`Conn`](crate::Conn)'s protocol, driven from
+/// the task that awaits it (no thread of its own; see the [module docs](super)).
+///
+/// Messages: [`AsyncConn::send_msg`], [`AsyncConn::recv_msg`], [`AsyncConn::recv_msg_into`]
+/// (these take `&self`, so tasks may share an `Arc<AsyncConn>`). Byte stream:
+/// [`tokio::io::AsyncRead`] and [`tokio::io::AsyncWrite`] (`poll_shutdown` is the
+/// half-close). [`AsyncConn::into_split`] gives owned halves for two tasks.
+///
+/// Dropping it without [`AsyncConn::close`] closes it in the drop, which may then block the
+/// runtime's thread for up to [`ConnOptions::linger`] while queued data drains: await
+/// `close` instead.
+#[derive(Debug)]
+pub struct AsyncConn {
+    pub(super) d: Arc<Driven>,
+}
+
+impl AsyncConn {
+    /// Connects to an [`AsyncListener`](super::AsyncListener) (or a
+    /// [`Listener`](crate::Listener)) at `addr`, trying each address it resolves to.
+    ///
+    /// The establishment (rdma_cm's connect, or the TCP handshake) runs on tokio's blocking
+    /// pool, bounded by [`ConnOptions::connect_timeout`] per address; the connection then
+    /// lives on the reactor. Cancel-safe in the sense that matters: a dial dropped during the
+    /// establishment lets it finish in the pool and closes what it built.
+    ///
+    /// # Errors
+    /// As [`Conn::dial`](crate::Conn::dial); [`NetError::Io`] naming `resolve address`, or
+    /// the registration with the reactor (no tokio runtime with IO and time enabled).
+    pub async fn dial(
+        addr: impl tokio::net::ToSocketAddrs,
+        opts: ConnOptions,
+    ) -> Result<AsyncConn> {
+        opts.check()?;
+        let addrs = tokio::net::lookup_host(addr)
+            .await
+            .map_err(|e| NetError::io("resolve address", e))?;
+        let mut last = None;
+        for a in addrs {
+            let o = opts.clone();
+            let built = tokio::task::spawn_blocking(move || crate::Conn::dial_threadless(a, &o))
+                .await
+                .map_err(|e| NetError::io("dial on the blocking pool", e.into()))?;
+            match built {
+                Ok(conn) => return AsyncConn::start(conn, &opts),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last
+            .unwrap_or_else(|| NetError::InvalidArgument("the address resolved to nothing".into())))
+    }
+
+    /// Puts a threadless connection on the reactor.
+    pub(super) fn start(conn: crate::Conn, opts: &ConnOptions) -> Result<AsyncConn> {
+        Ok(AsyncConn {
+            d: Driven::start(conn, opts.poll_mode)?,
+        })
+    }
+
+    /// Sends one message (0 bytes up to the negotiated cap), waiting while the previous one
+    /// is still partly queued (credits come back as the peer reads).
+    ///
+    /// Cancel-safe: the message is taken whole in the poll that completes the future, or
+    /// not at all.
+    ///
+    /// # Errors
+    /// As [`Conn::send_msg`](crate::Conn::send_msg), less the timeout (use
+    /// [`tokio::time::timeout`]).
+    pub async fn send_msg(&self, msg: &[u8]) -> Result<()> {
+        send_msg(&self.d, msg).await
+    }
+
+    /// Receives the next message; `Ok(None)` at the end of the stream.
+    ///
+    /// Cancel-safe: a message is taken in the poll that completes the future; a future
+    /// dropped before that leaves it queued for the next call.
+    ///
+    /// # Errors
+    /// As [`Conn::recv_msg`](crate::Conn::recv_msg), less the timeout.
+    pub async fn recv_msg(&self) -> Result<Option<Vec<u8>>> {
+        recv_msg(&self.d).await
+    }
+
+    /// Receives the next message into `buf`: `Ok(Some(len))`, or `Ok(None)` at the end of
+    /// the stream. Cancel-safe as [`AsyncConn::recv_msg`]; the bytes are copied into `buf`
+    /// only in the poll that completes.
+    ///
+    /// # Errors
+    /// [`NetError::ShortBuffer`] (the message stays queued); as [`AsyncConn::recv_msg`].
+    pub async fn recv_msg_into(&self, buf: &mut [u8]) -> Result<Option<usize>> {
+        recv_msg_into(&self.d, buf).await
+    }
+
+    /// Half-close: FIN goes after everything queued; waits until every queued byte is
+    /// handed to the NIC. Reading goes on. Cancel-safe (the FIN is queued at the first poll;
+    /// a second call only waits again).
+    ///
+    /// # Errors
+    /// As [`Conn::shutdown`](crate::Conn::shutdown) with `Shutdown::Write`.
+    pub async fn shutdown_write(&self) -> Result<()> {
+        shutdown_write(&self.d).await
+    }
+
+    /// Closes: FIN after everything queued, then waits (up to [`ConnOptions::linger`]) for
+    /// its delivery, then releases the queue pair and memory (after reaping the flush, which
+    /// is bounded and quick). Other tasks' pending calls end with [`NetError::Closed`].
+    /// Idempotent. Cancel-safe: a close dropped half-way is finished by the next `close` or
+    /// by the drop.
+    ///
+    /// # Errors
+    /// As [`Conn::close`](crate::Conn::close).
+    pub async fn close(&self) -> Result<()> {
+        self.d.close().await
+    }
+
+    /// Splits into a read half and a write half, each owned (for two tasks).
+    pub fn into_split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
+        super::split::split(self)
+    }
+
+    /// The local address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.d.conn.local_addr()
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.d.conn.peer_addr()
+    }
+
+    /// Device, port, GIDs, QP numbers, MTU and the negotiated parameters.
+    pub fn info(&self) -> &ConnInfo {
+        self.d.conn.info()
+    }
+
+    /// The protocol core's counters; `None` after close.
+    pub fn counters(&self) -> Option<rsrdma_proto::Counters> {
+        self.d.conn.counters()
+    }
+
+    /// Fault injection for tests: moves the queue pair to ERROR.
+    ///
+    /// # Errors
+    /// As [`Conn::inject_qp_error`](crate::Conn::inject_qp_error).
+    #[doc(hidden)]
+    pub fn inject_qp_error(&self) -> Result<()> {
+        self.d.conn.inject_qp_error()
+    }
+}
+
+pub(super) async fn send_msg(d: &Driven, msg: &[u8]) -> Result<()> {
+    poll_fn(|cx| d.poll_op(cx, |c, live| c.step_send_msg(msg, live))).await
+}
+
+pub(super) async fn recv_msg(d: &Driven) -> Result<Option<Vec<u8>>> {
+    poll_fn(|cx| d.poll_op(cx, |c, live| c.step_recv_msg(live))).await
+}
+
+pub(super) async fn recv_msg_into(d: &Driven, buf: &mut [u8]) -> Result<Option<usize>> {
+    poll_fn(|cx| d.poll_op(cx, |c, live| c.step_recv_msg_into(buf, live))).await
+}
+
+pub(super) async fn shutdown_write(d: &Driven) -> Result<()> {
+    d.conn.shutdown(Shutdown::Write)?;
+    poll_fn(|cx| d.poll_op(cx, |c, live| c.step_flushed(live))).await
+}

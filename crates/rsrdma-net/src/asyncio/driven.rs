@@ -1,0 +1,284 @@
+//! [`Driven`]: a threadless [`Conn`] driven from poll functions, and its keeper task.
+//!
+//! Every async operation is one loop in [`Driven::poll_op`]: run one driver step with the
+//! operation in it; if it would block, register the task in the [`WakerSet`], arm the CQ
+//! (once per event) and step again, so a completion that came before the arm is not slept
+//! through; then look at the completion channel and the liveness fd, polled with the set's
+//! fan-out waker. A readable channel is emptied and the loop steps again; otherwise the task
+//! sleeps until the next event wakes every waiter.
+//!
+//! The keeper task runs the steps that are due by time alone (keepalive PINGs, the
+//! dead-peer timeout, the grace after the transport ended) while nobody awaits anything. It
+//! sleeps on a tokio timer until the driver's next deadline; a step that brings the deadline
+//! forward wakes it. It holds only a weak reference and ends with the connection.
+
+use super::wakers::WakerSet;
+use super::watch::Watch;
+use crate::conn::{CloseStart, Step};
+use crate::error::{NetError, Result};
+use crate::progress::PollMode;
+use crate::Conn;
+use rsrdma_proto::ProtoError;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+use tokio::time::Sleep;
+
+/// What the keeper sleeps until, and how to wake it early.
+#[derive(Debug, Default)]
+struct KeeperSlot {
+    at: Option<Instant>,
+    waker: Option<Waker>,
+}
+
+/// A connection and what its poll functions wait on. Field order is drop order: the
+/// watches deregister before the connection closes their descriptors.
+#[derive(Debug)]
+pub(crate) struct Driven {
+    cq: Watch,
+    live: Mutex<Option<Watch>>,
+    /// The CQ is armed and no event was taken since.
+    armed: AtomicBool,
+    /// The liveness fd was readable: the next step reads it.
+    live_ready: AtomicBool,
+    /// A close of ours began and has not torn down yet (see [`Driven::close`]).
+    close_pending: AtomicBool,
+    waiters: Arc<WakerSet>,
+    fanout: Waker,
+    keeper: Mutex<KeeperSlot>,
+    busy: bool,
+    pub(crate) conn: Conn,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Driven {
+    /// Registers the connection's fds with the current runtime and starts its keeper.
+    ///
+    /// # Errors
+    /// [`NetError::Io`] when the fds cannot be registered (no tokio runtime with IO).
+    pub(crate) fn start(conn: Conn, mode: PollMode) -> Result<Arc<Driven>> {
+        let reg = |e| NetError::io("register with the tokio reactor", e);
+        let cq_fd = conn.cq_channel_fd().ok_or_else(|| {
+            NetError::InvalidArgument("the connection's CQ has no completion channel".into())
+        })?;
+        // SAFETY: the channel belongs to the connection's CQ, which `conn` keeps (in its
+        // shared state) until it is dropped, and `Driven` drops this watch before `conn`.
+        let cq = unsafe { Watch::new(cq_fd) }.map_err(reg)?;
+        let step = conn.step_idle(false)?;
+        // SAFETY: the liveness fd belongs to the driver, which closes it only in
+        // `Conn::finish_close` or in the connection's drop: `Driven::finish_close` takes this
+        // watch out (deregisters it) before the former, and field order drops it before the
+        // latter.
+        let live = step
+            .live_fd
+            .map(|fd| unsafe { Watch::new(fd) })
+            .transpose()
+            .map_err(reg)?;
+        let waiters = Arc::new(WakerSet::default());
+        let d = Arc::new(Driven {
+            cq,
+            live: Mutex::new(live),
+            armed: AtomicBool::new(false),
+            live_ready: AtomicBool::new(false),
+            close_pending: AtomicBool::new(false),
+            fanout: Waker::from(waiters.clone()),
+            waiters,
+            keeper: Mutex::new(KeeperSlot::default()),
+            busy: mode == PollMode::Busy,
+            conn,
+        });
+        tokio::spawn(keep(Arc::downgrade(&d)));
+        Ok(d)
+    }
+
+    /// Runs `op` (one step of the connection) until it gives a value; see the module docs.
+    pub(crate) fn poll_op<T>(
+        &self,
+        cx: &mut Context<'_>,
+        mut op: impl FnMut(&Conn, bool) -> Result<Step<T>>,
+    ) -> Poll<Result<T>> {
+        loop {
+            let live = self.live_ready.swap(false, Ordering::AcqRel);
+            let step = match op(&self.conn, live) {
+                Ok(s) => s,
+                Err(e) => {
+                    // A failure or a close concerns every waiter.
+                    self.waiters.wake_others(cx.waker());
+                    return Poll::Ready(Err(e));
+                }
+            };
+            self.after_step(&step, cx.waker(), false);
+            if let Some(v) = step.out {
+                return Poll::Ready(Ok(v));
+            }
+            if self.busy {
+                // Busy mode: poll again on the task's next turn (the runtime keeps others running).
+                if let Err(e) = self.poll_live(step.live_fd.is_some()) {
+                    return Poll::Ready(Err(e));
+                }
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            self.waiters.register(cx.waker());
+            match self.poll_fds(step.live_fd.is_some()) {
+                Ok(true) => continue,
+                Ok(false) => return Poll::Pending,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    /// Takes a channel event if there is one, and arms the CQ when it is not armed (the
+    /// first wait, or an event was just taken); true when the caller should step again.
+    fn poll_fds(&self, live: bool) -> Result<bool> {
+        let ready = self
+            .cq
+            .take_ready(&self.fanout)
+            .map_err(|e| NetError::io("poll the completion channel", e))?;
+        if ready && self.conn.take_cq_events()? {
+            self.armed.store(false, Ordering::Release);
+        }
+        if !self.armed.swap(true, Ordering::AcqRel) {
+            if let Err(e) = self.conn.arm_cq() {
+                self.armed.store(false, Ordering::Release);
+                return Err(e);
+            }
+            // A completion that came before the arm raises no event: step once more.
+            return Ok(true);
+        }
+        Ok(ready || self.poll_live(live)?)
+    }
+
+    /// Whether the liveness fd was readable (then the next step reads it).
+    fn poll_live(&self, live: bool) -> Result<bool> {
+        if !live {
+            return Ok(false);
+        }
+        let guard = lock(&self.live);
+        let Some(w) = guard.as_ref() else {
+            return Ok(false);
+        };
+        let ready = w
+            .take_ready(&self.fanout)
+            .map_err(|e| NetError::io("poll the liveness fd", e))?;
+        if ready {
+            self.live_ready.store(true, Ordering::Release);
+        }
+        Ok(ready)
+    }
+
+    /// Wakes the others after a change, and the keeper when its deadline came forward.
+    fn after_step<T>(&self, step: &Step<T>, me: &Waker, keeper: bool) {
+        if step.changed {
+            self.waiters.wake_others(me);
+        }
+        if keeper {
+            return;
+        }
+        if let Some(due) = step.deadline {
+            let mut k = lock(&self.keeper);
+            if !matches!(k.at, Some(at) if at <= due) {
+                k.at = Some(due);
+                if let Some(w) = k.waker.take() {
+                    w.wake();
+                }
+            }
+        }
+    }
+
+    /// The keeper's poll: steps while a deadline has passed, then sleeps until the next.
+    fn poll_keep(&self, cx: &mut Context<'_>, mut sleep: Pin<&mut Sleep>) -> Poll<()> {
+        loop {
+            let live = self.live_ready.swap(false, Ordering::AcqRel);
+            let step = match self.conn.step_idle(live) {
+                Ok(s) => s,
+                Err(_) => {
+                    // Failed or closed: tell every waiter, and stop.
+                    self.waiters.wake_all();
+                    return Poll::Ready(());
+                }
+            };
+            self.after_step(&step, cx.waker(), true);
+            {
+                let mut k = lock(&self.keeper);
+                k.at = step.deadline;
+                if !k.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    k.waker = Some(cx.waker().clone());
+                }
+            }
+            let Some(due) = step.deadline else {
+                return Poll::Pending;
+            };
+            sleep.as_mut().reset(due.into());
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// Closes: FIN after everything queued, up to the linger time for its delivery (driven
+    /// from this task), then the teardown. Cancel-safe: a close dropped half-way is finished
+    /// by the next `close` or by the drop of the connection.
+    pub(crate) async fn close(&self) -> Result<()> {
+        let failed = match self.conn.begin_close() {
+            CloseStart::Already if !self.close_pending.load(Ordering::Acquire) => return Ok(()),
+            CloseStart::Already | CloseStart::Started => None,
+            CloseStart::Failed(e) => Some(e),
+        };
+        self.close_pending.store(true, Ordering::Release);
+        self.waiters.wake_all();
+        let delivered = match failed {
+            Some(_) => false,
+            None => {
+                let linger = self.conn.linger().max(Duration::from_millis(1));
+                let done =
+                    std::future::poll_fn(|cx| self.poll_op(cx, |c, live| c.step_close_done(live)));
+                matches!(tokio::time::timeout(linger, done).await, Ok(Ok(())))
+            }
+        };
+        // Another close that ran at the same time may have torn down first.
+        self.finish_close(failed, delivered).unwrap_or(Ok(()))
+    }
+
+    /// Tears down once (deregistering the liveness fd first); `None` if another did.
+    fn finish_close(&self, failed: Option<ProtoError>, delivered: bool) -> Option<Result<()>> {
+        if !self.close_pending.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        drop(lock(&self.live).take());
+        let r = self.conn.finish_close(failed, delivered);
+        self.waiters.wake_all();
+        Some(r)
+    }
+}
+
+impl Drop for Driven {
+    fn drop(&mut self) {
+        // A close that was cancelled half-way: finish it (bounded by the flush limit).
+        if let Some(Err(e)) = self.finish_close(None, false) {
+            tracing::debug!(error = %e, "rsrdma-net async conn: close finished on drop");
+        }
+        // Let the keeper see that the connection is gone.
+        if let Some(w) = lock(&self.keeper).waker.take() {
+            w.wake();
+        }
+        // The fields drop next, the watches first; the connection's own drop then closes
+        // (FIN, linger, teardown) if nobody did, polling the CQ itself.
+    }
+}
+
+/// The keeper task of one connection.
+async fn keep(conn: Weak<Driven>) {
+    let mut sleep = Box::pin(tokio::time::sleep(Duration::from_secs(3600)));
+    std::future::poll_fn(|cx| match conn.upgrade() {
+        Some(d) => d.poll_keep(cx, sleep.as_mut()),
+        None => Poll::Ready(()),
+    })
+    .await;
+}
