@@ -69,12 +69,14 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
                 "clippy",
                 "--workspace",
                 "--all-targets",
+                // Feature-gated code (tokio, bench-support) is linted too.
+                "--all-features",
                 "--",
                 "-D",
                 "warnings",
             ],
         ),
-        ("unit tests", &["test", "--workspace"]),
+        ("unit tests", &["test", "--workspace", "--all-features"]),
     ] {
         banner(&format!("{name}: cargo {}", args.join(" ")));
         let started = Instant::now();
