@@ -196,19 +196,10 @@ impl RawConn {
             .gid_index(gid_index)
             .mtu(Mtu::from_bytes(settled.mtu.into()).unwrap_or(Mtu::Mtu1024))
             .access(opts.remote_access)
-            .timeout(14u8)
-            .retry_cnt(7u8)
-            .rnr_retry(7u8)
-            .min_rnr_timer(12u8)
+            // Timeouts and retries: ConnectOptions' defaults (perftest's 14/7/7, RNR timer 12).
             .max_rd_atomic(settled.max_rd_atomic)
             .max_dest_rd_atomic(settled.max_dest_rd_atomic);
-        let remote = QpEndpoint {
-            qp_num: peer.qp_num,
-            psn: peer.psn,
-            lid: peer.lid,
-            gid: peer.gid,
-        };
-        qp.connect(&bring_up, me.psn, &remote)?;
+        qp.connect(&bring_up, me.psn, &QpEndpoint::from(&peer))?;
         Ok(Parts {
             qp,
             send_cq,

@@ -181,6 +181,18 @@ pub struct Endpoint {
     pub params: Vec<(u16, u64)>,
 }
 
+impl From<&Endpoint> for rsrdma::QpEndpoint {
+    /// What `Qp::connect` needs of a peer's endpoint.
+    fn from(e: &Endpoint) -> Self {
+        rsrdma::QpEndpoint {
+            qp_num: e.qp_num,
+            psn: e.psn,
+            lid: e.lid,
+            gid: e.gid,
+        }
+    }
+}
+
 /// Memory the sender exposes to the peer, in the order it registered it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Regions(pub Vec<RemoteMemory>);

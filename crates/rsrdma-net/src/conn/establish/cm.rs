@@ -5,7 +5,7 @@
 //! data, so the client's error says why. Receives are posted between `rdma_create_qp` (which
 //! leaves the QP in INIT) and `rdma_connect`/`rdma_accept`.
 
-use super::{decode_params, domain_on, Established, Local};
+use super::{decode_params, domain_on, Established, Local, RNR_RETRY};
 use crate::conn::driver::Liveness;
 use crate::conn::options::{ConnOptions, Establish};
 use crate::error::{NetError, Result};
@@ -16,9 +16,6 @@ use std::time::{Duration, Instant};
 
 /// Prefix of the reject private data that carries a reason.
 const REJECT_PREFIX: &[u8] = b"RSCP reject: ";
-/// RNR retries: with credits there is never an RNR, so a few retries turn a bug into an
-/// error instead of a silent stall.
-const RNR_RETRY: u8 = 3;
 
 /// Connects to `addr`, all within `opts.connect_timeout`.
 pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> {

@@ -20,6 +20,10 @@ use crate::error::{NetError, Result};
 use rsrdma::{CompChannel, Context, Cq, Pd, Qp, QpBuilder, QpCaps, QpType, RecvWr};
 use rsrdma_proto::{settle, Config, Params, PARAMS_LEN};
 use std::net::SocketAddr;
+
+/// RNR retries on both paths: with credits there is never an RNR, so a few retries turn a bug
+/// into an error instead of a silent stall.
+const RNR_RETRY: u8 = 3;
 use std::time::Instant;
 
 /// An established connection, before it gets its threads.

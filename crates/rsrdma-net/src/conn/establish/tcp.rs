@@ -6,7 +6,7 @@
 //! the QP is brought up and before the closing barrier. The TCP connection then stays open as
 //! the liveness signal: its end means the peer is gone.
 
-use super::{decode_params, Established, Local};
+use super::{decode_params, Established, Local, RNR_RETRY};
 use crate::conn::driver::Liveness;
 use crate::conn::options::{ConnOptions, Establish};
 use crate::error::{NetError, Result};
@@ -14,9 +14,6 @@ use crate::handshake::{Channel, Endpoint, Role};
 use rsrdma::{ConnectOptions, Mtu, Qp, QpEndpoint};
 use rsrdma_proto::{settle, Params, PARAMS_LEN};
 use std::net::TcpStream;
-
-/// RNR retries (see the rdma_cm path).
-const RNR_RETRY: u8 = 3;
 
 /// Runs the handshake over a connected stream.
 pub(crate) fn establish(stream: TcpStream, role: Role, opts: &ConnOptions) -> Result<Established> {
@@ -80,17 +77,8 @@ fn setup(ch: &mut Channel, opts: &ConnOptions) -> Result<(Local, Qp, Params)> {
         .port(opts.port)
         .gid_index(gid_index)
         .mtu(Mtu::from_bytes(agreed.mtu.into()).unwrap_or(Mtu::Mtu1024))
-        .timeout(14u8)
-        .retry_cnt(7u8)
-        .rnr_retry(RNR_RETRY)
-        .min_rnr_timer(12u8);
-    let remote = QpEndpoint {
-        qp_num: peer_ep.qp_num,
-        psn: peer_ep.psn,
-        lid: peer_ep.lid,
-        gid: peer_ep.gid,
-    };
-    qp.connect(&bring_up, me.psn, &remote)?;
+        .rnr_retry(RNR_RETRY);
+    qp.connect(&bring_up, me.psn, &QpEndpoint::from(&peer_ep))?;
     local.post_receives(&qp)?;
     // Both sides have every receive posted before either may send.
     ch.barrier(0)?;
