@@ -1,6 +1,6 @@
 //! AsyncConn, AsyncListener and AsyncPacketConn on a real device (rxe0 in the VM), each on
-//! one current-thread runtime: 64 connections at once, `tokio::io::copy` of 64 MiB (100 with
-//! RSRDMA_ASYNC_COPY_MIB=100) verified byte for byte (and by SHA-256 in optimized builds),
+//! one current-thread runtime: 64 connections at once, `tokio::io::copy` of 100 MiB (or
+//! RSRDMA_ASYNC_COPY_MIB) verified byte for byte (and by SHA-256 in optimized builds),
 //! `Framed`, split halves, half-close, cancelled `recv_msg`, `recv_msg_into` and `send_msg`
 //! futures (nothing lost, nothing duplicated), a peer that dies or hangs (a child process),
 //! the keeper answering keepalives while nobody awaits, busy mode, and no thread per
@@ -312,12 +312,12 @@ impl AsyncWrite for CheckSink {
 /// against the stream, and by SHA-256 on both ends in optimized builds or with
 /// RSRDMA_ASYNC_COPY_HASH=1 (an unoptimized SHA-256 in the emulated VM hashes at about
 /// 0.4 MiB/s, ten times slower than the copy itself; the byte comparison is a memcmp).
-/// The default is 64 MiB: the emulated VM copies 3 to 4.5 MiB/s in 8 KiB writes (debug
-/// build), so 100 MiB takes 23 to 34 s there; set RSRDMA_ASYNC_COPY_MIB=100 for the full size.
+/// The default is the 100 MiB: the emulated VM copies 3 to 4.5 MiB/s in 8 KiB writes
+/// (debug build), so it takes 23 to 34 s there; RSRDMA_ASYNC_COPY_MIB sets another size.
 #[test]
 fn tokio_io_copy_of_many_mib_is_verified() {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
-    let mib = env("RSRDMA_ASYNC_COPY_MIB").unwrap_or(64);
+    let mib = env("RSRDMA_ASYNC_COPY_MIB").unwrap_or(100);
     let hashed = env("RSRDMA_ASYNC_COPY_HASH").map_or(!cfg!(debug_assertions), |h| h != 0);
     run(async move {
         let (c, s) = pair(opts(Establish::Cm), opts(Establish::Cm)).await;
