@@ -27,30 +27,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::timeout;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
+mod support;
+use support::{device, gid_index, listen_addr, opts, pattern};
+
 const CHILD_ENV: &str = "RSRDMA_ASYNC_CHILD";
 /// The limit of each test's body.
 const TEST_LIMIT: Duration = Duration::from_secs(120);
-
-fn ip() -> String {
-    std::env::var("RSRDMA_TEST_IP").unwrap_or_else(|_| "10.77.0.1".into())
-}
-
-fn device() -> String {
-    std::env::var("RSRDMA_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into())
-}
-
-fn gid_index() -> Option<u8> {
-    std::env::var("RSRDMA_TEST_GID_INDEX")
-        .ok()
-        .and_then(|v| v.parse().ok())
-}
-
-fn opts(path: Establish) -> ConnOptions {
-    ConnOptions::default()
-        .establish(path)
-        .device(device())
-        .gid_index(gid_index())
-}
 
 /// Runs `body` on a fresh current-thread runtime, within [`TEST_LIMIT`].
 fn run<F: Future<Output = ()>>(body: F) {
@@ -67,11 +49,7 @@ fn run<F: Future<Output = ()>>(body: F) {
 }
 
 fn listen(o: ConnOptions) -> AsyncListener {
-    let host = match o.establish {
-        Establish::Tcp => "127.0.0.1".to_string(),
-        _ => ip(),
-    };
-    AsyncListener::bind(format!("{host}:0"), o).unwrap()
+    AsyncListener::bind(listen_addr(&o), o).unwrap()
 }
 
 /// (dialer, acceptor), both on the current runtime.
@@ -80,18 +58,6 @@ async fn pair(client: ConnOptions, server: ConnOptions) -> (AsyncConn, AsyncConn
     let addr = l.local_addr();
     let (c, s) = tokio::join!(AsyncConn::dial(addr, client), l.accept());
     (c.unwrap(), s.unwrap())
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Threads of this process with `name` (the blocking Conn's progress thread is "rsrdma-conn").

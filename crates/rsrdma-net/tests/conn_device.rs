@@ -15,29 +15,13 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod support;
+use support::{listen_addr, opts, pattern};
+
 const CHILD_ENV: &str = "RSRDMA_CONN_CHILD";
 
-fn ip() -> String {
-    std::env::var("RSRDMA_TEST_IP").unwrap_or_else(|_| "10.77.0.1".into())
-}
-
-fn opts(path: Establish) -> ConnOptions {
-    ConnOptions::default()
-        .establish(path)
-        .device(std::env::var("RSRDMA_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into()))
-        .gid_index(
-            std::env::var("RSRDMA_TEST_GID_INDEX")
-                .ok()
-                .and_then(|v| v.parse().ok()),
-        )
-}
-
 fn listen(o: ConnOptions) -> Listener {
-    let host = match o.establish {
-        Establish::Tcp => "127.0.0.1".to_string(),
-        _ => ip(),
-    };
-    Listener::bind(format!("{host}:0"), o).unwrap()
+    Listener::bind(listen_addr(&o), o).unwrap()
 }
 
 /// (dialer, acceptor).
@@ -48,18 +32,6 @@ fn pair(client: ConnOptions, server: ConnOptions) -> (Conn, Conn) {
     let t = thread::spawn(move || l.accept_timeout(Duration::from_secs(20)).unwrap());
     let c = Conn::dial(addr, client).unwrap();
     (c, t.join().unwrap())
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Echoes messages until the end of the stream, then closes.
@@ -342,9 +314,17 @@ fn garbage_and_half_handshakes_on_the_listener_then_a_good_client() {
     assert_eq!(s.recv_msg().unwrap().unwrap(), b"hello cm");
 }
 
-/// Connects with plain rdma_cm and `data` as private data; returns the error text.
-fn raw_cm_connect(addr: SocketAddr, data: &[u8]) -> String {
-    use rsrdma::cm::{CmId, ConnParam};
+/// A plain rdma_cm client up to (not including) `connect`: its id with a route to `addr`,
+/// and an RC QP on it (with the Pd and CQ it needs kept alive).
+struct CmClient {
+    id: rsrdma::cm::CmId,
+    _qp: rsrdma::Qp,
+    _cq: rsrdma::Cq,
+    _pd: rsrdma::Pd,
+}
+
+fn cm_client(addr: SocketAddr) -> CmClient {
+    use rsrdma::cm::CmId;
     use rsrdma::{Cq, Pd, Qp, QpType};
     let t = Duration::from_secs(5);
     let id = CmId::new().unwrap();
@@ -353,11 +333,26 @@ fn raw_cm_connect(addr: SocketAddr, data: &[u8]) -> String {
     let ctx = id.context().unwrap();
     let pd = Pd::new(&ctx).unwrap();
     let cq = Cq::new(&ctx, 4, None).unwrap();
-    let _qp = id
+    let qp = id
         .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
         .unwrap();
-    let e = id
-        .connect(&ConnParam::default().with_private_data(data.to_vec()), t)
+    CmClient {
+        id,
+        _qp: qp,
+        _cq: cq,
+        _pd: pd,
+    }
+}
+
+/// Connects with plain rdma_cm and `data` as private data; returns the error text.
+fn raw_cm_connect(addr: SocketAddr, data: &[u8]) -> String {
+    use rsrdma::cm::ConnParam;
+    let c = cm_client(addr);
+    let e =
+        c.id.connect(
+            &ConnParam::default().with_private_data(data.to_vec()),
+            Duration::from_secs(5),
+        )
         .unwrap_err();
     format!("{e}: {:?}", String::from_utf8_lossy(&rejected_data(&e)))
 }
@@ -854,28 +849,15 @@ fn conn_params() -> Vec<u8> {
 /// An rdma_cm client that sends a valid connect request and then never completes it: it
 /// does not read the reply, so the accepting side waits for an RTU that never comes.
 struct SilentCmPeer {
-    _parts: (rsrdma::cm::CmId, rsrdma::Qp, rsrdma::Cq, rsrdma::Pd),
+    _client: CmClient,
 }
 
 fn silent_cm_peer(addr: SocketAddr) -> SilentCmPeer {
-    use rsrdma::cm::{CmId, ConnParam};
-    use rsrdma::{Cq, Pd, Qp, QpType};
-    let t = Duration::from_secs(5);
-    let id = CmId::new().unwrap();
-    id.resolve_addr(None, addr, t).unwrap();
-    id.resolve_route(t).unwrap();
-    let ctx = id.context().unwrap();
-    let pd = Pd::new(&ctx).unwrap();
-    let cq = Cq::new(&ctx, 4, None).unwrap();
-    let qp = id
-        .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
-        .unwrap();
-    let param = ConnParam::default().with_private_data(conn_params());
-    let e = id.connect(&param, Duration::from_micros(1)).unwrap_err();
+    let c = cm_client(addr);
+    let param = rsrdma::cm::ConnParam::default().with_private_data(conn_params());
+    let e = c.id.connect(&param, Duration::from_micros(1)).unwrap_err();
     assert!(matches!(e, rsrdma::Error::Timeout { .. }), "{e}");
-    SilentCmPeer {
-        _parts: (id, qp, cq, pd),
-    }
+    SilentCmPeer { _client: c }
 }
 
 #[test]
