@@ -13,18 +13,8 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-fn device() -> String {
-    let d = std::env::var("RSRDMA_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into());
-    assert!(
-        std::path::Path::new(&format!("/sys/class/infiniband/{d}")).exists(),
-        "RDMA device {d} is not present: these tests need the soft-RoCE VM (`cargo xtask test`)"
-    );
-    d
-}
-
-fn gid_index() -> String {
-    std::env::var("RSRDMA_TEST_GID_INDEX").unwrap_or_else(|_| "1".into())
-}
+mod support;
+use support::{device, gid_index, ip as cm_ip};
 
 /// A distinct TCP port per use.
 fn port() -> u16 {
@@ -214,11 +204,6 @@ fn wait_listening_cm(port: u16, server: &mut Proc) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// The address rdma_cm clients connect to (over rxe, rdma_cm cannot use 127.0.0.1).
-fn cm_ip() -> String {
-    std::env::var("RSRDMA_TEST_IP").unwrap_or_else(|_| "10.77.0.1".into())
 }
 
 fn common(port: u16) -> Vec<String> {

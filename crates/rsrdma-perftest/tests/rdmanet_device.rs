@@ -21,22 +21,8 @@ const LIMIT: Duration = Duration::from_secs(30);
 /// How soon a dead peer must end the other side.
 const DEAD_PEER_LIMIT: Duration = Duration::from_secs(5);
 
-fn device() -> String {
-    let d = std::env::var("RSRDMA_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into());
-    assert!(
-        std::path::Path::new(&format!("/sys/class/infiniband/{d}")).exists(),
-        "RDMA device {d} is not present: these tests need the soft-RoCE VM (`cargo xtask test`)"
-    );
-    d
-}
-
-fn ip() -> String {
-    std::env::var("RSRDMA_TEST_IP").unwrap_or_else(|_| "10.77.0.1".into())
-}
-
-fn gid_index() -> String {
-    std::env::var("RSRDMA_TEST_GID_INDEX").unwrap_or_else(|_| "1".into())
-}
+mod support;
+use support::{device, gid_index, ip};
 
 fn port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(19900);
