@@ -8,11 +8,13 @@
 //! - `bench rdmanet`: rsrdma-net's Conn against RawConn and rs_send_lat (A B A B …), medians,
 //!   ratios and targets; registered memory and CPU per GB.
 //! - `bench overhead`: rsrdma's post path against C on a do-nothing provider (no RDMA needed).
+//! - `docs`: build the user guide (docs/guide, mdBook) and check every link in it.
 
 mod bench;
 mod bench_overhead;
 mod bench_rdmanet;
 mod demo;
+mod docs;
 mod regen;
 mod test;
 mod vm;
@@ -36,9 +38,10 @@ fn main() -> Result<()> {
         Some("test") => std::process::exit(test::main(&root, &args[1..])?),
         Some("demo") => std::process::exit(demo::main(&root, &args[1..])?),
         Some("bench") => std::process::exit(bench::main(&root, &args[1..])?),
+        Some("docs") => std::process::exit(docs::main(&root, &args[1..])?),
         _ => {
             eprintln!(
-                "usage: cargo xtask <regen-bindings|vm|test|demo|bench perftest|rdmanet|overhead>"
+                "usage: cargo xtask <regen-bindings|vm|test|demo|docs|bench perftest|rdmanet|overhead>"
             );
             bail!("unknown command")
         }

@@ -1,5 +1,7 @@
-//! `cargo xtask test`: every test, in order: formatting, clippy, the host's unit tests, then the
-//! device tests inside one boot of the soft-RoCE VM (see `vm/mod.rs`).
+//! `cargo xtask test`: every test, in order: formatting, clippy, the host's unit tests (doctests
+//! included: the README's and the guide's code blocks), the guide (`cargo xtask docs`: the book
+//! builds and has no broken link), then the device tests inside one boot of the soft-RoCE VM
+//! (see `vm/mod.rs`).
 //!
 //! Device tests are integration-test targets declared with `test = false` in their crate's
 //! Cargo.toml, so that a plain `cargo test` on a machine without RDMA does not run them:
@@ -97,6 +99,26 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         }
         steps.push((name.to_string(), ok, started.elapsed()));
     }
+
+    banner("docs: mdbook build docs/guide, then every link checked");
+    let started = Instant::now();
+    let ok = match crate::docs::run(root) {
+        Ok(report) => {
+            let (p, f) = report.counts();
+            total_passed += p;
+            total_failed += f;
+            f == 0
+        }
+        Err(e) => {
+            eprintln!("[test] docs FAILED: {e:#}");
+            total_failed += 1;
+            false
+        }
+    };
+    if !ok {
+        eprintln!("[test] docs FAILED");
+    }
+    steps.push(("docs".into(), ok, started.elapsed()));
 
     if no_vm {
         eprintln!();

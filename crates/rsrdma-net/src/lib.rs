@@ -50,3 +50,43 @@ pub use asyncio::{AsyncConn, AsyncListener, AsyncPacketConn};
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The user's guide (`docs/guide`, an mdBook): each chapter's code blocks compiled as
+/// doctests, so the guide cannot drift from the API. `cargo xtask docs` builds the book.
+#[cfg(doctest)]
+mod guide {
+    /// Getting started.
+    #[doc = include_str!("../../../docs/guide/src/getting-started.md")]
+    pub struct GettingStarted;
+    /// The object model.
+    #[doc = include_str!("../../../docs/guide/src/object-model.md")]
+    pub struct ObjectModel;
+    /// RawConn.
+    #[doc = include_str!("../../../docs/guide/src/rawconn.md")]
+    pub struct RawConn;
+    /// Conn and Listener.
+    #[doc = include_str!("../../../docs/guide/src/conn.md")]
+    pub struct Conn;
+    /// Zero-copy, rendezvous and shared receive.
+    #[doc = include_str!("../../../docs/guide/src/zero-copy.md")]
+    pub struct ZeroCopy;
+    /// PacketConn and the Registry.
+    #[doc = include_str!("../../../docs/guide/src/packet-registry.md")]
+    pub struct PacketRegistry;
+    /// Async on tokio (its blocks need the feature).
+    #[cfg(feature = "tokio")]
+    #[doc = include_str!("../../../docs/guide/src/async.md")]
+    pub struct Async;
+    /// The tools.
+    #[doc = include_str!("../../../docs/guide/src/tools.md")]
+    pub struct Tools;
+    /// Performance.
+    #[doc = include_str!("../../../docs/guide/src/performance.md")]
+    pub struct Performance;
+    /// Troubleshooting.
+    #[doc = include_str!("../../../docs/guide/src/troubleshooting.md")]
+    pub struct Troubleshooting;
+    /// The establishment wire formats.
+    #[doc = include_str!("../../../docs/guide/src/establishment.md")]
+    pub struct Establishment;
+}
