@@ -137,7 +137,11 @@ fn ensure_mdbook() -> Result<PathBuf> {
                     .is_ok_and(|s| s.success())
             };
             // A system Python (Debian's is "externally managed") takes a user install.
-            if !ok(&[]) && !ok(&["--user", "--break-system-packages"]) {
+            let installed = ok(&[]) || {
+                eprintln!("[docs] retrying as a user install (--user --break-system-packages)");
+                ok(&["--user", "--break-system-packages"])
+            };
+            if !installed {
                 bail!("`{} install {spec}` failed", cmd.join(" "));
             }
         }
