@@ -359,6 +359,21 @@ impl Driver {
         self.recvs_posted + self.sends_posted.saturating_sub(self.sends_done)
     }
 
+    /// Unsignaled sends that already executed leave the send queue without a completion, so
+    /// after the last signaled one nothing would ever confirm them: a signaled empty send
+    /// posted on the QP in ERROR is flushed after every earlier request, and its completion
+    /// accounts for them all.
+    fn post_flush_marker(&mut self) {
+        if self.sends_posted <= self.sends_done {
+            return;
+        }
+        let wr = SendWr::send(self.sends_posted, &[]).signaled(true);
+        // SAFETY: an empty send names no memory.
+        if unsafe { self.qp.post_send(&wr) }.is_ok() {
+            self.sends_posted += 1;
+        }
+    }
+
     /// Stops the QP, reaps its flushed requests, and releases everything; leaks the memory
     /// if the flush cannot be confirmed by `deadline`.
     pub(crate) fn teardown(mut self, deadline: Instant) {
@@ -368,6 +383,7 @@ impl Driver {
         if let Err(e) = self.qp.to_error() {
             tracing::debug!(error = %e, "moving the QP to ERROR failed");
         }
+        self.post_flush_marker();
         let mut wcs = [Wc::default(); POLL_BATCH];
         while self.outstanding() > 0 {
             match self.cq.poll(&mut wcs) {
