@@ -148,7 +148,15 @@ fn shared_recv_few_connections_both_ways_over_tcp_handshake() {
 /// Four connections grant 8 credits each (32 in all) into a pool of 4 slots, and the server
 /// reads only after every client has sent all: sends find the pool empty and are retried
 /// (RNR) until the server frees slots; everything arrives, in order, intact.
+/// RNR NAKs the device sent (rxe's counter), if it has one.
+fn rnr_naks_sent() -> Option<u64> {
+    let dev = support::device();
+    let path = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/send_rnr_err");
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
 fn pool_smaller_than_credits(path: Establish) {
+    let rnr_before = rnr_naks_sent();
     let server = small(path).shared_recv(SharedRecv::new(4));
     let (l, pairs) = connect_n(server, small(path), 4);
     let per_conn = 40;
@@ -196,6 +204,13 @@ fn pool_smaller_than_credits(path: Establish) {
         s.close().unwrap();
     }
     assert_eq!(l.recv_memory().connections, 0);
+    if let (Some(a), Some(b)) = (rnr_before, rnr_naks_sent()) {
+        println!("{path:?}: {} RNR NAKs sent while the pool was empty", b - a);
+        assert!(
+            b > a,
+            "the pool never ran empty: the test did not test the RNR path"
+        );
+    }
 }
 
 #[test]
