@@ -252,6 +252,20 @@ mod tests {
     }
 
     #[test]
+    fn shared_recv_is_off_by_default_and_an_empty_pool_is_refused() {
+        assert_eq!(ConnOptions::default().shared_recv, None);
+        let o = ConnOptions::default().shared_recv(SharedRecv::new(512));
+        assert_eq!(o.shared_recv.map(|s| s.pool_slots), Some(512));
+        o.check().unwrap();
+        let e = ConnOptions::default()
+            .shared_recv(SharedRecv::new(0))
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shared_recv"), "{e}");
+    }
+
+    #[test]
     fn inline_is_capped_by_the_device() {
         let o = ConnOptions::default().inline_size(256);
         assert_eq!(o.proto_config(100).inline_size, 100);
