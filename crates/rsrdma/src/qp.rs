@@ -887,6 +887,29 @@ impl Qp {
         self.modify(&mut attr, mask)
     }
 
+    /// Sets the RNR NAK timer code of an RC queue pair that is already in RTS (an RTS→RTS
+    /// modify): how long a peer waits before it retries a send this QP had no receive for.
+    /// rdma_cm brings QPs up with code 0 (655 ms); a QP behind a shared receive queue that
+    /// may run empty for a moment wants a short one.
+    ///
+    /// # Errors
+    /// [`Error::Limit`] above the 5-bit code; [`Error::InvalidArgument`] for a QP that is not
+    /// RC; [`Error::Verbs`] naming `ibv_modify_qp` (e.g. not in RTS).
+    pub fn set_min_rnr_timer(&self, code: u8) -> Result<()> {
+        use ffi::ibv_qp_attr_mask as M;
+        if self.qp_type() != QpType::Rc {
+            return Err(Error::InvalidArgument(
+                "min_rnr_timer applies to RC queue pairs".into(),
+            ));
+        }
+        check_limit("min_rnr_timer", code.into(), 31, "the 5-bit RNR timer code")?;
+        let mut attr = ffi::ibv_qp_attr {
+            min_rnr_timer: code,
+            ..Default::default()
+        };
+        self.modify(&mut attr, M::IBV_QP_MIN_RNR_TIMER)
+    }
+
     /// Moves to ERROR: outstanding and later work requests complete with `WR_FLUSH_ERR`.
     ///
     /// # Errors

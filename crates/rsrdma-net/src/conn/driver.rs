@@ -21,7 +21,7 @@
 //! memory released. If the flush cannot be confirmed in time, the memory is leaked (with a
 //! `tracing::error`) rather than freed while the NIC might still touch it.
 
-use super::slots::Slots;
+use super::slots::{Repost, Slots, RECV_TAG};
 use super::transfer::Owners;
 use crate::handshake::Channel;
 use rsrdma::cm::{CmEventType, CmId};
@@ -30,13 +30,8 @@ use rsrdma_proto::{Conn as Core, Fatal, Work, WrId};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
-/// Receive WR ids carry this bit (and the slot below it); send WR ids are the core's
-/// sequence numbers. The kind must be in the id: a failed completion has no valid opcode.
-const RECV_TAG: u64 = 1 << 63;
-/// The WR id of a receive into `slot`.
-pub(crate) fn recv_wr_id(slot: u16) -> u64 {
-    RECV_TAG | u64::from(slot)
-}
+// Receive WR ids carry `RECV_TAG` (and which slot: `slots` module); send WR ids are the
+// core's sequence numbers. The kind must be in the id: a failed completion has no opcode.
 
 /// How long a transport that ended without the peer's FIN waits for that FIN to surface.
 const END_GRACE: Duration = Duration::from_millis(200);
@@ -171,8 +166,12 @@ impl Driver {
     fn post(&mut self, work: Work) -> Result<(), ()> {
         match work {
             Work::PostRecv { slot } => {
-                let sge = [self.core.memory().recv_sge(slot).ok_or(())?];
-                let wr = RecvWr::new(recv_wr_id(slot), &sge);
+                // A pooled slot goes back to the shared pool; an own slot is posted here.
+                let sge = match self.core.memory_mut().release_recv(slot).ok_or(())? {
+                    Repost::Own(sge) => [sge],
+                    Repost::Pooled => return Ok(()),
+                };
+                let wr = RecvWr::new(super::slots::recv_wr_id(slot), &sge);
                 // SAFETY: the slot lies in our registered receive region, which outlives every
                 // posted request (teardown reaps the flush before releasing it), and the core
                 // does not read the slot until its completion.
@@ -236,8 +235,11 @@ impl Driver {
             Err(wc.status().0)
         };
         let is_recv = id & RECV_TAG != 0;
+        // Before anything may return early: a pool slot must be bound (or given back).
+        let mut recv_slot = None;
         if is_recv {
             self.recvs_posted = self.recvs_posted.saturating_sub(1);
+            recv_slot = self.core.memory_mut().take_recv(id);
         } else {
             self.sends_done = self.sends_done.max(id + 1);
         }
@@ -253,9 +255,13 @@ impl Driver {
             }
         }
         if is_recv {
-            let slot = (id & 0xffff) as u16;
-            self.core
-                .handle_recv_completion(slot, wc.byte_len(), status, now);
+            match recv_slot {
+                Some(slot) => self
+                    .core
+                    .handle_recv_completion(slot, wc.byte_len(), status, now),
+                // No free slot: the peer sent beyond its credits.
+                None => self.core.handle_fatal(Fatal::QpError),
+            }
         } else {
             self.core.handle_send_completion(WrId(id), status);
         }
@@ -353,6 +359,21 @@ impl Driver {
         self.recvs_posted + self.sends_posted.saturating_sub(self.sends_done)
     }
 
+    /// Unsignaled sends that already executed leave the send queue without a completion, so
+    /// after the last signaled one nothing would ever confirm them: a signaled empty send
+    /// posted on the QP in ERROR is flushed after every earlier request, and its completion
+    /// accounts for them all.
+    fn post_flush_marker(&mut self) {
+        if self.sends_posted <= self.sends_done {
+            return;
+        }
+        let wr = SendWr::send(self.sends_posted, &[]).signaled(true);
+        // SAFETY: an empty send names no memory.
+        if unsafe { self.qp.post_send(&wr) }.is_ok() {
+            self.sends_posted += 1;
+        }
+    }
+
     /// Stops the QP, reaps its flushed requests, and releases everything; leaks the memory
     /// if the flush cannot be confirmed by `deadline`.
     pub(crate) fn teardown(mut self, deadline: Instant) {
@@ -362,6 +383,7 @@ impl Driver {
         if let Err(e) = self.qp.to_error() {
             tracing::debug!(error = %e, "moving the QP to ERROR failed");
         }
+        self.post_flush_marker();
         let mut wcs = [Wc::default(); POLL_BATCH];
         while self.outstanding() > 0 {
             match self.cq.poll(&mut wcs) {
@@ -372,6 +394,7 @@ impl Driver {
                         let id = wc.wr_id();
                         if id & RECV_TAG != 0 {
                             self.recvs_posted = self.recvs_posted.saturating_sub(1);
+                            self.core.memory_mut().reaped_recv(id);
                         } else {
                             self.sends_done = self.sends_done.max(id + 1);
                         }

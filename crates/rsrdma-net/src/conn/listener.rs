@@ -13,6 +13,7 @@
 use super::establish;
 use super::fdwait::{wait_readable, Wake};
 use super::options::{ConnOptions, Establish};
+use super::pool::{RecvMemory, RecvPools};
 use super::Conn;
 use crate::error::{NetError, Result};
 use crate::handshake::Role;
@@ -83,6 +84,9 @@ pub struct Listener {
     local: SocketAddr,
     fd: RawFd,
     hs: Arc<Handshakes>,
+    /// The shared receive pool (if [`ConnOptions::shared_recv`]) and the receive-memory
+    /// account of the accepted connections.
+    recv: Arc<RecvPools>,
 }
 
 impl std::fmt::Debug for Listener {
@@ -128,18 +132,28 @@ impl Listener {
             state: Mutex::new(Queue::default()),
             done: Wake::new().map_err(|e| NetError::io("eventfd", e))?,
         });
+        let recv = Arc::new(RecvPools::new(opts.shared_recv));
         Ok(Listener {
             inner,
             opts,
             local,
             fd,
             hs,
+            recv,
         })
     }
 
     /// The address it listens on, with the real port.
     pub fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// Registered receive memory of this listener's connections now: the shared pool (made
+    /// when the first peer arrives; see [`crate::SharedRecv`]) and what each accepted
+    /// connection alive holds itself (its receive region without a pool). Dialed
+    /// connections and send memory are not counted.
+    pub fn recv_memory(&self) -> RecvMemory {
+        self.recv.memory()
     }
 
     /// Waits for the next established connection (handshakes run concurrently: see the
@@ -238,10 +252,11 @@ impl Listener {
         self.hs.lock().running += 1;
         let hs = self.hs.clone();
         let opts = self.opts.clone();
+        let recv = self.recv.clone();
         let spawned = std::thread::Builder::new()
             .name("rsrdma-handshake".into())
             .stack_size(HANDSHAKE_STACK)
-            .spawn(move || hs.finish(handshake(peer, &opts)));
+            .spawn(move || hs.finish(handshake(peer, &opts, &recv)));
         spawned.map(drop).map_err(|e| {
             self.hs.lock().running -= 1;
             NetError::io("spawn a handshake thread", e)
@@ -262,17 +277,19 @@ impl Drop for Listener {
 }
 
 /// One peer's whole establishment, bounded by `opts.connect_timeout`.
-fn handshake(peer: Incoming, opts: &ConnOptions) -> Result<Conn> {
+fn handshake(peer: Incoming, opts: &ConnOptions, recv: &RecvPools) -> Result<Conn> {
     match peer {
         Incoming::Cm(req) => {
             let addr = req.id.peer_addr();
-            establish::cm::accept(req, opts)
+            establish::cm::accept(req, opts, recv)
                 .and_then(|est| Conn::start(est, opts))
                 .map_err(|e| handshake_failed(addr, e))
         }
-        Incoming::Tcp(stream, addr) => establish::tcp::establish(stream, Role::Server, opts)
-            .and_then(|est| Conn::start(est, opts))
-            .map_err(|e| handshake_failed(Some(addr), e)),
+        Incoming::Tcp(stream, addr) => {
+            establish::tcp::establish(stream, Role::Server, opts, Some(recv))
+                .and_then(|est| Conn::start(est, opts))
+                .map_err(|e| handshake_failed(Some(addr), e))
+        }
     }
 }
 

@@ -50,6 +50,7 @@ mod info;
 mod io;
 mod listener;
 mod options;
+mod pool;
 mod shared;
 mod slots;
 mod transfer;
@@ -57,7 +58,8 @@ mod worker;
 
 pub use info::ConnInfo;
 pub use listener::Listener;
-pub use options::{ConnOptions, Establish};
+pub use options::{ConnOptions, Establish, SharedRecv};
+pub use pool::RecvMemory;
 
 use crate::error::{NetError, Result};
 use crate::progress::{self, PollMode};
@@ -115,7 +117,7 @@ impl Conn {
                 Establish::Tcp => TcpStream::connect_timeout(&a, opts.connect_timeout)
                     .map_err(|e| NetError::io("connect", e))
                     .and_then(|s| {
-                        establish::tcp::establish(s, crate::handshake::Role::Client, &opts)
+                        establish::tcp::establish(s, crate::handshake::Role::Client, &opts, None)
                     }),
             };
             match r {
@@ -480,7 +482,7 @@ impl Conn {
             Establish::Tcp => {
                 let s = TcpStream::connect_timeout(&addr, opts.connect_timeout)
                     .map_err(|e| NetError::io("connect", e))?;
-                establish::tcp::establish(s, crate::handshake::Role::Client, opts)?
+                establish::tcp::establish(s, crate::handshake::Role::Client, opts, None)?
             }
         };
         Conn::start_threadless(est, opts)
@@ -491,12 +493,15 @@ impl Conn {
         req: rsrdma::cm::ConnectRequest,
         opts: &ConnOptions,
     ) -> Result<Conn> {
-        Conn::start_threadless(establish::cm::accept(req, opts)?, opts)
+        let pools = pool::RecvPools::unpooled(opts)?;
+        Conn::start_threadless(establish::cm::accept(req, opts, &pools)?, opts)
     }
 
     /// Runs the server side of the TCP handshake (blocking), without the thread.
     pub(crate) fn accept_tcp_threadless(stream: TcpStream, opts: &ConnOptions) -> Result<Conn> {
-        let est = establish::tcp::establish(stream, crate::handshake::Role::Server, opts)?;
+        let pools = pool::RecvPools::unpooled(opts)?;
+        let est =
+            establish::tcp::establish(stream, crate::handshake::Role::Server, opts, Some(&pools))?;
         Conn::start_threadless(est, opts)
     }
 

@@ -25,6 +25,34 @@ pub enum Establish {
     Tcp,
 }
 
+/// A shared receive pool for every connection a [`crate::Listener`] accepts
+/// ([`ConnOptions::shared_recv`]).
+///
+/// The accepted connections' QPs attach to one SRQ that holds `pool_slots` receive slots of
+/// [`ConnOptions::slot_size`] bytes each, registered once: the listener's receive memory is
+/// `pool_slots × slot_size` plus a few bytes of bookkeeping per connection, whatever the number
+/// of connections. Each connection still grants its peer [`ConnOptions::recv_slots`] credits
+/// (keep them small, e.g. 8–16); when the credits of all connections exceed the pool, a send
+/// that finds the pool empty is retried by its sender after a short RNR delay (the listener
+/// brings its QPs up so the peer retries without limit), so it is late, never lost. Both
+/// establishment paths support it; [`crate::Conn::dial`] refuses it (it is a listener option).
+/// The pool is made per device when the first peer arrives; see
+/// [`crate::Listener::recv_memory`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SharedRecv {
+    /// Receive slots in the pool (the SRQ's depth), at least 1 and at most the device's
+    /// `max_srq_wr`.
+    pub pool_slots: u32,
+}
+
+impl SharedRecv {
+    /// A pool of `pool_slots` receive slots.
+    pub fn new(pool_slots: u32) -> SharedRecv {
+        SharedRecv { pool_slots }
+    }
+}
+
 /// Options of [`crate::Conn::dial`] and [`crate::Listener::bind`]. Build them from `Default`
 /// with setters named after the fields: `ConnOptions::default().establish(Establish::Tcp)`.
 #[derive(Debug, Clone)]
@@ -71,6 +99,9 @@ pub struct ConnOptions {
     pub linger: Duration,
     /// Shared secret for the TCP handshake (ignored by rdma_cm).
     pub secret: Option<Vec<u8>>,
+    /// Listener only: every accepted connection receives from one shared pool
+    /// ([`SharedRecv`]). Default `None`: each connection registers its own receive slots.
+    pub shared_recv: Option<SharedRecv>,
 }
 
 impl Default for ConnOptions {
@@ -94,6 +125,7 @@ impl Default for ConnOptions {
             connect_timeout: Duration::from_secs(10),
             linger: Duration::from_secs(2),
             secret: None,
+            shared_recv: None,
         }
     }
 }
@@ -133,6 +165,8 @@ setters!(ConnOptions {
     linger: Duration,
     /// Sets [`ConnOptions::secret`].
     secret: Option<Vec<u8>>,
+    /// Sets [`ConnOptions::shared_recv`].
+    shared_recv: Option<SharedRecv>,
 });
 
 impl ConnOptions {
@@ -159,6 +193,11 @@ impl ConnOptions {
         self.proto_config(u32::from(self.inline_size))
             .check()
             .map_err(|e| crate::NetError::InvalidArgument(format!("ConnOptions: {e}")))?;
+        if self.shared_recv.is_some_and(|s| s.pool_slots == 0) {
+            return Err(crate::NetError::InvalidArgument(
+                "ConnOptions: shared_recv with a pool of 0 slots".into(),
+            ));
+        }
         if self.connect_timeout.is_zero() {
             return Err(crate::NetError::InvalidArgument(
                 "ConnOptions: connect_timeout is 0".into(),
@@ -167,7 +206,8 @@ impl ConnOptions {
         crate::domain::check_device(self.device.as_deref(), self.pd.as_ref())
     }
 
-    /// Bytes of registered slot memory one connection uses.
+    /// Bytes of registered slot memory one connection uses (with [`ConnOptions::shared_recv`],
+    /// an accepted connection registers only its send slots).
     pub fn slot_memory(&self) -> usize {
         (usize::from(self.send_slots) + usize::from(self.recv_slots)) * self.slot_size as usize
     }
@@ -209,6 +249,20 @@ mod tests {
             let e = bad.check().unwrap_err().to_string();
             assert!(e.contains("ConnOptions"), "{e}");
         }
+    }
+
+    #[test]
+    fn shared_recv_is_off_by_default_and_an_empty_pool_is_refused() {
+        assert_eq!(ConnOptions::default().shared_recv, None);
+        let o = ConnOptions::default().shared_recv(SharedRecv::new(512));
+        assert_eq!(o.shared_recv.map(|s| s.pool_slots), Some(512));
+        o.check().unwrap();
+        let e = ConnOptions::default()
+            .shared_recv(SharedRecv::new(0))
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shared_recv"), "{e}");
     }
 
     #[test]

@@ -5,9 +5,12 @@
 //! data, so the client's error says why. Receives are posted between `rdma_create_qp` (which
 //! leaves the QP in INIT) and `rdma_connect`/`rdma_accept`.
 
-use super::{decode_params, domain_on, Established, Local, RNR_RETRY};
+use super::{
+    decode_params, domain_on, refuse_shared_recv_on_dial, Established, Local, RecvFrom, RNR_RETRY,
+};
 use crate::conn::driver::Liveness;
 use crate::conn::options::{ConnOptions, Establish};
+use crate::conn::pool::{RecvPools, MIN_RNR_TIMER, RNR_RETRY_FOREVER};
 use crate::error::{NetError, Result};
 use rsrdma::cm::{CmEventType, CmId, ConnParam, ConnectRequest};
 use rsrdma_proto::settle;
@@ -19,6 +22,7 @@ const REJECT_PREFIX: &[u8] = b"RSCP reject: ";
 
 /// Connects to `addr`, all within `opts.connect_timeout`.
 pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> {
+    refuse_shared_recv_on_dial(opts)?;
     let deadline = Instant::now() + opts.connect_timeout;
     let left = || {
         deadline
@@ -29,7 +33,7 @@ pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> 
     id.resolve_addr(None, addr, left())?;
     id.resolve_route(left())?;
     let ctx = id.context()?;
-    let local = Local::new(domain_on(&ctx, opts)?, opts)?;
+    let local = Local::new(domain_on(&ctx, opts)?, opts, RecvFrom::default())?;
     let qp = id.create_qp(&local.pd, &local.builder, &local.cq, &local.cq)?;
     local.post_receives(&qp)?;
     let announce = ConnParam::default()
@@ -41,8 +45,12 @@ pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> 
     local.finish(qp, &peer, Liveness::Cm(id), (Establish::Cm, opts), addrs)
 }
 
-/// Accepts one connect request.
-pub(crate) fn accept(req: ConnectRequest, opts: &ConnOptions) -> Result<Established> {
+/// Accepts one connect request, receiving from the listener's pool if it has one.
+pub(crate) fn accept(
+    req: ConnectRequest,
+    opts: &ConnOptions,
+    pools: &RecvPools,
+) -> Result<Established> {
     let id = req.id;
     let peer_seen = id.peer_addr();
     // Refuse a bad announcement before building anything, and say why.
@@ -60,14 +68,35 @@ pub(crate) fn accept(req: ConnectRequest, opts: &ConnOptions) -> Result<Establis
         return Err(refuse(&id, NetError::ConnFailed(e)));
     }
     let ctx = id.context()?;
-    let pd = domain_on(&ctx, opts).map_err(|e| refuse(&id, e))?;
-    let local = Local::new(pd, opts).map_err(|e| refuse(&id, e))?;
+    let pool = pools.pool_on(&ctx, opts).map_err(|e| refuse(&id, e))?;
+    let pd = match &pool {
+        Some(p) => p.pd().clone(),
+        None => domain_on(&ctx, opts).map_err(|e| refuse(&id, e))?,
+    };
+    let from = RecvFrom {
+        pool,
+        account: Some(pools.account.clone()),
+    };
+    let local = Local::new(pd, opts, from).map_err(|e| refuse(&id, e))?;
     let qp = id.create_qp(&local.pd, &local.builder, &local.cq, &local.cq)?;
     local.post_receives(&qp)?;
+    // The accept's RNR retry count is the one the *peer's* QP uses: with a pool that may run
+    // empty for a moment, it retries without limit.
+    let rnr_retry = if local.pooled() {
+        RNR_RETRY_FOREVER
+    } else {
+        RNR_RETRY
+    };
     let reply = ConnParam::default()
         .with_private_data(local.config.params().encode().to_vec())
-        .with_rnr_retry_count(RNR_RETRY);
+        .with_rnr_retry_count(rnr_retry);
     id.accept(&reply, opts.connect_timeout)?;
+    if local.pooled() {
+        // rdma_cm brings the QP up with a 655 ms RNR timer; an empty pool should cost less.
+        if let Err(e) = qp.set_min_rnr_timer(MIN_RNR_TIMER) {
+            tracing::debug!(error = %e, "rsrdma-net: keeping rdma_cm's RNR timer");
+        }
+    }
     let fallback = peer_seen.unwrap_or_else(|| SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
     let addrs = addrs_of(&id, fallback);
     local.finish(qp, &peer, Liveness::Cm(id), (Establish::Cm, opts), addrs)

@@ -8,6 +8,10 @@
 //!    the TCP endpoint message) and both run [`rsrdma_proto::settle`]: a mismatch or an
 //!    incompatible version is a clear error on both ends, not a later LOCAL_LENGTH error.
 //! 4. The protocol core and the driver take over.
+//!
+//! A listener with a shared receive pool ([`super::pool`]) creates its QPs on the pool's
+//! domain, attached to the pool's SRQ, posts nothing in step 2 (the pool's slots are on the
+//! SRQ already), and has its peers retry an RNR without limit.
 
 pub(crate) mod cm;
 pub(crate) mod tcp;
@@ -15,14 +19,17 @@ pub(crate) mod tcp;
 use super::driver::{Driver, Liveness};
 use super::info::ConnInfo;
 use super::options::{ConnOptions, Establish};
+use super::pool::{RecvAccount, RecvPool};
 use super::slots::Slots;
 use crate::error::{NetError, Result};
 use rsrdma::{CompChannel, Context, Cq, Pd, Qp, QpBuilder, QpCaps, QpType, RecvWr};
 use rsrdma_proto::{settle, Config, Params, PARAMS_LEN};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// RNR retries on both paths: with credits there is never an RNR, so a few retries turn a bug
-/// into an error instead of a silent stall.
+/// into an error instead of a silent stall. (A listener with a shared pool, whose pool may
+/// run empty for a moment, has its peers retry without limit instead.)
 const RNR_RETRY: u8 = 3;
 use std::time::Instant;
 
@@ -35,6 +42,25 @@ pub(crate) struct Established {
     pub(crate) peer_addr: SocketAddr,
 }
 
+/// Where an accepted connection's receives come from, and whose account they count in.
+#[derive(Default)]
+pub(crate) struct RecvFrom {
+    /// The listener's shared pool, if it has one.
+    pub(crate) pool: Option<Arc<RecvPool>>,
+    /// The listener's receive-memory account (`None` for a dialed connection).
+    pub(crate) account: Option<Arc<RecvAccount>>,
+}
+
+/// Refuses [`ConnOptions::shared_recv`] on the dialing side.
+pub(crate) fn refuse_shared_recv_on_dial(opts: &ConnOptions) -> Result<()> {
+    if opts.shared_recv.is_some() {
+        return Err(NetError::InvalidArgument(
+            "ConnOptions::shared_recv is a Listener option; Conn::dial does not take it".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Step 1: what exists before the exchange.
 pub(crate) struct Local {
     pub(crate) pd: Pd,
@@ -45,8 +71,9 @@ pub(crate) struct Local {
 }
 
 impl Local {
-    /// The CQ, the queue pair's builder and the slot memory on `pd`.
-    pub(crate) fn new(pd: Pd, opts: &ConnOptions) -> Result<Local> {
+    /// The CQ, the queue pair's builder and the slot memory on `pd` (with a pool, `pd` must
+    /// be the pool's).
+    pub(crate) fn new(pd: Pd, opts: &ConnOptions, from: RecvFrom) -> Result<Local> {
         let ctx = pd.context().clone();
         let max_inline = pd.max_inline_data(QpType::Rc)?;
         let config = opts.proto_config(max_inline);
@@ -60,8 +87,18 @@ impl Local {
             .max_send_sge(1u32)
             .max_recv_sge(1u32)
             .max_inline_data(u32::from(config.inline_size));
-        let builder = Qp::builder(QpType::Rc).caps(caps);
-        let slots = Slots::new(&pd, config.send_slots, config.recv_slots, config.slot_size)?;
+        let mut builder = Qp::builder(QpType::Rc).caps(caps);
+        if let Some(pool) = &from.pool {
+            builder = builder.srq(pool.srq());
+        }
+        let slots = Slots::new(
+            &pd,
+            config.send_slots,
+            config.recv_slots,
+            config.slot_size,
+            from.pool,
+            from.account,
+        )?;
         Ok(Local {
             pd,
             cq,
@@ -71,13 +108,22 @@ impl Local {
         })
     }
 
-    /// Step 2: posts every receive slot (the QP must be in INIT or later).
+    /// Whether the receives come from a shared pool.
+    pub(crate) fn pooled(&self) -> bool {
+        self.slots.pooled()
+    }
+
+    /// Step 2: posts every receive slot (the QP must be in INIT or later); nothing with a
+    /// pool, whose slots are on the SRQ.
     pub(crate) fn post_receives(&self, qp: &Qp) -> Result<()> {
+        if self.pooled() {
+            return Ok(());
+        }
         for slot in 0..self.config.recv_slots {
             let sge = [self.slots.recv_sge(slot).ok_or_else(|| {
                 NetError::InvalidArgument("a receive slot outside its region".into())
             })?];
-            let wr = RecvWr::new(super::driver::recv_wr_id(slot), &sge);
+            let wr = RecvWr::new(super::slots::recv_wr_id(slot), &sge);
             // SAFETY: the slot is in registered memory that the driver keeps until the QP's
             // flush is reaped; nothing reads it before its completion.
             unsafe { qp.post_recv(&wr) }?;
@@ -96,9 +142,21 @@ impl Local {
     ) -> Result<Established> {
         let settled = settle(&self.config.params(), peer).map_err(NetError::ConnFailed)?;
         let registered = self.slots.registered();
+        let pooled = self.slots.pooled();
         let recv_slots = self.config.recv_slots;
-        let core = rsrdma_proto::Conn::new(&self.config, &settled, self.slots, Instant::now())
+        let mut core = rsrdma_proto::Conn::new(&self.config, &settled, self.slots, Instant::now())
             .map_err(NetError::ConnFailed)?;
+        // The core queued a `PostRecv` per slot. Own slots were posted in step 2 (the driver
+        // drops those works and counts them outstanding); virtual slots need no post and are
+        // never outstanding on the QP.
+        let recvs_posted = if pooled {
+            for _ in 0..recv_slots {
+                let _virtual = core.poll_work();
+            }
+            0
+        } else {
+            recv_slots
+        };
         let info = ConnInfo::gather(
             &qp,
             how.0,
@@ -110,7 +168,7 @@ impl Local {
         let cq = self.cq.clone();
         drop(self.pd);
         Ok(Established {
-            driver: Driver::new(core, qp, self.cq, liveness, recv_slots),
+            driver: Driver::new(core, qp, self.cq, liveness, recvs_posted),
             cq,
             info,
             local_addr: addrs.0,

@@ -6,17 +6,31 @@
 //! the QP is brought up and before the closing barrier. The TCP connection then stays open as
 //! the liveness signal: its end means the peer is gone.
 
-use super::{decode_params, Established, Local, RNR_RETRY};
+use super::{decode_params, refuse_shared_recv_on_dial, Established, Local, RecvFrom, RNR_RETRY};
 use crate::conn::driver::Liveness;
 use crate::conn::options::{ConnOptions, Establish};
+use crate::conn::pool::{RecvPools, MIN_RNR_TIMER, RNR_RETRY_FOREVER};
 use crate::error::{NetError, Result};
 use crate::handshake::{Channel, Endpoint, Role};
 use rsrdma::{ConnectOptions, Mtu, Qp, QpEndpoint};
 use rsrdma_proto::{settle, Params, PARAMS_LEN};
 use std::net::TcpStream;
 
-/// Runs the handshake over a connected stream.
-pub(crate) fn establish(stream: TcpStream, role: Role, opts: &ConnOptions) -> Result<Established> {
+/// The key, under the server's role, of the RNR retry count the server asks the client's QP
+/// to use (a listener with a shared pool asks for 7, without limit); absent: [`RNR_RETRY`].
+const KEY_RNR_RETRY: u16 = 0xC200 + (PARAMS_LEN / 8) as u16;
+
+/// Runs the handshake over a connected stream; a server receives from `pools`' pool if the
+/// listener has one (`None` for a client).
+pub(crate) fn establish(
+    stream: TcpStream,
+    role: Role,
+    opts: &ConnOptions,
+    pools: Option<&RecvPools>,
+) -> Result<Established> {
+    if role == Role::Client {
+        refuse_shared_recv_on_dial(opts)?;
+    }
     let local_addr = stream
         .local_addr()
         .map_err(|e| NetError::io("local_addr", e))?;
@@ -25,7 +39,7 @@ pub(crate) fn establish(stream: TcpStream, role: Role, opts: &ConnOptions) -> Re
         .map_err(|e| NetError::io("peer_addr", e))?;
     let mut ch = Channel::new(stream, role, opts.connect_timeout)?;
     ch.authenticate(opts.secret.as_deref())?;
-    let (local, qp, peer) = match setup(&mut ch, opts) {
+    let (local, qp, peer) = match setup(&mut ch, opts, pools) {
         Ok(p) => p,
         // Tell the peer why, so it does not wait for a step that will never come.
         Err(e @ (NetError::Verbs(_) | NetError::InvalidArgument(_) | NetError::ConnFailed(_))) => {
@@ -42,11 +56,25 @@ pub(crate) fn establish(stream: TcpStream, role: Role, opts: &ConnOptions) -> Re
     )
 }
 
-fn setup(ch: &mut Channel, opts: &ConnOptions) -> Result<(Local, Qp, Params)> {
+fn setup(
+    ch: &mut Channel,
+    opts: &ConnOptions,
+    pools: Option<&RecvPools>,
+) -> Result<(Local, Qp, Params)> {
     let (ctx, pd) = crate::domain::open_domain(opts.device.as_deref(), opts.pd.as_ref())?;
     let port = ctx.query_port(opts.port)?;
     let gid_index = ctx.resolve_gid_index(opts.port, opts.gid_index)?;
-    let local = Local::new(pd, opts)?;
+    let mut from = RecvFrom::default();
+    let mut pd = pd;
+    if let Some(pools) = pools {
+        from.pool = pools.pool_on(&ctx, opts)?;
+        from.account = Some(pools.account.clone());
+        if let Some(pool) = &from.pool {
+            pd = pool.pd().clone();
+        }
+    }
+    let local = Local::new(pd, opts, from)?;
+    let pooled = local.pooled();
     let qp = local.builder.build(&local.pd, &local.cq, &local.cq)?;
     let psn = random_psn()?;
     let me = qp.endpoint(opts.port, gid_index, psn)?;
@@ -64,7 +92,13 @@ fn setup(ch: &mut Channel, opts: &ConnOptions) -> Result<(Local, Qp, Params)> {
         max_inline: qp.caps().max_inline_data,
         max_rd_atomic: 0,
         max_dest_rd_atomic: 0,
-        params: params_to_words(&local.config.params(), ch.role()),
+        params: {
+            let mut words = params_to_words(&local.config.params(), ch.role());
+            if pooled {
+                words.push((KEY_RNR_RETRY, u64::from(RNR_RETRY_FOREVER)));
+            }
+            words
+        },
     };
     let (peer_ep, agreed) = ch.exchange_endpoints(&endpoint, |k| format!("parameter {k:#x}"))?;
     let peer_role = match ch.role() {
@@ -73,11 +107,22 @@ fn setup(ch: &mut Channel, opts: &ConnOptions) -> Result<(Local, Qp, Params)> {
     };
     let peer = params_from_words(&peer_ep.params, peer_role)?;
     settle(&local.config.params(), &peer).map_err(NetError::ConnFailed)?;
-    let bring_up = ConnectOptions::default()
+    // A server with a shared pool asks for more RNR retries than the default, never fewer.
+    let rnr_retry = peer_ep
+        .params
+        .iter()
+        .find(|(k, _)| ch.role() == Role::Client && *k == KEY_RNR_RETRY)
+        .map_or(RNR_RETRY, |(_, v)| {
+            (*v).clamp(u64::from(RNR_RETRY), 7) as u8
+        });
+    let mut bring_up = ConnectOptions::default()
         .port(opts.port)
         .gid_index(gid_index)
         .mtu(Mtu::from_bytes(agreed.mtu.into()).unwrap_or(Mtu::Mtu1024))
-        .rnr_retry(RNR_RETRY);
+        .rnr_retry(rnr_retry);
+    if pooled {
+        bring_up = bring_up.min_rnr_timer(MIN_RNR_TIMER);
+    }
     qp.connect(&bring_up, me.psn, &QpEndpoint::from(&peer_ep))?;
     local.post_receives(&qp)?;
     // Both sides have every receive posted before either may send.

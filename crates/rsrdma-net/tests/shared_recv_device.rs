@@ -1,0 +1,373 @@
+//! A Listener with a shared receive pool (`ConnOptions::shared_recv`) on a real device (rxe0
+//! in the VM): a few connections exchange hash-verified messages both ways, multi-fragment
+//! ones included, on both establishment paths; a pool smaller than the credits of all
+//! connections still delivers everything (the RNR retry path); closing one connection leaves
+//! the others working; and 256 concurrent connections each send and receive a message while
+//! the listener's measured receive memory stays within 64 MiB. Every wait is bounded.
+//!
+//! Run with `cargo xtask test --filter shared_recv`.
+
+use rsrdma_net::{Conn, ConnOptions, Establish, Listener, SharedRecv};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+mod support;
+use support::{listen_addr, opts, pattern};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// FNV-1a over the bytes: what both ends compare.
+fn hash_of(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Small per-connection memory: 4 KiB frames, 8 credits each way.
+fn small(path: Establish) -> ConnOptions {
+    opts(path)
+        .slot_size(4096)
+        .recv_slots(8)
+        .send_slots(4)
+        .sq_depth(16)
+        .connect_timeout(WAIT)
+}
+
+/// A pooled listener and `n` connections to it: (client, server) pairs.
+fn connect_n(server: ConnOptions, client: ConnOptions, n: usize) -> (Listener, Vec<(Conn, Conn)>) {
+    let l = Arc::new(Listener::bind(listen_addr(&server), server).unwrap());
+    let acceptor = {
+        let l = l.clone();
+        thread::spawn(move || {
+            (0..n)
+                .map(|_| l.accept_timeout(WAIT).unwrap())
+                .collect::<Vec<_>>()
+        })
+    };
+    let clients: Vec<Conn> = (0..n)
+        .map(|_| Conn::dial(l.local_addr(), client.clone()).unwrap())
+        .collect();
+    let mut servers = acceptor.join().unwrap();
+    // Pair by address: the acceptor's order need not be the dialer's.
+    let pairs = clients
+        .into_iter()
+        .map(|c| {
+            let at = servers
+                .iter()
+                .position(|s| {
+                    s.peer_addr() == c.local_addr() || s.info().peer_qpn == c.info().local_qpn
+                })
+                .expect("a server side for every client");
+            (c, servers.swap_remove(at))
+        })
+        .collect();
+    let l = Arc::try_unwrap(l).expect("the acceptor is done");
+    (l, pairs)
+}
+
+/// Sizes from empty to many frames of 4 KiB.
+const SIZES: [usize; 8] = [0, 1, 100, 4080, 4096, 12_000, 65_536, 200_000];
+
+/// The server side echoes each message's hash, then the message itself, until EOF.
+fn hash_echo(s: Conn) -> thread::JoinHandle<usize> {
+    thread::spawn(move || {
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut n = 0;
+        while let Some(m) = s.recv_msg().unwrap() {
+            s.send_msg(&hash_of(&m).to_le_bytes()).unwrap();
+            s.send_msg(&m).unwrap();
+            n += 1;
+        }
+        s.close().unwrap();
+        n
+    })
+}
+
+/// Sends every size with a seed of its own, checks the echoed hash and message.
+fn exchange(c: &Conn, seed: u64) {
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    for (i, &len) in SIZES.iter().enumerate() {
+        let msg = pattern(len, seed * 100 + i as u64);
+        c.send_msg(&msg).unwrap();
+        let h = c.recv_msg().unwrap().expect("the hash");
+        assert_eq!(h, hash_of(&msg).to_le_bytes(), "hash of {len} bytes");
+        let back = c.recv_msg().unwrap().expect("the echo");
+        assert_eq!(back.len(), len);
+        assert_eq!(hash_of(&back), hash_of(&msg), "echo of {len} bytes");
+    }
+}
+
+fn few_connections_both_ways(path: Establish) {
+    let pool_slots = 64;
+    let server = small(path).shared_recv(SharedRecv::new(pool_slots));
+    let (l, pairs) = connect_n(server, small(path), 4);
+    let mem = l.recv_memory();
+    println!("{path:?}: 4 connections on a pool: {mem:?}");
+    assert_eq!(mem.pool_bytes, pool_slots as usize * 4096);
+    assert_eq!(mem.pool_slots, pool_slots as usize);
+    assert_eq!(mem.connections, 4);
+    assert!(mem.connection_bytes <= 4 * 64, "bookkeeping only: {mem:?}");
+    let mut clients = Vec::new();
+    let mut servers = Vec::new();
+    for (c, s) in pairs {
+        assert_eq!(s.info().registered_bytes, 4 * 4096, "send slots only");
+        assert_eq!(c.info().registered_bytes, (4 + 8) * 4096);
+        servers.push(hash_echo(s));
+        clients.push(c);
+    }
+    thread::scope(|sc| {
+        for (i, c) in clients.iter().enumerate() {
+            sc.spawn(move || exchange(c, i as u64));
+        }
+    });
+    for c in &clients {
+        c.close().unwrap();
+    }
+    for s in servers {
+        assert_eq!(s.join().unwrap(), SIZES.len());
+    }
+    drop(clients);
+    assert_eq!(
+        l.recv_memory().connections,
+        0,
+        "every connection's memory was freed"
+    );
+}
+
+#[test]
+fn shared_recv_few_connections_both_ways_over_rdma_cm() {
+    few_connections_both_ways(Establish::Cm);
+}
+
+#[test]
+fn shared_recv_few_connections_both_ways_over_tcp_handshake() {
+    few_connections_both_ways(Establish::Tcp);
+}
+
+/// Four connections grant 8 credits each (32 in all) into a pool of 4 slots, and the server
+/// reads only after every client has sent all: sends find the pool empty and are retried
+/// (RNR) until the server frees slots; everything arrives, in order, intact.
+/// RNR NAKs the device sent (rxe's counter), if it has one.
+fn rnr_naks_sent() -> Option<u64> {
+    let dev = support::device();
+    let path = format!("/sys/class/infiniband/{dev}/ports/1/hw_counters/send_rnr_err");
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn pool_smaller_than_credits(path: Establish) {
+    let rnr_before = rnr_naks_sent();
+    let server = small(path).shared_recv(SharedRecv::new(4));
+    let (l, pairs) = connect_n(server, small(path), 4);
+    let per_conn = 40;
+    let sizes = |k: usize| (k * 997) % 9000;
+    let (clients, servers): (Vec<Conn>, Vec<Conn>) = pairs.into_iter().unzip();
+    let senders: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            thread::spawn(move || {
+                c.set_write_timeout(Some(WAIT)).unwrap();
+                let mut all = 0u64;
+                for k in 0..per_conn {
+                    let m = pattern(sizes(k), (i * 1000 + k) as u64);
+                    all = all.wrapping_add(hash_of(&m));
+                    c.send_msg(&m).unwrap();
+                }
+                c.set_read_timeout(Some(WAIT)).unwrap();
+                let reply = c.recv_msg().unwrap().expect("the server's sum");
+                assert_eq!(reply, all.to_le_bytes(), "connection {i}");
+                c.close().unwrap();
+            })
+        })
+        .collect();
+    // Let the senders run into the empty pool before anyone reads.
+    thread::sleep(Duration::from_millis(500));
+    thread::scope(|sc| {
+        for s in &servers {
+            sc.spawn(move || {
+                s.set_read_timeout(Some(WAIT)).unwrap();
+                let mut all = 0u64;
+                for _ in 0..per_conn {
+                    let m = s.recv_msg().unwrap().expect("a message");
+                    all = all.wrapping_add(hash_of(&m));
+                }
+                s.send_msg(&all.to_le_bytes()).unwrap();
+                assert_eq!(s.recv_msg().unwrap(), None, "then EOF");
+            });
+        }
+    });
+    for t in senders {
+        t.join().unwrap();
+    }
+    for s in servers {
+        s.close().unwrap();
+    }
+    assert_eq!(l.recv_memory().connections, 0);
+    if let (Some(a), Some(b)) = (rnr_before, rnr_naks_sent()) {
+        println!("{path:?}: {} RNR NAKs sent while the pool was empty", b - a);
+        assert!(
+            b > a,
+            "the pool never ran empty: the test did not test the RNR path"
+        );
+    }
+}
+
+#[test]
+fn shared_recv_pool_smaller_than_credits_delivers_everything_over_rdma_cm() {
+    pool_smaller_than_credits(Establish::Cm);
+}
+
+#[test]
+fn shared_recv_pool_smaller_than_credits_delivers_everything_over_tcp_handshake() {
+    pool_smaller_than_credits(Establish::Tcp);
+}
+
+#[test]
+fn shared_recv_close_of_one_leaves_the_others_working() {
+    let path = Establish::Cm;
+    let server = small(path).shared_recv(SharedRecv::new(16));
+    let (l, mut pairs) = connect_n(server, small(path), 3);
+    let (c0, s0) = pairs.remove(0);
+    let echoes: Vec<_> = pairs.into_iter().map(|(c, s)| (c, hash_echo(s))).collect();
+    for (i, (c, _)) in echoes.iter().enumerate() {
+        exchange(c, 10 + i as u64);
+    }
+    // The first connection receives a message that stays unread in a pool slot, then
+    // closes from both ends: its slots go back to the pool.
+    c0.send_msg(&pattern(9000, 7)).unwrap();
+    thread::sleep(Duration::from_millis(200));
+    c0.close().unwrap();
+    s0.set_read_timeout(Some(WAIT)).unwrap();
+    s0.close().unwrap();
+    drop((c0, s0));
+    assert_eq!(l.recv_memory().connections, 2);
+    // The others go on, through every slot of the pool several times over.
+    thread::scope(|sc| {
+        for (i, (c, _)) in echoes.iter().enumerate() {
+            sc.spawn(move || {
+                for round in 0..4 {
+                    exchange(c, 20 + 10 * round + i as u64);
+                }
+            });
+        }
+    });
+    for (c, s) in echoes {
+        c.close().unwrap();
+        assert_eq!(s.join().unwrap(), 5 * SIZES.len());
+    }
+}
+
+#[test]
+fn shared_recv_is_a_listener_option() {
+    let o = small(Establish::Cm).shared_recv(SharedRecv::new(8));
+    let e = Conn::dial(format!("{}:1", support::ip()), o).unwrap_err();
+    assert!(e.to_string().contains("Listener option"), "{e}");
+    let bad = small(Establish::Cm).shared_recv(SharedRecv::new(0));
+    assert!(Listener::bind(listen_addr(&bad), bad).is_err());
+}
+
+/// Raises the open-file limit: 256 connections on both ends hold about 2,000 descriptors.
+fn raise_fd_limit() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid rlimit to fill and then to set.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+/// 256 connections (`RSRDMA_SHARED_RECV_CONNS` to change), each sending a 40 KB message
+/// (3 frames) that the server checks and answers; 16 KiB frames and 32 credits a connection,
+/// on a pool of 1024 slots. The listener's receive memory is measured while all are alive,
+/// and compared with a listener without a pool (measured on a few connections).
+#[test]
+fn shared_recv_256_connections_within_64_mib() {
+    raise_fd_limit();
+    let n: usize = std::env::var("RSRDMA_SHARED_RECV_CONNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    let path = Establish::Cm;
+    let frame = 16 * 1024;
+    let quiet = |o: ConnOptions| o.keepalive(None).connect_timeout(WAIT);
+    let server_base = quiet(opts(path))
+        .slot_size(frame)
+        .recv_slots(32)
+        .send_slots(2)
+        .sq_depth(8);
+    let client = quiet(opts(path))
+        .slot_size(frame)
+        .recv_slots(8)
+        .send_slots(4)
+        .sq_depth(8);
+
+    // Without a pool, for comparison: a few connections, per-connection receive memory.
+    let few = 4;
+    let (plain, plain_pairs) = connect_n(server_base.clone(), client.clone(), few);
+    let plain_mem = plain.recv_memory();
+    assert_eq!(plain_mem.connections, few);
+    assert_eq!(plain_mem.pool_bytes, 0);
+    let per_conn_plain = plain_mem.connection_bytes / few;
+    assert_eq!(
+        per_conn_plain,
+        32 * frame as usize,
+        "recv_slots × slot_size"
+    );
+    drop(plain_pairs);
+    drop(plain);
+
+    let pool_slots = 1024;
+    let server = server_base.shared_recv(SharedRecv::new(pool_slots));
+    let (l, pairs) = connect_n(server, client, n);
+    let msg_len = 40_000;
+    // Every client sends first: 3 frames each wait in the pool until the server reads.
+    for (i, (c, _)) in pairs.iter().enumerate() {
+        c.set_write_timeout(Some(WAIT)).unwrap();
+        c.send_msg(&pattern(msg_len, i as u64)).unwrap();
+    }
+    let mem = l.recv_memory();
+    for (i, (_, s)) in pairs.iter().enumerate() {
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let m = s.recv_msg().unwrap().expect("the client's message");
+        assert_eq!(m.len(), msg_len);
+        assert_eq!(
+            hash_of(&m),
+            hash_of(&pattern(msg_len, i as u64)),
+            "connection {i}"
+        );
+        s.send_msg(&hash_of(&m).to_le_bytes()).unwrap();
+    }
+    for (i, (c, _)) in pairs.iter().enumerate() {
+        c.set_read_timeout(Some(WAIT)).unwrap();
+        let h = c.recv_msg().unwrap().expect("the server's answer");
+        assert_eq!(h, hash_of(&pattern(msg_len, i as u64)).to_le_bytes());
+    }
+    let without = per_conn_plain * n;
+    println!(
+        "shared receive: {n} connections, receive memory {} bytes ({:.1} MiB: pool {} slots = \
+         {} bytes, connections {} bytes); without a pool {} bytes ({:.1} MiB, {} per \
+         connection measured)",
+        mem.total(),
+        mem.total() as f64 / f64::from(1 << 20),
+        mem.pool_slots,
+        mem.pool_bytes,
+        mem.connection_bytes,
+        without,
+        without as f64 / f64::from(1 << 20),
+        per_conn_plain
+    );
+    assert_eq!(mem.connections, n);
+    assert_eq!(mem.pool_bytes, pool_slots as usize * frame as usize);
+    assert!(mem.total() <= 64 << 20, "{mem:?}");
+    for (c, s) in pairs {
+        c.close().unwrap();
+        s.close().unwrap();
+    }
+    assert_eq!(l.recv_memory().connections, 0);
+}
