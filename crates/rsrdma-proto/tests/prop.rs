@@ -152,16 +152,16 @@ impl World {
             }
             Op::Read { side, buf } => {
                 if let Some(key) = p.sides[side].read_key {
-                    if p.sides[side].conn.take_read().is_none() {
+                    let Some(n) = p.sides[side].conn.take_read() else {
                         self.p.pump(side);
                         self.check();
                         return;
-                    }
+                    };
                     // Landed: `take_read` consumed it; hand the bytes to the checker as a
                     // message read (the stream path is `take_read_into_core`, tested apart).
                     p.sides[side].read_key = None;
                     let v = p.sides[side].regions.remove(&key).unwrap();
-                    self.chk[side].on_msg(&v);
+                    self.chk[side].on_msg(&v[..n]);
                     self.p.pump(side);
                     self.check();
                     return;
@@ -169,6 +169,9 @@ impl World {
                 let mut b = vec![0; buf];
                 let r = p.sides[side].conn.read(&mut b);
                 if let Err(ProtoError::NeedsRead { len }) = r {
+                    // The read may have skipped empty messages before the rendezvous one.
+                    let received = p.sides[side].conn.counters().messages_received;
+                    self.chk[side].on_read(&[], received);
                     match p.sides[side].start_read(len) {
                         Ok(()) | Err(ProtoError::WouldBlock) => {}
                         Err(e) => assert!(e.is_sticky() && p.sides[side].failed(), "{e}"),

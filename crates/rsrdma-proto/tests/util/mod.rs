@@ -123,8 +123,9 @@ impl Side {
             return match self.conn.take_read() {
                 Some(n) => {
                     self.read_key = None;
-                    let v = self.regions.remove(&key).expect("read destination");
-                    assert_eq!(v.len(), n);
+                    let mut v = self.regions.remove(&key).expect("read destination");
+                    assert!(v.len() >= n);
+                    v.truncate(n);
                     Ok(Some(v))
                 }
                 None => Err(rsrdma_proto::ProtoError::WouldBlock),
