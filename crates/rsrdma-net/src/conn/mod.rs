@@ -43,6 +43,7 @@
 //!   waits until every byte is handed to the NIC; delivery to the peer is confirmed by
 //!   `close`.
 
+mod buffer;
 mod driver;
 mod establish;
 mod fdwait;
@@ -50,11 +51,13 @@ mod info;
 mod io;
 mod listener;
 mod options;
+mod rendezvous;
 mod shared;
 mod slots;
 mod transfer;
 mod worker;
 
+pub use buffer::{Buffer, BufferPool};
 pub use info::ConnInfo;
 pub use listener::Listener;
 pub use options::{ConnOptions, Establish};
@@ -179,12 +182,7 @@ impl Conn {
     /// [`NetError::Timeout`] (the connection stays usable); [`NetError::Closed`] after
     /// `close`; [`NetError::ConnFailed`].
     pub fn recv_msg(&self) -> Result<Option<Vec<u8>>> {
-        let timeout = self.shared.lock().read_timeout;
-        self.block("recv_msg", timeout, |d| match d.core().recv_msg() {
-            Ok(m) => Ok(Some(m)),
-            Err(ProtoError::WouldBlock) => Ok(None),
-            Err(e) => Err(from_core(e)),
-        })
+        self.recv_msg_pulling()
     }
 
     /// Receives the next message into `buf`: `Ok(Some(len))`, or `Ok(None)` at the end of
@@ -475,6 +473,7 @@ pub(crate) enum CloseStart {
 impl Conn {
     /// Establishes as [`Conn::dial`] does for one address (blocking), without the thread.
     pub(crate) fn dial_threadless(addr: SocketAddr, opts: &ConnOptions) -> Result<Conn> {
+        let opts = &rendezvous::eager_only(opts);
         let est = match opts.establish {
             Establish::Cm => establish::cm::dial(addr, opts)?,
             Establish::Tcp => {
@@ -491,11 +490,13 @@ impl Conn {
         req: rsrdma::cm::ConnectRequest,
         opts: &ConnOptions,
     ) -> Result<Conn> {
+        let opts = &rendezvous::eager_only(opts);
         Conn::start_threadless(establish::cm::accept(req, opts)?, opts)
     }
 
     /// Runs the server side of the TCP handshake (blocking), without the thread.
     pub(crate) fn accept_tcp_threadless(stream: TcpStream, opts: &ConnOptions) -> Result<Conn> {
+        let opts = &rendezvous::eager_only(opts);
         let est = establish::tcp::establish(stream, crate::handshake::Role::Server, opts)?;
         Conn::start_threadless(est, opts)
     }

@@ -71,6 +71,11 @@ pub struct ConnOptions {
     pub linger: Duration,
     /// Shared secret for the TCP handshake (ignored by rdma_cm).
     pub secret: Option<Vec<u8>>,
+    /// Rendezvous threshold: messages of at least this many bytes are pulled by the receiver
+    /// with RDMA READ instead of copied through the slots, when the peer offers rendezvous
+    /// too (the settled threshold is the larger of both). `None` does not offer rendezvous.
+    /// Default 256 KiB.
+    pub rendezvous: Option<u32>,
 }
 
 impl Default for ConnOptions {
@@ -94,6 +99,7 @@ impl Default for ConnOptions {
             connect_timeout: Duration::from_secs(10),
             linger: Duration::from_secs(2),
             secret: None,
+            rendezvous: Some(rsrdma_proto::DEFAULT_RDV_THRESHOLD),
         }
     }
 }
@@ -133,6 +139,8 @@ setters!(ConnOptions {
     linger: Duration,
     /// Sets [`ConnOptions::secret`].
     secret: Option<Vec<u8>>,
+    /// Sets [`ConnOptions::rendezvous`].
+    rendezvous: Option<u32>,
 });
 
 impl ConnOptions {
@@ -149,6 +157,11 @@ impl ConnOptions {
             .with_max_message(self.max_message)
             .with_keepalive(self.keepalive)
             .with_peer_timeout(self.peer_timeout)
+            .with_features(match self.rendezvous {
+                Some(_) => rsrdma_proto::FEATURE_RENDEZVOUS,
+                None => 0,
+            })
+            .with_rdv_threshold(self.rendezvous.unwrap_or(rsrdma_proto::DEFAULT_RDV_THRESHOLD))
     }
 
     /// Refuses options that cannot work, before any socket or verb.

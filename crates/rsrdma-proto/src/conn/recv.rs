@@ -260,6 +260,24 @@ impl<M: SlotMemory> Conn<M> {
         Ok(())
     }
 
+    /// The length of the head message when it is a rendezvous message that nobody reads
+    /// yet (what a read call's `NeedsRead` said), on a connection that has not failed.
+    pub fn pending_read(&self) -> Option<usize> {
+        if self.failed.is_some() || self.rx.read != ReadState::Idle {
+            return None;
+        }
+        match self.head() {
+            Some((Head::Rendezvous(_), len)) => Some(len),
+            _ => None,
+        }
+    }
+
+    /// Whether the rendezvous read in progress has completed (the next [`Conn::take_read`]
+    /// or [`Conn::take_read_into_core`] takes it).
+    pub fn read_landed(&self) -> bool {
+        self.rx.read == ReadState::Landed
+    }
+
     /// Takes the head message once its rendezvous read completed: `Some(len)` (the bytes
     /// are in the destination given to [`Conn::start_read`]); `None` while it is in flight.
     pub fn take_read(&mut self) -> Option<usize> {
