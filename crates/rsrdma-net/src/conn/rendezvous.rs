@@ -268,6 +268,11 @@ impl Conn {
         let reg = RefCell::new(reg);
         let vec = RefCell::new(vec);
         let mut attempt = |d: &mut Driver| -> Result<Option<Pulled>> {
+            if d.peer_gone() && !d.core_ref().read_landed() {
+                // The peer left after its FIN: its memory went with it (and nothing is
+                // posted any more), so a rendezvous message it left behind cannot be read.
+                return Err(NetError::PeerGone { op });
+            }
             if !started.get() {
                 if d.core_ref().pending_read() != Some(len) {
                     if let Some(e) = d.core_ref().error() {

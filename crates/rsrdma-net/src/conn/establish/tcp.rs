@@ -77,7 +77,14 @@ fn setup(ch: &mut Channel, opts: &ConnOptions) -> Result<(Local, Qp, Params)> {
         .port(opts.port)
         .gid_index(gid_index)
         .mtu(Mtu::from_bytes(agreed.mtu.into()).unwrap_or(Mtu::Mtu1024))
-        .rnr_retry(RNR_RETRY);
+        .rnr_retry(RNR_RETRY)
+        // Rendezvous: the peer READs messages we expose (per-message regions, remote read
+        // only); read depths are the device's maximum (≥ 1) by default.
+        .access(if opts.rendezvous.is_some() {
+            rsrdma::AccessFlags::REMOTE_READ
+        } else {
+            rsrdma::AccessFlags::NONE
+        });
     qp.connect(&bring_up, me.psn, &QpEndpoint::from(&peer_ep))?;
     local.post_receives(&qp)?;
     // Both sides have every receive posted before either may send.
