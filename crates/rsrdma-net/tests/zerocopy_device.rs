@@ -46,7 +46,9 @@ fn frames_sent(c: &Conn) -> u64 {
 
 fn filled(c: &Conn, len: usize, seed: u64) -> Buffer {
     let mut b = c.alloc_buffer(len).unwrap();
-    b.as_mut_slice().unwrap().copy_from_slice(&pattern(len, seed));
+    b.as_mut_slice()
+        .unwrap()
+        .copy_from_slice(&pattern(len, seed));
     b
 }
 
@@ -83,7 +85,10 @@ fn both_ways(path: Establish) {
                 if way < 2 {
                     let b = filled(&c, len, i as u64);
                     c.send_buffer(&b, len).unwrap();
-                    assert!(!b.is_busy(), "send_buffer returned with the buffer in flight");
+                    assert!(
+                        !b.is_busy(),
+                        "send_buffer returned with the buffer in flight"
+                    );
                 } else {
                     c.send_msg(&want).unwrap();
                 }
@@ -238,7 +243,9 @@ fn zerocopy_pool_shared_by_connections_on_one_pd() {
     let mut taken: Vec<Buffer> = (0..4).map(|_| pool.take().unwrap()).collect();
     assert!(pool.take().is_none(), "four buffers only");
     for (i, b) in taken.iter_mut().enumerate() {
-        b.as_mut_slice().unwrap().copy_from_slice(&pattern(4 * T, i as u64));
+        b.as_mut_slice()
+            .unwrap()
+            .copy_from_slice(&pattern(4 * T, i as u64));
     }
     for (i, b) in taken.iter().enumerate() {
         let (c, s) = if i % 2 == 0 { (&c1, &s1) } else { (&c2, &s2) };

@@ -205,3 +205,35 @@ fn rendezvous_frames_without_the_feature_are_refused() {
     ));
     assert!(p.drive(100));
 }
+
+#[test]
+fn the_documented_rts_example_encodes_byte_by_byte() {
+    let h = rsrdma_proto::Header {
+        kind: FrameType::Rts,
+        flags: 0,
+        msg_id: 3,
+        credit_limit: 40,
+        payload_len: 16,
+        aux: 1 << 20,
+    };
+    assert_eq!(
+        h.encode(),
+        [7, 0, 3, 0, 0x28, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0x10, 0]
+    );
+    assert_eq!(rsrdma_proto::Header::decode(&h.encode()), Ok(h));
+    // What the core writes after the header for that RTS: address then key, LE.
+    let mut p = Pair::new(cfg(true), cfg(true));
+    p.hold[0] = true;
+    p.sides[0]
+        .conn
+        .send_rendezvous(1 << 10, 0x7f00_0000_1000, 0x1234)
+        .unwrap();
+    p.pump(0);
+    p.hold[0] = false;
+    assert!(p.deliver(0));
+    let raw = p.sides[1].conn.memory_mut().recv_slot_mut(0)[..32].to_vec();
+    assert_eq!(
+        &raw[16..32],
+        &[0x00, 0x10, 0, 0, 0, 0x7f, 0, 0, 0x34, 0x12, 0, 0, 0, 0, 0, 0]
+    );
+}

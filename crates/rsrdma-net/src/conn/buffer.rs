@@ -49,7 +49,9 @@ impl Drop for BufInner {
 impl BufInner {
     fn mr(&self) -> &Mr {
         // Only `drop` takes it.
-        self.mr.as_ref().expect("a live buffer has its registration")
+        self.mr
+            .as_ref()
+            .expect("a live buffer has its registration")
     }
 }
 

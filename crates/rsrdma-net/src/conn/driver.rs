@@ -34,8 +34,8 @@ use super::transfer::Owners;
 use crate::handshake::Channel;
 use rsrdma::cm::{CmEventType, CmId};
 use rsrdma::{Cq, Mr, Pd, Qp, RecvWr, SendWr, Sge, Wc};
-use std::collections::VecDeque;
 use rsrdma_proto::{Conn as Core, Fatal, Work, WrId};
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 

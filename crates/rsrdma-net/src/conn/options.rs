@@ -161,7 +161,10 @@ impl ConnOptions {
                 Some(_) => rsrdma_proto::FEATURE_RENDEZVOUS,
                 None => 0,
             })
-            .with_rdv_threshold(self.rendezvous.unwrap_or(rsrdma_proto::DEFAULT_RDV_THRESHOLD))
+            .with_rdv_threshold(
+                self.rendezvous
+                    .unwrap_or(rsrdma_proto::DEFAULT_RDV_THRESHOLD),
+            )
     }
 
     /// Refuses options that cannot work, before any socket or verb.

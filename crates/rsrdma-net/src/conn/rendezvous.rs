@@ -123,7 +123,8 @@ impl Conn {
         // SAFETY: the buffer's allocation stays alive and unmoved while `hold` (kept by the
         // driver until the DONE or the flush) lives, and the registration is dropped before
         // `hold`; remote read only: the NIC never writes it.
-        let mr = unsafe { Mr::register(&pd, hold.addr() as *mut u8, len, AccessFlags::REMOTE_READ) }?;
+        let mr =
+            unsafe { Mr::register(&pd, hold.addr() as *mut u8, len, AccessFlags::REMOTE_READ) }?;
         let (addr, rkey) = (mr.addr(), mr.rkey());
         let parts = Cell::new(Some((mr, hold)));
         let timeout = self.shared.lock().write_timeout;
@@ -238,7 +239,8 @@ impl Conn {
                 // SAFETY: the slice is borrowed for this whole call; the registration is
                 // dropped before the call returns, and only after the READ completed or the
                 // QP was moved to ERROR (after which deregistering cuts the NIC off).
-                let mr = unsafe { Mr::register(&pd, b.as_mut_ptr(), len, AccessFlags::LOCAL_WRITE) }?;
+                let mr =
+                    unsafe { Mr::register(&pd, b.as_mut_ptr(), len, AccessFlags::LOCAL_WRITE) }?;
                 let at = (mr.addr(), mr.lkey(), len);
                 reg = Some(mr);
                 at
@@ -256,7 +258,8 @@ impl Conn {
                 let mut v = vec![0u8; len];
                 // SAFETY: as for a slice: the vector is owned here, its heap memory does not
                 // move, and the registration is dropped before the vector is given away.
-                let mr = unsafe { Mr::register(&pd, v.as_mut_ptr(), len, AccessFlags::LOCAL_WRITE) }?;
+                let mr =
+                    unsafe { Mr::register(&pd, v.as_mut_ptr(), len, AccessFlags::LOCAL_WRITE) }?;
                 let at = (mr.addr(), mr.lkey(), len);
                 reg = Some(mr);
                 vec = Some(v);

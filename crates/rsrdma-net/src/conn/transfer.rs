@@ -236,7 +236,14 @@ fn send_slice_rdv(d: &mut Driver, m: &[u8], rdv: &RefCell<Option<SliceRdv>>) -> 
         // SAFETY: the slice is borrowed by the blocked call, which drops this registration
         // before it returns: after the peer's DONE, after withdrawing an RTS never sent, or
         // after moving the QP to ERROR. Remote read only: nothing writes the slice.
-        let mr = unsafe { Mr::register(d.pd(), m.as_ptr() as *mut u8, m.len(), AccessFlags::REMOTE_READ) }?;
+        let mr = unsafe {
+            Mr::register(
+                d.pd(),
+                m.as_ptr() as *mut u8,
+                m.len(),
+                AccessFlags::REMOTE_READ,
+            )
+        }?;
         *slot = Some(SliceRdv { msg: None, mr });
     }
     let Some(state) = slot.as_mut() else {
@@ -244,7 +251,10 @@ fn send_slice_rdv(d: &mut Driver, m: &[u8], rdv: &RefCell<Option<SliceRdv>>) -> 
     };
     match state.msg {
         None => {
-            match d.core().send_rendezvous(m.len(), state.mr.addr(), state.mr.rkey()) {
+            match d
+                .core()
+                .send_rendezvous(m.len(), state.mr.addr(), state.mr.rkey())
+            {
                 Ok(msg) => state.msg = Some(msg),
                 Err(ProtoError::WouldBlock) => {}
                 Err(e) => return Err(from_core(e)),
