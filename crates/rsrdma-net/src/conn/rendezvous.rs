@@ -340,3 +340,28 @@ impl Conn {
         r
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::ConnOptions;
+    use rsrdma_proto::FEATURE_RENDEZVOUS;
+
+    #[test]
+    fn rendezvous_is_offered_by_default_and_a_zero_threshold_is_refused() {
+        let o = ConnOptions::default();
+        assert_eq!(o.rendezvous, Some(256 * 1024));
+        let p = o.proto_config(64).params();
+        assert_eq!(p.features & FEATURE_RENDEZVOUS, FEATURE_RENDEZVOUS);
+        assert_eq!(p.rdv_threshold, 256 * 1024);
+        let off = ConnOptions::default()
+            .rendezvous(None)
+            .proto_config(64)
+            .params();
+        assert_eq!((off.features, off.rdv_threshold), (0, 0));
+        let e = ConnOptions::default()
+            .rendezvous(Some(0))
+            .check()
+            .unwrap_err();
+        assert!(e.to_string().contains("threshold"), "{e}");
+    }
+}
