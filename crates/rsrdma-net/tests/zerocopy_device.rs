@@ -95,11 +95,17 @@ fn both_ways(path: Establish) {
                 rx.join().unwrap()
             });
             assert_eq!(got, h, "{path:?}: {len} bytes, way {way}");
+            // Every frame counts, a PING or CREDIT among them: rendezvous costs one RTS, so
+            // fewer frames than the eager fragments would be.
             let frames = frames_sent(&c) - before;
+            let eager_frames = len.div_ceil(32 * 1024 - 16) as u64;
             if rdv {
-                assert!(frames <= 2, "{len} B by rendezvous cost {frames} frames");
+                assert!(
+                    frames < eager_frames,
+                    "{len} B by rendezvous cost {frames} frames"
+                );
             } else {
-                assert!(frames >= 2, "{len} B eager cost {frames} frames");
+                assert!(frames >= eager_frames, "{len} B eager cost {frames} frames");
             }
         }
     }
