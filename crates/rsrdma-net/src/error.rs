@@ -154,6 +154,24 @@ pub enum NetError {
         op: &'static str,
     },
 
+    /// A registered [`crate::Buffer`] is in flight (a send or receive has the NIC on it): its
+    /// bytes cannot be touched and it cannot be sent or received into again until it is done.
+    #[error("{op}: the buffer is in flight")]
+    BufferBusy {
+        /// The refused call.
+        op: &'static str,
+    },
+
+    /// A [`crate::Buffer`] used with a connection on another protection domain, or a length
+    /// beyond the buffer.
+    #[error("{op}: {reason}")]
+    BadBuffer {
+        /// The refused call.
+        op: &'static str,
+        /// Which rule failed.
+        reason: &'static str,
+    },
+
     /// One peer's handshake failed on a listener; the listener keeps serving.
     #[error("handshake with {peer} failed: {source}")]
     Handshake {
@@ -190,7 +208,9 @@ impl NetError {
                 K::ConnectionReset
             }
             NetError::ConnFailed(_) => K::ConnectionAborted,
+            NetError::BufferBusy { .. } => K::WouldBlock,
             NetError::InvalidArgument(_)
+            | NetError::BadBuffer { .. }
             | NetError::DatagramTooLarge { .. }
             | NetError::BufferTooSmall { .. }
             | NetError::ShortBuffer { .. }

@@ -38,7 +38,9 @@ pub use registry::{Registry, RegistryClient, RegistryHandle, RegistryOptions};
 
 // Conn and Listener: the net-style RDMA connection (conn/).
 pub mod conn;
-pub use conn::{Conn, ConnInfo, ConnOptions, Establish, Listener, RecvMemory, SharedRecv};
+pub use conn::{
+    Buffer, BufferPool, Conn, ConnInfo, ConnOptions, Establish, Listener, RecvMemory, SharedRecv,
+};
 
 // The async layer on tokio (feature `tokio`): AsyncConn, AsyncListener, AsyncPacketConn.
 #[cfg(feature = "tokio")]

@@ -29,6 +29,23 @@ pub enum ProtoError {
         op: &'static str,
     },
 
+    /// A read call met a rendezvous message: the driver must register a destination of at
+    /// least `len` bytes and call `Conn::start_read`. The message stays queued.
+    #[error("the next message ({len} bytes) comes by rendezvous: start a read")]
+    NeedsRead {
+        /// The message length.
+        len: usize,
+    },
+
+    /// A call that needs a feature the two sides did not settle (rendezvous).
+    #[error("{op}: {feature} was not negotiated with the peer")]
+    NotNegotiated {
+        /// The call that was refused.
+        op: &'static str,
+        /// The missing feature.
+        feature: &'static str,
+    },
+
     /// `send_msg`: the message is larger than the negotiated maximum.
     #[error("send_msg: a message of {len} bytes is over the negotiated maximum of {max}")]
     TooLarge {
@@ -146,6 +163,8 @@ impl ProtoError {
             self,
             Self::WouldBlock
                 | Self::ShortBuffer { .. }
+                | Self::NeedsRead { .. }
+                | Self::NotNegotiated { .. }
                 | Self::Closed { .. }
                 | Self::TooLarge { .. }
         )

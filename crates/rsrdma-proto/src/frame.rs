@@ -4,11 +4,17 @@
 //! offset size field
 //!  0     1    type          1 DATA, 2 CREDIT, 3 FIN, 4 PING, 5 PONG, 6 ABORT, 7 RTS, 8 DONE
 //!  1     1    flags         DATA only: bit 0 FIRST, bit 1 LAST; other bits and other types: 0
-//!  2     2    msg_id        DATA: message number mod 2^16; FIN: messages sent mod 2^16; else 0
+//!  2     2    msg_id        DATA, RTS, DONE: message number mod 2^16; FIN: messages sent
+//!                           mod 2^16; else 0
 //!  4     4    credit_limit  cumulative receive limit granted to the peer, mod 2^32
-//!  8     4    payload_len   bytes after the header in this frame (0 for every control frame)
-//! 12     4    aux           DATA+FIRST: total message length; PING/PONG: token; ABORT: code
+//!  8     4    payload_len   bytes after the header in this frame (RTS: 16; 0 for every
+//!                           other control frame)
+//! 12     4    aux           DATA+FIRST and RTS: total message length; PING/PONG: token;
+//!                           ABORT: code
 //! ```
+//!
+//! An RTS's 16 payload bytes: the address (8, little-endian) and the remote key (4) of the
+//! message in the sender's memory, then 4 reserved bytes (sent 0, ignored).
 //!
 //! `decode` checks everything that one header can show alone; the connection checks the rest
 //! (sequence, credits, sizes against the negotiated limits).
@@ -17,6 +23,8 @@ use crate::error::ProtoError;
 
 /// Bytes of the fixed frame header.
 pub const HEADER_LEN: usize = 16;
+/// Payload bytes of an RTS frame: address (8), remote key (4), reserved (4).
+pub const RTS_PAYLOAD_LEN: usize = 16;
 
 /// DATA flag: the first fragment of a message (`aux` holds the message length).
 pub const FLAG_FIRST: u8 = 0x01;
@@ -39,9 +47,10 @@ pub enum FrameType {
     Pong = 5,
     /// The sender gives up; `aux` says why.
     Abort = 6,
-    /// Reserved: rendezvous request-to-send (a later version, behind `FEATURE_RENDEZVOUS`).
+    /// Rendezvous request-to-send: a message the receiver pulls with RDMA READ (behind
+    /// `FEATURE_RENDEZVOUS`).
     Rts = 7,
-    /// Reserved: rendezvous completion.
+    /// Rendezvous completion: the receiver has read the message; the sender may release it.
     Done = 8,
 }
 
@@ -150,6 +159,18 @@ impl Header {
 
     fn check_shape(&self) -> Result<(), ProtoError> {
         let bad = |reason| Err(ProtoError::BadFrame { reason });
+        if self.kind == FrameType::Rts {
+            if self.flags != 0 {
+                return bad("flags on an RTS");
+            }
+            if self.payload_len as usize != RTS_PAYLOAD_LEN {
+                return bad("an RTS whose payload is not 16 bytes");
+            }
+            if self.aux == 0 {
+                return bad("an RTS for an empty message");
+            }
+            return Ok(());
+        }
         if self.kind != FrameType::Data {
             if self.flags != 0 {
                 return bad("flags on a control frame");
@@ -157,7 +178,8 @@ impl Header {
             if self.payload_len != 0 {
                 return bad("payload on a control frame");
             }
-            let msg_id_ok = self.msg_id == 0 || self.kind == FrameType::Fin;
+            let msg_id_ok =
+                self.msg_id == 0 || matches!(self.kind, FrameType::Fin | FrameType::Done);
             if !msg_id_ok {
                 return bad("message id on a control frame");
             }

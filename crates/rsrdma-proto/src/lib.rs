@@ -54,8 +54,17 @@
 //!   over the cap or data after FIN fails the connection and queues one ABORT if a credit
 //!   allows; after that the core posts nothing else.
 //! - **Liveness**: PING after an idle interval, `PeerDead` after a silent timeout (5 s).
-//! - **Rendezvous** (RDMA READ of large messages) is left for later: the frame types RTS and
-//!   DONE and the feature bit [`FEATURE_RENDEZVOUS`] are reserved; this version refuses them.
+//! - **Rendezvous** (feature [`FEATURE_RENDEZVOUS`], negotiated with a threshold): the
+//!   driver registers a large message's memory for remote read and calls
+//!   [`Conn::send_rendezvous`]; the core sends an RTS frame (address, key, length) in the
+//!   message sequence, so rendezvous and eager messages keep one order. The receiver's read
+//!   calls answer [`ProtoError::NeedsRead`] for such a message; its driver registers the
+//!   destination and calls [`Conn::start_read`], which yields [`Work::PostRead`] (an RDMA
+//!   READ on the send queue, always signalled); when it completes the core sends DONE and
+//!   the driver takes the message ([`Conn::take_read`]). The sender releases the memory once
+//!   [`Conn::rendezvous_released`] says so. The RTS holds its receive slot until the read
+//!   completes, so rendezvous messages are flow-controlled like eager ones. The core never
+//!   sees memory beyond its slots: addresses and keys are plain numbers.
 
 #![deny(missing_docs)]
 
@@ -75,6 +84,7 @@ pub use error::{Fatal, ProtoError};
 pub use frame::{FrameType, Header, HEADER_LEN};
 pub use memory::{SlotMemory, VecSlots};
 pub use params::{
-    settle, Config, Params, Settled, CONTROL_RESERVE, FEATURE_RENDEZVOUS, PARAMS_LEN,
+    settle, Config, Params, Settled, CONTROL_RESERVE, DEFAULT_RDV_THRESHOLD, FEATURE_RENDEZVOUS,
+    PARAMS_LEN,
 };
 pub use work::{Counters, Event, Work, WrId};

@@ -12,7 +12,10 @@
 //!                             on the wire)
 //! 16     4    max_message     largest message this side accepts
 //! 20     4    features        bit set; the settled set is the intersection
-//! 24     8    reserved        sent 0, ignored
+//! 24     4    rdv_threshold   with FEATURE_RENDEZVOUS: messages of at least this many bytes
+//!                             may go by rendezvous (≥ 1); the settled one is the larger
+//!                             (sent 0 and ignored without the feature)
+//! 28     4    reserved        sent 0, ignored
 //! ```
 //! All fields little-endian. 32 bytes fit in rdma_cm private data as well as in the TCP
 //! handshake.
@@ -27,13 +30,16 @@ pub const PARAMS_LEN: usize = 32;
 pub const MAGIC: [u8; 4] = *b"RSCP";
 /// The protocol's major version.
 pub const VERSION_MAJOR: u8 = 1;
-/// The protocol's minor version.
-pub const VERSION_MINOR: u8 = 0;
-/// Feature bit reserved for rendezvous (RTS/DONE with RDMA READ of large messages). This
-/// version never sets it, so the settled set never has it.
+/// The protocol's minor version (1.1: rendezvous).
+pub const VERSION_MINOR: u8 = 1;
+/// Feature bit of rendezvous: RTS/DONE frames, the receiver pulling large messages with
+/// RDMA READ. Settled only when both sides offer it.
 pub const FEATURE_RENDEZVOUS: u32 = 1 << 0;
 /// Features this version implements.
-pub const FEATURES_KNOWN: u32 = 0;
+pub const FEATURES_KNOWN: u32 = FEATURE_RENDEZVOUS;
+/// Default rendezvous threshold (256 KiB): below it a copy through the slots is cheaper than
+/// registering the message and a round trip for RTS/READ/DONE.
+pub const DEFAULT_RDV_THRESHOLD: u32 = 256 * 1024;
 /// Receive slots kept for control frames: data may spend a credit only while more remain.
 pub const CONTROL_RESERVE: u16 = 3;
 /// Smallest slot: a header plus a useful payload.
@@ -64,6 +70,9 @@ pub struct Params {
     pub max_message: u32,
     /// Feature bits.
     pub features: u32,
+    /// With [`FEATURE_RENDEZVOUS`]: the smallest message this side wants sent by rendezvous
+    /// (0 without the feature).
+    pub rdv_threshold: u32,
 }
 
 impl Params {
@@ -78,6 +87,7 @@ impl Params {
         b[14..16].copy_from_slice(&self.inline_size.to_le_bytes());
         b[16..20].copy_from_slice(&self.max_message.to_le_bytes());
         b[20..24].copy_from_slice(&self.features.to_le_bytes());
+        b[24..28].copy_from_slice(&self.rdv_threshold.to_le_bytes());
         b
     }
 
@@ -107,6 +117,7 @@ impl Params {
             inline_size: le16(14),
             max_message: le32(16),
             features: le32(20),
+            rdv_threshold: le32(24),
         };
         if p.major == VERSION_MAJOR {
             p.check()?;
@@ -125,6 +136,9 @@ impl Params {
         }
         if self.max_message == 0 {
             return bad("max_message is 0");
+        }
+        if self.features & FEATURE_RENDEZVOUS != 0 && self.rdv_threshold == 0 {
+            return bad("rendezvous offered with a threshold of 0");
         }
         Ok(())
     }
@@ -147,12 +161,22 @@ pub struct Settled {
     pub max_message: u32,
     /// The intersection of both feature sets (and of what this version implements).
     pub features: u32,
+    /// With rendezvous settled: the larger of both thresholds; messages of at least this
+    /// many bytes may go by rendezvous. The larger, because either side may judge a copy
+    /// cheaper than a registration below its own threshold (say, a slow `ibv_reg_mr`);
+    /// rendezvous is used only where both agree it pays. 0 when rendezvous is not settled.
+    pub rdv_threshold: u32,
 }
 
 impl Settled {
     /// Payload bytes per frame.
     pub fn frame_payload(&self) -> u32 {
         self.frame_size - HEADER_LEN as u32
+    }
+
+    /// The rendezvous threshold, when both sides offered rendezvous.
+    pub fn rendezvous(&self) -> Option<u32> {
+        (self.features & FEATURE_RENDEZVOUS != 0).then_some(self.rdv_threshold)
     }
 }
 
@@ -167,13 +191,20 @@ pub fn settle(local: &Params, peer: &Params) -> Result<Settled, ProtoError> {
     }
     local.check()?;
     peer.check()?;
+    let features = local.features & peer.features & FEATURES_KNOWN;
+    let rdv_threshold = if features & FEATURE_RENDEZVOUS != 0 {
+        local.rdv_threshold.max(peer.rdv_threshold)
+    } else {
+        0
+    };
     Ok(Settled {
         minor: local.minor.min(peer.minor),
         frame_size: local.slot_size.min(peer.slot_size),
         local_recv_slots: local.recv_slots,
         peer_recv_slots: peer.recv_slots,
         max_message: local.max_message.min(peer.max_message),
-        features: local.features & peer.features & FEATURES_KNOWN,
+        features,
+        rdv_threshold,
     })
 }
 
@@ -203,6 +234,9 @@ pub struct Config {
     pub peer_timeout: Duration,
     /// Feature bits to offer. Default none.
     pub features: u32,
+    /// With [`FEATURE_RENDEZVOUS`] offered: the smallest message to send by rendezvous.
+    /// Default 256 KiB.
+    pub rdv_threshold: u32,
 }
 
 impl Default for Config {
@@ -218,6 +252,7 @@ impl Default for Config {
             keepalive: Some(Duration::from_secs(1)),
             peer_timeout: Duration::from_secs(5),
             features: 0,
+            rdv_threshold: DEFAULT_RDV_THRESHOLD,
         }
     }
 }
@@ -243,6 +278,7 @@ impl Config {
     setter!(with_keepalive, keepalive, Option<Duration>);
     setter!(with_peer_timeout, peer_timeout, Duration);
     setter!(with_features, features, u32);
+    setter!(with_rdv_threshold, rdv_threshold, u32);
 
     /// The announcement for the handshake.
     pub fn params(&self) -> Params {
@@ -254,6 +290,11 @@ impl Config {
             inline_size: self.inline_size,
             max_message: self.max_message,
             features: self.features,
+            rdv_threshold: if self.features & FEATURE_RENDEZVOUS != 0 {
+                self.rdv_threshold
+            } else {
+                0
+            },
         }
     }
 

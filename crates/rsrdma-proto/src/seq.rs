@@ -72,6 +72,31 @@ impl RxSequence {
         Ok(())
     }
 
+    /// An RTS is a whole message in one frame: it falls between messages, like a FIRST.
+    pub(crate) fn on_rts(&mut self, h: &Header, max_message: u32) -> Result<(), ProtoError> {
+        if self.fin {
+            return Err(ProtoError::DataAfterFin { what: "RTS" });
+        }
+        if self.in_message {
+            return Err(ProtoError::Sequence {
+                reason: "an RTS inside a message",
+            });
+        }
+        if h.msg_id != self.messages as u16 {
+            return Err(ProtoError::Sequence {
+                reason: "a message id out of order",
+            });
+        }
+        if h.aux > max_message {
+            return Err(ProtoError::MessageTooLarge {
+                len: h.aux,
+                max: max_message,
+            });
+        }
+        self.messages += 1;
+        Ok(())
+    }
+
     pub(crate) fn on_fin(&mut self, h: &Header) -> Result<(), ProtoError> {
         if self.fin {
             return Err(ProtoError::DataAfterFin {

@@ -28,6 +28,23 @@ pub enum Work {
         /// Request a completion (IBV_SEND_SIGNALED).
         signaled: bool,
     },
+    /// Post one RDMA READ (rendezvous) on the send queue, signalled, of `len` bytes from the
+    /// peer's `remote_addr`/`rkey` into `local_addr`/`lkey` (the destination the driver gave
+    /// to `Conn::start_read`). Its completion comes back through `handle_send_completion`.
+    PostRead {
+        /// The WR id to post with.
+        wr_id: WrId,
+        /// Destination address (registered with local write).
+        local_addr: u64,
+        /// Destination key.
+        lkey: u32,
+        /// Source address in the peer's memory (from its RTS).
+        remote_addr: u64,
+        /// The peer's remote key (from its RTS).
+        rkey: u32,
+        /// Bytes to read.
+        len: u32,
+    },
 }
 
 /// What the application may want to hear about (coalesced: each kind is reported once per
@@ -73,4 +90,6 @@ pub struct Counters {
     pub messages_sent: u64,
     /// Messages whose last fragment arrived.
     pub messages_received: u64,
+    /// Rendezvous messages sent whose DONE has not arrived (their memory stays exposed).
+    pub rendezvous_unreleased: u64,
 }

@@ -39,8 +39,15 @@ fn valid_headers() -> Vec<Header> {
         v.push(Header::control(kind, 0, u32::MAX, aux));
     }
     v.push(Header::control(FrameType::Fin, 42, 9, 0));
-    v.push(Header::control(FrameType::Rts, 0, 1, 0));
-    v.push(Header::control(FrameType::Done, 0, 1, 0));
+    v.push(Header {
+        kind: FrameType::Rts,
+        flags: 0,
+        msg_id: 7,
+        credit_limit: 1,
+        payload_len: 16,
+        aux: 1 << 20,
+    });
+    v.push(Header::control(FrameType::Done, 7, 1, 0));
     v
 }
 
@@ -135,19 +142,24 @@ fn params_round_trip_and_documented_layout() {
     let p = Params {
         inline_size: 220,
         features: 0x8000_0001,
+        rdv_threshold: 0x0004_0000,
         ..params()
     };
     let b = p.encode();
     assert_eq!(b.len(), PARAMS_LEN);
     assert_eq!(Params::decode(&b), Ok(p));
     assert_eq!(&b[0..4], b"RSCP");
-    assert_eq!((b[4], b[5]), (1, 0));
+    assert_eq!((b[4], b[5]), (1, 1));
     assert_eq!(&b[8..12], &(32u32 * 1024).to_le_bytes());
     assert_eq!(&b[12..14], &32u16.to_le_bytes());
     assert_eq!(&b[14..16], &220u16.to_le_bytes());
     assert_eq!(&b[16..20], &(16u32 << 20).to_le_bytes());
     assert_eq!(&b[20..24], &0x8000_0001u32.to_le_bytes());
-    assert!(b[6..8].iter().chain(&b[24..32]).all(|&x| x == 0));
+    assert_eq!(&b[24..28], &0x0004_0000u32.to_le_bytes());
+    assert!(b[6..8].iter().chain(&b[28..32]).all(|&x| x == 0));
+    // Without the feature the threshold is sent as 0.
+    let plain = Config::default().with_rdv_threshold(77).params().encode();
+    assert!(plain[24..28].iter().all(|&x| x == 0));
 }
 
 #[test]
@@ -180,6 +192,11 @@ fn every_malformed_params_is_refused() {
     assert!(bad(|p| p.recv_slots = 7).is_err());
     assert!(bad(|p| p.recv_slots = 32769).is_err());
     assert!(bad(|p| p.max_message = 0).is_err());
+    assert!(bad(|p| {
+        p.features = rsrdma_proto::FEATURE_RENDEZVOUS;
+        p.rdv_threshold = 0;
+    })
+    .is_err());
     assert!(bad(|p| p.slot_size = 64).is_ok());
     assert!(bad(|p| p.recv_slots = 8).is_ok());
 }
@@ -192,6 +209,7 @@ fn settle_takes_minimums_intersection_and_mirrors() {
         max_message: 1 << 20,
         features: 0b11,
         minor: 3,
+        rdv_threshold: 4096,
         ..params()
     };
     let b = Params {
@@ -199,6 +217,8 @@ fn settle_takes_minimums_intersection_and_mirrors() {
         recv_slots: 16,
         max_message: 1 << 30,
         features: 0b01,
+        minor: 0,
+        rdv_threshold: 1 << 18,
         ..params()
     };
     let ab = settle(&a, &b).unwrap();
@@ -206,10 +226,15 @@ fn settle_takes_minimums_intersection_and_mirrors() {
     assert_eq!(ab.frame_size, 4096);
     assert_eq!(ab.max_message, 1 << 20);
     assert_eq!(ab.minor, 0);
-    assert_eq!(
-        ab.features, 0,
-        "rendezvous is not implemented: never settled"
-    );
+    assert_eq!(ab.features, 0b01, "the intersection of what is known");
+    assert_eq!(ab.rendezvous(), Some(1 << 18), "the larger threshold");
+    assert_eq!(ba.rendezvous(), Some(1 << 18));
+    let c = Params {
+        features: 0,
+        rdv_threshold: 0,
+        ..b
+    };
+    assert_eq!(settle(&a, &c).unwrap().rendezvous(), None);
     assert_eq!((ab.local_recv_slots, ab.peer_recv_slots), (64, 16));
     assert_eq!((ba.local_recv_slots, ba.peer_recv_slots), (16, 64));
     assert_eq!(

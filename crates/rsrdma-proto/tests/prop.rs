@@ -1,6 +1,7 @@
 //! Property tests: two cores on the simulated link, driven by random interleavings of sends,
 //! receives (message and stream reads, short buffers), deliveries, completions, time, closes
-//! and broken QPs. After every op: credits within bounds, memory bounded, at most one ABORT
+//! and broken QPs, with rendezvous (RTS, READ, DONE) offered by one, both or neither side and
+//! messages below, at and above a random threshold. After every op: credits within bounds, memory bounded, at most one ABORT
 //! after a failure. At the end, with the readers reading: the pair goes idle (no deadlock)
 //! and every message sent arrived once, in order, byte-exact, with EOF right after the data
 //! of a side that closed.
@@ -8,7 +9,7 @@
 mod util;
 
 use proptest::prelude::*;
-use rsrdma_proto::{Config, FrameType, ProtoError};
+use rsrdma_proto::{Config, FrameType, ProtoError, FEATURE_RENDEZVOUS};
 use std::time::Duration;
 use util::{payload, Checker, Pair};
 
@@ -66,17 +67,23 @@ fn config() -> impl Strategy<Value = Config> {
         2..24u16,
         1..9u16,
         prop_oneof![Just(0u16), Just(16), Just(64), Just(200)],
+        (any::<bool>(), 1..2500u32),
     )
-        .prop_map(|(slot, recv, send, depth, interval, inline)| {
-            Config::default()
-                .with_slot_size(slot)
-                .with_recv_slots(recv)
-                .with_send_slots(send)
-                .with_sq_depth(depth)
-                .with_signal_interval(interval)
-                .with_inline_size(inline)
-                .with_max_message(MAX_MESSAGE)
-        })
+        .prop_map(
+            |(slot, recv, send, depth, interval, inline, (rdv, threshold))| {
+                let features = if rdv { FEATURE_RENDEZVOUS } else { 0 };
+                Config::default()
+                    .with_features(features)
+                    .with_rdv_threshold(threshold)
+                    .with_slot_size(slot)
+                    .with_recv_slots(recv)
+                    .with_send_slots(send)
+                    .with_sq_depth(depth)
+                    .with_signal_interval(interval)
+                    .with_inline_size(inline)
+                    .with_max_message(MAX_MESSAGE)
+            },
+        )
 }
 
 /// What the test knows beyond the cores.
@@ -95,7 +102,7 @@ impl World {
         match *op {
             Op::Send { side, len } => {
                 let data = payload(self.chk[1 - side].lens.len() as u64, len);
-                match p.sides[side].conn.send_msg(&data) {
+                match p.sides[side].send_any(&data) {
                     Ok(()) => self.chk[1 - side].lens.push(len),
                     Err(ProtoError::WouldBlock) => {}
                     Err(ProtoError::TooLarge { .. }) => assert!(len > MAX_MESSAGE as usize),
@@ -105,9 +112,28 @@ impl World {
                 p.pump(side);
             }
             Op::RecvInto { side, buf } => {
+                if let Some(key) = p.sides[side].read_key {
+                    if let Some(n) = p.sides[side].conn.take_read() {
+                        p.sides[side].read_key = None;
+                        let v = p.sides[side].regions.remove(&key).unwrap();
+                        self.chk[side].on_msg(&v[..n]);
+                    }
+                    self.p.pump(side);
+                    self.check();
+                    return;
+                }
                 let mut b = vec![0; buf];
                 let r = p.sides[side].conn.recv_msg_into(&mut b);
                 match r {
+                    Err(ProtoError::NeedsRead { len }) => {
+                        assert_eq!(len, self.chk[side].expected_len(), "rendezvous length");
+                        match p.sides[side].start_read(buf) {
+                            Ok(()) => {}
+                            Err(ProtoError::ShortBuffer { needed }) => assert_eq!(needed, len),
+                            Err(ProtoError::WouldBlock) => {}
+                            Err(e) => assert!(e.is_sticky() && p.sides[side].failed(), "{e}"),
+                        }
+                    }
                     Ok(Some(n)) => self.chk[side].on_msg(&b[..n]),
                     Err(ProtoError::ShortBuffer { needed }) => {
                         assert!(needed > buf);
@@ -118,15 +144,42 @@ impl World {
                 self.p.pump(side);
             }
             Op::RecvMsg { side } => {
-                match p.sides[side].conn.recv_msg() {
+                match p.sides[side].recv_any() {
                     Ok(Some(m)) => self.chk[side].on_msg(&m),
                     other => self.check_no_message(side, other.map(|o| o.map(|_| ()))),
                 }
                 self.p.pump(side);
             }
             Op::Read { side, buf } => {
+                if let Some(key) = p.sides[side].read_key {
+                    let Some(n) = p.sides[side].conn.take_read() else {
+                        self.p.pump(side);
+                        self.check();
+                        return;
+                    };
+                    // Landed: `take_read` consumed it; hand the bytes to the checker as a
+                    // message read (the stream path is `take_read_into_core`, tested apart).
+                    p.sides[side].read_key = None;
+                    let v = p.sides[side].regions.remove(&key).unwrap();
+                    self.chk[side].on_msg(&v[..n]);
+                    self.p.pump(side);
+                    self.check();
+                    return;
+                }
                 let mut b = vec![0; buf];
                 let r = p.sides[side].conn.read(&mut b);
+                if let Err(ProtoError::NeedsRead { len }) = r {
+                    // The read may have skipped empty messages before the rendezvous one.
+                    let received = p.sides[side].conn.counters().messages_received;
+                    self.chk[side].on_read(&[], received);
+                    match p.sides[side].start_read(len) {
+                        Ok(()) | Err(ProtoError::WouldBlock) => {}
+                        Err(e) => assert!(e.is_sticky() && p.sides[side].failed(), "{e}"),
+                    }
+                    self.p.pump(side);
+                    self.check();
+                    return;
+                }
                 let received = p.sides[side].conn.counters().messages_received;
                 match r {
                     Ok(n) if n > 0 => self.chk[side].on_read(&b[..n], received),
@@ -192,7 +245,10 @@ impl World {
         }
     }
 
-    fn check(&self) {
+    fn check(&mut self) {
+        for s in &mut self.p.sides {
+            s.release();
+        }
         self.p.check_credits();
         for s in &self.p.sides {
             let c = s.conn.counters();
@@ -224,11 +280,21 @@ impl World {
             assert!(self.p.drive(100_000), "livelock");
             let mut progressed = false;
             for side in 0..2 {
-                while let Ok(Some(m)) = self.p.sides[side].conn.recv_msg() {
-                    self.chk[side].on_msg(&m);
-                    progressed = true;
+                loop {
+                    match self.p.sides[side].recv_any() {
+                        Ok(Some(m)) => {
+                            self.chk[side].on_msg(&m);
+                            progressed = true;
+                        }
+                        Err(ProtoError::WouldBlock) if self.p.sides[side].read_key.is_some() => {
+                            progressed = true;
+                            break;
+                        }
+                        _ => break,
+                    }
                 }
                 self.p.pump(side);
+                self.p.sides[side].release();
             }
             if !progressed && !self.p.step() {
                 break;

@@ -584,7 +584,15 @@ fn every_peer_violation_is_a_sticky_error() {
         (
             "rendezvous not negotiated",
             |s| {
-                s.arrive(Header::control(FrameType::Rts, 0, 0, 0), &[]);
+                let rts = Header {
+                    kind: FrameType::Rts,
+                    flags: 0,
+                    msg_id: 0,
+                    credit_limit: 0,
+                    payload_len: 16,
+                    aux: 100,
+                };
+                s.arrive(rts, &[0; 16]);
             },
             ProtoError::Unsupported { frame: 7 },
         ),

@@ -15,18 +15,27 @@
 //! fail ([`Driver::peer_gone`]). A transport that ends without a FIN gets a short grace
 //! ([`END_GRACE`]) for the FIN's completion to surface before it counts as fatal.
 //!
+//! # Rendezvous memory
+//! A rendezvous send from a [`super::Buffer`] leaves its per-message registration (remote
+//! read only) and the buffer's allocation with the driver ([`Driver::hold_rendezvous`]);
+//! each step releases those whose DONE arrived. A READ into a `Buffer` leaves the buffer's
+//! allocation here until the core hands the message over. Teardown releases what is left
+//! only after the QP's flush (or leaks it with the rest).
+//!
 //! # Teardown
 //! [`Driver::teardown`] moves the QP to ERROR (rdma_cm: disconnects), then reaps completions
 //! until every posted receive and send is accounted for; only then are the QP, CQ and
 //! memory released. If the flush cannot be confirmed in time, the memory is leaked (with a
 //! `tracing::error`) rather than freed while the NIC might still touch it.
 
+use super::buffer::InFlight;
 use super::slots::{Repost, Slots, RECV_TAG};
 use super::transfer::Owners;
 use crate::handshake::Channel;
 use rsrdma::cm::{CmEventType, CmId};
-use rsrdma::{Cq, Qp, RecvWr, SendWr, Sge, Wc};
+use rsrdma::{Cq, Mr, Pd, Qp, RecvWr, SendWr, Sge, Wc};
 use rsrdma_proto::{Conn as Core, Fatal, Work, WrId};
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -48,8 +57,10 @@ pub(crate) enum Liveness {
 
 /// The data path of one connection. Lives behind the connection's mutex.
 pub(crate) struct Driver {
-    core: Core<Slots>,
+    /// First field, so it drops first when a driver is dropped without [`Driver::teardown`]
+    /// (a failed start): a destroyed QP no longer names the memory below.
     qp: Qp,
+    core: Core<Slots>,
     cq: Cq,
     liveness: Liveness,
     wcs: [Wc; POLL_BATCH],
@@ -64,6 +75,18 @@ pub(crate) struct Driver {
     broken: bool,
     /// Which calls own the send side and the direct receive.
     owners: Owners,
+    /// Rendezvous sends waiting for the peer's DONE, in message order.
+    rdv_sends: VecDeque<RdvSend>,
+    /// The buffer a READ is landing in.
+    read_hold: Option<InFlight>,
+}
+
+/// What a rendezvous send keeps alive until its DONE. Fields drop in order: the
+/// registration goes before the allocation it covers.
+pub(crate) struct RdvSend {
+    msg: u64,
+    _mr: Mr,
+    _hold: InFlight,
 }
 
 impl Driver {
@@ -93,6 +116,54 @@ impl Driver {
             peer_gone: false,
             broken: false,
             owners: Owners::default(),
+            rdv_sends: VecDeque::new(),
+            read_hold: None,
+        }
+    }
+
+    /// The protection domain of the queue pair.
+    pub(crate) fn pd(&self) -> &Pd {
+        self.qp.pd()
+    }
+
+    /// Keeps rendezvous message `msg`'s registration and buffer until its DONE.
+    pub(crate) fn hold_rendezvous(&mut self, msg: u64, mr: Mr, hold: InFlight) {
+        self.rdv_sends.push_back(RdvSend {
+            msg,
+            _mr: mr,
+            _hold: hold,
+        });
+    }
+
+    /// Keeps the buffer a READ lands in until [`Driver::end_read`].
+    pub(crate) fn hold_read(&mut self, hold: InFlight) {
+        self.read_hold = Some(hold);
+    }
+
+    /// The READ's message was taken: its buffer is free.
+    pub(crate) fn end_read(&mut self) {
+        self.read_hold = None;
+    }
+
+    /// Releases rendezvous sends whose DONE arrived (never after a failure: those wait for
+    /// the flush at teardown).
+    fn release_rendezvous(&mut self) {
+        if self.core.error().is_some() {
+            return;
+        }
+        let core = &self.core;
+        self.rdv_sends.retain(|r| !core.rendezvous_released(r.msg));
+    }
+
+    /// Moves the QP to ERROR and fails the core: for a caller that must give up memory the
+    /// NIC may still touch (it deregisters it next, which the NIC then can no longer reach).
+    pub(crate) fn abort_transfer(&mut self) {
+        if let Err(e) = self.qp.to_error() {
+            tracing::debug!(error = %e, "moving the QP to ERROR failed");
+        }
+        self.broken = true;
+        if self.core.error().is_none() {
+            self.core.handle_fatal(Fatal::QpError);
         }
     }
 
@@ -124,6 +195,9 @@ impl Driver {
     /// One step; returns whether anything happened (a completion, a timer, a state change).
     pub(crate) fn progress(&mut self, now: Instant) -> bool {
         let mut changed = self.poll_cq(now);
+        if changed && !self.rdv_sends.is_empty() {
+            self.release_rendezvous();
+        }
         changed |= self.check_end(now);
         if !self.peer_gone {
             if let Some(t) = self.core.poll_timeout() {
@@ -196,6 +270,24 @@ impl Driver {
                 // SAFETY: a slot send names our registered send region, which outlives the
                 // request (see above), and the core does not rewrite a slot in flight; an
                 // inline send's bytes are copied during the call.
+                unsafe { self.qp.post_send(&wr) }.map_err(|_| ())?;
+                self.sends_posted = self.sends_posted.max(wr_id.0 + 1);
+            }
+            Work::PostRead {
+                wr_id,
+                local_addr,
+                lkey,
+                remote_addr,
+                rkey,
+                len,
+            } => {
+                let sges = [Sge::new(local_addr, len, lkey)];
+                let wr = SendWr::rdma_read(wr_id.0, &sges, remote_addr, rkey).signaled(true);
+                // SAFETY: the destination is registered (local write) by the caller of
+                // `start_read`, which keeps it registered and alive until the core hands the
+                // message over, or deregisters it only after moving the QP to ERROR
+                // (`abort_transfer`); a `Buffer` destination is held in `read_hold` until
+                // then or until teardown's flush.
                 unsafe { self.qp.post_send(&wr) }.map_err(|_| ())?;
                 self.sends_posted = self.sends_posted.max(wr_id.0 + 1);
             }
@@ -410,11 +502,18 @@ impl Driver {
                  than freeing what the NIC may still touch"
             );
             let Driver {
-                core, qp, liveness, ..
+                core,
+                qp,
+                liveness,
+                rdv_sends,
+                read_hold,
+                ..
             } = self;
             drop(qp);
             drop(liveness);
             std::mem::forget(core);
+            std::mem::forget(rdv_sends);
+            std::mem::forget(read_hold);
             return;
         }
         self.core.handle_fatal(Fatal::Disconnected);
@@ -425,9 +524,14 @@ impl Driver {
             qp,
             cq,
             liveness,
+            rdv_sends,
+            read_hold,
             ..
         } = self;
         drop(qp);
+        // Flushed: the peer can no longer read what our RTSs exposed, nor a READ land.
+        drop(rdv_sends);
+        drop(read_hold);
         drop(core);
         drop(cq);
         drop(liveness);

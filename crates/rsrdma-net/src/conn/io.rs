@@ -18,12 +18,24 @@ impl io::Read for &Conn {
             return Ok(0);
         }
         let timeout = self.shared.lock().read_timeout;
-        self.block("read", timeout, |d| match d.core().read(buf) {
-            Ok(n) => Ok(Some(n)),
-            Err(ProtoError::WouldBlock) => Ok(None),
-            Err(e) => Err(from_core(e)),
-        })
-        .map_err(NetError::into_io)
+        loop {
+            let step = self
+                .block("read", timeout, |d| match d.core().read(buf) {
+                    Ok(n) => Ok(Some(Ok(n))),
+                    // A rendezvous message: read it whole, then serve it from the core.
+                    Err(ProtoError::NeedsRead { len }) => Ok(Some(Err(len))),
+                    Err(ProtoError::WouldBlock) => Ok(None),
+                    Err(e) => Err(from_core(e)),
+                })
+                .map_err(NetError::into_io)?;
+            match step {
+                Ok(n) => return Ok(n),
+                Err(len) => {
+                    self.pull("read", len, super::rendezvous::Dest::Core)
+                        .map_err(NetError::into_io)?;
+                }
+            }
+        }
     }
 }
 

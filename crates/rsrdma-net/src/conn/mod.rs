@@ -43,6 +43,7 @@
 //!   waits until every byte is handed to the NIC; delivery to the peer is confirmed by
 //!   `close`.
 
+mod buffer;
 mod driver;
 mod establish;
 mod fdwait;
@@ -51,11 +52,13 @@ mod io;
 mod listener;
 mod options;
 mod pool;
+mod rendezvous;
 mod shared;
 mod slots;
 mod transfer;
 mod worker;
 
+pub use buffer::{Buffer, BufferPool};
 pub use info::ConnInfo;
 pub use listener::Listener;
 pub use options::{ConnOptions, Establish, SharedRecv};
@@ -181,12 +184,7 @@ impl Conn {
     /// [`NetError::Timeout`] (the connection stays usable); [`NetError::Closed`] after
     /// `close`; [`NetError::ConnFailed`].
     pub fn recv_msg(&self) -> Result<Option<Vec<u8>>> {
-        let timeout = self.shared.lock().read_timeout;
-        self.block("recv_msg", timeout, |d| match d.core().recv_msg() {
-            Ok(m) => Ok(Some(m)),
-            Err(ProtoError::WouldBlock) => Ok(None),
-            Err(e) => Err(from_core(e)),
-        })
+        self.recv_msg_pulling()
     }
 
     /// Receives the next message into `buf`: `Ok(Some(len))`, or `Ok(None)` at the end of
@@ -477,6 +475,7 @@ pub(crate) enum CloseStart {
 impl Conn {
     /// Establishes as [`Conn::dial`] does for one address (blocking), without the thread.
     pub(crate) fn dial_threadless(addr: SocketAddr, opts: &ConnOptions) -> Result<Conn> {
+        let opts = &rendezvous::eager_only(opts);
         let est = match opts.establish {
             Establish::Cm => establish::cm::dial(addr, opts)?,
             Establish::Tcp => {
@@ -493,12 +492,14 @@ impl Conn {
         req: rsrdma::cm::ConnectRequest,
         opts: &ConnOptions,
     ) -> Result<Conn> {
+        let opts = &rendezvous::eager_only(opts);
         let pools = pool::RecvPools::unpooled(opts)?;
         Conn::start_threadless(establish::cm::accept(req, opts, &pools)?, opts)
     }
 
     /// Runs the server side of the TCP handshake (blocking), without the thread.
     pub(crate) fn accept_tcp_threadless(stream: TcpStream, opts: &ConnOptions) -> Result<Conn> {
+        let opts = &rendezvous::eager_only(opts);
         let pools = pool::RecvPools::unpooled(opts)?;
         let est =
             establish::tcp::establish(stream, crate::handshake::Role::Server, opts, Some(&pools))?;

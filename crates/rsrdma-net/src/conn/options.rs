@@ -102,6 +102,11 @@ pub struct ConnOptions {
     /// Listener only: every accepted connection receives from one shared pool
     /// ([`SharedRecv`]). Default `None`: each connection registers its own receive slots.
     pub shared_recv: Option<SharedRecv>,
+    /// Rendezvous threshold: messages of at least this many bytes are pulled by the receiver
+    /// with RDMA READ instead of copied through the slots, when the peer offers rendezvous
+    /// too (the settled threshold is the larger of both). `None` does not offer rendezvous.
+    /// Default 256 KiB.
+    pub rendezvous: Option<u32>,
 }
 
 impl Default for ConnOptions {
@@ -126,6 +131,7 @@ impl Default for ConnOptions {
             linger: Duration::from_secs(2),
             secret: None,
             shared_recv: None,
+            rendezvous: Some(rsrdma_proto::DEFAULT_RDV_THRESHOLD),
         }
     }
 }
@@ -167,6 +173,8 @@ setters!(ConnOptions {
     secret: Option<Vec<u8>>,
     /// Sets [`ConnOptions::shared_recv`].
     shared_recv: Option<SharedRecv>,
+    /// Sets [`ConnOptions::rendezvous`].
+    rendezvous: Option<u32>,
 });
 
 impl ConnOptions {
@@ -183,6 +191,14 @@ impl ConnOptions {
             .with_max_message(self.max_message)
             .with_keepalive(self.keepalive)
             .with_peer_timeout(self.peer_timeout)
+            .with_features(match self.rendezvous {
+                Some(_) => rsrdma_proto::FEATURE_RENDEZVOUS,
+                None => 0,
+            })
+            .with_rdv_threshold(
+                self.rendezvous
+                    .unwrap_or(rsrdma_proto::DEFAULT_RDV_THRESHOLD),
+            )
     }
 
     /// Refuses options that cannot work, before any socket or verb.

@@ -17,11 +17,28 @@
 //! back into the core, so the message stays whole for the next read.
 
 use super::driver::Driver;
+use super::rendezvous::{Dest, Pulled, RDV_GRACE};
 use super::{from_core, Conn};
 use crate::error::{NetError, Result};
+use rsrdma::{AccessFlags, Mr};
 use rsrdma_proto::ProtoError;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::time::Duration;
+
+/// What one owned receive attempt found.
+pub(crate) enum RecvStep {
+    /// A message (its length) or the end of the stream.
+    Got(Option<usize>),
+    /// The head message comes by rendezvous: pull it (this many bytes).
+    Rendezvous(usize),
+}
+
+/// A rendezvous send of a caller's slice: its registration (remote read only) and, once the
+/// core took it, the message number.
+struct SliceRdv {
+    msg: Option<u64>,
+    mr: Mr,
+}
 
 /// A direction of the connection that one call at a time may own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +71,9 @@ impl Conn {
     pub(super) fn send_lent(&self, op: &'static str, msgs: &[&[u8]]) -> Result<()> {
         let timeout = self.shared.lock().write_timeout;
         let next = Cell::new(0usize);
-        self.owning(
+        let threshold = self.info.settled.rendezvous().map(|t| t as usize);
+        let rdv: RefCell<Option<SliceRdv>> = RefCell::new(None);
+        let r = self.owning(
             op,
             Side::Send,
             timeout,
@@ -63,6 +82,13 @@ impl Conn {
                     return Err(NetError::PeerGone { op });
                 }
                 while let Some(m) = msgs.get(next.get()) {
+                    if threshold.is_some_and(|t| m.len() >= t) {
+                        if send_slice_rdv(d, m, &rdv)? {
+                            next.set(next.get() + 1);
+                            continue;
+                        }
+                        return Ok(None);
+                    }
                     match d.core().send_msg_borrowed(m) {
                         Ok(true) => next.set(next.get() + 1),
                         Ok(false) | Err(ProtoError::WouldBlock) => return Ok(None),
@@ -75,32 +101,78 @@ impl Conn {
                 let Some(m) = msgs.get(next.get()) else {
                     return r;
                 };
+                if let Some(SliceRdv { msg: Some(msg), .. }) = &*rdv.borrow() {
+                    if d.core().withdraw_rendezvous(*msg) {
+                        rdv.borrow_mut().take();
+                    }
+                    return r;
+                }
                 let kept = d.core().send_unborrow(m);
                 match r {
                     Err(NetError::Timeout { .. }) if kept && msgs.len() == 1 => Ok(()),
                     r => r,
                 }
             },
-        )
+        );
+        let Some(SliceRdv { msg: Some(msg), mr }) = rdv.take() else {
+            return r;
+        };
+        // The RTS is out: the peer may read the caller's memory until its DONE. Wait for it
+        // (bounded), else cut the NIC off before the registration goes.
+        let done = self.block(op, Some(RDV_GRACE), |d| {
+            if d.core_ref().rendezvous_released(msg) {
+                return Ok(Some(()));
+            }
+            match d.core_ref().error() {
+                Some(e) => Err(NetError::ConnFailed(e.clone())),
+                None => Ok(None),
+            }
+        });
+        if done.is_err() {
+            let mut st = self.shared.lock();
+            if let Some(d) = st.driver.as_mut() {
+                d.abort_transfer();
+            }
+            self.shared.changed(&mut st);
+        }
+        drop(mr);
+        match (r, done) {
+            (Err(NetError::Timeout { .. }), Ok(())) if msgs.len() == 1 => Ok(()),
+            (Ok(()), Err(e)) => Err(e),
+            (r, _) => r,
+        }
     }
 
     /// Receives the next message into `buf`, its fragments straight from their slots, as the
-    /// one owner of the direct receive.
+    /// one owner of the direct receive; a rendezvous message is read straight into `buf`.
     pub(super) fn recv_lent(&self, buf: &mut [u8]) -> Result<Option<usize>> {
+        const OP: &str = "recv_msg_into";
+        loop {
+            match self.recv_lent_step(OP, &mut *buf)? {
+                RecvStep::Got(n) => return Ok(n),
+                RecvStep::Rendezvous(len) => match self.pull(OP, len, Dest::Slice(&mut *buf))? {
+                    Pulled::Done(n, _) => return Ok(Some(n)),
+                    Pulled::Retry => continue,
+                },
+            }
+        }
+    }
+
+    /// One owned receive into `buf`: a message, the end, or a rendezvous message to pull.
+    pub(super) fn recv_lent_step(&self, op: &'static str, buf: &mut [u8]) -> Result<RecvStep> {
         let timeout = self.shared.lock().read_timeout;
         let buf = Cell::new(Some(buf));
         self.owning(
-            "recv_msg_into",
+            op,
             Side::Recv,
             timeout,
             |d| {
-                let b = buf.take().ok_or(NetError::Closed {
-                    op: "recv_msg_into",
-                })?;
+                let b = buf.take().ok_or(NetError::Closed { op })?;
                 let r = d.core().recv_msg_direct(b);
                 buf.set(Some(b));
                 match r {
-                    Ok(n) => Ok(Some(n)),
+                    Ok(n) => Ok(Some(RecvStep::Got(n))),
+                    Err(ProtoError::NeedsRead { len }) => Ok(Some(RecvStep::Rendezvous(len))),
                     Err(ProtoError::WouldBlock) => Ok(None),
                     Err(e) => Err(from_core(e)),
                 }
@@ -120,7 +192,7 @@ impl Conn {
     /// any other resource (within `timeout`), runs `attempt` as its owner, and on the way out
     /// runs `finish` (with the result, which it may change) and frees the side. `finish` runs
     /// only if the side was owned and the connection still exists.
-    fn owning<T>(
+    pub(super) fn owning<T>(
         &self,
         op: &'static str,
         side: Side,
@@ -152,5 +224,50 @@ impl Conn {
         d.post_work();
         self.shared.changed(&mut st);
         r
+    }
+}
+
+/// One step of a rendezvous send from a caller's slice: registers it (remote read only, once),
+/// queues its RTS, then waits for the DONE. `Ok(true)` once released (the registration is
+/// dropped); `Ok(false)`: call again.
+fn send_slice_rdv(d: &mut Driver, m: &[u8], rdv: &RefCell<Option<SliceRdv>>) -> Result<bool> {
+    let mut slot = rdv.borrow_mut();
+    if slot.is_none() {
+        // SAFETY: the slice is borrowed by the blocked call, which drops this registration
+        // before it returns: after the peer's DONE, after withdrawing an RTS never sent, or
+        // after moving the QP to ERROR. Remote read only: nothing writes the slice.
+        let mr = unsafe {
+            Mr::register(
+                d.pd(),
+                m.as_ptr() as *mut u8,
+                m.len(),
+                AccessFlags::REMOTE_READ,
+            )
+        }?;
+        *slot = Some(SliceRdv { msg: None, mr });
+    }
+    let Some(state) = slot.as_mut() else {
+        return Ok(false);
+    };
+    match state.msg {
+        None => {
+            match d
+                .core()
+                .send_rendezvous(m.len(), state.mr.addr(), state.mr.rkey())
+            {
+                Ok(msg) => state.msg = Some(msg),
+                Err(ProtoError::WouldBlock) => {}
+                Err(e) => return Err(from_core(e)),
+            }
+            Ok(false)
+        }
+        Some(msg) if d.core_ref().rendezvous_released(msg) => {
+            *slot = None;
+            Ok(true)
+        }
+        Some(_) => match d.core_ref().error() {
+            Some(e) => Err(NetError::ConnFailed(e.clone())),
+            None => Ok(false),
+        },
     }
 }

@@ -27,6 +27,8 @@ struct Limits {
     credit_threshold: u64,
     keepalive: Option<Duration>,
     peer_timeout: Duration,
+    /// The settled rendezvous threshold, when rendezvous was settled.
+    rendezvous: Option<u32>,
 }
 
 /// The message being fragmented: frames go straight from the caller's slice into send slots
@@ -45,6 +47,10 @@ struct TxState {
     /// The current message's rest is in the caller's slice (`send_msg_borrowed`), not in
     /// `pending`: only the caller's next call moves it.
     borrowed: bool,
+    /// The current message goes by rendezvous: its RTS (address, key) is not sent yet.
+    rts: Option<(u64, u32)>,
+    /// Rendezvous messages (their numbers) whose RTS went out and whose DONE has not come.
+    unreleased: VecDeque<u64>,
 }
 
 /// A DATA frame waiting in its receive slot.
@@ -55,6 +61,20 @@ struct RxFrame {
     first: bool,
     last: bool,
     total: u32,
+    /// An RTS: the message is pulled with RDMA READ (`len` is 0, `total` the message).
+    rts: bool,
+    msg_id: u16,
+}
+
+/// The rendezvous read of the head message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum ReadState {
+    #[default]
+    Idle,
+    /// The READ is posted as this WR.
+    Reading(WrId),
+    /// The READ completed (its RTS slot is reposted, DONE queued): the driver takes it.
+    Landed,
 }
 
 #[derive(Debug, Default)]
@@ -72,6 +92,8 @@ struct RxState {
     /// message: this many bytes are there already. Fragments then wait in their slots for the
     /// caller instead of being reassembled here.
     direct: Option<usize>,
+    /// The rendezvous read of the head message.
+    read: ReadState,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +111,8 @@ struct Control {
     ping_token: u32,
     fin: FinState,
     abort: Option<u32>,
+    /// DONE frames to send (the message ids of RTSs whose read completed or was dropped).
+    done: VecDeque<u16>,
 }
 
 #[derive(Debug, Default)]
@@ -150,6 +174,7 @@ impl<M: SlotMemory> Conn<M> {
                 credit_threshold: (u64::from(slots) / 4).max(2),
                 keepalive: config.keepalive,
                 peer_timeout: config.peer_timeout,
+                rendezvous: settled.rendezvous(),
             },
             settled: *settled,
             sq: SendQueue::new(config.sq_depth, config.signal_interval, config.send_slots),
@@ -168,6 +193,7 @@ impl<M: SlotMemory> Conn<M> {
                 ping_token: 0,
                 fin: FinState::Open,
                 abort: None,
+                done: VecDeque::new(),
             },
             timers: Timers::default(),
             last_heard: now,
@@ -209,6 +235,12 @@ impl<M: SlotMemory> Conn<M> {
         }
     }
 
+    /// The settled rendezvous threshold: messages of at least this many bytes should go by
+    /// [`Conn::send_rendezvous`]; `None` when the peer did not offer rendezvous.
+    pub fn rendezvous_threshold(&self) -> Option<u32> {
+        self.lim.rendezvous
+    }
+
     /// The sticky error, once the connection failed.
     pub fn error(&self) -> Option<&ProtoError> {
         self.failed.as_ref()
@@ -225,7 +257,8 @@ impl<M: SlotMemory> Conn<M> {
     pub fn is_drained(&self) -> bool {
         let quiet = self.out.iter().all(|w| matches!(w, Work::PostRecv { .. }))
             && self.sq.outstanding() == 0;
-        quiet && (self.failed.is_some() || self.ctl.fin == FinState::Done)
+        let released = self.tx.unreleased.is_empty();
+        quiet && (self.failed.is_some() || (self.ctl.fin == FinState::Done && released))
     }
 
     /// Counters for tests and diagnostics.
@@ -244,6 +277,7 @@ impl<M: SlotMemory> Conn<M> {
             queued_send_bytes: self.tx.pending.len() as u64,
             messages_sent: self.tx.messages,
             messages_received: self.seq.messages,
+            rendezvous_unreleased: self.tx.unreleased.len() as u64,
         }
     }
 
@@ -264,7 +298,14 @@ impl<M: SlotMemory> Conn<M> {
         }
         match status {
             Err(status) => self.fail(ProtoError::Fatal(Fatal::SendCompletion { status })),
-            Ok(()) => self.flush(),
+            Ok(()) => {
+                if let ReadState::Reading(wr) = self.rx.read {
+                    if self.sq.is_done(wr) {
+                        self.on_read_done();
+                    }
+                }
+                self.flush()
+            }
         }
     }
 
@@ -331,6 +372,11 @@ impl<M: SlotMemory> Conn<M> {
         self.recv_posted.iter_mut().for_each(|p| *p = false);
         if let FinState::Sent(_) = self.ctl.fin {
             self.ctl.fin = FinState::Done;
+        }
+        // The peer can no longer read what our RTSs expose, nor we what theirs do.
+        self.tx.unreleased.clear();
+        if let ReadState::Reading(_) = self.rx.read {
+            self.rx.read = ReadState::Idle;
         }
     }
 
@@ -425,10 +471,31 @@ impl<M: SlotMemory> Conn<M> {
                 self.stop_timers_if_closed();
             }
             FrameType::Abort => return Err(ProtoError::PeerAborted { code: h.aux }),
-            FrameType::Rts | FrameType::Done => {
+            FrameType::Rts | FrameType::Done if self.lim.rendezvous.is_none() => {
                 return Err(ProtoError::Unsupported {
                     frame: h.kind as u8,
                 })
+            }
+            FrameType::Rts => {
+                if view_before <= u64::from(CONTROL_RESERVE) {
+                    return Err(ProtoError::ReserveViolated);
+                }
+                self.seq.on_rts(&h, self.lim.max_message)?;
+                self.on_rts(slot, &h);
+            }
+            FrameType::Done => {
+                match self.tx.unreleased.front() {
+                    Some(&m) if m as u16 == h.msg_id => {
+                        self.tx.unreleased.pop_front();
+                    }
+                    _ => {
+                        return Err(ProtoError::Sequence {
+                            reason: "a DONE that answers no outstanding RTS",
+                        })
+                    }
+                }
+                self.ev.writable = true;
+                self.repost(slot);
             }
         }
         Ok(())
@@ -453,7 +520,9 @@ impl<M: SlotMemory> Conn<M> {
         self.timers.clear();
         while let Some(w) = self.out.pop_back() {
             match w {
-                Work::PostSend { wr_id, .. } => self.sq.unpost_last(wr_id),
+                Work::PostSend { wr_id, .. } | Work::PostRead { wr_id, .. } => {
+                    self.sq.unpost_last(wr_id)
+                }
                 Work::PostRecv { slot } => self.recv_posted[usize::from(slot)] = false,
             }
         }

@@ -13,16 +13,19 @@
 //! byte stream has nothing to show for them).
 
 use super::send::release_if_large;
-use super::{Conn, RxFrame};
+use super::{Conn, ReadState, RxFrame};
 use crate::error::ProtoError;
-use crate::frame::{Header, HEADER_LEN};
+use crate::frame::{Header, HEADER_LEN, RTS_PAYLOAD_LEN};
 use crate::memory::SlotMemory;
+use crate::work::Work;
 
 /// The message at the head of the read order.
 #[derive(Debug, Clone, Copy)]
 enum Head {
     Reassembled,
     Slot(RxFrame),
+    /// A rendezvous message: only [`Conn::start_read`] and [`Conn::take_read`] take it.
+    Rendezvous(RxFrame),
 }
 
 impl<M: SlotMemory> Conn<M> {
@@ -34,6 +37,9 @@ impl<M: SlotMemory> Conn<M> {
         let Some((head, len)) = self.head() else {
             return self.no_message();
         };
+        if let Head::Rendezvous(_) = head {
+            return self.needs_read(len);
+        }
         let needed = len - self.rx.read_off;
         if buf.len() < needed {
             return Err(ProtoError::ShortBuffer { needed });
@@ -145,6 +151,9 @@ impl<M: SlotMemory> Conn<M> {
         let Some((head, len)) = self.head() else {
             return self.no_message();
         };
+        if let Head::Rendezvous(_) = head {
+            return self.needs_read(len);
+        }
         let msg = match head {
             Head::Reassembled if self.rx.read_off == 0 => std::mem::take(&mut self.rx.asm),
             _ => {
@@ -171,6 +180,13 @@ impl<M: SlotMemory> Conn<M> {
             if n == buf.len() {
                 break;
             }
+            if let Head::Rendezvous(_) = head {
+                if n == 0 {
+                    self.flush();
+                    return self.needs_read::<usize>(len);
+                }
+                break;
+            }
             let k = (len - self.rx.read_off).min(buf.len() - n);
             self.copy_head(head, self.rx.read_off, &mut buf[n..n + k]);
             self.rx.read_off += k;
@@ -193,6 +209,146 @@ impl<M: SlotMemory> Conn<M> {
     pub fn is_eof(&self) -> bool {
         let drained = self.rx.queue.is_empty() && !self.rx.asm_active && self.rx.direct.is_none();
         self.rx.read_shut || (self.seq.fin && drained)
+    }
+
+    /// A rendezvous message at the head: the driver must read it (`NeedsRead`), or wait
+    /// while a read of it is in progress (`WouldBlock`).
+    fn needs_read<T>(&self, len: usize) -> Result<T, ProtoError> {
+        match self.rx.read {
+            ReadState::Idle => Err(ProtoError::NeedsRead { len }),
+            _ => Err(ProtoError::WouldBlock),
+        }
+    }
+
+    /// Starts the rendezvous read of the head message into `capacity` bytes at
+    /// `local_addr`/`lkey`, which the driver registered with local write and keeps alive and
+    /// untouched until [`Conn::take_read`] returns the message (or, after a failure, until
+    /// the QP's flush). Queues a [`Work::PostRead`]. `ShortBuffer` when `capacity` is below
+    /// the message (which stays queued); `WouldBlock` when no rendezvous message is at the
+    /// head, one is already being read, or the send queue is full.
+    pub fn start_read(
+        &mut self,
+        local_addr: u64,
+        lkey: u32,
+        capacity: usize,
+    ) -> Result<(), ProtoError> {
+        self.check_read("start_read")?;
+        let Some((Head::Rendezvous(f), len)) = self.head() else {
+            return Err(ProtoError::WouldBlock);
+        };
+        if self.rx.read != ReadState::Idle || !self.sq.has_room(false) {
+            return Err(ProtoError::WouldBlock);
+        }
+        if capacity < len {
+            return Err(ProtoError::ShortBuffer { needed: len });
+        }
+        let mut rts = [0u8; RTS_PAYLOAD_LEN];
+        self.mem.read_recv(f.slot, HEADER_LEN, &mut rts);
+        let mut addr = [0u8; 8];
+        addr.copy_from_slice(&rts[..8]);
+        let rkey = u32::from_le_bytes([rts[8], rts[9], rts[10], rts[11]]);
+        let (wr_id, _, _) = self.sq.post(false, 0, true);
+        self.out.push_back(Work::PostRead {
+            wr_id,
+            local_addr,
+            lkey,
+            remote_addr: u64::from_le_bytes(addr),
+            rkey,
+            len: len as u32,
+        });
+        self.rx.read = ReadState::Reading(wr_id);
+        Ok(())
+    }
+
+    /// The length of the head message when it is a rendezvous message that nobody reads
+    /// yet (what a read call's `NeedsRead` said), on a connection that has not failed.
+    pub fn pending_read(&self) -> Option<usize> {
+        if self.failed.is_some() || self.rx.read != ReadState::Idle {
+            return None;
+        }
+        match self.head() {
+            Some((Head::Rendezvous(_), len)) => Some(len),
+            _ => None,
+        }
+    }
+
+    /// Whether the rendezvous read in progress has completed (the next [`Conn::take_read`]
+    /// or [`Conn::take_read_into_core`] takes it).
+    pub fn read_landed(&self) -> bool {
+        self.rx.read == ReadState::Landed
+    }
+
+    /// Takes the head message once its rendezvous read completed: `Some(len)` (the bytes
+    /// are in the destination given to [`Conn::start_read`]); `None` while it is in flight.
+    pub fn take_read(&mut self) -> Option<usize> {
+        if self.rx.read != ReadState::Landed {
+            return None;
+        }
+        let f = self.rx.queue.pop_front()?;
+        self.rx.read = ReadState::Idle;
+        self.rx.read_off = 0;
+        self.reassemble();
+        self.flush();
+        Some(f.total as usize)
+    }
+
+    /// As [`Conn::take_read`], for a driver that read the message into `msg` (its exact
+    /// length) and wants the core to serve it to stream reads: the message becomes the
+    /// reassembled head. `false` (and nothing changes) when no read has landed or the length
+    /// differs.
+    pub fn take_read_into_core(&mut self, msg: Vec<u8>) -> bool {
+        let landed_len = match (self.rx.read, self.rx.queue.front()) {
+            (ReadState::Landed, Some(f)) => f.total as usize,
+            _ => return false,
+        };
+        if landed_len != msg.len() || self.rx.asm_active {
+            return false;
+        }
+        self.rx.queue.pop_front();
+        self.rx.read = ReadState::Idle;
+        self.rx.read_off = 0;
+        self.rx.asm = msg;
+        self.rx.asm_total = landed_len;
+        self.rx.asm_active = true;
+        self.rx.asm_complete = true;
+        self.ev.readable = true;
+        self.flush();
+        true
+    }
+
+    /// The READ of the head message completed: its RTS slot goes back and DONE is queued.
+    pub(super) fn on_read_done(&mut self) {
+        let Some(f) = self.rx.queue.front().copied() else {
+            return;
+        };
+        self.repost(f.slot);
+        self.ctl.done.push_back(f.msg_id);
+        self.rx.read = ReadState::Landed;
+        self.ev.readable = true;
+        if self.rx.read_closed || self.rx.read_shut {
+            self.rx.queue.pop_front();
+            self.rx.read = ReadState::Idle;
+        }
+    }
+
+    /// A checked RTS arrived in `slot`.
+    pub(super) fn on_rts(&mut self, slot: u16, h: &Header) {
+        if self.rx.read_closed || self.rx.read_shut {
+            self.repost(slot);
+            self.ctl.done.push_back(h.msg_id);
+            return;
+        }
+        self.rx.queue.push_back(RxFrame {
+            slot,
+            len: 0,
+            first: true,
+            last: true,
+            total: h.aux,
+            rts: true,
+            msg_id: h.msg_id,
+        });
+        self.ev.readable = true;
+        self.reassemble();
     }
 
     fn no_message<T>(&self) -> Result<Option<T>, ProtoError> {
@@ -218,6 +374,9 @@ impl<M: SlotMemory> Conn<M> {
             return Some((Head::Reassembled, self.rx.asm_total));
         }
         match self.rx.queue.front() {
+            Some(f) if !self.rx.asm_active && f.rts => {
+                Some((Head::Rendezvous(*f), f.total as usize))
+            }
             Some(f) if !self.rx.asm_active && f.first && f.last => {
                 Some((Head::Slot(*f), f.len as usize))
             }
@@ -229,6 +388,8 @@ impl<M: SlotMemory> Conn<M> {
         match head {
             Head::Reassembled => out.copy_from_slice(&self.rx.asm[offset..offset + out.len()]),
             Head::Slot(f) => self.mem.read_recv(f.slot, HEADER_LEN + offset, out),
+            // Never copied: the read calls answer `NeedsRead` first.
+            Head::Rendezvous(_) => {}
         }
     }
 
@@ -243,6 +404,8 @@ impl<M: SlotMemory> Conn<M> {
                 self.rx.queue.pop_front();
                 self.repost(f.slot);
             }
+            // Taken only by `take_read`.
+            Head::Rendezvous(_) => return,
         }
         self.rx.read_off = 0;
         self.reassemble();
@@ -251,7 +414,7 @@ impl<M: SlotMemory> Conn<M> {
     /// Consumes head messages with nothing left to read (read to the end, or empty).
     fn skip_finished(&mut self) {
         while let Some((head, len)) = self.head() {
-            if len > self.rx.read_off {
+            if len > self.rx.read_off || matches!(head, Head::Rendezvous(_)) {
                 return;
             }
             self.consume_head(head);
@@ -270,6 +433,8 @@ impl<M: SlotMemory> Conn<M> {
             first: h.first(),
             last: h.last(),
             total: h.aux,
+            rts: false,
+            msg_id: h.msg_id,
         });
         if h.last() {
             self.ev.readable = true;
@@ -308,8 +473,26 @@ impl<M: SlotMemory> Conn<M> {
 
     /// After `close`: everything held is dropped and its slots reposted.
     pub(super) fn discard_received(&mut self) {
+        // A message being read stays until its READ completes (`on_read_done` drops it then);
+        // one whose READ landed has its slot back already.
+        let reading = match self.rx.read {
+            ReadState::Reading(_) => self.rx.queue.pop_front(),
+            ReadState::Landed => {
+                self.rx.queue.pop_front();
+                self.rx.read = ReadState::Idle;
+                None
+            }
+            ReadState::Idle => None,
+        };
         while let Some(f) = self.rx.queue.pop_front() {
+            if f.rts {
+                // The sender waits for DONE to release its memory.
+                self.ctl.done.push_back(f.msg_id);
+            }
             self.repost(f.slot);
+        }
+        if let Some(f) = reading {
+            self.rx.queue.push_front(f);
         }
         release_if_large(&mut self.rx.asm);
         self.rx.asm_active = false;

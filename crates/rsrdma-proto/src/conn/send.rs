@@ -2,7 +2,8 @@
 
 use super::{Conn, FinState};
 use crate::error::ProtoError;
-use crate::frame::{FrameType, Header, FLAG_FIRST, FLAG_LAST, HEADER_LEN};
+use crate::error::ProtoError as E;
+use crate::frame::{FrameType, Header, FLAG_FIRST, FLAG_LAST, HEADER_LEN, RTS_PAYLOAD_LEN};
 use crate::memory::SlotMemory;
 use crate::params::CONTROL_RESERVE;
 use crate::work::{Work, WrId};
@@ -17,13 +18,64 @@ impl<M: SlotMemory> Conn<M> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        self.start_message(data)?;
+        self.start_message(data.len())?;
         self.push_data(Some(data));
         if self.tx.active {
             self.keep_rest(data);
         }
         self.flush();
         Ok(())
+    }
+
+    /// Queues one message of `len` bytes by rendezvous: the driver has registered it for
+    /// remote read at `addr`/`rkey` (and nothing else: no remote write), and keeps it
+    /// registered, unchanged and alive until [`Conn::rendezvous_released`] says so for the
+    /// returned message number, or until the QP's flush after a failure or close. The RTS goes
+    /// in the message order, when a data credit allows. `WouldBlock` while another message is
+    /// being sent; `NotNegotiated` without settled rendezvous; `TooLarge` above the cap.
+    pub fn send_rendezvous(&mut self, len: usize, addr: u64, rkey: u32) -> Result<u64, E> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.lim.rendezvous.is_none() {
+            return Err(E::NotNegotiated {
+                op: "send_rendezvous",
+                feature: "rendezvous",
+            });
+        }
+        if len == 0 {
+            return Err(E::Misuse {
+                reason: "rendezvous of an empty message",
+            });
+        }
+        self.start_message(len)?;
+        self.tx.rts = Some((addr, rkey));
+        let msg = self.tx.messages - 1;
+        self.push_data(None);
+        self.flush();
+        Ok(msg)
+    }
+
+    /// Whether rendezvous message `msg` (from [`Conn::send_rendezvous`]) is done with: the
+    /// peer's DONE arrived, or it was withdrawn. After a failure, only the QP's flush
+    /// ([`Conn::handle_flushed`]) releases it.
+    pub fn rendezvous_released(&self, msg: u64) -> bool {
+        let waiting_rts = self.tx.active && self.tx.rts.is_some() && msg + 1 == self.tx.messages;
+        !waiting_rts && !self.tx.unreleased.contains(&msg)
+    }
+
+    /// Withdraws rendezvous message `msg` if its RTS has not gone out yet (the caller gives
+    /// up): `true` when withdrawn (as if never sent; its memory is free at once).
+    pub fn withdraw_rendezvous(&mut self, msg: u64) -> bool {
+        let waiting_rts = self.tx.active && self.tx.rts.is_some() && msg + 1 == self.tx.messages;
+        if !waiting_rts {
+            return false;
+        }
+        self.tx.active = false;
+        self.tx.rts = None;
+        self.tx.messages -= 1;
+        self.flush();
+        true
     }
 
     /// Sends one message straight from the caller's memory, without ever copying its unsent
@@ -44,7 +96,7 @@ impl<M: SlotMemory> Conn<M> {
                 });
             }
         } else {
-            self.start_message(data)?;
+            self.start_message(data.len())?;
             self.tx.borrowed = true;
         }
         self.push_data(Some(data));
@@ -78,13 +130,13 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// Checks a new message against the state and the cap, and makes it the current one.
-    fn start_message(&mut self, data: &[u8]) -> Result<(), ProtoError> {
+    fn start_message(&mut self, len: usize) -> Result<(), ProtoError> {
         if self.tx.write_closed {
             return Err(ProtoError::Closed { op: "send_msg" });
         }
-        if data.len() > self.lim.max_message as usize {
+        if len > self.lim.max_message as usize {
             return Err(ProtoError::TooLarge {
-                len: data.len(),
+                len,
                 max: self.lim.max_message,
             });
         }
@@ -94,7 +146,7 @@ impl<M: SlotMemory> Conn<M> {
         }
         self.tx.active = true;
         self.tx.id = self.tx.messages as u16;
-        self.tx.total = data.len();
+        self.tx.total = len;
         self.tx.offset = 0;
         self.tx.messages += 1;
         Ok(())
@@ -174,6 +226,12 @@ impl<M: SlotMemory> Conn<M> {
                 self.ctl.pong = None;
             }
         }
+        while let Some(&id) = self.ctl.done.front() {
+            if self.try_control(FrameType::Done, id, 0).is_none() {
+                break;
+            }
+            self.ctl.done.pop_front();
+        }
         if !self.tx.borrowed {
             self.push_data(None);
         }
@@ -231,6 +289,10 @@ impl<M: SlotMemory> Conn<M> {
     /// Sends fragments of the current message while resources allow; `src` is the caller's
     /// message (inside `send_msg`) or `None` for the core's pending copy.
     fn push_data(&mut self, src: Option<&[u8]>) {
+        if let (true, Some((addr, rkey))) = (self.tx.active, self.tx.rts) {
+            self.push_rts(addr, rkey);
+            return;
+        }
         while self.tx.active {
             let (offset, total) = (self.tx.offset, self.tx.total);
             let n = self.lim.frame_payload.min(total - offset);
@@ -267,6 +329,32 @@ impl<M: SlotMemory> Conn<M> {
                     self.ev.writable = true;
                 }
             }
+        }
+    }
+
+    /// Sends the current message's RTS when a data credit and room allow.
+    fn push_rts(&mut self, addr: u64, rkey: u32) {
+        let needs_slot = HEADER_LEN + RTS_PAYLOAD_LEN > self.lim.inline_size;
+        if !self.may_send(FrameType::Data) || !self.sq.has_room(needs_slot) {
+            return;
+        }
+        let h = Header {
+            kind: FrameType::Rts,
+            flags: 0,
+            msg_id: self.tx.id,
+            credit_limit: 0,
+            payload_len: RTS_PAYLOAD_LEN as u32,
+            aux: self.tx.total as u32,
+        };
+        let mut payload = [0u8; RTS_PAYLOAD_LEN];
+        payload[..8].copy_from_slice(&addr.to_le_bytes());
+        payload[8..12].copy_from_slice(&rkey.to_le_bytes());
+        self.emit(h, &payload, false);
+        self.tx.unreleased.push_back(self.tx.messages - 1);
+        self.tx.rts = None;
+        self.tx.active = false;
+        if std::mem::take(&mut self.tx.want_writable) {
+            self.ev.writable = true;
         }
     }
 

@@ -7,7 +7,7 @@
 #![allow(dead_code)] // each test file uses a part
 
 use rsrdma_proto::{settle, Config, Conn, Event, Fatal, FrameType, Header, VecSlots, Work, WrId};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// The payload byte of message `id` at `offset`: corruption, loss and reordering all show.
@@ -26,6 +26,8 @@ struct Packet {
     slot: Option<u16>,
     len: u32,
     inline: Option<Vec<u8>>,
+    /// An RDMA READ: (local address, lkey, remote address, rkey).
+    read: Option<(u64, u32, u64, u32)>,
 }
 
 /// One endpoint: the core plus the model of its queue pair.
@@ -40,6 +42,15 @@ pub struct Side {
     /// Frames posted, by type.
     pub frames_posted: Vec<FrameType>,
     pub broken: bool,
+    /// Registered memory of this side by key (rendezvous sources and read destinations).
+    pub regions: HashMap<u32, Vec<u8>>,
+    next_key: u32,
+    /// Rendezvous sends whose memory is still registered: (message number, key).
+    pub rdv_sends: Vec<(u64, u32)>,
+    /// The destination key of the read in progress.
+    pub read_key: Option<u32>,
+    /// READs posted.
+    pub reads_posted: usize,
 }
 
 impl Side {
@@ -55,6 +66,92 @@ impl Side {
             posted_after_failure: Vec::new(),
             frames_posted: Vec::new(),
             broken: false,
+            regions: HashMap::new(),
+            next_key: 1,
+            rdv_sends: Vec::new(),
+            read_key: None,
+            reads_posted: 0,
+        }
+    }
+
+    /// Registers `bytes` and returns the key.
+    pub fn register(&mut self, bytes: Vec<u8>) -> u32 {
+        let key = self.next_key;
+        self.next_key += 1;
+        self.regions.insert(key, bytes);
+        key
+    }
+
+    /// Sends `data` by rendezvous when it is settled and `data` reaches the threshold,
+    /// else eagerly.
+    pub fn send_any(&mut self, data: &[u8]) -> Result<(), rsrdma_proto::ProtoError> {
+        match self.conn.rendezvous_threshold() {
+            Some(t) if data.len() >= t as usize => {
+                let key = self.register(data.to_vec());
+                match self.conn.send_rendezvous(data.len(), 0, key) {
+                    Ok(msg) => {
+                        self.rdv_sends.push((msg, key));
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.regions.remove(&key);
+                        Err(e)
+                    }
+                }
+            }
+            _ => self.conn.send_msg(data),
+        }
+    }
+
+    /// Releases rendezvous memory the core says is done with.
+    pub fn release(&mut self) {
+        let conn = &self.conn;
+        let regions = &mut self.regions;
+        self.rdv_sends.retain(|&(msg, key)| {
+            let done = conn.rendezvous_released(msg);
+            if done {
+                regions.remove(&key);
+            }
+            !done
+        });
+    }
+
+    /// `recv_msg`, reading rendezvous messages as a driver would: `Err(WouldBlock)` while a
+    /// read is in flight.
+    pub fn recv_any(&mut self) -> Result<Option<Vec<u8>>, rsrdma_proto::ProtoError> {
+        if let Some(key) = self.read_key {
+            return match self.conn.take_read() {
+                Some(n) => {
+                    self.read_key = None;
+                    let mut v = self.regions.remove(&key).expect("read destination");
+                    assert!(v.len() >= n);
+                    v.truncate(n);
+                    Ok(Some(v))
+                }
+                None => Err(rsrdma_proto::ProtoError::WouldBlock),
+            };
+        }
+        match self.conn.recv_msg() {
+            Err(rsrdma_proto::ProtoError::NeedsRead { len }) => {
+                self.start_read(len)?;
+                Err(rsrdma_proto::ProtoError::WouldBlock)
+            }
+            r => r,
+        }
+    }
+
+    /// Registers a destination of `len` bytes and starts the read of the head message.
+    pub fn start_read(&mut self, len: usize) -> Result<(), rsrdma_proto::ProtoError> {
+        let key = self.register(vec![0; len]);
+        match self.conn.start_read(0, key, len) {
+            Ok(()) => {
+                self.read_key = Some(key);
+                Ok(())
+            }
+            Err(e) => {
+                self.regions.remove(&key);
+                Err(e)
+            }
         }
     }
 
@@ -120,6 +217,39 @@ impl Pair {
         while let Some(w) = side.conn.poll_work() {
             assert!(!side.broken, "side {i} posted {w:?} on a broken QP");
             match w {
+                Work::PostRead {
+                    wr_id,
+                    local_addr,
+                    lkey,
+                    remote_addr,
+                    rkey,
+                    len,
+                } => {
+                    let depth = usize::from(side.cfg.sq_depth);
+                    assert!(side.sq.len() < depth, "side {i}: SQ overflow");
+                    if let Some((last, _)) = side.sq.back() {
+                        assert_eq!(wr_id.0, last.0 + 1, "side {i}: WR ids not consecutive");
+                    }
+                    assert!(side.conn.error().is_none(), "READ posted after failure");
+                    let dest = side
+                        .regions
+                        .get(&lkey)
+                        .expect("READ into unregistered memory");
+                    assert!(
+                        local_addr as usize + len as usize <= dest.len(),
+                        "READ overruns"
+                    );
+                    side.reads_posted += 1;
+                    side.sq.push_back((wr_id, true));
+                    self.wire[i].push_back(Packet {
+                        wr: wr_id,
+                        signaled: true,
+                        slot: None,
+                        len,
+                        inline: None,
+                        read: Some((local_addr, lkey, remote_addr, rkey)),
+                    });
+                }
                 Work::PostRecv { slot } => {
                     assert!(
                         !side.posted.contains(&slot),
@@ -177,6 +307,7 @@ impl Pair {
                         slot,
                         len,
                         inline,
+                        read: None,
                     });
                 }
             }
@@ -199,8 +330,29 @@ impl Pair {
             return false;
         };
         let to = 1 - from;
+        if let (Some((laddr, lkey, raddr, rkey)), false) = (p.read, self.sides[to].broken) {
+            // The READ's response: the peer's memory must still be registered.
+            let src = self.sides[to]
+                .regions
+                .get(&rkey)
+                .expect("READ of memory the peer released");
+            let (r, l, n) = (raddr as usize, laddr as usize, p.len as usize);
+            assert!(r + n <= src.len(), "READ beyond the peer's region");
+            let bytes = src[r..r + n].to_vec();
+            let dest = self.sides[from]
+                .regions
+                .get_mut(&lkey)
+                .expect("READ destination released while in flight");
+            dest[l..l + n].copy_from_slice(&bytes);
+            self.completions[from].push_back(p.wr);
+            if !self.delay_completions {
+                self.complete(from);
+            }
+            return true;
+        }
         let bytes = match p.inline {
             Some(b) => b,
+            None if p.read.is_some() => Vec::new(),
             // The NIC reads the slot when it transmits: a slot reused too early shows here.
             None => {
                 self.sides[from].conn.memory().send_slot(p.slot.unwrap())[..p.len as usize].to_vec()

@@ -119,7 +119,14 @@ fn setup(
         .port(opts.port)
         .gid_index(gid_index)
         .mtu(Mtu::from_bytes(agreed.mtu.into()).unwrap_or(Mtu::Mtu1024))
-        .rnr_retry(rnr_retry);
+        .rnr_retry(rnr_retry)
+        // Rendezvous: the peer READs messages we expose (per-message regions, remote read
+        // only); read depths are the device's maximum (≥ 1) by default.
+        .access(if opts.rendezvous.is_some() {
+            rsrdma::AccessFlags::REMOTE_READ
+        } else {
+            rsrdma::AccessFlags::NONE
+        });
     if pooled {
         bring_up = bring_up.min_rnr_timer(MIN_RNR_TIMER);
     }

@@ -1,0 +1,367 @@
+//! Zero-copy transfers: registered [`Buffer`]s and rendezvous (RDMA READ) of large messages.
+//!
+//! # Rendezvous
+//! When both ends offer it ([`super::ConnOptions::rendezvous`], settled to the larger
+//! threshold), a message of at least the threshold is not copied through the slots: the
+//! sender registers the message's memory for **remote read only**, for that message only
+//! (one `ibv_reg_mr` per message: rxe offers no cheaper per-message window we rely on, and a
+//! per-message registration also works on a [`super::ConnOptions::pd`] shared by many
+//! connections: its key names only that range, though any QP on the domain could use it
+//! while it lives), and sends an RTS with the address and key. The receiver's read call
+//! registers its destination (or uses a [`Buffer`]'s registration), pulls the bytes with one
+//! RDMA READ straight into it, and sends DONE; the sender then deregisters. On close or
+//! abort, memory the NIC may touch is released only after the QP's flush, or is first cut
+//! off from the NIC (QP to ERROR, then deregistration) when a caller's own slice must be
+//! handed back.
+//!
+//! - `send_msg` of a large slice registers the slice for the call and returns after the
+//!   peer's DONE, so it waits until the peer reads the message (its write timeout still
+//!   applies while the RTS has not gone out; after that it waits for the DONE up to
+//!   [`RDV_GRACE`] more, then fails the connection rather than return memory the peer may
+//!   still read).
+//! - `recv_msg_into` and `recv_buffer` receive rendezvous messages with no copy;
+//!   `recv_msg` allocates the message's vector and reads into it; `read` (byte stream) reads
+//!   into a vector the core then serves from. Eager messages (below the threshold, or from a
+//!   peer without rendezvous) are necessarily copied out of the receive slots.
+//! - `send_buffer` sends a [`Buffer`] with no copy at or above the threshold, and through the
+//!   slots (one copy) below it; the buffer is in flight until the peer's DONE.
+//!   [`Conn::start_send_buffer`] returns once the RTS is queued; [`Conn::wait_buffer`]
+//!   waits for the buffer.
+//!
+//! A READ in flight always completes or fails before the destination is given back: a read
+//! call that times out mid-READ keeps waiting (up to [`RDV_GRACE`]), and then fails the
+//! connection and deregisters the destination before returning.
+
+use super::buffer::Buffer;
+use super::driver::Driver;
+use super::transfer::{RecvStep, Side};
+use super::{from_core, Conn};
+use crate::error::{NetError, Result};
+use rsrdma::{AccessFlags, Mr, Pd};
+use rsrdma_proto::ProtoError;
+use std::cell::{Cell, RefCell};
+use std::time::Duration;
+
+/// How long a call whose memory is still exposed to (or being written by) the NIC waits past
+/// its own timeout before it fails the connection to get the memory back.
+pub const RDV_GRACE: Duration = Duration::from_secs(10);
+
+/// `opts` without rendezvous: the async connection's steps do not pull rendezvous messages
+/// (yet), so it does not offer the feature and its peers send it everything eagerly.
+#[cfg(feature = "tokio")]
+pub(super) fn eager_only(opts: &super::ConnOptions) -> super::ConnOptions {
+    opts.clone().rendezvous(None)
+}
+
+/// Where a rendezvous READ lands.
+pub(super) enum Dest<'a> {
+    /// The caller's slice, registered for the call.
+    Slice(&'a mut [u8]),
+    /// A registered buffer.
+    Buffer(&'a Buffer),
+    /// A new vector of the message's length, returned.
+    Vec,
+    /// A new vector handed to the core as the head message (stream reads).
+    Core,
+}
+
+/// What [`Conn::pull`] did.
+pub(super) enum Pulled {
+    /// The message is in the destination: its length, and the vector for [`Dest::Vec`].
+    Done(usize, Option<Vec<u8>>),
+    /// The head changed (another reader took it): read again.
+    Retry,
+}
+
+impl Conn {
+    /// A new registered buffer of `len` bytes on this connection's protection domain (local
+    /// access only).
+    ///
+    /// # Errors
+    /// [`NetError::Closed`] after close; the registration's error.
+    pub fn alloc_buffer(&self, len: usize) -> Result<Buffer> {
+        Buffer::new(&self.pd("alloc_buffer")?, len)
+    }
+
+    /// Sends the first `len` bytes of `buf` as one message and returns when `buf` may be
+    /// reused: at or above the rendezvous threshold with no copy (the peer reads it with
+    /// RDMA READ; this waits for its DONE), below it copied through the send slots.
+    ///
+    /// # Errors
+    /// [`NetError::BufferBusy`] when `buf` is in flight; [`NetError::BadBuffer`] for a buffer
+    /// of another protection domain or `len` beyond it; otherwise as [`Conn::send_msg`]
+    /// (with [`Conn::wait_buffer`]'s errors).
+    pub fn send_buffer(&self, buf: &Buffer, len: usize) -> Result<()> {
+        self.start_send_buffer(buf, len)?;
+        self.wait_buffer(buf)
+    }
+
+    /// Starts sending the first `len` bytes of `buf`: returns once the message is queued.
+    /// A rendezvous message leaves `buf` in flight until the peer's DONE
+    /// ([`Buffer::is_busy`], [`Conn::wait_buffer`]); dropping `buf` meanwhile is safe (the
+    /// connection keeps the memory until then, or until its teardown's flush).
+    ///
+    /// # Errors
+    /// As [`Conn::send_buffer`].
+    pub fn start_send_buffer(&self, buf: &Buffer, len: usize) -> Result<()> {
+        const OP: &str = "send_buffer";
+        buf.check_for(OP, &self.pd(OP)?, len)?;
+        let max = self.info.settled.max_message;
+        if len > max as usize {
+            return Err(NetError::MessageTooLarge { len, max });
+        }
+        let hold = buf.start(OP)?;
+        let rendezvous = self
+            .info
+            .settled
+            .rendezvous()
+            .is_some_and(|t| len >= t as usize);
+        if !rendezvous {
+            return self.send_lent(OP, &[hold.bytes(len)]);
+        }
+        let pd = self.pd(OP)?;
+        // SAFETY: the buffer's allocation stays alive and unmoved while `hold` (kept by the
+        // driver until the DONE or the flush) lives, and the registration is dropped before
+        // `hold`; remote read only: the NIC never writes it.
+        let mr =
+            unsafe { Mr::register(&pd, hold.addr() as *mut u8, len, AccessFlags::REMOTE_READ) }?;
+        let (addr, rkey) = (mr.addr(), mr.rkey());
+        let parts = Cell::new(Some((mr, hold)));
+        let timeout = self.shared.lock().write_timeout;
+        self.owning(
+            OP,
+            Side::Send,
+            timeout,
+            |d| {
+                if d.peer_gone() {
+                    return Err(NetError::PeerGone { op: OP });
+                }
+                match d.core().send_rendezvous(len, addr, rkey) {
+                    Ok(msg) => {
+                        if let Some((mr, hold)) = parts.take() {
+                            d.hold_rendezvous(msg, mr, hold);
+                        }
+                        Ok(Some(()))
+                    }
+                    Err(ProtoError::WouldBlock) => Ok(None),
+                    Err(e) => Err(from_core(e)),
+                }
+            },
+            |_, r| r,
+        )
+        // Not queued: `parts` drops the registration, then the hold (the buffer is idle).
+    }
+
+    /// Waits (up to the write timeout) until `buf` is no longer in flight.
+    ///
+    /// # Errors
+    /// [`NetError::Timeout`]; [`NetError::ConnFailed`] (a buffer in flight on a failed
+    /// connection is released at its teardown, after the QP's flush); [`NetError::Closed`].
+    pub fn wait_buffer(&self, buf: &Buffer) -> Result<()> {
+        if !buf.is_busy() {
+            return Ok(());
+        }
+        let timeout = self.shared.lock().write_timeout;
+        self.block("wait_buffer", timeout, |d| {
+            if !buf.is_busy() {
+                return Ok(Some(()));
+            }
+            match d.core_ref().error() {
+                Some(e) => Err(NetError::ConnFailed(e.clone())),
+                None => Ok(None),
+            }
+        })
+    }
+
+    /// Receives the next message into `buf`: `Ok(Some(len))`, or `Ok(None)` at the end of
+    /// the stream. A rendezvous message lands in `buf` straight from the peer's memory (no
+    /// copy); an eager one is copied out of the receive slots.
+    ///
+    /// # Errors
+    /// [`NetError::ShortBuffer`] when the message is longer than `buf` (it stays queued);
+    /// [`NetError::BufferBusy`]; [`NetError::BadBuffer`] for another protection domain;
+    /// otherwise as [`Conn::recv_msg`].
+    pub fn recv_buffer(&self, buf: &mut Buffer) -> Result<Option<usize>> {
+        const OP: &str = "recv_buffer";
+        buf.check_for(OP, &self.pd(OP)?, 0)?;
+        loop {
+            let step = self.recv_lent_step(OP, buf.as_mut_slice()?)?;
+            match step {
+                RecvStep::Got(n) => return Ok(n),
+                RecvStep::Rendezvous(len) => match self.pull(OP, len, Dest::Buffer(buf))? {
+                    Pulled::Done(n, _) => return Ok(Some(n)),
+                    Pulled::Retry => continue,
+                },
+            }
+        }
+    }
+
+    /// `recv_msg` with rendezvous: the message's vector is the READ's destination.
+    pub(super) fn recv_msg_pulling(&self) -> Result<Option<Vec<u8>>> {
+        loop {
+            let timeout = self.shared.lock().read_timeout;
+            let step = self.block("recv_msg", timeout, |d| match d.core().recv_msg() {
+                Ok(m) => Ok(Some(Ok(m))),
+                Err(ProtoError::NeedsRead { len }) => Ok(Some(Err(len))),
+                Err(ProtoError::WouldBlock) => Ok(None),
+                Err(e) => Err(from_core(e)),
+            })?;
+            match step {
+                Ok(m) => return Ok(m),
+                Err(len) => {
+                    if let Pulled::Done(_, v) = self.pull("recv_msg", len, Dest::Vec)? {
+                        return Ok(v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The connection's protection domain.
+    fn pd(&self, op: &'static str) -> Result<Pd> {
+        let st = self.shared.lock();
+        let d = st.driver.as_ref().ok_or(NetError::Closed { op })?;
+        Ok(d.pd().clone())
+    }
+
+    /// Reads the head rendezvous message (of `len` bytes, as `NeedsRead` said) into `dest`.
+    pub(super) fn pull(&self, op: &'static str, len: usize, dest: Dest<'_>) -> Result<Pulled> {
+        let pd = self.pd(op)?;
+        let into_core = matches!(dest, Dest::Core);
+        let mut vec = None;
+        let mut reg = None;
+        let mut hold = None;
+        let (addr, lkey, cap) = match dest {
+            Dest::Slice(b) => {
+                if b.len() < len {
+                    return Err(NetError::ShortBuffer { needed: len });
+                }
+                // SAFETY: the slice is borrowed for this whole call; the registration is
+                // dropped before the call returns, and only after the READ completed or the
+                // QP was moved to ERROR (after which deregistering cuts the NIC off).
+                let mr =
+                    unsafe { Mr::register(&pd, b.as_mut_ptr(), len, AccessFlags::LOCAL_WRITE) }?;
+                let at = (mr.addr(), mr.lkey(), len);
+                reg = Some(mr);
+                at
+            }
+            Dest::Buffer(b) => {
+                if b.len() < len {
+                    return Err(NetError::ShortBuffer { needed: len });
+                }
+                let h = b.start(op)?;
+                let at = (h.addr(), h.lkey(), b.len());
+                hold = Some(h);
+                at
+            }
+            Dest::Vec | Dest::Core => {
+                let mut v = vec![0u8; len];
+                // SAFETY: as for a slice: the vector is owned here, its heap memory does not
+                // move, and the registration is dropped before the vector is given away.
+                let mr =
+                    unsafe { Mr::register(&pd, v.as_mut_ptr(), len, AccessFlags::LOCAL_WRITE) }?;
+                let at = (mr.addr(), mr.lkey(), len);
+                reg = Some(mr);
+                vec = Some(v);
+                at
+            }
+        };
+        let started = Cell::new(false);
+        let hold = Cell::new(hold);
+        let reg = RefCell::new(reg);
+        let vec = RefCell::new(vec);
+        let mut attempt = |d: &mut Driver| -> Result<Option<Pulled>> {
+            if d.peer_gone() && !d.core_ref().read_landed() {
+                // The peer left after its FIN: its memory went with it (and nothing is
+                // posted any more), so a rendezvous message it left behind cannot be read.
+                return Err(NetError::PeerGone { op });
+            }
+            if !started.get() {
+                if d.core_ref().pending_read() != Some(len) {
+                    if let Some(e) = d.core_ref().error() {
+                        return Err(NetError::ConnFailed(e.clone()));
+                    }
+                    return Ok(Some(Pulled::Retry));
+                }
+                match d.core().start_read(addr, lkey, cap) {
+                    Ok(()) => {
+                        started.set(true);
+                        if let Some(h) = hold.take() {
+                            d.hold_read(h);
+                        }
+                        return Ok(None);
+                    }
+                    Err(ProtoError::WouldBlock) => return Ok(None),
+                    Err(e) => return Err(from_core(e)),
+                }
+            }
+            if let Some(e) = d.core_ref().error() {
+                return Err(NetError::ConnFailed(e.clone()));
+            }
+            if !d.core_ref().read_landed() {
+                return Ok(None);
+            }
+            // Landed: the NIC is done with the destination.
+            drop(reg.borrow_mut().take());
+            if into_core {
+                let v = vec.borrow_mut().take().unwrap_or_default();
+                if !d.core().take_read_into_core(v) {
+                    return Err(NetError::ConnFailed(ProtoError::Misuse {
+                        reason: "a landed read did not match its message",
+                    }));
+                }
+                return Ok(Some(Pulled::Done(len, None)));
+            }
+            let n = d.core().take_read().unwrap_or(len);
+            d.end_read();
+            let v = vec.borrow_mut().take().map(|mut v| {
+                v.truncate(n);
+                v
+            });
+            Ok(Some(Pulled::Done(n, v)))
+        };
+        let timeout = self.shared.lock().read_timeout;
+        let mut r = self.block(op, timeout, &mut attempt);
+        if started.get() && r.is_err() && reg.borrow().is_some() {
+            if matches!(r, Err(NetError::Timeout { .. })) {
+                // The READ is writing our memory: never return under it.
+                r = self.block(op, Some(RDV_GRACE), &mut attempt);
+            }
+            if r.is_err() {
+                let mut st = self.shared.lock();
+                if let Some(d) = st.driver.as_mut() {
+                    d.abort_transfer();
+                }
+                self.shared.changed(&mut st);
+            }
+        }
+        // The registration goes before the memory it covers (the vector, the caller's slice).
+        drop(reg.borrow_mut().take());
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ConnOptions;
+    use rsrdma_proto::FEATURE_RENDEZVOUS;
+
+    #[test]
+    fn rendezvous_is_offered_by_default_and_a_zero_threshold_is_refused() {
+        let o = ConnOptions::default();
+        assert_eq!(o.rendezvous, Some(256 * 1024));
+        let p = o.proto_config(64).params();
+        assert_eq!(p.features & FEATURE_RENDEZVOUS, FEATURE_RENDEZVOUS);
+        assert_eq!(p.rdv_threshold, 256 * 1024);
+        let off = ConnOptions::default()
+            .rendezvous(None)
+            .proto_config(64)
+            .params();
+        assert_eq!((off.features, off.rdv_threshold), (0, 0));
+        let e = ConnOptions::default()
+            .rendezvous(Some(0))
+            .check()
+            .unwrap_err();
+        assert!(e.to_string().contains("threshold"), "{e}");
+    }
+}
