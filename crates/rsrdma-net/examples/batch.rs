@@ -59,7 +59,10 @@ fn server(addr: &str, a: &Args) -> Outcome {
     for m in &got {
         println!("server: {}", String::from_utf8_lossy(m));
     }
-    println!("server: received {} messages in {calls} recv_batch calls", got.len());
+    println!(
+        "server: received {} messages in {calls} recv_batch calls",
+        got.len()
+    );
     // Tell the client everything arrived, then close.
     conn.send_msg(format!("got {}", got.len()).as_bytes())?;
     conn.close()?;
@@ -72,7 +75,9 @@ fn client(addr: &str, a: &Args) -> Outcome {
     let msgs: Vec<&[u8]> = texts.iter().map(|t| t.as_bytes()).collect();
     conn.send_batch(&msgs)?;
     println!("client: sent {} messages with one send_batch", msgs.len());
-    let ack = conn.recv_msg()?.ok_or("the server closed without answering")?;
+    let ack = conn
+        .recv_msg()?
+        .ok_or("the server closed without answering")?;
     println!("client: server says {:?}", String::from_utf8_lossy(&ack));
     conn.close()?;
     Ok(())

@@ -57,7 +57,9 @@ fn server(addr: &str, a: &Args) -> Outcome {
     let listener = Listener::bind(addr, a.dev.conn_options())?;
     common::listening("bench-throughput", listener.local_addr());
     let conn = listener.accept()?;
-    let header = conn.recv_msg()?.ok_or("the client closed before the header")?;
+    let header = conn
+        .recv_msg()?
+        .ok_or("the client closed before the header")?;
     let count: u64 = std::str::from_utf8(&header)
         .ok()
         .and_then(|s| s.parse().ok())

@@ -81,7 +81,9 @@ fn rc_server(addr: &str, opts: ConnOptions) -> Outcome {
 fn rc_client(addr: &str, opts: ConnOptions) -> Outcome {
     let conn = Conn::dial(addr, opts)?;
     conn.send_msg(b"hello RC")?;
-    let echo = conn.recv_msg()?.ok_or("the server closed without echoing")?;
+    let echo = conn
+        .recv_msg()?
+        .ok_or("the server closed without echoing")?;
     println!(
         "client ({:?}): echo {:?}",
         conn.info().establish,
@@ -120,7 +122,10 @@ fn ud_client(a: &Args, to: &Addr) -> Outcome {
         conn.send_to(b"hello UD", to)?;
         match conn.recv_from(&mut buf) {
             Ok((n, _)) => {
-                println!("client (UD): reply {:?}", String::from_utf8_lossy(&buf[..n]));
+                println!(
+                    "client (UD): reply {:?}",
+                    String::from_utf8_lossy(&buf[..n])
+                );
                 return Ok(());
             }
             Err(NetError::Timeout { .. }) => continue,

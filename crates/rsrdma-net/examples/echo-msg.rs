@@ -65,7 +65,9 @@ fn server(addr: &str, a: &Args) -> Outcome {
 fn client(addr: &str, a: &Args) -> Outcome {
     let conn = Conn::dial(addr, a.dev.conn_options())?;
     conn.send_msg(a.msg.as_bytes())?;
-    let echo = conn.recv_msg()?.ok_or("the server closed without echoing")?;
+    let echo = conn
+        .recv_msg()?
+        .ok_or("the server closed without echoing")?;
     println!("client: echo {:?}", String::from_utf8_lossy(&echo));
     if echo != a.msg.as_bytes() {
         return Err("the echo differs from the message sent".into());

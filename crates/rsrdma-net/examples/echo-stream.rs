@@ -31,7 +31,11 @@ struct Args {
     #[command(flatten)]
     dev: common::Device,
     /// The text the client sends
-    #[arg(short = 'm', long, default_value = "hello rdmanet stream, in more than 32 bytes")]
+    #[arg(
+        short = 'm',
+        long,
+        default_value = "hello rdmanet stream, in more than 32 bytes"
+    )]
     msg: String,
 }
 

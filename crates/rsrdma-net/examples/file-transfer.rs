@@ -73,8 +73,8 @@ fn server(addr: &str, a: &Args) -> Outcome {
     let listener = Listener::bind(addr, a.dev.conn_options())?;
     common::listening("file-transfer", listener.local_addr());
     let mut conn = listener.accept()?;
-    let file = File::create(&a.output)
-        .map_err(|e| format!("creating {}: {e}", a.output.display()))?;
+    let file =
+        File::create(&a.output).map_err(|e| format!("creating {}: {e}", a.output.display()))?;
     let mut out = Hashing {
         inner: BufWriter::new(file),
         hash: Sha256::new(),

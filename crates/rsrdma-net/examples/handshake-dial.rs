@@ -72,7 +72,9 @@ fn client(addr: &str, a: &Args, opts: ConnOptions) -> Outcome {
     let conn = Conn::dial(addr, opts)?;
     describe("client", &conn);
     conn.send_msg(a.msg.as_bytes())?;
-    let echo = conn.recv_msg()?.ok_or("the server closed without echoing")?;
+    let echo = conn
+        .recv_msg()?
+        .ok_or("the server closed without echoing")?;
     println!("client: echo {:?}", String::from_utf8_lossy(&echo));
     if echo != a.msg.as_bytes() {
         return Err("the echo differs from the message sent".into());

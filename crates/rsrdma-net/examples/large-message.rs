@@ -99,7 +99,9 @@ fn client(addr: &str, a: &Args) -> Outcome {
         .collect();
     let start = Instant::now();
     conn.send_msg(&msg)?;
-    let ack = conn.recv_msg()?.ok_or("the server closed without answering")?;
+    let ack = conn
+        .recv_msg()?
+        .ok_or("the server closed without answering")?;
     let secs = start.elapsed().as_secs_f64();
     println!(
         "client: sent one message of {} bytes in {secs:.3} s ({:.1} MiB/s), sha256 {}; server says {:?}",

@@ -188,11 +188,17 @@ fn client(addr: &str, opts: ConnOptions) -> Outcome {
     let frame = conn.info().settled.frame_payload() as usize;
     let msg: Vec<u8> = (0..frame * 3 + 17).map(|i| i as u8).collect();
     conn.send_msg(&msg)?;
-    let echo = conn.recv_msg()?.ok_or("the server closed without echoing")?;
+    let echo = conn
+        .recv_msg()?
+        .ok_or("the server closed without echoing")?;
     if echo != msg {
         return Err("the echo differs".into());
     }
-    println!("client: echoed {} bytes ({} frames)", msg.len(), msg.len().div_ceil(frame));
+    println!(
+        "client: echoed {} bytes ({} frames)",
+        msg.len(),
+        msg.len().div_ceil(frame)
+    );
     conn.close()?;
     Ok(())
 }

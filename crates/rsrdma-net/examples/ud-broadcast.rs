@@ -2,9 +2,11 @@
 //!
 //! Receivers (`-l REGISTRY --name nodeN`) register their endpoint and wait for `-n`
 //! datagrams. The sender (`REGISTRY --to node1,node2,…`) looks every name up and sends `-n`
-//! rounds of datagrams to all of them from one [`PacketConn`], which keeps one address
-//! handle per destination and reuses it: the sender prints how many it created (one per
-//! receiver, however many datagrams). `--registry ADDR` runs the directory.
+//! rounds of datagrams to all of them from one [`PacketConn`]. An address handle names the
+//! path to a destination port (its GID; the QPN travels in each send), so the endpoint
+//! caches one per destination GID and reuses it: the sender prints how many it created, one
+//! per distinct GID however many datagrams and receivers (receivers on one machine share
+//! one). `--registry ADDR` runs the directory.
 //!
 //! ```text
 //! cargo run -p rsrdma-net --example ud-broadcast -- --registry 0.0.0.0:9100
@@ -118,11 +120,15 @@ fn sender(at: &str, a: &Args) -> Outcome {
     }
     conn.flush(Duration::from_secs(5))?;
     let st = conn.stats();
+    let mut gids: Vec<_> = dests.iter().map(|(_, addr)| addr.gid).collect();
+    gids.sort_unstable_by_key(|g| g.0);
+    gids.dedup();
     println!(
-        "sender: {} datagrams to {} receivers, {} address handles created",
+        "sender: {} datagrams to {} receivers, {} address handles created for {} destination GIDs",
         st.sent,
         dests.len(),
-        st.ah_created
+        st.ah_created,
+        gids.len()
     );
     Ok(())
 }

@@ -55,7 +55,12 @@ impl Device {
 #[derive(clap::Args, Debug, Clone)]
 pub struct Role {
     /// Listen on ADDR (server); with rdma_cm, an address of an RDMA device or 0.0.0.0
-    #[arg(short = 'l', long = "listen", value_name = "ADDR", conflicts_with = "peer")]
+    #[arg(
+        short = 'l',
+        long = "listen",
+        value_name = "ADDR",
+        conflicts_with = "peer"
+    )]
     pub listen: Option<String>,
     /// The server to dial (client); with rdma_cm, its RDMA device's address
     #[arg(value_name = "HOST:PORT", required_unless_present = "listen")]
