@@ -3,6 +3,8 @@
 //! - `regen-bindings`: regenerate rsrdma-sys's committed bindings (needs libclang).
 //! - `vm -- <command…>`: boot a throwaway VM with soft-RoCE (rxe0) and run the command in it.
 //! - `test`: every test: fmt, clippy, unit tests, then the RDMA tests inside the VM.
+//! - `examples`: build every example and run each in the VM (server and clients), checking
+//!   its output: one `example NAME ok|FAILED` line each.
 //! - `demo`: build, boot the VM, run a real RC transfer between two processes, print what it measured.
 //! - `bench perftest`: ours against C perftest side by side (A B A B …), medians and ratios.
 //! - `bench rdmanet`: rsrdma-net's Conn against RawConn and rs_send_lat (A B A B …), medians,
@@ -15,6 +17,7 @@ mod bench_overhead;
 mod bench_rdmanet;
 mod demo;
 mod docs;
+mod examples;
 mod regen;
 mod test;
 mod vm;
@@ -36,12 +39,13 @@ fn main() -> Result<()> {
         Some("regen-bindings") => regen::run(&root),
         Some("vm") => std::process::exit(vm::main(&args[1..])?),
         Some("test") => std::process::exit(test::main(&root, &args[1..])?),
+        Some("examples") => std::process::exit(examples::main(&root, &args[1..])?),
         Some("demo") => std::process::exit(demo::main(&root, &args[1..])?),
         Some("bench") => std::process::exit(bench::main(&root, &args[1..])?),
         Some("docs") => std::process::exit(docs::main(&root, &args[1..])?),
         _ => {
             eprintln!(
-                "usage: cargo xtask <regen-bindings|vm|test|demo|docs|bench perftest|rdmanet|overhead>"
+                "usage: cargo xtask <regen-bindings|vm|test|examples|demo|docs|bench perftest|rdmanet|overhead>"
             );
             bail!("unknown command")
         }

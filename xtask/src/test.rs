@@ -1,7 +1,7 @@
 //! `cargo xtask test`: every test, in order: formatting, clippy, the host's unit tests (doctests
 //! included: the README's and the guide's code blocks), the guide (`cargo xtask docs`: the book
-//! builds and has no broken link), then the device tests inside one boot of the soft-RoCE VM
-//! (see `vm/mod.rs`).
+//! builds and has no broken link), then the device tests and the examples (`cargo xtask
+//! examples`, see `examples.rs`) inside one boot of the soft-RoCE VM (see `vm/mod.rs`).
 //!
 //! Device tests are integration-test targets declared with `test = false` in their crate's
 //! Cargo.toml, so that a plain `cargo test` on a machine without RDMA does not run them:
@@ -17,6 +17,7 @@
 //! after another with `--test-threads=1` (soft RDMA under emulation is slow, and a test may spawn
 //! child processes of its own binary).
 
+use crate::examples;
 use crate::vm::{self, sh_quote, VmOpts};
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -27,7 +28,11 @@ const USAGE: &str = "usage: cargo xtask test [--no-vm] [--filter SUBSTRING] \
                      [--timeout SECS] [--mem MB] [--cpus N] [--verbose]";
 
 pub fn main(root: &Path, args: &[String]) -> Result<i32> {
-    let mut vm_opts = VmOpts::default();
+    // The device tests and the examples share the boot: a longer limit than one of them needs.
+    let mut vm_opts = VmOpts {
+        timeout: Duration::from_secs(1200),
+        ..VmOpts::default()
+    };
     let mut no_vm = false;
     let mut filter: Option<String> = None;
     let mut it = args.iter();
@@ -128,10 +133,17 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     } else {
         banner("device tests in the VM");
         let started = Instant::now();
+        let mut examples_step = None;
         let ok = match device_tests(root, &vm_opts, filter.as_deref()) {
-            Ok((ok, p, f)) => {
+            Ok((ok, p, f, ex)) => {
                 total_passed += p;
                 total_failed += f;
+                // The examples ran in the same boot: a step of their own, counted too.
+                if let Some((ex_ok, ex_p, ex_f, took)) = ex {
+                    total_passed += ex_p;
+                    total_failed += ex_f;
+                    examples_step = Some(("examples (VM)".to_string(), ex_ok, took));
+                }
                 ok
             }
             Err(e) => {
@@ -139,7 +151,13 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
                 false
             }
         };
-        steps.push(("device tests (VM)".into(), ok, started.elapsed()));
+        // The examples' time is theirs, not the device tests'.
+        let examples_took = examples_step
+            .as_ref()
+            .map_or(Duration::ZERO, |(_, _, t)| *t);
+        let took = started.elapsed().saturating_sub(examples_took);
+        steps.push(("device tests (VM)".into(), ok, took));
+        steps.extend(examples_step);
     }
 
     eprintln!();
@@ -153,6 +171,7 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     }
     if no_vm {
         eprintln!("[test]   {:<20} SKIPPED (--no-vm)", "device tests (VM)");
+        eprintln!("[test]   {:<20} SKIPPED (--no-vm)", "examples (VM)");
     }
     let failed = steps.iter().filter(|(_, ok, _)| !ok).count();
     if failed == 0 {
@@ -320,8 +339,17 @@ fn run_counting(mut cmd: Command) -> Result<(bool, u64, u64)> {
     Ok((child.wait()?.success(), passed, failed))
 }
 
-/// Runs the device tests in one VM boot. Returns whether all passed, and the counts.
-fn device_tests(root: &Path, vm_opts: &VmOpts, filter: Option<&str>) -> Result<(bool, u64, u64)> {
+/// What the examples did: whether all passed, the counts, and the time they took.
+type ExamplesResult = Option<(bool, u64, u64, Duration)>;
+
+/// Runs the device tests, then the examples (those whose name contains the filter), in one
+/// VM boot. Returns whether all device tests passed, their counts, and the examples' result
+/// (`None` when no example matched the filter).
+fn device_tests(
+    root: &Path,
+    vm_opts: &VmOpts,
+    filter: Option<&str>,
+) -> Result<(bool, u64, u64, ExamplesResult)> {
     let metadata = vm::cargo_metadata()?;
     let targets = discover(&metadata);
     if targets.is_empty() {
@@ -365,10 +393,32 @@ fn device_tests(root: &Path, vm_opts: &VmOpts, filter: Option<&str>) -> Result<(
                 .unwrap_or_default()
         ));
     }
+    // The examples after the device tests, in the same boot.
+    let selected = examples::selected(filter);
+    let mut examples_built = true;
+    if !selected.is_empty() {
+        match examples::build(root, &selected) {
+            Ok(exe_dir) => script.push_str(&examples::script(&selected, &exe_dir)),
+            Err(e) => {
+                eprintln!("[test] examples: {e:#}");
+                examples_built = false;
+            }
+        }
+    }
     script.push_str("exit $failed\n");
 
     let run = vm::run_in_vm_captured(vm_opts, &script)?;
     let results = parse_results(&run.output);
+    let examples_result = if selected.is_empty() {
+        None
+    } else if !examples_built {
+        Some((false, 0, selected.len() as u64, Duration::ZERO))
+    } else {
+        eprintln!("[test] examples:");
+        let (p, f) = examples::report(&selected, &run.output, vm_opts.verbose);
+        let took = examples::took(&run.output).unwrap_or_default();
+        Some((f == 0 && !run.timed_out, p, f, took))
+    };
 
     let mut ok = !run.timed_out && run.status == 0;
     let (mut passed, mut failed, mut ignored) = (0, 0, 0);
@@ -411,7 +461,7 @@ fn device_tests(root: &Path, vm_opts: &VmOpts, filter: Option<&str>) -> Result<(
         run.boot.as_secs_f64(),
         if run.timed_out { ", TIMED OUT" } else { "" }
     );
-    Ok((ok, passed, failed))
+    Ok((ok, passed, failed, examples_result))
 }
 
 /// Per binary (by label): its exit status and libtest's last "test result:" line (a test's child

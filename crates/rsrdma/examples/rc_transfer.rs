@@ -1,9 +1,15 @@
 //! A real RC transfer between two processes, measured: the project's demo.
 //!
 //! ```text
-//! rc_transfer server [--port P] [--device D] [--gid-index N] [--size B] [--iters N]
+//! rc_transfer server [--port P] [-d|--device D] [-x|--gid-index N] [--size B] [--iters N]
 //! rc_transfer client HOST [same options]
 //! ```
+//!
+//! Verbs only (rsrdma, no rsrdma-net): device, protection domain, CQ, RC queue pair, memory
+//! regions, work requests and completions, with the queue-pair endpoints swapped over a
+//! plain TCP socket. The device defaults to the first one, the GID index to the device's
+//! RoCE v2 GID (`Context::default_gid_index`). Without RDMA it prints the library's error
+//! (which says how to use the VM) and exits with status 1.
 //!
 //! The two sides exchange their queue-pair endpoints over TCP, connect an RC queue pair, and
 //! the client then runs three phases, checking every byte:
@@ -27,8 +33,10 @@ struct Opts {
     server: bool,
     host: String,
     port: u16,
-    device: String,
-    gid_index: u8,
+    /// `None`: the first device.
+    device: Option<String>,
+    /// `None`: the device's default (RoCE v2) GID.
+    gid_index: Option<u8>,
     size: usize,
     iters: usize,
 }
@@ -42,8 +50,8 @@ fn parse() -> Result<Opts, String> {
         server: role == "server",
         host: String::new(),
         port: 18600,
-        device: "rxe0".into(),
-        gid_index: 1,
+        device: None,
+        gid_index: None,
         size: 65536,
         iters: 1000,
     };
@@ -58,8 +66,8 @@ fn parse() -> Result<Opts, String> {
         let bad = |_| format!("bad value {v:?} for {flag}");
         match flag.as_str() {
             "--port" => o.port = v.parse().map_err(bad)?,
-            "--device" => o.device = v,
-            "--gid-index" => o.gid_index = v.parse().map_err(bad)?,
+            "--device" | "-d" => o.device = Some(v),
+            "--gid-index" | "-x" => o.gid_index = Some(v.parse().map_err(bad)?),
             "--size" => o.size = v.parse().map_err(bad)?,
             "--iters" => o.iters = v.parse().map_err(bad)?,
             _ => return Err(format!("unknown option {flag}")),
@@ -163,7 +171,15 @@ fn main() {
 }
 
 fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
-    let ctx = rsrdma::open(&o.device)?;
+    let ctx = match &o.device {
+        Some(name) => rsrdma::open(name)?,
+        None => {
+            let list = rsrdma::devices()?;
+            let first = list.iter().next().ok_or("no RDMA device found")?;
+            rsrdma::Context::open(&first)?
+        }
+    };
+    let gid_index = ctx.resolve_gid_index(1, o.gid_index)?;
     let pd = Pd::new(&ctx)?;
     let cq = Cq::new(&ctx, (4 * DEPTH) as u32, None)?;
     let caps = QpCaps::default()
@@ -171,7 +187,7 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
         .max_recv_wr(DEPTH as u32 * 2);
     let qp = Qp::builder(QpType::Rc).caps(caps).build(&pd, &cq, &cq)?;
     let psn = std::process::id() & 0xff_ffff;
-    let me = qp.endpoint(1, Some(o.gid_index), psn)?;
+    let me = qp.endpoint(1, gid_index, psn)?;
     let ring = o.size * DEPTH;
 
     let (mut tcp, peer) = if o.server {
@@ -223,7 +239,7 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
     };
     qp.connect(
         &ConnectOptions::default()
-            .gid_index(Some(o.gid_index))
+            .gid_index(gid_index)
             .access(access),
         psn,
         &peer.ep,
@@ -402,8 +418,10 @@ fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
         us(samples[samples.len() * 99 / 100]),
     );
     println!(
-        "client: done (device {}, QP {:#x} -> {:#x})",
-        o.device, me.qp_num, peer.ep.qp_num
+        "client: done (device {}, GID index {gid_index:?}, QP {:#x} -> {:#x})",
+        ctx.name(),
+        me.qp_num,
+        peer.ep.qp_num
     );
     Ok(())
 }

@@ -1,0 +1,131 @@
+//! What the examples share: the `-d`/`-x` device flags, the `-l ADDR` / `HOST:PORT` role,
+//! and how a failure becomes a message and an exit status.
+//!
+//! Included by each example with `#[path = "common/mod.rs"] mod common;` (cargo does not
+//! take this directory for an example: it has no `main.rs`).
+
+// Each example uses only some of these helpers.
+#![allow(dead_code)]
+
+use rsrdma_net::{ConnOptions, PacketOptions, RawOptions};
+use std::error::Error;
+use std::fmt::Display;
+use std::process::ExitCode;
+
+/// What an example's body returns.
+pub type Outcome = Result<(), Box<dyn Error>>;
+
+/// Which RDMA device and GID to use. By default the first device and the GID the library
+/// picks (`rsrdma::Context::default_gid_index`: an IPv4-mapped RoCE v2 GID first); with
+/// rdma_cm, the device the address resolves to.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Device {
+    /// RDMA device (default: the first one; rdma_cm: the device of the address)
+    #[arg(short = 'd', long = "device", value_name = "DEVICE")]
+    pub device: Option<String>,
+    /// GID index (default: the device's RoCE v2 GID, IPv4-mapped first)
+    #[arg(short = 'x', long = "gid-index", value_name = "INDEX")]
+    pub gid_index: Option<u8>,
+}
+
+impl Device {
+    /// Conn options for this device and GID, the rest default.
+    pub fn conn_options(&self) -> ConnOptions {
+        ConnOptions::default()
+            .device(self.device.clone())
+            .gid_index(self.gid_index)
+    }
+
+    /// PacketConn options for this device and GID, the rest default.
+    pub fn packet_options(&self) -> PacketOptions {
+        PacketOptions::default()
+            .device(self.device.clone())
+            .gid_index(self.gid_index)
+    }
+
+    /// RawConn options for this device and GID, the rest default.
+    pub fn raw_options(&self) -> RawOptions {
+        RawOptions::default()
+            .device(self.device.clone())
+            .gid_index(self.gid_index)
+    }
+}
+
+/// Server or client, as gordma's examples: `-l ADDR` listens, a positional `HOST:PORT` dials.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Role {
+    /// Listen on ADDR (server); with rdma_cm, an address of an RDMA device or 0.0.0.0
+    #[arg(
+        short = 'l',
+        long = "listen",
+        value_name = "ADDR",
+        conflicts_with = "peer"
+    )]
+    pub listen: Option<String>,
+    /// The server to dial (client); with rdma_cm, its RDMA device's address
+    #[arg(value_name = "HOST:PORT", required_unless_present = "listen")]
+    pub peer: Option<String>,
+}
+
+/// What [`Role`] says to do.
+pub enum Side<'a> {
+    /// Listen on this address.
+    Server(&'a str),
+    /// Dial this address.
+    Client(&'a str),
+}
+
+impl Role {
+    /// Server or client (clap has made sure one of them was given).
+    pub fn side(&self) -> Side<'_> {
+        match (&self.listen, &self.peer) {
+            (Some(l), _) => Side::Server(l),
+            (None, Some(p)) => Side::Client(p),
+            (None, None) => Side::Server("0.0.0.0:18515"),
+        }
+    }
+}
+
+/// Fails early, with the library's message, where there is no RDMA device: the TCP
+/// handshake path and the registry would otherwise get as far as waiting for a peer.
+pub fn require_rdma() -> Outcome {
+    // Where the machine has no RDMA stack, the error says so and how to use the VM.
+    let list = rsrdma::devices()?;
+    if list.is_empty() {
+        return Err(format!("no RDMA device found ({})", rsrdma::error::NO_RDMA_HINT).into());
+    }
+    Ok(())
+}
+
+/// Says where the server listens, in the one form every example uses (scripts wait for it).
+pub fn listening(name: &str, addr: impl Display) {
+    println!("{name}: listening on {addr}");
+}
+
+/// Runs an example's body: success is exit status 0; an error is printed as `NAME: error`
+/// (the library's message says what failed, and where there is no RDMA stack, how to use
+/// the VM) and gives status 1. No panic, no backtrace.
+pub fn run(name: &str, body: impl FnOnce() -> Outcome) -> ExitCode {
+    match body() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The SHA-256 of `data`, in hex.
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex(&sha2::Sha256::digest(data))
+}
+
+/// Bytes as lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
