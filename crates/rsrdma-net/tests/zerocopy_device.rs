@@ -1,6 +1,8 @@
 //! Zero-copy on a real device (rxe0 in the VM): registered `Buffer`s both ways, rendezvous
 //! (RDMA READ) for messages just below, at, just above and far above the threshold, hashed,
-//! on both establishment paths; buffer misuse errors; a pool shared by connections on one
+//! on both establishment paths; eager `send_buffer` below the threshold with no copy (two
+//! SGEs per fragment: header slot + buffer) for sizes around the fragment boundary, shown by
+//! the core's copy counter, and busy until its last completion; buffer misuse errors; a pool shared by connections on one
 //! protection domain; the fallback to eager with a peer that does not offer rendezvous; and
 //! close or abort with a rendezvous in flight. Every wait is bounded.
 
@@ -42,6 +44,10 @@ fn hash(b: &[u8]) -> u64 {
 
 fn frames_sent(c: &Conn) -> u64 {
     c.counters().unwrap().frames_sent
+}
+
+fn copied(c: &Conn) -> u64 {
+    c.counters().unwrap().send_copied_bytes
 }
 
 fn filled(c: &Conn, len: usize, seed: u64) -> Buffer {
@@ -123,6 +129,140 @@ fn zerocopy_both_ways_around_the_threshold_over_rdma_cm() {
 #[test]
 fn zerocopy_both_ways_around_the_threshold_over_tcp_handshake() {
     both_ways(Establish::Tcp);
+}
+
+/// Eager `send_buffer` (default 256 KiB threshold) of sizes around the fragment boundary,
+/// several fragments and just below the threshold: hashed, eager (one frame per fragment),
+/// and not one payload byte copied into a send slot; `send_msg` of the same bytes does copy
+/// (the counter can fail).
+fn eager_buffers(path: Establish) {
+    let (c, s) = pair(opts(path), opts(path));
+    let threshold = c.info().settled.rendezvous().expect("rendezvous settled") as usize;
+    let p = c.info().settled.frame_payload() as usize;
+    let sizes = [0, 1, p - 1, p, p + 1, 3 * p + 7, threshold - 1];
+    let mut rbuf = s.alloc_buffer(threshold).unwrap();
+    for (i, &len) in sizes.iter().enumerate() {
+        let b = filled(&c, len.max(1), i as u64);
+        let want = hash(&pattern(len.max(1), i as u64)[..len]);
+        let (frames, copies) = (frames_sent(&c), copied(&c));
+        let got = thread::scope(|sc| {
+            let rx = sc.spawn(|| {
+                if i % 2 == 0 {
+                    let n = s.recv_buffer(&mut rbuf).unwrap().unwrap();
+                    hash(&rbuf.as_slice().unwrap()[..n])
+                } else {
+                    hash(&s.recv_msg().unwrap().unwrap())
+                }
+            });
+            c.send_buffer(&b, len).unwrap();
+            assert!(
+                !b.is_busy(),
+                "send_buffer returned with the buffer in flight"
+            );
+            rx.join().unwrap()
+        });
+        assert_eq!(got, want, "{path:?}: {len} bytes");
+        assert_eq!(
+            copied(&c),
+            copies,
+            "{path:?}: send_buffer of {len} B copied"
+        );
+        let fragments = len.div_ceil(p).max(1) as u64;
+        assert!(
+            frames_sent(&c) - frames >= fragments,
+            "{path:?}: {len} B went eagerly in {fragments} fragments"
+        );
+        assert_eq!(c.counters().unwrap().lent_unreleased, 0);
+    }
+    // The same bytes by send_msg are copied (so the counter above could have moved).
+    let m = pattern(3 * p + 7, 1);
+    let before = copied(&c);
+    thread::scope(|sc| {
+        let rx = sc.spawn(|| s.recv_msg().unwrap().unwrap());
+        c.send_msg(&m).unwrap();
+        assert_eq!(hash(&rx.join().unwrap()), hash(&m));
+    });
+    assert_eq!(copied(&c) - before, m.len() as u64);
+    c.close().unwrap();
+    s.close().unwrap();
+}
+
+#[test]
+fn zerocopy_eager_send_buffer_copies_nothing_over_rdma_cm() {
+    eager_buffers(Establish::Cm);
+}
+
+#[test]
+fn zerocopy_eager_send_buffer_copies_nothing_over_tcp_handshake() {
+    eager_buffers(Establish::Tcp);
+}
+
+/// Sends one-byte messages the reader leaves unread until no data credit is left, so that
+/// the next message must wait in the core.
+fn exhaust_credit(c: &Conn) -> usize {
+    let mut sent = 0;
+    loop {
+        let k = c.counters().unwrap();
+        if k.peer_limit - k.frames_sent <= 3 {
+            return sent;
+        }
+        c.send_msg(&[sent as u8]).unwrap();
+        sent += 1;
+    }
+}
+
+#[test]
+fn zerocopy_eager_buffer_is_busy_until_sent_and_released_by_close() {
+    let server = opts(Establish::Cm).recv_slots(8);
+    let (c, s) = pair(opts(Establish::Cm), server.clone());
+    let p = c.info().settled.frame_payload() as usize;
+    let len = 2 * p + 3;
+    let mut b = filled(&c, len, 11);
+    let small = exhaust_credit(&c);
+    assert!(small > 0);
+    // Queued without credit: in flight (the NIC will read it) until its last completion.
+    c.start_send_buffer(&b, len).unwrap();
+    assert!(b.is_busy());
+    assert!(matches!(b.as_mut_slice(), Err(NetError::BufferBusy { .. })));
+    assert!(matches!(b.as_slice(), Err(NetError::BufferBusy { .. })));
+    assert!(matches!(
+        c.start_send_buffer(&b, 10),
+        Err(NetError::BufferBusy { .. })
+    ));
+    assert_eq!(c.counters().unwrap().lent_unreleased, 1);
+    for i in 0..small {
+        assert_eq!(s.recv_msg().unwrap().unwrap(), [i as u8]);
+    }
+    assert_eq!(
+        hash(&s.recv_msg().unwrap().unwrap()),
+        hash(&pattern(len, 11))
+    );
+    c.wait_buffer(&b).unwrap();
+    assert!(!b.is_busy());
+    b.as_mut_slice().unwrap()[0] ^= 1;
+    assert_eq!(
+        copied(&c),
+        small as u64,
+        "only the one-byte messages were copied"
+    );
+    c.close().unwrap();
+    s.close().unwrap();
+
+    // Closing with a lent message that can never go: the buffer comes back after the
+    // teardown's flush, not before, and close does not hang.
+    let (c, s) = pair(
+        opts(Establish::Tcp).linger(Duration::from_millis(300)),
+        server.establish(Establish::Tcp),
+    );
+    let b = filled(&c, len, 12);
+    exhaust_credit(&c);
+    c.start_send_buffer(&b, len).unwrap();
+    assert!(b.is_busy());
+    let t0 = Instant::now();
+    let _ = c.close();
+    assert!(t0.elapsed() < Duration::from_secs(5), "close hung");
+    assert!(!b.is_busy(), "released after the teardown's flush");
+    s.close().ok();
 }
 
 #[test]

@@ -47,6 +47,13 @@
 //!   in the call (the caller's memory stays borrowed anyway) needs no core buffer beyond the
 //!   slots for a message of any size. Giving up hands the transfer back to the core
 //!   ([`Conn::send_unborrow`], [`Conn::recv_direct_abort`]) without breaking the message.
+//! - **Lent messages, no copy at all.** [`Conn::send_msg_lent`] takes a message in registered
+//!   memory the driver owns (address and lkey, plain numbers): each fragment is one SEND of
+//!   two SGEs, its 16-byte header from a send slot and its payload straight from that memory
+//!   ([`Work::PostSend`]'s `lent`), so the wire is the same as a copied message's. The last
+//!   fragment is always signalled, and [`Conn::lent_released`] tells the driver when the NIC
+//!   is done with the memory (after a failure: only after the flush). Fragments, credits
+//!   and message order are `send_msg`'s; [`Counters::send_copied_bytes`] shows the copies.
 //! - **Selective signalling.** Every k-th WR (k ≤ SQ depth / 2), any WR after which fewer than
 //!   k SQ entries or send slots are free, and FIN and ABORT are signalled; a completion frees
 //!   every earlier WR's slot. Frames up to the inline size go inline and use no slot.
@@ -87,4 +94,4 @@ pub use params::{
     settle, Config, Params, Settled, CONTROL_RESERVE, DEFAULT_RDV_THRESHOLD, FEATURE_RENDEZVOUS,
     PARAMS_LEN,
 };
-pub use work::{Counters, Event, Work, WrId};
+pub use work::{Counters, Event, LentPayload, Work, WrId};

@@ -9,6 +9,11 @@
 //! receive slot only between its completion and its repost. So a driver over registered memory
 //! hands out no references into memory the NIC may write, and the only copy on the send path
 //! is the one into the send slot.
+//!
+//! A *lent* message ([`crate::Conn::send_msg_lent`]) is not copied at all: its memory is the
+//! driver's (registered, named by address and lkey as plain numbers), the core writes only
+//! each fragment's header into a send slot, and `Work::PostSend { lent: Some(p), .. }` is two
+//! SGEs: `{send_base + i × slot_size, HEADER_LEN, send_lkey}` then `{p.addr, p.len, p.lkey}`.
 
 /// Slot memory lent by the driver.
 pub trait SlotMemory {

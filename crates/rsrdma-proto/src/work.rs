@@ -20,13 +20,18 @@ pub enum Work {
     PostSend {
         /// The WR id to post with; completions come back through `handle_send_completion`.
         wr_id: WrId,
-        /// `Some(slot)`: the bytes are send slot `slot`'s first `len` bytes. `None`: an inline
-        /// send of `Conn::inline_frame(wr_id)` (no slot is used; post with IBV_SEND_INLINE).
+        /// `Some(slot)`: the bytes are send slot `slot`'s first `len` bytes (with `lent`: its
+        /// first `len - lent.len` bytes, the header). `None`: an inline send of
+        /// `Conn::inline_frame(wr_id)` (no slot is used; post with IBV_SEND_INLINE).
         slot: Option<u16>,
         /// Bytes to send (header included).
         len: u32,
         /// Request a completion (IBV_SEND_SIGNALED).
         signaled: bool,
+        /// `Some`: the frame's payload is not in the slot but in memory the driver lent
+        /// ([`crate::Conn::send_msg_lent`]): post two SGEs, the slot's header bytes, then
+        /// this range. Never inline.
+        lent: Option<LentPayload>,
     },
     /// Post one RDMA READ (rendezvous) on the send queue, signalled, of `len` bytes from the
     /// peer's `remote_addr`/`rkey` into `local_addr`/`lkey` (the destination the driver gave
@@ -45,6 +50,18 @@ pub enum Work {
         /// Bytes to read.
         len: u32,
     },
+}
+
+/// A frame's payload in memory the driver lent for a message ([`crate::Conn::send_msg_lent`]):
+/// the second SGE of its SEND. Plain numbers: the core never touches this memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LentPayload {
+    /// Start address (the message's address plus the fragment's offset).
+    pub addr: u64,
+    /// The local key of the lent memory's registration.
+    pub lkey: u32,
+    /// Payload bytes (at least 1).
+    pub len: u32,
 }
 
 /// What the application may want to hear about (coalesced: each kind is reported once per
@@ -92,4 +109,10 @@ pub struct Counters {
     pub messages_received: u64,
     /// Rendezvous messages sent whose DONE has not arrived (their memory stays exposed).
     pub rendezvous_unreleased: u64,
+    /// Payload bytes the core copied into send slots or inline staging (eager sends of the
+    /// caller's bytes). Lent messages ([`crate::Conn::send_msg_lent`]) add nothing.
+    pub send_copied_bytes: u64,
+    /// Lent messages whose memory the NIC may still read (not all fragments posted, or
+    /// their last completion not reaped).
+    pub lent_unreleased: u64,
 }

@@ -6,7 +6,8 @@
 
 use rsrdma_proto::frame::{abort_code, FLAG_FIRST, FLAG_LAST};
 use rsrdma_proto::{
-    settle, Config, Conn, Event, FrameType, Header, ProtoError, VecSlots, Work, WrId, HEADER_LEN,
+    settle, Config, Conn, Event, FrameType, Header, LentPayload, ProtoError, VecSlots, Work, WrId,
+    HEADER_LEN,
 };
 use std::time::{Duration, Instant};
 
@@ -100,8 +101,27 @@ fn send(wr: u64, slot: Option<u16>, len: u32, signaled: bool) -> Work {
         slot,
         len,
         signaled,
+        lent: None,
     }
 }
+
+/// A SEND whose header is in `slot` and whose payload is lent memory.
+fn send_lent(wr: u64, slot: u16, signaled: bool, addr: u64, payload: u32) -> Work {
+    Work::PostSend {
+        wr_id: WrId(wr),
+        slot: Some(slot),
+        len: HEADER_LEN as u32 + payload,
+        signaled,
+        lent: Some(LentPayload {
+            addr,
+            lkey: LKEY,
+            len: payload,
+        }),
+    }
+}
+
+const LKEY: u32 = 0x5eed;
+const ADDR: u64 = 0x10_0000;
 
 fn single(msg_id: u16, payload: &[u8]) -> Header {
     Header {
@@ -832,4 +852,123 @@ fn shutdown_read_discards_data_returns_its_credit_and_reads_eof() {
     );
     s.c.send_msg(b"writing goes on").unwrap();
     assert!(!s.work().is_empty());
+}
+
+#[test]
+fn a_lent_message_posts_header_slots_and_lent_ranges_and_copies_nothing() {
+    let mut s = Script::new(cfg());
+    let msg = s.c.send_msg_lent(600, ADDR, LKEY).unwrap();
+    let w = s.work();
+    assert_eq!(
+        w,
+        [
+            send_lent(0, 0, false, ADDR, 240),
+            send_lent(1, 1, false, ADDR + 240, 240),
+            send_lent(2, 2, true, ADDR + 480, 120),
+        ],
+        "fragments as send_msg makes them, the last one signalled"
+    );
+    let heads: Vec<Header> = (0..3)
+        .map(|i| Header::decode(&s.c.memory().send_slot(i)[..HEADER_LEN]).unwrap())
+        .collect();
+    assert_eq!(
+        heads[0],
+        Header {
+            credit_limit: 8,
+            ..fragment(FLAG_FIRST, 0, 240, 600)
+        }
+    );
+    assert_eq!(
+        heads[1],
+        Header {
+            credit_limit: 8,
+            ..fragment(0, 0, 240, 600)
+        }
+    );
+    assert_eq!(
+        heads[2],
+        Header {
+            credit_limit: 8,
+            ..fragment(FLAG_LAST, 0, 120, 600)
+        }
+    );
+    let k = s.c.counters();
+    assert_eq!((k.send_copied_bytes, k.queued_send_bytes), (0, 0));
+    assert_eq!(k.lent_unreleased, 1);
+    assert!(
+        !s.c.lent_released(msg),
+        "in flight until the last completion"
+    );
+    s.c.handle_send_completion(WrId(2), Ok(()));
+    assert!(s.c.lent_released(msg));
+    assert_eq!(s.c.counters().lent_unreleased, 0);
+    // A copied message after it counts its bytes.
+    s.c.send_msg(&[7u8; 100]).unwrap();
+    assert_eq!(s.c.counters().send_copied_bytes, 100);
+}
+
+#[test]
+fn an_empty_lent_message_is_one_signalled_header() {
+    let mut s = Script::new(cfg());
+    let msg = s.c.send_msg_lent(0, ADDR, LKEY).unwrap();
+    let w = s.work();
+    assert_eq!(w, [send(0, None, HEADER_LEN as u32, true)]);
+    assert_eq!(
+        Header::decode(s.c.inline_frame(WrId(0)).unwrap()).unwrap(),
+        Header {
+            credit_limit: 8,
+            ..single(0, b"")
+        }
+    );
+    assert!(!s.c.lent_released(msg));
+    s.c.handle_send_completion(WrId(0), Ok(()));
+    assert!(s.c.lent_released(msg));
+}
+
+#[test]
+fn a_lent_message_waits_for_credit_in_place_and_keeps_the_order() {
+    let mut s = Script::new(cfg());
+    // 7 fragments; 5 data credits.
+    let msg = s.c.send_msg_lent(7 * 240, ADDR, LKEY).unwrap();
+    let w = s.work();
+    assert_eq!(w.len(), 5);
+    assert_eq!(s.c.send_msg(b"next"), Err(ProtoError::WouldBlock));
+    let k = s.c.counters();
+    assert_eq!((k.send_copied_bytes, k.queued_send_bytes), (0, 0));
+    assert!(!s.c.lent_released(msg));
+    // The last posted fragment is not the message's last: no completion may release it.
+    s.c.handle_send_completion(WrId(3), Ok(()));
+    assert!(!s.c.lent_released(msg));
+    s.grant(2);
+    let w = s.work();
+    let sends: Vec<&Work> = w
+        .iter()
+        .filter(|w| matches!(w, Work::PostSend { .. }))
+        .collect();
+    assert_eq!(
+        sends,
+        [
+            // Slots 0..=3 came back with WR 3's completion.
+            &send_lent(5, 3, false, ADDR + 5 * 240, 240),
+            &send_lent(6, 2, true, ADDR + 6 * 240, 240)
+        ]
+    );
+    assert_eq!(s.events(), [Event::Writable]);
+    s.c.send_msg(b"next").unwrap();
+    assert!(!s.c.lent_released(msg));
+    s.c.handle_send_completion(WrId(6), Ok(()));
+    assert!(s.c.lent_released(msg));
+}
+
+#[test]
+fn a_failed_lent_message_is_released_only_by_the_flush() {
+    let mut s = Script::new(cfg());
+    let msg = s.c.send_msg_lent(7 * 240, ADDR, LKEY).unwrap();
+    assert_eq!(s.work().len(), 5);
+    s.c.handle_send_completion(WrId(3), Err(12));
+    assert!(s.c.error().is_some());
+    assert!(!s.c.lent_released(msg), "WR 4 may still be read by the NIC");
+    s.c.handle_flushed();
+    assert!(s.c.lent_released(msg));
+    assert_eq!(s.c.counters().lent_unreleased, 0);
 }

@@ -4,11 +4,12 @@
 //! only (`LOCAL_WRITE`, so that an RDMA READ can land in it; never remote access). A
 //! connection sends from it ([`crate::Conn::send_buffer`]) and receives into it
 //! ([`crate::Conn::recv_buffer`]) without copying the payload where the protocol allows
-//! (rendezvous messages, see the `rendezvous` module).
+//! (every send; rendezvous receives; see the `rendezvous` module).
 //!
 //! # State is checked, not trusted
-//! While the NIC may touch a buffer (a rendezvous send until the peer's DONE, a READ into it
-//! until its completion) the buffer is *in flight*: [`Buffer::as_slice`],
+//! While the NIC may touch a buffer (a rendezvous send until the peer's DONE, an eager send
+//! until the completion of its last fragment, a READ into it until its completion) the
+//! buffer is *in flight*: [`Buffer::as_slice`],
 //! [`Buffer::as_mut_slice`], and sending or receiving with it again answer
 //! [`NetError::BufferBusy`]. The connection holds a clone of the buffer's allocation
 //! (an `Arc`) for as long as the NIC may touch it, so dropping a `Buffer` in flight frees

@@ -18,7 +18,10 @@
 //! # Rendezvous memory
 //! A rendezvous send from a [`super::Buffer`] leaves its per-message registration (remote
 //! read only) and the buffer's allocation with the driver ([`Driver::hold_rendezvous`]);
-//! each step releases those whose DONE arrived. A READ into a `Buffer` leaves the buffer's
+//! each step releases those whose DONE arrived. An eager send from a `Buffer` is lent to the
+//! core (no copy: each fragment's SEND names the buffer's range as its second SGE) and leaves
+//! the allocation here ([`Driver::hold_lent`]) until the completion covering its last
+//! fragment is reaped (the core signals that fragment). A READ into a `Buffer` leaves the buffer's
 //! allocation here until the core hands the message over. Teardown releases what is left
 //! only after the QP's flush (or leaks it with the rest).
 //!
@@ -75,17 +78,19 @@ pub(crate) struct Driver {
     broken: bool,
     /// Which calls own the send side and the direct receive.
     owners: Owners,
-    /// Rendezvous sends waiting for the peer's DONE, in message order.
+    /// Rendezvous sends waiting for the peer's DONE and lent sends waiting for their last
+    /// completion, in message order.
     rdv_sends: VecDeque<RdvSend>,
     /// The buffer a READ is landing in.
     read_hold: Option<InFlight>,
 }
 
-/// What a rendezvous send keeps alive until its DONE. Fields drop in order: the
-/// registration goes before the allocation it covers.
+/// What a rendezvous send keeps alive until its DONE (its registration and buffer), or a
+/// lent send until its last completion (its buffer: `mr` is `None`). Fields drop in order:
+/// the registration goes before the allocation it covers.
 pub(crate) struct RdvSend {
     msg: u64,
-    _mr: Mr,
+    mr: Option<Mr>,
     _hold: InFlight,
 }
 
@@ -130,7 +135,17 @@ impl Driver {
     pub(crate) fn hold_rendezvous(&mut self, msg: u64, mr: Mr, hold: InFlight) {
         self.rdv_sends.push_back(RdvSend {
             msg,
-            _mr: mr,
+            mr: Some(mr),
+            _hold: hold,
+        });
+    }
+
+    /// Keeps lent message `msg`'s buffer until the core releases it (its fragments' SENDs
+    /// read the buffer in place).
+    pub(crate) fn hold_lent(&mut self, msg: u64, hold: InFlight) {
+        self.rdv_sends.push_back(RdvSend {
+            msg,
+            mr: None,
             _hold: hold,
         });
     }
@@ -145,14 +160,17 @@ impl Driver {
         self.read_hold = None;
     }
 
-    /// Releases rendezvous sends whose DONE arrived (never after a failure: those wait for
-    /// the flush at teardown).
+    /// Releases rendezvous sends whose DONE arrived and lent sends whose last completion was
+    /// reaped (never after a failure: those wait for the flush at teardown).
     fn release_rendezvous(&mut self) {
         if self.core.error().is_some() {
             return;
         }
         let core = &self.core;
-        self.rdv_sends.retain(|r| !core.rendezvous_released(r.msg));
+        self.rdv_sends.retain(|r| match r.mr {
+            Some(_) => !core.rendezvous_released(r.msg),
+            None => !core.lent_released(r.msg),
+        });
     }
 
     /// Moves the QP to ERROR and fails the core: for a caller that must give up memory the
@@ -257,19 +275,34 @@ impl Driver {
                 slot,
                 len,
                 signaled,
+                lent,
             } => {
+                // A lent frame: the header from the slot, the payload from the lent buffer.
+                let head = len.checked_sub(lent.map_or(0, |l| l.len)).ok_or(())?;
                 let (sge, inline) = match slot {
-                    Some(s) => (self.core.memory().send_sge(s, len).ok_or(())?, false),
-                    None => (Sge::inline(self.core.inline_frame(wr_id).ok_or(())?), true),
+                    Some(s) => (self.core.memory().send_sge(s, head).ok_or(())?, false),
+                    None if lent.is_none() => {
+                        (Sge::inline(self.core.inline_frame(wr_id).ok_or(())?), true)
+                    }
+                    None => return Err(()),
                 };
-                let sges = [sge];
-                let mut wr = SendWr::send(wr_id.0, &sges).signaled(signaled);
+                let sges = [sge, lent.map_or(sge, |l| Sge::new(l.addr, l.len, l.lkey))];
+                let sges = if lent.is_some() {
+                    &sges[..]
+                } else {
+                    &sges[..1]
+                };
+                let mut wr = SendWr::send(wr_id.0, sges).signaled(signaled);
                 if inline {
                     wr = wr.inline();
                 }
                 // SAFETY: a slot send names our registered send region, which outlives the
                 // request (see above), and the core does not rewrite a slot in flight; an
-                // inline send's bytes are copied during the call.
+                // inline send's bytes are copied during the call. A lent payload is a range
+                // of a `Buffer` (registered, on this QP's domain) whose allocation
+                // `hold_lent` keeps until the core says the completion covering this WR was
+                // reaped, or until teardown's flush; the buffer is in flight meanwhile, so
+                // nothing writes it.
                 unsafe { self.qp.post_send(&wr) }.map_err(|_| ())?;
                 self.sends_posted = self.sends_posted.max(wr_id.0 + 1);
             }

@@ -23,9 +23,14 @@
 //!   `recv_msg` allocates the message's vector and reads into it; `read` (byte stream) reads
 //!   into a vector the core then serves from. Eager messages (below the threshold, or from a
 //!   peer without rendezvous) are necessarily copied out of the receive slots.
-//! - `send_buffer` sends a [`Buffer`] with no copy at or above the threshold, and through the
-//!   slots (one copy) below it; the buffer is in flight until the peer's DONE.
-//!   [`Conn::start_send_buffer`] returns once the RTS is queued; [`Conn::wait_buffer`]
+//! - `send_buffer` sends a [`Buffer`] with no copy of any size: at or above the threshold by
+//!   rendezvous (in flight until the peer's DONE), below it eagerly as a *lent* message
+//!   ([`rsrdma_proto::Conn::send_msg_lent`]): each fragment is one SEND of two SGEs, its
+//!   16-byte header from a send slot and its payload straight from the buffer (the wire is
+//!   the same as a copied message's), and the buffer is in flight until the completion
+//!   covering its last fragment (always signalled) is reaped. Only a device with a single
+//!   send SGE makes the eager path copy through the slots.
+//!   [`Conn::start_send_buffer`] returns once the message is queued; [`Conn::wait_buffer`]
 //!   waits for the buffer.
 //!
 //! A READ in flight always completes or fails before the destination is given back: a read
@@ -84,8 +89,9 @@ impl Conn {
     }
 
     /// Sends the first `len` bytes of `buf` as one message and returns when `buf` may be
-    /// reused: at or above the rendezvous threshold with no copy (the peer reads it with
-    /// RDMA READ; this waits for its DONE), below it copied through the send slots.
+    /// reused, with no copy of the payload: at or above the rendezvous threshold the peer
+    /// reads it with RDMA READ (this waits for its DONE); below it each fragment's SEND takes
+    /// its payload straight from `buf` (this waits for the last fragment's completion).
     ///
     /// # Errors
     /// [`NetError::BufferBusy`] when `buf` is in flight; [`NetError::BadBuffer`] for a buffer
@@ -97,9 +103,10 @@ impl Conn {
     }
 
     /// Starts sending the first `len` bytes of `buf`: returns once the message is queued.
-    /// A rendezvous message leaves `buf` in flight until the peer's DONE
-    /// ([`Buffer::is_busy`], [`Conn::wait_buffer`]); dropping `buf` meanwhile is safe (the
-    /// connection keeps the memory until then, or until its teardown's flush).
+    /// `buf` stays in flight until the peer's DONE (rendezvous) or the completion of its
+    /// last fragment (eager) ([`Buffer::is_busy`], [`Conn::wait_buffer`]); dropping `buf`
+    /// meanwhile is safe (the connection keeps the memory until then, or until its
+    /// teardown's flush).
     ///
     /// # Errors
     /// As [`Conn::send_buffer`].
@@ -116,8 +123,35 @@ impl Conn {
             .settled
             .rendezvous()
             .is_some_and(|t| len >= t as usize);
+        let timeout = self.shared.lock().write_timeout;
         if !rendezvous {
-            return self.send_lent(OP, &[hold.bytes(len)]);
+            if self.send_sges() < 2 {
+                return self.send_lent(OP, &[hold.bytes(len)]);
+            }
+            let (addr, lkey) = (hold.addr(), hold.lkey());
+            // Not queued (an error or a timeout): `hold` drops with the cell, the buffer is idle.
+            let hold = Cell::new(Some(hold));
+            return self.owning(
+                OP,
+                Side::Send,
+                timeout,
+                |d| {
+                    if d.peer_gone() {
+                        return Err(NetError::PeerGone { op: OP });
+                    }
+                    match d.core().send_msg_lent(len, addr, lkey) {
+                        Ok(msg) => {
+                            if let Some(hold) = hold.take() {
+                                d.hold_lent(msg, hold);
+                            }
+                            Ok(Some(()))
+                        }
+                        Err(ProtoError::WouldBlock) => Ok(None),
+                        Err(e) => Err(from_core(e)),
+                    }
+                },
+                |_, r| r,
+            );
         }
         let pd = self.pd(OP)?;
         // SAFETY: the buffer's allocation stays alive and unmoved while `hold` (kept by the
@@ -127,7 +161,6 @@ impl Conn {
             unsafe { Mr::register(&pd, hold.addr() as *mut u8, len, AccessFlags::REMOTE_READ) }?;
         let (addr, rkey) = (mr.addr(), mr.rkey());
         let parts = Cell::new(Some((mr, hold)));
-        let timeout = self.shared.lock().write_timeout;
         self.owning(
             OP,
             Side::Send,
@@ -215,6 +248,12 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Send SGEs the queue pair has (2 for lent frames; 0 after close).
+    fn send_sges(&self) -> u32 {
+        let st = self.shared.lock();
+        st.driver.as_ref().map_or(0, |d| d.qp().caps().max_send_sge)
     }
 
     /// The connection's protection domain.

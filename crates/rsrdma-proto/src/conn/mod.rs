@@ -51,6 +51,13 @@ struct TxState {
     rts: Option<(u64, u32)>,
     /// Rendezvous messages (their numbers) whose RTS went out and whose DONE has not come.
     unreleased: VecDeque<u64>,
+    /// The current message's payload is lent memory (address, lkey): `send_msg_lent`.
+    lent: Option<(u64, u32)>,
+    /// Lent messages with every fragment posted, and the WR of their last (signalled)
+    /// fragment, in posting order: their memory is the NIC's until that WR completes.
+    lent_out: VecDeque<(u64, WrId)>,
+    /// Payload bytes copied into send slots or inline staging (`Counters::send_copied_bytes`).
+    copied: u64,
 }
 
 /// A DATA frame waiting in its receive slot.
@@ -278,6 +285,9 @@ impl<M: SlotMemory> Conn<M> {
             messages_sent: self.tx.messages,
             messages_received: self.seq.messages,
             rendezvous_unreleased: self.tx.unreleased.len() as u64,
+            send_copied_bytes: self.tx.copied,
+            lent_unreleased: self.tx.lent_out.len() as u64
+                + u64::from(self.tx.active && self.tx.lent.is_some()),
         }
     }
 
@@ -289,6 +299,12 @@ impl<M: SlotMemory> Conn<M> {
         if let Err(reason) = self.sq.complete(wr_id, status.is_ok()) {
             self.fail(ProtoError::Misuse { reason });
             return;
+        }
+        while let Some(&(_, last)) = self.tx.lent_out.front() {
+            if !self.sq.is_done(last) {
+                break;
+            }
+            self.tx.lent_out.pop_front();
         }
         if let FinState::Sent(fin) = self.ctl.fin {
             if self.sq.is_done(fin) {
@@ -373,8 +389,14 @@ impl<M: SlotMemory> Conn<M> {
         if let FinState::Sent(_) = self.ctl.fin {
             self.ctl.fin = FinState::Done;
         }
-        // The peer can no longer read what our RTSs expose, nor we what theirs do.
+        // The peer can no longer read what our RTSs expose, nor we what theirs do; and the
+        // NIC reads no lent memory any more (a lent message cut short stays unsent).
         self.tx.unreleased.clear();
+        self.tx.lent_out.clear();
+        if self.tx.active && self.tx.lent.is_some() {
+            self.tx.active = false;
+            self.tx.lent = None;
+        }
         if let ReadState::Reading(_) = self.rx.read {
             self.rx.read = ReadState::Idle;
         }

@@ -6,7 +6,7 @@ use crate::error::ProtoError as E;
 use crate::frame::{FrameType, Header, FLAG_FIRST, FLAG_LAST, HEADER_LEN, RTS_PAYLOAD_LEN};
 use crate::memory::SlotMemory;
 use crate::params::CONTROL_RESERVE;
-use crate::work::{Work, WrId};
+use crate::work::{LentPayload, Work, WrId};
 
 impl<M: SlotMemory> Conn<M> {
     /// Queues one message. Fragments go straight into free send slots (the one copy) as far as
@@ -54,6 +54,35 @@ impl<M: SlotMemory> Conn<M> {
         self.push_data(None);
         self.flush();
         Ok(msg)
+    }
+
+    /// Queues one message of `len` bytes whose payload stays in memory the driver lent: it is
+    /// registered at `addr` under `lkey` (local access suffices) and the driver keeps it
+    /// registered, unchanged and alive until [`Conn::lent_released`] says so for the returned
+    /// message number (or until the QP's flush after a failure or close). Nothing is copied:
+    /// each fragment is one SEND of two SGEs, its header from a send slot and its payload
+    /// from the lent range ([`Work::PostSend`]'s `lent`). Credits, order with other messages
+    /// and fragment sizes are those of `send_msg`; the last fragment is always signalled, so
+    /// the release never waits for later traffic. `WouldBlock` while another message is being
+    /// sent; `TooLarge` above the cap.
+    pub fn send_msg_lent(&mut self, len: usize, addr: u64, lkey: u32) -> Result<u64, E> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        self.start_message(len)?;
+        self.tx.lent = Some((addr, lkey));
+        let msg = self.tx.messages - 1;
+        self.push_data(None);
+        self.flush();
+        Ok(msg)
+    }
+
+    /// Whether lent message `msg` (from [`Conn::send_msg_lent`]) is done with: every
+    /// fragment was posted and the completion covering the last one was reaped. After a
+    /// failure, only the QP's flush ([`Conn::handle_flushed`]) releases what is in flight.
+    pub fn lent_released(&self, msg: u64) -> bool {
+        let posting = self.tx.active && self.tx.lent.is_some() && msg + 1 == self.tx.messages;
+        !posting && !self.tx.lent_out.iter().any(|&(m, _)| m == msg)
     }
 
     /// Whether rendezvous message `msg` (from [`Conn::send_rendezvous`]) is done with: the
@@ -296,7 +325,10 @@ impl<M: SlotMemory> Conn<M> {
         while self.tx.active {
             let (offset, total) = (self.tx.offset, self.tx.total);
             let n = self.lim.frame_payload.min(total - offset);
-            let needs_slot = HEADER_LEN + n > self.lim.inline_size;
+            // A lent payload is a second SGE after a header in a slot (never inline, which
+            // would copy it); an empty one is just its header.
+            let needs_slot =
+                HEADER_LEN + n > self.lim.inline_size || (self.tx.lent.is_some() && n > 0);
             if !self.may_send(FrameType::Data) || !self.sq.has_room(needs_slot) {
                 return;
             }
@@ -310,11 +342,27 @@ impl<M: SlotMemory> Conn<M> {
                 payload_len: n as u32,
                 aux: if first { total as u32 } else { 0 },
             };
-            match src {
-                Some(data) => {
+            match (self.tx.lent, src) {
+                (Some((addr, lkey)), _) if n > 0 => {
+                    let lent = LentPayload {
+                        addr: addr + offset as u64,
+                        lkey,
+                        len: n as u32,
+                    };
+                    let wr = self.emit_frame(h, &[], Some(lent), last);
+                    if last {
+                        self.tx.lent_out.push_back((self.tx.messages - 1, wr));
+                    }
+                }
+                (Some(_), _) => {
+                    // The empty message: a header, signalled so its release follows soon.
+                    let wr = self.emit(h, &[], true);
+                    self.tx.lent_out.push_back((self.tx.messages - 1, wr));
+                }
+                (None, Some(data)) => {
                     self.emit(h, &data[offset..offset + n], false);
                 }
-                None => {
+                (None, None) => {
                     let pending = std::mem::take(&mut self.tx.pending);
                     let at = offset - self.tx.pending_base;
                     self.emit(h, &pending[at..at + n], false);
@@ -324,6 +372,7 @@ impl<M: SlotMemory> Conn<M> {
             self.tx.offset += n;
             if last {
                 self.tx.active = false;
+                self.tx.lent = None;
                 release_if_large(&mut self.tx.pending);
                 if std::mem::take(&mut self.tx.want_writable) {
                     self.ev.writable = true;
@@ -360,12 +409,30 @@ impl<M: SlotMemory> Conn<M> {
 
     /// Writes one frame (header with the latest credit, then payload) into a send slot or the
     /// inline staging entry, and queues its `PostSend`. The caller checked credit and room.
-    fn emit(&mut self, mut h: Header, payload: &[u8], force_signal: bool) -> WrId {
+    fn emit(&mut self, h: Header, payload: &[u8], force_signal: bool) -> WrId {
+        self.emit_frame(h, payload, None, force_signal)
+    }
+
+    /// [`Self::emit`], with the payload either copied (`payload`) or lent (`lent`, with an
+    /// empty `payload`): a lent frame's header goes into a slot (the caller checked for one).
+    fn emit_frame(
+        &mut self,
+        mut h: Header,
+        payload: &[u8],
+        lent: Option<LentPayload>,
+        force_signal: bool,
+    ) -> WrId {
         h.credit_limit = self.rxc.announce();
-        let len = HEADER_LEN + payload.len();
-        let needs_slot = len > self.lim.inline_size;
+        let lent_len = lent.map_or(0, |l| l.len as usize);
+        let len = HEADER_LEN + payload.len() + lent_len;
+        let needs_slot = len > self.lim.inline_size || lent.is_some();
         let (wr_id, slot, signaled) = self.sq.post(needs_slot, len as u32, force_signal);
+        debug_assert!(
+            lent.is_none() || slot.is_some(),
+            "a lent frame without a slot"
+        );
         let header = h.encode();
+        self.tx.copied += payload.len() as u64;
         match slot {
             Some(s) => {
                 self.mem.write_send(s, 0, &header);
@@ -384,6 +451,7 @@ impl<M: SlotMemory> Conn<M> {
             slot,
             len: len as u32,
             signaled,
+            lent,
         });
         wr_id
     }

@@ -6,7 +6,10 @@
 
 #![allow(dead_code)] // each test file uses a part
 
-use rsrdma_proto::{settle, Config, Conn, Event, Fatal, FrameType, Header, VecSlots, Work, WrId};
+use rsrdma_proto::{
+    settle, Config, Conn, Event, Fatal, FrameType, Header, LentPayload, VecSlots, Work, WrId,
+    HEADER_LEN,
+};
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -28,6 +31,8 @@ struct Packet {
     inline: Option<Vec<u8>>,
     /// An RDMA READ: (local address, lkey, remote address, rkey).
     read: Option<(u64, u32, u64, u32)>,
+    /// A lent payload after the slot's header.
+    lent: Option<LentPayload>,
 }
 
 /// One endpoint: the core plus the model of its queue pair.
@@ -47,6 +52,8 @@ pub struct Side {
     next_key: u32,
     /// Rendezvous sends whose memory is still registered: (message number, key).
     pub rdv_sends: Vec<(u64, u32)>,
+    /// Lent sends whose memory is still registered: (message number, key).
+    pub lent_sends: Vec<(u64, u32)>,
     /// The destination key of the read in progress.
     pub read_key: Option<u32>,
     /// READs posted.
@@ -69,6 +76,7 @@ impl Side {
             regions: HashMap::new(),
             next_key: 1,
             rdv_sends: Vec::new(),
+            lent_sends: Vec::new(),
             read_key: None,
             reads_posted: 0,
         }
@@ -103,12 +111,35 @@ impl Side {
         }
     }
 
-    /// Releases rendezvous memory the core says is done with.
+    /// Sends `data` from lent memory (registered here, at address 0 of a key of its own):
+    /// no copy; the region stays until `release` finds the message released.
+    pub fn send_lent(&mut self, data: &[u8]) -> Result<u64, rsrdma_proto::ProtoError> {
+        let key = self.register(data.to_vec());
+        match self.conn.send_msg_lent(data.len(), 0, key) {
+            Ok(msg) => {
+                self.lent_sends.push((msg, key));
+                Ok(msg)
+            }
+            Err(e) => {
+                self.regions.remove(&key);
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases rendezvous and lent memory the core says is done with.
     pub fn release(&mut self) {
         let conn = &self.conn;
         let regions = &mut self.regions;
         self.rdv_sends.retain(|&(msg, key)| {
             let done = conn.rendezvous_released(msg);
+            if done {
+                regions.remove(&key);
+            }
+            !done
+        });
+        self.lent_sends.retain(|&(msg, key)| {
+            let done = conn.lent_released(msg);
             if done {
                 regions.remove(&key);
             }
@@ -248,6 +279,7 @@ impl Pair {
                         len,
                         inline: None,
                         read: Some((local_addr, lkey, remote_addr, rkey)),
+                        lent: None,
                     });
                 }
                 Work::PostRecv { slot } => {
@@ -262,6 +294,7 @@ impl Pair {
                     slot,
                     len,
                     signaled,
+                    lent,
                 } => {
                     let depth = usize::from(side.cfg.sq_depth);
                     assert!(
@@ -291,6 +324,16 @@ impl Pair {
                             None
                         }
                     };
+                    if let Some(l) = lent {
+                        assert!(slot.is_some(), "a lent payload without a header slot");
+                        assert_eq!(len, HEADER_LEN as u32 + l.len, "lent frame length");
+                        assert!(l.len > 0, "an empty lent SGE");
+                        let region = side.regions.get(&l.lkey).expect("lent memory unregistered");
+                        assert!(
+                            l.addr as usize + l.len as usize <= region.len(),
+                            "lent SGE beyond its region"
+                        );
+                    }
                     let head = match &inline {
                         Some(b) => Header::decode(b),
                         None => Header::decode(side.conn.memory().send_slot(slot.unwrap())),
@@ -308,6 +351,7 @@ impl Pair {
                         len,
                         inline,
                         read: None,
+                        lent,
                     });
                 }
             }
@@ -353,10 +397,24 @@ impl Pair {
         let bytes = match p.inline {
             Some(b) => b,
             None if p.read.is_some() => Vec::new(),
-            // The NIC reads the slot when it transmits: a slot reused too early shows here.
-            None => {
-                self.sides[from].conn.memory().send_slot(p.slot.unwrap())[..p.len as usize].to_vec()
-            }
+            // The NIC reads the slot (and lent memory) when it transmits: a slot reused or
+            // lent memory released too early shows here.
+            None => match p.lent {
+                None => self.sides[from].conn.memory().send_slot(p.slot.unwrap())[..p.len as usize]
+                    .to_vec(),
+                Some(l) => {
+                    let side = &self.sides[from];
+                    let head = p.len as usize - l.len as usize;
+                    let mut b = side.conn.memory().send_slot(p.slot.unwrap())[..head].to_vec();
+                    let region = side
+                        .regions
+                        .get(&l.lkey)
+                        .expect("lent memory released while its SEND was in flight");
+                    let at = l.addr as usize;
+                    b.extend_from_slice(&region[at..at + l.len as usize]);
+                    b
+                }
+            },
         };
         if self.sides[to].broken {
             // The peer's QP is gone: the sender's retries run out. RC completes in order, so

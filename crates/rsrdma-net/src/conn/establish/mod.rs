@@ -61,6 +61,9 @@ pub(crate) fn refuse_shared_recv_on_dial(opts: &ConnOptions) -> Result<()> {
     Ok(())
 }
 
+/// Send SGEs a connection asks for (a lent frame's header and payload).
+pub(crate) const SEND_SGES: u32 = 2;
+
 /// Step 1: what exists before the exchange.
 pub(crate) struct Local {
     pub(crate) pd: Pd,
@@ -81,10 +84,14 @@ impl Local {
             .check()
             .map_err(|e| NetError::InvalidArgument(format!("ConnOptions: {e}")))?;
         let cq = make_cq(&ctx, &config)?;
+        // Two SGEs per send where the device allows: a lent (zero-copy) frame is a header
+        // from a send slot plus the payload in the caller's `Buffer`. With one, `send_buffer`
+        // copies below the rendezvous threshold.
+        let send_sge = ctx.attr().max_sge.clamp(1, SEND_SGES);
         let caps = QpCaps::default()
             .max_send_wr(u32::from(config.sq_depth))
             .max_recv_wr(u32::from(config.recv_slots))
-            .max_send_sge(1u32)
+            .max_send_sge(send_sge)
             .max_recv_sge(1u32)
             .max_inline_data(u32::from(config.inline_size));
         let mut builder = Qp::builder(QpType::Rc).caps(caps);
