@@ -333,6 +333,17 @@ pub const EXAMPLES: &[Example] = &[
         ..net("bench-throughput")
     },
     Example {
+        name: "zerocopy",
+        procs: &[server("-l {ip}:{port}"), fg("client", "{ip}:{port}")],
+        check: |o| {
+            o.has("server", "received \"hello zero-copy\" (15 bytes)")?;
+            o.has("server", "received 1048576 bytes into a registered buffer")?;
+            o.same("client", "server", "sha256 ")?;
+            o.has("client", "payload bytes copied into send slots: 0")
+        },
+        ..net("zerocopy")
+    },
+    Example {
         name: "tuning",
         procs: &[
             server("-l {ip}:{port} {dev} --depth 16 --buf 16 --poll event"),
