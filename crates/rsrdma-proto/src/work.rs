@@ -110,7 +110,8 @@ pub struct Counters {
     /// Rendezvous messages sent whose DONE has not arrived (their memory stays exposed).
     pub rendezvous_unreleased: u64,
     /// Payload bytes the core copied into send slots or inline staging (eager sends of the
-    /// caller's bytes). Lent messages ([`crate::Conn::send_msg_lent`]) add nothing.
+    /// caller's bytes in DATA frames). Lent messages ([`crate::Conn::send_msg_lent`]) and the
+    /// descriptors of rendezvous RTS frames add nothing.
     pub send_copied_bytes: u64,
     /// Lent messages whose memory the NIC may still read (not all fragments posted, or
     /// their last completion not reaped).

@@ -432,7 +432,10 @@ impl<M: SlotMemory> Conn<M> {
             "a lent frame without a slot"
         );
         let header = h.encode();
-        self.tx.copied += payload.len() as u64;
+        // Only message bytes count: an RTS's descriptor is protocol, not payload.
+        if h.kind == FrameType::Data {
+            self.tx.copied += payload.len() as u64;
+        }
         match slot {
             Some(s) => {
                 self.mem.write_send(s, 0, &header);
