@@ -45,9 +45,18 @@ impl AsyncListener {
     /// inside a tokio runtime with IO enabled.
     ///
     /// # Errors
-    /// As [`crate::Listener::bind`]; [`NetError::Io`] when the reactor refuses the fd.
+    /// As [`crate::Listener::bind`]; [`NetError::Io`] when the reactor refuses the fd;
+    /// [`NetError::InvalidArgument`] for [`ConnOptions::shared_recv`] (blocking listeners only).
     pub fn bind(addr: impl ToSocketAddrs, opts: ConnOptions) -> Result<AsyncListener> {
         opts.check()?;
+        if opts.shared_recv.is_some() {
+            // The async accept path does not attach connections to a shared pool (yet): say so
+            // here, not at every accept.
+            return Err(NetError::InvalidArgument(
+                "shared_recv is a blocking Listener option; AsyncListener does not support it"
+                    .into(),
+            ));
+        }
         let addr = addr
             .to_socket_addrs()
             .map_err(|e| NetError::io("resolve address", e))?
