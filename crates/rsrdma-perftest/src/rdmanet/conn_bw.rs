@@ -117,6 +117,7 @@ pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
     let cpu = process_cpu().saturating_sub(cpu);
     o.text(&send_line(mode, c.count, a.size, elapsed));
     o.text(&cpu_line(cpu));
+    o.text(&zerocopy::copied_text(&conn, &a.zc));
     o.flush();
     conn.close().map_err(|e| net_error("close", e))
 }

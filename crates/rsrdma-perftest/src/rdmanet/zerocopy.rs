@@ -52,6 +52,18 @@ pub fn recv_memory_text(l: &Listener, zc: &ZeroCopy) -> String {
     }
 }
 
+/// With `--zero-copy`, the client's proof that it did not copy: the payload bytes its
+/// connection copied into send slots (`Counters::send_copied_bytes`), else nothing.
+pub fn copied_text(conn: &Conn, zc: &ZeroCopy) -> String {
+    match (zc.enabled, conn.counters()) {
+        (true, Some(c)) => format!(
+            "payload copied into send slots: {} bytes\n",
+            c.send_copied_bytes
+        ),
+        _ => String::new(),
+    }
+}
+
 /// The fill byte at offset `i` of every message (between the stamps).
 fn pattern(i: usize) -> u8 {
     (i % 251) as u8
