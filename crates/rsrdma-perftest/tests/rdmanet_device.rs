@@ -473,3 +473,152 @@ fn rdmanet_raw_client_exits_1_within_5_s_when_the_server_is_killed() {
 fn rdmanet_bw_server_exits_1_within_5_s_when_the_client_is_killed() {
     kill_mid_run(BW, &["--handshake", "-b", "4"], false);
 }
+
+/// `payload copied into send slots: N bytes`: N.
+fn copied(out: &str) -> u64 {
+    line(out, "payload copied into send slots: ")
+        .split_whitespace()
+        .nth(5)
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no copied bytes in:\n{out}"))
+}
+
+#[test]
+fn rdmanet_bw_zero_copy_64_kib_eager_from_a_ring_of_buffers_verified() {
+    // Below the rendezvous threshold: lent frames (header from a slot, payload from the
+    // buffer). The server checks every message's stamps, so order and delivery are verified.
+    let (s, c) = pair(
+        BW,
+        &["--zero-copy"],
+        &["--zero-copy", "--buffers", "4", "-n", "40", "-s", "65536"],
+    );
+    check_rates(line(&c.stdout, "SendBuffer(4): sent 40 x 65536 bytes in "));
+    assert_eq!(copied(&c.stdout), 0, "{}", c.stdout);
+    line(&s.stdout, "server received 40 messages (2621440 bytes)");
+}
+
+#[test]
+fn rdmanet_bw_zero_copy_1_mib_by_rendezvous_verified() {
+    // At 1 MiB (above the 256 KiB threshold) the server READs each message into its buffer.
+    let (s, c) = pair(
+        BW,
+        &["--zero-copy", "--handshake", "--poll", "busy"],
+        &[
+            "--zero-copy",
+            "--handshake",
+            "--poll",
+            "busy",
+            "-n",
+            "8",
+            "-s",
+            "1048576",
+        ],
+    );
+    check_rates(line(&c.stdout, "SendBuffer(8): sent 8 x 1048576 bytes in "));
+    assert_eq!(copied(&c.stdout), 0, "{}", c.stdout);
+    line(&s.stdout, "server received 8 messages (8388608 bytes)");
+}
+
+#[test]
+fn rdmanet_bw_zero_copy_just_below_and_at_a_lowered_threshold() {
+    // --rendezvous on both ends (the settled threshold is the larger): 4095 bytes go eagerly,
+    // 4096 by READ; a server buffer that starts too small is replaced.
+    for size in ["4095", "4096"] {
+        let (s, c) = pair(
+            BW,
+            &["--zero-copy", "--rendezvous", "4096", "-s", "64"],
+            &[
+                "--zero-copy",
+                "--rendezvous",
+                "4096",
+                "-n",
+                "20",
+                "-s",
+                size,
+            ],
+        );
+        assert_eq!(copied(&c.stdout), 0, "{}", c.stdout);
+        let bytes = 20 * size.parse::<u64>().unwrap();
+        line(
+            &s.stdout,
+            &format!("server received 20 messages ({bytes} bytes)"),
+        );
+    }
+}
+
+#[test]
+fn rdmanet_bw_copying_client_to_a_zero_copy_server_fails_the_stamp_check() {
+    // The check can fail: unstamped messages are refused by a --zero-copy server.
+    let port = port();
+    let s = server(BW, port, &["--zero-copy"]);
+    let c = client(BW, port, &["-n", "5", "-s", "4096"]).wait(LIMIT);
+    let s = s.wait(LIMIT);
+    assert_eq!(s.code, Some(1), "{}", show("server", &s));
+    assert!(
+        s.stderr
+            .contains("message 0 (4096 bytes) carries the stamp"),
+        "{}",
+        show("server", &s)
+    );
+    eprint!("{}", show("client", &c));
+}
+
+#[test]
+fn rdmanet_lat_zero_copy_both_ends() {
+    for size in ["64", "300000"] {
+        let (s, c) = pair(
+            LAT,
+            &["--zero-copy", "--poll", "busy"],
+            &["--zero-copy", "--poll", "busy", "-n", "10", "-s", size],
+        );
+        line(&c.stdout, "round-trips=10 avg=");
+        let bytes = 10 * size.parse::<u64>().unwrap();
+        line(
+            &s.stdout,
+            &format!("server echoed 10 messages ({bytes} bytes)"),
+        );
+    }
+}
+
+#[test]
+fn rdmanet_bw_server_with_a_shared_receive_pool_prints_its_memory() {
+    let (s, c) = pair(
+        BW,
+        &["--shared-recv", "64", "--handshake"],
+        &["--handshake", "-n", "50", "-s", "4096"],
+    );
+    check_rates(line(&c.stdout, "SendMsg: sent 50 x 4096 bytes in "));
+    line(&s.stdout, "server received 50 messages (204800 bytes)");
+    let l = line(&s.stdout, "listener receive memory: ");
+    let w: Vec<&str> = l.split_whitespace().collect();
+    let total: u64 = w[3].parse().unwrap();
+    let pool: u64 = w[6].parse().unwrap();
+    // 64 slots of the default 32 KiB, and the one connection's bookkeeping only.
+    assert_eq!(pool, 64 * 32 * 1024, "{l}");
+    assert!(
+        w[9] == "64" && total >= pool && total < pool + 64 * 1024,
+        "{l}"
+    );
+    assert!(l.ends_with("for 1 connections)"), "{l}");
+}
+
+#[test]
+fn rdmanet_bad_zero_copy_flag_combinations_are_refused_before_any_connection() {
+    for (prog, argv, says) in [
+        (
+            BW,
+            &["--shared-recv", "64", "10.77.0.1"][..],
+            "server option",
+        ),
+        (LAT, &["--shared-recv", "8", "10.77.0.1"], "server option"),
+        (BW, &["--raw", "--zero-copy"], "--raw (RawConn) takes none"),
+        (BW, &["--zero-copy", "-b", "8"], "does not combine"),
+        (BW, &["--buffers", "4"], "--zero-copy"),
+    ] {
+        let started = Instant::now();
+        let d = Proc::spawn(prog, &args(port(), argv)).wait(Duration::from_secs(10));
+        assert_eq!(d.code, Some(2), "{argv:?}: {}", show("tool", &d));
+        assert!(d.stderr.contains(says), "{argv:?}: {}", show("tool", &d));
+        assert!(started.elapsed() < Duration::from_secs(5), "{argv:?}");
+    }
+}

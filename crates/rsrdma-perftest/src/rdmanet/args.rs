@@ -11,6 +11,10 @@ pub const DEFAULT_PORT: u16 = 18515;
 pub const MAX_SIZE: u64 = 1 << 30;
 /// The largest tx depth of `--raw`.
 pub const MAX_TX_DEPTH: u32 = 8192;
+/// `--buffers`' default: registered buffers the zero-copy bandwidth client keeps in flight.
+pub const DEFAULT_BUFFERS: u32 = 8;
+/// The most `--buffers`.
+pub const MAX_BUFFERS: u32 = 1024;
 /// `--depth` without `--raw` sets the credit window, which the protocol bounds.
 const SLOTS: std::ops::RangeInclusive<u32> = 8..=32768;
 
@@ -66,6 +70,25 @@ struct CommonCli {
     host: Option<String>,
 }
 
+/// The zero-copy, rendezvous and receive-pool flags of both tools (`Conn` only).
+#[derive(clap::Args, Debug)]
+struct ZeroCopyCli {
+    /// Send from registered Buffers (send_buffer) and receive into one (recv_buffer): no copy of the payload where the protocol allows
+    #[arg(long = "zero-copy")]
+    zero_copy: bool,
+    /// Rendezvous threshold: messages of at least BYTES are pulled by RDMA READ (settled: the larger of both ends'; default 262144)
+    #[arg(long = "rendezvous", value_name = "BYTES",
+          value_parser = clap::value_parser!(u32).range(1..=MAX_SIZE as i64))]
+    rendezvous: Option<u32>,
+    /// Do not offer rendezvous: every message goes eagerly through the slots (and is copied on receipt)
+    #[arg(long = "no-rendezvous", conflicts_with = "rendezvous")]
+    no_rendezvous: bool,
+    /// Server: every accepted connection receives from one shared pool (SRQ) of N slots; prints the listener's receive memory
+    #[arg(long = "shared-recv", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    shared_recv: Option<u32>,
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "rs_rdmanet_bw",
@@ -95,6 +118,13 @@ struct BwCli {
     /// --raw client: post one request per call instead of lists
     #[arg(long = "raw-single", requires = "raw")]
     raw_single: bool,
+    #[command(flatten)]
+    zc: ZeroCopyCli,
+    /// --zero-copy client: registered buffers of -s bytes in flight (a ring)
+    #[arg(long = "buffers", value_name = "N", requires = "zero_copy",
+          default_value_t = DEFAULT_BUFFERS,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_BUFFERS as i64))]
+    buffers: u32,
 }
 
 #[derive(Parser, Debug)]
@@ -110,6 +140,8 @@ struct LatCli {
     #[arg(short = 's', long = "size", default_value_t = 64,
           value_parser = clap::value_parser!(u64).range(1..=MAX_SIZE))]
     size: u64,
+    #[command(flatten)]
+    zc: ZeroCopyCli,
 }
 
 /// Where the client connects.
@@ -165,6 +197,20 @@ impl Raw {
     }
 }
 
+/// `--zero-copy`, the rendezvous threshold and `--shared-recv`, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZeroCopy {
+    /// `--zero-copy`: registered buffers (`send_buffer`, `recv_buffer`).
+    pub enabled: bool,
+    /// `--buffers` (bandwidth client): buffers in flight; 1 for the latency tool.
+    pub buffers: u32,
+    /// What `ConnOptions::rendezvous` gets: the library's default, `--rendezvous BYTES`, or
+    /// `None` with `--no-rendezvous`.
+    pub rendezvous: Option<u32>,
+    /// `--shared-recv N` (server only): the listener's pool slots.
+    pub shared_recv: Option<u32>,
+}
+
 /// `rs_rdmanet_bw`'s checked command line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BwArgs {
@@ -178,6 +224,8 @@ pub struct BwArgs {
     pub depth: u32,
     /// `--raw` and its settings.
     pub raw: Option<Raw>,
+    /// `--zero-copy` and friends (without `--raw`).
+    pub zc: ZeroCopy,
 }
 
 /// `rs_rdmanet_lat`'s checked command line.
@@ -187,6 +235,8 @@ pub struct LatArgs {
     pub common: Common,
     /// `-s`.
     pub size: u64,
+    /// `--zero-copy` and friends.
+    pub zc: ZeroCopy,
 }
 
 /// Parses `rs_rdmanet_bw`'s arguments (without the program name).
@@ -220,12 +270,31 @@ pub fn parse_bw(args: &[String]) -> Result<BwArgs, clap::Error> {
             SLOTS.end()
         )));
     }
+    let z = &cli.zc;
+    let any_zc =
+        z.zero_copy || z.rendezvous.is_some() || z.no_rendezvous || z.shared_recv.is_some();
+    if raw.is_some() && any_zc {
+        return Err(invalid(
+            "--zero-copy, --rendezvous, --no-rendezvous and --shared-recv are Conn options: \
+             --raw (RawConn) takes none of them"
+                .into(),
+        ));
+    }
+    let zc = zero_copy(z, cli.buffers, &common)?;
+    if zc.enabled && cli.batch > 1 {
+        return Err(invalid(format!(
+            "--zero-copy sends one buffer per call: -b {} (send_batch) does not combine with it; \
+             --buffers sets how many are in flight",
+            cli.batch
+        )));
+    }
     Ok(BwArgs {
         common,
         size: cli.size,
         batch: if raw.is_some() { 1 } else { cli.batch },
         depth: if raw.is_some() { 0 } else { cli.depth },
         raw,
+        zc,
     })
 }
 
@@ -235,9 +304,32 @@ pub fn parse_bw(args: &[String]) -> Result<BwArgs, clap::Error> {
 /// clap's error, to print as it is.
 pub fn parse_lat(args: &[String]) -> Result<LatArgs, clap::Error> {
     let cli = LatCli::try_parse_from(args)?;
+    let common = common(cli.common)?;
     Ok(LatArgs {
-        common: common(cli.common)?,
+        zc: zero_copy(&cli.zc, 1, &common)?,
+        common,
         size: cli.size,
+    })
+}
+
+/// Checks the zero-copy flags against the end (`--shared-recv` is the server's).
+fn zero_copy(z: &ZeroCopyCli, buffers: u32, c: &Common) -> Result<ZeroCopy, clap::Error> {
+    if let (Some(n), Some(t)) = (z.shared_recv, &c.target) {
+        return Err(invalid(format!(
+            "--shared-recv {n} is a server option (it pools the receive memory of the \
+             connections a listener accepts): drop it, or drop {:?} to be the server",
+            t.host
+        )));
+    }
+    Ok(ZeroCopy {
+        enabled: z.zero_copy,
+        buffers,
+        rendezvous: match (z.no_rendezvous, z.rendezvous) {
+            (true, _) => None,
+            (false, Some(b)) => Some(b),
+            (false, None) => rsrdma_net::ConnOptions::default().rendezvous,
+        },
+        shared_recv: z.shared_recv,
     })
 }
 
@@ -498,6 +590,98 @@ mod tests {
         for f in ["-b", "--raw", "--depth"] {
             assert!(parse_lat(&argv(&[f, "1"])).is_err(), "{f}");
         }
+    }
+
+    #[test]
+    fn zero_copy_flags() {
+        let d = bw(&[]).zc;
+        let lib = rsrdma_net::ConnOptions::default().rendezvous;
+        assert_eq!(
+            d,
+            ZeroCopy {
+                enabled: false,
+                buffers: DEFAULT_BUFFERS,
+                rendezvous: lib,
+                shared_recv: None
+            }
+        );
+        assert!(lib.is_some());
+        let a = bw(&["--zero-copy", "--buffers", "4", "-s", "1048576", "h"]);
+        assert_eq!((a.zc.enabled, a.zc.buffers), (true, 4));
+        assert_eq!(bw(&["--no-rendezvous"]).zc.rendezvous, None);
+        assert_eq!(
+            bw(&["--rendezvous", "65536", "--zero-copy"]).zc.rendezvous,
+            Some(65536)
+        );
+        let s = bw(&["--shared-recv", "64", "--zero-copy"]);
+        assert_eq!((s.zc.shared_recv, s.common.target), (Some(64), None));
+        // Copying with the pool, or with rendezvous off, is allowed (the bench's baseline).
+        assert_eq!(bw(&["--shared-recv", "8"]).zc.shared_recv, Some(8));
+        let l = parse_lat(&argv(&["--zero-copy", "--no-rendezvous", "h"])).unwrap();
+        assert_eq!(
+            (l.zc.enabled, l.zc.buffers, l.zc.rendezvous),
+            (true, 1, None)
+        );
+        let l = parse_lat(&argv(&["--shared-recv", "16"])).unwrap();
+        assert_eq!(l.zc.shared_recv, Some(16));
+    }
+
+    #[test]
+    fn bad_zero_copy_command_lines_are_refused() {
+        for (args, says) in [
+            (
+                &["--shared-recv", "64", "h"][..],
+                "--shared-recv 64 is a server option",
+            ),
+            (&["--shared-recv", "0"], "--shared-recv"),
+            (&["--buffers", "4"], "--zero-copy"),
+            (&["--zero-copy", "--buffers", "0"], "--buffers"),
+            (&["--zero-copy", "--buffers", "5000"], "--buffers"),
+            (
+                &["--zero-copy", "-b", "8"],
+                "-b 8 (send_batch) does not combine",
+            ),
+            (&["--rendezvous", "0"], "--rendezvous"),
+            (
+                &["--rendezvous", "4096", "--no-rendezvous"],
+                "--no-rendezvous",
+            ),
+            (&["--raw", "--zero-copy"], "--raw (RawConn) takes none"),
+            (&["--raw", "--no-rendezvous"], "--raw (RawConn) takes none"),
+            (
+                &["--raw", "--rendezvous", "8"],
+                "--raw (RawConn) takes none",
+            ),
+            (
+                &["--raw", "--shared-recv", "8"],
+                "--raw (RawConn) takes none",
+            ),
+        ] {
+            let e = bw_err(args);
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+        let e = parse_lat(&argv(&["--shared-recv", "8", "h"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("server option"), "{e}");
+        assert!(parse_lat(&argv(&["--zero-copy", "--buffers", "2"])).is_err());
+    }
+
+    #[test]
+    fn help_names_the_zero_copy_flags() {
+        let bw_help = parse_bw(&argv(&["--help"])).unwrap_err().to_string();
+        for f in [
+            "--zero-copy",
+            "--buffers",
+            "--rendezvous",
+            "--no-rendezvous",
+            "--shared-recv",
+        ] {
+            assert!(bw_help.contains(f), "{f}: {bw_help}");
+        }
+        let lat_help = parse_lat(&argv(&["--help"])).unwrap_err().to_string();
+        assert!(lat_help.contains("--zero-copy") && lat_help.contains("--shared-recv"));
+        assert!(!lat_help.contains("--buffers"), "{lat_help}");
     }
 
     #[test]

@@ -7,6 +7,7 @@ use super::net::{conn_options, dial, establish_name, listen, net_error};
 use super::text::{
     accepted_line, cpu_line, listening_line, received_line, registered_line, send_line, SendMode,
 };
+use super::zerocopy;
 use crate::error::{Error, Result};
 use crate::out::Out;
 use rsrdma_net::{Conn, NetError};
@@ -19,7 +20,7 @@ use std::time::Instant;
 /// Listening, accepting, a failed connection or a dead client.
 pub fn server(a: &BwArgs, o: &mut Out<'_>) -> Result<()> {
     let c = &a.common;
-    let l = listen(c, conn_options(c, a.depth))?;
+    let l = listen(c, zerocopy::options(conn_options(c, a.depth), &a.zc))?;
     o.text(&listening_line(establish_name(c.establish), l.local_addr()));
     o.flush();
     let conn = l.accept().map_err(|e| net_error("accept", e))?;
@@ -27,7 +28,9 @@ pub fn server(a: &BwArgs, o: &mut Out<'_>) -> Result<()> {
     o.text(&registered_line(conn.info().registered_bytes));
     o.flush();
     let cpu = process_cpu();
-    let (messages, bytes) = if a.batch > 1 {
+    let (messages, bytes) = if a.zc.enabled {
+        zerocopy::drain(&conn, a.size as usize)?
+    } else if a.batch > 1 {
         drain_batches(&conn, a.batch as usize)?
     } else {
         drain(&conn, a.size as usize)?
@@ -35,6 +38,7 @@ pub fn server(a: &BwArgs, o: &mut Out<'_>) -> Result<()> {
     let cpu = process_cpu().saturating_sub(cpu);
     o.text(&received_line(messages, bytes));
     o.text(&cpu_line(cpu));
+    o.text(&zerocopy::recv_memory_text(&l, &a.zc));
     o.flush();
     conn.close().map_err(|e| net_error("close", e))
 }
@@ -78,13 +82,19 @@ fn drain_batches(conn: &Conn, max: usize) -> Result<(u64, u64)> {
 /// Connecting, a failed connection or a dead server.
 pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
     let c = &a.common;
-    let conn = dial(target, conn_options(c, a.depth))?;
+    let conn = dial(target, zerocopy::options(conn_options(c, a.depth), &a.zc))?;
+    let mut ring = match a.zc.enabled {
+        true => Some(zerocopy::Ring::new(&conn, a.size as usize, a.zc.buffers)?),
+        false => None,
+    };
     o.text(&registered_line(conn.info().registered_bytes));
     o.flush();
     let msg = vec![0x5au8; a.size as usize];
     let cpu = process_cpu();
     let start = Instant::now();
-    let mode = if a.batch > 1 {
+    let mode = if let Some(ring) = &mut ring {
+        ring.send(&conn, c.count)?
+    } else if a.batch > 1 {
         let group: Vec<&[u8]> = vec![msg.as_slice(); a.batch as usize];
         let mut sent = 0u64;
         while sent < c.count {
@@ -107,6 +117,7 @@ pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
     let cpu = process_cpu().saturating_sub(cpu);
     o.text(&send_line(mode, c.count, a.size, elapsed));
     o.text(&cpu_line(cpu));
+    o.text(&zerocopy::copied_text(&conn, &a.zc));
     o.flush();
     conn.close().map_err(|e| net_error("close", e))
 }

@@ -5,6 +5,7 @@ use super::args::{LatArgs, Target};
 use super::conn_bw::after;
 use super::net::{conn_options, dial, establish_name, listen, net_error};
 use super::text::{accepted_line, echoed_line, lat_line, lat_summary, listening_line};
+use super::zerocopy;
 use crate::error::{Error, Result};
 use crate::out::Out;
 use rsrdma_net::NetError;
@@ -16,13 +17,25 @@ use std::time::Instant;
 /// Listening, accepting, a failed connection or a dead client.
 pub fn server(a: &LatArgs, o: &mut Out<'_>) -> Result<()> {
     let c = &a.common;
-    let l = listen(c, conn_options(c, 0))?;
+    let l = listen(c, zerocopy::options(conn_options(c, 0), &a.zc))?;
     o.text(&listening_line(establish_name(c.establish), l.local_addr()));
     o.flush();
     let conn = l.accept().map_err(|e| net_error("accept", e))?;
     o.text(&accepted_line(conn.peer_addr()));
     o.flush();
-    let mut buf = vec![0u8; a.size as usize];
+    let (messages, bytes) = match a.zc.enabled {
+        true => zerocopy::echo(&conn, a.size as usize)?,
+        false => echo(&conn, a.size as usize)?,
+    };
+    o.text(&echoed_line(messages, bytes));
+    o.text(&zerocopy::recv_memory_text(&l, &a.zc));
+    o.flush();
+    conn.close().map_err(|e| net_error("close", e))
+}
+
+/// Echoes each message from a vector that grows to the largest message.
+fn echo(conn: &rsrdma_net::Conn, size: usize) -> Result<(u64, u64)> {
+    let mut buf = vec![0u8; size];
     let (mut messages, mut bytes) = (0u64, 0u64);
     loop {
         let n = match conn.recv_msg_into(&mut buf) {
@@ -39,9 +52,7 @@ pub fn server(a: &LatArgs, o: &mut Out<'_>) -> Result<()> {
         messages += 1;
         bytes += n as u64;
     }
-    o.text(&echoed_line(messages, bytes));
-    o.flush();
-    conn.close().map_err(|e| net_error("close", e))
+    Ok((messages, bytes))
 }
 
 /// The client: `-n` timed round trips of `-s` bytes, then the statistics.
@@ -50,7 +61,10 @@ pub fn server(a: &LatArgs, o: &mut Out<'_>) -> Result<()> {
 /// Connecting, a failed connection, a dead server, or an echo of the wrong length.
 pub fn client(a: &LatArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
     let c = &a.common;
-    let conn = dial(target, conn_options(c, 0))?;
+    let conn = dial(target, zerocopy::options(conn_options(c, 0), &a.zc))?;
+    if a.zc.enabled {
+        return zerocopy::lat_client(a, &conn, o);
+    }
     let size = a.size as usize;
     let msg = vec![0xa5u8; size];
     let mut echo = vec![0u8; size];

@@ -11,6 +11,8 @@
 //! - [`net`]: `Conn` options, connecting, errors. [`conn_bw`]: the `Conn` bandwidth ends;
 //!   [`lat`]: the ping-pong ends; [`raw`]: the `RawConn` bandwidth ends (perftest's header
 //!   and table from [`crate::report`]). [`cpu`]: the CPU time a transfer took.
+//! - [`zerocopy`]: `--zero-copy` (registered buffers), the rendezvous threshold and
+//!   `--shared-recv`.
 
 pub mod args;
 pub mod conn_bw;
@@ -19,6 +21,7 @@ pub mod lat;
 pub mod net;
 pub mod raw;
 pub mod text;
+pub mod zerocopy;
 
 use crate::error::Result;
 use crate::out::Out;

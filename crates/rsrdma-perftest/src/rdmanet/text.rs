@@ -14,6 +14,8 @@ pub enum SendMode {
     Single,
     /// `send_batch` with groups of this many.
     Batch(u32),
+    /// `--zero-copy`: `start_send_buffer` from a ring of this many registered buffers.
+    Buffers(u32),
 }
 
 /// `SendMsg: sent N x S bytes in D: X Gb/s, Y Mpps` (or `SendBatch(b): …`).
@@ -21,6 +23,7 @@ pub fn send_line(mode: SendMode, count: u64, size: u64, elapsed: Duration) -> St
     let label = match mode {
         SendMode::Single => "SendMsg".to_string(),
         SendMode::Batch(b) => format!("SendBatch({b})"),
+        SendMode::Buffers(n) => format!("SendBuffer({n})"),
     };
     let secs = elapsed.as_secs_f64();
     let (gbits, mpps) = if secs > 0.0 {
