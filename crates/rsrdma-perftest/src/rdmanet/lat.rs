@@ -1,5 +1,8 @@
 //! `rs_rdmanet_lat`: ping-pong over `Conn`. The client times `send_msg` plus the
 //! `recv_msg_into` of the echo; the server echoes every message until the end of the stream.
+//! Round trips are timed with the time-stamp counter ([`crate::watch::Clock`]), as
+//! `rs_send_lat` times its own: a `clock_gettime` system call (a VM's HPET clock source)
+//! inside every sample would be measured as latency.
 
 use super::args::{LatArgs, Target};
 use super::conn_bw::after;
@@ -8,7 +11,8 @@ use super::text::{accepted_line, echoed_line, lat_line, lat_summary, listening_l
 use crate::error::{Error, Result};
 use crate::out::Out;
 use rsrdma_net::NetError;
-use std::time::Instant;
+use crate::watch::Clock;
+use std::time::Duration;
 
 /// The server: accepts one client and echoes each message until the client closes.
 ///
@@ -56,13 +60,14 @@ pub fn client(a: &LatArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
     let mut echo = vec![0u8; size];
     // Grown outside the timed part of each round trip when a run is longer than this.
     let mut samples = Vec::with_capacity(c.count.min(1 << 16) as usize);
+    let clock = Clock::new();
     for i in 0..c.count {
-        let t0 = Instant::now();
+        let t0 = clock.now();
         conn.send_msg(&msg).map_err(|e| after("send_msg", i, e))?;
         let got = conn
             .recv_msg_into(&mut echo)
             .map_err(|e| after("recv_msg_into", i, e))?;
-        samples.push(t0.elapsed());
+        samples.push(Duration::from_nanos(clock.now().saturating_sub(t0)));
         match got {
             Some(n) if n == size => {}
             Some(n) => {
