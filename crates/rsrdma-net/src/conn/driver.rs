@@ -2,10 +2,11 @@
 //! protocol core) and the liveness signal of the establishment path, and turns completions
 //! into core inputs and core work into posts.
 //!
-//! One [`Driver::progress`] step: poll the CQ (up to 32 completions at a time), feed each to
-//! the core, fire due timers, then drain `poll_work` into posts in the core's order (a receive
-//! is queued before any send that announces its credit, so posting in order is safe). No
-//! allocation and no formatting on this path.
+//! One step is [`Driver::progress`] (poll the CQ, up to 32 completions a call, feed each to
+//! the core, fire due timers), the caller's operation, then [`Driver::post_work`]: everything
+//! the core queued goes out as one batch post of receives and one of sends (a receive is
+//! queued before any send that announces its credit, and receives go first, so that stays
+//! safe). No allocation and no formatting on this path.
 //!
 //! # Failures, and a peer that leaves after its FIN
 //! A failed completion, a post error, a DISCONNECTED event or a closed TCP channel *before*
@@ -27,6 +28,7 @@ use crate::handshake::Channel;
 use rsrdma::cm::{CmEventType, CmId};
 use rsrdma::{Cq, Qp, RecvWr, SendWr, Sge, Wc};
 use rsrdma_proto::{Conn as Core, Fatal, Work, WrId};
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -42,6 +44,25 @@ pub(crate) fn recv_wr_id(slot: u16) -> u64 {
 const END_GRACE: Duration = Duration::from_millis(200);
 /// Completions per poll call.
 const POLL_BATCH: usize = 32;
+/// Work requests per batch post (receives and sends each).
+const POST_BATCH: usize = 32;
+
+/// How to post one send the core queued.
+#[derive(Clone, Copy, Default)]
+struct SendMeta {
+    wr_id: u64,
+    signaled: bool,
+    inline: bool,
+}
+
+/// How many requests of a list of `n` a post call's result says were posted.
+fn posted(r: &rsrdma::Result<()>, n: usize) -> usize {
+    match r {
+        Ok(()) => n,
+        Err(rsrdma::Error::Post { index, .. }) => (*index).min(n),
+        Err(_) => 0,
+    }
+}
 
 /// What tells us the peer is gone besides the data path.
 pub(crate) enum Liveness {
@@ -126,7 +147,10 @@ impl Driver {
         self.peer_gone
     }
 
-    /// One step; returns whether anything happened (a completion, a timer, a state change).
+    /// One step: reaps completions, fires due timers, drains events; returns whether anything
+    /// happened (a completion, a timer, a state change). It posts nothing: the caller runs its
+    /// operation next and then [`Driver::post_work`] once, so that what both queued goes out
+    /// in one batch.
     pub(crate) fn progress(&mut self, now: Instant) -> bool {
         let mut changed = self.poll_cq(now);
         changed |= self.check_end(now);
@@ -138,7 +162,6 @@ impl Driver {
                 }
             }
         }
-        changed |= self.post_work();
         if self.core.memory().faulted() && self.core.error().is_none() {
             tracing::error!("rsrdma-net conn: the core addressed memory outside its slots");
             self.core.handle_fatal(Fatal::QpError);
@@ -150,58 +173,145 @@ impl Driver {
         changed
     }
 
-    /// Posts whatever the core queued after an application call.
+    /// Posts whatever the core queued: its receives as one batch post and its sends as
+    /// another (per [`POST_BATCH`] works), so a step costs one doorbell however many frames it
+    /// built. Receives go first: the core queues a receive before any send that announces its
+    /// credit, and posting every receive of the group earlier keeps that true.
     pub(crate) fn post_work(&mut self) -> bool {
         let mut any = false;
-        while let Some(work) = self.core.poll_work() {
-            any = true;
-            if self.broken || self.peer_gone {
-                continue;
+        // Taken before the staging arrays are set up, so that a step with nothing to post
+        // (most of a busy caller's polling) costs nothing here.
+        let mut next = self.core.poll_work();
+        while next.is_some() {
+            let mut recvs = [Sge::default(); POST_BATCH];
+            let mut recv_ids = [0u64; POST_BATCH];
+            let mut sends = [Sge::default(); POST_BATCH];
+            let mut send_meta = [SendMeta::default(); POST_BATCH];
+            let (mut nr, mut ns) = (0, 0);
+            let mut bad = false;
+            while nr < POST_BATCH && ns < POST_BATCH {
+                let Some(work) = next.take().or_else(|| self.core.poll_work()) else {
+                    break;
+                };
+                any = true;
+                if self.broken || self.peer_gone || bad {
+                    continue;
+                }
+                match work {
+                    Work::PostRecv { slot } => match self.core.memory().recv_sge(slot) {
+                        Some(sge) => {
+                            recvs[nr] = sge;
+                            recv_ids[nr] = recv_wr_id(slot);
+                            nr += 1;
+                        }
+                        None => bad = true,
+                    },
+                    Work::PostSend {
+                        wr_id,
+                        slot,
+                        len,
+                        signaled,
+                    } => {
+                        // An inline frame's bytes stay in the core's staging entry, untouched
+                        // until the post below copies them (draining the queue does not write
+                        // them).
+                        let sge = match slot {
+                            Some(s) => self.core.memory().send_sge(s, len),
+                            None => self.core.inline_frame(wr_id).map(Sge::inline),
+                        };
+                        match sge {
+                            Some(sge) => {
+                                sends[ns] = sge;
+                                send_meta[ns] = SendMeta {
+                                    wr_id: wr_id.0,
+                                    signaled,
+                                    inline: slot.is_none(),
+                                };
+                                ns += 1;
+                            }
+                            None => bad = true,
+                        }
+                    }
+                }
             }
-            if self.post(work).is_err() {
+            let ok = !bad
+                && self.post_recvs(&recvs[..nr], &recv_ids[..nr])
+                && self.post_sends(&sends[..ns], &send_meta[..ns]);
+            if !ok && !self.broken {
                 self.broken = true;
                 if self.core.error().is_none() {
                     self.core.handle_fatal(Fatal::QpError);
                 }
             }
+            next = self.core.poll_work();
         }
         any
     }
 
-    fn post(&mut self, work: Work) -> Result<(), ()> {
-        match work {
-            Work::PostRecv { slot } => {
-                let sge = [self.core.memory().recv_sge(slot).ok_or(())?];
-                let wr = RecvWr::new(recv_wr_id(slot), &sge);
-                // SAFETY: the slot lies in our registered receive region, which outlives every
-                // posted request (teardown reaps the flush before releasing it), and the core
-                // does not read the slot until its completion.
-                unsafe { self.qp.post_recv(&wr) }.map_err(|_| ())?;
-                self.recvs_posted += 1;
-            }
-            Work::PostSend {
-                wr_id,
-                slot,
-                len,
-                signaled,
-            } => {
-                let (sge, inline) = match slot {
-                    Some(s) => (self.core.memory().send_sge(s, len).ok_or(())?, false),
-                    None => (Sge::inline(self.core.inline_frame(wr_id).ok_or(())?), true),
-                };
-                let sges = [sge];
-                let mut wr = SendWr::send(wr_id.0, &sges).signaled(signaled);
-                if inline {
-                    wr = wr.inline();
-                }
-                // SAFETY: a slot send names our registered send region, which outlives the
-                // request (see above), and the core does not rewrite a slot in flight; an
-                // inline send's bytes are copied during the call.
-                unsafe { self.qp.post_send(&wr) }.map_err(|_| ())?;
-                self.sends_posted = self.sends_posted.max(wr_id.0 + 1);
-            }
+    /// Posts receives into `sges` (one each) with `ids`, in one call; false on a failure
+    /// (what was posted before it is counted).
+    fn post_recvs(&mut self, sges: &[Sge], ids: &[u64]) -> bool {
+        let n = sges.len();
+        if n == 0 {
+            return true;
         }
-        Ok(())
+        let r = if n == 1 {
+            let wr = RecvWr::new(ids[0], &sges[..1]);
+            // SAFETY: the slot lies in our registered receive region, which outlives every
+            // posted request (teardown reaps the flush before releasing it), and the core does
+            // not read the slot until its completion.
+            unsafe { self.qp.post_recv(&wr) }
+        } else {
+            let mut wrs = [const { MaybeUninit::<RecvWr<'_>>::uninit() }; POST_BATCH];
+            for (i, w) in wrs.iter_mut().take(n).enumerate() {
+                w.write(RecvWr::new(ids[i], &sges[i..=i]));
+            }
+            // SAFETY: the first `n` elements were written just above; `MaybeUninit<T>` has
+            // `T`'s layout.
+            let wrs = unsafe { std::slice::from_raw_parts_mut(wrs.as_mut_ptr().cast(), n) };
+            // SAFETY: as the single post above, for every slot of the list.
+            unsafe { self.qp.post_recv_batch(wrs) }
+        };
+        self.recvs_posted += posted(&r, n) as u64;
+        r.is_ok()
+    }
+
+    /// Posts sends of `sges` (one each) as `meta` says, in one call; false on a failure
+    /// (what was posted before it is counted).
+    fn post_sends(&mut self, sges: &[Sge], meta: &[SendMeta]) -> bool {
+        let n = sges.len();
+        if n == 0 {
+            return true;
+        }
+        let wr = |i: usize| {
+            let m = meta[i];
+            let wr = SendWr::send(m.wr_id, &sges[i..=i]).signaled(m.signaled);
+            if m.inline {
+                wr.inline()
+            } else {
+                wr
+            }
+        };
+        let r = if n == 1 {
+            // SAFETY: a slot send names our registered send region, which outlives the
+            // request (see `post_recvs`), and the core does not rewrite a slot in flight; an
+            // inline send's bytes are copied during the call.
+            unsafe { self.qp.post_send(&wr(0)) }
+        } else {
+            let mut wrs = [const { MaybeUninit::<SendWr<'_>>::uninit() }; POST_BATCH];
+            for (i, w) in wrs.iter_mut().take(n).enumerate() {
+                w.write(wr(i));
+            }
+            // SAFETY: the first `n` elements were written just above; `MaybeUninit<T>` has
+            // `T`'s layout.
+            let wrs = unsafe { std::slice::from_raw_parts_mut(wrs.as_mut_ptr().cast(), n) };
+            // SAFETY: as the single post above, for every request of the list.
+            unsafe { self.qp.post_send_batch(wrs) }
+        };
+        if let Some(last) = meta[..posted(&r, n)].last() {
+            self.sends_posted = self.sends_posted.max(last.wr_id + 1);
+        }
+        r.is_ok()
     }
 
     fn poll_cq(&mut self, now: Instant) -> bool {
