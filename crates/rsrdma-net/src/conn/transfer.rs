@@ -94,7 +94,8 @@ impl Conn {
             Side::Recv,
             timeout,
             |d| {
-                let b = buf.take().ok_or(NetError::Closed {
+                // `_else`: built only when missing (it is dropped on every poll otherwise).
+                let b = buf.take().ok_or_else(|| NetError::Closed {
                     op: "recv_msg_into",
                 })?;
                 let r = d.core().recv_msg_direct(b);
