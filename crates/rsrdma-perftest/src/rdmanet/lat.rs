@@ -7,18 +7,20 @@
 use super::args::{LatArgs, Target};
 use super::conn_bw::after;
 use super::net::{conn_options, dial, establish_name, listen, net_error};
-use super::text::{accepted_line, echoed_line, lat_line, lat_summary, listening_line};
+use super::text::{
+    accepted_line, echoed_line, json_lat, lat_line, lat_summary, listening_line, Json,
+};
 use crate::error::{Error, Result};
 use crate::out::Out;
-use rsrdma_net::NetError;
 use crate::watch::Clock;
+use rsrdma_net::NetError;
 use std::time::Duration;
 
 /// The server: accepts one client and echoes each message until the client closes.
 ///
 /// # Errors
 /// Listening, accepting, a failed connection or a dead client.
-pub fn server(a: &LatArgs, o: &mut Out<'_>) -> Result<()> {
+pub fn server(a: &LatArgs, o: &mut Out<'_>) -> Result<Json> {
     let c = &a.common;
     let l = listen(c, conn_options(c, 0))?;
     o.text(&listening_line(establish_name(c.establish), l.local_addr()));
@@ -45,14 +47,18 @@ pub fn server(a: &LatArgs, o: &mut Out<'_>) -> Result<()> {
     }
     o.text(&echoed_line(messages, bytes));
     o.flush();
-    conn.close().map_err(|e| net_error("close", e))
+    conn.close().map_err(|e| net_error("close", e))?;
+    Ok(Json::new("rs_rdmanet_lat", "server")
+        .str("poll", c.poll.name())
+        .int("messages", messages)
+        .int("bytes", bytes))
 }
 
 /// The client: `-n` timed round trips of `-s` bytes, then the statistics.
 ///
 /// # Errors
 /// Connecting, a failed connection, a dead server, or an echo of the wrong length.
-pub fn client(a: &LatArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
+pub fn client(a: &LatArgs, target: &Target, o: &mut Out<'_>) -> Result<Json> {
     let c = &a.common;
     let conn = dial(target, conn_options(c, 0))?;
     let size = a.size as usize;
@@ -83,9 +89,16 @@ pub fn client(a: &LatArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
             }
         }
     }
-    if let Some(s) = lat_summary(&mut samples) {
-        o.text(&lat_line(&s));
+    let summary = lat_summary(&mut samples);
+    if let Some(s) = &summary {
+        o.text(&lat_line(s));
         o.flush();
     }
-    conn.close().map_err(|e| net_error("close", e))
+    conn.close().map_err(|e| net_error("close", e))?;
+    let j = Json::new("rs_rdmanet_lat", "client").str("poll", c.poll.name());
+    // `-n` is at least 1, so there is a summary.
+    Ok(match &summary {
+        Some(s) => json_lat(j, a.size, s),
+        None => j.int("size", a.size).int("round_trips", 0),
+    })
 }
