@@ -94,10 +94,12 @@ impl Conn {
             Side::Recv,
             timeout,
             |d| {
-                // `_else`: built only when missing (it is dropped on every poll otherwise).
-                let b = buf.take().ok_or_else(|| NetError::Closed {
-                    op: "recv_msg_into",
-                })?;
+                // Not `ok_or(error)`: that builds and drops an error on every poll.
+                let Some(b) = buf.take() else {
+                    return Err(NetError::Closed {
+                        op: "recv_msg_into",
+                    });
+                };
                 let r = d.core().recv_msg_direct(b);
                 buf.set(Some(b));
                 match r {
