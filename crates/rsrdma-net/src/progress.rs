@@ -6,7 +6,61 @@
 //! device and a connection can wait on whatever it owns (one CQ, or a CQ behind a lock).
 
 use crate::error::{NetError, Result};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+/// A cheap, slightly late `Instant` for the data path's timers and deadlines.
+///
+/// `Instant::now` reads `CLOCK_MONOTONIC`, which is a system call wherever the vDSO cannot
+/// read the clock source itself (an HPET clock source, as in the emulated test VM, where the
+/// read was a tenth of a busy round trip's time). `CLOCK_MONOTONIC_COARSE` is always answered
+/// by the vDSO from the kernel's last tick. The result is built on one precise `Instant` taken
+/// at the first call and lags the true time by at most two ticks (a few milliseconds), never
+/// leads it: a deadline checked with it fires a little late, never early. Good for keepalive
+/// timers and time-outs, not for measuring.
+pub(crate) fn coarse_now() -> Instant {
+    static BASE: OnceLock<(Instant, Duration)> = OnceLock::new();
+    let (base, coarse_base) = *BASE.get_or_init(|| {
+        let c = coarse_clock();
+        // The coarse reading may be up to a tick behind the precise one: step the base back
+        // by one resolution so that later results never lead the true time.
+        let now = Instant::now();
+        (now.checked_sub(coarse_resolution()).unwrap_or(now), c)
+    });
+    base + coarse_clock().saturating_sub(coarse_base)
+}
+
+fn coarse_clock() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}
+
+fn coarse_resolution() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: as in `coarse_clock`.
+    let rc = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    if rc != 0 {
+        return Duration::from_millis(10);
+    }
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}
 
 /// How a blocking call waits for the NIC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +132,11 @@ impl Waitable for rsrdma::Cq {
 /// deadline. In the sleeping modes the CQ is armed and `progress` runs once more before each
 /// sleep, so a completion that arrived before the arm is not missed.
 ///
+/// The spinning loop reads no precise clock: busy polling without a deadline reads none at
+/// all, and a deadline is checked with the coarse clock (it may pass a few milliseconds
+/// late, never early). Only the spin phase of `Adaptive`, microseconds long, reads the
+/// precise one.
+///
 /// # Errors
 /// Whatever `progress` or the CQ returns.
 pub fn wait_until(
@@ -86,18 +145,25 @@ pub fn wait_until(
     deadline: Option<Instant>,
     mut progress: impl FnMut() -> Result<bool>,
 ) -> Result<bool> {
-    let started = Instant::now();
-    let past = |now: Instant| deadline.is_some_and(|d| now >= d);
+    let spin = mode.spin();
+    let started = match spin {
+        Some(s) if !s.is_zero() => Some(Instant::now()),
+        _ => None,
+    };
     loop {
         if progress()? {
             return Ok(true);
         }
-        let now = Instant::now();
-        if past(now) {
+        if deadline.is_some_and(|d| coarse_now() >= d) {
             return Ok(false);
         }
-        match mode.spin() {
-            Some(spin) if now.duration_since(started) >= spin => {
+        let spun = match (spin, started) {
+            (Some(s), Some(t)) => t.elapsed() >= s,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        match spin {
+            Some(_) if spun => {
                 cq.arm()?;
                 if progress()? {
                     return Ok(true);

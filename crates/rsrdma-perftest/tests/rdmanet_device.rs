@@ -29,12 +29,13 @@ fn port() -> u16 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// A child process whose stdout lines arrive as they are printed; killed on drop.
+/// A child process whose stdout and stderr lines arrive as they are printed; killed on drop.
 struct Proc {
     name: String,
     child: Child,
     lines: Receiver<String>,
     stdout: String,
+    err_lines: Receiver<String>,
     err: Option<JoinHandle<String>>,
 }
 
@@ -65,9 +66,17 @@ impl Proc {
                 }
             }
         });
+        let (err_tx, err_lines) = channel();
         let err = std::thread::spawn(move || {
             let mut s = String::new();
-            let _ = se.read_to_string(&mut s);
+            let mut r = BufReader::new(&mut se);
+            let mut l = String::new();
+            while matches!(r.read_line(&mut l), Ok(n) if n > 0) {
+                let _ = err_tx.send(l.trim_end_matches('\n').to_string());
+                s.push_str(&l);
+                l.clear();
+            }
+            let _ = r.read_to_string(&mut s);
             s
         });
         Proc {
@@ -75,19 +84,29 @@ impl Proc {
             child,
             lines,
             stdout: String::new(),
+            err_lines,
             err: Some(err),
         }
     }
 
     /// Reads stdout until a line contains `what`, for at most `limit`.
     fn wait_line(&mut self, what: &str, limit: Duration) {
+        self.wait_line_in(false, what, limit);
+    }
+
+    /// Reads stdout (or, with `stderr`, stderr) until a line contains `what`, for at most
+    /// `limit`.
+    fn wait_line_in(&mut self, stderr: bool, what: &str, limit: Duration) {
         let end = Instant::now() + limit;
         loop {
             let left = end.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
+            let from = if stderr { &self.err_lines } else { &self.lines };
+            match from.recv_timeout(left) {
                 Ok(l) => {
-                    self.stdout.push_str(&l);
-                    self.stdout.push('\n');
+                    if !stderr {
+                        self.stdout.push_str(&l);
+                        self.stdout.push('\n');
+                    }
                     if l.contains(what) {
                         return;
                     }
@@ -621,4 +640,155 @@ fn rdmanet_bad_zero_copy_flag_combinations_are_refused_before_any_connection() {
         assert!(d.stderr.contains(says), "{argv:?}: {}", show("tool", &d));
         assert!(started.elapsed() < Duration::from_secs(5), "{argv:?}");
     }
+}
+
+/// The fields of a flat JSON object of strings and numbers on one line (what `--json`
+/// prints), as (key, value) with the quotes of string values removed.
+fn json_fields(line: &str) -> Vec<(String, String)> {
+    let body = line
+        .trim()
+        .strip_prefix('{')
+        .and_then(|b| b.strip_suffix('}'))
+        .unwrap_or_else(|| panic!("not a JSON object: {line}"));
+    body.split(',')
+        .map(|kv| {
+            let (k, v) = kv
+                .split_once(':')
+                .unwrap_or_else(|| panic!("{kv:?} in {line}"));
+            let unquote = |s: &str| {
+                s.strip_prefix('"')
+                    .and_then(|s| s.strip_suffix('"'))
+                    .unwrap_or(s)
+                    .to_string()
+            };
+            assert!(k.starts_with('"') && k.ends_with('"'), "{k} in {line}");
+            (unquote(k), unquote(v))
+        })
+        .collect()
+}
+
+/// The one JSON object a `--json` run printed on stdout, as fields.
+fn json_of(d: &Done) -> Vec<(String, String)> {
+    let lines: Vec<&str> = d.stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one JSON line expected on stdout:\n{}",
+        d.stdout
+    );
+    json_fields(lines[0])
+}
+
+fn field<'a>(fields: &'a [(String, String)], key: &str) -> &'a str {
+    fields
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("no {key:?} in {fields:?}"))
+}
+
+fn num(fields: &[(String, String)], key: &str) -> f64 {
+    let v = field(fields, key);
+    v.parse()
+        .unwrap_or_else(|_| panic!("{key}: {v:?} is not a number"))
+}
+
+/// Runs a `--json` pair: the server's listening line is on stderr then.
+fn json_pair(prog: &str, server_extra: &[&str], client_extra: &[&str]) -> (Done, Done) {
+    let port = port();
+    let mut s = Proc::spawn(prog, &args(port, server_extra));
+    s.wait_line_in(true, "listening on", Duration::from_secs(15));
+    let c = client(prog, port, client_extra).wait(LIMIT);
+    let s = s.wait(LIMIT);
+    let both = format!("{}\n{}", show("client", &c), show("server", &s));
+    assert_eq!((c.code, s.code), (Some(0), Some(0)), "{both}");
+    eprint!("{both}");
+    (s, c)
+}
+
+#[test]
+fn rdmanet_bw_json_prints_one_object_per_end() {
+    let (s, c) = json_pair(
+        BW,
+        &["--json", "--poll", "busy"],
+        &["--json", "--poll", "busy", "-n", "50", "-s", "2048"],
+    );
+    let cj = json_of(&c);
+    let keys: Vec<&str> = cj.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(&keys[..3], ["tool", "role", "transport"], "{cj:?}");
+    assert_eq!(field(&cj, "tool"), "rs_rdmanet_bw");
+    assert_eq!(field(&cj, "role"), "client");
+    assert_eq!(field(&cj, "transport"), "conn");
+    assert_eq!(field(&cj, "mode"), "send_msg");
+    assert_eq!(field(&cj, "poll"), "busy");
+    assert_eq!(num(&cj, "messages"), 50.0);
+    assert_eq!(num(&cj, "size"), 2048.0);
+    assert_eq!(num(&cj, "bytes"), 102_400.0);
+    let secs = num(&cj, "seconds");
+    assert!(secs > 0.0, "{cj:?}");
+    let gbits = num(&cj, "gbits");
+    assert!(
+        (gbits - 102_400.0 * 8.0 / secs / 1e9).abs() <= 1e-9 * gbits.max(1.0),
+        "{cj:?}"
+    );
+    assert!(num(&cj, "registered_bytes") > 0.0, "{cj:?}");
+    assert!(num(&cj, "cpu_seconds") >= 0.0, "{cj:?}");
+    // The human lines went to stderr.
+    assert!(
+        c.stderr.contains("SendMsg: sent 50 x 2048 bytes"),
+        "{}",
+        c.stderr
+    );
+    let sj = json_of(&s);
+    assert_eq!(field(&sj, "role"), "server");
+    assert_eq!(num(&sj, "messages"), 50.0);
+    assert_eq!(num(&sj, "bytes"), 102_400.0);
+    assert!(s.stderr.contains("listening on"), "{}", s.stderr);
+}
+
+#[test]
+fn rdmanet_bw_raw_json_names_the_pipeline() {
+    let (s, c) = json_pair(
+        BW,
+        &["--raw", "--json"],
+        &["--raw", "--json", "-n", "64", "-s", "4096", "-b", "16"],
+    );
+    let cj = json_of(&c);
+    assert_eq!(field(&cj, "transport"), "raw");
+    assert_eq!(field(&cj, "mode"), "pipeline_batch");
+    assert_eq!(num(&cj, "tx_depth"), 16.0);
+    assert_eq!(num(&cj, "messages"), 64.0);
+    assert_eq!(num(&cj, "registered_bytes"), 16.0 * 4096.0);
+    let sj = json_of(&s);
+    assert_eq!(field(&sj, "transport"), "raw");
+    assert_eq!(num(&sj, "messages"), 64.0);
+    assert_eq!(num(&sj, "bytes"), 64.0 * 4096.0);
+}
+
+#[test]
+fn rdmanet_lat_json_orders_its_percentiles() {
+    let (s, c) = json_pair(
+        LAT,
+        &["--json", "--poll", "busy"],
+        &["--json", "--poll", "busy", "-n", "25", "-s", "64"],
+    );
+    let cj = json_of(&c);
+    assert_eq!(field(&cj, "tool"), "rs_rdmanet_lat");
+    assert_eq!(num(&cj, "round_trips"), 25.0);
+    assert_eq!(num(&cj, "size"), 64.0);
+    let (min, p50, p99, max) = (
+        num(&cj, "min_ns"),
+        num(&cj, "p50_ns"),
+        num(&cj, "p99_ns"),
+        num(&cj, "max_ns"),
+    );
+    assert!(
+        0.0 < min && min <= p50 && p50 <= p99 && p99 <= max,
+        "{cj:?}"
+    );
+    let avg = num(&cj, "avg_ns");
+    assert!(min <= avg && avg <= max, "{cj:?}");
+    let sj = json_of(&s);
+    assert_eq!(num(&sj, "messages"), 25.0);
+    assert_eq!(num(&sj, "bytes"), 25.0 * 64.0);
 }

@@ -223,7 +223,8 @@ pub struct Config {
     pub sq_depth: u16,
     /// Signal at least every this many send WRs (capped at `sq_depth / 2`). Default 16.
     pub signal_interval: u16,
-    /// Frames up to this many bytes (header included) are sent inline. Default 64.
+    /// Frames up to this many bytes (header included) are sent inline. Default 128: a
+    /// 64-byte message and its 16-byte header go as one inline post.
     pub inline_size: u16,
     /// Largest message accepted and sent. Default 16 MiB.
     pub max_message: u32,
@@ -247,7 +248,7 @@ impl Default for Config {
             send_slots: 32,
             sq_depth: 64,
             signal_interval: 16,
-            inline_size: 64,
+            inline_size: 128,
             max_message: 16 << 20,
             keepalive: Some(Duration::from_secs(1)),
             peer_timeout: Duration::from_secs(5),

@@ -2,10 +2,11 @@
 //! protocol core) and the liveness signal of the establishment path, and turns completions
 //! into core inputs and core work into posts.
 //!
-//! One [`Driver::progress`] step: poll the CQ (up to 32 completions at a time), feed each to
-//! the core, fire due timers, then drain `poll_work` into posts in the core's order (a receive
-//! is queued before any send that announces its credit, so posting in order is safe). No
-//! allocation and no formatting on this path.
+//! One step is [`Driver::progress`] (poll the CQ, up to 32 completions a call, feed each to
+//! the core, fire due timers), the caller's operation, then [`Driver::post_work`]: everything
+//! the core queued goes out as one batch post of receives and one of sends (a receive is
+//! queued before any send that announces its credit, and receives go first, so that stays
+//! safe). No allocation and no formatting on this path.
 //!
 //! # Failures, and a peer that leaves after its FIN
 //! A failed completion, a post error, a DISCONNECTED event or a closed TCP channel *before*
@@ -39,6 +40,7 @@ use rsrdma::cm::{CmEventType, CmId};
 use rsrdma::{Cq, Mr, Pd, Qp, RecvWr, SendWr, Sge, Wc};
 use rsrdma_proto::{Conn as Core, Fatal, Work, WrId};
 use std::collections::VecDeque;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -49,6 +51,29 @@ use std::time::{Duration, Instant};
 const END_GRACE: Duration = Duration::from_millis(200);
 /// Completions per poll call.
 const POLL_BATCH: usize = 32;
+/// Work requests per batch post (receives and sends each).
+const POST_BATCH: usize = 32;
+
+/// How to post one send-queue request the core queued.
+#[derive(Clone, Copy, Default)]
+struct SendMeta {
+    wr_id: u64,
+    signaled: bool,
+    inline: bool,
+    /// Scatter-gather entries used (2 for a lent frame: header, then payload).
+    sges: usize,
+    /// An RDMA READ from this remote address and key (rendezvous) instead of a SEND.
+    read: Option<(u64, u32)>,
+}
+
+/// How many requests of a list of `n` a post call's result says were posted.
+fn posted(r: &rsrdma::Result<()>, n: usize) -> usize {
+    match r {
+        Ok(()) => n,
+        Err(rsrdma::Error::Post { index, .. }) => (*index).min(n),
+        Err(_) => 0,
+    }
+}
 
 /// What tells us the peer is gone besides the data path.
 pub(crate) enum Liveness {
@@ -210,7 +235,10 @@ impl Driver {
         self.peer_gone
     }
 
-    /// One step; returns whether anything happened (a completion, a timer, a state change).
+    /// One step: reaps completions, fires due timers, drains events; returns whether anything
+    /// happened (a completion, a timer, a state change). It posts nothing: the caller runs its
+    /// operation next and then [`Driver::post_work`] once, so that what both queued goes out
+    /// in one batch.
     pub(crate) fn progress(&mut self, now: Instant) -> bool {
         let mut changed = self.poll_cq(now);
         if changed && !self.rdv_sends.is_empty() {
@@ -225,7 +253,6 @@ impl Driver {
                 }
             }
         }
-        changed |= self.post_work();
         if self.core.memory().faulted() && self.core.error().is_none() {
             tracing::error!("rsrdma-net conn: the core addressed memory outside its slots");
             self.core.handle_fatal(Fatal::QpError);
@@ -237,95 +264,194 @@ impl Driver {
         changed
     }
 
-    /// Posts whatever the core queued after an application call.
+    /// Posts whatever the core queued: its receives as one batch post and its sends as
+    /// another (per [`POST_BATCH`] works), so a step costs one doorbell however many frames it
+    /// built. Receives go first: the core queues a receive before any send that announces its
+    /// credit, and posting every receive of the group earlier keeps that true.
     pub(crate) fn post_work(&mut self) -> bool {
         let mut any = false;
-        while let Some(work) = self.core.poll_work() {
-            any = true;
-            if self.broken || self.peer_gone {
-                continue;
+        // Taken before the staging arrays are set up, so that a step with nothing to post
+        // (most of a busy caller's polling) costs nothing here.
+        let mut next = self.core.poll_work();
+        while next.is_some() {
+            let mut recvs = [Sge::default(); POST_BATCH];
+            let mut recv_ids = [0u64; POST_BATCH];
+            let mut sends = [[Sge::default(); 2]; POST_BATCH];
+            let mut send_meta = [SendMeta::default(); POST_BATCH];
+            let (mut nr, mut ns) = (0, 0);
+            let mut bad = false;
+            while nr < POST_BATCH && ns < POST_BATCH {
+                let Some(work) = next.take().or_else(|| self.core.poll_work()) else {
+                    break;
+                };
+                any = true;
+                if self.broken || self.peer_gone || bad {
+                    continue;
+                }
+                match work {
+                    // A pooled slot goes back to the shared pool; an own slot is posted here.
+                    Work::PostRecv { slot } => match self.core.memory_mut().release_recv(slot) {
+                        Some(Repost::Own(sge)) => {
+                            recvs[nr] = sge;
+                            recv_ids[nr] = super::slots::recv_wr_id(slot);
+                            nr += 1;
+                        }
+                        Some(Repost::Pooled) => {}
+                        None => bad = true,
+                    },
+                    Work::PostSend {
+                        wr_id,
+                        slot,
+                        len,
+                        signaled,
+                        lent,
+                    } => {
+                        // An inline frame's bytes stay in the core's staging entry, untouched
+                        // until the post below copies them (draining the queue does not write
+                        // them). A lent frame: the header from the slot, the payload from the
+                        // lent buffer (never inline).
+                        let head = len.checked_sub(lent.map_or(0, |l| l.len));
+                        let first = match (slot, head) {
+                            (Some(s), Some(head)) => self.core.memory().send_sge(s, head),
+                            (None, Some(_)) if lent.is_none() => {
+                                self.core.inline_frame(wr_id).map(Sge::inline)
+                            }
+                            _ => None,
+                        };
+                        match first {
+                            Some(sge) => {
+                                sends[ns] = [sge, sge];
+                                let mut m = SendMeta {
+                                    wr_id: wr_id.0,
+                                    signaled,
+                                    inline: slot.is_none(),
+                                    sges: 1,
+                                    read: None,
+                                };
+                                if let Some(l) = lent {
+                                    sends[ns][1] = Sge::new(l.addr, l.len, l.lkey);
+                                    m.sges = 2;
+                                }
+                                send_meta[ns] = m;
+                                ns += 1;
+                            }
+                            None => bad = true,
+                        }
+                    }
+                    Work::PostRead {
+                        wr_id,
+                        local_addr,
+                        lkey,
+                        remote_addr,
+                        rkey,
+                        len,
+                    } => {
+                        let sge = Sge::new(local_addr, len, lkey);
+                        sends[ns] = [sge, sge];
+                        send_meta[ns] = SendMeta {
+                            wr_id: wr_id.0,
+                            signaled: true,
+                            inline: false,
+                            sges: 1,
+                            read: Some((remote_addr, rkey)),
+                        };
+                        ns += 1;
+                    }
+                }
             }
-            if self.post(work).is_err() {
+            let ok = !bad
+                && self.post_recvs(&recvs[..nr], &recv_ids[..nr])
+                && self.post_sends(&sends[..ns], &send_meta[..ns]);
+            if !ok && !self.broken {
                 self.broken = true;
                 if self.core.error().is_none() {
                     self.core.handle_fatal(Fatal::QpError);
                 }
             }
+            next = self.core.poll_work();
         }
         any
     }
 
-    fn post(&mut self, work: Work) -> Result<(), ()> {
-        match work {
-            Work::PostRecv { slot } => {
-                // A pooled slot goes back to the shared pool; an own slot is posted here.
-                let sge = match self.core.memory_mut().release_recv(slot).ok_or(())? {
-                    Repost::Own(sge) => [sge],
-                    Repost::Pooled => return Ok(()),
-                };
-                let wr = RecvWr::new(super::slots::recv_wr_id(slot), &sge);
-                // SAFETY: the slot lies in our registered receive region, which outlives every
-                // posted request (teardown reaps the flush before releasing it), and the core
-                // does not read the slot until its completion.
-                unsafe { self.qp.post_recv(&wr) }.map_err(|_| ())?;
-                self.recvs_posted += 1;
-            }
-            Work::PostSend {
-                wr_id,
-                slot,
-                len,
-                signaled,
-                lent,
-            } => {
-                // A lent frame: the header from the slot, the payload from the lent buffer.
-                let head = len.checked_sub(lent.map_or(0, |l| l.len)).ok_or(())?;
-                let (sge, inline) = match slot {
-                    Some(s) => (self.core.memory().send_sge(s, head).ok_or(())?, false),
-                    None if lent.is_none() => {
-                        (Sge::inline(self.core.inline_frame(wr_id).ok_or(())?), true)
-                    }
-                    None => return Err(()),
-                };
-                let sges = [sge, lent.map_or(sge, |l| Sge::new(l.addr, l.len, l.lkey))];
-                let sges = if lent.is_some() {
-                    &sges[..]
-                } else {
-                    &sges[..1]
-                };
-                let mut wr = SendWr::send(wr_id.0, sges).signaled(signaled);
-                if inline {
-                    wr = wr.inline();
-                }
-                // SAFETY: a slot send names our registered send region, which outlives the
-                // request (see above), and the core does not rewrite a slot in flight; an
-                // inline send's bytes are copied during the call. A lent payload is a range
-                // of a `Buffer` (registered, on this QP's domain) whose allocation
-                // `hold_lent` keeps until the core says the completion covering this WR was
-                // reaped, or until teardown's flush; the buffer is in flight meanwhile, so
-                // nothing writes it.
-                unsafe { self.qp.post_send(&wr) }.map_err(|_| ())?;
-                self.sends_posted = self.sends_posted.max(wr_id.0 + 1);
-            }
-            Work::PostRead {
-                wr_id,
-                local_addr,
-                lkey,
-                remote_addr,
-                rkey,
-                len,
-            } => {
-                let sges = [Sge::new(local_addr, len, lkey)];
-                let wr = SendWr::rdma_read(wr_id.0, &sges, remote_addr, rkey).signaled(true);
-                // SAFETY: the destination is registered (local write) by the caller of
-                // `start_read`, which keeps it registered and alive until the core hands the
-                // message over, or deregisters it only after moving the QP to ERROR
-                // (`abort_transfer`); a `Buffer` destination is held in `read_hold` until
-                // then or until teardown's flush.
-                unsafe { self.qp.post_send(&wr) }.map_err(|_| ())?;
-                self.sends_posted = self.sends_posted.max(wr_id.0 + 1);
-            }
+    /// Posts receives into `sges` (one each) with `ids`, in one call; false on a failure
+    /// (what was posted before it is counted).
+    fn post_recvs(&mut self, sges: &[Sge], ids: &[u64]) -> bool {
+        let n = sges.len();
+        if n == 0 {
+            return true;
         }
-        Ok(())
+        let r = if n == 1 {
+            let wr = RecvWr::new(ids[0], &sges[..1]);
+            // SAFETY: the slot lies in our registered receive region, which outlives every
+            // posted request (teardown reaps the flush before releasing it), and the core does
+            // not read the slot until its completion.
+            unsafe { self.qp.post_recv(&wr) }
+        } else {
+            let mut wrs = [const { MaybeUninit::<RecvWr<'_>>::uninit() }; POST_BATCH];
+            for (i, w) in wrs.iter_mut().take(n).enumerate() {
+                w.write(RecvWr::new(ids[i], &sges[i..=i]));
+            }
+            // SAFETY: the first `n` elements were written just above; `MaybeUninit<T>` has
+            // `T`'s layout.
+            let wrs = unsafe { std::slice::from_raw_parts_mut(wrs.as_mut_ptr().cast(), n) };
+            // SAFETY: as the single post above, for every slot of the list.
+            unsafe { self.qp.post_recv_batch(wrs) }
+        };
+        self.recvs_posted += posted(&r, n) as u64;
+        r.is_ok()
+    }
+
+    /// Posts sends of `sges` (one each) as `meta` says, in one call; false on a failure
+    /// (what was posted before it is counted).
+    fn post_sends(&mut self, sges: &[[Sge; 2]], meta: &[SendMeta]) -> bool {
+        let n = sges.len();
+        if n == 0 {
+            return true;
+        }
+        let wr = |i: usize| {
+            let m = meta[i];
+            let list = &sges[i][..m.sges];
+            match m.read {
+                Some((remote_addr, rkey)) => {
+                    SendWr::rdma_read(m.wr_id, list, remote_addr, rkey).signaled(true)
+                }
+                None => {
+                    let wr = SendWr::send(m.wr_id, list).signaled(m.signaled);
+                    if m.inline {
+                        wr.inline()
+                    } else {
+                        wr
+                    }
+                }
+            }
+        };
+        let r = if n == 1 {
+            // SAFETY: a slot send names our registered send region, which outlives the
+            // request (see `post_recvs`), and the core does not rewrite a slot in flight; an
+            // inline send's bytes are copied during the call. A lent payload is a range of a
+            // `Buffer` (registered, on this QP's domain) whose allocation `hold_lent` keeps
+            // until the core says the completion covering this WR was reaped, or until
+            // teardown's flush; the buffer is in flight meanwhile, so nothing writes it. A
+            // READ's destination is registered (local write) by the caller of `start_read`,
+            // which keeps it registered and alive until the core hands the message over, or
+            // deregisters it only after moving the QP to ERROR (`abort_transfer`); a `Buffer`
+            // destination is held in `read_hold` until then or until teardown's flush.
+            unsafe { self.qp.post_send(&wr(0)) }
+        } else {
+            let mut wrs = [const { MaybeUninit::<SendWr<'_>>::uninit() }; POST_BATCH];
+            for (i, w) in wrs.iter_mut().take(n).enumerate() {
+                w.write(wr(i));
+            }
+            // SAFETY: the first `n` elements were written just above; `MaybeUninit<T>` has
+            // `T`'s layout.
+            let wrs = unsafe { std::slice::from_raw_parts_mut(wrs.as_mut_ptr().cast(), n) };
+            // SAFETY: as the single post above, for every request of the list.
+            unsafe { self.qp.post_send_batch(wrs) }
+        };
+        if let Some(last) = meta[..posted(&r, n)].last() {
+            self.sends_posted = self.sends_posted.max(last.wr_id + 1);
+        }
+        r.is_ok()
     }
 
     fn poll_cq(&mut self, now: Instant) -> bool {

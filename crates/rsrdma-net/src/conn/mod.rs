@@ -407,7 +407,7 @@ impl Conn {
             let Some(d) = st.driver.as_mut() else {
                 return Err(NetError::Closed { op });
             };
-            let mut changed = d.progress(Instant::now());
+            let mut changed = d.progress(progress::coarse_now());
             let r = attempt(d);
             changed |= d.post_work();
             if changed || matches!(r, Ok(Some(_))) {
@@ -564,6 +564,8 @@ impl Conn {
         let Some(d) = st.driver.as_mut() else {
             return Err(NetError::Closed { op });
         };
+        // The precise clock: the reactor sleeps until the returned deadline by its own
+        // (precise) clock, and a late coarse `now` would find the timer not yet due.
         let now = Instant::now();
         if live {
             d.check_liveness(now);

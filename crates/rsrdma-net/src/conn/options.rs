@@ -82,7 +82,7 @@ pub struct ConnOptions {
     /// Send-queue depth. Default 64.
     pub sq_depth: u16,
     /// Frames up to this many bytes (header included) go inline, capped at what the device
-    /// grants. Default 64.
+    /// grants. Default 128 (a 64-byte message goes inline).
     pub inline_size: u16,
     /// Largest message this side sends or accepts; the settled cap is the smaller of both
     /// ends'. Default 16 MiB.

@@ -167,7 +167,10 @@ impl Conn {
             Side::Recv,
             timeout,
             |d| {
-                let b = buf.take().ok_or(NetError::Closed { op })?;
+                // Not `ok_or(error)`: that builds and drops an error on every poll.
+                let Some(b) = buf.take() else {
+                    return Err(NetError::Closed { op });
+                };
                 let r = d.core().recv_msg_direct(b);
                 buf.set(Some(b));
                 match r {

@@ -30,6 +30,15 @@ pub enum Poll {
 }
 
 impl Poll {
+    /// The flag's value, as `--json` reports it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Poll::Busy => "busy",
+            Poll::Event => "event",
+            Poll::Adaptive => "adaptive",
+        }
+    }
+
     /// rsrdma-net's mode.
     pub fn mode(self) -> PollMode {
         match self {
@@ -66,6 +75,10 @@ struct CommonCli {
     /// How blocking calls wait for the NIC
     #[arg(long = "poll", value_enum, default_value_t = Poll::Event)]
     poll: Poll,
+    /// Print the results as one JSON object on stdout (the other lines go to stderr); its
+    /// fields are listed below
+    #[arg(long = "json")]
+    json: bool,
     /// The server, as HOST[:PORT]: client mode; absent: server mode
     host: Option<String>,
 }
@@ -89,11 +102,30 @@ struct ZeroCopyCli {
     shared_recv: Option<u32>,
 }
 
+/// `rs_rdmanet_bw --json`'s fields, for `--help`.
+pub const BW_JSON_HELP: &str = "\
+With --json, stdout is one JSON object on one line:
+  both ends: tool (\"rs_rdmanet_bw\"), role (\"client\" or \"server\"), transport (\"conn\" or
+    \"raw\"), registered_bytes (memory registered for the connection), cpu_seconds (user +
+    sys of the process during the transfer), messages, bytes
+  Conn: poll (\"busy\", \"event\" or \"adaptive\"); client: mode (\"send_msg\" or
+    \"send_batch\"), batch
+  --raw client: mode (\"pipeline_batch\" or \"pipeline\"), tx_depth
+  client: size, seconds, gbits, mpps (from messages x size over seconds)";
+
+/// `rs_rdmanet_lat --json`'s fields, for `--help`.
+pub const LAT_JSON_HELP: &str = "\
+With --json, stdout is one JSON object on one line:
+  both ends: tool (\"rs_rdmanet_lat\"), role (\"client\" or \"server\"), poll
+  client: size, round_trips, avg_ns, p50_ns, p99_ns, min_ns, max_ns (round-trip times)
+  server: messages, bytes (echoed)";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "rs_rdmanet_bw",
     no_binary_name = true,
-    about = "One-way message bandwidth over rsrdma-net's Conn (or RawConn with --raw)"
+    about = "One-way message bandwidth over rsrdma-net's Conn (or RawConn with --raw)",
+    after_help = BW_JSON_HELP
 )]
 struct BwCli {
     #[command(flatten)]
@@ -131,7 +163,8 @@ struct BwCli {
 #[command(
     name = "rs_rdmanet_lat",
     no_binary_name = true,
-    about = "Ping-pong round-trip latency over rsrdma-net's Conn"
+    about = "Ping-pong round-trip latency over rsrdma-net's Conn",
+    after_help = LAT_JSON_HELP
 )]
 struct LatCli {
     #[command(flatten)]
@@ -170,6 +203,8 @@ pub struct Common {
     pub establish: Establish,
     /// `--poll`.
     pub poll: Poll,
+    /// `--json`: the results as one JSON object on stdout.
+    pub json: bool,
     /// The server to connect to; `None` makes this side the server.
     pub target: Option<Target>,
 }
@@ -353,6 +388,7 @@ fn common(c: CommonCli) -> Result<Common, clap::Error> {
             Establish::Cm
         },
         poll: c.poll,
+        json: c.json,
         target,
     })
 }
@@ -565,6 +601,28 @@ mod tests {
         }
         assert!(parse_bw(&argv(&["--depth", "8"])).is_ok());
         assert!(parse_bw(&argv(&["--raw", "--depth", "4"])).is_ok());
+    }
+
+    #[test]
+    fn json_is_off_by_default_and_documented_in_the_help() {
+        assert!(!bw(&[]).common.json);
+        assert!(bw(&["--json", "--raw"]).common.json);
+        assert!(parse_lat(&argv(&["--json"])).unwrap().common.json);
+        let help = parse_bw(&argv(&["--help"])).unwrap_err().to_string();
+        assert!(help.contains("--json"), "{help}");
+        for field in [
+            "registered_bytes",
+            "cpu_seconds",
+            "gbits",
+            "mpps",
+            "tx_depth",
+        ] {
+            assert!(help.contains(field), "{field}: {help}");
+        }
+        let help = parse_lat(&argv(&["--help"])).unwrap_err().to_string();
+        for field in ["p50_ns", "round_trips", "avg_ns"] {
+            assert!(help.contains(field), "{field}: {help}");
+        }
     }
 
     #[test]

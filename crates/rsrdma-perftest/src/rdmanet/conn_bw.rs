@@ -5,7 +5,8 @@ use super::args::{BwArgs, Target};
 use super::cpu::process_cpu;
 use super::net::{conn_options, dial, establish_name, listen, net_error};
 use super::text::{
-    accepted_line, cpu_line, listening_line, received_line, registered_line, send_line, SendMode,
+    accepted_line, cpu_line, json_rates, listening_line, received_line, registered_line, send_line,
+    Json, SendMode,
 };
 use super::zerocopy;
 use crate::error::{Error, Result};
@@ -18,7 +19,7 @@ use std::time::Instant;
 ///
 /// # Errors
 /// Listening, accepting, a failed connection or a dead client.
-pub fn server(a: &BwArgs, o: &mut Out<'_>) -> Result<()> {
+pub fn server(a: &BwArgs, o: &mut Out<'_>) -> Result<Json> {
     let c = &a.common;
     let l = listen(c, zerocopy::options(conn_options(c, a.depth), &a.zc))?;
     o.text(&listening_line(establish_name(c.establish), l.local_addr()));
@@ -40,7 +41,15 @@ pub fn server(a: &BwArgs, o: &mut Out<'_>) -> Result<()> {
     o.text(&cpu_line(cpu));
     o.text(&zerocopy::recv_memory_text(&l, &a.zc));
     o.flush();
-    conn.close().map_err(|e| net_error("close", e))
+    let registered = conn.info().registered_bytes as u64;
+    conn.close().map_err(|e| net_error("close", e))?;
+    Ok(Json::new("rs_rdmanet_bw", "server")
+        .str("transport", "conn")
+        .str("poll", c.poll.name())
+        .int("registered_bytes", registered)
+        .num("cpu_seconds", cpu.as_secs_f64())
+        .int("messages", messages)
+        .int("bytes", bytes))
 }
 
 /// Receives one message at a time into a buffer that grows to the largest message.
@@ -80,7 +89,7 @@ fn drain_batches(conn: &Conn, max: usize) -> Result<(u64, u64)> {
 ///
 /// # Errors
 /// Connecting, a failed connection or a dead server.
-pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
+pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<Json> {
     let c = &a.common;
     let conn = dial(target, zerocopy::options(conn_options(c, a.depth), &a.zc))?;
     let mut ring = match a.zc.enabled {
@@ -119,7 +128,23 @@ pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
     o.text(&cpu_line(cpu));
     o.text(&zerocopy::copied_text(&conn, &a.zc));
     o.flush();
-    conn.close().map_err(|e| net_error("close", e))
+    let registered = conn.info().registered_bytes as u64;
+    conn.close().map_err(|e| net_error("close", e))?;
+    let j = Json::new("rs_rdmanet_bw", "client")
+        .str("transport", "conn")
+        .str("poll", c.poll.name())
+        .str(
+            "mode",
+            match mode {
+                SendMode::Single => "send_msg",
+                SendMode::Batch(_) => "send_batch",
+                SendMode::Buffers(_) => "send_buffer",
+            },
+        )
+        .int("batch", u64::from(a.batch))
+        .int("registered_bytes", registered)
+        .num("cpu_seconds", cpu.as_secs_f64());
+    Ok(json_rates(j, c.count, a.size, elapsed))
 }
 
 /// A failure after `done` messages.

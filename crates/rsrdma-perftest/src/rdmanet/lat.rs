@@ -1,21 +1,27 @@
 //! `rs_rdmanet_lat`: ping-pong over `Conn`. The client times `send_msg` plus the
 //! `recv_msg_into` of the echo; the server echoes every message until the end of the stream.
+//! Round trips are timed with the time-stamp counter ([`crate::watch::Clock`]), as
+//! `rs_send_lat` times its own: a `clock_gettime` system call (a VM's HPET clock source)
+//! inside every sample would be measured as latency.
 
 use super::args::{LatArgs, Target};
 use super::conn_bw::after;
 use super::net::{conn_options, dial, establish_name, listen, net_error};
-use super::text::{accepted_line, echoed_line, lat_line, lat_summary, listening_line};
+use super::text::{
+    accepted_line, echoed_line, json_lat, lat_line, lat_summary, listening_line, Json,
+};
 use super::zerocopy;
 use crate::error::{Error, Result};
 use crate::out::Out;
+use crate::watch::Clock;
 use rsrdma_net::NetError;
-use std::time::Instant;
+use std::time::Duration;
 
 /// The server: accepts one client and echoes each message until the client closes.
 ///
 /// # Errors
 /// Listening, accepting, a failed connection or a dead client.
-pub fn server(a: &LatArgs, o: &mut Out<'_>) -> Result<()> {
+pub fn server(a: &LatArgs, o: &mut Out<'_>) -> Result<Json> {
     let c = &a.common;
     let l = listen(c, zerocopy::options(conn_options(c, 0), &a.zc))?;
     o.text(&listening_line(establish_name(c.establish), l.local_addr()));
@@ -30,7 +36,11 @@ pub fn server(a: &LatArgs, o: &mut Out<'_>) -> Result<()> {
     o.text(&echoed_line(messages, bytes));
     o.text(&zerocopy::recv_memory_text(&l, &a.zc));
     o.flush();
-    conn.close().map_err(|e| net_error("close", e))
+    conn.close().map_err(|e| net_error("close", e))?;
+    Ok(Json::new("rs_rdmanet_lat", "server")
+        .str("poll", c.poll.name())
+        .int("messages", messages)
+        .int("bytes", bytes))
 }
 
 /// Echoes each message from a vector that grows to the largest message.
@@ -59,7 +69,7 @@ fn echo(conn: &rsrdma_net::Conn, size: usize) -> Result<(u64, u64)> {
 ///
 /// # Errors
 /// Connecting, a failed connection, a dead server, or an echo of the wrong length.
-pub fn client(a: &LatArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
+pub fn client(a: &LatArgs, target: &Target, o: &mut Out<'_>) -> Result<Json> {
     let c = &a.common;
     let conn = dial(target, zerocopy::options(conn_options(c, 0), &a.zc))?;
     if a.zc.enabled {
@@ -70,13 +80,14 @@ pub fn client(a: &LatArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
     let mut echo = vec![0u8; size];
     // Grown outside the timed part of each round trip when a run is longer than this.
     let mut samples = Vec::with_capacity(c.count.min(1 << 16) as usize);
+    let clock = Clock::new();
     for i in 0..c.count {
-        let t0 = Instant::now();
+        let t0 = clock.now();
         conn.send_msg(&msg).map_err(|e| after("send_msg", i, e))?;
         let got = conn
             .recv_msg_into(&mut echo)
             .map_err(|e| after("recv_msg_into", i, e))?;
-        samples.push(t0.elapsed());
+        samples.push(Duration::from_nanos(clock.now().saturating_sub(t0)));
         match got {
             Some(n) if n == size => {}
             Some(n) => {
@@ -92,9 +103,16 @@ pub fn client(a: &LatArgs, target: &Target, o: &mut Out<'_>) -> Result<()> {
             }
         }
     }
-    if let Some(s) = lat_summary(&mut samples) {
-        o.text(&lat_line(&s));
+    let summary = lat_summary(&mut samples);
+    if let Some(s) = &summary {
+        o.text(&lat_line(s));
         o.flush();
     }
-    conn.close().map_err(|e| net_error("close", e))
+    conn.close().map_err(|e| net_error("close", e))?;
+    let j = Json::new("rs_rdmanet_lat", "client").str("poll", c.poll.name());
+    // `-n` is at least 1, so there is a summary.
+    Ok(match &summary {
+        Some(s) => json_lat(j, a.size, s),
+        None => j.int("size", a.size).int("round_trips", 0),
+    })
 }

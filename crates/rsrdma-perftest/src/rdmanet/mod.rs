@@ -7,6 +7,9 @@
 //! message on stderr when the peer dies: `Conn`'s keepalive (or rdma_cm, or the TCP channel)
 //! notices within 5 s, `RawConn`'s pipelines through their stall watch.
 //!
+//! With `--json`, stdout is one JSON object with the results ([`text::Json`]; its fields are
+//! in `--help`) and the other lines go to stderr.
+//!
 //! - [`args`]: the flags (pure). [`text`]: the printed lines (pure).
 //! - [`net`]: `Conn` options, connecting, errors. [`conn_bw`]: the `Conn` bandwidth ends;
 //!   [`lat`]: the ping-pong ends; [`raw`]: the `RawConn` bandwidth ends (perftest's header
@@ -26,12 +29,13 @@ pub mod zerocopy;
 use crate::error::Result;
 use crate::out::Out;
 use std::io::Write;
+use text::Json;
 
 /// `rs_rdmanet_bw`'s main: parse, run one end, print errors, return the exit code.
 pub fn main_bw() -> i32 {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     match args::parse_bw(&argv) {
-        Ok(a) => finish(with_stdout(|o| run_bw(&a, o))),
+        Ok(a) => finish(with_stdout(a.common.json, |o| run_bw(&a, o))),
         Err(e) => clap_exit(&e),
     }
 }
@@ -40,16 +44,16 @@ pub fn main_bw() -> i32 {
 pub fn main_lat() -> i32 {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     match args::parse_lat(&argv) {
-        Ok(a) => finish(with_stdout(|o| run_lat(&a, o))),
+        Ok(a) => finish(with_stdout(a.common.json, |o| run_lat(&a, o))),
         Err(e) => clap_exit(&e),
     }
 }
 
-/// Runs the end of `rs_rdmanet_bw` that `a` names.
+/// Runs the end of `rs_rdmanet_bw` that `a` names; returns its results for `--json`.
 ///
 /// # Errors
 /// What ended the run.
-pub fn run_bw(a: &args::BwArgs, o: &mut Out<'_>) -> Result<()> {
+pub fn run_bw(a: &args::BwArgs, o: &mut Out<'_>) -> Result<Json> {
     match (&a.raw, &a.common.target) {
         (Some(r), Some(t)) => raw::client(a, r, t, o),
         (Some(r), None) => raw::server(a, r, o),
@@ -58,23 +62,40 @@ pub fn run_bw(a: &args::BwArgs, o: &mut Out<'_>) -> Result<()> {
     }
 }
 
-/// Runs the end of `rs_rdmanet_lat` that `a` names.
+/// Runs the end of `rs_rdmanet_lat` that `a` names; returns its results for `--json`.
 ///
 /// # Errors
 /// What ended the run.
-pub fn run_lat(a: &args::LatArgs, o: &mut Out<'_>) -> Result<()> {
+pub fn run_lat(a: &args::LatArgs, o: &mut Out<'_>) -> Result<Json> {
     match &a.common.target {
         Some(t) => lat::client(a, t, o),
         None => lat::server(a, o),
     }
 }
 
-fn with_stdout(run: impl FnOnce(&mut Out<'_>) -> Result<()>) -> Result<()> {
-    let stdout = std::io::stdout();
-    let mut lock = stdout.lock();
-    let r = run(&mut Out::new(&mut lock, false));
-    let _ = lock.flush();
-    r
+/// Runs with the text on stdout; with `json`, the text goes to stderr and stdout gets the
+/// results' one JSON object.
+fn with_stdout(json: bool, run: impl FnOnce(&mut Out<'_>) -> Result<Json>) -> Result<()> {
+    let r = if json {
+        let stderr = std::io::stderr();
+        let mut lock = stderr.lock();
+        let r = run(&mut Out::new(&mut lock, false));
+        let _ = lock.flush();
+        r
+    } else {
+        let stdout = std::io::stdout();
+        let mut lock = stdout.lock();
+        let r = run(&mut Out::new(&mut lock, false));
+        let _ = lock.flush();
+        r
+    };
+    let j = r?;
+    if json {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(j.render().as_bytes());
+        let _ = out.flush();
+    }
+    Ok(())
 }
 
 fn finish(r: Result<()>) -> i32 {

@@ -9,7 +9,8 @@ use super::args::{BwArgs, Raw, Target};
 use super::cpu::process_cpu;
 use super::net::net_error;
 use super::text::{
-    accepted_line, cpu_line, listening_line, raw_result, received_line, registered_line,
+    accepted_line, cpu_line, json_rates, listening_line, raw_result, received_line,
+    registered_line, Json,
 };
 use crate::args::{Params, RESULT_LINE};
 use crate::error::{Error, Result};
@@ -57,7 +58,7 @@ fn param_name(k: u16) -> &'static str {
 /// # Errors
 /// Listening, the handshake (including `--raw-onebuf` on one end only), verbs errors, a
 /// client that dies or stalls.
-pub fn server(a: &BwArgs, r: &Raw, o: &mut Out<'_>) -> Result<()> {
+pub fn server(a: &BwArgs, r: &Raw, o: &mut Out<'_>) -> Result<Json> {
     let opts = options(a, r).params(vec![(PARAM_ONEBUF, u64::from(r.onebuf))]);
     let l =
         RawListener::bind(("0.0.0.0", a.common.port), opts).map_err(|e| raw_err("listen", e))?;
@@ -108,14 +109,21 @@ pub fn server(a: &BwArgs, r: &Raw, o: &mut Out<'_>) -> Result<()> {
     o.text(&received_line(st.completed, st.bytes));
     o.text(&cpu_line(cpu));
     o.flush();
-    rc.close().map_err(|e| raw_err("close", e))
+    let registered = mr.len() as u64;
+    rc.close().map_err(|e| raw_err("close", e))?;
+    Ok(Json::new("rs_rdmanet_bw", "server")
+        .str("transport", "raw")
+        .int("registered_bytes", registered)
+        .num("cpu_seconds", cpu.as_secs_f64())
+        .int("messages", st.completed)
+        .int("bytes", st.bytes))
 }
 
 /// The client: `-n` SENDs of `-s` bytes with the tx depth in flight, then the table.
 ///
 /// # Errors
 /// Connecting, the handshake, verbs errors, a server that dies or stalls.
-pub fn client(a: &BwArgs, r: &Raw, target: &Target, o: &mut Out<'_>) -> Result<()> {
+pub fn client(a: &BwArgs, r: &Raw, target: &Target, o: &mut Out<'_>) -> Result<Json> {
     let count = a.common.count;
     let opts = options(a, r).params(vec![
         (PARAM_SIZE, a.size),
@@ -159,7 +167,22 @@ pub fn client(a: &BwArgs, r: &Raw, target: &Target, o: &mut Out<'_>) -> Result<(
     }
     o.text(&cpu_line(cpu));
     o.flush();
-    rc.close().map_err(|e| raw_err("close", e))
+    let registered = mr.len() as u64;
+    rc.close().map_err(|e| raw_err("close", e))?;
+    let j = Json::new("rs_rdmanet_bw", "client")
+        .str("transport", "raw")
+        .str(
+            "mode",
+            if r.single {
+                "pipeline"
+            } else {
+                "pipeline_batch"
+            },
+        )
+        .int("tx_depth", u64::from(r.tx_depth))
+        .int("registered_bytes", registered)
+        .num("cpu_seconds", cpu.as_secs_f64());
+    Ok(json_rates(j, st.completed, a.size, st.elapsed))
 }
 
 fn sges(mr: &rsrdma::Mr, size: usize, slots: u32) -> Result<Vec<[Sge; 1]>> {

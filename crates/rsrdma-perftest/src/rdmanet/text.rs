@@ -173,9 +173,159 @@ fn fraction(v: u128, digits: u32) -> String {
     format!("{int}.{}", f.trim_end_matches('0'))
 }
 
+/// One value of a [`Json`] object.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JsonValue {
+    /// A string (escaped when rendered).
+    Str(String),
+    /// An unsigned integer.
+    Int(u64),
+    /// A number; `null` when not finite.
+    Num(f64),
+}
+
+/// The one JSON object `--json` prints on stdout: flat, keys in insertion order.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Json {
+    fields: Vec<(&'static str, JsonValue)>,
+}
+
+impl Json {
+    /// An object that starts with `"tool"` and `"role"`.
+    pub fn new(tool: &str, role: &str) -> Json {
+        Json::default().str("tool", tool).str("role", role)
+    }
+
+    /// Adds a string field.
+    pub fn str(mut self, key: &'static str, v: &str) -> Json {
+        self.fields.push((key, JsonValue::Str(v.to_string())));
+        self
+    }
+
+    /// Adds an integer field.
+    pub fn int(mut self, key: &'static str, v: u64) -> Json {
+        self.fields.push((key, JsonValue::Int(v)));
+        self
+    }
+
+    /// Adds a number field.
+    pub fn num(mut self, key: &'static str, v: f64) -> Json {
+        self.fields.push((key, JsonValue::Num(v)));
+        self
+    }
+
+    /// The field `key`, if present.
+    pub fn get(&self, key: &str) -> Option<&JsonValue> {
+        self.fields.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
+    /// One line: `{"tool":"rs_rdmanet_bw","role":"client",...}` and a newline.
+    pub fn render(&self) -> String {
+        let mut out = String::from("{");
+        for (i, (k, v)) in self.fields.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            push_json_str(&mut out, k);
+            out.push(':');
+            match v {
+                JsonValue::Str(s) => push_json_str(&mut out, s),
+                JsonValue::Int(n) => out.push_str(&n.to_string()),
+                // Rust writes finite floats in plain decimal (no exponent), which JSON takes.
+                JsonValue::Num(x) if x.is_finite() => out.push_str(&x.to_string()),
+                JsonValue::Num(_) => out.push_str("null"),
+            }
+        }
+        out.push_str("}\n");
+        out
+    }
+}
+
+fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// The bandwidth fields of a transfer of `count` messages of `size` bytes in `elapsed`.
+pub fn json_rates(j: Json, count: u64, size: u64, elapsed: Duration) -> Json {
+    let secs = elapsed.as_secs_f64();
+    let (gbits, mpps) = if secs > 0.0 {
+        (
+            count as f64 * size as f64 * 8.0 / secs / 1e9,
+            count as f64 / secs / 1e6,
+        )
+    } else {
+        (0.0, 0.0)
+    };
+    j.int("messages", count)
+        .int("size", size)
+        .int("bytes", count.saturating_mul(size))
+        .num("seconds", secs)
+        .num("gbits", gbits)
+        .num("mpps", mpps)
+}
+
+/// The latency client's fields: the summary in nanoseconds.
+pub fn json_lat(j: Json, size: u64, s: &LatSummary) -> Json {
+    let ns = |d: Duration| d.as_nanos().min(u128::from(u64::MAX)) as u64;
+    j.int("size", size)
+        .int("round_trips", s.count as u64)
+        .int("avg_ns", ns(s.avg))
+        .int("p50_ns", ns(s.p50))
+        .int("p99_ns", ns(s.p99))
+        .int("min_ns", ns(s.min))
+        .int("max_ns", ns(s.max))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_objects_render_flat_and_escaped() {
+        let j = Json::new("rs_rdmanet_bw", "client")
+            .str("mode", "a\"b\\c\n")
+            .int("messages", 3)
+            .num("gbits", 0.25)
+            .num("bad", f64::NAN);
+        assert_eq!(
+            j.render(),
+            "{\"tool\":\"rs_rdmanet_bw\",\"role\":\"client\",\"mode\":\"a\\\"b\\\\c\\u000a\",\
+             \"messages\":3,\"gbits\":0.25,\"bad\":null}\n"
+        );
+        assert_eq!(j.get("messages"), Some(&JsonValue::Int(3)));
+        assert_eq!(j.get("nope"), None);
+        // Small rates stay plain decimals (JSON has no room for Rust's `inf` or `1e-7`).
+        let tiny = Json::default().num("x", 1e-7).render();
+        assert_eq!(tiny, "{\"x\":0.0000001}\n");
+    }
+
+    #[test]
+    fn json_rates_and_latency_fields() {
+        let j = json_rates(Json::default(), 1000, 65536, Duration::from_millis(500));
+        assert_eq!(j.get("bytes"), Some(&JsonValue::Int(65_536_000)));
+        assert_eq!(j.get("seconds"), Some(&JsonValue::Num(0.5)));
+        match j.get("gbits") {
+            Some(JsonValue::Num(g)) => assert!((g - 1.048576).abs() < 1e-12, "{g}"),
+            other => panic!("{other:?}"),
+        }
+        let zero = json_rates(Json::default(), 0, 1, Duration::ZERO);
+        assert_eq!(zero.get("mpps"), Some(&JsonValue::Num(0.0)));
+        let mut v = [Duration::from_micros(3), Duration::from_micros(1)];
+        let s = lat_summary(&mut v).unwrap();
+        let j = json_lat(Json::default(), 64, &s);
+        assert_eq!(j.get("p50_ns"), Some(&JsonValue::Int(3000)));
+        assert_eq!(j.get("min_ns"), Some(&JsonValue::Int(1000)));
+        assert_eq!(j.get("round_trips"), Some(&JsonValue::Int(2)));
+    }
 
     fn ns(n: u64) -> Duration {
         Duration::from_nanos(n)

@@ -20,11 +20,12 @@
 use super::args::{LatArgs, ZeroCopy};
 use super::conn_bw::after;
 use super::net::net_error;
-use super::text::{lat_line, lat_summary, SendMode};
+use super::text::{json_lat, lat_line, lat_summary, Json, SendMode};
 use crate::error::{Error, Result};
 use crate::out::Out;
+use crate::watch::Clock;
 use rsrdma_net::{Buffer, Conn, ConnOptions, Listener, NetError, RecvMemory, SharedRecv};
-use std::time::Instant;
+use std::time::Duration;
 
 /// `opts` with the rendezvous threshold and the shared receive pool of the flags.
 pub fn options(opts: ConnOptions, zc: &ZeroCopy) -> ConnOptions {
@@ -291,17 +292,18 @@ impl PingPong {
 ///
 /// # Errors
 /// A failed connection, a dead server, or an echo of the wrong length or stamps.
-pub fn lat_client(a: &LatArgs, conn: &Conn, o: &mut Out<'_>) -> Result<()> {
+pub fn lat_client(a: &LatArgs, conn: &Conn, o: &mut Out<'_>) -> Result<Json> {
     let c = &a.common;
     let size = a.size as usize;
     let mut pp = PingPong::new(conn, size)?;
     // Grown outside the timed part of each round trip when a run is longer than this.
     let mut samples = Vec::with_capacity(c.count.min(1 << 16) as usize);
+    let clock = Clock::new();
     for i in 0..c.count {
         pp.stamp(i)?;
-        let t0 = Instant::now();
+        let t0 = clock.now();
         let got = pp.round_trip(conn, i)?;
-        samples.push(t0.elapsed());
+        samples.push(Duration::from_nanos(clock.now().saturating_sub(t0)));
         match got {
             Some(n) if n == size => pp.check(i, n)?,
             Some(n) => {
@@ -317,11 +319,20 @@ pub fn lat_client(a: &LatArgs, conn: &Conn, o: &mut Out<'_>) -> Result<()> {
             }
         }
     }
-    if let Some(s) = lat_summary(&mut samples) {
-        o.text(&lat_line(&s));
+    let summary = lat_summary(&mut samples);
+    if let Some(s) = &summary {
+        o.text(&lat_line(s));
         o.flush();
     }
-    conn.close().map_err(|e| net_error("close", e))
+    conn.close().map_err(|e| net_error("close", e))?;
+    let j = Json::new("rs_rdmanet_lat", "client")
+        .str("poll", c.poll.name())
+        .str("mode", "zero_copy");
+    // `-n` is at least 1, so there is a summary.
+    Ok(match &summary {
+        Some(s) => json_lat(j, a.size, s),
+        None => j.int("size", a.size).int("round_trips", 0),
+    })
 }
 
 #[cfg(test)]
