@@ -48,9 +48,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::run("connection-styles", || {
-        let a = Args::parse();
-        common::require_rdma()?;
+    common::main("connection-styles", |a: Args| {
         let rc = |est| a.dev.conn_options().establish(est);
         match (a.mode, a.role.side()) {
             (Mode::RcCm, Side::Server(addr)) => rc_server(addr, rc(Establish::Cm)),

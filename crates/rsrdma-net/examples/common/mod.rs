@@ -7,7 +7,7 @@
 // Each example uses only some of these helpers.
 #![allow(dead_code)]
 
-use rsrdma_net::{ConnOptions, PacketOptions, RawOptions};
+use rsrdma_net::{Conn, ConnOptions, Listener, PacketOptions, RawOptions};
 use std::error::Error;
 use std::fmt::Display;
 use std::process::ExitCode;
@@ -76,6 +76,18 @@ pub enum Side<'a> {
 }
 
 impl Role {
+    /// Runs `server` with the address to listen on, or `client` with the address to dial.
+    pub fn serve_or_dial<T>(
+        &self,
+        server: impl FnOnce(&str) -> T,
+        client: impl FnOnce(&str) -> T,
+    ) -> T {
+        match self.side() {
+            Side::Server(addr) => server(addr),
+            Side::Client(addr) => client(addr),
+        }
+    }
+
     /// Server or client (clap has made sure one of them was given).
     pub fn side(&self) -> Side<'_> {
         match (&self.listen, &self.peer) {
@@ -102,6 +114,26 @@ pub fn listening(name: &str, addr: impl Display) {
     println!("{name}: listening on {addr}");
 }
 
+/// The server side of the examples whose point is what happens on a connection, not how
+/// it is made: binds a [`Listener`] on `addr`, says where it listens (see [`listening`]) and
+/// accepts one connection. echo-msg shows these steps one by one.
+pub fn accept_one(name: &str, addr: &str, opts: ConnOptions) -> Result<Conn, Box<dyn Error>> {
+    let listener = Listener::bind(addr, opts)?;
+    listening(name, listener.local_addr());
+    Ok(listener.accept()?)
+}
+
+/// The client's check of one echoed message: `None` (the server closed without echoing) is
+/// an error; else it prints `client: echo TEXT` and fails where the echo differs from `sent`.
+pub fn check_echo(echo: Option<&[u8]>, sent: &[u8]) -> Outcome {
+    let echo = echo.ok_or("the server closed without echoing")?;
+    println!("client: echo {:?}", String::from_utf8_lossy(echo));
+    if echo != sent {
+        return Err("the echo differs from the message sent".into());
+    }
+    Ok(())
+}
+
 /// Runs an example's body: success is exit status 0; an error is printed as `NAME: error`
 /// (the library's message says what failed, and where there is no RDMA stack, how to use
 /// the VM) and gives status 1. No panic, no backtrace.
@@ -113,6 +145,17 @@ pub fn run(name: &str, body: impl FnOnce() -> Outcome) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The usual `main`: parses the example's arguments (clap exits on `--help` or bad input),
+/// fails early where there is no RDMA device ([`require_rdma`]), then runs `body` as [`run`]
+/// does.
+pub fn main<A: clap::Parser>(name: &str, body: impl FnOnce(A) -> Outcome) -> ExitCode {
+    run(name, || {
+        let args = A::parse();
+        require_rdma()?;
+        body(args)
+    })
 }
 
 /// The SHA-256 of `data`, in hex.
