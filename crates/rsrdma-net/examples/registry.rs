@@ -29,15 +29,8 @@ use std::time::Duration;
 /// Name-based discovery of UD endpoints.
 #[derive(Parser)]
 struct Args {
-    /// Run the directory on ADDR until killed
-    #[arg(long = "registry", value_name = "ADDR", conflicts_with_all = ["listen", "at"])]
-    registry: Option<String>,
-    /// Register a UD endpoint at REGISTRY and wait for one datagram (server)
-    #[arg(short = 'l', long = "listen")]
-    listen: bool,
-    /// The directory's HOST:PORT (server and client)
-    #[arg(value_name = "REGISTRY", required_unless_present = "registry")]
-    at: Option<String>,
+    #[command(flatten)]
+    role: common::RegistryRole,
     /// The name the server registers and the client looks up
     #[arg(long, default_value = "echo")]
     name: String,
@@ -51,18 +44,8 @@ struct Args {
 fn main() -> ExitCode {
     common::run("registry", || {
         let a = Args::parse();
-        match (&a.registry, &a.at) {
-            (Some(addr), _) => directory(addr),
-            (None, Some(at)) => {
-                common::require_rdma()?;
-                if a.listen {
-                    server(at, &a)
-                } else {
-                    client(at, &a)
-                }
-            }
-            (None, None) => Err("give --registry ADDR, -l REGISTRY or REGISTRY".into()),
-        }
+        a.role
+            .dispatch(directory, |at| server(at, &a), |at| client(at, &a))
     })
 }
 

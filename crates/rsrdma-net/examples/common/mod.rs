@@ -98,6 +98,46 @@ impl Role {
     }
 }
 
+/// The three roles of the registry examples: `--registry ADDR` runs the directory (no RDMA);
+/// `-l REGISTRY` binds an endpoint and registers it there (server); `REGISTRY` looks names
+/// up there (client).
+#[derive(clap::Args, Debug, Clone)]
+pub struct RegistryRole {
+    /// Run the directory on ADDR until killed
+    #[arg(long = "registry", value_name = "ADDR", conflicts_with_all = ["listen", "at"])]
+    pub registry: Option<String>,
+    /// Register an endpoint at REGISTRY under --name and wait for datagrams (server)
+    #[arg(short = 'l', long = "listen")]
+    pub listen: bool,
+    /// The directory's HOST:PORT (server and client)
+    #[arg(value_name = "REGISTRY", required_unless_present = "registry")]
+    pub at: Option<String>,
+}
+
+impl RegistryRole {
+    /// Runs `directory` with the address to serve on, or, once [`require_rdma`] passed,
+    /// `listen` or `dial` with the directory's address.
+    pub fn dispatch(
+        &self,
+        directory: impl FnOnce(&str) -> Outcome,
+        listen: impl FnOnce(&str) -> Outcome,
+        dial: impl FnOnce(&str) -> Outcome,
+    ) -> Outcome {
+        match (&self.registry, &self.at) {
+            (Some(addr), _) => directory(addr),
+            (None, Some(at)) => {
+                require_rdma()?;
+                if self.listen {
+                    listen(at)
+                } else {
+                    dial(at)
+                }
+            }
+            (None, None) => Err("give --registry ADDR, -l REGISTRY or REGISTRY".into()),
+        }
+    }
+}
+
 /// Fails early, with the library's message, where there is no RDMA device: the TCP
 /// handshake path and the registry would otherwise get as far as waiting for a peer.
 pub fn require_rdma() -> Outcome {
