@@ -22,7 +22,7 @@ mod common;
 use clap::Parser;
 use common::Outcome;
 use rsrdma_net::registry::{lookup, register};
-use rsrdma_net::{NetError, PacketConn, Registry};
+use rsrdma_net::{PacketConn, Registry};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -90,17 +90,8 @@ fn client(at: &str, a: &Args) -> Outcome {
         .read_timeout(Some(Duration::from_secs(3)));
     let conn = PacketConn::bind(opts)?;
     let mut buf = vec![0u8; conn.max_datagram()];
-    // UD may drop a datagram: try a few times.
-    for _attempt in 0..3 {
-        conn.send_to(b"hello registry", &to)?;
-        match conn.recv_from(&mut buf) {
-            Ok((n, _)) => {
-                println!("client: reply {:?}", String::from_utf8_lossy(&buf[..n]));
-                return Ok(());
-            }
-            Err(NetError::Timeout { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err("no reply after three datagrams".into())
+    // send_to and recv_from, retried: UD may drop a datagram.
+    let (n, _) = common::send_until_reply(&conn, b"hello registry", &to, &mut buf)?;
+    println!("client: reply {:?}", String::from_utf8_lossy(&buf[..n]));
+    Ok(())
 }

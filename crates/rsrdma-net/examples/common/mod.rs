@@ -7,7 +7,9 @@
 // Each example uses only some of these helpers.
 #![allow(dead_code)]
 
-use rsrdma_net::{Conn, ConnOptions, Listener, PacketOptions, RawOptions};
+use rsrdma_net::{
+    Addr, Conn, ConnOptions, Listener, NetError, PacketConn, PacketOptions, RawOptions,
+};
 use std::error::Error;
 use std::fmt::Display;
 use std::process::ExitCode;
@@ -172,6 +174,26 @@ pub fn check_echo(echo: Option<&[u8]>, sent: &[u8]) -> Outcome {
         return Err("the echo differs from the message sent".into());
     }
     Ok(())
+}
+
+/// Sends `msg` to `to` and waits for one reply into `buf`, giving its length and sender. UD
+/// may drop a datagram, so it sends up to three times; the endpoint's read timeout bounds
+/// each wait.
+pub fn send_until_reply(
+    conn: &PacketConn,
+    msg: &[u8],
+    to: &Addr,
+    buf: &mut [u8],
+) -> Result<(usize, Addr), Box<dyn Error>> {
+    for _attempt in 0..3 {
+        conn.send_to(msg, to)?;
+        match conn.recv_from(buf) {
+            Ok(reply) => return Ok(reply),
+            Err(NetError::Timeout { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err("no reply after three datagrams".into())
 }
 
 /// Runs an example's body: success is exit status 0; an error is printed as `NAME: error`
