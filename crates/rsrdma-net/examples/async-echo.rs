@@ -42,9 +42,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::run("async-echo", || {
-        let a = Args::parse();
-        common::require_rdma()?;
+    common::main("async-echo", |a: Args| {
         // One thread: the point is that connections need none of their own.
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

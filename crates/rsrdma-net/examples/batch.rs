@@ -16,8 +16,8 @@
 mod common;
 
 use clap::Parser;
-use common::{Outcome, Side};
-use rsrdma_net::{Conn, Listener};
+use common::Outcome;
+use rsrdma_net::Conn;
 use std::process::ExitCode;
 
 const COUNT: usize = 8;
@@ -32,20 +32,14 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::run("batch", || {
-        let a = Args::parse();
-        common::require_rdma()?;
-        match a.role.side() {
-            Side::Server(addr) => server(addr, &a),
-            Side::Client(addr) => client(addr, &a),
-        }
+    common::main("batch", |a: Args| {
+        a.role
+            .serve_or_dial(|addr| server(addr, &a), |addr| client(addr, &a))
     })
 }
 
 fn server(addr: &str, a: &Args) -> Outcome {
-    let listener = Listener::bind(addr, a.dev.conn_options())?;
-    common::listening("batch", listener.local_addr());
-    let conn = listener.accept()?;
+    let conn = common::accept_one("batch", addr, a.dev.conn_options())?;
     let mut got = Vec::with_capacity(COUNT);
     let mut calls = 0;
     while got.len() < COUNT {

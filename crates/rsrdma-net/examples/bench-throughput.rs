@@ -19,8 +19,8 @@
 mod common;
 
 use clap::Parser;
-use common::{Outcome, Side};
-use rsrdma_net::{Conn, Listener};
+use common::Outcome;
+use rsrdma_net::Conn;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -43,20 +43,14 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::run("bench-throughput", || {
-        let a = Args::parse();
-        common::require_rdma()?;
-        match a.role.side() {
-            Side::Server(addr) => server(addr, &a),
-            Side::Client(addr) => client(addr, &a),
-        }
+    common::main("bench-throughput", |a: Args| {
+        a.role
+            .serve_or_dial(|addr| server(addr, &a), |addr| client(addr, &a))
     })
 }
 
 fn server(addr: &str, a: &Args) -> Outcome {
-    let listener = Listener::bind(addr, a.dev.conn_options())?;
-    common::listening("bench-throughput", listener.local_addr());
-    let conn = listener.accept()?;
+    let conn = common::accept_one("bench-throughput", addr, a.dev.conn_options())?;
     let header = conn
         .recv_msg()?
         .ok_or("the client closed before the header")?;

@@ -34,9 +34,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::run("chat", || {
-        let a = Args::parse();
-        common::require_rdma()?;
+    common::main("chat", |a: Args| {
         let conn = match a.role.side() {
             Side::Server(addr) => {
                 let listener = Listener::bind(addr, a.dev.conn_options())?;

@@ -23,7 +23,7 @@ mod common;
 
 use clap::{Parser, ValueEnum};
 use common::{Outcome, Side};
-use rsrdma_net::{Addr, Conn, ConnOptions, Establish, Listener, NetError, PacketConn};
+use rsrdma_net::{Addr, Conn, ConnOptions, Establish, Listener, PacketConn};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -48,9 +48,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::run("connection-styles", || {
-        let a = Args::parse();
-        common::require_rdma()?;
+    common::main("connection-styles", |a: Args| {
         let rc = |est| a.dev.conn_options().establish(est);
         match (a.mode, a.role.side()) {
             (Mode::RcCm, Side::Server(addr)) => rc_server(addr, rc(Establish::Cm)),
@@ -118,19 +116,11 @@ fn ud_client(a: &Args, to: &Addr) -> Outcome {
         .read_timeout(Some(Duration::from_secs(3)));
     let conn = PacketConn::bind(opts)?;
     let mut buf = vec![0u8; conn.max_datagram()];
-    for _attempt in 0..3 {
-        conn.send_to(b"hello UD", to)?;
-        match conn.recv_from(&mut buf) {
-            Ok((n, _)) => {
-                println!(
-                    "client (UD): reply {:?}",
-                    String::from_utf8_lossy(&buf[..n])
-                );
-                return Ok(());
-            }
-            Err(NetError::Timeout { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err("no reply after three datagrams".into())
+    // send_to and recv_from, retried: UD may drop a datagram.
+    let (n, _) = common::send_until_reply(&conn, b"hello UD", to, &mut buf)?;
+    println!(
+        "client (UD): reply {:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    Ok(())
 }

@@ -18,8 +18,8 @@
 mod common;
 
 use clap::Parser;
-use common::{Outcome, Side};
-use rsrdma_net::{Conn, Listener};
+use common::Outcome;
+use rsrdma_net::Conn;
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
@@ -40,20 +40,14 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::run("echo-stream", || {
-        let a = Args::parse();
-        common::require_rdma()?;
-        match a.role.side() {
-            Side::Server(addr) => server(addr, &a),
-            Side::Client(addr) => client(addr, &a),
-        }
+    common::main("echo-stream", |a: Args| {
+        a.role
+            .serve_or_dial(|addr| server(addr, &a), |addr| client(addr, &a))
     })
 }
 
 fn server(addr: &str, a: &Args) -> Outcome {
-    let listener = Listener::bind(addr, a.dev.conn_options())?;
-    common::listening("echo-stream", listener.local_addr());
-    let mut conn = listener.accept()?;
+    let mut conn = common::accept_one("echo-stream", addr, a.dev.conn_options())?;
     let mut buf = [0u8; 32];
     let mut total = 0;
     loop {

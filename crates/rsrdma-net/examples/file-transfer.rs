@@ -16,8 +16,8 @@
 mod common;
 
 use clap::Parser;
-use common::{Outcome, Side};
-use rsrdma_net::{Conn, Listener};
+use common::Outcome;
+use rsrdma_net::Conn;
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -59,20 +59,14 @@ impl<W: Write> Write for Hashing<W> {
 }
 
 fn main() -> ExitCode {
-    common::run("file-transfer", || {
-        let a = Args::parse();
-        common::require_rdma()?;
-        match a.role.side() {
-            Side::Server(addr) => server(addr, &a),
-            Side::Client(addr) => client(addr, &a),
-        }
+    common::main("file-transfer", |a: Args| {
+        a.role
+            .serve_or_dial(|addr| server(addr, &a), |addr| client(addr, &a))
     })
 }
 
 fn server(addr: &str, a: &Args) -> Outcome {
-    let listener = Listener::bind(addr, a.dev.conn_options())?;
-    common::listening("file-transfer", listener.local_addr());
-    let mut conn = listener.accept()?;
+    let mut conn = common::accept_one("file-transfer", addr, a.dev.conn_options())?;
     let file =
         File::create(&a.output).map_err(|e| format!("creating {}: {e}", a.output.display()))?;
     let mut out = Hashing {

@@ -34,9 +34,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::run("handshake-dial", || {
-        let a = Args::parse();
-        common::require_rdma()?;
+    common::main("handshake-dial", |a: Args| {
         let opts = a.dev.conn_options().establish(Establish::Tcp);
         match a.role.side() {
             Side::Server(addr) => server(addr, &a, opts),
@@ -72,13 +70,8 @@ fn client(addr: &str, a: &Args, opts: ConnOptions) -> Outcome {
     let conn = Conn::dial(addr, opts)?;
     describe("client", &conn);
     conn.send_msg(a.msg.as_bytes())?;
-    let echo = conn
-        .recv_msg()?
-        .ok_or("the server closed without echoing")?;
-    println!("client: echo {:?}", String::from_utf8_lossy(&echo));
-    if echo != a.msg.as_bytes() {
-        return Err("the echo differs from the message sent".into());
-    }
+    let echo = conn.recv_msg()?;
+    common::check_echo(echo.as_deref(), a.msg.as_bytes())?;
     conn.close()?;
     Ok(())
 }

@@ -18,8 +18,8 @@
 mod common;
 
 use clap::Parser;
-use common::{Outcome, Side};
-use rsrdma_net::{Conn, ConnOptions, Listener};
+use common::Outcome;
+use rsrdma_net::{Conn, ConnOptions};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -62,20 +62,14 @@ impl Args {
 }
 
 fn main() -> ExitCode {
-    common::run("large-message", || {
-        let a = Args::parse();
-        common::require_rdma()?;
-        match a.role.side() {
-            Side::Server(addr) => server(addr, &a),
-            Side::Client(addr) => client(addr, &a),
-        }
+    common::main("large-message", |a: Args| {
+        a.role
+            .serve_or_dial(|addr| server(addr, &a), |addr| client(addr, &a))
     })
 }
 
 fn server(addr: &str, a: &Args) -> Outcome {
-    let listener = Listener::bind(addr, a.options()?)?;
-    common::listening("large-message", listener.local_addr());
-    let conn = listener.accept()?;
+    let conn = common::accept_one("large-message", addr, a.options()?)?;
     let mut buf = vec![0u8; a.bytes()? as usize];
     let start = Instant::now();
     let len = conn

@@ -17,7 +17,7 @@
 mod common;
 
 use clap::Parser;
-use common::{Outcome, Side};
+use common::Outcome;
 use rsrdma_net::{Conn, Listener, NetError};
 use std::process::ExitCode;
 
@@ -37,13 +37,9 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::run("multi-client", || {
-        let a = Args::parse();
-        common::require_rdma()?;
-        match a.role.side() {
-            Side::Server(addr) => server(addr, &a),
-            Side::Client(addr) => client(addr, &a),
-        }
+    common::main("multi-client", |a: Args| {
+        a.role
+            .serve_or_dial(|addr| server(addr, &a), |addr| client(addr, &a))
     })
 }
 
@@ -85,13 +81,8 @@ fn serve_one(conn: &Conn, n: u64) -> Outcome {
 fn client(addr: &str, a: &Args) -> Outcome {
     let conn = Conn::dial(addr, a.dev.conn_options())?;
     conn.send_msg(a.msg.as_bytes())?;
-    let echo = conn
-        .recv_msg()?
-        .ok_or("the server closed without echoing")?;
-    println!("client: echo {:?}", String::from_utf8_lossy(&echo));
-    if echo != a.msg.as_bytes() {
-        return Err("the echo differs".into());
-    }
+    let echo = conn.recv_msg()?;
+    common::check_echo(echo.as_deref(), a.msg.as_bytes())?;
     conn.close()?;
     Ok(())
 }

@@ -42,13 +42,9 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::run("packet", || {
-        let a = Args::parse();
-        common::require_rdma()?;
-        match a.peer {
-            Some(to) => client(&a, &to),
-            None => server(&a),
-        }
+    common::main("packet", |a: Args| match a.peer {
+        Some(to) => client(&a, &to),
+        None => server(&a),
     })
 }
 

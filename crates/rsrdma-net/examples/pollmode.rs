@@ -17,8 +17,8 @@
 mod common;
 
 use clap::{Parser, ValueEnum};
-use common::{Outcome, Side};
-use rsrdma_net::{Conn, Listener, PollMode};
+use common::Outcome;
+use rsrdma_net::{Conn, PollMode};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -56,21 +56,15 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::run("pollmode", || {
-        let a = Args::parse();
-        common::require_rdma()?;
-        match a.role.side() {
-            Side::Server(addr) => server(addr, &a),
-            Side::Client(addr) => client(addr, &a),
-        }
+    common::main("pollmode", |a: Args| {
+        a.role
+            .serve_or_dial(|addr| server(addr, &a), |addr| client(addr, &a))
     })
 }
 
 fn server(addr: &str, a: &Args) -> Outcome {
     let opts = a.dev.conn_options().poll_mode(a.poll.poll_mode());
-    let listener = Listener::bind(addr, opts)?;
-    common::listening("pollmode", listener.local_addr());
-    let conn = listener.accept()?;
+    let conn = common::accept_one("pollmode", addr, opts)?;
     let mut buf = [0u8; 64];
     let mut n = 0u64;
     while let Some(len) = conn.recv_msg_into(&mut buf)? {

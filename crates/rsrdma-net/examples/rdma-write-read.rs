@@ -25,7 +25,7 @@
 mod common;
 
 use clap::Parser;
-use common::{Outcome, Side};
+use common::Outcome;
 use rsrdma::{AccessFlags, Mr, SendWr, Wc};
 use rsrdma_net::{RawConn, RawListener};
 use std::process::ExitCode;
@@ -47,18 +47,14 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::run("rdma-write-read", || {
-        let a = Args::parse();
-        common::require_rdma()?;
+    common::main("rdma-write-read", |a: Args| {
         let len = a
             .size
             .checked_mul(1024)
             .filter(|&l| l > 0 && l <= 1 << 30)
             .ok_or("--size must be 1 to 1048576 KiB")?;
-        match a.role.side() {
-            Side::Server(addr) => server(addr, &a, len),
-            Side::Client(addr) => client(addr, &a, len),
-        }
+        a.role
+            .serve_or_dial(|addr| server(addr, &a, len), |addr| client(addr, &a, len))
     })
 }
 

@@ -22,22 +22,15 @@ mod common;
 use clap::Parser;
 use common::Outcome;
 use rsrdma_net::registry::{lookup, register};
-use rsrdma_net::{NetError, PacketConn, Registry};
+use rsrdma_net::{PacketConn, Registry};
 use std::process::ExitCode;
 use std::time::Duration;
 
 /// Name-based discovery of UD endpoints.
 #[derive(Parser)]
 struct Args {
-    /// Run the directory on ADDR until killed
-    #[arg(long = "registry", value_name = "ADDR", conflicts_with_all = ["listen", "at"])]
-    registry: Option<String>,
-    /// Register a UD endpoint at REGISTRY and wait for one datagram (server)
-    #[arg(short = 'l', long = "listen")]
-    listen: bool,
-    /// The directory's HOST:PORT (server and client)
-    #[arg(value_name = "REGISTRY", required_unless_present = "registry")]
-    at: Option<String>,
+    #[command(flatten)]
+    role: common::RegistryRole,
     /// The name the server registers and the client looks up
     #[arg(long, default_value = "echo")]
     name: String,
@@ -51,18 +44,8 @@ struct Args {
 fn main() -> ExitCode {
     common::run("registry", || {
         let a = Args::parse();
-        match (&a.registry, &a.at) {
-            (Some(addr), _) => directory(addr),
-            (None, Some(at)) => {
-                common::require_rdma()?;
-                if a.listen {
-                    server(at, &a)
-                } else {
-                    client(at, &a)
-                }
-            }
-            (None, None) => Err("give --registry ADDR, -l REGISTRY or REGISTRY".into()),
-        }
+        a.role
+            .dispatch(directory, |at| server(at, &a), |at| client(at, &a))
     })
 }
 
@@ -107,17 +90,8 @@ fn client(at: &str, a: &Args) -> Outcome {
         .read_timeout(Some(Duration::from_secs(3)));
     let conn = PacketConn::bind(opts)?;
     let mut buf = vec![0u8; conn.max_datagram()];
-    // UD may drop a datagram: try a few times.
-    for _attempt in 0..3 {
-        conn.send_to(b"hello registry", &to)?;
-        match conn.recv_from(&mut buf) {
-            Ok((n, _)) => {
-                println!("client: reply {:?}", String::from_utf8_lossy(&buf[..n]));
-                return Ok(());
-            }
-            Err(NetError::Timeout { .. }) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err("no reply after three datagrams".into())
+    // send_to and recv_from, retried: UD may drop a datagram.
+    let (n, _) = common::send_until_reply(&conn, b"hello registry", &to, &mut buf)?;
+    println!("client: reply {:?}", String::from_utf8_lossy(&buf[..n]));
+    Ok(())
 }

@@ -17,8 +17,8 @@
 mod common;
 
 use clap::Parser;
-use common::{Outcome, Side};
-use rsrdma_net::{Conn, Listener};
+use common::Outcome;
+use rsrdma_net::Conn;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -38,20 +38,14 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::run("rpc", || {
-        let a = Args::parse();
-        common::require_rdma()?;
-        match a.role.side() {
-            Side::Server(addr) => server(addr, &a),
-            Side::Client(addr) => client(addr, &a),
-        }
+    common::main("rpc", |a: Args| {
+        a.role
+            .serve_or_dial(|addr| server(addr, &a), |addr| client(addr, &a))
     })
 }
 
 fn server(addr: &str, a: &Args) -> Outcome {
-    let listener = Listener::bind(addr, a.dev.conn_options())?;
-    common::listening("rpc", listener.local_addr());
-    let conn = listener.accept()?;
+    let conn = common::accept_one("rpc", addr, a.dev.conn_options())?;
     let mut served = 0u64;
     // `None`: the client closed, after its last request.
     while let Some(req) = conn.recv_msg()? {

@@ -20,7 +20,7 @@ mod common;
 
 use clap::{Parser, ValueEnum};
 use common::{Outcome, Side};
-use rsrdma_net::{Conn, ConnOptions, Establish, Listener, PollMode};
+use rsrdma_net::{Conn, ConnOptions, Establish, PollMode};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -109,9 +109,7 @@ impl Args {
 }
 
 fn main() -> ExitCode {
-    common::run("tuning", || {
-        let a = Args::parse();
-        common::require_rdma()?;
+    common::main("tuning", |a: Args| {
         let opts = a.options();
         // Refuse what cannot work before touching the device.
         opts.check()?;
@@ -170,9 +168,7 @@ fn print_settled(side: &str, c: &Conn) {
 }
 
 fn server(addr: &str, opts: ConnOptions) -> Outcome {
-    let listener = Listener::bind(addr, opts)?;
-    common::listening("tuning", listener.local_addr());
-    let conn = listener.accept()?;
+    let conn = common::accept_one("tuning", addr, opts)?;
     print_settled("server", &conn);
     while let Some(m) = conn.recv_msg()? {
         conn.send_msg(&m)?;

@@ -32,15 +32,8 @@ use std::time::Duration;
 /// One UD sender, many registry-discovered receivers.
 #[derive(Parser)]
 struct Args {
-    /// Run the directory on ADDR until killed
-    #[arg(long = "registry", value_name = "ADDR", conflicts_with_all = ["listen", "at"])]
-    registry: Option<String>,
-    /// Receive: register at REGISTRY under --name and wait for -n datagrams
-    #[arg(short = 'l', long = "listen")]
-    listen: bool,
-    /// The directory's HOST:PORT (receivers and sender)
-    #[arg(value_name = "REGISTRY", required_unless_present = "registry")]
-    at: Option<String>,
+    #[command(flatten)]
+    role: common::RegistryRole,
     /// The receiver's name
     #[arg(long, default_value = "node1")]
     name: String,
@@ -60,18 +53,8 @@ struct Args {
 fn main() -> ExitCode {
     common::run("ud-broadcast", || {
         let a = Args::parse();
-        match (&a.registry, &a.at) {
-            (Some(addr), _) => directory(addr),
-            (None, Some(at)) => {
-                common::require_rdma()?;
-                if a.listen {
-                    receiver(at, &a)
-                } else {
-                    sender(at, &a)
-                }
-            }
-            (None, None) => Err("give --registry ADDR, -l REGISTRY or REGISTRY".into()),
-        }
+        a.role
+            .dispatch(directory, |at| receiver(at, &a), |at| sender(at, &a))
     })
 }
 

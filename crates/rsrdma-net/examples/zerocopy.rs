@@ -20,8 +20,8 @@
 mod common;
 
 use clap::Parser;
-use common::{Outcome, Side};
-use rsrdma_net::{Buffer, Conn, Listener};
+use common::Outcome;
+use rsrdma_net::{Buffer, Conn};
 use std::process::ExitCode;
 
 /// Zero-copy sends and receives with registered buffers.
@@ -40,13 +40,9 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    common::run("zerocopy", || {
-        let a = Args::parse();
-        common::require_rdma()?;
-        match a.role.side() {
-            Side::Server(addr) => server(addr, &a),
-            Side::Client(addr) => client(addr, &a),
-        }
+    common::main("zerocopy", |a: Args| {
+        a.role
+            .serve_or_dial(|addr| server(addr, &a), |addr| client(addr, &a))
     })
 }
 
@@ -58,9 +54,7 @@ fn recv_into(conn: &Conn, buf: &mut Buffer) -> Result<usize, Box<dyn std::error:
 }
 
 fn server(addr: &str, a: &Args) -> Outcome {
-    let listener = Listener::bind(addr, a.dev.conn_options())?;
-    common::listening("zerocopy", listener.local_addr());
-    let conn = listener.accept()?;
+    let conn = common::accept_one("zerocopy", addr, a.dev.conn_options())?;
     // One registered buffer for both messages; it must hold the largest.
     let mut buf = conn.alloc_buffer(a.size.max(4096))?;
     let n = recv_into(&conn, &mut buf)?;

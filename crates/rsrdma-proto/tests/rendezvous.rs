@@ -5,20 +5,12 @@
 mod util;
 
 use rsrdma_proto::{Config, FrameType, ProtoError, FEATURE_RENDEZVOUS};
-use util::{payload, Checker, Pair};
+use util::{payload, small_config, transfer_lent_or_any, Checker, Pair};
 
 const THRESHOLD: u32 = 1000;
 
 fn cfg(rdv: bool) -> Config {
-    let c = Config::default()
-        .with_slot_size(256)
-        .with_recv_slots(8)
-        .with_send_slots(6)
-        .with_sq_depth(8)
-        .with_signal_interval(4)
-        .with_inline_size(64)
-        .with_max_message(64 * 1024)
-        .with_rdv_threshold(THRESHOLD);
+    let c = small_config().with_rdv_threshold(THRESHOLD);
     if rdv {
         c.with_features(FEATURE_RENDEZVOUS)
     } else {
@@ -26,39 +18,9 @@ fn cfg(rdv: bool) -> Config {
     }
 }
 
-/// Sends `lens` from side 0 (rendezvous at and above the threshold), reads on side 1 with
-/// the read path a driver would use, releasing rendezvous memory as the core allows.
+/// Sends `lens` from side 0 (rendezvous at and above the threshold) and reads them on side 1.
 fn transfer(p: &mut Pair, lens: &[usize]) -> Checker {
-    let mut chk = Checker::default();
-    let mut next = 0;
-    for _ in 0..200_000 {
-        if next < lens.len()
-            && p.sides[0]
-                .send_any(&payload(next as u64, lens[next]))
-                .is_ok()
-        {
-            chk.lens.push(lens[next]);
-            next += 1;
-        }
-        p.pump(0);
-        loop {
-            match p.sides[1].recv_any() {
-                Ok(Some(m)) => chk.on_msg(&m),
-                Ok(None) | Err(ProtoError::WouldBlock) => break,
-                Err(e) => panic!("{e}"),
-            }
-        }
-        p.pump(1);
-        p.sides[0].release();
-        if !p.step() && next == lens.len() && chk.all_taken() {
-            return chk;
-        }
-    }
-    panic!(
-        "no progress: {next} of {} sent, {} taken",
-        lens.len(),
-        chk.done()
-    );
+    transfer_lent_or_any(p, lens, |_| false)
 }
 
 #[test]

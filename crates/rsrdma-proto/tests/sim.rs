@@ -2,20 +2,9 @@
 
 mod util;
 
-use rsrdma_proto::{Config, Event, FrameType, ProtoError};
+use rsrdma_proto::{Event, FrameType, ProtoError};
 use std::time::Duration;
-use util::{payload, Checker, Pair};
-
-fn small() -> Config {
-    Config::default()
-        .with_slot_size(256)
-        .with_recv_slots(8)
-        .with_send_slots(6)
-        .with_sq_depth(8)
-        .with_signal_interval(4)
-        .with_inline_size(64)
-        .with_max_message(64 * 1024)
-}
+use util::{payload, small_config, Checker, Pair};
 
 /// Sends `msgs` from side `from` as fast as the link allows, reading on the other side with
 /// `recv_msg`; returns the checker of the receiving side.
@@ -52,7 +41,7 @@ fn transfer(p: &mut Pair, from: usize, lens: &[usize]) -> Checker {
 
 #[test]
 fn a_message_larger_than_the_ring_gets_through() {
-    let mut p = Pair::new(small(), small());
+    let mut p = Pair::new(small_config(), small_config());
     let chk = transfer(&mut p, 0, &[40_000, 0, 1, 240, 241, 64 * 1024]);
     assert!(chk.all_taken());
     p.check_conservation();
@@ -60,8 +49,8 @@ fn a_message_larger_than_the_ring_gets_through() {
 
 #[test]
 fn peers_with_different_slot_sizes_settle_on_the_smaller() {
-    let big = small().with_slot_size(4096).with_recv_slots(16);
-    let mut p = Pair::new(small(), big);
+    let big = small_config().with_slot_size(4096).with_recv_slots(16);
+    let mut p = Pair::new(small_config(), big);
     assert_eq!(p.sides[1].conn.settled().frame_size, 256);
     transfer(&mut p, 1, &[5000, 3, 4000]);
     transfer(&mut p, 0, &[5000, 3, 4000]);
@@ -69,7 +58,7 @@ fn peers_with_different_slot_sizes_settle_on_the_smaller() {
 
 #[test]
 fn both_directions_at_once_with_delayed_completions() {
-    let mut p = Pair::new(small(), small());
+    let mut p = Pair::new(small_config(), small_config());
     p.delay_completions = true;
     let lens: Vec<usize> = (0..60).map(|i| (i * 97) % 900).collect();
     let mut chk = [Checker::default(), Checker::default()];
@@ -110,7 +99,7 @@ fn both_directions_at_once_with_delayed_completions() {
 
 #[test]
 fn a_reader_that_stops_stalls_the_sender_but_not_the_connection() {
-    let mut p = Pair::new(small(), small());
+    let mut p = Pair::new(small_config(), small_config());
     let mut sent = 0;
     while p.sides[0].conn.send_msg(&payload(sent, 1000)).is_ok() {
         sent += 1;
@@ -144,7 +133,7 @@ fn a_reader_that_stops_stalls_the_sender_but_not_the_connection() {
 
 #[test]
 fn graceful_close_both_ways_reaches_eof_and_drains() {
-    let mut p = Pair::new(small(), small());
+    let mut p = Pair::new(small_config(), small_config());
     let chk = transfer(&mut p, 0, &[10, 2000, 0]);
     assert!(chk.all_taken());
     p.sides[0].conn.close().unwrap();
@@ -182,7 +171,7 @@ fn transfer_discarded(p: &mut Pair) {
 
 #[test]
 fn a_held_direction_makes_the_other_side_declare_the_peer_dead() {
-    let mut p = Pair::new(small(), small());
+    let mut p = Pair::new(small_config(), small_config());
     p.hold[1] = true; // nothing from B reaches A
     for _ in 0..60 {
         p.advance(Duration::from_millis(100));
@@ -204,7 +193,7 @@ fn a_held_direction_makes_the_other_side_declare_the_peer_dead() {
 #[test]
 fn a_broken_qp_mid_transfer_fails_both_sides_cleanly() {
     for k in [0, 3, 17, 60] {
-        let mut p = Pair::new(small(), small());
+        let mut p = Pair::new(small_config(), small_config());
         for i in 0..10 {
             let _ = p.sides[0].conn.send_msg(&payload(i, 900));
             p.pump(0);

@@ -7,7 +7,9 @@
 // Each example uses only some of these helpers.
 #![allow(dead_code)]
 
-use rsrdma_net::{ConnOptions, PacketOptions, RawOptions};
+use rsrdma_net::{
+    Addr, Conn, ConnOptions, Listener, NetError, PacketConn, PacketOptions, RawOptions,
+};
 use std::error::Error;
 use std::fmt::Display;
 use std::process::ExitCode;
@@ -76,12 +78,64 @@ pub enum Side<'a> {
 }
 
 impl Role {
+    /// Runs `server` with the address to listen on, or `client` with the address to dial.
+    pub fn serve_or_dial<T>(
+        &self,
+        server: impl FnOnce(&str) -> T,
+        client: impl FnOnce(&str) -> T,
+    ) -> T {
+        match self.side() {
+            Side::Server(addr) => server(addr),
+            Side::Client(addr) => client(addr),
+        }
+    }
+
     /// Server or client (clap has made sure one of them was given).
     pub fn side(&self) -> Side<'_> {
         match (&self.listen, &self.peer) {
             (Some(l), _) => Side::Server(l),
             (None, Some(p)) => Side::Client(p),
             (None, None) => Side::Server("0.0.0.0:18515"),
+        }
+    }
+}
+
+/// The three roles of the registry examples: `--registry ADDR` runs the directory (no RDMA);
+/// `-l REGISTRY` binds an endpoint and registers it there (server); `REGISTRY` looks names
+/// up there (client).
+#[derive(clap::Args, Debug, Clone)]
+pub struct RegistryRole {
+    /// Run the directory on ADDR until killed
+    #[arg(long = "registry", value_name = "ADDR", conflicts_with_all = ["listen", "at"])]
+    pub registry: Option<String>,
+    /// Register an endpoint at REGISTRY under --name and wait for datagrams (server)
+    #[arg(short = 'l', long = "listen")]
+    pub listen: bool,
+    /// The directory's HOST:PORT (server and client)
+    #[arg(value_name = "REGISTRY", required_unless_present = "registry")]
+    pub at: Option<String>,
+}
+
+impl RegistryRole {
+    /// Runs `directory` with the address to serve on, or, once [`require_rdma`] passed,
+    /// `listen` or `dial` with the directory's address.
+    pub fn dispatch(
+        &self,
+        directory: impl FnOnce(&str) -> Outcome,
+        listen: impl FnOnce(&str) -> Outcome,
+        dial: impl FnOnce(&str) -> Outcome,
+    ) -> Outcome {
+        match (&self.registry, &self.at) {
+            (Some(addr), _) => directory(addr),
+            (None, Some(at)) => {
+                require_rdma()?;
+                if self.listen {
+                    listen(at)
+                } else {
+                    dial(at)
+                }
+            }
+            (None, None) => Err("give --registry ADDR, -l REGISTRY or REGISTRY".into()),
         }
     }
 }
@@ -102,6 +156,46 @@ pub fn listening(name: &str, addr: impl Display) {
     println!("{name}: listening on {addr}");
 }
 
+/// The server side of the examples whose point is what happens on a connection, not how
+/// it is made: binds a [`Listener`] on `addr`, says where it listens (see [`listening`]) and
+/// accepts one connection. echo-msg shows these steps one by one.
+pub fn accept_one(name: &str, addr: &str, opts: ConnOptions) -> Result<Conn, Box<dyn Error>> {
+    let listener = Listener::bind(addr, opts)?;
+    listening(name, listener.local_addr());
+    Ok(listener.accept()?)
+}
+
+/// The client's check of one echoed message: `None` (the server closed without echoing) is
+/// an error; else it prints `client: echo TEXT` and fails where the echo differs from `sent`.
+pub fn check_echo(echo: Option<&[u8]>, sent: &[u8]) -> Outcome {
+    let echo = echo.ok_or("the server closed without echoing")?;
+    println!("client: echo {:?}", String::from_utf8_lossy(echo));
+    if echo != sent {
+        return Err("the echo differs from the message sent".into());
+    }
+    Ok(())
+}
+
+/// Sends `msg` to `to` and waits for one reply into `buf`, giving its length and sender. UD
+/// may drop a datagram, so it sends up to three times; the endpoint's read timeout bounds
+/// each wait.
+pub fn send_until_reply(
+    conn: &PacketConn,
+    msg: &[u8],
+    to: &Addr,
+    buf: &mut [u8],
+) -> Result<(usize, Addr), Box<dyn Error>> {
+    for _attempt in 0..3 {
+        conn.send_to(msg, to)?;
+        match conn.recv_from(buf) {
+            Ok(reply) => return Ok(reply),
+            Err(NetError::Timeout { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err("no reply after three datagrams".into())
+}
+
 /// Runs an example's body: success is exit status 0; an error is printed as `NAME: error`
 /// (the library's message says what failed, and where there is no RDMA stack, how to use
 /// the VM) and gives status 1. No panic, no backtrace.
@@ -113,6 +207,17 @@ pub fn run(name: &str, body: impl FnOnce() -> Outcome) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The usual `main`: parses the example's arguments (clap exits on `--help` or bad input),
+/// fails early where there is no RDMA device ([`require_rdma`]), then runs `body` as [`run`]
+/// does.
+pub fn main<A: clap::Parser>(name: &str, body: impl FnOnce(A) -> Outcome) -> ExitCode {
+    run(name, || {
+        let args = A::parse();
+        require_rdma()?;
+        body(args)
+    })
 }
 
 /// The SHA-256 of `data`, in hex.

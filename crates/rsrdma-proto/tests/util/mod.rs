@@ -23,6 +23,60 @@ pub fn payload(id: u64, len: usize) -> Vec<u8> {
     (0..len).map(|i| byte_at(id, i)).collect()
 }
 
+/// A small configuration: 256-byte slots (240 payload bytes a frame), 8 receive slots, 6
+/// send slots and an SQ of 8, so that credits and the SQ run out within a few messages.
+pub fn small_config() -> Config {
+    Config::default()
+        .with_slot_size(256)
+        .with_recv_slots(8)
+        .with_send_slots(6)
+        .with_sq_depth(8)
+        .with_signal_interval(4)
+        .with_inline_size(64)
+        .with_max_message(64 * 1024)
+}
+
+/// Sends `lens` from side 0, message `i` lent when `lent(i)` and else by `send_any` (copied
+/// or rendezvous), reads on side 1 with `recv_any` (the read path a driver would use), and
+/// releases side 0's memory as the core allows. Returns the receiver's checker once every
+/// message is taken; panics where the link stops making progress.
+pub fn transfer_lent_or_any(p: &mut Pair, lens: &[usize], lent: impl Fn(usize) -> bool) -> Checker {
+    let mut chk = Checker::default();
+    let mut next = 0;
+    for _ in 0..200_000 {
+        if next < lens.len() {
+            let data = payload(next as u64, lens[next]);
+            let sent = if lent(next) {
+                p.sides[0].send_lent(&data).map(|_| ())
+            } else {
+                p.sides[0].send_any(&data)
+            };
+            if sent.is_ok() {
+                chk.lens.push(lens[next]);
+                next += 1;
+            }
+        }
+        p.pump(0);
+        loop {
+            match p.sides[1].recv_any() {
+                Ok(Some(m)) => chk.on_msg(&m),
+                Ok(None) | Err(rsrdma_proto::ProtoError::WouldBlock) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        p.pump(1);
+        p.sides[0].release();
+        if !p.step() && next == lens.len() && chk.all_taken() {
+            return chk;
+        }
+    }
+    panic!(
+        "no progress: {next} of {} sent, {} taken",
+        lens.len(),
+        chk.done()
+    );
+}
+
 struct Packet {
     wr: WrId,
     signaled: bool,
