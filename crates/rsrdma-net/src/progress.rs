@@ -14,47 +14,41 @@ use std::time::{Duration, Instant};
 /// `Instant::now` reads `CLOCK_MONOTONIC`, which is a system call wherever the vDSO cannot
 /// read the clock source itself (an HPET clock source, as in the emulated test VM, where the
 /// read was a tenth of a busy round trip's time). `CLOCK_MONOTONIC_COARSE` is always answered
-/// by the vDSO from the kernel's last tick. The result is built on one precise `Instant` taken
-/// at the first call and lags the true time by at most two ticks (a few milliseconds), never
-/// leads it: a deadline checked with it fires a little late, never early. Good for keepalive
-/// timers and time-outs, not for measuring.
+/// by the vDSO: it is the same clock as of the kernel's last tick, so it never leads
+/// `CLOCK_MONOTONIC`, but it may lag it by a tick, or by much more where timer interrupts come
+/// late (an overloaded emulated VM). Good for keepalive timers and time-outs (a deadline
+/// checked with it fires late, never early), not for measuring.
+///
+/// The mapping to `Instant` is calibrated once against the precise `CLOCK_MONOTONIC` (the
+/// clock `Instant` reads on Linux), never against the coarse clock itself: calibrating against
+/// a coarse reading that happened to be stale would make every later result lead the true
+/// time by that staleness, and time-outs fire early.
 pub(crate) fn coarse_now() -> Instant {
     static BASE: OnceLock<(Instant, Duration)> = OnceLock::new();
-    let (base, coarse_base) = *BASE.get_or_init(|| {
-        let c = coarse_clock();
-        // The coarse reading may be up to a tick behind the precise one: step the base back
-        // by one resolution so that later results never lead the true time.
+    let (base, mono_base) = *BASE.get_or_init(|| {
+        // `Instant` first, then the precise clock: the pair maps a clock value to an
+        // `Instant` no later than the true one.
         let now = Instant::now();
-        (now.checked_sub(coarse_resolution()).unwrap_or(now), c)
+        (now, read_clock(libc::CLOCK_MONOTONIC))
     });
-    base + coarse_clock().saturating_sub(coarse_base)
+    let coarse = read_clock(libc::CLOCK_MONOTONIC_COARSE);
+    match coarse.checked_sub(mono_base) {
+        Some(ahead) => base + ahead,
+        // A coarse reading from before the calibration (it lagged then): earlier still.
+        None => base.checked_sub(mono_base - coarse).unwrap_or(base),
+    }
 }
 
-fn coarse_clock() -> Duration {
+/// `clock_gettime(clock)`; zero if it fails (it does not for the monotonic clocks).
+fn read_clock(clock: libc::clockid_t) -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
     if rc != 0 {
         return Duration::ZERO;
-    }
-    Duration::new(
-        u64::try_from(ts.tv_sec).unwrap_or(0),
-        u32::try_from(ts.tv_nsec).unwrap_or(0),
-    )
-}
-
-fn coarse_resolution() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: as in `coarse_clock`.
-    let rc = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    if rc != 0 {
-        return Duration::from_millis(10);
     }
     Duration::new(
         u64::try_from(ts.tv_sec).unwrap_or(0),
@@ -181,6 +175,23 @@ pub fn wait_until(
 mod tests {
     use super::*;
     use std::cell::Cell;
+
+    #[test]
+    fn the_coarse_clock_never_leads_the_precise_one_and_advances() {
+        let first = coarse_now();
+        for _ in 0..10_000 {
+            let c = coarse_now();
+            assert!(c <= Instant::now(), "the coarse clock led the precise one");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let later = coarse_now();
+        assert!(
+            later >= first + Duration::from_millis(20),
+            "{:?}",
+            later - first
+        );
+        assert!(later <= Instant::now());
+    }
 
     /// A CQ stand-in: counts arms and sleeps; a sleep "delivers" the completion.
     #[derive(Default)]
