@@ -37,7 +37,10 @@ fn run(shared: &Shared) {
     let cq_fd = shared.cq.comp_channel().map(|c| c.as_raw_fd());
     let busy = shared.mode == PollMode::Busy;
     let mut live_ready = false;
-    let mut live_fd = None;
+    // Known from the start: a busy caller may spin from the first moment (a server reading
+    // right after accept), and the spinning branch below watches only this fd for the peer's
+    // end (without it, a close after the peer left waited out its whole linger).
+    let mut live_fd = shared.lock().driver.as_ref().and_then(|d| d.liveness_fd());
     loop {
         if busy && !live_ready && shared.spinners.load(Ordering::Acquire) > 0 {
             // The spinning caller does the steps; wake only for the liveness signal or stop.
