@@ -326,7 +326,7 @@ impl Conn {
     /// [`NetError::InvalidArgument`] for a zero duration.
     pub fn set_read_timeout(&self, t: Option<Duration>) -> Result<()> {
         check_timeout(t)?;
-        self.shared.lock().read_timeout = t;
+        self.shared.read_timeout.set(t);
         Ok(())
     }
 
@@ -336,18 +336,18 @@ impl Conn {
     /// [`NetError::InvalidArgument`] for a zero duration.
     pub fn set_write_timeout(&self, t: Option<Duration>) -> Result<()> {
         check_timeout(t)?;
-        self.shared.lock().write_timeout = t;
+        self.shared.write_timeout.set(t);
         Ok(())
     }
 
     /// The read timeout.
     pub fn read_timeout(&self) -> Option<Duration> {
-        self.shared.lock().read_timeout
+        self.shared.read_timeout.get()
     }
 
     /// The write timeout.
     pub fn write_timeout(&self) -> Option<Duration> {
-        self.shared.lock().write_timeout
+        self.shared.write_timeout.get()
     }
 
     /// The local address (rdma_cm: the RDMA device's IP address; TCP: the socket's).

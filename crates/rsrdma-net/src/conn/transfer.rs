@@ -69,7 +69,7 @@ impl Conn {
     /// had begun; a single message that had begun when the timeout hit is sent whole and the
     /// call succeeds.
     pub(super) fn send_lent(&self, op: &'static str, msgs: &[&[u8]]) -> Result<()> {
-        let timeout = self.shared.lock().write_timeout;
+        let timeout = self.shared.write_timeout.get();
         let next = Cell::new(0usize);
         let threshold = self.info.settled.rendezvous().map(|t| t as usize);
         let rdv: RefCell<Option<SliceRdv>> = RefCell::new(None);
@@ -160,7 +160,7 @@ impl Conn {
 
     /// One owned receive into `buf`: a message, the end, or a rendezvous message to pull.
     pub(super) fn recv_lent_step(&self, op: &'static str, buf: &mut [u8]) -> Result<RecvStep> {
-        let timeout = self.shared.lock().read_timeout;
+        let timeout = self.shared.read_timeout.get();
         let buf = Cell::new(Some(buf));
         self.owning(
             op,
