@@ -410,7 +410,8 @@ impl Conn {
             let mut changed = d.progress(progress::coarse_now());
             let r = attempt(d);
             changed |= d.post_work();
-            if changed || matches!(r, Ok(Some(_))) {
+            // A result (or an error) may have freed a side another caller waits for.
+            if changed || !matches!(r, Ok(None)) {
                 shared.changed(&mut st);
             }
             waiter.seen.set(st.gen);

@@ -195,6 +195,11 @@ impl Conn {
     /// any other resource (within `timeout`), runs `attempt` as its owner, and on the way out
     /// runs `finish` (with the result, which it may change) and frees the side. `finish` runs
     /// only if the side was owned and the connection still exists.
+    ///
+    /// When an attempt succeeds (the common case for a small message: the send fits in the
+    /// credit, the receive finds its message), `finish` runs and the side is freed in the same
+    /// locked step, whose one batch post and wake-up then cover both; only a call that gives
+    /// up (timeout, error, close) takes the lock again to finish.
     pub(super) fn owning<T>(
         &self,
         op: &'static str,
@@ -204,6 +209,7 @@ impl Conn {
         finish: impl FnOnce(&mut Driver, Result<T>) -> Result<T>,
     ) -> Result<T> {
         let owned = Cell::new(false);
+        let mut finish = Some(finish);
         let r = self.block(op, timeout, |d| {
             if !owned.get() {
                 let flag = d.owners().flag(side);
@@ -213,11 +219,20 @@ impl Conn {
                 *flag = true;
                 owned.set(true);
             }
-            attempt(d)
+            let v = match attempt(d) {
+                Ok(Some(v)) => v,
+                r => return r,
+            };
+            let Some(f) = finish.take() else {
+                return Ok(Some(v));
+            };
+            *d.owners().flag(side) = false;
+            owned.set(false);
+            f(d, Ok(v)).map(Some)
         });
-        if !owned.get() {
+        let (true, Some(finish)) = (owned.get(), finish) else {
             return r;
-        }
+        };
         let mut st = self.shared.lock();
         let Some(d) = st.driver.as_mut() else {
             return r;
