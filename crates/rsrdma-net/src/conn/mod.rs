@@ -70,6 +70,7 @@ use driver::Driver;
 use establish::Established;
 use rsrdma_proto::ProtoError;
 use shared::{Shared, Waiter};
+use std::cell::Cell;
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -392,6 +393,10 @@ impl Conn {
 
     /// Runs driver steps until `attempt` gives a value, waiting as the poll mode says, up to
     /// `timeout`.
+    ///
+    /// The first step runs before any waiting is set up: a call that succeeds at once (a small
+    /// send within the credit, a receive whose message is there) reads no clock and does not
+    /// count itself as a spinner.
     fn block<T>(
         &self,
         op: &'static str,
@@ -399,10 +404,7 @@ impl Conn {
         mut attempt: impl FnMut(&mut Driver) -> Result<Option<T>>,
     ) -> Result<T> {
         let shared = &*self.shared;
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let waiter = Waiter::new(shared);
-        let mut out = None;
-        let done = progress::wait_until(shared.mode, &waiter, deadline, || {
+        let mut step = |seen: &Cell<u64>| -> Result<Option<T>> {
             let mut st = shared.lock();
             let Some(d) = st.driver.as_mut() else {
                 return Err(NetError::Closed { op });
@@ -414,14 +416,25 @@ impl Conn {
             if changed || !matches!(r, Ok(None)) {
                 shared.changed(&mut st);
             }
-            waiter.seen.set(st.gen);
-            match r? {
+            seen.set(st.gen);
+            r
+        };
+        let first_seen = Cell::new(0);
+        if let Some(v) = step(&first_seen)? {
+            return Ok(v);
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let waiter = Waiter::new(shared);
+        waiter.seen.set(first_seen.get());
+        let mut out = None;
+        let done = progress::wait_until(shared.mode, &waiter, deadline, || {
+            Ok(match step(&waiter.seen)? {
                 Some(v) => {
                     out = Some(v);
-                    Ok(true)
+                    true
                 }
-                None => Ok(false),
-            }
+                None => false,
+            })
         })?;
         match out {
             Some(v) if done => Ok(v),
