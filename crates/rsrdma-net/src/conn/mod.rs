@@ -72,6 +72,7 @@ use rsrdma_proto::ProtoError;
 use shared::{Shared, Waiter};
 use std::cell::Cell;
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -405,6 +406,8 @@ impl Conn {
     ) -> Result<T> {
         let shared = &*self.shared;
         let mut step = |seen: &Cell<u64>| -> Result<Option<T>> {
+            // Keeps a busy connection's progress thread off the lock (see `worker`).
+            shared.stepped.store(true, Ordering::Relaxed);
             let mut st = shared.lock();
             let Some(d) = st.driver.as_mut() else {
                 return Err(NetError::Closed { op });

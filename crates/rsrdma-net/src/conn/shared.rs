@@ -6,9 +6,12 @@
 //! Why one mutex and a condition variable: one CQ serves both directions, and its event can
 //! wake only one sleeper; so the progress thread alone sleeps on the completion channel and
 //! every other waiter sleeps on the condition variable, woken by whoever ran a step that
-//! changed something. Busy and spinning adaptive waiters run the steps themselves (counted in
-//! `spinners`, so the progress thread does not arm the CQ and take an interrupt per
-//! completion while someone is polling anyway).
+//! changed something. Busy and spinning adaptive waiters run the steps themselves, so the
+//! progress thread need not: spinning adaptive waiters are counted in `spinners` (the thread
+//! does not arm the CQ and take an interrupt per completion while someone polls anyway); in
+//! busy mode every step marks `stepped` instead, a plain store where a count would cost two
+//! atomic read-modify-writes per call, and the thread stays off the lock while it finds the
+//! mark set.
 
 use super::driver::Driver;
 use super::fdwait::Wake;
@@ -16,7 +19,7 @@ use crate::error::Result;
 use crate::progress::{PollMode, Waitable};
 use rsrdma::Cq;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -62,6 +65,8 @@ pub(crate) struct Shared {
     cv: Condvar,
     sleepers: AtomicUsize,
     pub(crate) spinners: AtomicUsize,
+    /// Busy mode: a caller ran a step since the progress thread last looked.
+    pub(crate) stepped: AtomicBool,
     pub(crate) read_timeout: AtomicTimeout,
     pub(crate) write_timeout: AtomicTimeout,
     pub(crate) wake: Wake,
@@ -81,6 +86,7 @@ impl Shared {
             cv: Condvar::new(),
             sleepers: AtomicUsize::new(0),
             spinners: AtomicUsize::new(0),
+            stepped: AtomicBool::new(false),
             read_timeout: AtomicTimeout::new(),
             write_timeout: AtomicTimeout::new(),
             wake,
@@ -103,9 +109,10 @@ impl Shared {
         }
     }
 
-    /// Whether waiters in this mode run steps themselves while they wait.
+    /// Whether waiters in this mode count themselves in `spinners` while they run steps
+    /// (adaptive mode; busy callers mark `stepped` instead, and event waiters only sleep).
     pub(crate) fn spins(&self) -> bool {
-        self.mode != PollMode::Event
+        matches!(self.mode, PollMode::Adaptive { .. })
     }
 }
 
@@ -117,7 +124,7 @@ pub(crate) struct Waiter<'a> {
 }
 
 impl<'a> Waiter<'a> {
-    /// Counts the caller as a spinner (in the modes that spin) until dropped.
+    /// Counts the caller as a spinner (in adaptive mode) until dropped.
     pub(crate) fn new(shared: &'a Shared) -> Waiter<'a> {
         if shared.spins() {
             shared.spinners.fetch_add(1, Ordering::AcqRel);
