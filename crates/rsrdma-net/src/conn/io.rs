@@ -17,7 +17,7 @@ impl io::Read for &Conn {
         if buf.is_empty() {
             return Ok(0);
         }
-        let timeout = self.shared.lock().read_timeout;
+        let timeout = self.shared.read_timeout.get();
         loop {
             let step = self
                 .block("read", timeout, |d| match d.core().read(buf) {
@@ -50,7 +50,7 @@ impl io::Write for &Conn {
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        let timeout = self.shared.lock().write_timeout;
+        let timeout = self.shared.write_timeout.get();
         self.block("flush", timeout, |d| {
             let c = d.core_ref().counters();
             if let Some(e) = d.core_ref().error() {

@@ -70,7 +70,9 @@ use driver::Driver;
 use establish::Established;
 use rsrdma_proto::ProtoError;
 use shared::{Shared, Waiter};
+use std::cell::Cell;
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -326,7 +328,7 @@ impl Conn {
     /// [`NetError::InvalidArgument`] for a zero duration.
     pub fn set_read_timeout(&self, t: Option<Duration>) -> Result<()> {
         check_timeout(t)?;
-        self.shared.lock().read_timeout = t;
+        self.shared.read_timeout.set(t);
         Ok(())
     }
 
@@ -336,18 +338,18 @@ impl Conn {
     /// [`NetError::InvalidArgument`] for a zero duration.
     pub fn set_write_timeout(&self, t: Option<Duration>) -> Result<()> {
         check_timeout(t)?;
-        self.shared.lock().write_timeout = t;
+        self.shared.write_timeout.set(t);
         Ok(())
     }
 
     /// The read timeout.
     pub fn read_timeout(&self) -> Option<Duration> {
-        self.shared.lock().read_timeout
+        self.shared.read_timeout.get()
     }
 
     /// The write timeout.
     pub fn write_timeout(&self) -> Option<Duration> {
-        self.shared.lock().write_timeout
+        self.shared.write_timeout.get()
     }
 
     /// The local address (rdma_cm: the RDMA device's IP address; TCP: the socket's).
@@ -392,6 +394,10 @@ impl Conn {
 
     /// Runs driver steps until `attempt` gives a value, waiting as the poll mode says, up to
     /// `timeout`.
+    ///
+    /// The first step runs before any waiting is set up: a call that succeeds at once (a small
+    /// send within the credit, a receive whose message is there) reads no clock and does not
+    /// count itself as a spinner.
     fn block<T>(
         &self,
         op: &'static str,
@@ -399,10 +405,9 @@ impl Conn {
         mut attempt: impl FnMut(&mut Driver) -> Result<Option<T>>,
     ) -> Result<T> {
         let shared = &*self.shared;
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let waiter = Waiter::new(shared);
-        let mut out = None;
-        let done = progress::wait_until(shared.mode, &waiter, deadline, || {
+        let mut step = |seen: &Cell<u64>| -> Result<Option<T>> {
+            // Keeps a busy connection's progress thread off the lock (see `worker`).
+            shared.stepped.store(true, Ordering::Relaxed);
             let mut st = shared.lock();
             let Some(d) = st.driver.as_mut() else {
                 return Err(NetError::Closed { op });
@@ -410,17 +415,29 @@ impl Conn {
             let mut changed = d.progress(progress::coarse_now());
             let r = attempt(d);
             changed |= d.post_work();
-            if changed || matches!(r, Ok(Some(_))) {
+            // A result (or an error) may have freed a side another caller waits for.
+            if changed || !matches!(r, Ok(None)) {
                 shared.changed(&mut st);
             }
-            waiter.seen.set(st.gen);
-            match r? {
+            seen.set(st.gen);
+            r
+        };
+        let first_seen = Cell::new(0);
+        if let Some(v) = step(&first_seen)? {
+            return Ok(v);
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let waiter = Waiter::new(shared);
+        waiter.seen.set(first_seen.get());
+        let mut out = None;
+        let done = progress::wait_until(shared.mode, &waiter, deadline, || {
+            Ok(match step(&waiter.seen)? {
                 Some(v) => {
                     out = Some(v);
-                    Ok(true)
+                    true
                 }
-                None => Ok(false),
-            }
+                None => false,
+            })
         })?;
         match out {
             Some(v) if done => Ok(v),

@@ -123,7 +123,7 @@ impl Conn {
             .settled
             .rendezvous()
             .is_some_and(|t| len >= t as usize);
-        let timeout = self.shared.lock().write_timeout;
+        let timeout = self.shared.write_timeout.get();
         if !rendezvous {
             if self.send_sges() < 2 {
                 return self.send_lent(OP, &[hold.bytes(len)]);
@@ -194,7 +194,7 @@ impl Conn {
         if !buf.is_busy() {
             return Ok(());
         }
-        let timeout = self.shared.lock().write_timeout;
+        let timeout = self.shared.write_timeout.get();
         self.block("wait_buffer", timeout, |d| {
             if !buf.is_busy() {
                 return Ok(Some(()));
@@ -232,7 +232,7 @@ impl Conn {
     /// `recv_msg` with rendezvous: the message's vector is the READ's destination.
     pub(super) fn recv_msg_pulling(&self) -> Result<Option<Vec<u8>>> {
         loop {
-            let timeout = self.shared.lock().read_timeout;
+            let timeout = self.shared.read_timeout.get();
             let step = self.block("recv_msg", timeout, |d| match d.core().recv_msg() {
                 Ok(m) => Ok(Some(Ok(m))),
                 Err(ProtoError::NeedsRead { len }) => Ok(Some(Err(len))),
@@ -359,7 +359,7 @@ impl Conn {
             });
             Ok(Some(Pulled::Done(n, v)))
         };
-        let timeout = self.shared.lock().read_timeout;
+        let timeout = self.shared.read_timeout.get();
         let mut r = self.block(op, timeout, &mut attempt);
         if started.get() && r.is_err() && reg.borrow().is_some() {
             if matches!(r, Err(NetError::Timeout { .. })) {

@@ -1,13 +1,17 @@
 //! What the application threads and the progress thread share: the driver behind one
 //! mutex, a generation counter bumped after every step that changed something, and a
-//! condition variable for threads waiting on it.
+//! condition variable for threads waiting on it. The timeouts sit beside the mutex, in
+//! atomics: every blocking call reads one, and that should not cost a lock round trip.
 //!
 //! Why one mutex and a condition variable: one CQ serves both directions, and its event can
 //! wake only one sleeper; so the progress thread alone sleeps on the completion channel and
 //! every other waiter sleeps on the condition variable, woken by whoever ran a step that
-//! changed something. Busy and spinning adaptive waiters run the steps themselves (counted in
-//! `spinners`, so the progress thread does not arm the CQ and take an interrupt per
-//! completion while someone is polling anyway).
+//! changed something. Busy and spinning adaptive waiters run the steps themselves, so the
+//! progress thread need not: spinning adaptive waiters are counted in `spinners` (the thread
+//! does not arm the CQ and take an interrupt per completion while someone polls anyway); in
+//! busy mode every step marks `stepped` instead, a plain store where a count would cost two
+//! atomic read-modify-writes per call, and the thread stays off the lock while it finds the
+//! mark set.
 
 use super::driver::Driver;
 use super::fdwait::Wake;
@@ -15,7 +19,7 @@ use crate::error::Result;
 use crate::progress::{PollMode, Waitable};
 use rsrdma::Cq;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -29,8 +33,31 @@ pub(crate) struct State {
     pub(crate) closing: bool,
     /// The progress thread should exit.
     pub(crate) stop: bool,
-    pub(crate) read_timeout: Option<Duration>,
-    pub(crate) write_timeout: Option<Duration>,
+}
+
+/// A timeout kept in an atomic, so that every blocking call can read it without the lock:
+/// nanoseconds, [`NO_TIMEOUT`] for none.
+pub(crate) struct AtomicTimeout(AtomicU64);
+
+/// [`AtomicTimeout`]'s value for "block indefinitely".
+const NO_TIMEOUT: u64 = u64::MAX;
+
+impl AtomicTimeout {
+    fn new() -> AtomicTimeout {
+        AtomicTimeout(AtomicU64::new(NO_TIMEOUT))
+    }
+
+    pub(crate) fn get(&self) -> Option<Duration> {
+        let n = self.0.load(Ordering::Relaxed);
+        (n != NO_TIMEOUT).then(|| Duration::from_nanos(n))
+    }
+
+    pub(crate) fn set(&self, t: Option<Duration>) {
+        let n = t.map_or(NO_TIMEOUT, |d| {
+            d.as_nanos().min(u128::from(NO_TIMEOUT - 1)) as u64
+        });
+        self.0.store(n, Ordering::Relaxed);
+    }
 }
 
 pub(crate) struct Shared {
@@ -38,6 +65,10 @@ pub(crate) struct Shared {
     cv: Condvar,
     sleepers: AtomicUsize,
     pub(crate) spinners: AtomicUsize,
+    /// Busy mode: a caller ran a step since the progress thread last looked.
+    pub(crate) stepped: AtomicBool,
+    pub(crate) read_timeout: AtomicTimeout,
+    pub(crate) write_timeout: AtomicTimeout,
     pub(crate) wake: Wake,
     pub(crate) cq: Cq,
     pub(crate) mode: PollMode,
@@ -51,12 +82,13 @@ impl Shared {
                 gen: 0,
                 closing: false,
                 stop: false,
-                read_timeout: None,
-                write_timeout: None,
             }),
             cv: Condvar::new(),
             sleepers: AtomicUsize::new(0),
             spinners: AtomicUsize::new(0),
+            stepped: AtomicBool::new(false),
+            read_timeout: AtomicTimeout::new(),
+            write_timeout: AtomicTimeout::new(),
             wake,
             cq,
             mode,
@@ -77,9 +109,10 @@ impl Shared {
         }
     }
 
-    /// Whether waiters in this mode run steps themselves while they wait.
+    /// Whether waiters in this mode count themselves in `spinners` while they run steps
+    /// (adaptive mode; busy callers mark `stepped` instead, and event waiters only sleep).
     pub(crate) fn spins(&self) -> bool {
-        self.mode != PollMode::Event
+        matches!(self.mode, PollMode::Adaptive { .. })
     }
 }
 
@@ -91,7 +124,7 @@ pub(crate) struct Waiter<'a> {
 }
 
 impl<'a> Waiter<'a> {
-    /// Counts the caller as a spinner (in the modes that spin) until dropped.
+    /// Counts the caller as a spinner (in adaptive mode) until dropped.
     pub(crate) fn new(shared: &'a Shared) -> Waiter<'a> {
         if shared.spins() {
             shared.spinners.fetch_add(1, Ordering::AcqRel);

@@ -69,7 +69,7 @@ impl Conn {
     /// had begun; a single message that had begun when the timeout hit is sent whole and the
     /// call succeeds.
     pub(super) fn send_lent(&self, op: &'static str, msgs: &[&[u8]]) -> Result<()> {
-        let timeout = self.shared.lock().write_timeout;
+        let timeout = self.shared.write_timeout.get();
         let next = Cell::new(0usize);
         let threshold = self.info.settled.rendezvous().map(|t| t as usize);
         let rdv: RefCell<Option<SliceRdv>> = RefCell::new(None);
@@ -160,7 +160,7 @@ impl Conn {
 
     /// One owned receive into `buf`: a message, the end, or a rendezvous message to pull.
     pub(super) fn recv_lent_step(&self, op: &'static str, buf: &mut [u8]) -> Result<RecvStep> {
-        let timeout = self.shared.lock().read_timeout;
+        let timeout = self.shared.read_timeout.get();
         let buf = Cell::new(Some(buf));
         self.owning(
             op,
@@ -195,6 +195,11 @@ impl Conn {
     /// any other resource (within `timeout`), runs `attempt` as its owner, and on the way out
     /// runs `finish` (with the result, which it may change) and frees the side. `finish` runs
     /// only if the side was owned and the connection still exists.
+    ///
+    /// When an attempt succeeds (the common case for a small message: the send fits in the
+    /// credit, the receive finds its message), `finish` runs and the side is freed in the same
+    /// locked step, whose one batch post and wake-up then cover both; only a call that gives
+    /// up (timeout, error, close) takes the lock again to finish.
     pub(super) fn owning<T>(
         &self,
         op: &'static str,
@@ -204,6 +209,7 @@ impl Conn {
         finish: impl FnOnce(&mut Driver, Result<T>) -> Result<T>,
     ) -> Result<T> {
         let owned = Cell::new(false);
+        let mut finish = Some(finish);
         let r = self.block(op, timeout, |d| {
             if !owned.get() {
                 let flag = d.owners().flag(side);
@@ -213,11 +219,20 @@ impl Conn {
                 *flag = true;
                 owned.set(true);
             }
-            attempt(d)
+            let v = match attempt(d) {
+                Ok(Some(v)) => v,
+                r => return r,
+            };
+            let Some(f) = finish.take() else {
+                return Ok(Some(v));
+            };
+            *d.owners().flag(side) = false;
+            owned.set(false);
+            f(d, Ok(v)).map(Some)
         });
-        if !owned.get() {
+        let (true, Some(finish)) = (owned.get(), finish) else {
             return r;
-        }
+        };
         let mut st = self.shared.lock();
         let Some(d) = st.driver.as_mut() else {
             return r;

@@ -5,9 +5,9 @@
 //! connection costs no CPU beyond one wake per keepalive interval.
 //!
 //! In [`PollMode::Busy`] the thread never arms the CQ (a busy caller polls it anyway, and an
-//! event per completion would wake this thread to fight the caller for the lock): while a
-//! caller spins it stays off the lock entirely (the caller runs the timers too), and between
-//! calls it looks in every [`SPIN_PARK`].
+//! event per completion would wake this thread to fight the caller for the lock): while
+//! callers run steps (each marks `stepped`) it stays off the lock entirely (the callers run
+//! the timers too), and once none ran for a [`BUSY_PARK`] it looks in every [`SPIN_PARK`].
 
 use super::fdwait::wait_readable;
 use super::shared::Shared;
@@ -21,7 +21,7 @@ use std::time::Duration;
 /// While nobody waits on the CQ's events (busy mode, or a caller spinning), the thread looks
 /// in this often.
 const SPIN_PARK: Duration = Duration::from_millis(5);
-/// Busy mode, while a caller spins: the thread only checks this often whether it still does.
+/// Busy mode, while callers run steps: the thread only checks this often whether they still do.
 const BUSY_PARK: Duration = Duration::from_millis(50);
 /// The thread's stack: it runs short, non-recursive steps.
 const STACK: usize = 256 * 1024;
@@ -42,7 +42,7 @@ fn run(shared: &Shared) {
     // end (without it, a close after the peer left waited out its whole linger).
     let mut live_fd = shared.lock().driver.as_ref().and_then(|d| d.liveness_fd());
     loop {
-        if busy && !live_ready && shared.spinners.load(Ordering::Acquire) > 0 {
+        if busy && !live_ready && shared.stepped.swap(false, Ordering::Relaxed) {
             // The spinning caller does the steps; wake only for the liveness signal or stop.
             match wait_readable([Some(shared.wake.raw()), live_fd], Some(BUSY_PARK)) {
                 Ok([wake, live]) => {
