@@ -88,28 +88,44 @@ pub fn client(a: &LatArgs, target: &Target, o: &mut Out<'_>) -> Result<Json> {
             .recv_msg_into(&mut echo)
             .map_err(|e| after("recv_msg_into", i, e))?;
         samples.push(Duration::from_nanos(clock.now().saturating_sub(t0)));
-        match got {
-            Some(n) if n == size => {}
-            Some(n) => {
-                return Err(Error::Protocol(format!(
-                    "round trip {i}: the echo has {n} bytes, {size} were sent"
-                )))
-            }
-            None => {
-                return Err(Error::Oob(format!(
-                    "the server closed the connection after {i} of {} round trips",
-                    c.count
-                )))
-            }
-        }
+        echo_len(i, got, size, c.count)?;
     }
-    let summary = lat_summary(&mut samples);
+    finish_client(a, &conn, o, &mut samples, None)
+}
+
+/// Round trip `i`'s echo length, which must be `size`; an error for a short echo or a server
+/// that closed (after `i` of `count` round trips).
+pub(super) fn echo_len(i: u64, got: Option<usize>, size: usize, count: u64) -> Result<usize> {
+    match got {
+        Some(n) if n == size => Ok(n),
+        Some(n) => Err(Error::Protocol(format!(
+            "round trip {i}: the echo has {n} bytes, {size} were sent"
+        ))),
+        None => Err(Error::Oob(format!(
+            "the server closed the connection after {i} of {count} round trips"
+        ))),
+    }
+}
+
+/// Prints the statistics of `samples`, closes, and returns the client's JSON object (with
+/// `mode` when the run was not the plain copying one).
+pub(super) fn finish_client(
+    a: &LatArgs,
+    conn: &rsrdma_net::Conn,
+    o: &mut Out<'_>,
+    samples: &mut [Duration],
+    mode: Option<&str>,
+) -> Result<Json> {
+    let summary = lat_summary(samples);
     if let Some(s) = &summary {
         o.text(&lat_line(s));
         o.flush();
     }
     conn.close().map_err(|e| net_error("close", e))?;
-    let j = Json::new("rs_rdmanet_lat", "client").str("poll", c.poll.name());
+    let mut j = Json::new("rs_rdmanet_lat", "client").str("poll", a.common.poll.name());
+    if let Some(m) = mode {
+        j = j.str("mode", m);
+    }
     // `-n` is at least 1, so there is a summary.
     Ok(match &summary {
         Some(s) => json_lat(j, a.size, s),

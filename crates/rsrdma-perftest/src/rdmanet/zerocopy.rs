@@ -20,7 +20,7 @@
 use super::args::{LatArgs, ZeroCopy};
 use super::conn_bw::after;
 use super::net::net_error;
-use super::text::{json_lat, lat_line, lat_summary, Json, SendMode};
+use super::text::{Json, SendMode};
 use crate::error::{Error, Result};
 use crate::out::Out;
 use crate::watch::Clock;
@@ -304,35 +304,10 @@ pub fn lat_client(a: &LatArgs, conn: &Conn, o: &mut Out<'_>) -> Result<Json> {
         let t0 = clock.now();
         let got = pp.round_trip(conn, i)?;
         samples.push(Duration::from_nanos(clock.now().saturating_sub(t0)));
-        match got {
-            Some(n) if n == size => pp.check(i, n)?,
-            Some(n) => {
-                return Err(Error::Protocol(format!(
-                    "round trip {i}: the echo has {n} bytes, {size} were sent"
-                )))
-            }
-            None => {
-                return Err(Error::Oob(format!(
-                    "the server closed the connection after {i} of {} round trips",
-                    c.count
-                )))
-            }
-        }
+        let n = super::lat::echo_len(i, got, size, c.count)?;
+        pp.check(i, n)?;
     }
-    let summary = lat_summary(&mut samples);
-    if let Some(s) = &summary {
-        o.text(&lat_line(s));
-        o.flush();
-    }
-    conn.close().map_err(|e| net_error("close", e))?;
-    let j = Json::new("rs_rdmanet_lat", "client")
-        .str("poll", c.poll.name())
-        .str("mode", "zero_copy");
-    // `-n` is at least 1, so there is a summary.
-    Ok(match &summary {
-        Some(s) => json_lat(j, a.size, s),
-        None => j.int("size", a.size).int("round_trips", 0),
-    })
+    super::lat::finish_client(a, conn, o, &mut samples, Some("zero_copy"))
 }
 
 #[cfg(test)]
