@@ -361,3 +361,43 @@ proptest! {
         w.finish();
     }
 }
+
+/// A case the property test found (CI, proptest's shrunk input): a rendezvous message whose
+/// RTS slot was released after the QP broke made the core queue a receive on the broken QP.
+#[test]
+fn a_slot_released_after_a_broken_qp_is_not_reposted() {
+    let cfg = |send_slots, rdv_threshold| {
+        Config::default()
+            .with_features(FEATURE_RENDEZVOUS)
+            .with_rdv_threshold(rdv_threshold)
+            .with_slot_size(64)
+            .with_recv_slots(8)
+            .with_send_slots(send_slots)
+            .with_sq_depth(4)
+            .with_signal_interval(1)
+            .with_inline_size(0)
+            .with_max_message(MAX_MESSAGE)
+    };
+    let mut w = World {
+        p: Pair::new(cfg(5, 95), cfg(2, 1)),
+        chk: [Checker::default(), Checker::default()],
+        write_closed: [false; 2],
+        read_closed: [false; 2],
+        broken: [false; 2],
+    };
+    let ops = [
+        Op::Send { side: 0, len: 0 },
+        Op::Advance { ms: 0 },
+        Op::RecvInto { side: 1, buf: 0 },
+        Op::Send { side: 0, len: 120 },
+        Op::Send { side: 0, len: 49 },
+        Op::Deliver { from: 0, n: 2 },
+        Op::RecvMsg { side: 1 },
+        Op::Deliver { from: 1, n: 1 },
+        Op::Break { side: 1 },
+    ];
+    for op in &ops {
+        w.apply(op);
+    }
+    w.finish();
+}

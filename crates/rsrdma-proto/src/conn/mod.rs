@@ -524,6 +524,11 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     fn repost(&mut self, slot: u16) {
+        // A failed connection posts nothing more: its QP is in ERROR (or going there), and a
+        // slot released late (a rendezvous message given up after the failure) stays idle.
+        if self.failed.is_some() {
+            return;
+        }
         self.recv_posted[usize::from(slot)] = true;
         self.rxc.grant += 1;
         self.out.push_back(Work::PostRecv { slot });
