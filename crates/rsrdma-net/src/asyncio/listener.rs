@@ -49,14 +49,9 @@ impl AsyncListener {
     /// [`NetError::InvalidArgument`] for [`ConnOptions::shared_recv`] (blocking listeners only).
     pub fn bind(addr: impl ToSocketAddrs, opts: ConnOptions) -> Result<AsyncListener> {
         opts.check()?;
-        if opts.shared_recv.is_some() {
-            // The async accept path does not attach connections to a shared pool (yet): say so
-            // here, not at every accept.
-            return Err(NetError::InvalidArgument(
-                "shared_recv is a blocking Listener option; AsyncListener does not support it"
-                    .into(),
-            ));
-        }
+        // The async accept path does not attach connections to a shared pool (yet): say so
+        // here, not at every accept.
+        opts.check_unpooled()?;
         let addr = addr
             .to_socket_addrs()
             .map_err(|e| NetError::io("resolve address", e))?

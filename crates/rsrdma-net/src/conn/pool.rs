@@ -206,13 +206,7 @@ impl RecvPools {
     /// refuses [`ConnOptions::shared_recv`] with a clear error.
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn unpooled(opts: &ConnOptions) -> Result<RecvPools> {
-        if opts.shared_recv.is_some() {
-            return Err(crate::NetError::InvalidArgument(
-                "ConnOptions::shared_recv: AsyncListener does not support a shared receive \
-                 pool yet (Listener does)"
-                    .into(),
-            ));
-        }
+        opts.check_unpooled()?;
         Ok(RecvPools::new(None))
     }
 
