@@ -108,8 +108,8 @@ With --json, stdout is one JSON object on one line:
   both ends: tool (\"rs_rdmanet_bw\"), role (\"client\" or \"server\"), transport (\"conn\" or
     \"raw\"), registered_bytes (memory registered for the connection), cpu_seconds (user +
     sys of the process during the transfer), messages, bytes
-  Conn: poll (\"busy\", \"event\" or \"adaptive\"); client: mode (\"send_msg\" or
-    \"send_batch\"), batch
+  Conn: poll (\"busy\", \"event\" or \"adaptive\"); client: mode (\"send_msg\",
+    \"send_batch\", or \"send_buffer\" with --zero-copy), batch
   --raw client: mode (\"pipeline_batch\" or \"pipeline\"), tx_depth
   client: size, seconds, gbits, mpps (from messages x size over seconds)";
 
@@ -117,7 +117,8 @@ With --json, stdout is one JSON object on one line:
 pub const LAT_JSON_HELP: &str = "\
 With --json, stdout is one JSON object on one line:
   both ends: tool (\"rs_rdmanet_lat\"), role (\"client\" or \"server\"), poll
-  client: size, round_trips, avg_ns, p50_ns, p99_ns, min_ns, max_ns (round-trip times)
+  client: size, round_trips, avg_ns, p50_ns, p99_ns, min_ns, max_ns (round-trip times);
+    mode (\"zero_copy\", only with --zero-copy)
   server: messages, bytes (echoed)";
 
 #[derive(Parser, Debug)]
