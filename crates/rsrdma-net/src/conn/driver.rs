@@ -18,10 +18,10 @@
 //!
 //! # Rendezvous memory
 //! A rendezvous send from a [`super::Buffer`] leaves its per-message registration (remote
-//! read only) and the buffer's allocation with the driver ([`Driver::hold_rendezvous`]);
+//! read only) and the buffer's allocation with the driver ([`Driver::hold_send`]);
 //! each step releases those whose DONE arrived. An eager send from a `Buffer` is lent to the
 //! core (no copy: each fragment's SEND names the buffer's range as its second SGE) and leaves
-//! the allocation here ([`Driver::hold_lent`]) until the completion covering its last
+//! the allocation here ([`Driver::hold_send`]) until the completion covering its last
 //! fragment is reaped (the core signals that fragment). A READ into a `Buffer` leaves the buffer's
 //! allocation here until the core hands the message over. Teardown releases what is left
 //! only after the QP's flush (or leaks it with the rest).
@@ -156,21 +156,13 @@ impl Driver {
         self.qp.pd()
     }
 
-    /// Keeps rendezvous message `msg`'s registration and buffer until its DONE.
-    pub(crate) fn hold_rendezvous(&mut self, msg: u64, mr: Mr, hold: InFlight) {
+    /// Keeps buffer-send `msg`'s buffer (and, for rendezvous, its per-message registration)
+    /// until the core releases it: a rendezvous message at its DONE, a lent one when the
+    /// completion covering its last fragment is reaped (its SENDs read the buffer in place).
+    pub(crate) fn hold_send(&mut self, msg: u64, mr: Option<Mr>, hold: InFlight) {
         self.rdv_sends.push_back(RdvSend {
             msg,
-            mr: Some(mr),
-            _hold: hold,
-        });
-    }
-
-    /// Keeps lent message `msg`'s buffer until the core releases it (its fragments' SENDs
-    /// read the buffer in place).
-    pub(crate) fn hold_lent(&mut self, msg: u64, hold: InFlight) {
-        self.rdv_sends.push_back(RdvSend {
-            msg,
-            mr: None,
+            mr,
             _hold: hold,
         });
     }
@@ -429,7 +421,7 @@ impl Driver {
             // SAFETY: a slot send names our registered send region, which outlives the
             // request (see `post_recvs`), and the core does not rewrite a slot in flight; an
             // inline send's bytes are copied during the call. A lent payload is a range of a
-            // `Buffer` (registered, on this QP's domain) whose allocation `hold_lent` keeps
+            // `Buffer` (registered, on this QP's domain) whose allocation `hold_send` keeps
             // until the core says the completion covering this WR was reaped, or until
             // teardown's flush; the buffer is in flight meanwhile, so nothing writes it. A
             // READ's destination is registered (local write) by the caller of `start_read`,

@@ -58,6 +58,15 @@ pub(super) fn eager_only(opts: &super::ConnOptions) -> super::ConnOptions {
     opts.clone().rendezvous(None)
 }
 
+/// How [`Conn::start_send_buffer`] queues a buffer in the core.
+#[derive(Clone, Copy)]
+enum BufferSend {
+    /// Eager fragments that read the buffer in place.
+    Lent { addr: u64, lkey: u32 },
+    /// An RTS exposing the buffer through a per-message registration.
+    Rendezvous { addr: u64, rkey: u32 },
+}
+
 /// Where a rendezvous READ lands.
 pub(super) enum Dest<'a> {
     /// The caller's slice, registered for the call.
@@ -124,42 +133,35 @@ impl Conn {
             .rendezvous()
             .is_some_and(|t| len >= t as usize);
         let timeout = self.shared.write_timeout.get();
-        if !rendezvous {
-            if self.send_sges() < 2 {
-                return self.send_lent(OP, &[hold.bytes(len)]);
-            }
-            let (addr, lkey) = (hold.addr(), hold.lkey());
-            // Not queued (an error or a timeout): `hold` drops with the cell, the buffer is idle.
-            let hold = Cell::new(Some(hold));
-            return self.owning(
-                OP,
-                Side::Send,
-                timeout,
-                |d| {
-                    if d.peer_gone() {
-                        return Err(NetError::PeerGone { op: OP });
-                    }
-                    match d.core().send_msg_lent(len, addr, lkey) {
-                        Ok(msg) => {
-                            if let Some(hold) = hold.take() {
-                                d.hold_lent(msg, hold);
-                            }
-                            Ok(Some(()))
-                        }
-                        Err(ProtoError::WouldBlock) => Ok(None),
-                        Err(e) => Err(from_core(e)),
-                    }
-                },
-                |_, r| r,
-            );
+        if !rendezvous && self.send_sges() < 2 {
+            return self.send_lent(OP, &[hold.bytes(len)]);
         }
-        let pd = self.pd(OP)?;
-        // SAFETY: the buffer's allocation stays alive and unmoved while `hold` (kept by the
-        // driver until the DONE or the flush) lives, and the registration is dropped before
-        // `hold`; remote read only: the NIC never writes it.
-        let mr =
-            unsafe { Mr::register(&pd, hold.addr() as *mut u8, len, AccessFlags::REMOTE_READ) }?;
-        let (addr, rkey) = (mr.addr(), mr.rkey());
+        // Eager: the core lends the buffer's range to each fragment's SEND (second SGE).
+        // Rendezvous: the peer READs it through a registration made for this message only.
+        let (queue, mr) = if rendezvous {
+            let pd = self.pd(OP)?;
+            // SAFETY: the buffer's allocation stays alive and unmoved while `hold` (kept by
+            // the driver until the DONE or the flush) lives, and the registration is dropped
+            // before `hold`; remote read only: the NIC never writes it.
+            let mr = unsafe {
+                Mr::register(&pd, hold.addr() as *mut u8, len, AccessFlags::REMOTE_READ)
+            }?;
+            (
+                BufferSend::Rendezvous {
+                    addr: mr.addr(),
+                    rkey: mr.rkey(),
+                },
+                Some(mr),
+            )
+        } else {
+            (
+                BufferSend::Lent {
+                    addr: hold.addr(),
+                    lkey: hold.lkey(),
+                },
+                None,
+            )
+        };
         let parts = Cell::new(Some((mr, hold)));
         self.owning(
             OP,
@@ -169,10 +171,16 @@ impl Conn {
                 if d.peer_gone() {
                     return Err(NetError::PeerGone { op: OP });
                 }
-                match d.core().send_rendezvous(len, addr, rkey) {
+                let queued = match queue {
+                    BufferSend::Lent { addr, lkey } => d.core().send_msg_lent(len, addr, lkey),
+                    BufferSend::Rendezvous { addr, rkey } => {
+                        d.core().send_rendezvous(len, addr, rkey)
+                    }
+                };
+                match queued {
                     Ok(msg) => {
                         if let Some((mr, hold)) = parts.take() {
-                            d.hold_rendezvous(msg, mr, hold);
+                            d.hold_send(msg, mr, hold);
                         }
                         Ok(Some(()))
                     }
