@@ -599,14 +599,7 @@ fn the_keeper_answers_keepalives_while_nobody_awaits() {
 #[test]
 #[ignore = "runs as the child process of peer_death_surfaces_as_an_error"]
 fn async_child_peer() {
-    let spec = std::env::var(CHILD_ENV).unwrap();
-    let (path, addr) = spec.split_once(' ').unwrap();
-    let path = if path == "cm" {
-        Establish::Cm
-    } else {
-        Establish::Tcp
-    };
-    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    let (path, addr) = support::child_peer_spec(CHILD_ENV);
     run(async move {
         let _c = AsyncConn::dial(addr, opts(path)).await.unwrap();
         println!("up");

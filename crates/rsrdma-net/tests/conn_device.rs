@@ -369,13 +369,7 @@ fn rejected_data(e: &rsrdma::Error) -> Vec<u8> {
 #[test]
 #[ignore = "runs as the child process of peer_death_is_detected_on_a_receive_only_side"]
 fn conn_child_peer() {
-    let spec = std::env::var(CHILD_ENV).unwrap();
-    let (path, addr) = spec.split_once(' ').unwrap();
-    let path = if path == "cm" {
-        Establish::Cm
-    } else {
-        Establish::Tcp
-    };
+    let (path, addr) = support::child_peer_spec(CHILD_ENV);
     let c = Conn::dial(addr, opts(path)).unwrap();
     println!("up");
     thread::sleep(Duration::from_secs(60));

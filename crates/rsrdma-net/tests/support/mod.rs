@@ -51,3 +51,16 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// What a death test's child peer reads from `env` (set by its parent as `"cm ADDR"` or
+/// `"tcp ADDR"`): the establishment path and the listener's address.
+pub fn child_peer_spec(env: &str) -> (Establish, std::net::SocketAddr) {
+    let spec = std::env::var(env).unwrap();
+    let (path, addr) = spec.split_once(' ').unwrap();
+    let path = if path == "cm" {
+        Establish::Cm
+    } else {
+        Establish::Tcp
+    };
+    (path, addr.parse().unwrap())
+}
