@@ -472,7 +472,9 @@ pub const EXAMPLES: &[Example] = &[
     Example {
         name: "post_overhead",
         features: &["bench-support"],
-        procs: &[fg("run", "--rounds 1 --wrs 20000")],
+        // callgrind (the instruction counts where the CPU has no counters) is far too slow
+        // under the VM's emulation.
+        procs: &[fg("run", "--rounds 1 --wrs 20000 --no-callgrind")],
         check: |o| o.has("run", "pipeline step: post 1, poll 1"),
         ..verbs("post_overhead")
     },

@@ -6,6 +6,7 @@
 //! device and a connection can wait on whatever it owns (one CQ, or a CQ behind a lock).
 
 use crate::error::{NetError, Result};
+use std::cell::Cell;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -32,11 +33,23 @@ pub(crate) fn coarse_now() -> Instant {
         (now, read_clock(libc::CLOCK_MONOTONIC))
     });
     let coarse = read_clock(libc::CLOCK_MONOTONIC_COARSE);
-    match coarse.checked_sub(mono_base) {
+    // The coarse clock moves once a tick, and a busy loop reads it many times a tick: the
+    // conversion of the last reading is kept (per thread, so without any sharing).
+    thread_local! {
+        static LAST: Cell<Option<(Duration, Instant)>> = const { Cell::new(None) };
+    }
+    if let Some((at, instant)) = LAST.get() {
+        if at == coarse {
+            return instant;
+        }
+    }
+    let instant = match coarse.checked_sub(mono_base) {
         Some(ahead) => base + ahead,
         // A coarse reading from before the calibration (it lagged then): earlier still.
         None => base.checked_sub(mono_base - coarse).unwrap_or(base),
-    }
+    };
+    LAST.set(Some((coarse, instant)));
+    instant
 }
 
 /// `clock_gettime(clock)`; zero if it fails (it does not for the monotonic clocks).

@@ -894,3 +894,80 @@ fn a_silent_half_handshake_does_not_delay_a_good_client() {
         );
     }
 }
+
+/// The short ways of `send_msg` (one frame, sent in one step) and `recv_msg_into` (a buffer
+/// of at most a frame: steps without owning the side) beside the owned ways: small messages
+/// from one thread while another sends large ones (eager in fragments, and by rendezvous)
+/// all arrive whole and in each sender's order; a small-buffer reader times out within its
+/// timeout (not twice it), and learns the length of a multi-fragment or rendezvous message
+/// with `ShortBuffer`, the message kept for a larger buffer.
+#[test]
+fn small_messages_go_the_short_way_beside_large_ones() {
+    for mode in [PollMode::Busy, PollMode::Event] {
+        let (c, s) = pair(
+            opts(Establish::Cm).poll_mode(mode),
+            opts(Establish::Cm).poll_mode(mode),
+        );
+        // A reader with a small buffer and nothing to read: one timeout, not two.
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let t0 = Instant::now();
+        let e = s.recv_msg_into(&mut [0u8; 64]).unwrap_err();
+        let waited = t0.elapsed();
+        assert!(matches!(e, NetError::Timeout { .. }), "{mode:?}: {e}");
+        assert!(waited >= Duration::from_millis(200), "{waited:?}");
+        assert!(waited < Duration::from_millis(390), "{mode:?}: {waited:?}");
+
+        let c = Arc::new(c);
+        let (smalls, larges) = (400u32, [200_000usize, 1 << 20, 70_000]);
+        let small_sender = {
+            let c = c.clone();
+            thread::spawn(move || {
+                for i in 0..smalls {
+                    let mut m = pattern(8 + (i as usize * 7) % 57, u64::from(i));
+                    m[..4].copy_from_slice(&i.to_le_bytes());
+                    c.send_msg(&m).unwrap();
+                }
+            })
+        };
+        let large_sender = {
+            let c = c.clone();
+            thread::spawn(move || {
+                for (k, len) in larges.iter().enumerate() {
+                    c.send_msg(&pattern(*len, 1000 + k as u64)).unwrap();
+                }
+            })
+        };
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let (mut next_small, mut next_large) = (0u32, 0usize);
+        let mut small = [0u8; 64];
+        let mut large = Vec::new();
+        while next_small < smalls || next_large < larges.len() {
+            let n = match s.recv_msg_into(&mut small) {
+                Ok(Some(n)) => n,
+                Ok(None) => panic!("{mode:?}: end of stream"),
+                Err(NetError::ShortBuffer { needed }) => {
+                    // A large one, whole, at its length; then the small buffer again.
+                    assert_eq!(needed, larges[next_large], "{mode:?}");
+                    large.resize(needed, 0);
+                    let n = s.recv_msg_into(&mut large).unwrap().unwrap();
+                    assert!(
+                        large[..n] == pattern(needed, 1000 + next_large as u64)[..],
+                        "{mode:?}: large message {next_large} differs"
+                    );
+                    next_large += 1;
+                    continue;
+                }
+                Err(e) => panic!("{mode:?}: {e}"),
+            };
+            let i = u32::from_le_bytes(small[..4].try_into().unwrap());
+            assert_eq!(i, next_small, "{mode:?}: small messages out of order");
+            let mut want = pattern(8 + (i as usize * 7) % 57, u64::from(i));
+            want[..4].copy_from_slice(&i.to_le_bytes());
+            assert_eq!(&small[..n], &want[..], "{mode:?}: small message {i}");
+            next_small += 1;
+        }
+        small_sender.join().unwrap();
+        large_sender.join().unwrap();
+    }
+}

@@ -8,7 +8,12 @@
 //! - a pipeline step (post one, poll one): the inner step of RawConn's pipelines.
 //!
 //! Instructions per WR come from the CPU's counters (perf_event_open) where the machine has
-//! them; virtual machines often do not, and the table then says so.
+//! them. Virtual machines often do not; then, where valgrind is installed, they are counted
+//! by callgrind: each side of each case runs once more under it, in a child process, for two
+//! numbers of WRs, and the difference of the two totals over the difference of the WR counts
+//! is the count per WR (set-up costs cancel; callgrind counts exactly, whatever the machine's
+//! load; `--no-callgrind` skips this, as under emulation, where it is far too slow).
+//! Otherwise the table says n/a.
 
 use rsrdma::bench_support::FakeQp;
 use rsrdma::ffi;
@@ -21,7 +26,11 @@ const BATCH: usize = 32;
 fn main() {
     let mut rounds = 7usize;
     let mut per_round: u64 = 2_000_000;
+    let mut use_callgrind = true;
     let mut args = std::env::args().skip(1);
+    if let Some(one) = count_one_args() {
+        return count_one(one);
+    }
     while let Some(a) = args.next() {
         let mut value = |name: &str| -> u64 {
             args.next()
@@ -31,6 +40,7 @@ fn main() {
         match a.as_str() {
             "--rounds" => rounds = value("--rounds").max(1) as usize,
             "--wrs" => per_round = value("--wrs").max(BATCH as u64),
+            "--no-callgrind" => use_callgrind = false,
             "-h" | "--help" => usage(""),
             other => usage(&format!("unknown argument {other:?}")),
         }
@@ -42,22 +52,13 @@ fn main() {
     );
     println!();
     println!(
-        "{:<34} {:>12} {:>12} {:>12} {:>10} {:>10}  target",
+        "{:<36} {:>10} {:>10} {:>11} {:>9} {:>11}  target",
         "case", "C ns/WR", "Rust ns/WR", "added ns/WR", "C ins/WR", "Rust ins/WR"
     );
-    let cases: [(&str, Runner, Runner); 5] = [
-        ("post 1 WR per call", c_post, rust_post),
-        ("  of which: raw FFI call only", c_post, rust_ffi_only),
-        (
-            "  of which: Qp::post_send, WR reused",
-            c_post,
-            rust_post_reused,
-        ),
-        ("post a chain of 32 (per WR)", c_chain, rust_batch),
-        ("pipeline step: post 1, poll 1", c_post_poll, rust_post_poll),
-    ];
     let mut all_met = true;
-    for (name, c, rust) in cases {
+    let callgrind = use_callgrind && counter.0.is_err() && callgrind_available();
+    for (ci, name) in CASE_NAMES.into_iter().enumerate() {
+        let (c, rust) = (runner(ci, Side::C), runner(ci, Side::Rust));
         let (mut tc, mut tr, mut ic, mut ir) = (vec![], vec![], vec![], vec![]);
         for _ in 0..rounds {
             let (t, i) = measure(&counter, || c(&fake, per_round), per_round);
@@ -66,6 +67,10 @@ fn main() {
             let (t, i) = measure(&counter, || rust(&fake, per_round), per_round);
             tr.push(t);
             ir.extend(i);
+        }
+        if callgrind {
+            ic.extend(callgrind_per_wr(ci, Side::C));
+            ir.extend(callgrind_per_wr(ci, Side::Rust));
         }
         let (mc, mr) = (median(&mut tc), median(&mut tr));
         let added = mr - mc;
@@ -79,7 +84,7 @@ fn main() {
             }
         };
         println!(
-            "{name:<34} {mc:>12.2} {mr:>12.2} {added:>12.2} {:>10} {:>10}  added <= 10 ns: {}",
+            "{name:<36} {mc:>10.2} {mr:>10.2} {added:>11.2} {:>9} {:>11}  added <= 10 ns: {}",
             ins(&mut ic),
             ins(&mut ir),
             if met { "met" } else { "MISSED" }
@@ -88,7 +93,16 @@ fn main() {
     println!();
     match &counter.0 {
         Ok(_) => println!("instructions: user-space instructions retired, from perf_event_open"),
-        Err(e) => println!("instructions: n/a on this machine (perf_event_open: {e})"),
+        Err(_) if callgrind => println!(
+            "instructions: counted by valgrind's callgrind (no CPU counters here: perf_event_open \
+             failed), ({CG_LONG} - {CG_SHORT} WRs) runs' difference per WR, exact"
+        ),
+        Err(e) if use_callgrind => {
+            println!("instructions: n/a on this machine (perf_event_open: {e}; valgrind not found)")
+        }
+        Err(e) => {
+            println!("instructions: n/a (perf_event_open: {e}; callgrind skipped: --no-callgrind)")
+        }
     }
     println!(
         "target (at most 10 ns/WR added over C): {}",
@@ -102,11 +116,108 @@ fn main() {
 
 type Runner = fn(&FakeQp, u64);
 
+/// The cases of the table, in order (see [`runner`]); `--count-one` names one by its index.
+const CASES: usize = 5;
+const CASE_NAMES: [&str; CASES] = [
+    "post 1 WR per call",
+    "  of which: raw FFI call only",
+    "  of which: Qp::post_send, WR reused",
+    "post a chain of 32 (per WR)",
+    "pipeline step: post 1, poll 1",
+];
+/// The two WR counts of the callgrind runs (multiples of [`BATCH`]).
+const CG_SHORT: u64 = 32 * 1024;
+const CG_LONG: u64 = 2 * CG_SHORT;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Side {
+    C,
+    Rust,
+}
+
+/// The runner of side `side` of case `case` (the table's order).
+fn runner(case: usize, side: Side) -> Runner {
+    let (c, rust): (Runner, Runner) = match case {
+        0 => (c_post, rust_post),
+        1 => (c_post, rust_ffi_only),
+        2 => (c_post, rust_post_reused),
+        3 => (c_chain, rust_batch),
+        _ => (c_post_poll, rust_post_poll),
+    };
+    match side {
+        Side::C => c,
+        Side::Rust => rust,
+    }
+}
+
+/// `--count-one CASE c|rust WRS`: the hidden mode the callgrind runs use.
+fn count_one_args() -> Option<(usize, Side, u64)> {
+    let a: Vec<String> = std::env::args().skip(1).collect();
+    if a.first().map(String::as_str) != Some("--count-one") {
+        return None;
+    }
+    let parsed = (|| {
+        let case: usize = a.get(1)?.parse().ok().filter(|&c| c < CASES)?;
+        let side = match a.get(2)?.as_str() {
+            "c" => Side::C,
+            "rust" => Side::Rust,
+            _ => return None,
+        };
+        Some((case, side, a.get(3)?.parse().ok()?))
+    })();
+    Some(parsed.unwrap_or_else(|| usage("--count-one needs CASE (0-4), c|rust and WRS")))
+}
+
+/// Runs one side of one case once: under callgrind, for its instruction count.
+fn count_one((case, side, wrs): (usize, Side, u64)) {
+    let fake = FakeQp::new(4096);
+    runner(case, side)(&fake, wrs);
+}
+
+fn callgrind_available() -> bool {
+    std::process::Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Instructions per WR of one side of one case, by callgrind: this program under it with
+/// [`CG_LONG`] and with [`CG_SHORT`] WRs; the difference of the totals cancels start-up and
+/// set-up. None (the table says n/a) if a run fails or prints no total.
+fn callgrind_per_wr(case: usize, side: Side) -> Option<f64> {
+    let total = |wrs: u64| -> Option<u64> {
+        let exe = std::env::current_exe().ok()?;
+        let out = std::process::Command::new("valgrind")
+            .args(["--tool=callgrind", "--callgrind-out-file=/dev/null"])
+            .arg(exe)
+            .arg("--count-one")
+            .arg(case.to_string())
+            .arg(if side == Side::C { "c" } else { "rust" })
+            .arg(wrs.to_string())
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        collected(&String::from_utf8_lossy(&out.stderr))
+    };
+    let (long, short) = (total(CG_LONG)?, total(CG_SHORT)?);
+    Some(long.checked_sub(short)? as f64 / (CG_LONG - CG_SHORT) as f64)
+}
+
+/// The total of callgrind's `==PID== Collected : N` line.
+fn collected(stderr: &str) -> Option<u64> {
+    stderr
+        .lines()
+        .find_map(|l| l.split_once("Collected :"))
+        .and_then(|(_, n)| n.trim().parse().ok())
+}
+
 fn usage(why: &str) -> ! {
     if !why.is_empty() {
         eprintln!("post_overhead: {why}");
     }
-    eprintln!("usage: post_overhead [--rounds N] [--wrs N]");
+    eprintln!("usage: post_overhead [--rounds N] [--wrs N] [--no-callgrind]");
     std::process::exit(2)
 }
 

@@ -66,6 +66,27 @@ struct SendMeta {
     read: Option<(u64, u32)>,
 }
 
+/// What one posting round gathers before its two post calls. Kept in the driver and
+/// overwritten in place: set up on the stack, its ~3 KiB were zeroed at every posting step
+/// (a fifth of a 64-byte round trip's instructions, measured with callgrind).
+struct Staging {
+    recvs: [Sge; POST_BATCH],
+    recv_ids: [u64; POST_BATCH],
+    sends: [[Sge; 2]; POST_BATCH],
+    send_meta: [SendMeta; POST_BATCH],
+}
+
+impl Staging {
+    fn new() -> Staging {
+        Staging {
+            recvs: [Sge::default(); POST_BATCH],
+            recv_ids: [0; POST_BATCH],
+            sends: [[Sge::default(); 2]; POST_BATCH],
+            send_meta: [SendMeta::default(); POST_BATCH],
+        }
+    }
+}
+
 /// How many requests of a list of `n` a post call's result says were posted.
 fn posted(r: &rsrdma::Result<()>, n: usize) -> usize {
     match r {
@@ -92,6 +113,7 @@ pub(crate) struct Driver {
     cq: Cq,
     liveness: Liveness,
     wcs: [Wc; POLL_BATCH],
+    stage: Staging,
     recvs_posted: u64,
     sends_posted: u64,
     sends_done: u64,
@@ -139,6 +161,7 @@ impl Driver {
             cq,
             liveness,
             wcs: [Wc::default(); POLL_BATCH],
+            stage: Staging::new(),
             recvs_posted: u64::from(recvs_posted),
             sends_posted: 0,
             sends_done: 0,
@@ -266,10 +289,7 @@ impl Driver {
         // (most of a busy caller's polling) costs nothing here.
         let mut next = self.core.poll_work();
         while next.is_some() {
-            let mut recvs = [Sge::default(); POST_BATCH];
-            let mut recv_ids = [0u64; POST_BATCH];
-            let mut sends = [[Sge::default(); 2]; POST_BATCH];
-            let mut send_meta = [SendMeta::default(); POST_BATCH];
+            let st = &mut self.stage;
             let (mut nr, mut ns) = (0, 0);
             let mut bad = false;
             while nr < POST_BATCH && ns < POST_BATCH {
@@ -284,8 +304,8 @@ impl Driver {
                     // A pooled slot goes back to the shared pool; an own slot is posted here.
                     Work::PostRecv { slot } => match self.core.memory_mut().release_recv(slot) {
                         Some(Repost::Own(sge)) => {
-                            recvs[nr] = sge;
-                            recv_ids[nr] = super::slots::recv_wr_id(slot);
+                            st.recvs[nr] = sge;
+                            st.recv_ids[nr] = super::slots::recv_wr_id(slot);
                             nr += 1;
                         }
                         Some(Repost::Pooled) => {}
@@ -312,7 +332,7 @@ impl Driver {
                         };
                         match first {
                             Some(sge) => {
-                                sends[ns] = [sge, sge];
+                                st.sends[ns] = [sge, sge];
                                 let mut m = SendMeta {
                                     wr_id: wr_id.0,
                                     signaled,
@@ -321,10 +341,10 @@ impl Driver {
                                     read: None,
                                 };
                                 if let Some(l) = lent {
-                                    sends[ns][1] = Sge::new(l.addr, l.len, l.lkey);
+                                    st.sends[ns][1] = Sge::new(l.addr, l.len, l.lkey);
                                     m.sges = 2;
                                 }
-                                send_meta[ns] = m;
+                                st.send_meta[ns] = m;
                                 ns += 1;
                             }
                             None => bad = true,
@@ -339,8 +359,8 @@ impl Driver {
                         len,
                     } => {
                         let sge = Sge::new(local_addr, len, lkey);
-                        sends[ns] = [sge, sge];
-                        send_meta[ns] = SendMeta {
+                        st.sends[ns] = [sge, sge];
+                        st.send_meta[ns] = SendMeta {
                             wr_id: wr_id.0,
                             signaled: true,
                             inline: false,
@@ -351,9 +371,7 @@ impl Driver {
                     }
                 }
             }
-            let ok = !bad
-                && self.post_recvs(&recvs[..nr], &recv_ids[..nr])
-                && self.post_sends(&sends[..ns], &send_meta[..ns]);
+            let ok = !bad && self.post_recvs(nr) && self.post_sends(ns);
             if !ok && !self.broken {
                 self.broken = true;
                 if self.core.error().is_none() {
@@ -365,10 +383,10 @@ impl Driver {
         any
     }
 
-    /// Posts receives into `sges` (one each) with `ids`, in one call; false on a failure
+    /// Posts the first `n` staged receives (one SGE each) in one call; false on a failure
     /// (what was posted before it is counted).
-    fn post_recvs(&mut self, sges: &[Sge], ids: &[u64]) -> bool {
-        let n = sges.len();
+    fn post_recvs(&mut self, n: usize) -> bool {
+        let (sges, ids) = (&self.stage.recvs, &self.stage.recv_ids);
         if n == 0 {
             return true;
         }
@@ -393,10 +411,10 @@ impl Driver {
         r.is_ok()
     }
 
-    /// Posts sends of `sges` (one each) as `meta` says, in one call; false on a failure
-    /// (what was posted before it is counted).
-    fn post_sends(&mut self, sges: &[[Sge; 2]], meta: &[SendMeta]) -> bool {
-        let n = sges.len();
+    /// Posts the first `n` staged sends (and READs) as their metadata says, in one call; false
+    /// on a failure (what was posted before it is counted).
+    fn post_sends(&mut self, n: usize) -> bool {
+        let (sges, meta) = (&self.stage.sends, &self.stage.send_meta);
         if n == 0 {
             return true;
         }

@@ -161,6 +161,9 @@ impl Conn {
     /// usable); [`NetError::Timeout`] (nothing of the message was sent); [`NetError::Closed`]
     /// after `shutdown(Write)` or `close`; [`NetError::PeerGone`]; [`NetError::ConnFailed`].
     pub fn send_msg(&self, msg: &[u8]) -> Result<()> {
+        if self.send_at_once("send_msg", msg)? {
+            return Ok(());
+        }
         self.send_lent("send_msg", &[msg])
     }
 
@@ -198,7 +201,21 @@ impl Conn {
     /// the message is not consumed (call again with a larger buffer). Otherwise as
     /// [`Conn::recv_msg`].
     pub fn recv_msg_into(&self, buf: &mut [u8]) -> Result<Option<usize>> {
-        self.recv_lent(buf)
+        let timeout = self.shared.read_timeout.get();
+        // A message that fits `buf` is then one frame, never reassembled while this waits;
+        // a larger `buf` is for large messages, which go straight into it (the owned way).
+        if buf.len() > self.info.settled.frame_payload() as usize {
+            return self.recv_lent(buf, timeout);
+        }
+        // Read only with a timeout: the owned way gets what is left of it.
+        let start = timeout.map(|_| Instant::now());
+        if let Some(got) = self.recv_unowned("recv_msg_into", buf, timeout)? {
+            return Ok(got);
+        }
+        let left = timeout
+            .zip(start)
+            .map(|(t, s)| t.saturating_sub(s.elapsed()));
+        self.recv_lent(buf, left)
     }
 
     /// Waits (up to the read timeout) for at least one message, then takes every message
@@ -405,23 +422,7 @@ impl Conn {
         mut attempt: impl FnMut(&mut Driver) -> Result<Option<T>>,
     ) -> Result<T> {
         let shared = &*self.shared;
-        let mut step = |seen: &Cell<u64>| -> Result<Option<T>> {
-            // Keeps a busy connection's progress thread off the lock (see `worker`).
-            shared.stepped.store(true, Ordering::Relaxed);
-            let mut st = shared.lock();
-            let Some(d) = st.driver.as_mut() else {
-                return Err(NetError::Closed { op });
-            };
-            let mut changed = d.progress(progress::coarse_now());
-            let r = attempt(d);
-            changed |= d.post_work();
-            // A result (or an error) may have freed a side another caller waits for.
-            if changed || !matches!(r, Ok(None)) {
-                shared.changed(&mut st);
-            }
-            seen.set(st.gen);
-            r
-        };
+        let mut step = |seen: &Cell<u64>| self.step_once(op, seen, true, &mut attempt);
         let first_seen = Cell::new(0);
         if let Some(v) = step(&first_seen)? {
             return Ok(v);
@@ -446,6 +447,38 @@ impl Conn {
                 millis: timeout.map_or(0, |t| t.as_millis() as u64),
             }),
         }
+    }
+
+    /// One locked step of a blocking call: polls the CQ and fires due timers (when `poll`),
+    /// runs `attempt`, posts what the core queued, and records in `seen` the generation it
+    /// saw. The fast paths of `send_msg` and `recv_msg_into` are one such step.
+    fn step_once<T>(
+        &self,
+        op: &'static str,
+        seen: &Cell<u64>,
+        poll: bool,
+        attempt: &mut impl FnMut(&mut Driver) -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
+        let shared = &*self.shared;
+        // Keeps a busy connection's progress thread off the lock (see `worker`), only when
+        // this step does the thread's work: a caller that only sends at once would otherwise
+        // leave the peer's keepalive PINGs unanswered.
+        if poll {
+            shared.stepped.store(true, Ordering::Relaxed);
+        }
+        let mut st = shared.lock();
+        let Some(d) = st.driver.as_mut() else {
+            return Err(NetError::Closed { op });
+        };
+        let mut changed = poll && d.progress(progress::coarse_now());
+        let r = attempt(d);
+        changed |= d.post_work();
+        // A result (or an error) may have freed a side another caller waits for.
+        if changed || !matches!(r, Ok(None)) {
+            shared.changed(&mut st);
+        }
+        seen.set(st.gen);
+        r
     }
 }
 

@@ -226,7 +226,8 @@ impl Conn {
         const OP: &str = "recv_buffer";
         buf.check_for(OP, &self.pd(OP)?, 0)?;
         loop {
-            let step = self.recv_lent_step(OP, buf.as_mut_slice()?)?;
+            let step =
+                self.recv_lent_step(OP, buf.as_mut_slice()?, self.shared.read_timeout.get())?;
             match step {
                 RecvStep::Got(n) => return Ok(n),
                 RecvStep::Rendezvous(len) => match self.pull(OP, len, Dest::Buffer(buf))? {

@@ -209,7 +209,7 @@ impl<M: SlotMemory> Conn<M> {
             ev: EventFlags::default(),
             inline: vec![0; sq_depth * usize::from(config.inline_size)].into_boxed_slice(),
         };
-        conn.heard(now);
+        conn.arm_liveness_timers();
         Ok(conn)
     }
 
@@ -435,8 +435,18 @@ impl<M: SlotMemory> Conn<M> {
     // ----- internals ---------------------------------------------------------------------
 
     fn heard(&mut self, now: Instant) {
-        self.last_heard = self.last_heard.max(now);
         self.ctl.ping = false;
+        // Drivers pass a coarse clock (a tick of milliseconds): most frames arrive within the
+        // tick of the one before, and then the deadlines would not move.
+        if now > self.last_heard {
+            self.last_heard = now;
+            self.arm_liveness_timers();
+        }
+        self.stop_timers_if_closed();
+    }
+
+    /// The keepalive and peer-dead deadlines, from the last time the peer was heard.
+    fn arm_liveness_timers(&mut self) {
         if let Some(every) = self.lim.keepalive {
             self.timers
                 .set(Timer::KeepAlive, Some(self.last_heard + every));
@@ -445,7 +455,6 @@ impl<M: SlotMemory> Conn<M> {
                 Some(self.last_heard + self.lim.peer_timeout),
             );
         }
-        self.stop_timers_if_closed();
     }
 
     fn stop_timers_if_closed(&mut self) {

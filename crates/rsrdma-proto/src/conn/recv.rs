@@ -132,6 +132,12 @@ impl<M: SlotMemory> Conn<M> {
         self.flush();
     }
 
+    /// Whether the head message has begun arriving but is not whole yet (a blocking caller
+    /// should take it over with [`Conn::recv_msg_direct`] rather than wait for reassembly).
+    pub fn recv_incomplete(&self) -> bool {
+        self.incomplete_total().is_some()
+    }
+
     /// The length of the head message while it is still arriving (partly reassembled, or its
     /// first fragment waiting in a slot).
     fn incomplete_total(&self) -> Option<usize> {
