@@ -461,6 +461,27 @@ fn keepalive_pings_and_a_silent_peer_is_declared_dead() {
     assert_eq!(s.c.poll_timeout(), None);
 }
 
+/// Drivers pass a coarse clock: frames heard at the reading the deadlines were set from move
+/// nothing (a PING just sent is not followed by another at once), a later reading moves both.
+#[test]
+fn frames_heard_before_the_clock_ticks_leave_the_deadlines_alone() {
+    let mut s = Script::new(cfg());
+    let t0 = s.t0;
+    s.c.handle_timeout(t0 + Duration::from_secs(1));
+    assert_eq!(s.work().len(), 1, "the PING");
+    assert_eq!(s.c.poll_timeout(), Some(t0 + Duration::from_secs(2)));
+    s.arrive(Header::control(FrameType::Pong, 0, 0, 0), &[]);
+    assert_eq!(
+        s.c.poll_timeout(),
+        Some(t0 + Duration::from_secs(2)),
+        "heard at the start's reading: the next PING stays a second after the last"
+    );
+    s.t0 = t0 + Duration::from_millis(1500);
+    s.arrive(Header::control(FrameType::Pong, 0, 0, 0), &[]);
+    assert_eq!(s.c.poll_timeout(), Some(t0 + Duration::from_millis(2500)));
+    assert!(s.c.error().is_none());
+}
+
 #[test]
 fn a_bad_frame_aborts_once_and_then_nothing() {
     let mut s = Script::new(cfg());
