@@ -68,7 +68,7 @@ struct SendMeta {
 
 /// What one posting round gathers before its two post calls. Kept in the driver and
 /// overwritten in place: set up on the stack, its ~3 KiB were zeroed at every posting step
-/// (a fifth of a 64-byte round trip's instructions, measured with callgrind).
+/// (about a tenth of a 64-byte round trip's instructions, measured with callgrind).
 struct Staging {
     recvs: [Sge; POST_BATCH],
     recv_ids: [u64; POST_BATCH],
