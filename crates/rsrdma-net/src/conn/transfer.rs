@@ -104,9 +104,9 @@ impl Conn {
     /// `Ok(None)`: take the owned way ([`Conn::recv_lent`]) instead, because another call
     /// owns the receive side, the head message comes by rendezvous, or it has begun arriving
     /// in several fragments (too large for `buf`, which is at most a frame: the owned way
-    /// reports that with the length it needs). Each step
-    /// costs less than an owned one (no closures, no side flag, no finish): in a ping-pong
-    /// the waiting step and the one that finds the message are on the round trip's path.
+    /// reports that with the length it needs). Each step costs less than an owned one (no
+    /// closures, no side flag, no finish): in a ping-pong the waiting step and the one that
+    /// finds the message are on the round trip's path.
     pub(super) fn recv_unowned(
         &self,
         op: &'static str,
