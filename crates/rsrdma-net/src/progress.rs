@@ -187,7 +187,6 @@ pub fn wait_until(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::Cell;
 
     #[test]
     fn the_coarse_clock_never_leads_the_precise_one_and_advances() {

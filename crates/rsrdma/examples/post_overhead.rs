@@ -26,11 +26,11 @@ const BATCH: usize = 32;
 fn main() {
     let mut rounds = 7usize;
     let mut per_round: u64 = 2_000_000;
-    let mut use_callgrind = true;
-    let mut args = std::env::args().skip(1);
     if let Some(one) = count_one_args() {
         return count_one(one);
     }
+    let mut use_callgrind = true;
+    let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = |name: &str| -> u64 {
             args.next()
@@ -57,8 +57,7 @@ fn main() {
     );
     let mut all_met = true;
     let callgrind = use_callgrind && counter.0.is_err() && callgrind_available();
-    for (ci, name) in CASE_NAMES.into_iter().enumerate() {
-        let (c, rust) = (runner(ci, Side::C), runner(ci, Side::Rust));
+    for (ci, (name, c, rust)) in CASES.into_iter().enumerate() {
         let (mut tc, mut tr, mut ic, mut ir) = (vec![], vec![], vec![], vec![]);
         for _ in 0..rounds {
             let (t, i) = measure(&counter, || c(&fake, per_round), per_round);
@@ -116,14 +115,18 @@ fn main() {
 
 type Runner = fn(&FakeQp, u64);
 
-/// The cases of the table, in order (see [`runner`]); `--count-one` names one by its index.
-const CASES: usize = 5;
-const CASE_NAMES: [&str; CASES] = [
-    "post 1 WR per call",
-    "  of which: raw FFI call only",
-    "  of which: Qp::post_send, WR reused",
-    "post a chain of 32 (per WR)",
-    "pipeline step: post 1, poll 1",
+/// The cases of the table, in order: name, C side, Rust side. `--count-one` names one by
+/// its index.
+const CASES: [(&str, Runner, Runner); 5] = [
+    ("post 1 WR per call", c_post, rust_post),
+    ("  of which: raw FFI call only", c_post, rust_ffi_only),
+    (
+        "  of which: Qp::post_send, WR reused",
+        c_post,
+        rust_post_reused,
+    ),
+    ("post a chain of 32 (per WR)", c_chain, rust_batch),
+    ("pipeline step: post 1, poll 1", c_post_poll, rust_post_poll),
 ];
 /// The two WR counts of the callgrind runs (multiples of [`BATCH`]).
 const CG_SHORT: u64 = 32 * 1024;
@@ -135,15 +138,9 @@ enum Side {
     Rust,
 }
 
-/// The runner of side `side` of case `case` (the table's order).
+/// The runner of side `side` of case `case` (an index into [`CASES`]).
 fn runner(case: usize, side: Side) -> Runner {
-    let (c, rust): (Runner, Runner) = match case {
-        0 => (c_post, rust_post),
-        1 => (c_post, rust_ffi_only),
-        2 => (c_post, rust_post_reused),
-        3 => (c_chain, rust_batch),
-        _ => (c_post_poll, rust_post_poll),
-    };
+    let (_, c, rust) = CASES[case];
     match side {
         Side::C => c,
         Side::Rust => rust,
@@ -157,7 +154,7 @@ fn count_one_args() -> Option<(usize, Side, u64)> {
         return None;
     }
     let parsed = (|| {
-        let case: usize = a.get(1)?.parse().ok().filter(|&c| c < CASES)?;
+        let case: usize = a.get(1)?.parse().ok().filter(|&c| c < CASES.len())?;
         let side = match a.get(2)?.as_str() {
             "c" => Side::C,
             "rust" => Side::Rust,

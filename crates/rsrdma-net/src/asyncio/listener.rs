@@ -50,7 +50,7 @@ impl AsyncListener {
     pub fn bind(addr: impl ToSocketAddrs, opts: ConnOptions) -> Result<AsyncListener> {
         opts.check()?;
         // The async accept path does not attach connections to a shared pool (yet): say so
-        // here, not at every accept.
+        // at bind, before any client comes (the accept path refuses it too).
         opts.check_unpooled()?;
         let addr = addr
             .to_socket_addrs()

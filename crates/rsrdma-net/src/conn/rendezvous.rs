@@ -88,6 +88,15 @@ pub(super) enum Pulled {
 }
 
 impl Conn {
+    /// Whether a message of `len` bytes goes by rendezvous (an RTS the peer READs from):
+    /// at or above the settled threshold, when both ends offered one.
+    pub(super) fn by_rendezvous(&self, len: usize) -> bool {
+        self.info
+            .settled
+            .rendezvous()
+            .is_some_and(|t| len >= t as usize)
+    }
+
     /// A new registered buffer of `len` bytes on this connection's protection domain (local
     /// access only).
     ///
@@ -127,11 +136,7 @@ impl Conn {
             return Err(NetError::MessageTooLarge { len, max });
         }
         let hold = buf.start(OP)?;
-        let rendezvous = self
-            .info
-            .settled
-            .rendezvous()
-            .is_some_and(|t| len >= t as usize);
+        let rendezvous = self.by_rendezvous(len);
         let timeout = self.shared.write_timeout.get();
         if !rendezvous && self.send_sges() < 2 {
             return self.send_lent(OP, &[hold.bytes(len)]);

@@ -50,8 +50,8 @@ pub(crate) enum Side {
 /// Which sides are owned (lives in the driver, behind the connection's mutex).
 #[derive(Debug, Default)]
 pub(crate) struct Owners {
-    pub(super) send: bool,
-    pub(super) recv: bool,
+    send: bool,
+    recv: bool,
 }
 
 impl Owners {
@@ -75,16 +75,11 @@ impl Conn {
     /// quarter of a 64-byte `send_msg`'s instructions.
     pub(super) fn send_at_once(&self, op: &'static str, msg: &[u8]) -> Result<bool> {
         let one_frame = msg.len() <= self.info.settled.frame_payload() as usize;
-        let eager = self
-            .info
-            .settled
-            .rendezvous()
-            .map_or(true, |t| msg.len() < t as usize);
-        if !(one_frame && eager) {
+        if !one_frame || self.by_rendezvous(msg.len()) {
             return Ok(false);
         }
         let sent = self.step_once(op, &Cell::new(0), false, &mut |d| {
-            if d.owners().send || d.peer_gone() {
+            if *d.owners().flag(Side::Send) || d.peer_gone() {
                 return Ok(None);
             }
             match d.core().send_msg_borrowed(msg) {
@@ -114,7 +109,7 @@ impl Conn {
         timeout: Option<Duration>,
     ) -> Result<Option<Option<usize>>> {
         self.block(op, timeout, |d| {
-            if d.owners().recv {
+            if *d.owners().flag(Side::Recv) {
                 return Ok(Some(None));
             }
             match d.core().recv_msg_into(buf) {
@@ -134,7 +129,6 @@ impl Conn {
     pub(super) fn send_lent(&self, op: &'static str, msgs: &[&[u8]]) -> Result<()> {
         let timeout = self.shared.write_timeout.get();
         let next = Cell::new(0usize);
-        let threshold = self.info.settled.rendezvous().map(|t| t as usize);
         let rdv: RefCell<Option<SliceRdv>> = RefCell::new(None);
         let r = self.owning(
             op,
@@ -145,7 +139,7 @@ impl Conn {
                     return Err(NetError::PeerGone { op });
                 }
                 while let Some(m) = msgs.get(next.get()) {
-                    if threshold.is_some_and(|t| m.len() >= t) {
+                    if self.by_rendezvous(m.len()) {
                         if send_slice_rdv(d, m, &rdv)? {
                             next.set(next.get() + 1);
                             continue;
