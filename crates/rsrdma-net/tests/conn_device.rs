@@ -727,6 +727,9 @@ fn a_timeout_inside_a_message_keeps_it_whole_on_both_sides() {
     let (c, s) = pair(eager(), eager());
     let msg = big_pattern(4 << 20, 5);
     // Receiver: short timeouts while a message arrives; each gives the part back.
+    // `sent` tells it when the second send_msg returned: it reads nothing before, so that
+    // sender must time out however slowly the VM runs (a sleep here once was not enough).
+    let (sent_tx, sent) = std::sync::mpsc::channel::<()>();
     let reader = {
         let want = hash_of(&msg);
         thread::spawn(move || {
@@ -742,8 +745,8 @@ fn a_timeout_inside_a_message_keeps_it_whole_on_both_sides() {
             };
             assert_eq!(n, 4 << 20);
             assert_eq!(hash_of(&buf[..n]), want, "reassembled across timeouts");
-            // Nobody reads for a while: the next sender times out mid-message.
-            thread::sleep(Duration::from_millis(500));
+            // Nobody reads until the next sender timed out mid-message.
+            sent.recv().unwrap();
             s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
             let n = s.recv_msg_into(&mut buf).unwrap().unwrap();
             assert_eq!(hash_of(&buf[..n]), want, "finished from the sender's copy");
@@ -757,6 +760,7 @@ fn a_timeout_inside_a_message_keeps_it_whole_on_both_sides() {
     let t0 = Instant::now();
     c.send_msg(&msg).unwrap();
     let kept = c.counters().unwrap().queued_send_bytes;
+    sent_tx.send(()).unwrap();
     eprintln!(
         "send_msg returned after {:?} with {kept} B copied",
         t0.elapsed()
