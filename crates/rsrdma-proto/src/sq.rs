@@ -19,6 +19,9 @@ struct WrRecord {
 #[derive(Debug)]
 pub(crate) struct SendQueue {
     depth: u64,
+    /// `records.len() - 1`: the ring has a power-of-two length (at least `depth`), so a WR's
+    /// entry is a mask, not a division (several per frame on the send path).
+    mask: u64,
     signal_every: u64,
     slot_low_water: usize,
     next: u64,
@@ -32,14 +35,16 @@ pub(crate) struct SendQueue {
 impl SendQueue {
     pub(crate) fn new(depth: u16, interval: u16, send_slots: u16) -> Self {
         let signal_every = u64::from(interval.min(depth / 2).max(1));
+        let entries = usize::from(depth).next_power_of_two();
         Self {
             depth: u64::from(depth),
+            mask: entries as u64 - 1,
             signal_every,
             slot_low_water: usize::from(interval.min(send_slots / 2).max(1)),
             next: 0,
             done: 0,
             since_signal: 0,
-            records: vec![WrRecord::default(); usize::from(depth)].into_boxed_slice(),
+            records: vec![WrRecord::default(); entries].into_boxed_slice(),
             free_slots: (0..send_slots).rev().collect(),
             signal_all: false,
         }
@@ -57,9 +62,14 @@ impl SendQueue {
         self.outstanding() < self.depth && (!needs_slot || !self.free_slots.is_empty())
     }
 
+    /// How many entries the ring has (inline staging needs one per entry).
+    pub(crate) fn entries(&self) -> usize {
+        self.records.len()
+    }
+
     /// Index of a WR's inline staging entry (valid while the WR is outstanding).
     pub(crate) fn entry(&self, wr: WrId) -> usize {
-        (wr.0 % self.depth) as usize
+        (wr.0 & self.mask) as usize
     }
 
     /// Takes an SQ entry (and a slot when asked); the caller checked `has_room`.
@@ -112,7 +122,7 @@ impl SendQueue {
             return Err("successful completion for an unsignalled WR");
         }
         while self.done <= wr.0 {
-            let at = (self.done % self.depth) as usize;
+            let at = self.entry(WrId(self.done));
             if let Some(slot) = self.records[at].slot.take() {
                 self.free_slots.push(slot);
             }
@@ -161,6 +171,29 @@ mod tests {
             sq.complete(WrId(3), true).is_err(),
             "a completed WR completes once"
         );
+    }
+
+    #[test]
+    fn a_depth_that_is_no_power_of_two_keeps_outstanding_entries_apart() {
+        let mut sq = SendQueue::new(6, 2, 8);
+        assert_eq!(sq.entries(), 8);
+        for round in 0..5u64 {
+            let wrs: Vec<WrId> = (0..6).map(|_| sq.post(false, 10, false).0).collect();
+            assert!(
+                !sq.has_room(false),
+                "depth 6, not the ring's 8, bounds what is out"
+            );
+            let mut at: Vec<usize> = wrs.iter().map(|&w| sq.entry(w)).collect();
+            at.sort_unstable();
+            at.dedup();
+            assert_eq!(
+                at.len(),
+                6,
+                "round {round}: two outstanding WRs share an entry"
+            );
+            assert!(at.iter().all(|&e| e < sq.entries()));
+            sq.complete(*wrs.last().unwrap(), true).unwrap();
+        }
     }
 
     #[test]

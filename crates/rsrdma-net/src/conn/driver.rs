@@ -283,10 +283,75 @@ impl Driver {
     /// another (per [`POST_BATCH`] works), so a step costs one doorbell however many frames it
     /// built. Receives go first: the core queues a receive before any send that announces its
     /// credit, and posting every receive of the group earlier keeps that true.
+    #[inline]
     pub(crate) fn post_work(&mut self) -> bool {
+        // Most of a busy caller's polling queues nothing: then this is one empty pop, no call.
+        let Some(first) = self.core.poll_work() else {
+            return false;
+        };
+        if self.core.work_queued() == 0 && self.post_alone(first) {
+            return true;
+        }
+        self.post_queued(first)
+    }
+
+    /// Posts `work` when it is all the core queued and is a receive into an own slot or an
+    /// inline send: what a small message's round trip queues, one at a time. Built on the
+    /// stack and posted directly, without the batch's staging and bookkeeping (measured with
+    /// callgrind: about a third of a posting step's own instructions). `false`: not such a
+    /// request, nothing done; [`Driver::post_queued`] takes it.
+    #[inline(never)]
+    fn post_alone(&mut self, work: Work) -> bool {
+        if self.broken || self.peer_gone {
+            return false;
+        }
+        let ok = match work {
+            Work::PostRecv { slot } if !self.core.memory().pooled() => {
+                let Some(Repost::Own(sge)) = self.core.memory_mut().release_recv(slot) else {
+                    return false;
+                };
+                let list = [sge];
+                let wr = RecvWr::new(super::slots::recv_wr_id(slot), &list);
+                // SAFETY: as in `post_recvs`.
+                let r = unsafe { self.qp.post_recv(&wr) };
+                self.recvs_posted += posted(&r, 1) as u64;
+                r.is_ok()
+            }
+            Work::PostSend {
+                wr_id,
+                slot: None,
+                len: _,
+                signaled,
+                lent: None,
+            } => {
+                let Some(frame) = self.core.inline_frame(wr_id) else {
+                    return false;
+                };
+                let list = [Sge::inline(frame)];
+                let wr = SendWr::send(wr_id.0, &list).signaled(signaled).inline();
+                // SAFETY: an inline send's bytes are copied during the call (see `post_sends`).
+                let r = unsafe { self.qp.post_send(&wr) };
+                if r.is_ok() {
+                    self.sends_posted = self.sends_posted.max(wr_id.0 + 1);
+                }
+                r.is_ok()
+            }
+            _ => return false,
+        };
+        if !ok {
+            self.broken = true;
+            if self.core.error().is_none() {
+                self.core.handle_fatal(Fatal::QpError);
+            }
+        }
+        true
+    }
+
+    /// [`Driver::post_work`] once the core queued something (`first`, then the rest).
+    #[inline(never)]
+    fn post_queued(&mut self, first: Work) -> bool {
         let mut any = false;
-        // Most of a busy caller's polling queues nothing: then this is one empty pop.
-        let mut next = self.core.poll_work();
+        let mut next = Some(first);
         while next.is_some() {
             let st = &mut self.stage;
             let (mut nr, mut ns) = (0, 0);

@@ -171,6 +171,8 @@ impl<M: SlotMemory> Conn<M> {
         let sq_depth = usize::from(config.sq_depth);
         let mut out = VecDeque::with_capacity(usize::from(slots) + sq_depth);
         out.extend((0..slots).map(|slot| Work::PostRecv { slot }));
+        let sq = SendQueue::new(config.sq_depth, config.signal_interval, config.send_slots);
+        let inline = vec![0; sq.entries() * usize::from(config.inline_size)].into_boxed_slice();
         let mut conn = Self {
             mem: memory,
             lim: Limits {
@@ -184,7 +186,7 @@ impl<M: SlotMemory> Conn<M> {
                 rendezvous: settled.rendezvous(),
             },
             settled: *settled,
-            sq: SendQueue::new(config.sq_depth, config.signal_interval, config.send_slots),
+            sq,
             txc: TxCredit::new(settled.peer_recv_slots),
             rxc: RxCredit::new(slots),
             tx: TxState::default(),
@@ -207,7 +209,7 @@ impl<M: SlotMemory> Conn<M> {
             failed: None,
             out,
             ev: EventFlags::default(),
-            inline: vec![0; sq_depth * usize::from(config.inline_size)].into_boxed_slice(),
+            inline,
         };
         conn.arm_liveness_timers();
         Ok(conn)
@@ -407,6 +409,11 @@ impl<M: SlotMemory> Conn<M> {
     /// The next work request to post.
     pub fn poll_work(&mut self) -> Option<Work> {
         self.out.pop_front()
+    }
+
+    /// How many work requests are queued (what `poll_work` would still return).
+    pub fn work_queued(&self) -> usize {
+        self.out.len()
     }
 
     /// When `handle_timeout` is next due.

@@ -450,10 +450,23 @@ impl<M: SlotMemory> Conn<M> {
 
     /// Moves fragments of a multi-fragment message from their slots into the reassembly
     /// buffer, until a message is complete there or the head is a one-fragment message.
+    /// Moves fragments of a message of several into the reassembly buffer. Runs at every
+    /// arrival and every read, so what is usual (nothing queued, or a one-fragment message at
+    /// the head, which stays in its slot) is decided here without a call.
+    #[inline]
     fn reassemble(&mut self) {
-        if self.rx.direct.is_some() {
+        if self.rx.direct.is_some() || self.rx.asm_complete {
             return;
         }
+        match self.rx.queue.front() {
+            None => {}
+            Some(f) if f.first && f.last && !self.rx.asm_active => {}
+            Some(_) => self.reassemble_fragments(),
+        }
+    }
+
+    #[inline(never)]
+    fn reassemble_fragments(&mut self) {
         while !self.rx.asm_complete {
             let Some(f) = self.rx.queue.front().copied() else {
                 return;

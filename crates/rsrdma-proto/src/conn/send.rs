@@ -239,8 +239,23 @@ impl<M: SlotMemory> Conn<M> {
         Ok(())
     }
 
-    /// Builds every frame that may go now, in priority order. Called after every input.
+    /// Builds every frame that may go now, in priority order. Called after every input (three
+    /// times in a small message's round trip), so the common case, nothing due, is a few
+    /// field tests here and no call.
+    #[inline]
     pub(super) fn flush(&mut self) {
+        let data_waits = self.tx.active && !self.tx.borrowed;
+        let control_waits = self.ctl.pong.is_some()
+            || !self.ctl.done.is_empty()
+            || self.ctl.fin == FinState::Pending
+            || self.ctl.ping;
+        if self.failed.is_some() || data_waits || control_waits || self.credit_due() {
+            self.flush_due();
+        }
+    }
+
+    #[inline(never)]
+    fn flush_due(&mut self) {
         if self.failed.is_some() {
             if let Some(code) = self.ctl.abort {
                 if self.may_send(FrameType::Abort) && self.sq.has_room(self.control_needs_slot()) {
@@ -261,7 +276,7 @@ impl<M: SlotMemory> Conn<M> {
             }
             self.ctl.done.pop_front();
         }
-        if !self.tx.borrowed {
+        if self.tx.active && !self.tx.borrowed {
             self.push_data(None);
         }
         if self.ctl.fin == FinState::Pending && !self.tx.active {
