@@ -49,6 +49,9 @@ pub(crate) struct Region {
     pub(crate) ptr: *mut u8,
     layout: Layout,
     pub(crate) len: usize,
+    /// The registration's local key, kept here: an SGE per post is then a bounds test and
+    /// arithmetic, without a call into the verbs crate (a send or a repost builds one).
+    lkey: u32,
 }
 
 // SAFETY: the region owns its allocation outright; the raw pointer is only dereferenced
@@ -75,6 +78,7 @@ impl Region {
         // deregisters first; no reference into it is ever created (module docs).
         match unsafe { Mr::register(pd, ptr, len, access) } {
             Ok(mr) => Ok(Region {
+                lkey: mr.lkey(),
                 mr: Some(mr),
                 ptr,
                 layout,
@@ -95,6 +99,20 @@ impl Region {
     /// Whether `offset..offset+len` lies inside the region.
     pub(crate) fn holds(&self, offset: usize, len: usize) -> bool {
         offset.checked_add(len).is_some_and(|end| end <= self.len)
+    }
+
+    /// The SGE of `offset..offset+len`, when that lies inside the region (and the region is
+    /// still registered).
+    #[inline]
+    fn sge(&self, offset: usize, len: usize) -> Option<Sge> {
+        if self.mr.is_none() || !self.holds(offset, len) {
+            return None;
+        }
+        Some(Sge::new(
+            self.ptr as u64 + offset as u64,
+            len as u32,
+            self.lkey,
+        ))
     }
 }
 
@@ -198,7 +216,7 @@ impl Slots {
     /// The SGE of a send: the first `len` bytes of send slot `slot`.
     pub(crate) fn send_sge(&self, slot: u16, len: u32) -> Option<Sge> {
         let at = usize::from(slot) * self.slot_size;
-        self.send.mr()?.sge(at, len as usize).ok()
+        self.send.sge(at, len as usize)
     }
 
     /// The SGE of a receive into own slot `slot`; `None` with a pool.
@@ -207,7 +225,7 @@ impl Slots {
             return None;
         };
         let at = usize::from(slot) * self.slot_size;
-        recv.mr()?.sge(at, self.slot_size).ok()
+        recv.sge(at, self.slot_size)
     }
 
     /// Whether the receive slots come from a shared pool (nothing to post on the QP).
