@@ -6,7 +6,8 @@
 //! the core, fire due timers), the caller's operation, then [`Driver::post_work`]: everything
 //! the core queued goes out as one batch post of receives and one of sends (a receive is
 //! queued before any send that announces its credit, and receives go first, so that stays
-//! safe). No allocation and no formatting on this path.
+//! safe). A request queued alone (a small message's repost or inline send) is posted
+//! directly instead ([`Driver::post_work`]). No allocation and no formatting on this path.
 //!
 //! # Failures, and a peer that leaves after its FIN
 //! A failed completion, a post error, a DISCONNECTED event or a closed TCP channel *before*
