@@ -2,7 +2,9 @@
 //!
 //! Sender: `limit` is the cumulative number of frames the peer allowed (raised by every
 //! header), `sent` the frames sent; `limit - sent` is the spendable credit. Receiver:
-//! `grant` = slots + every repost, `announced` = the grant last written into a header,
+//! `grant` = slots + every repost the driver has taken (`Conn::poll_work`: a receive it has
+//! not taken yet is not posted, so no header may announce it), `announced` = the grant last
+//! written into a header,
 //! `received` = frames that arrived. The wire carries `grant mod 2^32`; the sender rebuilds
 //! the full value from the delta, which can never exceed the peer's slot count.
 

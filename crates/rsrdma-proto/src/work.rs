@@ -8,7 +8,9 @@ use crate::error::ProtoError;
 pub struct WrId(pub u64);
 
 /// One thing for the driver to post. Drain `poll_work` in order; post each batch's receives
-/// before its sends (a send may announce the credit of a receive queued before it).
+/// before its sends (a send may announce the credit of a receive taken before it), except
+/// sends that were queued already when a batch's receives were taken: those announce none of
+/// them and may go first (`Conn::work_queued` tells which are queued).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Work {
     /// Post receive slot `slot` (whole slot; the driver may use `slot` as the receive WR id).
@@ -89,7 +91,7 @@ pub struct Counters {
     pub peer_slots: u64,
     /// Frames received.
     pub frames_received: u64,
-    /// Cumulative limit this side can grant (its slots plus every repost).
+    /// Cumulative limit this side can grant (its slots plus every repost the driver took).
     pub grant: u64,
     /// The limit last announced to the peer.
     pub announced: u64,

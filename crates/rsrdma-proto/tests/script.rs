@@ -220,19 +220,20 @@ fn a_fragmented_message_uses_slots_and_reassembles() {
     assert_eq!(s.c.recv_msg(), Err(ProtoError::WouldBlock), "incomplete");
     s.arrive(fragment(0, 0, 240, 0), &msg[240..480]);
     s.arrive(fragment(FLAG_LAST, 0, 120, 0), &msg[480..]);
-    // With 8 slots a quarter of the ring is 2: the second repost is worth a CREDIT frame.
+    // With 8 slots a quarter of the ring is 2: once the driver took the second repost (its
+    // credit counts from then), that is worth a CREDIT frame, which comes after both.
     let w = s.work();
     assert_eq!(
         w,
         [
             Work::PostRecv { slot: 1 },
-            send(3, None, 16, true),
-            Work::PostRecv { slot: 2 }
+            Work::PostRecv { slot: 2 },
+            send(3, None, 16, true)
         ]
     );
     assert_eq!(
-        s.sent(&w[1]).0,
-        Header::control(FrameType::Credit, 0, 10, 0)
+        s.sent(&w[2]).0,
+        Header::control(FrameType::Credit, 0, 11, 0)
     );
     assert_eq!(s.events(), [Event::Readable]);
     assert_eq!(s.c.recv_msg(), Ok(Some(msg)));
@@ -261,12 +262,18 @@ fn credit_exhaustion_blocks_data_and_a_credit_frame_releases_it() {
     let (h, p) = s.sent(&w[1]);
     assert_eq!(
         (h.msg_id, h.credit_limit, &p[..]),
-        (5, 9, &b"sixth"[..]),
-        "the header returns the CREDIT's slot"
+        (5, 8, &b"sixth"[..]),
+        "built before the driver took the CREDIT's repost: it does not announce it"
     );
     assert_eq!(s.events(), [Event::Writable]);
     assert_eq!(s.c.send_msg(b"seventh"), Ok(()));
     assert_eq!(s.work(), [], "back at the reserve");
+    let c = s.c.counters();
+    assert_eq!(
+        (c.grant, c.announced),
+        (9, 8),
+        "the repost counts once taken; the next frame announces it"
+    );
 }
 
 #[test]
@@ -279,7 +286,9 @@ fn the_control_reserve_carries_fin_and_pong_while_data_is_blocked() {
     s.arrive(Header::control(FrameType::Ping, 0, 0, 77), &[]);
     let w = s.work();
     assert_eq!(w, [Work::PostRecv { slot: 0 }, send(5, None, 16, false)]);
-    assert_eq!(s.sent(&w[1]).0, Header::control(FrameType::Pong, 0, 9, 77));
+    // Built in the same input as the PING's repost, before the driver took it: the PONG
+    // does not announce that slot; the FIN, built after, does.
+    assert_eq!(s.sent(&w[1]).0, Header::control(FrameType::Pong, 0, 8, 77));
     s.c.shutdown_write().unwrap();
     let w = s.work();
     assert_eq!(w, [send(6, None, 16, true)], "FIN is signalled");
@@ -691,9 +700,16 @@ fn close_discards_arriving_data_and_returns_its_credit() {
         [Work::PostRecv { slot: 0 }, send(0, None, 16, true)]
     );
     s.arrive(single(1, b"more"), b"more");
-    assert_eq!(s.work(), [Work::PostRecv { slot: 1 }]);
+    // The FIN went before the driver took slot 0's repost: with slot 1's, two credits are
+    // unannounced, a quarter of this 8-slot ring, so a CREDIT frame follows.
+    let w = s.work();
+    assert_eq!(w, [Work::PostRecv { slot: 1 }, send(1, None, 16, true)]);
+    assert_eq!(
+        s.sent(&w[1]).0,
+        Header::control(FrameType::Credit, 0, 10, 0)
+    );
     assert_eq!(s.c.recv_msg(), Err(ProtoError::Closed { op: "recv_msg" }));
-    s.c.handle_send_completion(WrId(0), Ok(()));
+    s.c.handle_send_completion(WrId(1), Ok(()));
     assert!(s.c.is_drained());
 }
 
@@ -992,4 +1008,85 @@ fn a_failed_lent_message_is_released_only_by_the_flush() {
     s.c.handle_flushed();
     assert!(s.c.lent_released(msg));
     assert_eq!(s.c.counters().lent_unreleased, 0);
+}
+
+#[test]
+fn a_receive_loop_may_leave_its_reposts_for_its_next_send_which_does_not_announce_them() {
+    let mut s = Script::new(cfg().with_recv_slots(16)); // a quarter of the ring: 4
+    s.arrive(single(0, b"ping"), b"ping");
+    assert_eq!(s.c.recv_msg(), Ok(Some(b"ping".to_vec())));
+    assert!(
+        s.c.reposts_may_wait(),
+        "one repost queued, the peer can still send 15 frames"
+    );
+    s.c.send_msg(b"pong").unwrap();
+    assert!(!s.c.reposts_may_wait(), "a send is queued too");
+    assert_eq!(s.c.peek_work(), Some(Work::PostRecv { slot: 0 }));
+    let w = s.work();
+    assert_eq!(w, [Work::PostRecv { slot: 0 }, send(0, None, 20, false)]);
+    assert_eq!(
+        s.sent(&w[1]).0.credit_limit,
+        16,
+        "queued before the driver took the repost: the send may go first"
+    );
+    let c = s.c.counters();
+    assert_eq!(
+        (c.grant, c.announced),
+        (17, 16),
+        "taken: counted, not yet announced"
+    );
+    s.c.send_msg(b"next").unwrap();
+    let w = s.work();
+    assert_eq!(
+        s.sent(&w[0]).0.credit_limit,
+        17,
+        "the next frame announces it"
+    );
+
+    // Reposts wait only while their credit is not needed soon.
+    for i in 1..4u16 {
+        s.arrive(single(i, b"d"), b"d");
+        s.c.recv_msg().unwrap();
+    }
+    assert!(
+        s.c.reposts_may_wait(),
+        "3 queued: not yet a CREDIT frame's worth"
+    );
+    s.arrive(single(4, b"d"), b"d");
+    s.c.recv_msg().unwrap();
+    assert!(!s.c.reposts_may_wait(), "4 queued: a CREDIT frame's worth");
+    let w = s.work();
+    assert_eq!(w.len(), 5, "{w:?}");
+    assert_eq!(
+        s.sent(&w[4]).0,
+        Header::control(FrameType::Credit, 0, 21, 0),
+        "taken, the four go in a CREDIT frame after them"
+    );
+    let mut s = Script::new(cfg().with_recv_slots(16));
+    for i in 0..13u16 {
+        s.arrive(single(i, b"d"), b"d"); // unread: the peer can send 3 more frames at most
+    }
+    s.c.recv_msg().unwrap();
+    assert!(s.c.reposts_may_wait());
+    s.arrive(Header::control(FrameType::Pong, 0, 0, 0), &[]);
+    assert!(s.c.reposts_may_wait(), "the peer can still send 2 frames");
+    s.arrive(Header::control(FrameType::Pong, 0, 0, 0), &[]);
+    assert!(
+        !s.c.reposts_may_wait(),
+        "the peer is down to its last credit"
+    );
+    let w = s.work();
+    assert_eq!(
+        w[..3],
+        [
+            Work::PostRecv { slot: 0 },
+            Work::PostRecv { slot: 13 },
+            Work::PostRecv { slot: 14 }
+        ]
+    );
+    assert_eq!(
+        s.sent(&w[3]).0,
+        Header::control(FrameType::Credit, 0, 19, 0),
+        "taken, they are worth a CREDIT frame to a peer at its last credit"
+    );
 }

@@ -472,7 +472,11 @@ impl Conn {
         };
         let mut changed = poll && d.progress(progress::coarse_now());
         let r = attempt(d);
-        changed |= d.post_work();
+        // A receive loop's reposts may wait for its next send, which posts them after its
+        // own doorbell (`Driver::reposts_may_wait`).
+        if !d.reposts_may_wait() {
+            changed |= d.post_work();
+        }
         // A result (or an error) may have freed a side another caller waits for.
         if changed || !matches!(r, Ok(None)) {
             shared.changed(&mut st);
@@ -622,7 +626,10 @@ impl Conn {
         }
         let mut changed = d.progress(now);
         let r = attempt(d);
-        changed |= d.post_work();
+        // As in a blocking step: a receive loop's reposts may wait for its next send.
+        if !d.reposts_may_wait() {
+            changed |= d.post_work();
+        }
         let (deadline, live_fd) = (d.next_deadline(), d.liveness_fd());
         if changed || matches!(r, Ok(Some(_))) {
             self.shared.changed(&mut st);

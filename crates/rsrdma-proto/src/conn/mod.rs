@@ -150,6 +150,10 @@ pub struct Conn<M: SlotMemory> {
     out: VecDeque<Work>,
     ev: EventFlags,
     inline: Box<[u8]>,
+    /// Initial `PostRecv`s not taken yet: they are in the first grant already.
+    initial_recvs: u16,
+    /// A repost was taken since the last flush: its credit may make a CREDIT frame due.
+    granted: bool,
 }
 
 impl<M: SlotMemory> Conn<M> {
@@ -196,6 +200,8 @@ impl<M: SlotMemory> Conn<M> {
             },
             seq: RxSequence::default(),
             recv_posted: vec![true; usize::from(slots)],
+            initial_recvs: slots,
+            granted: false,
             ctl: Control {
                 pong: None,
                 ping: false,
@@ -406,14 +412,69 @@ impl<M: SlotMemory> Conn<M> {
 
     // ----- (D) outputs -------------------------------------------------------------------
 
-    /// The next work request to post.
+    /// The next work request to post. The driver posts what it takes before it gives the core
+    /// any other input, and drains this until `None` after posting.
+    ///
+    /// A receive's credit counts from the moment the driver takes its `PostRecv` here, not
+    /// from the repost: so every frame built before the driver took a receive leaves that
+    /// receive unannounced, and the driver may post a round's sends before its receives (a
+    /// small message's send then goes before the repost of the receive it answers). Once the
+    /// queue is empty, the credit of the receives taken may make a CREDIT frame due: it is
+    /// built then, after them, and announces them.
+    #[inline]
     pub fn poll_work(&mut self) -> Option<Work> {
-        self.out.pop_front()
+        match self.out.pop_front() {
+            Some(w) => {
+                if let Work::PostRecv { .. } = w {
+                    self.take_recv_credit();
+                }
+                Some(w)
+            }
+            None if self.granted => {
+                self.granted = false;
+                self.flush();
+                self.out.pop_front()
+            }
+            None => None,
+        }
+    }
+
+    /// A `PostRecv` was taken: its credit counts from now (the initial receives' is counted
+    /// in the first grant).
+    fn take_recv_credit(&mut self) {
+        if self.initial_recvs > 0 {
+            self.initial_recvs -= 1;
+        } else {
+            self.rxc.grant += 1;
+            self.granted = true;
+        }
+    }
+
+    /// Whether the driver may leave what is queued for a later round: only receives are
+    /// queued, and their credit is not needed soon (the peer can still send at least two
+    /// frames, each of which brings a step that takes them, and taking them would not make a
+    /// CREDIT frame due). A receive loop then posts its reposts together with its next send,
+    /// after that send's doorbell.
+    pub fn reposts_may_wait(&self) -> bool {
+        if self.failed.is_some() || self.rxc.peer_view() <= 1 {
+            return false;
+        }
+        let queued = self.out.len() as u64;
+        let is_recv = |w: &Work| matches!(w, Work::PostRecv { .. });
+        // The newest first: a send queued after the reposts is the usual reason to post now.
+        self.out.back().is_some_and(is_recv)
+            && self.rxc.unannounced() + queued < self.lim.credit_threshold
+            && self.out.iter().all(is_recv)
     }
 
     /// How many work requests are queued (what `poll_work` would still return).
     pub fn work_queued(&self) -> usize {
         self.out.len()
+    }
+
+    /// The work request `poll_work` would return next, left queued.
+    pub fn peek_work(&self) -> Option<Work> {
+        self.out.front().copied()
     }
 
     /// When `handle_timeout` is next due.
@@ -546,7 +607,7 @@ impl<M: SlotMemory> Conn<M> {
             return;
         }
         self.recv_posted[usize::from(slot)] = true;
-        self.rxc.grant += 1;
+        // Its credit counts once the driver takes it (`poll_work`).
         self.out.push_back(Work::PostRecv { slot });
     }
 

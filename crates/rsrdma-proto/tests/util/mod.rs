@@ -94,6 +94,8 @@ pub struct Side {
     pub conn: Conn<VecSlots>,
     pub cfg: Config,
     posted: VecDeque<u16>,
+    /// Receives ever posted (the most any frame of this side may announce).
+    recvs_posted: u64,
     sq: VecDeque<(WrId, bool)>,
     pub events: Vec<Event>,
     /// Frames posted after the core reported failure (type of each).
@@ -122,6 +124,7 @@ impl Side {
             conn,
             cfg,
             posted: VecDeque::new(),
+            recvs_posted: 0,
             sq: VecDeque::new(),
             events: Vec::new(),
             posted_after_failure: Vec::new(),
@@ -265,6 +268,9 @@ pub struct Pair {
     pub hold: [bool; 2],
     /// Keep send completions until `complete` is called.
     pub delay_completions: bool,
+    /// Side `i`'s driver leaves queued reposts for a later pump whenever the core allows
+    /// (`Conn::reposts_may_wait`), as a blocking receive loop does.
+    pub defer_reposts: [bool; 2],
     turn: usize,
 }
 
@@ -279,6 +285,7 @@ impl Pair {
             now,
             hold: [false; 2],
             delay_completions: false,
+            defer_reposts: [false; 2],
             turn: 0,
         };
         p.pump(0);
@@ -297,9 +304,41 @@ impl Pair {
     }
 
     /// Drains side `i`'s outputs like a driver: work onto the model QP, events into `events`.
+    /// Posts in rounds, as rsrdma-net's driver may: of what was queued when a round began, the
+    /// sends go first (built before the round's receives were taken, they announce none of
+    /// them), then the receives; what the queue holds after that (a CREDIT frame due once
+    /// the receives were taken) is the next round. Every send is checked to announce only
+    /// receives posted before it.
     pub fn pump(&mut self, i: usize) {
+        let deferred = self.defer_reposts[i] && self.sides[i].conn.reposts_may_wait();
+        loop {
+            let side = &mut self.sides[i];
+            if deferred {
+                break;
+            }
+            let queued = side.conn.work_queued();
+            let mut round: Vec<Work> = (0..queued).filter_map(|_| side.conn.poll_work()).collect();
+            if round.is_empty() {
+                // Taking receives may make a CREDIT frame due: `poll_work` builds it now.
+                match side.conn.poll_work() {
+                    Some(w) => round.push(w),
+                    None => break,
+                }
+            }
+            let (sends, recvs): (Vec<Work>, Vec<Work>) = round
+                .into_iter()
+                .partition(|w| !matches!(w, Work::PostRecv { .. }));
+            for w in sends.into_iter().chain(recvs) {
+                self.post(i, w);
+            }
+        }
+        self.drain_events(i);
+    }
+
+    /// Posts one work request of side `i` on the model QP.
+    fn post(&mut self, i: usize, w: Work) {
         let side = &mut self.sides[i];
-        while let Some(w) = side.conn.poll_work() {
+        {
             assert!(!side.broken, "side {i} posted {w:?} on a broken QP");
             match w {
                 Work::PostRead {
@@ -342,6 +381,7 @@ impl Pair {
                         "side {i}: receive slot {slot} posted twice"
                     );
                     side.posted.push_back(slot);
+                    side.recvs_posted += 1;
                 }
                 Work::PostSend {
                     wr_id,
@@ -393,6 +433,13 @@ impl Pair {
                         None => Header::decode(side.conn.memory().send_slot(slot.unwrap())),
                     }
                     .expect("the core sends well-formed headers");
+                    assert!(
+                        u64::from(head.credit_limit) <= side.recvs_posted,
+                        "side {i}: a {:?} announces {} receives, {} are posted",
+                        head.kind,
+                        head.credit_limit,
+                        side.recvs_posted
+                    );
                     side.frames_posted.push(head.kind);
                     if side.conn.error().is_some() {
                         side.posted_after_failure.push(head.kind);
@@ -410,6 +457,11 @@ impl Pair {
                 }
             }
         }
+    }
+
+    /// Side `i`'s events into `events`, and a check of its next deadline.
+    fn drain_events(&mut self, i: usize) {
+        let side = &mut self.sides[i];
         while let Some(e) = side.conn.poll_event() {
             side.events.push(e);
         }
@@ -608,8 +660,10 @@ impl Pair {
             let s = self.sides[from].conn.counters();
             let r = self.sides[1 - from].conn.counters();
             let slots = u64::from(self.sides[1 - from].cfg.recv_slots);
+            // Reposts a deferring receiver has not taken yet (all that may stay queued).
+            let deferred = self.sides[1 - from].conn.work_queued() as u64;
             assert_eq!(
-                (s.peer_limit - s.frames_sent) + (r.grant - r.announced) + r.held_slots,
+                (s.peer_limit - s.frames_sent) + (r.grant - r.announced) + r.held_slots + deferred,
                 slots,
                 "credit conservation from side {from}"
             );
