@@ -14,7 +14,9 @@
 //!   calls [`Conn::send_msg`], [`Conn::recv_msg_into`], [`Conn::recv_msg`], [`Conn::read`],
 //!   [`Conn::shutdown_write`], [`Conn::close`].
 //! - Outputs, drained after every input in this order: [`Conn::poll_work`] (post them, the
-//!   receives of a batch before its sends), [`Conn::poll_timeout`], [`Conn::poll_event`].
+//!   receives of a batch before its sends, except sends queued before the batch's receives
+//!   were taken; [`Conn::reposts_may_wait`] says when queued reposts may wait for a later
+//!   round), [`Conn::poll_timeout`], [`Conn::poll_event`].
 //! - Memory: the driver owns and registers the slots and lends them through [`SlotMemory`].
 //!
 //! # Design decisions, and why
@@ -36,7 +38,9 @@
 //!   credit-only frame goes when a quarter of the ring is unannounced or the peer is down to
 //!   one credit, and always returns at least 2, so credit frames cannot ping-pong forever.
 //!   Three reserved slots are what makes "the peer is down to one credit" imply "we hold at
-//!   least two unannounced credits" (see the docs for the argument).
+//!   least two unannounced credits" (see the docs for the argument). A receive's credit
+//!   counts once the driver takes its `PostRecv`: no frame announces a receive before it
+//!   is posted, whatever order the driver posts a round in.
 //! - **Credit returns as fast as the reader reads.** A one-fragment message waits in its slot
 //!   until read; a reader that stops reading stops the sender, whose `send_msg` then says
 //!   `WouldBlock`. Messages larger than a slot are reassembled as they arrive (the slots go
