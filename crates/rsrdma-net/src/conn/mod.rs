@@ -422,9 +422,12 @@ impl Conn {
         mut attempt: impl FnMut(&mut Driver) -> Result<Option<T>>,
     ) -> Result<T> {
         let shared = &*self.shared;
-        let mut step = |seen: &Cell<u64>| self.step_once(op, seen, true, &mut attempt);
+        let clock = StepClock::default();
+        let mut step = |seen: &Cell<u64>, fresh| {
+            self.step_once(op, seen, Some(clock.now(fresh)), &mut attempt)
+        };
         let first_seen = Cell::new(0);
-        if let Some(v) = step(&first_seen)? {
+        if let Some(v) = step(&first_seen, true)? {
             return Ok(v);
         }
         let deadline = timeout.map(|t| Instant::now() + t);
@@ -432,7 +435,7 @@ impl Conn {
         waiter.seen.set(first_seen.get());
         let mut out = None;
         let done = progress::wait_until(shared.mode, &waiter, deadline, || {
-            Ok(match step(&waiter.seen)? {
+            Ok(match step(&waiter.seen, waiter.slept.take())? {
                 Some(v) => {
                     out = Some(v);
                     true
@@ -449,28 +452,28 @@ impl Conn {
         }
     }
 
-    /// One locked step of a blocking call: polls the CQ and fires due timers (when `poll`),
-    /// runs `attempt`, posts what the core queued, and records in `seen` the generation it
-    /// saw. The fast paths of `send_msg` and `recv_msg_into` are one such step.
+    /// One locked step of a blocking call: polls the CQ and fires due timers (when given the
+    /// time, `poll`), runs `attempt`, posts what the core queued, and records in `seen` the
+    /// generation it saw. The fast paths of `send_msg` and `recv_msg_into` are one such step.
     fn step_once<T>(
         &self,
         op: &'static str,
         seen: &Cell<u64>,
-        poll: bool,
+        poll: Option<Instant>,
         attempt: &mut impl FnMut(&mut Driver) -> Result<Option<T>>,
     ) -> Result<Option<T>> {
         let shared = &*self.shared;
         // Keeps a busy connection's progress thread off the lock (see `worker`), only when
         // this step does the thread's work: a caller that only sends at once would otherwise
         // leave the peer's keepalive PINGs unanswered.
-        if poll {
+        if poll.is_some() {
             shared.stepped.store(true, Ordering::Relaxed);
         }
         let mut st = shared.lock();
         let Some(d) = st.driver.as_mut() else {
             return Err(NetError::Closed { op });
         };
-        let mut changed = poll && d.progress(progress::coarse_now());
+        let mut changed = poll.is_some_and(|now| d.progress(now));
         let r = attempt(d);
         // A receive loop's reposts may wait for its next send, which posts them after its
         // own doorbell (`Driver::reposts_may_wait`).
@@ -483,6 +486,75 @@ impl Conn {
         }
         seen.set(st.gen);
         r
+    }
+}
+
+/// The time a blocking call's steps pass to the driver. A busy wait runs a step every few
+/// microseconds and the coarse clock moves once a tick (milliseconds), so it is read at the
+/// first step, after every sleep, and every [`StepClock::EVERY`]th step: reading it was a
+/// fifth of an idle step's instructions, and a spinning caller's idle step is on the path of
+/// whatever arrives next. Timers and liveness deadlines are in seconds; a reading a few
+/// dozen steps old is well inside the clock's own tick.
+#[derive(Default)]
+struct StepClock {
+    steps: Cell<u32>,
+    last: Cell<Option<Instant>>,
+}
+
+impl StepClock {
+    const EVERY: u32 = 32;
+
+    /// The time for the next step; `fresh` forces a reading (the caller slept).
+    fn now(&self, fresh: bool) -> Instant {
+        self.now_with(fresh, progress::coarse_now)
+    }
+
+    fn now_with(&self, fresh: bool, read: impl FnOnce() -> Instant) -> Instant {
+        let n = self.steps.get();
+        self.steps.set(n.wrapping_add(1));
+        match self.last.get() {
+            Some(t) if !fresh && n % Self::EVERY != 0 => t,
+            _ => {
+                let t = read();
+                self.last.set(Some(t));
+                t
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod step_clock_tests {
+    use super::StepClock;
+    use std::cell::Cell;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn the_clock_is_read_first_after_a_sleep_and_every_32nd_step() {
+        let clock = StepClock::default();
+        let base = Instant::now();
+        let reads = Cell::new(0u64);
+        let read = || {
+            reads.set(reads.get() + 1);
+            base + Duration::from_millis(reads.get())
+        };
+        let first = clock.now_with(false, read);
+        assert_eq!((reads.get(), first), (1, base + Duration::from_millis(1)));
+        for _ in 1..StepClock::EVERY {
+            assert_eq!(
+                clock.now_with(false, read),
+                first,
+                "cached between readings"
+            );
+        }
+        assert_eq!(reads.get(), 1);
+        clock.now_with(false, read);
+        assert_eq!(reads.get(), 2, "the 32nd step after a reading reads again");
+        let after_sleep = clock.now_with(true, read);
+        assert_eq!(
+            (reads.get(), after_sleep),
+            (3, base + Duration::from_millis(3))
+        );
     }
 }
 

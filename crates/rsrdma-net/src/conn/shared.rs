@@ -121,6 +121,8 @@ impl Shared {
 pub(crate) struct Waiter<'a> {
     shared: &'a Shared,
     pub(crate) seen: Cell<u64>,
+    /// Set by every sleep: the next step reads the clock afresh.
+    pub(crate) slept: Cell<bool>,
 }
 
 impl<'a> Waiter<'a> {
@@ -132,6 +134,7 @@ impl<'a> Waiter<'a> {
         Waiter {
             shared,
             seen: Cell::new(0),
+            slept: Cell::new(false),
         }
     }
 }
@@ -150,6 +153,7 @@ impl Waitable for Waiter<'_> {
     }
 
     fn sleep(&self, deadline: Option<Instant>) -> Result<bool> {
+        self.slept.set(true);
         let s = self.shared;
         if s.spins() {
             // Stop counting as a spinner, and let the progress thread arm the CQ now.

@@ -78,7 +78,7 @@ impl Conn {
         if !one_frame || self.by_rendezvous(msg.len()) {
             return Ok(false);
         }
-        let sent = self.step_once(op, &Cell::new(0), false, &mut |d| {
+        let sent = self.step_once(op, &Cell::new(0), None, &mut |d| {
             if *d.owners().flag(Side::Send) || d.peer_gone() {
                 return Ok(None);
             }
