@@ -284,10 +284,9 @@ impl Driver {
         changed
     }
 
-    /// Posts whatever the core queued: its receives as one batch post and its sends as
-    /// another (per [`POST_BATCH`] works), so a step costs one doorbell however many frames it
-    /// built. Receives go first: the core queues a receive before any send that announces its
-    /// credit, and posting every receive of the group earlier keeps that true.
+    /// Posts whatever the core queued; `true` when there was anything. What a small round
+    /// trip queues goes directly ([`Driver::post_from`]), the rest as batches
+    /// ([`Driver::post_queued`]).
     #[inline]
     pub(crate) fn post_work(&mut self) -> bool {
         // Most of a busy caller's polling queues nothing: then this is one empty pop, no call.
@@ -411,6 +410,7 @@ impl Driver {
         }
     }
 
+    /// A post failed (or the core named something unpostable): the connection breaks once.
     fn fail_posting(&mut self) {
         if !self.broken {
             self.broken = true;
@@ -420,10 +420,12 @@ impl Driver {
         }
     }
 
-    /// [`Driver::post_work`] once the core queued something (`first`, then the rest).
+    /// Posts `first` and everything the core queued after it as batches: its receives as one
+    /// post and its sends as another (per [`POST_BATCH`] works), so a round costs one
+    /// doorbell however many frames it built. Receives go first: a CREDIT frame built once
+    /// they were taken (`Conn::poll_work`) may be in the same round and announce them.
     #[inline(never)]
-    fn post_queued(&mut self, first: Work) -> bool {
-        let mut any = false;
+    fn post_queued(&mut self, first: Work) {
         let mut next = Some(first);
         while next.is_some() {
             let st = &mut self.stage;
@@ -433,7 +435,6 @@ impl Driver {
                 let Some(work) = next.take().or_else(|| self.core.poll_work()) else {
                     break;
                 };
-                any = true;
                 if self.broken || self.peer_gone || bad {
                     continue;
                 }
@@ -508,16 +509,11 @@ impl Driver {
                     }
                 }
             }
-            let ok = !bad && self.post_recvs(nr) && self.post_sends(ns);
-            if !ok && !self.broken {
-                self.broken = true;
-                if self.core.error().is_none() {
-                    self.core.handle_fatal(Fatal::QpError);
-                }
+            if !(!bad && self.post_recvs(nr) && self.post_sends(ns)) {
+                self.fail_posting();
             }
             next = self.core.poll_work();
         }
-        any
     }
 
     /// Posts the first `n` staged receives (one SGE each) in one call; false on a failure

@@ -449,10 +449,9 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// Moves fragments of a multi-fragment message from their slots into the reassembly
-    /// buffer, until a message is complete there or the head is a one-fragment message.
-    /// Moves fragments of a message of several into the reassembly buffer. Runs at every
-    /// arrival and every read, so what is usual (nothing queued, or a one-fragment message at
-    /// the head, which stays in its slot) is decided here without a call.
+    /// buffer, until a message is complete there or the head is a one-fragment message. Runs
+    /// at every arrival and every read, so what is usual (nothing queued, or a one-fragment
+    /// message at the head, which stays in its slot) is decided here without a call.
     #[inline]
     fn reassemble(&mut self) {
         if self.rx.direct.is_some() || self.rx.asm_complete {
