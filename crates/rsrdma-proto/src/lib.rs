@@ -16,7 +16,9 @@
 //! - Outputs, drained after every input in this order: [`Conn::poll_work`] (post them, the
 //!   receives of a batch before its sends, except sends queued before the batch's receives
 //!   were taken; [`Conn::reposts_may_wait`] says when queued reposts may wait for a later
-//!   round), [`Conn::poll_timeout`], [`Conn::poll_event`].
+//!   round), [`Conn::poll_timeout`], [`Conn::poll_event`]. One output skips the queue:
+//!   [`Conn::send_inline_now`] returns a small message's one inline frame for the driver to
+//!   post at once, which the core allows only while nothing but reposts is queued.
 //! - Memory: the driver owns and registers the slots and lends them through [`SlotMemory`].
 //!
 //! # Design decisions, and why

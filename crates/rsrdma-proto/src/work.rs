@@ -10,7 +10,8 @@ pub struct WrId(pub u64);
 /// One thing for the driver to post. Drain `poll_work` in order; post each batch's receives
 /// before its sends (a send may announce the credit of a receive taken before it), except
 /// sends that were queued already when a batch's receives were taken: those announce none of
-/// them and may go first (`Conn::work_queued` tells which are queued).
+/// them and may go first (`Conn::work_queued` tells which are queued). A `PostSend` from
+/// `Conn::send_inline_now` was never queued: post it before taking anything queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Work {
     /// Post receive slot `slot` (whole slot; the driver may use `slot` as the receive WR id).

@@ -104,7 +104,7 @@ impl World {
         match *op {
             Op::Send { side, len } => {
                 let data = payload(self.chk[1 - side].lens.len() as u64, len);
-                match p.sides[side].send_any(&data) {
+                match p.send(side, &data) {
                     Ok(()) => self.chk[1 - side].lens.push(len),
                     Err(ProtoError::WouldBlock) => {}
                     Err(ProtoError::TooLarge { .. }) => assert!(len > MAX_MESSAGE as usize),
@@ -350,6 +350,7 @@ proptest! {
         b in config(),
         ops in proptest::collection::vec(op(), 1..300),
         defer in any::<(bool, bool)>(),
+        fast in any::<(bool, bool)>(),
     ) {
         let mut w = World {
             p: Pair::new(a, b),
@@ -359,6 +360,7 @@ proptest! {
             broken: [false; 2],
         };
         w.p.defer_reposts = [defer.0, defer.1];
+        w.p.fast_sends = [fast.0, fast.1];
         for op in &ops {
             w.apply(op);
         }

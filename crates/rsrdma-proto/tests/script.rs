@@ -1090,3 +1090,70 @@ fn a_receive_loop_may_leave_its_reposts_for_its_next_send_which_does_not_announc
         "taken, they are worth a CREDIT frame to a peer at its last credit"
     );
 }
+
+#[test]
+fn a_small_message_goes_now_ahead_of_queued_reposts_and_otherwise_not_at_all() {
+    let mut s = Script::new(cfg().with_recv_slots(16));
+    s.arrive(single(0, b"ping"), b"ping");
+    assert_eq!(s.c.recv_msg(), Ok(Some(b"ping".to_vec())));
+    assert!(s.c.reposts_may_wait());
+    let w = s.c.send_inline_now(b"pong").expect("an inline frame fits");
+    assert_eq!(w, send(0, None, 20, false), "built, not queued");
+    let (h, payload) = s.sent(&w);
+    assert_eq!(
+        (h, &payload[..]),
+        (
+            Header {
+                credit_limit: 16,
+                ..single(0, b"pong")
+            },
+            &b"pong"[..]
+        ),
+        "the repost not taken yet is not announced"
+    );
+    assert_eq!(s.c.counters().send_copied_bytes, 4);
+    assert_eq!(
+        s.work(),
+        [Work::PostRecv { slot: 0 }],
+        "only the repost is queued"
+    );
+    // The next message (the core's own numbering) announces the repost taken.
+    let w = s.c.send_inline_now(b"next").unwrap();
+    assert_eq!(
+        s.sent(&w).0,
+        Header {
+            credit_limit: 17,
+            ..single(1, b"next")
+        }
+    );
+
+    // Not that way: too large for one inline frame, behind a queued send (a PONG the
+    // driver's step queued while polling, before its send), after close.
+    assert_eq!(
+        s.c.send_inline_now(&[0u8; 49]),
+        None,
+        "16 + 49 > 64 inline bytes"
+    );
+    s.arrive(Header::control(FrameType::Ping, 0, 0, 7), &[]);
+    assert_eq!(
+        s.c.send_inline_now(b"x"),
+        None,
+        "a PONG is queued: WR order"
+    );
+    let w = s.work();
+    assert_eq!(s.sent(&w[1]).0.kind, FrameType::Pong, "{w:?}");
+    s.c.send_msg(b"queued").unwrap();
+    assert_eq!(
+        s.c.send_inline_now(b"x"),
+        None,
+        "a send is queued: WR order"
+    );
+    assert_eq!(s.work().len(), 1);
+    s.c.shutdown_write().unwrap();
+    assert_eq!(s.c.send_inline_now(b"x"), None, "write side closed");
+    assert_eq!(
+        s.c.send_msg(b"x"),
+        Err(ProtoError::Closed { op: "send_msg" }),
+        "the general way reports why"
+    );
+}

@@ -72,7 +72,8 @@ impl Conn {
     /// cannot go at once (the owned way's first step then does): completions free credits
     /// and slots, which a send that fits does not need, and the core bounds what is in
     /// flight, so the CQ cannot overflow meanwhile. Measured with callgrind in the VM: over a
-    /// quarter of a 64-byte `send_msg`'s instructions.
+    /// quarter of a 64-byte `send_msg`'s instructions. A message of one inline frame skips
+    /// the core's work queue too ([`Driver::send_inline_now`]: a further ~120 a round trip).
     pub(super) fn send_at_once(&self, op: &'static str, msg: &[u8]) -> Result<bool> {
         let one_frame = msg.len() <= self.info.settled.frame_payload() as usize;
         if !one_frame || self.by_rendezvous(msg.len()) {
@@ -81,6 +82,9 @@ impl Conn {
         let sent = self.step_once(op, &Cell::new(0), None, &mut |d| {
             if *d.owners().flag(Side::Send) || d.peer_gone() {
                 return Ok(None);
+            }
+            if d.send_inline_now(msg) {
+                return Ok(Some(()));
             }
             match d.core().send_msg_borrowed(msg) {
                 Ok(true) => Ok(Some(())),

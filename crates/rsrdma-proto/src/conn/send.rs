@@ -137,6 +137,52 @@ impl<M: SlotMemory> Conn<M> {
         Ok(done)
     }
 
+    /// A message that fits one inline frame, built now for the driver to post at once, ahead
+    /// of anything queued: the lean way of a small send (a round trip's message), which skips
+    /// the fragmenting loop and the work queue. Returns the frame's `PostSend`, which the core
+    /// did **not** queue: the caller posts it before it takes anything from
+    /// [`Conn::poll_work`] (its WR id precedes whatever is queued after it). `None` when the
+    /// message cannot go this way (too large for one inline frame, a message in progress, no
+    /// credit or SQ entry, a send already queued, the connection closed or failed): take
+    /// [`Conn::send_msg_borrowed`], which waits, queues, or reports the error.
+    ///
+    /// Only reposts may be queued, so posting this first keeps every send in WR order; they
+    /// were not taken yet, so its header does not announce them (credit counts from the take).
+    pub fn send_inline_now(&mut self, data: &[u8]) -> Option<Work> {
+        let n = data.len();
+        let fits = HEADER_LEN + n <= self.lim.inline_size
+            && n <= self.lim.frame_payload
+            && n <= self.lim.max_message as usize;
+        if !fits
+            || self.failed.is_some()
+            || self.tx.active
+            || self.tx.write_closed
+            || !self.may_send(FrameType::Data)
+            || !self.sq.has_room(false)
+            || !self.only_reposts_queued()
+        {
+            return None;
+        }
+        self.tx.id = self.tx.messages as u16;
+        self.tx.messages += 1;
+        let h = Header {
+            kind: FrameType::Data,
+            flags: FLAG_FIRST | FLAG_LAST,
+            msg_id: self.tx.id,
+            credit_limit: 0,
+            payload_len: n as u32,
+            aux: n as u32,
+        };
+        let (_, work) = self.build_frame(h, data, None, false);
+        self.flush();
+        Some(work)
+    }
+
+    /// Whether the work queue holds nothing but reposts (a few at most: the scan is bounded).
+    fn only_reposts_queued(&self) -> bool {
+        self.out.len() <= 8 && self.out.iter().all(|w| matches!(w, Work::PostRecv { .. }))
+    }
+
     /// Ends a borrowed send that is not finished (the caller gives up waiting): a message of
     /// which nothing went out is withdrawn (`false`: as if never sent); otherwise its rest is
     /// copied into the core and sent as resources allow (`true`: the message will be sent
@@ -432,11 +478,25 @@ impl<M: SlotMemory> Conn<M> {
     /// empty `payload`): a lent frame's header goes into a slot (the caller checked for one).
     fn emit_frame(
         &mut self,
-        mut h: Header,
+        h: Header,
         payload: &[u8],
         lent: Option<LentPayload>,
         force_signal: bool,
     ) -> WrId {
+        let (wr_id, work) = self.build_frame(h, payload, lent, force_signal);
+        self.out.push_back(work);
+        wr_id
+    }
+
+    /// [`Self::emit_frame`] without queuing: the frame's `PostSend`, for the caller to queue
+    /// or hand to the driver, and its WR id.
+    fn build_frame(
+        &mut self,
+        mut h: Header,
+        payload: &[u8],
+        lent: Option<LentPayload>,
+        force_signal: bool,
+    ) -> (WrId, Work) {
         h.credit_limit = self.rxc.announce();
         let lent_len = lent.map_or(0, |l| l.len as usize);
         let len = HEADER_LEN + payload.len() + lent_len;
@@ -464,14 +524,14 @@ impl<M: SlotMemory> Conn<M> {
             }
         }
         self.txc.sent += 1;
-        self.out.push_back(Work::PostSend {
+        let work = Work::PostSend {
             wr_id,
             slot,
             len: len as u32,
             signaled,
             lent,
-        });
-        wr_id
+        };
+        (wr_id, work)
     }
 }
 

@@ -96,6 +96,8 @@ pub struct Side {
     posted: VecDeque<u16>,
     /// Receives ever posted (the most any frame of this side may announce).
     recvs_posted: u64,
+    /// Messages sent the lean way ([`Pair::send`]).
+    pub fast_sent: u64,
     sq: VecDeque<(WrId, bool)>,
     pub events: Vec<Event>,
     /// Frames posted after the core reported failure (type of each).
@@ -125,6 +127,7 @@ impl Side {
             cfg,
             posted: VecDeque::new(),
             recvs_posted: 0,
+            fast_sent: 0,
             sq: VecDeque::new(),
             events: Vec::new(),
             posted_after_failure: Vec::new(),
@@ -271,6 +274,10 @@ pub struct Pair {
     /// Side `i`'s driver leaves queued reposts for a later pump whenever the core allows
     /// (`Conn::reposts_may_wait`), as a blocking receive loop does.
     pub defer_reposts: [bool; 2],
+    /// Side `i` sends a message that fits one inline frame the lean way when the core takes
+    /// it (`Conn::send_inline_now`: posted at once, ahead of the queue), as a blocking
+    /// `send_msg` does; see [`Pair::send`].
+    pub fast_sends: [bool; 2],
     turn: usize,
 }
 
@@ -286,11 +293,41 @@ impl Pair {
             hold: [false; 2],
             delay_completions: false,
             defer_reposts: [false; 2],
+            fast_sends: [false; 2],
             turn: 0,
         };
         p.pump(0);
         p.pump(1);
         p
+    }
+
+    /// Sends `data` from side `i`: below the rendezvous threshold and with `fast_sends[i]`,
+    /// first the lean way (the frame `Conn::send_inline_now` builds is posted here and now,
+    /// before anything queued, as rsrdma-net's driver does), else as [`Side::send_any`].
+    pub fn send(&mut self, i: usize, data: &[u8]) -> Result<(), rsrdma_proto::ProtoError> {
+        let below = self.sides[i]
+            .conn
+            .rendezvous_threshold()
+            .map_or(true, |t| data.len() < t as usize);
+        if self.fast_sends[i] && below {
+            if let Some(w) = self.sides[i].conn.send_inline_now(data) {
+                assert!(
+                    matches!(
+                        w,
+                        Work::PostSend {
+                            slot: None,
+                            lent: None,
+                            ..
+                        }
+                    ),
+                    "send_inline_now built {w:?}"
+                );
+                self.sides[i].fast_sent += 1;
+                self.post(i, w);
+                return Ok(());
+            }
+        }
+        self.sides[i].send_any(data)
     }
 
     /// Frames on the wire from side `i`.
