@@ -460,11 +460,15 @@ impl<M: SlotMemory> Conn<M> {
             return false;
         }
         let queued = self.out.len() as u64;
-        let is_recv = |w: &Work| matches!(w, Work::PostRecv { .. });
         // The newest first: a send queued after the reposts is the usual reason to post now.
-        self.out.back().is_some_and(is_recv)
+        self.out.back().is_some_and(is_repost)
             && self.rxc.unannounced() + queued < self.lim.credit_threshold
-            && self.out.iter().all(is_recv)
+            && self.only_reposts_queued()
+    }
+
+    /// Whether the work queue holds nothing but reposts (also when it is empty).
+    pub(super) fn only_reposts_queued(&self) -> bool {
+        self.out.iter().all(is_repost)
     }
 
     /// How many work requests are queued (what `poll_work` would still return).
@@ -648,4 +652,9 @@ fn abort_for(err: &ProtoError) -> Option<u32> {
         E::PeerAborted { .. } | E::Fatal(_) => return None,
         _ => abort_code::OTHER,
     })
+}
+
+/// Whether `w` is a receive's repost.
+fn is_repost(w: &Work) -> bool {
+    matches!(w, Work::PostRecv { .. })
 }

@@ -8,6 +8,10 @@ use crate::memory::SlotMemory;
 use crate::params::CONTROL_RESERVE;
 use crate::work::{LentPayload, Work, WrId};
 
+/// `send_inline_now` scans the queue for a send it must not overtake; past this many queued
+/// reposts it leaves the message to the queued way rather than scan on.
+const MAX_QUEUED_BEHIND: usize = 8;
+
 impl<M: SlotMemory> Conn<M> {
     /// Queues one message. Fragments go straight into free send slots (the one copy) as far as
     /// credits, SQ entries and slots allow; the rest is copied into the core and sent as
@@ -159,12 +163,12 @@ impl<M: SlotMemory> Conn<M> {
             || self.tx.write_closed
             || !self.may_send(FrameType::Data)
             || !self.sq.has_room(false)
+            || self.out.len() > MAX_QUEUED_BEHIND
             || !self.only_reposts_queued()
         {
             return None;
         }
-        self.tx.id = self.tx.messages as u16;
-        self.tx.messages += 1;
+        self.number_message();
         let h = Header {
             kind: FrameType::Data,
             flags: FLAG_FIRST | FLAG_LAST,
@@ -176,11 +180,6 @@ impl<M: SlotMemory> Conn<M> {
         let (_, work) = self.build_frame(h, data, None, false);
         self.flush();
         Some(work)
-    }
-
-    /// Whether the work queue holds nothing but reposts (a few at most: the scan is bounded).
-    fn only_reposts_queued(&self) -> bool {
-        self.out.len() <= 8 && self.out.iter().all(|w| matches!(w, Work::PostRecv { .. }))
     }
 
     /// Ends a borrowed send that is not finished (the caller gives up waiting): a message of
@@ -220,11 +219,16 @@ impl<M: SlotMemory> Conn<M> {
             return Err(ProtoError::WouldBlock);
         }
         self.tx.active = true;
-        self.tx.id = self.tx.messages as u16;
+        self.number_message();
         self.tx.total = len;
         self.tx.offset = 0;
-        self.tx.messages += 1;
         Ok(())
+    }
+
+    /// Gives the next message its number (`tx.messages`, counted from 0) and frame id.
+    fn number_message(&mut self) {
+        self.tx.id = self.tx.messages as u16;
+        self.tx.messages += 1;
     }
 
     /// Copies the current message's unsent rest into the core (the one copy of that rest).

@@ -96,8 +96,6 @@ pub struct Side {
     posted: VecDeque<u16>,
     /// Receives ever posted (the most any frame of this side may announce).
     recvs_posted: u64,
-    /// Messages sent the lean way ([`Pair::send`]).
-    pub fast_sent: u64,
     sq: VecDeque<(WrId, bool)>,
     pub events: Vec<Event>,
     /// Frames posted after the core reported failure (type of each).
@@ -127,7 +125,6 @@ impl Side {
             cfg,
             posted: VecDeque::new(),
             recvs_posted: 0,
-            fast_sent: 0,
             sq: VecDeque::new(),
             events: Vec::new(),
             posted_after_failure: Vec::new(),
@@ -322,7 +319,6 @@ impl Pair {
                     ),
                     "send_inline_now built {w:?}"
                 );
-                self.sides[i].fast_sent += 1;
                 self.post(i, w);
                 return Ok(());
             }
