@@ -3,8 +3,8 @@
 //! RSRDMA_ASYNC_COPY_MIB) verified byte for byte (and by SHA-256 in optimized builds),
 //! `Framed`, split halves, half-close, cancelled `recv_msg`, `recv_msg_into` and `send_msg`
 //! futures (nothing lost, nothing duplicated), a peer that dies or hangs (a child process),
-//! the keeper answering keepalives while nobody awaits, busy mode, and no thread per
-//! connection. Every wait is bounded.
+//! the keeper answering keepalives and sending what `send_msg` left queued while nobody
+//! awaits, busy mode, and no thread per connection. Every wait is bounded.
 //!
 //! Run with `cargo xtask test --filter async` (it builds device targets with their required
 //! features), or `cargo build -p rsrdma-net --features tokio --test async_device` and then
@@ -589,6 +589,34 @@ fn the_keeper_answers_keepalives_while_nobody_awaits() {
             counters.frames_received > 10,
             "PINGs and PONGs went: {counters:?}"
         );
+        c.close().await.unwrap();
+        s.close().await.unwrap();
+    });
+}
+
+#[test]
+fn a_message_send_msg_accepted_goes_out_while_nobody_awaits_the_sender() {
+    run(async {
+        // A keepalive far beyond the test: the keeper's timer alone would move nothing.
+        let o = || {
+            opts(Establish::Cm)
+                .keepalive(Duration::from_secs(30))
+                .peer_timeout(Duration::from_secs(90))
+        };
+        let (c, s) = pair(o(), o()).await;
+        // Far more than the receiver's slots hold: send_msg returns once the core holds
+        // the rest, and nothing on this side awaits the connection afterwards.
+        let m = pattern(6 << 20, 5);
+        s.send_msg(&m).await.unwrap();
+        assert!(
+            s.counters().unwrap().queued_send_bytes > 0,
+            "the rest waits for credit in the core"
+        );
+        let got = timeout(Duration::from_secs(20), c.recv_msg()).await;
+        let got = got
+            .expect("the rest never went: nobody drove the sender")
+            .unwrap();
+        assert!(got.unwrap() == m, "the message differs");
         c.close().await.unwrap();
         s.close().await.unwrap();
     });

@@ -10,7 +10,10 @@
 //! The keeper task runs the steps that are due by time alone (keepalive PINGs, the
 //! dead-peer timeout, the grace after the transport ended) while nobody awaits anything. It
 //! sleeps on a tokio timer until the driver's next deadline; a step that brings the deadline
-//! forward wakes it. It holds only a weak reference and ends with the connection.
+//! forward wakes it. While frames wait to go out (the rest of a message `send_msg`
+//! accepted, a control frame) it also waits on the CQ like an operation does: `send_msg`
+//! returns once the core holds the message, and the caller may await nothing afterwards.
+//! It holds only a weak reference and ends with the connection.
 
 use super::wakers::WakerSet;
 use super::watch::Watch;
@@ -210,6 +213,17 @@ impl Driven {
                 k.at = step.deadline;
                 if !k.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                     k.waker = Some(cx.waker().clone());
+                }
+            }
+            if step.sends_waiting {
+                // Completions free the credit and room those frames wait for: step on them
+                // as an operation would, but always on the task's next turn, so a stream of
+                // completions cannot keep this task from yielding to the others on its
+                // thread (busy mode: always). A reactor error leaves the timer below to run
+                // the keeper; the operations that poll the same fd report it.
+                self.waiters.register(cx.waker());
+                if self.busy || matches!(self.poll_fds(step.live_fd.is_some()), Ok(true)) {
+                    cx.waker().wake_by_ref();
                 }
             }
             let Some(due) = step.deadline else {

@@ -40,7 +40,11 @@
 //!   the transport ended must run while no task awaits the connection. Each connection has
 //!   one small *task* (not a thread), the keeper, that sleeps on a `tokio::time` timer until
 //!   the driver's next deadline, runs a step and sleeps again (about one wake per keepalive
-//!   interval). It holds a weak reference and ends with the connection.
+//!   interval). While frames wait to go out (the rest of a message `send_msg` accepted,
+//!   whose call returned once the core held it; a control frame), the keeper also waits on
+//!   the completion channel and steps on its events: nobody else may be awaiting the
+//!   connection, and the credit those frames need comes back as completions. It holds a
+//!   weak reference and ends with the connection.
 //! - **Busy polling only in busy mode.** With [`PollMode::Busy`](crate::PollMode::Busy) a
 //!   waiting call wakes its own task and polls again on its next turn (the runtime keeps
 //!   other tasks running); the CQ is never armed. [`PollMode::Event`](crate::PollMode::Event)

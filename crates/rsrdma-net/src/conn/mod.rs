@@ -583,6 +583,9 @@ pub(crate) struct Step<T> {
     pub(crate) deadline: Option<std::time::Instant>,
     /// The liveness fd (rdma_cm id or TCP channel) to watch, while the transport lives.
     pub(crate) live_fd: Option<std::os::fd::RawFd>,
+    /// Frames wait to go out as completions free credit and room
+    /// ([`rsrdma_proto::Conn::sends_waiting`]): someone must step on the CQ's events.
+    pub(crate) sends_waiting: bool,
 }
 
 /// How [`Conn::begin_close`] found the connection.
@@ -703,6 +706,7 @@ impl Conn {
             changed |= d.post_work();
         }
         let (deadline, live_fd) = (d.next_deadline(), d.liveness_fd());
+        let sends_waiting = d.core_ref().sends_waiting();
         if changed || matches!(r, Ok(Some(_))) {
             self.shared.changed(&mut st);
         }
@@ -711,6 +715,7 @@ impl Conn {
             changed,
             deadline,
             live_fd,
+            sends_waiting,
         })
     }
 

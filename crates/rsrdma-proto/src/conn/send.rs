@@ -294,14 +294,23 @@ impl<M: SlotMemory> Conn<M> {
     /// field tests here and no call.
     #[inline]
     pub(super) fn flush(&mut self) {
+        if self.failed.is_some() || self.sends_waiting() {
+            self.flush_due();
+        }
+    }
+
+    /// Whether frames wait to go out as credit and room allow: the rest of a message the
+    /// core holds (not one a caller lends), a control frame, or a CREDIT frame due. A driver
+    /// steps on completions while this holds even when no caller waits on the connection:
+    /// nothing else would send them.
+    #[inline]
+    pub fn sends_waiting(&self) -> bool {
         let data_waits = self.tx.active && !self.tx.borrowed;
         let control_waits = self.ctl.pong.is_some()
             || !self.ctl.done.is_empty()
             || self.ctl.fin == FinState::Pending
             || self.ctl.ping;
-        if self.failed.is_some() || data_waits || control_waits || self.credit_due() {
-            self.flush_due();
-        }
+        data_waits || control_waits || self.credit_due()
     }
 
     #[inline(never)]
