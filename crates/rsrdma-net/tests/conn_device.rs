@@ -725,16 +725,22 @@ fn a_timeout_inside_a_message_keeps_it_whole_on_both_sides() {
     // The eager path (a rendezvous message is never partly sent: see zerocopy_device).
     let eager = || opts(Establish::Tcp).rendezvous(None);
     let (c, s) = pair(eager(), eager());
-    let msg = big_pattern(4 << 20, 5);
+    const LEN: usize = 8 << 20;
+    let msg = big_pattern(LEN, 5);
     // Receiver: short timeouts while a message arrives; each gives the part back.
-    // `sent` tells it when the second send_msg returned: it reads nothing before, so that
-    // sender must time out however slowly the VM runs (a sleep here once was not enough).
+    // `sent` tells it when the second send_msg returned: it reads nothing before. That does
+    // not hold the sender back (the receiver's core moves the fragments of a message in
+    // progress out of its slots into its reassembly buffer, reader or not); what makes the
+    // second send_msg time out mid-message is its 20 ms write timeout against the time the
+    // message takes, and what leaves its rest still queued when the counters are read (the
+    // progress thread goes on sending it) is the message's size: 8 MiB, not the 4 MiB that
+    // once went whole before the read.
     let (sent_tx, sent) = std::sync::mpsc::channel::<()>();
     let reader = {
         let want = hash_of(&msg);
         thread::spawn(move || {
             s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-            let mut buf = vec![0u8; 4 << 20];
+            let mut buf = vec![0u8; LEN];
             let mut timeouts = 0;
             let n = loop {
                 match s.recv_msg_into(&mut buf) {
@@ -743,7 +749,7 @@ fn a_timeout_inside_a_message_keeps_it_whole_on_both_sides() {
                     Err(e) => panic!("{e}"),
                 }
             };
-            assert_eq!(n, 4 << 20);
+            assert_eq!(n, LEN);
             assert_eq!(hash_of(&buf[..n]), want, "reassembled across timeouts");
             // Nobody reads until the next sender timed out mid-message.
             sent.recv().unwrap();
@@ -755,7 +761,7 @@ fn a_timeout_inside_a_message_keeps_it_whole_on_both_sides() {
     };
     thread::sleep(Duration::from_millis(100));
     c.send_msg(&msg).unwrap();
-    c.set_write_timeout(Some(Duration::from_millis(100)))
+    c.set_write_timeout(Some(Duration::from_millis(20)))
         .unwrap();
     let t0 = Instant::now();
     c.send_msg(&msg).unwrap();
