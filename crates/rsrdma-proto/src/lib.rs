@@ -76,8 +76,12 @@
 //!   READ on the send queue, always signalled); when it completes the core sends DONE and
 //!   the driver takes the message ([`Conn::take_read`]). The sender releases the memory once
 //!   [`Conn::rendezvous_released`] says so. The RTS holds its receive slot until the read
-//!   completes, so rendezvous messages are flow-controlled like eager ones. The core never
-//!   sees memory beyond its slots: addresses and keys are plain numbers.
+//!   completes, so rendezvous messages are flow-controlled like eager ones. With
+//!   [`Conn::send_rendezvous_window`] the driver exposes the message through a type-2 memory
+//!   window instead of a registration: the core queues [`Work::BindWindow`] right before the
+//!   RTS and [`Work::InvalidateWindow`] when the DONE arrives, and releases the message only
+//!   once that invalidation completed. The core never sees memory beyond its slots: addresses
+//!   and keys are plain numbers.
 
 #![deny(missing_docs)]
 

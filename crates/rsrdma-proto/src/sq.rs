@@ -59,7 +59,12 @@ impl SendQueue {
     }
 
     pub(crate) fn has_room(&self, needs_slot: bool) -> bool {
-        self.outstanding() < self.depth && (!needs_slot || !self.free_slots.is_empty())
+        self.has_room_for(1, needs_slot)
+    }
+
+    /// Room for `entries` WRs, one of them with a slot when `needs_slot`.
+    pub(crate) fn has_room_for(&self, entries: u64, needs_slot: bool) -> bool {
+        self.outstanding() + entries <= self.depth && (!needs_slot || !self.free_slots.is_empty())
     }
 
     /// How many entries the ring has (inline staging needs one per entry).

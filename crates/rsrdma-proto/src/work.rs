@@ -53,6 +53,35 @@ pub enum Work {
         /// Bytes to read.
         len: u32,
     },
+    /// Bind the driver's memory window for rendezvous message `msg`
+    /// ([`crate::Conn::send_rendezvous_window`]) to the message's `len` bytes at `addr`,
+    /// granting remote read only, under the new key `rkey` (IBV_WR_BIND_MW). Comes right
+    /// before the message's RTS.
+    BindWindow {
+        /// The WR id to post with.
+        wr_id: WrId,
+        /// The message the window is for.
+        msg: u64,
+        /// Start of the message (in memory registered for window binding).
+        addr: u64,
+        /// The message's length.
+        len: u32,
+        /// The window's new key (the one the RTS names).
+        rkey: u32,
+        /// Request a completion (IBV_SEND_SIGNALED).
+        signaled: bool,
+    },
+    /// Invalidate the window of rendezvous message `msg`, whose key is `rkey`
+    /// (IBV_WR_LOCAL_INV), signalled: the peer's DONE came. The message is released when
+    /// the completion covering it is reaped; the window may then be bound again.
+    InvalidateWindow {
+        /// The WR id to post with.
+        wr_id: WrId,
+        /// The message the window was bound for.
+        msg: u64,
+        /// The window's key.
+        rkey: u32,
+    },
 }
 
 /// A frame's payload in memory the driver lent for a message ([`crate::Conn::send_msg_lent`]):

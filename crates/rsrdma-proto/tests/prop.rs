@@ -351,6 +351,7 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..300),
         defer in any::<(bool, bool)>(),
         fast in any::<(bool, bool)>(),
+        windows in any::<(bool, bool)>(),
     ) {
         let mut w = World {
             p: Pair::new(a, b),
@@ -361,6 +362,8 @@ proptest! {
         };
         w.p.defer_reposts = [defer.0, defer.1];
         w.p.fast_sends = [fast.0, fast.1];
+        w.p.sides[0].use_windows = windows.0;
+        w.p.sides[1].use_windows = windows.1;
         for op in &ops {
             w.apply(op);
         }

@@ -59,6 +59,11 @@ extern "C" {
         n: usize,
         bad_index: *mut usize,
     ) -> ::std::os::raw::c_int;
+    /// `ibv_alloc_mw` (a `static inline` in verbs.h): a memory window of `type_` on `pd`;
+    /// null with errno set on failure (EOPNOTSUPP: the provider has no memory windows).
+    pub fn rsrdma_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mut ibv_mw;
+    /// `ibv_dealloc_mw` (a `static inline` in verbs.h): 0 or an errno value.
+    pub fn rsrdma_dealloc_mw(mw: *mut ibv_mw) -> ::std::os::raw::c_int;
     /// The shared-receive-queue twin of [`rsrdma_post_send_batch`].
     pub fn rsrdma_post_srq_recv_batch(
         srq: *mut ibv_srq,

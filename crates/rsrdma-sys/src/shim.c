@@ -161,3 +161,16 @@ int rsrdma_layout_probe(int which, struct rsrdma_layout *out)
 		return 0;
 	}
 }
+
+/* Memory windows: `ibv_alloc_mw` and `ibv_dealloc_mw` are `static inline` in verbs.h (calls
+ * through the context's ops), so they are exported here. `ibv_alloc_mw` sets errno to
+ * EOPNOTSUPP for a provider without memory windows. */
+struct ibv_mw *rsrdma_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+	return ibv_alloc_mw(pd, type);
+}
+
+int rsrdma_dealloc_mw(struct ibv_mw *mw)
+{
+	return ibv_dealloc_mw(mw);
+}

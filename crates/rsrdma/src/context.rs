@@ -305,6 +305,15 @@ impl DeviceAttr {
             phys_port_cnt: a.phys_port_cnt,
         }
     }
+
+    /// Whether the device has type-2 memory windows ([`crate::Mw`]): windows bound by a work
+    /// request on one queue pair, usable only through that queue pair (`IBV_DEVICE_MEM_WINDOW_TYPE_2A`
+    /// or `_2B`).
+    pub fn has_type2_windows(&self) -> bool {
+        let type2 = ffi::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0
+            | ffi::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0;
+        self.device_cap_flags & type2 != 0
+    }
 }
 
 /// Which atomic operations a device supports.

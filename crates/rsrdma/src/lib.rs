@@ -72,6 +72,7 @@ pub mod cq;
 pub mod device;
 pub mod error;
 pub mod mr;
+pub mod mw;
 pub mod pd;
 pub mod qp;
 pub mod srq;
@@ -92,6 +93,7 @@ pub use cq::{CompChannel, Cq};
 pub use device::{devices, open, Device, DeviceList};
 pub use error::{Error, Result};
 pub use mr::{AccessFlags, Mr, RemoteMemory};
+pub use mw::Mw;
 pub use pd::Pd;
 pub use qp::{
     ConnectOptions, InitAttr, Qp, QpBuilder, QpCaps, QpEndpoint, QpInfo, QpState, QpType, RtrAttr,

@@ -36,6 +36,10 @@ impl AccessFlags {
     /// A peer may run atomics on it. Requires `LOCAL_WRITE`.
     pub const REMOTE_ATOMIC: AccessFlags =
         AccessFlags(ffi::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0);
+    /// Memory windows ([`crate::Mw`]) may be bound to the region. Grants a peer nothing by
+    /// itself: a window grants what its bind asks for, through one queue pair, until it is
+    /// invalidated.
+    pub const MW_BIND: AccessFlags = AccessFlags(ffi::ibv_access_flags::IBV_ACCESS_MW_BIND.0);
     /// Allow the NIC to reorder writes (PCIe relaxed ordering) where supported.
     pub const RELAXED_ORDERING: AccessFlags =
         AccessFlags(ffi::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0);
@@ -89,6 +93,7 @@ impl fmt::Debug for AccessFlags {
             (Self::REMOTE_READ, "REMOTE_READ"),
             (Self::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
             (Self::RELAXED_ORDERING, "RELAXED_ORDERING"),
+            (Self::MW_BIND, "MW_BIND"),
         ];
         let set: Vec<&str> = names
             .iter()

@@ -8,6 +8,8 @@
 
 use crate::ah::Ah;
 use crate::ffi;
+use crate::mr::{AccessFlags, Mr};
+use crate::mw::Mw;
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -160,6 +162,44 @@ impl<'a> SendWr<'a> {
     pub fn rdma_read(wr_id: u64, sges: &'a [Sge], remote_addr: u64, rkey: u32) -> Self {
         let mut wr = Self::with(wr_id, ffi::ibv_wr_opcode::IBV_WR_RDMA_READ, sges);
         wr.raw.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
+        wr
+    }
+
+    /// Binds type-2 window `mw` to `len` bytes at `addr` of region `mr` (registered with
+    /// [`crate::AccessFlags::MW_BIND`]) under the new key `rkey` ([`Mw::next_rkey`]), granting
+    /// `access` (remote read and/or write) to requests arriving on the queue pair this is posted
+    /// on. Later requests on that queue pair are processed after the bind; after posting it,
+    /// record the key with [`Mw::set_rkey`].
+    #[inline]
+    pub fn bind_mw(
+        wr_id: u64,
+        mw: &'a Mw,
+        rkey: u32,
+        mr: &'a Mr,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+    ) -> Self {
+        let mut wr = Self::with(wr_id, ffi::ibv_wr_opcode::IBV_WR_BIND_MW, &[]);
+        wr.raw.__bindgen_anon_2.bind_mw = ffi::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+            mw: mw.as_raw(),
+            rkey,
+            bind_info: ffi::ibv_mw_bind_info {
+                mr: mr.as_raw().unwrap_or(std::ptr::null_mut()),
+                addr,
+                length: len,
+                mw_access_flags: access.bits(),
+            },
+        };
+        wr
+    }
+
+    /// Invalidates the window (or fast-registered region) whose present key is `rkey`: from its
+    /// completion on, requests naming the key fail, and a window may be bound again.
+    #[inline]
+    pub fn local_inv(wr_id: u64, rkey: u32) -> Self {
+        let mut wr = Self::with(wr_id, ffi::ibv_wr_opcode::IBV_WR_LOCAL_INV, &[]);
+        wr.raw.__bindgen_anon_1.invalidate_rkey = rkey;
         wr
     }
 

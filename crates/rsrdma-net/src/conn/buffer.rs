@@ -1,7 +1,10 @@
 //! Registered buffers for zero-copy transfers: [`Buffer`] and [`BufferPool`].
 //!
 //! A `Buffer` is page-aligned memory registered on a protection domain with local access
-//! only (`LOCAL_WRITE`, so that an RDMA READ can land in it; never remote access). A
+//! only (`LOCAL_WRITE`, so that an RDMA READ can land in it; never remote access; and
+//! `MW_BIND` where the device has type-2 memory windows, which grants nothing by itself: a
+//! rendezvous send binds a window over the message for the connected peer's QP alone, and
+//! invalidates it before the buffer is idle again). A
 //! connection sends from it ([`crate::Conn::send_buffer`]) and receives into it
 //! ([`crate::Conn::recv_buffer`]) without copying the payload where the protocol allows
 //! (every send; rendezvous receives; see the `rendezvous` module).
@@ -56,6 +59,17 @@ impl BufInner {
     }
 }
 
+/// What a buffer's registration grants: local write, and window binding where the device
+/// has type-2 windows (rendezvous sends then expose the message through a window, not a
+/// registration of their own).
+pub(crate) fn buffer_access(pd: &Pd) -> AccessFlags {
+    if pd.context().attr().has_type2_windows() {
+        AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND
+    } else {
+        AccessFlags::LOCAL_WRITE
+    }
+}
+
 /// A registered buffer (local access only). See the module docs.
 pub struct Buffer {
     inner: Arc<BufInner>,
@@ -76,7 +90,7 @@ impl Buffer {
     /// # Errors
     /// The verbs error of the registration ([`rsrdma::Mr::new`]); a zero length.
     pub fn new(pd: &Pd, len: usize) -> Result<Buffer> {
-        let mr = Mr::new(pd, len, AccessFlags::LOCAL_WRITE)?;
+        let mr = Mr::new(pd, len, buffer_access(pd))?;
         Ok(Buffer::from_mr(mr, None))
     }
 
@@ -157,6 +171,11 @@ impl Buffer {
         })
     }
 
+    /// Whether its registration allows binding memory windows ([`buffer_access`]).
+    pub(crate) fn mr_allows_windows(&self) -> bool {
+        self.inner.mr().access().contains(AccessFlags::MW_BIND)
+    }
+
     /// Checks that the buffer is on `pd` and holds `len` bytes.
     pub(crate) fn check_for(&self, op: &'static str, pd: &Pd, len: usize) -> Result<()> {
         if self.pd().as_raw() != pd.as_raw() {
@@ -190,6 +209,11 @@ impl InFlight {
     /// The buffer's local key.
     pub(crate) fn lkey(&self) -> u32 {
         self.inner.mr().lkey()
+    }
+
+    /// The buffer's registration (windows are bound to it).
+    pub(crate) fn mr(&self) -> &Mr {
+        self.inner.mr()
     }
 
     /// The buffer's bytes, read by a copy into send slots (the core only reads them).
@@ -242,7 +266,7 @@ impl BufferPool {
             ));
         }
         let free = (0..count)
-            .map(|_| Mr::new(pd, buf_size, AccessFlags::LOCAL_WRITE))
+            .map(|_| Mr::new(pd, buf_size, buffer_access(pd)))
             .collect::<rsrdma::Result<Vec<Mr>>>()?;
         Ok(BufferPool {
             shared: Arc::new(PoolShared {

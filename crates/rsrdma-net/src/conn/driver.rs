@@ -24,9 +24,13 @@
 //! ([`END_GRACE`]) for the FIN's completion to surface before it counts as fatal.
 //!
 //! # Rendezvous memory
-//! A rendezvous send from a [`super::Buffer`] leaves its per-message registration (remote
-//! read only) and the buffer's allocation with the driver ([`Driver::hold_send`]);
-//! each step releases those whose DONE arrived. An eager send from a `Buffer` is lent to the
+//! A rendezvous send from a [`super::Buffer`] leaves the buffer's allocation with the driver
+//! ([`Driver::hold_send`]), with what exposes it: a memory window of the driver's (where the
+//! device has type-2 windows; the core binds it before the RTS and invalidates it after the
+//! DONE, see [`rsrdma_proto::Conn::send_rendezvous_window`]) or a per-message registration
+//! (remote read only). Each step releases those whose DONE arrived (and whose window's
+//! invalidation completed); a released window goes back to the driver's free windows, so a
+//! stream of messages allocates none after the first few. An eager send from a `Buffer` is lent to the
 //! core (no copy: each fragment's SEND names the buffer's range as its second SGE) and leaves
 //! the allocation here ([`Driver::hold_send`]) until the completion covering its last
 //! fragment is reaped (the core signals that fragment). A READ into a `Buffer` leaves the buffer's
@@ -44,7 +48,7 @@ use super::slots::{Repost, Slots, RECV_TAG};
 use super::transfer::Owners;
 use crate::handshake::Channel;
 use rsrdma::cm::{CmEventType, CmId};
-use rsrdma::{Cq, Mr, Pd, Qp, RecvWr, SendWr, Sge, Wc};
+use rsrdma::{AccessFlags, Cq, Mr, Mw, Pd, Qp, RecvWr, SendWr, Sge, Wc};
 use rsrdma_proto::{Conn as Core, Fatal, Work, WrId};
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
@@ -69,8 +73,26 @@ struct SendMeta {
     inline: bool,
     /// Scatter-gather entries used (2 for a lent frame: header, then payload).
     sges: usize,
-    /// An RDMA READ from this remote address and key (rendezvous) instead of a SEND.
-    read: Option<(u64, u32)>,
+    op: SendOp,
+}
+
+/// What a staged send-queue request is.
+#[derive(Clone, Copy, Default)]
+enum SendOp {
+    /// A SEND of the SGEs.
+    #[default]
+    Send,
+    /// An RDMA READ from this remote address and key (rendezvous).
+    Read { remote_addr: u64, rkey: u32 },
+    /// A bind of message `msg`'s window (in `rdv_sends`) to `len` bytes at `addr`, key `rkey`.
+    Bind {
+        msg: u64,
+        addr: u64,
+        len: u32,
+        rkey: u32,
+    },
+    /// A local invalidation of window key `rkey`.
+    Invalidate { rkey: u32 },
 }
 
 /// What one posting round gathers before its two post calls. Kept in the driver and
@@ -135,17 +157,34 @@ pub(crate) struct Driver {
     /// Rendezvous sends waiting for the peer's DONE and lent sends waiting for their last
     /// completion, in message order.
     rdv_sends: VecDeque<RdvSend>,
+    /// Unbound windows for the next rendezvous sends, `None` where the device has no type-2
+    /// windows.
+    free_windows: Option<Vec<Mw>>,
     /// The buffer a READ is landing in.
     read_hold: Option<InFlight>,
 }
 
-/// What a rendezvous send keeps alive until its DONE (its registration and buffer), or a
-/// lent send until its last completion (its buffer: `mr` is `None`). Fields drop in order:
-/// the registration goes before the allocation it covers.
+/// What a rendezvous send keeps alive until its DONE (its window or registration, and its
+/// buffer), or a lent send until its last completion (its buffer alone). Fields drop in order:
+/// the window (deallocating it unbinds it) and the registration go before the allocation they
+/// cover.
 pub(crate) struct RdvSend {
     msg: u64,
+    window: Option<Mw>,
     mr: Option<Mr>,
-    _hold: InFlight,
+    hold: InFlight,
+}
+
+impl RdvSend {
+    /// The window and the registration it is bound to (the buffer's).
+    fn window_parts(&self) -> Option<(&Mw, &Mr)> {
+        Some((self.window.as_ref()?, self.hold.mr()))
+    }
+}
+
+/// Message `msg`'s entry (the newest are at the back).
+fn rdv_entry(rdv: &VecDeque<RdvSend>, msg: u64) -> Option<&RdvSend> {
+    rdv.iter().rev().find(|r| r.msg == msg)
 }
 
 impl Driver {
@@ -162,6 +201,7 @@ impl Driver {
         for _ in 0..recvs_posted {
             let _already_posted = core.poll_work();
         }
+        let windows = qp.pd().context().attr().has_type2_windows();
         Driver {
             core,
             qp,
@@ -176,6 +216,7 @@ impl Driver {
             peer_gone: false,
             broken: false,
             owners: Owners::default(),
+            free_windows: windows.then(Vec::new),
             rdv_sends: VecDeque::new(),
             read_hold: None,
         }
@@ -186,15 +227,45 @@ impl Driver {
         self.qp.pd()
     }
 
-    /// Keeps buffer-send `msg`'s buffer (and, for rendezvous, its per-message registration)
-    /// until the core releases it: a rendezvous message at its DONE, a lent one when the
-    /// completion covering its last fragment is reaped (its SENDs read the buffer in place).
-    pub(crate) fn hold_send(&mut self, msg: u64, mr: Option<Mr>, hold: InFlight) {
+    /// Keeps buffer-send `msg`'s buffer (and, for rendezvous, its window or per-message
+    /// registration) until the core releases it: a rendezvous message at its DONE (and its
+    /// window's invalidation), a lent one when the completion covering its last fragment is
+    /// reaped (its SENDs read the buffer in place).
+    pub(crate) fn hold_send(
+        &mut self,
+        msg: u64,
+        window: Option<Mw>,
+        mr: Option<Mr>,
+        hold: InFlight,
+    ) {
         self.rdv_sends.push_back(RdvSend {
             msg,
+            window,
             mr,
-            _hold: hold,
+            hold,
         });
+    }
+
+    /// An unbound window for a rendezvous send (a free one, else a new one); `Ok(None)` where
+    /// the device has no type-2 windows (the send registers its message instead).
+    ///
+    /// # Errors
+    /// The allocation's error.
+    pub(crate) fn take_window(&mut self) -> rsrdma::Result<Option<Mw>> {
+        let Some(free) = self.free_windows.as_mut() else {
+            return Ok(None);
+        };
+        match free.pop() {
+            Some(w) => Ok(Some(w)),
+            None => Mw::alloc_type2(self.qp.pd()).map(Some),
+        }
+    }
+
+    /// Gives back a window taken by [`Driver::take_window`] and never bound.
+    pub(crate) fn put_window(&mut self, w: Mw) {
+        if let Some(free) = self.free_windows.as_mut() {
+            free.push(w);
+        }
     }
 
     /// Keeps the buffer a READ lands in until [`Driver::end_read`].
@@ -213,11 +284,25 @@ impl Driver {
         if self.core.error().is_some() {
             return;
         }
-        let core = &self.core;
-        self.rdv_sends.retain(|r| match r.mr {
-            Some(_) => !core.rendezvous_released(r.msg),
-            None => !core.lent_released(r.msg),
-        });
+        let mut i = 0;
+        while let Some(r) = self.rdv_sends.get(i) {
+            let released = if r.mr.is_some() || r.window.is_some() {
+                self.core.rendezvous_released(r.msg)
+            } else {
+                self.core.lent_released(r.msg)
+            };
+            if !released {
+                i += 1;
+                continue;
+            }
+            let Some(mut r) = self.rdv_sends.remove(i) else {
+                break;
+            };
+            // Invalidated (the core released it after that completion): reusable.
+            if let Some(w) = r.window.take() {
+                self.put_window(w);
+            }
+        }
     }
 
     /// Moves the QP to ERROR and fails the core: for a caller that must give up memory the
@@ -497,7 +582,7 @@ impl Driver {
                                     signaled,
                                     inline: slot.is_none(),
                                     sges: 1,
-                                    read: None,
+                                    op: SendOp::Send,
                                 };
                                 if let Some(l) = lent {
                                     st.sends[ns][1] = Sge::new(l.addr, l.len, l.lkey);
@@ -524,7 +609,45 @@ impl Driver {
                             signaled: true,
                             inline: false,
                             sges: 1,
-                            read: Some((remote_addr, rkey)),
+                            op: SendOp::Read { remote_addr, rkey },
+                        };
+                        ns += 1;
+                    }
+                    Work::BindWindow {
+                        wr_id,
+                        msg,
+                        addr,
+                        len,
+                        rkey,
+                        signaled,
+                    } => {
+                        // The window lives in the message's entry until its release.
+                        let bound = rdv_entry(&self.rdv_sends, msg).and_then(|r| r.window_parts());
+                        if bound.is_none() {
+                            bad = true;
+                            continue;
+                        }
+                        st.send_meta[ns] = SendMeta {
+                            wr_id: wr_id.0,
+                            signaled,
+                            inline: false,
+                            sges: 0,
+                            op: SendOp::Bind {
+                                msg,
+                                addr,
+                                len,
+                                rkey,
+                            },
+                        };
+                        ns += 1;
+                    }
+                    Work::InvalidateWindow { wr_id, rkey, .. } => {
+                        st.send_meta[ns] = SendMeta {
+                            wr_id: wr_id.0,
+                            signaled: true,
+                            inline: false,
+                            sges: 0,
+                            op: SendOp::Invalidate { rkey },
                         };
                         ns += 1;
                     }
@@ -565,21 +688,22 @@ impl Driver {
         r.is_ok()
     }
 
-    /// Posts the first `n` staged sends (and READs) as their metadata says, in one call; false
-    /// on a failure (what was posted before it is counted).
+    /// Posts the first `n` staged sends (and READs, window binds and invalidations) as their
+    /// metadata says, in one call; false on a failure (what was posted before it is counted).
     fn post_sends(&mut self, n: usize) -> bool {
         let (sges, meta) = (&self.stage.sends, &self.stage.send_meta);
+        let rdv = &self.rdv_sends;
         if n == 0 {
             return true;
         }
         let wr = |i: usize| {
             let m = meta[i];
             let list = &sges[i][..m.sges];
-            match m.read {
-                Some((remote_addr, rkey)) => {
+            Some(match m.op {
+                SendOp::Read { remote_addr, rkey } => {
                     SendWr::rdma_read(m.wr_id, list, remote_addr, rkey).signaled(true)
                 }
-                None => {
+                SendOp::Send => {
                     let wr = SendWr::send(m.wr_id, list).signaled(m.signaled);
                     if m.inline {
                         wr.inline()
@@ -587,9 +711,24 @@ impl Driver {
                         wr
                     }
                 }
-            }
+                SendOp::Bind {
+                    msg,
+                    addr,
+                    len,
+                    rkey,
+                } => {
+                    let (mw, mr) = rdv_entry(rdv, msg)?.window_parts()?;
+                    let read_only = AccessFlags::REMOTE_READ;
+                    SendWr::bind_mw(m.wr_id, mw, rkey, mr, addr, u64::from(len), read_only)
+                        .signaled(m.signaled)
+                }
+                SendOp::Invalidate { rkey } => SendWr::local_inv(m.wr_id, rkey).signaled(true),
+            })
         };
         let r = if n == 1 {
+            let Some(one) = wr(0) else {
+                return false;
+            };
             // SAFETY: a slot send names our registered send region, which outlives the
             // request (see `post_recvs`), and the core does not rewrite a slot in flight; an
             // inline send's bytes are copied during the call. A lent payload is a range of a
@@ -599,12 +738,20 @@ impl Driver {
             // READ's destination is registered (local write) by the caller of `start_read`,
             // which keeps it registered and alive until the core hands the message over, or
             // deregisters it only after moving the QP to ERROR (`abort_transfer`); a `Buffer`
-            // destination is held in `read_hold` until then or until teardown's flush.
-            unsafe { self.qp.post_send(&wr(0)) }
+            // destination is held in `read_hold` until then or until teardown's flush. A window
+            // is bound over a range of a held buffer (remote read only, through this QP alone)
+            // and invalidated before the core releases the buffer; after a failure, the flush
+            // ends its use and the window is deallocated before the buffer goes.
+            unsafe { self.qp.post_send(&one) }
         } else {
             let mut wrs = [const { MaybeUninit::<SendWr<'_>>::uninit() }; POST_BATCH];
             for (i, w) in wrs.iter_mut().take(n).enumerate() {
-                w.write(wr(i));
+                // The staging checked every bind's window: a miss is a bug, and nothing of
+                // this batch is posted.
+                let Some(one) = wr(i) else {
+                    return false;
+                };
+                w.write(one);
             }
             // SAFETY: the first `n` elements were written just above; `MaybeUninit<T>` has
             // `T`'s layout.
@@ -612,8 +759,18 @@ impl Driver {
             // SAFETY: as the single post above, for every request of the list.
             unsafe { self.qp.post_send_batch(wrs) }
         };
-        if let Some(last) = meta[..posted(&r, n)].last() {
+        let done = posted(&r, n);
+        if let Some(last) = meta[..done].last() {
             self.sends_posted = self.sends_posted.max(last.wr_id + 1);
+        }
+        // A posted bind gave its window a new key: the next bind names it as the present one.
+        for m in &meta[..done] {
+            if let SendOp::Bind { msg, rkey, .. } = m.op {
+                let entry = self.rdv_sends.iter_mut().rev().find(|r| r.msg == msg);
+                if let Some(w) = entry.and_then(|r| r.window.as_mut()) {
+                    w.set_rkey(rkey);
+                }
+            }
         }
         r.is_ok()
     }
@@ -841,16 +998,24 @@ impl Driver {
         }
         self.core.handle_fatal(Fatal::Disconnected);
         self.core.handle_flushed();
-        // The QP goes first (it names the memory), then the memory and the CQ.
+        // Windows go first: a bound type-2 window holds a reference to its QP, whose
+        // destruction would wait for it (rxe: a timeout per window). The QP is flushed, so
+        // no request reaches the memory through them any more. Then the QP (it names the
+        // memory), then the memory and the CQ.
         let Driver {
             core,
             qp,
             cq,
             liveness,
-            rdv_sends,
+            mut rdv_sends,
+            free_windows,
             read_hold,
             ..
         } = self;
+        for r in rdv_sends.iter_mut() {
+            drop(r.window.take());
+        }
+        drop(free_windows);
         drop(qp);
         // Flushed: the peer can no longer read what our RTSs exposed, nor a READ land.
         drop(rdv_sends);

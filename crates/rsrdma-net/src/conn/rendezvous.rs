@@ -3,16 +3,27 @@
 //! # Rendezvous
 //! When both ends offer it ([`super::ConnOptions::rendezvous`], settled to the larger
 //! threshold), a message of at least the threshold is not copied through the slots: the
-//! sender registers the message's memory for **remote read only**, for that message only
-//! (one `ibv_reg_mr` per message: rxe offers no cheaper per-message window we rely on, and a
-//! per-message registration also works on a [`super::ConnOptions::pd`] shared by many
-//! connections: its key names only that range, though any QP on the domain could use it
-//! while it lives), and sends an RTS with the address and key. The receiver's read call
-//! registers its destination (or uses a [`Buffer`]'s registration), pulls the bytes with one
-//! RDMA READ straight into it, and sends DONE; the sender then deregisters. On close or
-//! abort, memory the NIC may touch is released only after the QP's flush, or is first cut
-//! off from the NIC (QP to ERROR, then deregistration) when a caller's own slice must be
-//! handed back.
+//! sender exposes the message's memory for **remote read only**, for that message only, and
+//! sends an RTS with the address and key. The receiver's read call registers its destination
+//! (or uses a [`Buffer`]'s registration), pulls the bytes with one RDMA READ straight into
+//! it, and sends DONE. How the sender exposes the message:
+//!
+//! - a [`Buffer`], where the device has type-2 memory windows (rxe, mlx5): through a window
+//!   of the driver's, bound over the message by a work request posted right before the RTS
+//!   and invalidated by one posted when the DONE arrives; the buffer is idle again once that
+//!   invalidation completed ([`rsrdma_proto::Conn::send_rendezvous_window`]). No system call
+//!   and no page pinning per message (a registration costs both), and the key works only
+//!   through this connection's QP, so a peer of another connection on a shared
+//!   [`super::ConnOptions::pd`] (or [`super::ConnOptions::shared_recv`]) cannot use it,
+//!   however it learned it; nor can this peer once the DONE came.
+//! - a caller's slice (`send_msg`), or a buffer on a device without windows: through a
+//!   registration made for that message (`ibv_reg_mr`, remote read only) and dropped after
+//!   the DONE. Its key names only that range, but while it lives any QP of the protection
+//!   domain could use it: with a domain shared by several peers, prefer buffers.
+//!
+//! On close or abort, memory the NIC may touch is released only after the QP's flush (windows
+//! are deallocated before the QP, which a bound window references), or is first cut off from
+//! the NIC (QP to ERROR, then deregistration) when a caller's own slice must be handed back.
 //!
 //! - `send_msg` of a large slice registers the slice for the call and returns after the
 //!   peer's DONE, so it waits until the peer reads the message (its write timeout still
@@ -65,6 +76,8 @@ enum BufferSend {
     Lent { addr: u64, lkey: u32 },
     /// An RTS exposing the buffer through a per-message registration.
     Rendezvous { addr: u64, rkey: u32 },
+    /// An RTS exposing the buffer through a window the core binds first.
+    Window { addr: u64 },
 }
 
 /// Where a rendezvous READ lands.
@@ -142,8 +155,13 @@ impl Conn {
             return self.send_lent(OP, &[hold.bytes(len)]);
         }
         // Eager: the core lends the buffer's range to each fragment's SEND (second SGE).
-        // Rendezvous: the peer READs it through a registration made for this message only.
-        let (queue, mr) = if rendezvous {
+        // Rendezvous: the peer READs it through a window of the driver's bound for this
+        // message (the buffer's registration allows binding where the device has type-2
+        // windows), else through a registration made for this message only.
+        let windowed = rendezvous && buf.mr_allows_windows();
+        let (queue, mr) = if windowed {
+            (BufferSend::Window { addr: hold.addr() }, None)
+        } else if rendezvous {
             let pd = self.pd(OP)?;
             // SAFETY: the buffer's allocation stays alive and unmoved while `hold` (kept by
             // the driver until the DONE or the flush) lives, and the registration is dropped
@@ -176,21 +194,40 @@ impl Conn {
                 if d.peer_gone() {
                     return Err(NetError::PeerGone { op: OP });
                 }
+                let mut window = None;
                 let queued = match queue {
                     BufferSend::Lent { addr, lkey } => d.core().send_msg_lent(len, addr, lkey),
                     BufferSend::Rendezvous { addr, rkey } => {
                         d.core().send_rendezvous(len, addr, rkey)
                     }
+                    BufferSend::Window { addr } => {
+                        let Some(w) = d.take_window()? else {
+                            return Err(NetError::BadBuffer {
+                                op: OP,
+                                reason: "a window-bindable buffer on a device without windows",
+                            });
+                        };
+                        let rkey = w.next_rkey();
+                        window = Some(w);
+                        d.core().send_rendezvous_window(len, addr, rkey)
+                    }
                 };
                 match queued {
                     Ok(msg) => {
                         if let Some((mr, hold)) = parts.take() {
-                            d.hold_send(msg, mr, hold);
+                            d.hold_send(msg, window, mr, hold);
                         }
                         Ok(Some(()))
                     }
-                    Err(ProtoError::WouldBlock) => Ok(None),
-                    Err(e) => Err(from_core(e)),
+                    Err(e) => {
+                        if let Some(w) = window {
+                            d.put_window(w);
+                        }
+                        match e {
+                            ProtoError::WouldBlock => Ok(None),
+                            e => Err(from_core(e)),
+                        }
+                    }
                 }
             },
             |_, r| r,

@@ -47,10 +47,15 @@ struct TxState {
     /// The current message's rest is in the caller's slice (`send_msg_borrowed`), not in
     /// `pending`: only the caller's next call moves it.
     borrowed: bool,
-    /// The current message goes by rendezvous: its RTS (address, key) is not sent yet.
-    rts: Option<(u64, u32)>,
-    /// Rendezvous messages (their numbers) whose RTS went out and whose DONE has not come.
-    unreleased: VecDeque<u64>,
+    /// The current message goes by rendezvous: its RTS (address, key, and whether the key is
+    /// a window's the core binds first) is not sent yet.
+    rts: Option<Rts>,
+    /// Rendezvous messages whose RTS went out and whose DONE has not come: their numbers, and
+    /// their window's key where they expose a window.
+    unreleased: VecDeque<(u64, Option<u32>)>,
+    /// Window messages whose DONE came, and the WR of their window's invalidation: their
+    /// memory stays exposed until that WR completes.
+    invalidating: VecDeque<(u64, WrId)>,
     /// The current message's payload is lent memory (address, lkey): `send_msg_lent`.
     lent: Option<(u64, u32)>,
     /// Lent messages with every fragment posted, and the WR of their last (signalled)
@@ -58,6 +63,17 @@ struct TxState {
     lent_out: VecDeque<(u64, WrId)>,
     /// Payload bytes copied into send slots or inline staging (`Counters::send_copied_bytes`).
     copied: u64,
+}
+
+/// The RTS of the message being sent, not sent yet.
+#[derive(Debug, Clone, Copy)]
+struct Rts {
+    addr: u64,
+    rkey: u32,
+    /// `rkey` is the new key of the driver's memory window for this message: a
+    /// [`Work::BindWindow`] goes right before the RTS, a [`Work::InvalidateWindow`] after the
+    /// DONE.
+    window: bool,
 }
 
 /// A DATA frame waiting in its receive slot.
@@ -120,6 +136,8 @@ struct Control {
     abort: Option<u32>,
     /// DONE frames to send (the message ids of RTSs whose read completed or was dropped).
     done: VecDeque<u16>,
+    /// Windows to invalidate (message number, key): their message's DONE arrived.
+    invalidate: VecDeque<(u64, u32)>,
 }
 
 #[derive(Debug, Default)]
@@ -209,6 +227,7 @@ impl<M: SlotMemory> Conn<M> {
                 fin: FinState::Open,
                 abort: None,
                 done: VecDeque::new(),
+                invalidate: VecDeque::new(),
             },
             timers: Timers::default(),
             last_heard: now,
@@ -272,7 +291,7 @@ impl<M: SlotMemory> Conn<M> {
     pub fn is_drained(&self) -> bool {
         let quiet = self.out.iter().all(|w| matches!(w, Work::PostRecv { .. }))
             && self.sq.outstanding() == 0;
-        let released = self.tx.unreleased.is_empty();
+        let released = self.tx.unreleased.is_empty() && self.ctl.invalidate.is_empty();
         quiet && (self.failed.is_some() || (self.ctl.fin == FinState::Done && released))
     }
 
@@ -292,7 +311,9 @@ impl<M: SlotMemory> Conn<M> {
             queued_send_bytes: self.tx.pending.len() as u64,
             messages_sent: self.tx.messages,
             messages_received: self.seq.messages,
-            rendezvous_unreleased: self.tx.unreleased.len() as u64,
+            rendezvous_unreleased: (self.tx.unreleased.len()
+                + self.ctl.invalidate.len()
+                + self.tx.invalidating.len()) as u64,
             send_copied_bytes: self.tx.copied,
             lent_unreleased: self.tx.lent_out.len() as u64
                 + u64::from(self.tx.active && self.tx.lent.is_some()),
@@ -313,6 +334,12 @@ impl<M: SlotMemory> Conn<M> {
                 break;
             }
             self.tx.lent_out.pop_front();
+        }
+        while let Some(&(_, inv)) = self.tx.invalidating.front() {
+            if !self.sq.is_done(inv) {
+                break;
+            }
+            self.tx.invalidating.pop_front();
         }
         if let FinState::Sent(fin) = self.ctl.fin {
             if self.sq.is_done(fin) {
@@ -400,6 +427,8 @@ impl<M: SlotMemory> Conn<M> {
         // The peer can no longer read what our RTSs expose, nor we what theirs do; and the
         // NIC reads no lent memory any more (a lent message cut short stays unsent).
         self.tx.unreleased.clear();
+        self.tx.invalidating.clear();
+        self.ctl.invalidate.clear();
         self.tx.lent_out.clear();
         if self.tx.active && self.tx.lent.is_some() {
             self.tx.active = false;
@@ -588,8 +617,12 @@ impl<M: SlotMemory> Conn<M> {
             }
             FrameType::Done => {
                 match self.tx.unreleased.front() {
-                    Some(&m) if m as u16 == h.msg_id => {
+                    Some(&(m, window)) if m as u16 == h.msg_id => {
                         self.tx.unreleased.pop_front();
+                        // The peer read it: end the window's grant before the memory goes.
+                        if let Some(rkey) = window {
+                            self.ctl.invalidate.push_back((m, rkey));
+                        }
                     }
                     _ => {
                         return Err(ProtoError::Sequence {
@@ -628,9 +661,10 @@ impl<M: SlotMemory> Conn<M> {
         self.timers.clear();
         while let Some(w) = self.out.pop_back() {
             match w {
-                Work::PostSend { wr_id, .. } | Work::PostRead { wr_id, .. } => {
-                    self.sq.unpost_last(wr_id)
-                }
+                Work::PostSend { wr_id, .. }
+                | Work::PostRead { wr_id, .. }
+                | Work::BindWindow { wr_id, .. }
+                | Work::InvalidateWindow { wr_id, .. } => self.sq.unpost_last(wr_id),
                 Work::PostRecv { slot } => self.recv_posted[usize::from(slot)] = false,
             }
         }

@@ -1,6 +1,6 @@
 //! The send side: accepting messages, building frames, control frames and close.
 
-use super::{Conn, FinState};
+use super::{Conn, FinState, Rts};
 use crate::error::ProtoError;
 use crate::error::ProtoError as E;
 use crate::frame::{FrameType, Header, FLAG_FIRST, FLAG_LAST, HEADER_LEN, RTS_PAYLOAD_LEN};
@@ -38,6 +38,23 @@ impl<M: SlotMemory> Conn<M> {
     /// in the message order, when a data credit allows. `WouldBlock` while another message is
     /// being sent; `NotNegotiated` without settled rendezvous; `TooLarge` above the cap.
     pub fn send_rendezvous(&mut self, len: usize, addr: u64, rkey: u32) -> Result<u64, E> {
+        self.rendezvous(len, addr, rkey, false)
+    }
+
+    /// [`Conn::send_rendezvous`] through a memory window the driver binds for this message
+    /// only: `addr` is registered for window binding (no remote access of its own) and
+    /// `rkey` is the key the driver's window gets. The core queues a [`Work::BindWindow`]
+    /// (granting remote read of the message's `len` bytes at `addr`) right before the RTS, so
+    /// the peer sees the key only once it works, and a [`Work::InvalidateWindow`] once the
+    /// DONE arrives; the message is released when that invalidation completes, so the peer
+    /// can read nothing after the release (whatever it sends). A type-2 window also works
+    /// only through this connection's QP, unlike a registration's key, which any QP of the
+    /// protection domain may use.
+    pub fn send_rendezvous_window(&mut self, len: usize, addr: u64, rkey: u32) -> Result<u64, E> {
+        self.rendezvous(len, addr, rkey, true)
+    }
+
+    fn rendezvous(&mut self, len: usize, addr: u64, rkey: u32, window: bool) -> Result<u64, E> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -53,7 +70,7 @@ impl<M: SlotMemory> Conn<M> {
             });
         }
         self.start_message(len)?;
-        self.tx.rts = Some((addr, rkey));
+        self.tx.rts = Some(Rts { addr, rkey, window });
         let msg = self.tx.messages - 1;
         self.push_data(None);
         self.flush();
@@ -89,12 +106,16 @@ impl<M: SlotMemory> Conn<M> {
         !posting && !self.tx.lent_out.iter().any(|&(m, _)| m == msg)
     }
 
-    /// Whether rendezvous message `msg` (from [`Conn::send_rendezvous`]) is done with: the
-    /// peer's DONE arrived, or it was withdrawn. After a failure, only the QP's flush
-    /// ([`Conn::handle_flushed`]) releases it.
+    /// Whether rendezvous message `msg` (from [`Conn::send_rendezvous`] or
+    /// [`Conn::send_rendezvous_window`]) is done with: the peer's DONE arrived (and its
+    /// window's invalidation completed), or it was withdrawn. After a failure, only the QP's
+    /// flush ([`Conn::handle_flushed`]) releases it.
     pub fn rendezvous_released(&self, msg: u64) -> bool {
         let waiting_rts = self.tx.active && self.tx.rts.is_some() && msg + 1 == self.tx.messages;
-        !waiting_rts && !self.tx.unreleased.contains(&msg)
+        !waiting_rts
+            && !self.tx.unreleased.iter().any(|&(m, _)| m == msg)
+            && !self.ctl.invalidate.iter().any(|&(m, _)| m == msg)
+            && !self.tx.invalidating.iter().any(|&(m, _)| m == msg)
     }
 
     /// Withdraws rendezvous message `msg` if its RTS has not gone out yet (the caller gives
@@ -308,6 +329,7 @@ impl<M: SlotMemory> Conn<M> {
         let data_waits = self.tx.active && !self.tx.borrowed;
         let control_waits = self.ctl.pong.is_some()
             || !self.ctl.done.is_empty()
+            || !self.ctl.invalidate.is_empty()
             || self.ctl.fin == FinState::Pending
             || self.ctl.ping;
         data_waits || control_waits || self.credit_due()
@@ -334,6 +356,18 @@ impl<M: SlotMemory> Conn<M> {
                 break;
             }
             self.ctl.done.pop_front();
+        }
+        // No credit needed: an invalidation is local. Signalled, so the release it gates
+        // never waits for later traffic.
+        while let Some(&(msg, rkey)) = self.ctl.invalidate.front() {
+            if !self.sq.has_room(false) {
+                break;
+            }
+            let (wr_id, _, _) = self.sq.post(false, 0, true);
+            self.out
+                .push_back(Work::InvalidateWindow { wr_id, msg, rkey });
+            self.tx.invalidating.push_back((msg, wr_id));
+            self.ctl.invalidate.pop_front();
         }
         if self.tx.active && !self.tx.borrowed {
             self.push_data(None);
@@ -392,8 +426,8 @@ impl<M: SlotMemory> Conn<M> {
     /// Sends fragments of the current message while resources allow; `src` is the caller's
     /// message (inside `send_msg`) or `None` for the core's pending copy.
     fn push_data(&mut self, src: Option<&[u8]>) {
-        if let (true, Some((addr, rkey))) = (self.tx.active, self.tx.rts) {
-            self.push_rts(addr, rkey);
+        if let (true, Some(rts)) = (self.tx.active, self.tx.rts) {
+            self.push_rts(rts);
             return;
         }
         while self.tx.active {
@@ -455,11 +489,26 @@ impl<M: SlotMemory> Conn<M> {
         }
     }
 
-    /// Sends the current message's RTS when a data credit and room allow.
-    fn push_rts(&mut self, addr: u64, rkey: u32) {
+    /// Sends the current message's RTS when a data credit and room allow; a window's bind
+    /// goes right before it (two SQ entries, taken together).
+    fn push_rts(&mut self, rts: Rts) {
+        let Rts { addr, rkey, window } = rts;
         let needs_slot = HEADER_LEN + RTS_PAYLOAD_LEN > self.lim.inline_size;
-        if !self.may_send(FrameType::Data) || !self.sq.has_room(needs_slot) {
+        let entries = if window { 2 } else { 1 };
+        if !self.may_send(FrameType::Data) || !self.sq.has_room_for(entries, needs_slot) {
             return;
+        }
+        let msg = self.tx.messages - 1;
+        if window {
+            let (wr_id, _, signaled) = self.sq.post(false, 0, false);
+            self.out.push_back(Work::BindWindow {
+                wr_id,
+                msg,
+                addr,
+                len: self.tx.total as u32,
+                rkey,
+                signaled,
+            });
         }
         let h = Header {
             kind: FrameType::Rts,
@@ -473,7 +522,7 @@ impl<M: SlotMemory> Conn<M> {
         payload[..8].copy_from_slice(&addr.to_le_bytes());
         payload[8..12].copy_from_slice(&rkey.to_le_bytes());
         self.emit(h, &payload, false);
-        self.tx.unreleased.push_back(self.tx.messages - 1);
+        self.tx.unreleased.push_back((msg, window.then_some(rkey)));
         self.tx.rts = None;
         self.tx.active = false;
         if std::mem::take(&mut self.tx.want_writable) {

@@ -87,6 +87,22 @@ struct Packet {
     read: Option<(u64, u32, u64, u32)>,
     /// A lent payload after the slot's header.
     lent: Option<LentPayload>,
+    /// A window bind or invalidation: nothing goes to the peer; it takes effect in SQ order.
+    window: Option<WindowOp>,
+}
+
+/// A memory-window request on the model send queue.
+#[derive(Clone, Copy)]
+enum WindowOp {
+    /// Bind window key `rkey` to `len` bytes at `addr` of region `key`.
+    Bind {
+        rkey: u32,
+        key: u32,
+        addr: u64,
+        len: u32,
+    },
+    /// Invalidate window key `rkey`.
+    Invalidate { rkey: u32 },
 }
 
 /// One endpoint: the core plus the model of its queue pair.
@@ -114,6 +130,16 @@ pub struct Side {
     pub read_key: Option<u32>,
     /// READs posted.
     pub reads_posted: usize,
+    /// Rendezvous sends go through memory windows (`send_rendezvous_window`).
+    pub use_windows: bool,
+    /// Bound windows: key -> (region key, address, length). A READ through a key not here
+    /// fails the test.
+    pub windows: HashMap<u32, (u32, u64, u32)>,
+    /// Window keys handed out (each bind gets a new one).
+    next_window_key: u32,
+    /// Windows bound and invalidated, over the run.
+    pub windows_bound: usize,
+    pub windows_invalidated: usize,
 }
 
 impl Side {
@@ -136,6 +162,11 @@ impl Side {
             lent_sends: Vec::new(),
             read_key: None,
             reads_posted: 0,
+            use_windows: false,
+            windows: HashMap::new(),
+            next_window_key: 0x8000_0000,
+            windows_bound: 0,
+            windows_invalidated: 0,
         }
     }
 
@@ -153,7 +184,14 @@ impl Side {
         match self.conn.rendezvous_threshold() {
             Some(t) if data.len() >= t as usize => {
                 let key = self.register(data.to_vec());
-                match self.conn.send_rendezvous(data.len(), 0, key) {
+                let sent = if self.use_windows {
+                    self.next_window_key += 1;
+                    self.conn
+                        .send_rendezvous_window(data.len(), 0, self.next_window_key)
+                } else {
+                    self.conn.send_rendezvous(data.len(), 0, key)
+                };
+                match sent {
                     Ok(msg) => {
                         self.rdv_sends.push((msg, key));
                         Ok(())
@@ -188,9 +226,14 @@ impl Side {
     pub fn release(&mut self) {
         let conn = &self.conn;
         let regions = &mut self.regions;
+        let windows = &self.windows;
         self.rdv_sends.retain(|&(msg, key)| {
             let done = conn.rendezvous_released(msg);
             if done {
+                assert!(
+                    windows.values().all(|&(k, _, _)| k != key),
+                    "message {msg} released while a window still exposes its memory"
+                );
                 regions.remove(&key);
             }
             !done
@@ -241,6 +284,29 @@ impl Side {
                 Err(e)
             }
         }
+    }
+
+    /// Checks a send-queue request that is not a SEND (`what`) as side `i` posts it: room in
+    /// the SQ, the next WR id, a connection that has not failed.
+    fn check_non_send(&self, i: usize, wr_id: WrId, what: &str) {
+        let depth = usize::from(self.cfg.sq_depth);
+        assert!(self.sq.len() < depth, "side {i}: SQ overflow");
+        if let Some((last, _)) = self.sq.back() {
+            assert_eq!(wr_id.0, last.0 + 1, "side {i}: WR ids not consecutive");
+        }
+        assert!(self.conn.error().is_none(), "{what} posted after failure");
+    }
+
+    /// Checks that `len` bytes at `addr` of region `key` are registered (for `what`).
+    fn check_range(&self, key: u32, addr: u64, len: u32, what: &str) {
+        let region = self
+            .regions
+            .get(&key)
+            .unwrap_or_else(|| panic!("{what} over unregistered memory"));
+        assert!(
+            addr as usize + len as usize <= region.len(),
+            "{what} beyond its region"
+        );
     }
 
     /// Receives posted (the model's view).
@@ -382,20 +448,8 @@ impl Pair {
                     rkey,
                     len,
                 } => {
-                    let depth = usize::from(side.cfg.sq_depth);
-                    assert!(side.sq.len() < depth, "side {i}: SQ overflow");
-                    if let Some((last, _)) = side.sq.back() {
-                        assert_eq!(wr_id.0, last.0 + 1, "side {i}: WR ids not consecutive");
-                    }
-                    assert!(side.conn.error().is_none(), "READ posted after failure");
-                    let dest = side
-                        .regions
-                        .get(&lkey)
-                        .expect("READ into unregistered memory");
-                    assert!(
-                        local_addr as usize + len as usize <= dest.len(),
-                        "READ overruns"
-                    );
+                    side.check_non_send(i, wr_id, "READ");
+                    side.check_range(lkey, local_addr, len, "READ");
                     side.reads_posted += 1;
                     side.sq.push_back((wr_id, true));
                     self.wire[i].push_back(Packet {
@@ -406,7 +460,39 @@ impl Pair {
                         inline: None,
                         read: Some((local_addr, lkey, remote_addr, rkey)),
                         lent: None,
+                        window: None,
                     });
+                }
+                Work::BindWindow {
+                    wr_id,
+                    msg,
+                    addr,
+                    len,
+                    rkey,
+                    signaled,
+                } => {
+                    let op = {
+                        let key = side
+                            .rdv_sends
+                            .iter()
+                            .find(|&&(m, _)| m == msg)
+                            .map(|&(_, k)| k)
+                            .expect("a window bound for a message not sent by rendezvous");
+                        WindowOp::Bind {
+                            rkey,
+                            key,
+                            addr,
+                            len,
+                        }
+                    };
+                    self.post_window_op(i, wr_id, signaled, op);
+                }
+                Work::InvalidateWindow {
+                    wr_id,
+                    msg: _,
+                    rkey,
+                } => {
+                    self.post_window_op(i, wr_id, true, WindowOp::Invalidate { rkey });
                 }
                 Work::PostRecv { slot } => {
                     assert!(
@@ -486,10 +572,31 @@ impl Pair {
                         inline,
                         read: None,
                         lent,
+                        window: None,
                     });
                 }
             }
         }
+    }
+
+    /// Posts a window request of side `i` on its model send queue.
+    fn post_window_op(&mut self, i: usize, wr_id: WrId, signaled: bool, op: WindowOp) {
+        let side = &mut self.sides[i];
+        side.check_non_send(i, wr_id, "window request");
+        if let WindowOp::Bind { key, addr, len, .. } = op {
+            side.check_range(key, addr, len, "window");
+        }
+        side.sq.push_back((wr_id, signaled));
+        self.wire[i].push_back(Packet {
+            wr: wr_id,
+            signaled,
+            slot: None,
+            len: 0,
+            inline: None,
+            read: None,
+            lent: None,
+            window: Some(op),
+        });
     }
 
     /// Side `i`'s events into `events`, and a check of its next deadline.
@@ -513,12 +620,59 @@ impl Pair {
             return false;
         };
         let to = 1 - from;
+        if let Some(op) = p.window {
+            // Executes in SQ order, on the sender's side only.
+            let side = &mut self.sides[from];
+            match op {
+                WindowOp::Bind {
+                    rkey,
+                    key,
+                    addr,
+                    len,
+                } => {
+                    assert!(
+                        side.windows.insert(rkey, (key, addr, len)).is_none(),
+                        "a window key bound twice"
+                    );
+                    side.windows_bound += 1;
+                }
+                WindowOp::Invalidate { rkey } => {
+                    assert!(
+                        side.windows.remove(&rkey).is_some(),
+                        "invalidation of a window that is not bound"
+                    );
+                    side.windows_invalidated += 1;
+                }
+            }
+            if p.signaled {
+                self.completions[from].push_back(p.wr);
+                if !self.delay_completions {
+                    self.complete(from);
+                }
+            }
+            return true;
+        }
         if let (Some((laddr, lkey, raddr, rkey)), false) = (p.read, self.sides[to].broken) {
-            // The READ's response: the peer's memory must still be registered.
-            let src = self.sides[to]
-                .regions
-                .get(&rkey)
-                .expect("READ of memory the peer released");
+            // The READ's response: the peer's memory must still be registered (and, through
+            // a window, the window still bound, the range inside it).
+            let peer = &self.sides[to];
+            let src = match peer.windows.get(&rkey) {
+                Some(&(key, waddr, wlen)) => {
+                    assert!(
+                        raddr >= waddr && raddr + u64::from(p.len) <= waddr + u64::from(wlen),
+                        "READ outside its window"
+                    );
+                    peer.regions.get(&key)
+                }
+                None => {
+                    assert!(
+                        !peer.use_windows,
+                        "READ through a window key that is not bound"
+                    );
+                    peer.regions.get(&rkey)
+                }
+            };
+            let src = src.expect("READ of memory the peer released");
             let (r, l, n) = (raddr as usize, laddr as usize, p.len as usize);
             assert!(r + n <= src.len(), "READ beyond the peer's region");
             let bytes = src[r..r + n].to_vec();
@@ -662,6 +816,9 @@ impl Pair {
             side.conn.handle_send_completion(last, Err(5));
         }
         side.sq.clear();
+        // A type-2 window works only through its QP, which is gone (the driver deallocates
+        // the windows before the memory goes).
+        side.windows.clear();
         side.conn.handle_flushed();
         assert!(side.conn.poll_work().is_none(), "work after a fatal error");
         assert!(side.conn.is_drained(), "flushed but not drained");

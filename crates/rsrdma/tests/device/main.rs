@@ -12,3 +12,4 @@ mod events;
 mod queries;
 mod soundness;
 mod ud_srq;
+mod windows;
