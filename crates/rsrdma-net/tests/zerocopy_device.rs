@@ -475,3 +475,41 @@ fn zerocopy_close_with_a_rendezvous_in_flight_neither_hangs_nor_frees_early() {
     eprintln!("after close: buffer busy {}", b.is_busy());
     s.close().ok();
 }
+
+#[test]
+fn zerocopy_a_large_send_that_times_out_before_its_rts_goes_out_is_withdrawn_whole() {
+    // The reader does not read: small messages take every credit, so the RTS of a large
+    // slice cannot go out. Its send times out and withdraws it (dropping its registration,
+    // and its window, before returning), and the stream stays whole.
+    let (c, s) = pair(zc(Establish::Cm), zc(Establish::Cm));
+    c.set_write_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut small = 0u64;
+    loop {
+        match c.send_msg(&[7u8; 16]) {
+            Ok(()) => small += 1,
+            Err(NetError::Timeout { .. }) => break,
+            Err(e) => panic!("small send: {e}"),
+        }
+        assert!(small < 10_000, "the credits never ran out");
+    }
+    let big = pattern(4 * T, 9);
+    let r = c.send_msg(&big);
+    assert!(matches!(r, Err(NetError::Timeout { .. })), "{r:?}");
+    assert_eq!(c.counters().unwrap().rendezvous_unreleased, 0);
+    for _ in 0..small {
+        assert_eq!(s.recv_msg().unwrap().unwrap(), [7u8; 16]);
+    }
+    c.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+    thread::scope(|sc| {
+        let rx = sc.spawn(|| s.recv_msg().unwrap().unwrap());
+        c.send_msg(&big).unwrap();
+        assert_eq!(
+            hash(&rx.join().unwrap()),
+            hash(&big),
+            "the withdrawn message was not sent"
+        );
+    });
+    c.close().unwrap();
+    s.close().unwrap();
+}

@@ -172,13 +172,20 @@ pub(crate) struct RdvSend {
     msg: u64,
     window: Option<Mw>,
     mr: Option<Mr>,
-    hold: InFlight,
+    /// The buffer (`None` for a caller's slice, whose call waits for the release).
+    hold: Option<InFlight>,
 }
 
 impl RdvSend {
-    /// The window and the registration it is bound to (the buffer's).
+    /// The window and the registration it is bound to: the message's own (a caller's slice,
+    /// registered for binding), else the buffer's.
     fn window_parts(&self) -> Option<(&Mw, &Mr)> {
-        Some((self.window.as_ref()?, self.hold.mr()))
+        let mr = match (&self.mr, &self.hold) {
+            (Some(mr), _) => mr,
+            (None, Some(hold)) => hold.mr(),
+            (None, None) => return None,
+        };
+        Some((self.window.as_ref()?, mr))
     }
 }
 
@@ -236,7 +243,7 @@ impl Driver {
         msg: u64,
         window: Option<Mw>,
         mr: Option<Mr>,
-        hold: InFlight,
+        hold: Option<InFlight>,
     ) {
         self.rdv_sends.push_back(RdvSend {
             msg,
@@ -261,10 +268,32 @@ impl Driver {
         }
     }
 
-    /// Gives back a window taken by [`Driver::take_window`] and never bound.
+    /// Gives back a window taken by [`Driver::take_window`] and never bound (or invalidated).
     pub(crate) fn put_window(&mut self, w: Mw) {
         if let Some(free) = self.free_windows.as_mut() {
             free.push(w);
+        }
+    }
+
+    /// Whether rendezvous sends go through windows (the device has type-2 windows).
+    pub(crate) fn has_windows(&self) -> bool {
+        self.free_windows.is_some()
+    }
+
+    /// Drops what [`Driver::hold_send`] keeps for `msg` now (nothing if it is gone already):
+    /// for a caller's slice, whose memory must be unregistered before the call returns. Its
+    /// window goes back to the free ones when `unbound` (released by the core, or withdrawn
+    /// before its bind), else it is deallocated (which unbinds it; the caller moved the QP to
+    /// ERROR first).
+    pub(crate) fn drop_send(&mut self, msg: u64, unbound: bool) {
+        let Some(at) = self.rdv_sends.iter().rposition(|r| r.msg == msg) else {
+            return;
+        };
+        let Some(mut r) = self.rdv_sends.remove(at) else {
+            return;
+        };
+        if let (true, Some(w)) = (unbound, r.window.take()) {
+            self.put_window(w);
         }
     }
 

@@ -8,25 +8,26 @@
 //! (or uses a [`Buffer`]'s registration), pulls the bytes with one RDMA READ straight into
 //! it, and sends DONE. How the sender exposes the message:
 //!
-//! - a [`Buffer`], where the device has type-2 memory windows (rxe, mlx5): through a window
-//!   of the driver's, bound over the message by a work request posted right before the RTS
-//!   and invalidated by one posted when the DONE arrives; the buffer is idle again once that
-//!   invalidation completed ([`rsrdma_proto::Conn::send_rendezvous_window`]). No system call
-//!   and no page pinning per message (a registration costs both), and the key works only
-//!   through this connection's QP, so a peer of another connection on a shared
+//! - where the device has type-2 memory windows (rxe, mlx5): through a window of the
+//!   driver's, bound over the message by a work request posted right before the RTS and
+//!   invalidated by one posted when the DONE arrives; the memory is released once that
+//!   invalidation completed ([`rsrdma_proto::Conn::send_rendezvous_window`]). The key works
+//!   only through this connection's QP, so a peer of another connection on a shared
 //!   [`super::ConnOptions::pd`] (or [`super::ConnOptions::shared_recv`]) cannot use it,
-//!   however it learned it; nor can this peer once the DONE came.
-//! - a caller's slice (`send_msg`), or a buffer on a device without windows: through a
-//!   registration made for that message (`ibv_reg_mr`, remote read only) and dropped after
-//!   the DONE. Its key names only that range, but while it lives any QP of the protection
-//!   domain could use it: with a domain shared by several peers, prefer buffers.
+//!   however it learned it; nor can this peer once the DONE came. A [`Buffer`] is registered
+//!   for window binding already, so its message costs no system call and no page pinning; a
+//!   caller's slice (`send_msg`) is registered for the call, for binding only (no remote
+//!   access of its own).
+//! - on a device without windows: through a registration made for that message
+//!   (`ibv_reg_mr`, remote read only) and dropped after the DONE. Its key names only that
+//!   range, but while it lives any QP of the protection domain could use it.
 //!
 //! On close or abort, memory the NIC may touch is released only after the QP's flush (windows
 //! are deallocated before the QP, which a bound window references), or is first cut off from
 //! the NIC (QP to ERROR, then deregistration) when a caller's own slice must be handed back.
 //!
 //! - `send_msg` of a large slice registers the slice for the call and returns after the
-//!   peer's DONE, so it waits until the peer reads the message (its write timeout still
+//!   peer's DONE (and its window's invalidation), so it waits until the peer reads the message (its write timeout still
 //!   applies while the RTS has not gone out; after that it waits for the DONE up to
 //!   [`RDV_GRACE`] more, then fails the connection rather than return memory the peer may
 //!   still read).
@@ -215,7 +216,7 @@ impl Conn {
                 match queued {
                     Ok(msg) => {
                         if let Some((mr, hold)) = parts.take() {
-                            d.hold_send(msg, window, mr, hold);
+                            d.hold_send(msg, window, mr, Some(hold));
                         }
                         Ok(Some(()))
                     }

@@ -33,11 +33,13 @@ pub(crate) enum RecvStep {
     Rendezvous(usize),
 }
 
-/// A rendezvous send of a caller's slice: its registration (remote read only) and, once the
-/// core took it, the message number.
+/// A rendezvous send of a caller's slice: once the core took it, the message number; and its
+/// registration (remote read only), unless a window exposes it (then the registration, for
+/// window binding only, is with the driver, which the call asks to drop it before it
+/// returns).
 struct SliceRdv {
     msg: Option<u64>,
-    mr: Mr,
+    mr: Option<Mr>,
 }
 
 /// A direction of the connection that one call at a time may own.
@@ -162,8 +164,11 @@ impl Conn {
                 let Some(m) = msgs.get(next.get()) else {
                     return r;
                 };
-                if let Some(SliceRdv { msg: Some(msg), .. }) = &*rdv.borrow() {
-                    if d.core().withdraw_rendezvous(*msg) {
+                // Copied out: the `RefCell` is borrowed mutably below.
+                let pending = rdv.borrow().as_ref().and_then(|s| s.msg);
+                if let Some(msg) = pending {
+                    if d.core().withdraw_rendezvous(msg) {
+                        d.drop_send(msg, true);
                         rdv.borrow_mut().take();
                     }
                     return r;
@@ -182,6 +187,7 @@ impl Conn {
         // (bounded), else cut the NIC off before the registration goes.
         let done = self.block(op, Some(RDV_GRACE), |d| {
             if d.core_ref().rendezvous_released(msg) {
+                d.drop_send(msg, true);
                 return Ok(Some(()));
             }
             match d.core_ref().error() {
@@ -193,6 +199,7 @@ impl Conn {
             let mut st = self.shared.lock();
             if let Some(d) = st.driver.as_mut() {
                 d.abort_transfer();
+                d.drop_send(msg, false);
             }
             self.shared.changed(&mut st);
         }
@@ -315,41 +322,70 @@ impl Conn {
     }
 }
 
-/// One step of a rendezvous send from a caller's slice: registers it (remote read only, once),
-/// queues its RTS, then waits for the DONE. `Ok(true)` once released (the registration is
-/// dropped); `Ok(false)`: call again.
+/// One step of a rendezvous send from a caller's slice: registers it (once: for binding a
+/// window over it where the device has type-2 windows, else for remote read), queues its RTS
+/// (through a window of the driver's, which then keeps the registration), then waits for the
+/// DONE. `Ok(true)` once released (the registration is dropped); `Ok(false)`: call again.
 fn send_slice_rdv(d: &mut Driver, m: &[u8], rdv: &RefCell<Option<SliceRdv>>) -> Result<bool> {
     let mut slot = rdv.borrow_mut();
     if slot.is_none() {
+        let access = if d.has_windows() {
+            AccessFlags::MW_BIND
+        } else {
+            AccessFlags::REMOTE_READ
+        };
         // SAFETY: the slice is borrowed by the blocked call, which drops this registration
-        // before it returns: after the peer's DONE, after withdrawing an RTS never sent, or
-        // after moving the QP to ERROR. Remote read only: nothing writes the slice.
-        let mr = unsafe {
-            Mr::register(
-                d.pd(),
-                m.as_ptr() as *mut u8,
-                m.len(),
-                AccessFlags::REMOTE_READ,
-            )
-        }?;
-        *slot = Some(SliceRdv { msg: None, mr });
+        // (here or, once a window exposes it, with the driver's `drop_send`) before it
+        // returns: after the peer's DONE (and the window's invalidation), after withdrawing
+        // an RTS never sent, or after moving the QP to ERROR. Remote read at most: nothing
+        // writes the slice.
+        let mr = unsafe { Mr::register(d.pd(), m.as_ptr() as *mut u8, m.len(), access) }?;
+        *slot = Some(SliceRdv {
+            msg: None,
+            mr: Some(mr),
+        });
     }
     let Some(state) = slot.as_mut() else {
         return Ok(false);
     };
     match state.msg {
         None => {
-            match d
-                .core()
-                .send_rendezvous(m.len(), state.mr.addr(), state.mr.rkey())
-            {
-                Ok(msg) => state.msg = Some(msg),
-                Err(ProtoError::WouldBlock) => {}
-                Err(e) => return Err(from_core(e)),
+            let Some(mr) = state.mr.as_ref() else {
+                return Ok(false);
+            };
+            let (addr, len) = (mr.addr(), m.len());
+            if !mr.access().contains(AccessFlags::MW_BIND) {
+                match d.core().send_rendezvous(len, addr, mr.rkey()) {
+                    Ok(msg) => state.msg = Some(msg),
+                    Err(ProtoError::WouldBlock) => {}
+                    Err(e) => return Err(from_core(e)),
+                }
+                return Ok(false);
+            }
+            // Registered for binding only because the driver has windows: never `None`.
+            let Some(w) = d.take_window()? else {
+                return Err(NetError::InvalidArgument(
+                    "send_msg: a registration for window binding on a device without windows"
+                        .into(),
+                ));
+            };
+            match d.core().send_rendezvous_window(len, addr, w.next_rkey()) {
+                Ok(msg) => {
+                    state.msg = Some(msg);
+                    d.hold_send(msg, Some(w), state.mr.take(), None);
+                }
+                Err(e) => {
+                    d.put_window(w);
+                    match e {
+                        ProtoError::WouldBlock => {}
+                        e => return Err(from_core(e)),
+                    }
+                }
             }
             Ok(false)
         }
         Some(msg) if d.core_ref().rendezvous_released(msg) => {
+            d.drop_send(msg, true);
             *slot = None;
             Ok(true)
         }
