@@ -280,3 +280,39 @@ fn a_window_bound_when_the_qp_breaks_is_released_by_the_flush_alone() {
     p.sides[0].release();
     assert!(p.sides[0].rdv_sends.is_empty());
 }
+
+#[test]
+fn a_window_message_withdrawn_before_its_rts_is_never_bound() {
+    let mut p = Pair::new(cfg(true), cfg(true));
+    // No credit for the RTS: side 1's slots hold unread one-frame messages until only the
+    // control reserve is left.
+    let mut sent = 0;
+    let left = |p: &Pair| {
+        let c = p.sides[0].conn.counters();
+        c.peer_limit - c.frames_sent
+    };
+    while left(&p) > u64::from(rsrdma_proto::CONTROL_RESERVE) {
+        p.sides[0].conn.send_msg(&[1u8; 8]).unwrap();
+        p.pump(0);
+        assert!(p.drive(10_000));
+        sent += 1;
+        assert!(sent < 1000, "credits never ran out");
+    }
+    let msg = p.sides[0]
+        .conn
+        .send_rendezvous_window(5000, 0x1000, 0x8000_0001)
+        .unwrap();
+    p.pump(0);
+    assert!(p.drive(10_000));
+    assert!(
+        !p.sides[0].conn.rendezvous_released(msg),
+        "waiting for credit"
+    );
+    assert!(p.sides[0].conn.withdraw_rendezvous(msg));
+    assert!(p.sides[0].conn.rendezvous_released(msg));
+    p.pump(0);
+    assert!(p.drive(10_000));
+    assert_eq!(p.sides[0].windows_bound, 0, "no bind without its RTS");
+    assert!(!p.sides[0].frames_posted.contains(&FrameType::Rts));
+    assert_eq!(p.sides[0].conn.counters().rendezvous_unreleased, 0);
+}
