@@ -513,3 +513,36 @@ fn zerocopy_a_large_send_that_times_out_before_its_rts_goes_out_is_withdrawn_who
     c.close().unwrap();
     s.close().unwrap();
 }
+
+#[test]
+fn zerocopy_close_while_a_large_send_msg_waits_for_its_done() {
+    // The reader does not read: the sender's `send_msg` of a large slice waits for the DONE
+    // while another thread closes. The send returns an error, close does not hang, and the
+    // slice's bytes after the call returned (overwritten) never reach the reader.
+    let (c, s) = pair(
+        zc(Establish::Cm).linger(Duration::from_millis(300)),
+        zc(Establish::Cm),
+    );
+    let want = pattern(4 * T, 11);
+    thread::scope(|sc| {
+        let sender = sc.spawn(|| {
+            let mut data = want.clone();
+            let r = c.send_msg(&data);
+            data.fill(0xee);
+            (r, data)
+        });
+        thread::sleep(Duration::from_millis(500));
+        let t0 = Instant::now();
+        let _ = c.close();
+        assert!(t0.elapsed() < Duration::from_secs(5), "close hung");
+        let (r, _data) = sender.join().unwrap();
+        assert!(r.is_err(), "{r:?}");
+    });
+    let t0 = Instant::now();
+    match s.recv_msg() {
+        Ok(Some(m)) => assert_eq!(hash(&m), hash(&want), "bytes from after the call"),
+        r => eprintln!("the reader after the sender's close: {r:?}"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(15), "the reader hung");
+    s.close().ok();
+}

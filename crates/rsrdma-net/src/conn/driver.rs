@@ -334,6 +334,16 @@ impl Driver {
         }
     }
 
+    /// Before the driver leaves the connection for its teardown (close): a caller's slice
+    /// exposed through a window is registered here while its call waits for the DONE, and
+    /// that call returns as soon as the driver is gone, before the teardown's flush. So the
+    /// QP goes to ERROR first, under the lock: the NIC then serves no READ of that memory.
+    pub(crate) fn cut_off_lent_slices(&mut self) {
+        if self.rdv_sends.iter().any(|r| r.hold.is_none()) {
+            self.abort_transfer();
+        }
+    }
+
     /// Moves the QP to ERROR and fails the core: for a caller that must give up memory the
     /// NIC may still touch (it deregisters it next, which the NIC then can no longer reach).
     pub(crate) fn abort_transfer(&mut self) {

@@ -310,6 +310,9 @@ impl Conn {
         let driver = {
             let mut st = self.shared.lock();
             st.stop = true;
+            if let Some(d) = st.driver.as_mut() {
+                d.cut_off_lent_slices();
+            }
             let d = st.driver.take();
             self.shared.changed(&mut st);
             d
@@ -823,6 +826,9 @@ impl Conn {
         let driver = {
             let mut st = self.shared.lock();
             st.stop = true;
+            if let Some(d) = st.driver.as_mut() {
+                d.cut_off_lent_slices();
+            }
             let d = st.driver.take();
             self.shared.changed(&mut st);
             d
