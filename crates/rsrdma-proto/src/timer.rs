@@ -20,6 +20,10 @@ impl Timers {
         self.at[t as usize] = at;
     }
 
+    pub(crate) fn get(&self, t: Timer) -> Option<Instant> {
+        self.at[t as usize]
+    }
+
     pub(crate) fn clear(&mut self) {
         self.at = [None; 2];
     }

@@ -433,6 +433,33 @@ fn stream_reads_cross_messages_and_skip_empty_ones() {
 }
 
 #[test]
+fn a_side_that_did_not_run_probes_the_peer_before_declaring_it_dead() {
+    let mut s = Script::new(cfg());
+    let t0 = s.t0;
+    // No tick for 6 s (the driver's thread was blocked): past the 5 s peer timeout, but
+    // this side could not have heard anything.
+    s.c.handle_timeout(t0 + Duration::from_secs(6));
+    assert!(
+        s.c.error().is_none(),
+        "our own stall is not the peer's death"
+    );
+    let w = s.work();
+    assert_eq!(w.len(), 1);
+    assert_eq!(s.sent(&w[0]).0.kind, FrameType::Ping, "probed at once");
+    assert_eq!(s.c.poll_timeout(), Some(t0 + Duration::from_secs(7)));
+    // Ticking normally from then on, a peer that stays silent is dead 5 s after the probe.
+    for sec in 7..11 {
+        s.c.handle_timeout(t0 + Duration::from_secs(sec));
+        assert!(s.c.error().is_none());
+    }
+    s.c.handle_timeout(t0 + Duration::from_secs(11));
+    assert_eq!(
+        s.c.error(),
+        Some(&ProtoError::PeerDead { silent_ms: 11_000 })
+    );
+}
+
+#[test]
 fn keepalive_pings_and_a_silent_peer_is_declared_dead() {
     let mut s = Script::new(cfg());
     let t0 = s.t0;

@@ -164,6 +164,10 @@ pub struct Conn<M: SlotMemory> {
     ctl: Control,
     timers: Timers,
     last_heard: Instant,
+    /// The latest time the driver gave the core (a timer tick or a receive): a driver that
+    /// runs ticks at least once a keepalive interval, so a much longer gap before a tick
+    /// means this side did not run (see [`Conn::handle_timeout`]).
+    last_tick: Instant,
     failed: Option<ProtoError>,
     out: VecDeque<Work>,
     ev: EventFlags,
@@ -231,6 +235,7 @@ impl<M: SlotMemory> Conn<M> {
             },
             timers: Timers::default(),
             last_heard: now,
+            last_tick: now,
             failed: None,
             out,
             ev: EventFlags::default(),
@@ -391,8 +396,34 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// Timers: a no-op unless a deadline from `poll_timeout` has passed.
+    ///
+    /// The peer is declared dead after `peer_timeout` of silence *while this side listened*.
+    /// A tick that comes more than two keepalive intervals after the previous one means this
+    /// side did not run meanwhile (a blocked thread, a runtime busy with something else, a
+    /// suspended machine): it could not have heard the peer, nor answered its PINGs, so the
+    /// silence is not held against the peer. The peer gets a PING at once and a whole
+    /// `peer_timeout` from now to answer it.
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.failed.is_some() {
+            return;
+        }
+        let stalled = self
+            .lim
+            .keepalive
+            .is_some_and(|every| now.saturating_duration_since(self.last_tick) > 2 * every);
+        self.tick(now);
+        if stalled && self.timers.get(Timer::PeerDead).is_some() {
+            tracing::debug!(
+                gap_ms = now.saturating_duration_since(self.last_heard).as_millis() as u64,
+                "rsrdma-proto: this side did not run; probing the peer before any verdict"
+            );
+            self.ctl.ping = true;
+            self.timers
+                .set(Timer::PeerDead, Some(now + self.lim.peer_timeout));
+            if let Some(every) = self.lim.keepalive {
+                self.timers.set(Timer::KeepAlive, Some(now + every));
+            }
+            self.flush();
             return;
         }
         if self.timers.expired(Timer::PeerDead, now) {
@@ -535,7 +566,15 @@ impl<M: SlotMemory> Conn<M> {
 
     // ----- internals ---------------------------------------------------------------------
 
+    /// Records the driver's latest time (never moving it back).
+    fn tick(&mut self, now: Instant) {
+        if now > self.last_tick {
+            self.last_tick = now;
+        }
+    }
+
     fn heard(&mut self, now: Instant) {
+        self.tick(now);
         self.ctl.ping = false;
         // Drivers pass a coarse clock (a tick of milliseconds): most frames arrive within the
         // tick of the one before, and then the deadlines would not move.
