@@ -90,7 +90,9 @@ pub struct ConnOptions {
     /// PING after this long without hearing from the peer; `None` turns keepalive and
     /// dead-peer detection off. Default 1 s.
     pub keepalive: Option<Duration>,
-    /// Declare the peer dead after this long without hearing from it. Default 5 s.
+    /// Declare the peer dead after this long without hearing from it while this side could
+    /// listen (a side that did not run for over two keepalive intervals probes the peer and
+    /// waits this long again). Default 5 s.
     pub peer_timeout: Duration,
     /// Limit for address resolution, the TCP connect and the whole handshake. Default 10 s.
     pub connect_timeout: Duration,
