@@ -241,7 +241,7 @@ impl<M: SlotMemory> Conn<M> {
             ev: EventFlags::default(),
             inline,
         };
-        conn.arm_liveness_timers();
+        conn.arm_liveness_timers_from(now);
         Ok(conn)
     }
 
@@ -334,18 +334,8 @@ impl<M: SlotMemory> Conn<M> {
             self.fail(ProtoError::Misuse { reason });
             return;
         }
-        while let Some(&(_, last)) = self.tx.lent_out.front() {
-            if !self.sq.is_done(last) {
-                break;
-            }
-            self.tx.lent_out.pop_front();
-        }
-        while let Some(&(_, inv)) = self.tx.invalidating.front() {
-            if !self.sq.is_done(inv) {
-                break;
-            }
-            self.tx.invalidating.pop_front();
-        }
+        pop_completed(&mut self.tx.lent_out, &self.sq);
+        pop_completed(&mut self.tx.invalidating, &self.sq);
         if let FinState::Sent(fin) = self.ctl.fin {
             if self.sq.is_done(fin) {
                 self.ctl.fin = FinState::Done;
@@ -418,11 +408,7 @@ impl<M: SlotMemory> Conn<M> {
                 "rsrdma-proto: this side did not run; probing the peer before any verdict"
             );
             self.ctl.ping = true;
-            self.timers
-                .set(Timer::PeerDead, Some(now + self.lim.peer_timeout));
-            if let Some(every) = self.lim.keepalive {
-                self.timers.set(Timer::KeepAlive, Some(now + every));
-            }
+            self.arm_liveness_timers_from(now);
             self.flush();
             return;
         }
@@ -580,20 +566,18 @@ impl<M: SlotMemory> Conn<M> {
         // tick of the one before, and then the deadlines would not move.
         if now > self.last_heard {
             self.last_heard = now;
-            self.arm_liveness_timers();
+            self.arm_liveness_timers_from(now);
         }
         self.stop_timers_if_closed();
     }
 
-    /// The keepalive and peer-dead deadlines, from the last time the peer was heard.
-    fn arm_liveness_timers(&mut self) {
+    /// The keepalive and peer-dead deadlines, counted from `from`: the last time the peer was
+    /// heard, or the end of a stall of this side's own.
+    fn arm_liveness_timers_from(&mut self, from: Instant) {
         if let Some(every) = self.lim.keepalive {
+            self.timers.set(Timer::KeepAlive, Some(from + every));
             self.timers
-                .set(Timer::KeepAlive, Some(self.last_heard + every));
-            self.timers.set(
-                Timer::PeerDead,
-                Some(self.last_heard + self.lim.peer_timeout),
-            );
+                .set(Timer::PeerDead, Some(from + self.lim.peer_timeout));
         }
     }
 
@@ -725,6 +709,13 @@ fn abort_for(err: &ProtoError) -> Option<u32> {
         E::PeerAborted { .. } | E::Fatal(_) => return None,
         _ => abort_code::OTHER,
     })
+}
+
+/// Drops the front entries of `q` (message number, WR) whose WR has completed.
+fn pop_completed(q: &mut VecDeque<(u64, WrId)>, sq: &SendQueue) {
+    while q.front().is_some_and(|&(_, wr)| sq.is_done(wr)) {
+        q.pop_front();
+    }
 }
 
 /// Whether `w` is a receive's repost.
