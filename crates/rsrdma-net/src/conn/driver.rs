@@ -44,12 +44,14 @@
 //! `tracing::error`) rather than freed while the NIC might still touch it.
 
 use super::buffer::InFlight;
+use super::from_core;
 use super::slots::{Repost, Slots, RECV_TAG};
 use super::transfer::Owners;
+use crate::error::{NetError, Result};
 use crate::handshake::Channel;
 use rsrdma::cm::{CmEventType, CmId};
 use rsrdma::{AccessFlags, Cq, Mr, Mw, Pd, Qp, RecvWr, SendWr, Sge, Wc};
-use rsrdma_proto::{Conn as Core, Fatal, Work, WrId};
+use rsrdma_proto::{Conn as Core, Fatal, ProtoError, Work, WrId};
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, RawFd};
@@ -189,9 +191,14 @@ impl RdvSend {
     }
 }
 
-/// Message `msg`'s entry (the newest are at the back).
+/// Where message `msg`'s entry is (the newest are at the back).
+fn rdv_index(rdv: &VecDeque<RdvSend>, msg: u64) -> Option<usize> {
+    rdv.iter().rposition(|r| r.msg == msg)
+}
+
+/// Message `msg`'s entry.
 fn rdv_entry(rdv: &VecDeque<RdvSend>, msg: u64) -> Option<&RdvSend> {
-    rdv.iter().rev().find(|r| r.msg == msg)
+    rdv.get(rdv_index(rdv, msg)?)
 }
 
 impl Driver {
@@ -258,13 +265,45 @@ impl Driver {
     ///
     /// # Errors
     /// The allocation's error.
-    pub(crate) fn take_window(&mut self) -> rsrdma::Result<Option<Mw>> {
+    fn take_window(&mut self) -> rsrdma::Result<Option<Mw>> {
         let Some(free) = self.free_windows.as_mut() else {
             return Ok(None);
         };
         match free.pop() {
             Some(w) => Ok(Some(w)),
             None => Mw::alloc_type2(self.qp.pd()).map(Some),
+        }
+    }
+
+    /// Queues a rendezvous message of `len` bytes at `addr` (memory registered for window
+    /// binding) through one of the driver's windows, which the core binds right before the
+    /// RTS. `Ok(Some((msg, window)))`: queued, and the window is the message's (the caller
+    /// keeps it with [`Driver::hold_send`]); `Ok(None)`: the core would block, and the window
+    /// went back to the free ones.
+    ///
+    /// # Errors
+    /// The window's allocation; the core's refusal; [`NetError::InvalidArgument`] on a device
+    /// without windows (callers register for binding only where it has them).
+    pub(crate) fn queue_through_window(
+        &mut self,
+        op: &'static str,
+        len: usize,
+        addr: u64,
+    ) -> Result<Option<(u64, Mw)>> {
+        let Some(w) = self.take_window()? else {
+            return Err(NetError::InvalidArgument(format!(
+                "{op}: rendezvous through a window on a device without windows"
+            )));
+        };
+        match self.core.send_rendezvous_window(len, addr, w.next_rkey()) {
+            Ok(msg) => Ok(Some((msg, w))),
+            Err(e) => {
+                self.put_window(w);
+                match e {
+                    ProtoError::WouldBlock => Ok(None),
+                    e => Err(from_core(e)),
+                }
+            }
         }
     }
 
@@ -286,10 +325,8 @@ impl Driver {
     /// before its bind), else it is deallocated (which unbinds it; the caller moved the QP to
     /// ERROR first).
     pub(crate) fn drop_send(&mut self, msg: u64, unbound: bool) {
-        let Some(at) = self.rdv_sends.iter().rposition(|r| r.msg == msg) else {
-            return;
-        };
-        let Some(mut r) = self.rdv_sends.remove(at) else {
+        let Some(mut r) = rdv_index(&self.rdv_sends, msg).and_then(|at| self.rdv_sends.remove(at))
+        else {
             return;
         };
         if let (true, Some(w)) = (unbound, r.window.take()) {
@@ -805,7 +842,8 @@ impl Driver {
         // A posted bind gave its window a new key: the next bind names it as the present one.
         for m in &meta[..done] {
             if let SendOp::Bind { msg, rkey, .. } = m.op {
-                let entry = self.rdv_sends.iter_mut().rev().find(|r| r.msg == msg);
+                let entry =
+                    rdv_index(&self.rdv_sends, msg).and_then(|at| self.rdv_sends.get_mut(at));
                 if let Some(w) = entry.and_then(|r| r.window.as_mut()) {
                     w.set_rkey(rkey);
                 }

@@ -307,16 +307,7 @@ impl Conn {
         } else {
             Ok(())
         };
-        let driver = {
-            let mut st = self.shared.lock();
-            st.stop = true;
-            if let Some(d) = st.driver.as_mut() {
-                d.cut_off_lent_slices();
-            }
-            let d = st.driver.take();
-            self.shared.changed(&mut st);
-            d
-        };
+        let driver = self.detach_driver();
         self.shared.wake.wake();
         let worker = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(w) = worker {
@@ -340,6 +331,20 @@ impl Conn {
             Err(NetError::ConnFailed(e)) => Err(NetError::ConnFailed(e)),
             _ => Ok(()),
         }
+    }
+
+    /// Stops the connection's steps and takes its driver out for the teardown (both closes).
+    /// A caller's slice that a window exposes is cut off from the NIC first, under the lock:
+    /// its waiting call returns as soon as the driver is gone, before the teardown's flush.
+    fn detach_driver(&self) -> Option<Driver> {
+        let mut st = self.shared.lock();
+        st.stop = true;
+        if let Some(d) = st.driver.as_mut() {
+            d.cut_off_lent_slices();
+        }
+        let d = st.driver.take();
+        self.shared.changed(&mut st);
+        d
     }
 
     /// Sets the read timeout (`None`: block indefinitely), as [`TcpStream::set_read_timeout`].
@@ -823,16 +828,7 @@ impl Conn {
     /// # Errors
     /// As [`Conn::close`].
     pub(crate) fn finish_close(&self, failed: Option<ProtoError>, delivered: bool) -> Result<()> {
-        let driver = {
-            let mut st = self.shared.lock();
-            st.stop = true;
-            if let Some(d) = st.driver.as_mut() {
-                d.cut_off_lent_slices();
-            }
-            let d = st.driver.take();
-            self.shared.changed(&mut st);
-            d
-        };
+        let driver = self.detach_driver();
         let ours_done = driver
             .as_ref()
             .is_some_and(|d| d.core_ref().is_drained() || d.peer_gone());

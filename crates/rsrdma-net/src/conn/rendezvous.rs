@@ -201,17 +201,13 @@ impl Conn {
                     BufferSend::Rendezvous { addr, rkey } => {
                         d.core().send_rendezvous(len, addr, rkey)
                     }
-                    BufferSend::Window { addr } => {
-                        let Some(w) = d.take_window()? else {
-                            return Err(NetError::BadBuffer {
-                                op: OP,
-                                reason: "a window-bindable buffer on a device without windows",
-                            });
-                        };
-                        let rkey = w.next_rkey();
-                        window = Some(w);
-                        d.core().send_rendezvous_window(len, addr, rkey)
-                    }
+                    BufferSend::Window { addr } => match d.queue_through_window(OP, len, addr)? {
+                        Some((msg, w)) => {
+                            window = Some(w);
+                            Ok(msg)
+                        }
+                        None => Err(ProtoError::WouldBlock),
+                    },
                 };
                 match queued {
                     Ok(msg) => {
@@ -220,15 +216,8 @@ impl Conn {
                         }
                         Ok(Some(()))
                     }
-                    Err(e) => {
-                        if let Some(w) = window {
-                            d.put_window(w);
-                        }
-                        match e {
-                            ProtoError::WouldBlock => Ok(None),
-                            e => Err(from_core(e)),
-                        }
-                    }
+                    Err(ProtoError::WouldBlock) => Ok(None),
+                    Err(e) => Err(from_core(e)),
                 }
             },
             |_, r| r,

@@ -362,25 +362,9 @@ fn send_slice_rdv(d: &mut Driver, m: &[u8], rdv: &RefCell<Option<SliceRdv>>) -> 
                 }
                 return Ok(false);
             }
-            // Registered for binding only because the driver has windows: never `None`.
-            let Some(w) = d.take_window()? else {
-                return Err(NetError::InvalidArgument(
-                    "send_msg: a registration for window binding on a device without windows"
-                        .into(),
-                ));
-            };
-            match d.core().send_rendezvous_window(len, addr, w.next_rkey()) {
-                Ok(msg) => {
-                    state.msg = Some(msg);
-                    d.hold_send(msg, Some(w), state.mr.take(), None);
-                }
-                Err(e) => {
-                    d.put_window(w);
-                    match e {
-                        ProtoError::WouldBlock => {}
-                        e => return Err(from_core(e)),
-                    }
-                }
+            if let Some((msg, w)) = d.queue_through_window("send_msg", len, addr)? {
+                state.msg = Some(msg);
+                d.hold_send(msg, Some(w), state.mr.take(), None);
             }
             Ok(false)
         }
