@@ -31,6 +31,7 @@ impl TxCredit {
     }
 
     /// Applies a header's credit field.
+    #[inline]
     pub(crate) fn update(&mut self, wire: u32) -> Result<(), ProtoError> {
         let delta = u64::from(wire.wrapping_sub(self.limit as u32));
         if delta > self.peer_slots {
@@ -74,6 +75,7 @@ impl RxCredit {
     }
 
     /// A frame arrived; returns the peer's credit as seen just before it.
+    #[inline]
     pub(crate) fn arrive(&mut self) -> Result<u64, ProtoError> {
         let view = self.peer_view();
         if view == 0 {
@@ -86,6 +88,7 @@ impl RxCredit {
     }
 
     /// The value for the next header; the peer will know everything granted so far.
+    #[inline]
     pub(crate) fn announce(&mut self) -> u32 {
         self.announced = self.grant;
         self.grant as u32

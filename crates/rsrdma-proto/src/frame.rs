@@ -125,6 +125,7 @@ impl Header {
     }
 
     /// The 16 wire bytes.
+    #[inline]
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0] = self.kind as u8;
@@ -137,6 +138,7 @@ impl Header {
     }
 
     /// Decodes and checks a header; `bytes` may be longer (the payload follows).
+    #[inline]
     pub fn decode(bytes: &[u8]) -> Result<Self, ProtoError> {
         let bad = |reason| Err(ProtoError::BadFrame { reason });
         if bytes.len() < HEADER_LEN {

@@ -17,6 +17,7 @@ pub(crate) struct RxSequence {
 }
 
 impl RxSequence {
+    #[inline]
     pub(crate) fn on_data(
         &mut self,
         h: &Header,

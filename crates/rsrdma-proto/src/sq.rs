@@ -58,6 +58,7 @@ impl SendQueue {
         self.free_slots.len()
     }
 
+    #[inline]
     pub(crate) fn has_room(&self, needs_slot: bool) -> bool {
         self.has_room_for(1, needs_slot)
     }
@@ -73,11 +74,13 @@ impl SendQueue {
     }
 
     /// Index of a WR's inline staging entry (valid while the WR is outstanding).
+    #[inline]
     pub(crate) fn entry(&self, wr: WrId) -> usize {
         (wr.0 & self.mask) as usize
     }
 
     /// Takes an SQ entry (and a slot when asked); the caller checked `has_room`.
+    #[inline]
     pub(crate) fn post(
         &mut self,
         needs_slot: bool,

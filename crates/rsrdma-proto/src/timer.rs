@@ -16,6 +16,7 @@ pub(crate) struct Timers {
 }
 
 impl Timers {
+    #[inline]
     pub(crate) fn set(&mut self, t: Timer, at: Option<Instant>) {
         self.at[t as usize] = at;
     }
@@ -28,6 +29,7 @@ impl Timers {
         self.at = [None; 2];
     }
 
+    #[inline]
     pub(crate) fn next(&self) -> Option<Instant> {
         // Not `iter().flatten().min()`: this runs at every driver step.
         match self.at {
@@ -36,6 +38,7 @@ impl Timers {
         }
     }
 
+    #[inline]
     pub(crate) fn expired(&self, t: Timer, now: Instant) -> bool {
         self.at[t as usize].is_some_and(|at| at <= now)
     }

@@ -9,6 +9,9 @@
 //!   `ibv_req_notify_cq`, `___ibv_query_port`, `__ibv_reg_mr`, …) are exported by a generated C
 //!   file of `*__extern` wrappers that `build.rs` compiles; their Rust declarations carry
 //!   `#[link_name]`, so they are called by their C names.
+//! - [`data_path`] has the four data-path verbs among them (`ibv_post_send`, `ibv_post_recv`,
+//!   `ibv_post_srq_recv`, `ibv_poll_cq`) in Rust as well: the same one call through the
+//!   context's operation table, without the wrapper's extra call.
 //! - [`rsrdma_post_send_batch`] and its receive twins post a whole array of work requests with
 //!   one call (one C walker in `src/shim.c` behind all three; host-tested against a fake
 //!   provider in `src/batch_tests.rs`).
@@ -31,6 +34,8 @@
 #[allow(unsafe_op_in_unsafe_fn)]
 mod bindings;
 pub use bindings::*;
+
+pub mod data_path;
 
 /// Sizes, alignments and field offsets of a struct as the C compiler sees it; filled by
 /// [`rsrdma_layout_probe`].

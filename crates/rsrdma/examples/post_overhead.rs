@@ -256,7 +256,7 @@ fn rust_ffi_only(f: &FakeQp, n: u64) {
     for i in 0..n {
         wr.wr_id = i;
         // SAFETY: as in `c_post`.
-        let rc = unsafe { ffi::ibv_post_send(qp, black_box(&mut wr), &mut bad) };
+        let rc = unsafe { ffi::data_path::ibv_post_send(qp, black_box(&mut wr), &mut bad) };
         assert_eq!(rc, 0);
     }
 }

@@ -376,7 +376,7 @@ impl Cq {
         let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);
         // SAFETY: the CQ is live; `wcs` has room for `n` entries and Wc is repr(transparent)
         // over ibv_wc.
-        let rc = unsafe { ffi::ibv_poll_cq(self.inner.raw, n, wcs.as_mut_ptr().cast()) };
+        let rc = unsafe { ffi::data_path::ibv_poll_cq(self.inner.raw, n, wcs.as_mut_ptr().cast()) };
         if rc < 0 {
             return Err(Error::from_errno(
                 "ibv_poll_cq",

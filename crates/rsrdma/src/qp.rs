@@ -1110,7 +1110,7 @@ impl Qp {
         // a request and never write it, so the `*mut` the C signature asks for is not used to
         // mutate; the caller vouches for the memory it names.
         let rc = unsafe {
-            ffi::ibv_post_send(
+            ffi::data_path::ibv_post_send(
                 self.inner.raw,
                 std::ptr::from_ref(wr.as_raw()).cast_mut(),
                 &mut bad,
@@ -1175,7 +1175,7 @@ impl Qp {
         // SAFETY: live QP; a valid single request posted in place (see `post_send`: its `next`
         // is null and providers do not write it); the caller vouches for its memory.
         let rc = unsafe {
-            ffi::ibv_post_recv(
+            ffi::data_path::ibv_post_recv(
                 self.inner.raw,
                 std::ptr::from_ref(wr.as_raw()).cast_mut(),
                 &mut bad,
@@ -1223,14 +1223,19 @@ impl Qp {
         Ok(())
     }
 
+    #[inline]
     fn check_own_rq(&self) -> Result<()> {
         if self.inner.srq.is_some() {
-            return Err(Error::InvalidArgument(
-                "this QP takes receives from its SRQ; post there".into(),
-            ));
+            return Err(on_srq());
         }
         Ok(())
     }
+}
+
+/// The error of a receive posted to a QP that takes its receives from an SRQ (off the path).
+#[cold]
+fn on_srq() -> Error {
+    Error::InvalidArgument("this QP takes receives from its SRQ; post there".into())
 }
 
 impl fmt::Debug for Qp {

@@ -105,7 +105,7 @@ impl Srq {
         // SAFETY: live SRQ; a valid single request posted in place (its `next` is null, and
         // providers do not write it); the caller vouches for its memory.
         let rc = unsafe {
-            ffi::ibv_post_srq_recv(
+            ffi::data_path::ibv_post_srq_recv(
                 self.inner.raw,
                 std::ptr::from_ref(wr.as_raw()).cast_mut(),
                 &mut bad,

@@ -509,6 +509,7 @@ impl Driver {
 
     /// Posts the repost of own receive slot `slot` alone; `false`: not done (no SGE for the
     /// slot: the batch path fails the connection).
+    #[inline]
     fn post_recv_alone(&mut self, slot: u16) -> bool {
         let Some(sge) = self.core.memory().recv_sge(slot) else {
             return false;
@@ -523,6 +524,7 @@ impl Driver {
     }
 
     /// Posts `work` alone when it is an inline send; `false`: not one, nothing done.
+    #[inline]
     fn post_send_alone(&mut self, work: Work) -> bool {
         let Work::PostSend {
             wr_id,
@@ -586,6 +588,7 @@ impl Driver {
     }
 
     /// After a post: a failure breaks the connection (nothing more is posted).
+    #[inline]
     fn check_post(&mut self, r: &rsrdma::Result<()>) {
         if r.is_err() {
             self.fail_posting();
@@ -852,6 +855,7 @@ impl Driver {
         r.is_ok()
     }
 
+    #[inline]
     fn poll_cq(&mut self, now: Instant) -> bool {
         let mut any = false;
         loop {
@@ -876,6 +880,7 @@ impl Driver {
         }
     }
 
+    #[inline]
     fn on_completion(&mut self, wc: &Wc, now: Instant) {
         let id = wc.wr_id();
         let status = if wc.is_ok() {
@@ -963,6 +968,7 @@ impl Driver {
 
     /// After the transport ended: the peer's FIN makes it a normal end, its absence (after
     /// the grace) a fatal one.
+    #[inline]
     fn check_end(&mut self, now: Instant) -> bool {
         let Some(at) = self.ended_at else {
             return false;

@@ -220,6 +220,7 @@ impl Slots {
     }
 
     /// The SGE of a receive into own slot `slot`; `None` with a pool.
+    #[inline]
     pub(crate) fn recv_sge(&self, slot: u16) -> Option<Sge> {
         let RecvSide::Own(recv) = &self.recv else {
             return None;
@@ -229,6 +230,7 @@ impl Slots {
     }
 
     /// Whether the receive slots come from a shared pool (nothing to post on the QP).
+    #[inline]
     pub(crate) fn pooled(&self) -> bool {
         matches!(self.recv, RecvSide::Pooled(_))
     }
@@ -255,6 +257,7 @@ impl Slots {
     /// are named in the id; a pool slot is bound to a free virtual slot. `None` when no
     /// virtual slot is free (the peer sent beyond its credits) or the id is not ours: the
     /// pool slot goes straight back, and the driver fails the connection.
+    #[inline]
     pub(crate) fn take_recv(&mut self, wr_id: u64) -> Option<u16> {
         let share = match &mut self.recv {
             RecvSide::Own(_) if wr_id & POOL_TAG == 0 => return Some((wr_id & 0xffff) as u16),
@@ -278,6 +281,7 @@ impl Slots {
     }
 
     /// Whether a copy ever fell outside a region.
+    #[inline]
     pub(crate) fn faulted(&self) -> bool {
         self.fault.get()
     }
@@ -347,6 +351,7 @@ impl SlotMemory for Slots {
         }
     }
 
+    #[inline]
     fn read_recv(&self, slot: u16, offset: usize, out: &mut [u8]) {
         match &self.recv {
             RecvSide::Own(recv) => {

@@ -253,17 +253,20 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// The slot memory (the driver maps slots to its registered regions through it).
+    #[inline]
     pub fn memory(&self) -> &M {
         &self.mem
     }
 
     /// The slot memory, mutably: for a driver or a simulation that writes receive slots.
+    #[inline]
     pub fn memory_mut(&mut self) -> &mut M {
         &mut self.mem
     }
 
     /// The bytes of an inline send (`Work::PostSend { slot: None, .. }`), valid until the WR
     /// completes; `None` if `wr_id` is not an outstanding inline WR.
+    #[inline]
     pub fn inline_frame(&self, wr_id: WrId) -> Option<&[u8]> {
         match self.sq.record_len(wr_id)? {
             (None, len) => {
@@ -281,11 +284,13 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// The sticky error, once the connection failed.
+    #[inline]
     pub fn error(&self) -> Option<&ProtoError> {
         self.failed.as_ref()
     }
 
     /// Whether the peer's FIN arrived.
+    #[inline]
     pub fn peer_closed(&self) -> bool {
         self.seq.fin
     }
@@ -356,6 +361,7 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// A receive completion of `len` bytes into `slot`.
+    #[inline]
     pub fn handle_recv_completion(
         &mut self,
         slot: u16,
@@ -501,6 +507,7 @@ impl<M: SlotMemory> Conn<M> {
     /// frames, each of which brings a step that takes them, and taking them would not make a
     /// CREDIT frame due). A receive loop then posts its reposts together with its next send,
     /// after that send's doorbell.
+    #[inline]
     pub fn reposts_may_wait(&self) -> bool {
         if self.failed.is_some() || self.rxc.peer_view() <= 1 {
             return false;
@@ -513,21 +520,25 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// Whether the work queue holds nothing but reposts (also when it is empty).
+    #[inline]
     pub(super) fn only_reposts_queued(&self) -> bool {
         self.out.iter().all(is_repost)
     }
 
     /// How many work requests are queued (what `poll_work` would still return).
+    #[inline]
     pub fn work_queued(&self) -> usize {
         self.out.len()
     }
 
     /// The work request `poll_work` would return next, left queued.
+    #[inline]
     pub fn peek_work(&self) -> Option<Work> {
         self.out.front().copied()
     }
 
     /// When `handle_timeout` is next due.
+    #[inline]
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.timers.next()
     }
@@ -553,12 +564,14 @@ impl<M: SlotMemory> Conn<M> {
     // ----- internals ---------------------------------------------------------------------
 
     /// Records the driver's latest time (never moving it back).
+    #[inline]
     fn tick(&mut self, now: Instant) {
         if now > self.last_tick {
             self.last_tick = now;
         }
     }
 
+    #[inline]
     fn heard(&mut self, now: Instant) {
         self.tick(now);
         self.ctl.ping = false;
@@ -573,6 +586,7 @@ impl<M: SlotMemory> Conn<M> {
 
     /// The keepalive and peer-dead deadlines, counted from `from`: the last time the peer was
     /// heard, or the end of a stall of this side's own.
+    #[inline]
     fn arm_liveness_timers_from(&mut self, from: Instant) {
         if let Some(every) = self.lim.keepalive {
             self.timers.set(Timer::KeepAlive, Some(from + every));
@@ -581,6 +595,7 @@ impl<M: SlotMemory> Conn<M> {
         }
     }
 
+    #[inline]
     fn stop_timers_if_closed(&mut self) {
         if self.seq.fin && self.ctl.fin == FinState::Done {
             self.timers.clear();
@@ -588,6 +603,7 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// One arrived frame: checks, credits, then its effect.
+    #[inline]
     fn on_frame(&mut self, slot: u16, len: u32) -> Result<(), ProtoError> {
         if (len as usize) < HEADER_LEN || len > self.lim.slot_size {
             return Err(ProtoError::BadFrame {
@@ -660,6 +676,7 @@ impl<M: SlotMemory> Conn<M> {
         Ok(())
     }
 
+    #[inline]
     fn repost(&mut self, slot: u16) {
         // A failed connection posts nothing more: its QP is in ERROR (or going there), and a
         // slot released late (a rendezvous message given up after the failure) stays idle.

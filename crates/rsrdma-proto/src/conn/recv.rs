@@ -32,6 +32,7 @@ impl<M: SlotMemory> Conn<M> {
     /// Receives the next whole message (or its unread rest) into `buf`: `Ok(Some(len))`,
     /// `Ok(None)` at EOF (the peer's FIN after all its data), `Err(WouldBlock)`, or
     /// `Err(ShortBuffer { needed })`, which leaves the message queued.
+    #[inline]
     pub fn recv_msg_into(&mut self, buf: &mut [u8]) -> Result<Option<usize>, ProtoError> {
         self.check_read("recv_msg_into")?;
         let Some((head, len)) = self.head() else {
@@ -212,6 +213,7 @@ impl<M: SlotMemory> Conn<M> {
 
     /// EOF: the peer's FIN arrived and every message before it was read, or reading was shut
     /// down.
+    #[inline]
     pub fn is_eof(&self) -> bool {
         let drained = self.rx.queue.is_empty() && !self.rx.asm_active && self.rx.direct.is_none();
         self.rx.read_shut || (self.seq.fin && drained)
@@ -357,6 +359,7 @@ impl<M: SlotMemory> Conn<M> {
         self.reassemble();
     }
 
+    #[inline]
     fn no_message<T>(&self) -> Result<Option<T>, ProtoError> {
         if self.is_eof() {
             Ok(None)
@@ -365,6 +368,7 @@ impl<M: SlotMemory> Conn<M> {
         }
     }
 
+    #[inline]
     fn check_read(&self, op: &'static str) -> Result<(), ProtoError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
@@ -375,6 +379,7 @@ impl<M: SlotMemory> Conn<M> {
         Ok(())
     }
 
+    #[inline]
     fn head(&self) -> Option<(Head, usize)> {
         if self.rx.asm_complete {
             return Some((Head::Reassembled, self.rx.asm_total));
@@ -390,6 +395,7 @@ impl<M: SlotMemory> Conn<M> {
         }
     }
 
+    #[inline]
     fn copy_head(&self, head: Head, offset: usize, out: &mut [u8]) {
         match head {
             Head::Reassembled => out.copy_from_slice(&self.rx.asm[offset..offset + out.len()]),
@@ -399,6 +405,7 @@ impl<M: SlotMemory> Conn<M> {
         }
     }
 
+    #[inline]
     fn consume_head(&mut self, head: Head) {
         match head {
             Head::Reassembled => {
@@ -428,6 +435,7 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// A checked DATA frame arrived in `slot`.
+    #[inline]
     pub(super) fn on_data(&mut self, slot: u16, h: &Header) {
         if self.rx.read_closed || self.rx.read_shut {
             self.repost(slot);

@@ -173,6 +173,7 @@ impl<M: SlotMemory> Conn<M> {
     ///
     /// Only reposts may be queued, so posting this first keeps every send in WR order; they
     /// were not taken yet, so its header does not announce them (credit counts from the take).
+    #[inline]
     pub fn send_inline_now(&mut self, data: &[u8]) -> Option<Work> {
         let n = data.len();
         let fits = HEADER_LEN + n <= self.lim.inline_size
@@ -247,6 +248,7 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// Gives the next message its number (`tx.messages`, counted from 0) and frame id.
+    #[inline]
     fn number_message(&mut self) {
         self.tx.id = self.tx.messages as u16;
         self.tx.messages += 1;
@@ -394,6 +396,7 @@ impl<M: SlotMemory> Conn<M> {
     /// A credit-only frame pays off: it returns at least 2 credits (so credit frames alone can
     /// never ping-pong forever), and either a quarter of the ring is unannounced or the peer
     /// is down to its last credit (so its control frames never wait for our data).
+    #[inline]
     fn credit_due(&self) -> bool {
         let unannounced = self.rxc.unannounced();
         unannounced >= 2 && (unannounced >= self.lim.credit_threshold || self.rxc.peer_view() <= 1)
@@ -402,6 +405,7 @@ impl<M: SlotMemory> Conn<M> {
     /// The credit rules. Data keeps `CONTROL_RESERVE` credits back; a control frame may take
     /// the last credit only if it carries new credit (so both sides can never sit at zero
     /// credit with nothing in flight); ABORT may take any credit.
+    #[inline]
     fn may_send(&self, kind: FrameType) -> bool {
         let credit = self.txc.available();
         match kind {
@@ -552,6 +556,7 @@ impl<M: SlotMemory> Conn<M> {
 
     /// [`Self::emit_frame`] without queuing: the frame's `PostSend`, for the caller to queue
     /// or hand to the driver, and its WR id.
+    #[inline]
     fn build_frame(
         &mut self,
         mut h: Header,
