@@ -18,7 +18,10 @@
 //!   were taken; [`Conn::reposts_may_wait`] says when queued reposts may wait for a later
 //!   round), [`Conn::poll_timeout`], [`Conn::poll_event`]. One output skips the queue:
 //!   [`Conn::send_inline_now`] returns a small message's one inline frame for the driver to
-//!   post at once, which the core allows only while nothing but reposts is queued.
+//!   post at once, which the core allows only while nothing but reposts is queued. One input
+//!   skips the read queue: [`Conn::handle_recv_completion_into`] hands a whole message that
+//!   would be the next one read straight to a waiting reader's buffer (the property test
+//!   takes completions both ways at random).
 //! - Memory: the driver owns and registers the slots and lends them through [`SlotMemory`].
 //!
 //! # Design decisions, and why

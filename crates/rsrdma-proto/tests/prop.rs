@@ -19,17 +19,49 @@ const MAX_MESSAGE: u32 = 3000;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Send { side: usize, len: usize },
-    RecvInto { side: usize, buf: usize },
-    RecvMsg { side: usize },
-    Read { side: usize, buf: usize },
-    Deliver { from: usize, n: usize },
-    Complete { side: usize },
-    Advance { ms: u64 },
-    Close { side: usize, full: bool },
-    Hold { from: usize, on: bool },
+    Send {
+        side: usize,
+        len: usize,
+    },
+    RecvInto {
+        side: usize,
+        buf: usize,
+    },
+    RecvMsg {
+        side: usize,
+    },
+    Read {
+        side: usize,
+        buf: usize,
+    },
+    Deliver {
+        from: usize,
+        n: usize,
+    },
+    /// One frame delivered to a side whose reader waits with a buffer of `buf` bytes (the
+    /// driver's `handle_recv_completion_into`).
+    DeliverInto {
+        from: usize,
+        buf: usize,
+    },
+    Complete {
+        side: usize,
+    },
+    Advance {
+        ms: u64,
+    },
+    Close {
+        side: usize,
+        full: bool,
+    },
+    Hold {
+        from: usize,
+        on: bool,
+    },
     DelayCompletions(bool),
-    Break { side: usize },
+    Break {
+        side: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -47,6 +79,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => side.clone().prop_map(|side| Op::RecvMsg { side }),
         3 => (side.clone(), 1..900usize).prop_map(|(side, buf)| Op::Read { side, buf }),
         10 => (side.clone(), 1..40usize).prop_map(|(from, n)| Op::Deliver { from, n }),
+        4 => (side.clone(), 0..1200usize).prop_map(|(from, buf)| Op::DeliverInto { from, buf }),
         4 => side.clone().prop_map(|side| Op::Complete { side }),
         2 => (0..2500u64).prop_map(|ms| Op::Advance { ms }),
         1 => (side.clone(), any::<bool>(), 0..8u8).prop_map(|(side, full, gate)| if gate == 0 {
@@ -198,6 +231,14 @@ impl World {
                 for _ in 0..n {
                     if p.hold[from] || !p.deliver(from) {
                         break;
+                    }
+                }
+            }
+            Op::DeliverInto { from, buf } => {
+                let mut b = vec![0; buf];
+                if !p.hold[from] {
+                    if let (_, Some(n)) = p.deliver_into(from, Some(&mut b)) {
+                        self.chk[1 - from].on_msg(&b[..n]);
                     }
                 }
             }

@@ -201,6 +201,46 @@ fn rdv_entry(rdv: &VecDeque<RdvSend>, msg: u64) -> Option<&RdvSend> {
     rdv.get(rdv_index(rdv, msg)?)
 }
 
+/// A reader's buffer offered to [`Driver::progress_taking`]: a whole message that arrives as
+/// the next one to read may go from its receive completion straight into it, with no trip
+/// through the core's read queue.
+pub(crate) struct Take<'a> {
+    buf: Option<&'a mut [u8]>,
+    /// Whether the buffer may be filled now (no other call owns the receive side).
+    pub(crate) open: bool,
+    /// The length of the message taken into the buffer, once one was.
+    pub(crate) got: Option<usize>,
+}
+
+impl<'a> Take<'a> {
+    pub(crate) fn new(buf: Option<&'a mut [u8]>) -> Take<'a> {
+        Take {
+            buf,
+            open: true,
+            got: None,
+        }
+    }
+
+    /// Whether a buffer is offered at all.
+    pub(crate) fn offered(&self) -> bool {
+        self.buf.is_some()
+    }
+
+    /// The buffer, for a read of the caller's own (empty when none is offered).
+    pub(crate) fn buf(&mut self) -> &mut [u8] {
+        self.buf.as_deref_mut().unwrap_or_default()
+    }
+
+    /// The buffer while it may still take a message.
+    #[inline]
+    fn wants(&mut self) -> Option<&mut [u8]> {
+        if !self.open || self.got.is_some() {
+            return None;
+        }
+        self.buf.as_deref_mut()
+    }
+}
+
 impl Driver {
     /// Takes over an established connection. `recvs_posted` receives (slots
     /// `0..recvs_posted`) were posted before the peer could send; the core queued a
@@ -423,7 +463,15 @@ impl Driver {
     /// operation next and then [`Driver::post_work`] once, so that what both queued goes out
     /// in one batch.
     pub(crate) fn progress(&mut self, now: Instant) -> bool {
-        let mut changed = self.poll_cq(now);
+        self.progress_taking(now, &mut Take::new(None))
+    }
+
+    /// [`Driver::progress`], offering `take`'s buffer to the receive completions it reaps: the
+    /// first whole message that would be the next one read goes straight into it
+    /// ([`rsrdma_proto::Conn::handle_recv_completion_into`]), and `take.got` says its length.
+    #[inline]
+    pub(crate) fn progress_taking(&mut self, now: Instant, take: &mut Take<'_>) -> bool {
+        let mut changed = self.poll_cq(now, take);
         if changed && !self.rdv_sends.is_empty() {
             self.release_rendezvous();
         }
@@ -856,7 +904,7 @@ impl Driver {
     }
 
     #[inline]
-    fn poll_cq(&mut self, now: Instant) -> bool {
+    fn poll_cq(&mut self, now: Instant, take: &mut Take<'_>) -> bool {
         let mut any = false;
         loop {
             let n = match self.cq.poll(&mut self.wcs) {
@@ -871,7 +919,7 @@ impl Driver {
             };
             for i in 0..n {
                 let wc = self.wcs[i];
-                self.on_completion(&wc, now);
+                self.on_completion(&wc, now, take);
             }
             any |= n > 0;
             if n < POLL_BATCH {
@@ -881,7 +929,7 @@ impl Driver {
     }
 
     #[inline]
-    fn on_completion(&mut self, wc: &Wc, now: Instant) {
+    fn on_completion(&mut self, wc: &Wc, now: Instant, take: &mut Take<'_>) {
         let id = wc.wr_id();
         let status = if wc.is_ok() {
             Ok(())
@@ -909,12 +957,22 @@ impl Driver {
             }
         }
         if is_recv {
-            match recv_slot {
-                Some(slot) => self
-                    .core
-                    .handle_recv_completion(slot, wc.byte_len(), status, now),
+            match (recv_slot, take.wants()) {
+                (Some(slot), Some(buf)) => {
+                    take.got = self.core.handle_recv_completion_into(
+                        slot,
+                        wc.byte_len(),
+                        status,
+                        now,
+                        buf,
+                    );
+                }
+                (Some(slot), None) => {
+                    self.core
+                        .handle_recv_completion(slot, wc.byte_len(), status, now);
+                }
                 // No free slot: the peer sent beyond its credits.
-                None => self.core.handle_fatal(Fatal::QpError),
+                (None, _) => self.core.handle_fatal(Fatal::QpError),
             }
         } else {
             self.core.handle_send_completion(WrId(id), status);

@@ -66,7 +66,7 @@ pub use pool::RecvMemory;
 
 use crate::error::{NetError, Result};
 use crate::progress::{self, PollMode};
-use driver::Driver;
+use driver::{Driver, Take};
 use establish::Established;
 use rsrdma_proto::ProtoError;
 use shared::{Shared, Waiter};
@@ -76,6 +76,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use transfer::Side;
 
 /// How long teardown waits for the QP's flush before it leaks the memory instead.
 const FLUSH_LIMIT: Duration = Duration::from_secs(2);
@@ -429,10 +430,24 @@ impl Conn {
         timeout: Option<Duration>,
         mut attempt: impl FnMut(&mut Driver) -> Result<Option<T>>,
     ) -> Result<T> {
+        self.block_taking(op, timeout, None, |d, _| attempt(d))
+    }
+
+    /// [`Conn::block`] for a reader waiting with `buf`: each step offers it to the receive
+    /// completions it reaps ([`Driver::progress_taking`]), and `attempt` sees what was taken
+    /// (and has the buffer back through the [`Take`]).
+    fn block_taking<T>(
+        &self,
+        op: &'static str,
+        timeout: Option<Duration>,
+        buf: Option<&mut [u8]>,
+        mut attempt: impl FnMut(&mut Driver, &mut Take<'_>) -> Result<Option<T>>,
+    ) -> Result<T> {
         let shared = &*self.shared;
         let clock = StepClock::default();
+        let mut take = Take::new(buf);
         let mut step = |seen: &Cell<u64>, fresh| {
-            self.step_once(op, seen, Some(clock.now(fresh)), &mut attempt)
+            self.step_taking(op, seen, Some(clock.now(fresh)), &mut take, &mut attempt)
         };
         let first_seen = Cell::new(0);
         if let Some(v) = step(&first_seen, true)? {
@@ -470,6 +485,20 @@ impl Conn {
         poll: Option<Instant>,
         attempt: &mut impl FnMut(&mut Driver) -> Result<Option<T>>,
     ) -> Result<Option<T>> {
+        self.step_taking(op, seen, poll, &mut Take::new(None), &mut |d, _| attempt(d))
+    }
+
+    /// [`Conn::step_once`], offering `take`'s buffer to the completions the step reaps while
+    /// no other call owns the receive side.
+    #[inline]
+    fn step_taking<T>(
+        &self,
+        op: &'static str,
+        seen: &Cell<u64>,
+        poll: Option<Instant>,
+        take: &mut Take<'_>,
+        attempt: &mut impl FnMut(&mut Driver, &mut Take<'_>) -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
         let shared = &*self.shared;
         // Keeps a busy connection's progress thread off the lock (see `worker`), only when
         // this step does the thread's work: a caller that only sends at once would otherwise
@@ -481,8 +510,11 @@ impl Conn {
         let Some(d) = st.driver.as_mut() else {
             return Err(NetError::Closed { op });
         };
-        let mut changed = poll.is_some_and(|now| d.progress(now));
-        let r = attempt(d);
+        if take.offered() {
+            take.open = !d.owners().owned(Side::Recv);
+        }
+        let mut changed = poll.is_some_and(|now| d.progress_taking(now, take));
+        let r = attempt(d, take);
         // A receive loop's reposts may wait for its next send, which posts them after its
         // own doorbell (`Driver::reposts_may_wait`).
         if !d.reposts_may_wait() {

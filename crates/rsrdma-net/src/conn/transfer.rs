@@ -57,6 +57,14 @@ pub(crate) struct Owners {
 }
 
 impl Owners {
+    /// Whether a call owns `side`.
+    pub(crate) fn owned(&self, side: Side) -> bool {
+        match side {
+            Side::Send => self.send,
+            Side::Recv => self.recv,
+        }
+    }
+
     fn flag(&mut self, side: Side) -> &mut bool {
         match side {
             Side::Send => &mut self.send,
@@ -107,18 +115,24 @@ impl Conn {
     /// in several fragments (too large for `buf`, which is at most a frame: the owned way
     /// reports that with the length it needs). Each step costs less than an owned one (no
     /// closures, no side flag, no finish): in a ping-pong the waiting step and the one that
-    /// finds the message are on the round trip's path.
+    /// finds the message are on the round trip's path. `buf` is offered to the completions
+    /// each step reaps (`Driver::progress_taking`): a whole message that arrives as the next
+    /// one to read goes from its slot into `buf` at once, not through the core's read queue
+    /// and a second call into the core.
     pub(super) fn recv_unowned(
         &self,
         op: &'static str,
         buf: &mut [u8],
         timeout: Option<Duration>,
     ) -> Result<Option<Option<usize>>> {
-        self.block(op, timeout, |d| {
+        self.block_taking(op, timeout, Some(buf), |d, take| {
+            if let Some(n) = take.got {
+                return Ok(Some(Some(Some(n))));
+            }
             if *d.owners().flag(Side::Recv) {
                 return Ok(Some(None));
             }
-            match d.core().recv_msg_into(buf) {
+            match d.core().recv_msg_into(take.buf()) {
                 Ok(got) => Ok(Some(Some(got))),
                 Err(ProtoError::NeedsRead { .. }) => Ok(Some(None)),
                 Err(ProtoError::WouldBlock) if d.core_ref().recv_incomplete() => Ok(Some(None)),

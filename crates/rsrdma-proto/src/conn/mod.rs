@@ -369,26 +369,63 @@ impl<M: SlotMemory> Conn<M> {
         status: Result<(), u32>,
         now: Instant,
     ) {
+        self.recv_completion(slot, len, status, now, None);
+    }
+
+    /// As [`Conn::handle_recv_completion`], for a driver whose caller waits in
+    /// [`Conn::recv_msg_into`] with `buf`: when the frame is a whole message that would be
+    /// the next one read and fits `buf`, it goes from its slot straight into `buf` and is
+    /// consumed (its slot's repost queued), as `recv_msg_into(buf)` right after would do, and
+    /// its length is returned. `None`: handled as by `handle_recv_completion` (a message it
+    /// carries is queued for the read calls).
+    ///
+    /// A small message's receive is then one call into the core, not two, and never enters
+    /// the read queue: the round trip of a ping-pong is its path.
+    #[inline]
+    pub fn handle_recv_completion_into(
+        &mut self,
+        slot: u16,
+        len: u32,
+        status: Result<(), u32>,
+        now: Instant,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        self.recv_completion(slot, len, status, now, Some(buf))
+    }
+
+    #[inline]
+    fn recv_completion(
+        &mut self,
+        slot: u16,
+        len: u32,
+        status: Result<(), u32>,
+        now: Instant,
+        into: Option<&mut [u8]>,
+    ) -> Option<usize> {
         let Some(posted) = self.recv_posted.get_mut(usize::from(slot)).filter(|p| **p) else {
             self.fail(ProtoError::Misuse {
                 reason: "receive completion for a slot that is not posted",
             });
-            return;
+            return None;
         };
         *posted = false;
         if let Err(status) = status {
             self.fail(ProtoError::Fatal(Fatal::RecvCompletion { status }));
-            return;
+            return None;
         }
         if self.failed.is_some() {
-            return;
+            return None;
         }
         self.heard(now);
-        if let Err(e) = self.on_frame(slot, len) {
-            self.fail(e);
-            return;
-        }
+        let taken = match self.on_frame(slot, len, into) {
+            Ok(taken) => taken,
+            Err(e) => {
+                self.fail(e);
+                return None;
+            }
+        };
         self.flush();
+        taken
     }
 
     /// Timers: a no-op unless a deadline from `poll_timeout` has passed.
@@ -602,9 +639,15 @@ impl<M: SlotMemory> Conn<M> {
         }
     }
 
-    /// One arrived frame: checks, credits, then its effect.
+    /// One arrived frame: checks, credits, then its effect; a whole message that `into` takes
+    /// at once ([`Conn::handle_recv_completion_into`]) returns its length.
     #[inline]
-    fn on_frame(&mut self, slot: u16, len: u32) -> Result<(), ProtoError> {
+    fn on_frame(
+        &mut self,
+        slot: u16,
+        len: u32,
+        into: Option<&mut [u8]>,
+    ) -> Result<Option<usize>, ProtoError> {
         if (len as usize) < HEADER_LEN || len > self.lim.slot_size {
             return Err(ProtoError::BadFrame {
                 reason: "completion length outside header ..= slot size",
@@ -627,6 +670,11 @@ impl<M: SlotMemory> Conn<M> {
                 }
                 self.seq
                     .on_data(&h, self.lim.max_message, self.lim.frame_payload as u32)?;
+                if let Some(buf) = into {
+                    if let Some(n) = self.take_at_once(slot, &h, buf) {
+                        return Ok(Some(n));
+                    }
+                }
                 self.on_data(slot, &h);
             }
             FrameType::Credit | FrameType::Pong => self.repost(slot),
@@ -673,7 +721,7 @@ impl<M: SlotMemory> Conn<M> {
                 self.repost(slot);
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     #[inline]

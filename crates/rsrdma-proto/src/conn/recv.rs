@@ -434,6 +434,28 @@ impl<M: SlotMemory> Conn<M> {
         }
     }
 
+    /// A checked DATA frame arrived in `slot` while a reader waits with `buf`: when it is a
+    /// whole message, nothing is queued before it (so it is the next message read) and it
+    /// fits, it is copied into `buf` and its slot reposted, which leaves the state
+    /// [`Conn::on_data`] followed by [`Conn::recv_msg_into`] would; `None` otherwise
+    /// (nothing done).
+    #[inline]
+    pub(super) fn take_at_once(&mut self, slot: u16, h: &Header, buf: &mut [u8]) -> Option<usize> {
+        let n = h.payload_len as usize;
+        let next_read = self.rx.queue.is_empty()
+            && !self.rx.asm_active
+            && self.rx.direct.is_none()
+            && self.rx.read_off == 0
+            && !self.rx.read_closed
+            && !self.rx.read_shut;
+        if !(next_read && h.first() && h.last() && n <= buf.len()) {
+            return None;
+        }
+        self.mem.read_recv(slot, HEADER_LEN, &mut buf[..n]);
+        self.repost(slot);
+        Some(n)
+    }
+
     /// A checked DATA frame arrived in `slot`.
     #[inline]
     pub(super) fn on_data(&mut self, slot: u16, h: &Header) {

@@ -616,8 +616,15 @@ impl Pair {
 
     /// Delivers the oldest frame sent by side `from`. Returns false if there is none.
     pub fn deliver(&mut self, from: usize) -> bool {
+        self.deliver_into(from, None).0
+    }
+
+    /// As [`Pair::deliver`], with the receiving core's completion taken the way a driver
+    /// whose reader waits with `buf` takes it (`handle_recv_completion_into`): the second
+    /// value is the length of a message copied straight into `buf`.
+    pub fn deliver_into(&mut self, from: usize, buf: Option<&mut [u8]>) -> (bool, Option<usize>) {
         let Some(p) = self.wire[from].pop_front() else {
-            return false;
+            return (false, None);
         };
         let to = 1 - from;
         if let Some(op) = p.window {
@@ -650,7 +657,7 @@ impl Pair {
                     self.complete(from);
                 }
             }
-            return true;
+            return (true, None);
         }
         if let (Some((laddr, lkey, raddr, rkey)), false) = (p.read, self.sides[to].broken) {
             // The READ's response: the peer's memory must still be registered (and, through
@@ -685,7 +692,7 @@ impl Pair {
             if !self.delay_completions {
                 self.complete(from);
             }
-            return true;
+            return (true, None);
         }
         let bytes = match p.inline {
             Some(b) => b,
@@ -717,7 +724,7 @@ impl Pair {
             self.sides[from].sq.retain(|(w, _)| w.0 > p.wr.0);
             self.sides[from].conn.handle_send_completion(p.wr, Err(12));
             self.pump(from);
-            return true;
+            return (true, None);
         }
         let rx = &mut self.sides[to];
         let slot = rx
@@ -729,8 +736,17 @@ impl Pair {
             "LOCAL_LENGTH: frame larger than the receive slot"
         );
         rx.conn.memory_mut().recv_slot_mut(slot)[..bytes.len()].copy_from_slice(&bytes);
-        rx.conn
-            .handle_recv_completion(slot, bytes.len() as u32, Ok(()), self.now);
+        let taken = match buf {
+            Some(b) => {
+                rx.conn
+                    .handle_recv_completion_into(slot, bytes.len() as u32, Ok(()), self.now, b)
+            }
+            None => {
+                rx.conn
+                    .handle_recv_completion(slot, bytes.len() as u32, Ok(()), self.now);
+                None
+            }
+        };
         self.pump(to);
         if p.signaled {
             self.completions[from].push_back(p.wr);
@@ -738,7 +754,7 @@ impl Pair {
                 self.complete(from);
             }
         }
-        true
+        (true, taken)
     }
 
     /// Delivers the oldest send completion of side `i`.
