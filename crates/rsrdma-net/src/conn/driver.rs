@@ -210,6 +210,8 @@ pub(crate) struct Take<'a> {
     pub(crate) open: bool,
     /// The length of the message taken into the buffer, once one was.
     pub(crate) got: Option<usize>,
+    /// Whether the reader has looked at the connection's state once (its attempt ran).
+    pub(crate) looked: bool,
 }
 
 impl<'a> Take<'a> {
@@ -218,6 +220,7 @@ impl<'a> Take<'a> {
             buf,
             open: true,
             got: None,
+            looked: false,
         }
     }
 

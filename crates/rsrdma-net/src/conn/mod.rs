@@ -507,6 +507,7 @@ impl Conn {
             shared.stepped.store(true, Ordering::Relaxed);
         }
         let mut st = shared.lock();
+        let unchanged = st.gen == seen.get();
         let Some(d) = st.driver.as_mut() else {
             return Err(NetError::Closed { op });
         };
@@ -514,6 +515,15 @@ impl Conn {
             take.open = !d.owners().owned(Side::Recv);
         }
         let mut changed = poll.is_some_and(|now| d.progress_taking(now, take));
+        // A waiting reader's look again (`recv_unowned`, whose attempt only reads): this step
+        // reaped nothing, and nobody changed anything since its last look (the generation it
+        // saw then), so the read would find what it found then (nothing), and nothing new is
+        // queued. Skipping it keeps the busy wait's step short, and so how late it sees what
+        // arrives.
+        if take.offered() && take.looked && unchanged && !changed && take.got.is_none() {
+            return Ok(None);
+        }
+        take.looked = true;
         let r = attempt(d, take);
         // A receive loop's reposts may wait for its next send, which posts them after its
         // own doorbell (`Driver::reposts_may_wait`).
