@@ -159,6 +159,7 @@ impl Header {
         Ok(h)
     }
 
+    #[inline]
     fn check_shape(&self) -> Result<(), ProtoError> {
         let bad = |reason| Err(ProtoError::BadFrame { reason });
         if self.kind == FrameType::Rts {

@@ -17,7 +17,7 @@ pub(crate) struct RxSequence {
 }
 
 impl RxSequence {
-    #[inline]
+    #[inline(always)]
     pub(crate) fn on_data(
         &mut self,
         h: &Header,

@@ -97,6 +97,7 @@ impl Region {
     }
 
     /// Whether `offset..offset+len` lies inside the region.
+    #[inline]
     pub(crate) fn holds(&self, offset: usize, len: usize) -> bool {
         offset.checked_add(len).is_some_and(|end| end <= self.len)
     }
@@ -306,6 +307,7 @@ impl Slots {
         }
     }
 
+    #[inline]
     fn in_slot(&self, region: &Region, slot: u16, offset: usize, len: usize) -> Option<usize> {
         let at = usize::from(slot) * self.slot_size + offset;
         let fits = offset + len <= self.slot_size && region.holds(at, len);
@@ -351,17 +353,18 @@ impl SlotMemory for Slots {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn read_recv(&self, slot: u16, offset: usize, out: &mut [u8]) {
         match &self.recv {
             RecvSide::Own(recv) => {
                 if let Some(at) = self.in_slot(recv, slot, offset, out.len()) {
                     // SAFETY: inside the receive allocation (checked); the core reads only a
                     // slot whose receive completed and that is not reposted, so the NIC does
-                    // not write it now.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(recv.ptr.add(at), out.as_mut_ptr(), out.len())
-                    };
+                    // not write it while the slice lives; `out` is caller memory, which
+                    // cannot overlap our private allocation.
+                    let src = unsafe { std::slice::from_raw_parts(recv.ptr.add(at), out.len()) };
+                    // A small message's bytes without a call into `memcpy`.
+                    rsrdma_proto::memory::copy_small(out, src);
                 }
             }
             RecvSide::Pooled(share) => {

@@ -393,7 +393,7 @@ impl<M: SlotMemory> Conn<M> {
         self.recv_completion(slot, len, status, now, Some(buf))
     }
 
-    #[inline]
+    #[inline(always)]
     fn recv_completion(
         &mut self,
         slot: u16,
@@ -641,7 +641,7 @@ impl<M: SlotMemory> Conn<M> {
 
     /// One arrived frame: checks, credits, then its effect; a whole message that `into` takes
     /// at once ([`Conn::handle_recv_completion_into`]) returns its length.
-    #[inline]
+    #[inline(always)]
     fn on_frame(
         &mut self,
         slot: u16,
@@ -724,7 +724,7 @@ impl<M: SlotMemory> Conn<M> {
         Ok(None)
     }
 
-    #[inline]
+    #[inline(always)]
     fn repost(&mut self, slot: u16) {
         // A failed connection posts nothing more: its QP is in ERROR (or going there), and a
         // slot released late (a rendezvous message given up after the failure) stays idle.

@@ -439,7 +439,7 @@ impl<M: SlotMemory> Conn<M> {
     /// fits, it is copied into `buf` and its slot reposted, which leaves the state
     /// [`Conn::on_data`] followed by [`Conn::recv_msg_into`] would; `None` otherwise
     /// (nothing done).
-    #[inline]
+    #[inline(always)]
     pub(super) fn take_at_once(&mut self, slot: u16, h: &Header, buf: &mut [u8]) -> Option<usize> {
         let n = h.payload_len as usize;
         let next_read = self.rx.queue.is_empty()

@@ -326,7 +326,7 @@ impl<M: SlotMemory> Conn<M> {
     /// core holds (not one a caller lends), a control frame, or a CREDIT frame due. A driver
     /// steps on completions while this holds even when no caller waits on the connection:
     /// nothing else would send them.
-    #[inline]
+    #[inline(always)]
     pub fn sends_waiting(&self) -> bool {
         let data_waits = self.tx.active && !self.tx.borrowed;
         let control_waits = self.ctl.pong.is_some()
@@ -587,7 +587,7 @@ impl<M: SlotMemory> Conn<M> {
                 let at = self.sq.entry(wr_id) * self.lim.inline_size;
                 let staging = &mut self.inline[at..at + len];
                 staging[..HEADER_LEN].copy_from_slice(&header);
-                staging[HEADER_LEN..].copy_from_slice(payload);
+                crate::memory::copy_small(&mut staging[HEADER_LEN..], payload);
             }
         }
         self.txc.sent += 1;
