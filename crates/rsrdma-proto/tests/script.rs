@@ -66,14 +66,28 @@ impl Script {
         slot
     }
 
-    fn arrive_in(&mut self, slot: u16, mut h: Header, payload: &[u8]) {
+    fn arrive_in(&mut self, slot: u16, h: Header, payload: &[u8]) {
+        let len = self.land(slot, h, payload);
+        self.c.handle_recv_completion(slot, len, Ok(()), self.t0);
+    }
+
+    /// `arrive`, with the completion taken for a reader waiting with `buf`.
+    fn arrive_into(&mut self, h: Header, payload: &[u8], buf: &mut [u8]) -> Option<usize> {
+        let slot = self.next_slot;
+        self.next_slot += 1;
+        let len = self.land(slot, h, payload);
+        self.c
+            .handle_recv_completion_into(slot, len, Ok(()), self.t0, buf)
+    }
+
+    /// Writes the fake peer's frame (with its credit) into receive slot `slot`; its length.
+    fn land(&mut self, slot: u16, mut h: Header, payload: &[u8]) -> u32 {
         h.credit_limit = self.peer_grant;
         let len = HEADER_LEN + payload.len();
         let mem = self.c.memory_mut().recv_slot_mut(slot);
         mem[..HEADER_LEN].copy_from_slice(&h.encode());
         mem[HEADER_LEN..len].copy_from_slice(payload);
-        self.c
-            .handle_recv_completion(slot, len as u32, Ok(()), self.t0);
+        len as u32
     }
 
     /// Header and payload of a posted send.
@@ -175,48 +189,29 @@ fn a_small_message_goes_inline_and_is_read_in_place() {
     assert_eq!(s.c.recv_msg_into(&mut buf), Err(ProtoError::WouldBlock));
 }
 
-/// `arrive`, with the completion taken for a reader waiting with `buf`.
-fn arrive_into(s: &mut Script, h: Header, payload: &[u8], buf: &mut [u8]) -> Option<usize> {
-    let slot = s.next_slot;
-    s.next_slot += 1;
-    let mut h = h;
-    h.credit_limit = s.peer_grant;
-    let len = HEADER_LEN + payload.len();
-    let mem = s.c.memory_mut().recv_slot_mut(slot);
-    mem[..HEADER_LEN].copy_from_slice(&h.encode());
-    mem[HEADER_LEN..len].copy_from_slice(payload);
-    s.c.handle_recv_completion_into(slot, len as u32, Ok(()), s.t0, buf)
-}
-
 #[test]
 fn a_waiting_reader_takes_a_whole_message_from_its_completion_in_order_only() {
     let mut s = Script::new(cfg());
     let mut buf = [0u8; 16];
     // The next message, whole, fitting: straight into the buffer, its slot reposted.
-    assert_eq!(
-        arrive_into(&mut s, single(0, b"one"), b"one", &mut buf),
-        Some(3)
-    );
+    assert_eq!(s.arrive_into(single(0, b"one"), b"one", &mut buf), Some(3));
     assert_eq!(&buf[..3], b"one");
     assert_eq!(s.work(), [Work::PostRecv { slot: 0 }]);
     assert_eq!(s.c.recv_msg_into(&mut buf), Err(ProtoError::WouldBlock));
     assert_eq!(s.c.counters().messages_received, 1);
     // Too large for the buffer: queued as usual, and read whole later.
     let msg = [7u8; 40];
-    assert_eq!(arrive_into(&mut s, single(1, &msg), &msg, &mut buf), None);
+    assert_eq!(s.arrive_into(single(1, &msg), &msg, &mut buf), None);
     assert_eq!(s.work(), []);
     // Queued behind it: a message that would not be the next one read is not taken.
-    assert_eq!(
-        arrive_into(&mut s, single(2, b"two"), b"two", &mut buf),
-        None
-    );
+    assert_eq!(s.arrive_into(single(2, b"two"), b"two", &mut buf), None);
     let mut big = [0u8; 64];
     assert_eq!(s.c.recv_msg_into(&mut big), Ok(Some(40)));
     assert_eq!(s.c.recv_msg_into(&mut big), Ok(Some(3)));
     assert_eq!(&big[..3], b"two");
     // A first fragment is never taken (it is reassembled or read directly).
     let first = fragment(FLAG_FIRST, 3, 240, 300);
-    assert_eq!(arrive_into(&mut s, first, &[1u8; 240], &mut big), None);
+    assert_eq!(s.arrive_into(first, &[1u8; 240], &mut big), None);
     assert!(s.c.recv_incomplete());
 }
 

@@ -90,7 +90,7 @@ impl Conn {
             return Ok(false);
         }
         let sent = self.step_once(op, &Cell::new(0), None, &mut |d| {
-            if *d.owners().flag(Side::Send) || d.peer_gone() {
+            if d.owners().owned(Side::Send) || d.peer_gone() {
                 return Ok(None);
             }
             if d.send_inline_now(msg) {
@@ -129,7 +129,7 @@ impl Conn {
             if let Some(n) = take.got {
                 return Ok(Some(Some(Some(n))));
             }
-            if *d.owners().flag(Side::Recv) {
+            if d.owners().owned(Side::Recv) {
                 return Ok(Some(None));
             }
             match d.core().recv_msg_into(take.buf()) {

@@ -215,8 +215,14 @@ impl<M: SlotMemory> Conn<M> {
     /// down.
     #[inline]
     pub fn is_eof(&self) -> bool {
-        let drained = self.rx.queue.is_empty() && !self.rx.asm_active && self.rx.direct.is_none();
-        self.rx.read_shut || (self.seq.fin && drained)
+        self.rx.read_shut || (self.seq.fin && self.nothing_held())
+    }
+
+    /// Nothing received waits to be read: no frame queued, no message being reassembled or
+    /// read directly.
+    #[inline]
+    fn nothing_held(&self) -> bool {
+        self.rx.queue.is_empty() && !self.rx.asm_active && self.rx.direct.is_none()
     }
 
     /// A rendezvous message at the head: the driver must read it (`NeedsRead`), or wait
@@ -442,9 +448,7 @@ impl<M: SlotMemory> Conn<M> {
     #[inline(always)]
     pub(super) fn take_at_once(&mut self, slot: u16, h: &Header, buf: &mut [u8]) -> Option<usize> {
         let n = h.payload_len as usize;
-        let next_read = self.rx.queue.is_empty()
-            && !self.rx.asm_active
-            && self.rx.direct.is_none()
+        let next_read = self.nothing_held()
             && self.rx.read_off == 0
             && !self.rx.read_closed
             && !self.rx.read_shut;
