@@ -15,6 +15,7 @@
 
 #![deny(missing_docs)]
 
+mod deadline;
 mod domain;
 pub mod error;
 pub mod handshake;

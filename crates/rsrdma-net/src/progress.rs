@@ -139,6 +139,10 @@ impl Waitable for rsrdma::Cq {
 /// deadline. In the sleeping modes the CQ is armed and `progress` runs once more before each
 /// sleep, so a completion that arrived before the arm is not missed.
 ///
+/// Once `progress` returns true it is never called again, and the call returns true: an
+/// attempt may consume as its side effect (a message taken, its slot reposted), so a success
+/// must never be followed by another attempt whose failure would report a timeout.
+///
 /// The spinning loop reads no precise clock: busy polling without a deadline reads none at
 /// all, and a deadline is checked with the coarse clock (it may pass a few milliseconds
 /// late, never early). Only the spin phase of `Adaptive`, microseconds long, reads the
@@ -175,8 +179,9 @@ pub fn wait_until(
                 if progress()? {
                     return Ok(true);
                 }
-                if !cq.sleep(deadline)? && !progress()? {
-                    return Ok(false);
+                if !cq.sleep(deadline)? {
+                    // The deadline passed: one last look, whose answer is the call's.
+                    return progress();
                 }
             }
             // The adaptive spin is short and may share a core with a sibling thread: a
@@ -277,6 +282,37 @@ mod tests {
         .unwrap();
         assert!(done);
         assert_eq!((cq.arms.get(), cq.sleeps.get()), (1, 0));
+    }
+
+    /// F1: the look right after a sleep that ran into the deadline succeeds (a completion
+    /// landed at that moment). Its success is the call's: `progress` consumed something to
+    /// report it, and must not be called again (a second look would find nothing, and the
+    /// caller would get a timeout for a message it no longer has).
+    #[test]
+    fn a_success_at_the_deadline_is_returned_and_never_followed_by_another_attempt() {
+        let modes = [
+            PollMode::Event,
+            PollMode::default(),
+            PollMode::Adaptive {
+                spin: Duration::from_millis(2),
+            },
+        ];
+        for mode in modes {
+            let cq = FakeCq::default();
+            let deadline = Some(Instant::now() + Duration::from_millis(20));
+            let mut succeeded = false;
+            let done = wait_until(mode, &cq, deadline, || {
+                assert!(!succeeded, "{mode:?}: an attempt after a success");
+                succeeded = cq.sleeps.get() == 1;
+                Ok(succeeded)
+            })
+            .unwrap();
+            assert!(
+                done,
+                "{mode:?}: the success at the deadline was reported as a timeout"
+            );
+            assert_eq!(cq.sleeps.get(), 1, "{mode:?}");
+        }
     }
 
     #[test]

@@ -981,3 +981,57 @@ fn small_messages_go_the_short_way_beside_large_ones() {
         large_sender.join().unwrap();
     }
 }
+
+/// F2: with a reader that starts late and a short write timeout, every `send_msg` that
+/// returned `Ok` arrives whole and in order, and none that returned `Timeout` does. Before the
+/// fix, a message that waited behind the copied rest of the one before it (never started)
+/// was reported `Ok` at its timeout and silently dropped.
+#[test]
+fn every_message_send_msg_accepted_arrives_and_no_timed_out_one_does() {
+    // Default options, as a user has them: 256 KiB − 1 is just below the rendezvous threshold.
+    let (c, s) = pair(opts(Establish::Tcp), opts(Establish::Tcp));
+    const LEN: usize = 256 * 1024 - 1;
+    const N: u64 = 100;
+    let reader = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(1500));
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut got = Vec::new();
+        while let Some(m) = s.recv_msg().unwrap() {
+            assert_eq!(m.len(), LEN);
+            let seq = u64::from_le_bytes(m[..8].try_into().unwrap());
+            assert!(
+                m[8..].iter().all(|&b| b == seq as u8),
+                "message {seq} whole"
+            );
+            got.push(seq);
+        }
+        s.close().unwrap();
+        got
+    });
+    c.set_write_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
+    let (mut accepted, mut timeouts) = (Vec::new(), 0);
+    let mut msg = vec![0u8; LEN];
+    for seq in 0..N {
+        msg[..8].copy_from_slice(&seq.to_le_bytes());
+        msg[8..].fill(seq as u8);
+        match c.send_msg(&msg) {
+            Ok(()) => accepted.push(seq),
+            Err(NetError::Timeout { .. }) => timeouts += 1,
+            Err(e) => panic!("send_msg {seq}: {e}"),
+        }
+    }
+    c.set_write_timeout(None).unwrap();
+    c.close().unwrap();
+    let got = reader.join().unwrap();
+    eprintln!(
+        "{} accepted, {timeouts} timed out, {} arrived",
+        accepted.len(),
+        got.len()
+    );
+    assert!(timeouts > 0, "the late reader never timed the writer out");
+    assert_eq!(
+        got, accepted,
+        "arrived exactly what send_msg accepted, in order"
+    );
+}

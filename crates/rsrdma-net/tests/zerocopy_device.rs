@@ -546,3 +546,87 @@ fn zerocopy_close_while_a_large_send_msg_waits_for_its_done() {
     assert!(t0.elapsed() < Duration::from_secs(15), "the reader hung");
     s.close().ok();
 }
+
+/// F3: a `recv_buffer` whose read timeout hits while its RDMA READ is in flight neither
+/// loses the message nor wedges the connection: the call waits out the READ (bounded) and
+/// returns the message. Before the fix it returned `Timeout` with the core still reading, and
+/// every later read timed out (the buffer stayed busy).
+#[test]
+fn zerocopy_a_recv_buffer_that_times_out_mid_read_still_gets_the_message() {
+    let (c, s) = pair(zc(Establish::Cm), zc(Establish::Cm));
+    const LEN: usize = 8 << 20;
+    let want = pattern(LEN, 21);
+    let mut buf = s.alloc_buffer(LEN).unwrap();
+    thread::scope(|sc| {
+        let sender = sc.spawn(|| c.send_msg(&want));
+        // The RTS is there before the read starts: the whole read timeout goes to the READ,
+        // which takes far longer than 2 ms for 8 MiB under emulation.
+        thread::sleep(Duration::from_millis(500));
+        s.set_read_timeout(Some(Duration::from_millis(2))).unwrap();
+        let t0 = Instant::now();
+        let mut timeouts = 0;
+        let n = loop {
+            match s.recv_buffer(&mut buf) {
+                Ok(n) => break n.unwrap(),
+                Err(NetError::Timeout { .. }) => timeouts += 1,
+                Err(e) => panic!("recv_buffer: {e}"),
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "wedged after {timeouts} timeouts"
+            );
+        };
+        eprintln!(
+            "recv_buffer got {n} B after {timeouts} timeouts in {:?}",
+            t0.elapsed()
+        );
+        assert_eq!(n, LEN);
+        assert_eq!(hash(&buf.as_slice().unwrap()[..n]), hash(&want));
+        sender.join().unwrap().unwrap();
+    });
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    c.send_msg(b"after").unwrap();
+    assert_eq!(s.recv_msg().unwrap().unwrap(), b"after", "still usable");
+    c.close().unwrap();
+    s.close().unwrap();
+}
+
+/// Pages this process has pinned for the NIC (`VmPin`, in kB): every registration counts.
+fn pinned_kb() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmPin:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmPin in /proc/self/status")
+}
+
+/// F9: a `send_msg` of a large slice that a concurrent close ends returns only once nothing
+/// refers to the slice any more: its window and registration are gone (the pinned pages show
+/// it) before the call returns, not at the end of the teardown's flush.
+#[test]
+fn zerocopy_a_send_msg_ended_by_close_returns_with_its_slice_unregistered() {
+    let (c, s) = pair(
+        zc(Establish::Cm).linger(Duration::from_millis(300)),
+        zc(Establish::Cm),
+    );
+    const LEN: usize = 64 * T;
+    let data = pattern(LEN, 13);
+    thread::scope(|sc| {
+        let sender = sc.spawn(|| {
+            let before = pinned_kb();
+            let r = c.send_msg(&data);
+            (r, before, pinned_kb())
+        });
+        thread::sleep(Duration::from_millis(500));
+        let _ = c.close();
+        let (r, before, after) = sender.join().unwrap();
+        assert!(r.is_err(), "{r:?}");
+        eprintln!("pinned: {before} kB before the send, {after} kB when it returned");
+        assert!(
+            after < before + (LEN as u64 / 1024) / 2,
+            "the slice was still registered when send_msg returned ({before} -> {after} kB)"
+        );
+    });
+    s.close().ok();
+}

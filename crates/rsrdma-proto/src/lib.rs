@@ -87,6 +87,7 @@
 //!   and keys are plain numbers.
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod conn;
 mod credit;

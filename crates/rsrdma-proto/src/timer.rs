@@ -43,3 +43,28 @@ impl Timers {
         self.at[t as usize].is_some_and(|at| at <= now)
     }
 }
+
+/// `from + d`, clamped far into the future instead of overflowing: a keepalive interval or
+/// peer timeout of `Duration::MAX` means "never", not a panic inside a timer tick.
+pub(crate) fn later(from: Instant, d: std::time::Duration) -> Instant {
+    const FAR: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
+    from.checked_add(d.min(FAR))
+        .or_else(|| from.checked_add(FAR))
+        .unwrap_or(from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::later;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_huge_interval_clamps_instead_of_overflowing() {
+        let now = Instant::now();
+        assert!(later(now, Duration::MAX) > now + Duration::from_secs(3_000_000_000));
+        assert_eq!(
+            later(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
+    }
+}

@@ -900,6 +900,36 @@ fn an_unborrowed_send_is_finished_from_a_copy_or_withdrawn() {
     assert!(s.c.can_send());
 }
 
+/// F2: a message that waits behind the copied rest of an earlier one was never started, so
+/// giving it up must say that nothing of it will be sent (the driver reported `Ok` for it,
+/// and the message was lost).
+#[test]
+fn a_message_that_never_started_is_not_reported_kept() {
+    let mut s = Script::new(cfg());
+    let first = counting(2000);
+    assert_eq!(s.c.send_msg_borrowed(&first), Ok(false));
+    let w = s.work();
+    let (mut got, last) = s.data_of(&w);
+    assert!(s.c.send_unborrow(&first), "begun: kept");
+    // The same length on purpose: the core must not take it for the message it holds.
+    let second = vec![7u8; 2000];
+    assert_eq!(
+        s.c.send_msg_borrowed(&second),
+        Err(ProtoError::WouldBlock),
+        "behind the first message's rest"
+    );
+    assert!(
+        !s.c.send_unborrow(&second),
+        "never started: nothing of it is held or will be sent"
+    );
+    s.c.handle_send_completion(last.unwrap(), Ok(()));
+    s.grant(5);
+    let w = s.work();
+    got.extend(s.data_of(&w).0);
+    assert_eq!(got, first, "only the first message goes out");
+    assert_eq!(s.c.counters().messages_sent, 1);
+}
+
 #[test]
 fn a_direct_receive_takes_fragments_from_their_slots_and_can_give_them_back() {
     let msg = counting(600);

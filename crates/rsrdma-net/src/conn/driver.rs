@@ -417,10 +417,15 @@ impl Driver {
     /// Before the driver leaves the connection for its teardown (close): a caller's slice
     /// exposed through a window is registered here while its call waits for the DONE, and
     /// that call returns as soon as the driver is gone, before the teardown's flush. So the
-    /// QP goes to ERROR first, under the lock: the NIC then serves no READ of that memory.
+    /// QP goes to ERROR first, under the lock: the NIC then serves no READ of that memory;
+    /// then the slice's window is deallocated (which unbinds it) and its registration dropped,
+    /// still under the lock (F9): once its call returns, nothing of the driver's refers to the
+    /// caller's memory, however long the teardown's flush takes.
     pub(crate) fn cut_off_lent_slices(&mut self) {
         if self.rdv_sends.iter().any(|r| r.hold.is_none()) {
             self.abort_transfer();
+            // Fields drop in order: the window before the registration it is bound to.
+            self.rdv_sends.retain(|r| r.hold.is_some());
         }
     }
 

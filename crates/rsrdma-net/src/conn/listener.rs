@@ -163,7 +163,7 @@ impl Listener {
     /// [`NetError::Handshake`] for a peer that failed (the listener stays usable); the
     /// listener's own errors.
     pub fn accept(&self) -> Result<Conn> {
-        self.accept_until(None)
+        self.accept_until(None, Duration::ZERO)
     }
 
     /// As [`Listener::accept`], waiting at most `timeout` for a connection. Handshakes still
@@ -172,10 +172,11 @@ impl Listener {
     /// # Errors
     /// [`NetError::Timeout`] when no connection was ready in time; as [`Listener::accept`].
     pub fn accept_timeout(&self, timeout: Duration) -> Result<Conn> {
-        self.accept_until(Some(Instant::now() + timeout))
+        self.accept_until(Some(crate::deadline::deadline_after(timeout)), timeout)
     }
 
-    fn accept_until(&self, deadline: Option<Instant>) -> Result<Conn> {
+    /// `timeout` is what the caller asked for, for the error's text.
+    fn accept_until(&self, deadline: Option<Instant>, timeout: Duration) -> Result<Conn> {
         loop {
             // Clear before looking, so a handshake that finishes after the look wakes the poll.
             self.hs.done.clear();
@@ -203,7 +204,7 @@ impl Listener {
             if left.is_zero() {
                 return Err(NetError::Timeout {
                     op: "accept",
-                    millis: 0,
+                    millis: timeout.as_millis().try_into().unwrap_or(u64::MAX),
                 });
             }
             let listen = room.then_some(self.fd);

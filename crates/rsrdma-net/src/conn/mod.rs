@@ -318,7 +318,7 @@ impl Conn {
             .as_ref()
             .is_some_and(|d| d.core_ref().is_drained() || d.peer_gone());
         if let Some(d) = driver {
-            d.teardown(Instant::now() + FLUSH_LIMIT);
+            d.teardown(crate::deadline::deadline_after(FLUSH_LIMIT));
         }
         if let Some(e) = failed {
             return Err(NetError::ConnFailed(e));
@@ -453,7 +453,7 @@ impl Conn {
         if let Some(v) = step(&first_seen, true)? {
             return Ok(v);
         }
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = crate::deadline::deadline_within(timeout);
         let waiter = Waiter::new(shared);
         waiter.seen.set(first_seen.get());
         let mut out = None;
@@ -466,9 +466,12 @@ impl Conn {
                 None => false,
             })
         })?;
+        // A value is the caller's whatever `done` says: its attempt may have consumed
+        // something (a message, a side's ownership) to produce it.
+        let _ = done;
         match out {
-            Some(v) if done => Ok(v),
-            _ => Err(NetError::Timeout {
+            Some(v) => Ok(v),
+            None => Err(NetError::Timeout {
                 op,
                 millis: timeout.map_or(0, |t| t.as_millis() as u64),
             }),
@@ -875,7 +878,7 @@ impl Conn {
             .as_ref()
             .is_some_and(|d| d.core_ref().is_drained() || d.peer_gone());
         if let Some(d) = driver {
-            d.teardown(Instant::now() + FLUSH_LIMIT);
+            d.teardown(crate::deadline::deadline_after(FLUSH_LIMIT));
         }
         if let Some(e) = failed {
             return Err(NetError::ConnFailed(e));

@@ -402,9 +402,12 @@ impl Conn {
         };
         let timeout = self.shared.read_timeout.get();
         let mut r = self.block(op, timeout, &mut attempt);
-        if started.get() && r.is_err() && reg.borrow().is_some() {
+        // Every destination, a `Buffer`'s too (F3): a READ given up half-way leaves the core
+        // reading (every later read would wait for it for ever) and, for a slice or vector,
+        // the NIC writing memory about to be returned. Wait for it (bounded), else fail the
+        // connection, which ends the READ.
+        if started.get() && r.is_err() {
             if matches!(r, Err(NetError::Timeout { .. })) {
-                // The READ is writing our memory: never return under it.
                 r = self.block(op, Some(RDV_GRACE), &mut attempt);
             }
             if r.is_err() {

@@ -11,6 +11,7 @@ use super::codec::{DecodeError, Endpoint, Hello, Message, MessageKind, Proof, Re
 use super::frames::FrameReader;
 use super::readiness;
 use super::{auth, settle, Settled};
+use crate::deadline::deadline_after;
 use crate::error::{NetError, Result};
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Write};
@@ -499,13 +500,4 @@ fn is_reset(kind: ErrorKind) -> bool {
         kind,
         ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
     )
-}
-
-/// The instant `timeout` from now, clamped instead of overflowing (`Duration::MAX` means no
-/// practical limit).
-fn deadline_after(timeout: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(timeout)
-        .or_else(|| now.checked_add(Duration::from_secs(100 * 365 * 86_400)))
-        .unwrap_or(now)
 }

@@ -241,7 +241,7 @@ impl PacketConn {
             });
         }
         let timeout = self.write_timeout();
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = crate::deadline::deadline_within(timeout);
         lock(&self.send).take_failure()?;
         let mut done = 0;
         while done < msgs.len() {
@@ -270,7 +270,7 @@ impl PacketConn {
     /// # Errors
     /// [`NetError::Timeout`] after `timeout`; a failed send's completion error.
     pub fn flush(&self, timeout: Duration) -> Result<()> {
-        if !self.wait_send(Some(Instant::now() + timeout), |r| r.idle())? {
+        if !self.wait_send(Some(crate::deadline::deadline_after(timeout)), |r| r.idle())? {
             return Err(timed_out("flush", Some(timeout)));
         }
         lock(&self.send).take_failure()
@@ -314,7 +314,7 @@ impl PacketConn {
             return Ok(0);
         }
         let timeout = self.read_timeout();
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = crate::deadline::deadline_within(timeout);
         loop {
             let mut taken = [None::<Ready>; CHUNK];
             let n = self.take(bufs, &mut taken)?;

@@ -111,13 +111,14 @@ impl RegistryClient {
 
     /// Sends `req` and reads the reply; an Error reply becomes [`NetError::Registry`].
     fn call(&mut self, req: &Message) -> Result<Message> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = crate::deadline::deadline_after(self.timeout);
         self.fs.send(req, self.timeout)?;
         let left = deadline.saturating_duration_since(Instant::now());
-        match self
-            .fs
-            .recv("registry reply", Instant::now() + left, None)??
-        {
+        match self.fs.recv(
+            "registry reply",
+            crate::deadline::deadline_after(left),
+            None,
+        )?? {
             Message::Error { code, text } => Err(NetError::Registry {
                 code,
                 message: text,

@@ -259,7 +259,7 @@ fn serve_client(stream: TcpStream, shared: &Shared) -> Result<()> {
         Err(e) => return Err(e),
     }
     loop {
-        let deadline = Instant::now() + opts.idle_timeout;
+        let deadline = crate::deadline::deadline_after(opts.idle_timeout);
         let reply = match fs.recv("registry request", deadline, stop) {
             Ok(Ok(msg)) => answer(msg, shared),
             Ok(Err(e)) => error(e.code(), e.to_string()),
@@ -279,7 +279,7 @@ fn serve_client(stream: TcpStream, shared: &Shared) -> Result<()> {
 fn open(fs: &mut FrameStream, shared: &Shared) -> Result<bool> {
     let opts = &shared.opts;
     let stop = Some(&shared.stop);
-    let deadline = Instant::now() + opts.io_timeout;
+    let deadline = crate::deadline::deadline_after(opts.io_timeout);
     let client_nonce = match fs.recv("registry hello", deadline, stop)? {
         Ok(Message::Hello { nonce }) => nonce,
         Ok(other) => {
@@ -306,7 +306,7 @@ fn open(fs: &mut FrameStream, shared: &Shared) -> Result<bool> {
     let Some(secret) = &opts.secret else {
         return Ok(true);
     };
-    let deadline = Instant::now() + opts.io_timeout;
+    let deadline = crate::deadline::deadline_after(opts.io_timeout);
     let proven = match fs.recv("registry proof", deadline, stop)? {
         Ok(Message::Proof { tag }) => auth::verify(secret, Role::Client, &client_nonce, &own, &tag),
         _ => false,

@@ -36,7 +36,7 @@ impl Table {
         lease: Duration,
         now: Instant,
     ) -> Result<(), ErrorCode> {
-        let expires = now + lease;
+        let expires = crate::deadline::deadline_from(now, lease);
         if let Some(e) = self.entries.get_mut(name) {
             *e = Entry { addr, expires };
             return Ok(());

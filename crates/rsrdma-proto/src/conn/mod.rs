@@ -12,7 +12,7 @@ use crate::memory::SlotMemory;
 use crate::params::{Config, Settled, CONTROL_RESERVE};
 use crate::seq::RxSequence;
 use crate::sq::SendQueue;
-use crate::timer::{Timer, Timers};
+use crate::timer::{later, Timer, Timers};
 use crate::work::{Counters, Event, Work, WrId};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -465,7 +465,7 @@ impl<M: SlotMemory> Conn<M> {
             self.lim.keepalive,
         ) {
             self.ctl.ping = true;
-            self.timers.set(Timer::KeepAlive, Some(now + every));
+            self.timers.set(Timer::KeepAlive, Some(later(now, every)));
             self.flush();
         }
     }
@@ -626,9 +626,9 @@ impl<M: SlotMemory> Conn<M> {
     #[inline]
     fn arm_liveness_timers_from(&mut self, from: Instant) {
         if let Some(every) = self.lim.keepalive {
-            self.timers.set(Timer::KeepAlive, Some(from + every));
+            self.timers.set(Timer::KeepAlive, Some(later(from, every)));
             self.timers
-                .set(Timer::PeerDead, Some(from + self.lim.peer_timeout));
+                .set(Timer::PeerDead, Some(later(from, self.lim.peer_timeout)));
         }
     }
 

@@ -207,11 +207,13 @@ impl<M: SlotMemory> Conn<M> {
     /// Ends a borrowed send that is not finished (the caller gives up waiting): a message of
     /// which nothing went out is withdrawn (`false`: as if never sent); otherwise its rest is
     /// copied into the core and sent as resources allow (`true`: the message will be sent
-    /// whole). `data` is the slice given to `send_msg_borrowed`. A no-op (`true`) when no
-    /// borrowed send is in progress.
+    /// whole). `data` is the slice given to `send_msg_borrowed`. `false` when no borrowed
+    /// send of `data` is in progress: a message the core never started (its
+    /// `send_msg_borrowed` said `WouldBlock` behind another message) holds nothing of `data`,
+    /// and nothing of it will be sent.
     pub fn send_unborrow(&mut self, data: &[u8]) -> bool {
         if !(self.tx.active && self.tx.borrowed) || data.len() != self.tx.total {
-            return true;
+            return false;
         }
         self.tx.borrowed = false;
         if self.tx.offset == 0 {

@@ -23,7 +23,7 @@ const REJECT_PREFIX: &[u8] = b"RSCP reject: ";
 /// Connects to `addr`, all within `opts.connect_timeout`.
 pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> {
     refuse_shared_recv_on_dial(opts)?;
-    let deadline = Instant::now() + opts.connect_timeout;
+    let deadline = crate::deadline::deadline_after(opts.connect_timeout);
     let left = || {
         deadline
             .saturating_duration_since(Instant::now())
