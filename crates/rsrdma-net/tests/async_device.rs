@@ -767,3 +767,34 @@ fn packet_conn_send_to_and_recv_from() {
         assert_eq!(b.stats().received, 100);
     });
 }
+
+/// F12: dropping an `AsyncConn` without `close` blocks no runtime thread. With both ends on
+/// one current-thread runtime, a drop that lingered in place kept the peer from reading what
+/// it waited to deliver: the linger ran out and the queued rest of the message was lost.
+#[test]
+fn dropping_an_unclosed_conn_blocks_no_runtime_thread_and_loses_nothing() {
+    run(async {
+        let (c, s) = pair(opts(Establish::Cm), opts(Establish::Cm)).await;
+        // Far more than the receiver's slots hold: the rest waits in the core at the drop.
+        let m = pattern(6 << 20, 8);
+        s.send_msg(&m).await.unwrap();
+        assert!(s.counters().unwrap().queued_send_bytes > 0);
+        let t0 = Instant::now();
+        drop(s);
+        let dropped_in = t0.elapsed();
+        let got = timeout(Duration::from_secs(30), c.recv_msg())
+            .await
+            .expect("the message never came")
+            .unwrap();
+        assert!(got.unwrap() == m, "the message differs");
+        let end = timeout(Duration::from_secs(30), c.recv_msg())
+            .await
+            .expect("no end of stream");
+        assert!(matches!(end, Ok(None)), "{end:?}");
+        assert!(
+            dropped_in < Duration::from_millis(500),
+            "the drop blocked the runtime's thread for {dropped_in:?}"
+        );
+        c.close().await.unwrap();
+    });
+}

@@ -1035,3 +1035,42 @@ fn every_message_send_msg_accepted_arrives_and_no_timed_out_one_does() {
         "arrived exactly what send_msg accepted, in order"
     );
 }
+
+/// F14: `Duration::MAX` means "no limit" for every duration a user gives (connect timeout,
+/// accept timeout, read and write timeouts, linger with data queued), on both paths: it
+/// never panics (it did in `Instant + Duration`, also inside `Drop`). And a timed-out accept
+/// names the time it waited.
+#[test]
+fn huge_durations_mean_no_limit_and_never_panic() {
+    for path in [Establish::Cm, Establish::Tcp] {
+        let l = listen(opts(path));
+        let e = l.accept_timeout(Duration::from_millis(50)).unwrap_err();
+        assert!(e.to_string().contains("50 ms"), "{e}");
+        let addr = l.local_addr();
+        let t = thread::spawn(move || l.accept_timeout(Duration::MAX).unwrap());
+        let o = opts(path)
+            .connect_timeout(Duration::MAX)
+            .linger(Duration::MAX);
+        let c = Conn::dial(addr, o).unwrap();
+        let s = t.join().unwrap();
+        for x in [&c, &s] {
+            x.set_read_timeout(Some(Duration::MAX)).unwrap();
+            x.set_write_timeout(Some(Duration::MAX)).unwrap();
+        }
+        let reader = thread::spawn(move || {
+            let mut n = 0;
+            while let Some(m) = s.recv_msg().unwrap() {
+                n += m.len();
+            }
+            s.send_msg(b"bye").unwrap();
+            s.close().unwrap();
+            n
+        });
+        // More than the peer's slots hold: data is still queued when close starts lingering.
+        c.send_msg(&vec![5u8; 3 << 20]).unwrap();
+        c.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(c.recv_msg().unwrap().unwrap(), b"bye");
+        c.close().unwrap();
+        assert_eq!(reader.join().unwrap(), 3 << 20, "{path:?}");
+    }
+}

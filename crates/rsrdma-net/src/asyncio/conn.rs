@@ -129,22 +129,22 @@ impl AsyncConn {
 
     /// The local address.
     pub fn local_addr(&self) -> SocketAddr {
-        self.d.conn.local_addr()
+        self.d.conn().local_addr()
     }
 
     /// The peer's address.
     pub fn peer_addr(&self) -> SocketAddr {
-        self.d.conn.peer_addr()
+        self.d.conn().peer_addr()
     }
 
     /// Device, port, GIDs, QP numbers, MTU and the negotiated parameters.
     pub fn info(&self) -> &ConnInfo {
-        self.d.conn.info()
+        self.d.conn().info()
     }
 
     /// The protocol core's counters; `None` after close.
     pub fn counters(&self) -> Option<rsrdma_proto::Counters> {
-        self.d.conn.counters()
+        self.d.conn().counters()
     }
 
     /// Fault injection for tests: moves the queue pair to ERROR.
@@ -153,7 +153,7 @@ impl AsyncConn {
     /// As [`Conn::inject_qp_error`](crate::Conn::inject_qp_error).
     #[doc(hidden)]
     pub fn inject_qp_error(&self) -> Result<()> {
-        self.d.conn.inject_qp_error()
+        self.d.conn().inject_qp_error()
     }
 }
 
@@ -170,6 +170,6 @@ pub(super) async fn recv_msg_into(d: &Driven, buf: &mut [u8]) -> Result<Option<u
 }
 
 pub(super) async fn shutdown_write(d: &Driven) -> Result<()> {
-    d.conn.shutdown(Shutdown::Write)?;
+    d.conn().shutdown(Shutdown::Write)?;
     poll_fn(|cx| d.poll_op(cx, |c, live| c.step_flushed(live))).await
 }

@@ -41,7 +41,8 @@ struct KeeperSlot {
 /// watches deregister before the connection closes their descriptors.
 #[derive(Debug)]
 pub(crate) struct Driven {
-    cq: Watch,
+    /// `None` only inside the drop, which deregisters it before the connection goes.
+    cq: Option<Watch>,
     live: Mutex<Option<Watch>>,
     /// The CQ is armed and no event was taken since.
     armed: AtomicBool,
@@ -53,7 +54,8 @@ pub(crate) struct Driven {
     fanout: Waker,
     keeper: Mutex<KeeperSlot>,
     busy: bool,
-    pub(crate) conn: Conn,
+    /// `None` only inside the drop, which hands it to the blocking pool (see there).
+    conn: Option<Conn>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -85,7 +87,7 @@ impl Driven {
             .map_err(reg)?;
         let waiters = Arc::new(WakerSet::default());
         let d = Arc::new(Driven {
-            cq,
+            cq: Some(cq),
             live: Mutex::new(live),
             armed: AtomicBool::new(false),
             live_ready: AtomicBool::new(false),
@@ -94,10 +96,17 @@ impl Driven {
             waiters,
             keeper: Mutex::new(KeeperSlot::default()),
             busy: mode == PollMode::Busy,
-            conn,
+            conn: Some(conn),
         });
         tokio::spawn(keep(Arc::downgrade(&d)));
         Ok(d)
+    }
+
+    /// The connection (present for the whole life of `self`: only the drop takes it).
+    pub(crate) fn conn(&self) -> &Conn {
+        self.conn
+            .as_ref()
+            .expect("the connection is taken only by Driven's drop")
     }
 
     /// Runs `op` (one step of the connection) until it gives a value; see the module docs.
@@ -108,7 +117,7 @@ impl Driven {
     ) -> Poll<Result<T>> {
         loop {
             let live = self.live_ready.swap(false, Ordering::AcqRel);
-            let step = match op(&self.conn, live) {
+            let step = match op(self.conn(), live) {
                 Ok(s) => s,
                 Err(e) => {
                     // A failure or a close concerns every waiter.
@@ -140,15 +149,17 @@ impl Driven {
     /// Takes a channel event if there is one, and arms the CQ when it is not armed (the
     /// first wait, or an event was just taken); true when the caller should step again.
     fn poll_fds(&self, live: bool) -> Result<bool> {
-        let ready = self
-            .cq
+        let Some(cq) = self.cq.as_ref() else {
+            return Ok(false);
+        };
+        let ready = cq
             .take_ready(&self.fanout)
             .map_err(|e| NetError::io("poll the completion channel", e))?;
-        if ready && self.conn.take_cq_events()? {
+        if ready && self.conn().take_cq_events()? {
             self.armed.store(false, Ordering::Release);
         }
         if !self.armed.swap(true, Ordering::AcqRel) {
-            if let Err(e) = self.conn.arm_cq() {
+            if let Err(e) = self.conn().arm_cq() {
                 self.armed.store(false, Ordering::Release);
                 return Err(e);
             }
@@ -199,7 +210,7 @@ impl Driven {
     fn poll_keep(&self, cx: &mut Context<'_>, mut sleep: Pin<&mut Sleep>) -> Poll<()> {
         loop {
             let live = self.live_ready.swap(false, Ordering::AcqRel);
-            let step = match self.conn.step_idle(live) {
+            let step = match self.conn().step_idle(live) {
                 Ok(s) => s,
                 Err(_) => {
                     // Failed or closed: tell every waiter, and stop.
@@ -239,8 +250,8 @@ impl Driven {
     /// Closes: FIN after everything queued, up to the linger time for its delivery (driven
     /// from this task), then the teardown. Cancel-safe: a close dropped half-way is finished
     /// by the next `close` or by the drop of the connection.
-    pub(crate) async fn close(&self) -> Result<()> {
-        let failed = match self.conn.begin_close() {
+    pub(crate) async fn close(self: &Arc<Self>) -> Result<()> {
+        let failed = match self.conn().begin_close() {
             CloseStart::Already if !self.close_pending.load(Ordering::Acquire) => return Ok(()),
             CloseStart::Already | CloseStart::Started => None,
             CloseStart::Failed(e) => Some(e),
@@ -250,14 +261,20 @@ impl Driven {
         let delivered = match failed {
             Some(_) => false,
             None => {
-                let linger = self.conn.linger().max(Duration::from_millis(1));
+                let linger = self.conn().linger().max(Duration::from_millis(1));
                 let done =
                     std::future::poll_fn(|cx| self.poll_op(cx, |c, live| c.step_close_done(live)));
                 matches!(tokio::time::timeout(linger, done).await, Ok(Ok(())))
             }
         };
-        // Another close that ran at the same time may have torn down first.
-        self.finish_close(failed, delivered).unwrap_or(Ok(()))
+        // The teardown reaps the QP's flush (bounded, but a wait): on the blocking pool, so
+        // that no runtime thread blocks (F12). Another close that ran at the same time may
+        // have torn down first.
+        let me = self.clone();
+        match tokio::task::spawn_blocking(move || me.finish_close(failed, delivered)).await {
+            Ok(r) => r.unwrap_or(Ok(())),
+            Err(e) => Err(NetError::io("close on the blocking pool", e.into())),
+        }
     }
 
     /// Tears down once (deregistering the liveness fd first); `None` if another did.
@@ -266,7 +283,7 @@ impl Driven {
             return None;
         }
         drop(lock(&self.live).take());
-        let r = self.conn.finish_close(failed, delivered);
+        let r = self.conn().finish_close(failed, delivered);
         self.waiters.wake_all();
         Some(r)
     }
@@ -274,16 +291,34 @@ impl Driven {
 
 impl Drop for Driven {
     fn drop(&mut self) {
-        // A close that was cancelled half-way: finish it (bounded by the flush limit).
-        if let Some(Err(e)) = self.finish_close(None, false) {
-            tracing::debug!(error = %e, "rsrdma-net async conn: close finished on drop");
-        }
         // Let the keeper see that the connection is gone.
         if let Some(w) = lock(&self.keeper).waker.take() {
             w.wake();
         }
-        // The fields drop next, the watches first; the connection's own drop then closes
-        // (FIN, linger, teardown) if nobody did, polling the CQ itself.
+        // The watches deregister before the connection closes their descriptors.
+        drop(lock(&self.live).take());
+        drop(self.cq.take());
+        let pending = self.close_pending.swap(false, Ordering::AcqRel);
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        // What is left blocks: a close cancelled half-way is finished (its teardown reaps the
+        // flush), and a connection never closed closes in its own drop (FIN, linger, teardown,
+        // polling the CQ itself). On the blocking pool, never on a runtime thread (F12): with
+        // both ends on one current-thread runtime, a linger there would keep the peer from
+        // ever reading what it waits to deliver. Outside a runtime, here.
+        let finish = move || {
+            if pending {
+                if let Err(e) = conn.finish_close(None, false) {
+                    tracing::debug!(error = %e, "rsrdma-net async conn: close finished on drop");
+                }
+            }
+            drop(conn);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(finish)),
+            Err(_) => finish(),
+        }
     }
 }
 

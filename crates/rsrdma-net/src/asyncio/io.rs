@@ -47,7 +47,7 @@ pub(super) fn poll_write(d: &Driven, cx: &mut Context<'_>, buf: &[u8]) -> Poll<i
     if buf.is_empty() {
         return Poll::Ready(Ok(0));
     }
-    let n = buf.len().min(d.conn.info().settled.max_message as usize);
+    let n = buf.len().min(d.conn().info().settled.max_message as usize);
     d.poll_op(cx, |c, live| c.step_send_msg(&buf[..n], live))
         .map_ok(|()| n)
         .map_err(io_err)
@@ -60,7 +60,7 @@ pub(super) fn poll_flush(d: &Driven, cx: &mut Context<'_>) -> Poll<io::Result<()
 
 pub(super) fn poll_shutdown(d: &Driven, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
     // Idempotent: the FIN is queued once, later polls only wait for the flush.
-    if let Err(e) = d.conn.shutdown(Shutdown::Write) {
+    if let Err(e) = d.conn().shutdown(Shutdown::Write) {
         return Poll::Ready(Err(io_err(e)));
     }
     poll_flush(d, cx)

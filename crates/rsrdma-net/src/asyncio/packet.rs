@@ -49,7 +49,22 @@ pub struct AsyncPacketConn {
     // Field order is drop order: the watches deregister before the endpoint closes the fds.
     send: Option<Side>,
     recv: Option<Side>,
-    inner: PacketConn,
+    /// `None` only inside the drop, which hands it to the blocking pool.
+    inner: Option<PacketConn>,
+}
+
+impl Drop for AsyncPacketConn {
+    fn drop(&mut self) {
+        // The watches deregister before the endpoint closes the channels' fds.
+        self.send = None;
+        self.recv = None;
+        // The endpoint's drop lets its last datagrams leave (a bounded wait): on the blocking
+        // pool, never on a runtime thread (F12); outside a runtime, here.
+        if let (Some(inner), Ok(rt)) = (self.inner.take(), tokio::runtime::Handle::try_current())
+        {
+            drop(rt.spawn_blocking(move || drop(inner)));
+        }
+    }
 }
 
 impl AsyncPacketConn {
@@ -64,7 +79,7 @@ impl AsyncPacketConn {
         Ok(AsyncPacketConn {
             send: Side::new(send_cq)?,
             recv: Side::new(recv_cq)?,
-            inner,
+            inner: Some(inner),
         })
     }
 
@@ -76,10 +91,10 @@ impl AsyncPacketConn {
     /// # Errors
     /// As [`PacketConn::send_to`], less the timeout (use [`tokio::time::timeout`]).
     pub async fn send_to(&self, buf: &[u8], to: &Addr) -> Result<usize> {
-        let cq = self.inner.cqs().0;
+        let cq = self.inner().cqs().0;
         poll_fn(|cx| {
             self.poll_side(cx, self.send.as_ref(), cq, || {
-                self.inner.try_send_to(buf, to)
+                self.inner().try_send_to(buf, to)
             })
         })
         .await
@@ -93,30 +108,36 @@ impl AsyncPacketConn {
     /// # Errors
     /// As [`PacketConn::recv_from`], less the timeout.
     pub async fn recv_from(&self, buf: &mut [u8]) -> Result<(usize, Addr)> {
-        let cq = self.inner.cqs().1;
-        poll_fn(|cx| self.poll_side(cx, self.recv.as_ref(), cq, || self.inner.try_recv_from(buf)))
+        let cq = self.inner().cqs().1;
+        poll_fn(|cx| self.poll_side(cx, self.recv.as_ref(), cq, || self.inner().try_recv_from(buf)))
             .await
     }
 
     /// This endpoint's address.
     pub fn local_addr(&self) -> Addr {
-        self.inner.local_addr()
+        self.inner().local_addr()
     }
 
     /// The largest datagram this endpoint sends and receives.
     pub fn max_datagram(&self) -> usize {
-        self.inner.max_datagram()
+        self.inner().max_datagram()
     }
 
     /// The counters.
     pub fn stats(&self) -> PacketStats {
-        self.inner.stats()
+        self.inner().stats()
     }
 
     /// The blocking endpoint underneath (for its other calls; its blocking waits block the
     /// runtime's thread).
     pub fn get_ref(&self) -> &PacketConn {
-        &self.inner
+        self.inner()
+    }
+
+    fn inner(&self) -> &PacketConn {
+        self.inner
+            .as_ref()
+            .expect("the endpoint is taken only by AsyncPacketConn's drop")
     }
 
     /// Tries `attempt`; when it would block, arms `cq`, tries again, then waits on the
@@ -134,7 +155,7 @@ impl AsyncPacketConn {
                 Ok(None) => {}
                 Err(e) => return Poll::Ready(Err(e)),
             }
-            let Some(side) = side.filter(|_| self.inner.poll_mode() != PollMode::Busy) else {
+            let Some(side) = side.filter(|_| self.inner().poll_mode() != PollMode::Busy) else {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             };

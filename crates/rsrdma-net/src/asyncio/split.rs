@@ -101,7 +101,7 @@ impl Drop for OwnedWriteHalf {
     fn drop(&mut self) {
         if self.shutdown_on_drop {
             // Queues the FIN without waiting; an error (closed, failed) leaves nothing to do.
-            let _ = self.d.conn.shutdown(Shutdown::Write);
+            let _ = self.d.conn().shutdown(Shutdown::Write);
         }
     }
 }
