@@ -371,3 +371,86 @@ fn shared_recv_256_connections_within_64_mib() {
     }
     assert_eq!(l.recv_memory().connections, 0);
 }
+
+/// F6: every pool slot comes back. Servers close while their peers stream into the pool, so
+/// SENDs land after the server's last step and their completions wait in its CQ at the
+/// teardown; before the fix they died with the CQ, and the pool lost one slot each. Then the
+/// pool must still hold a whole pool's worth of unread messages: 16 new connections send 4
+/// one-frame messages each (64, the pool's size) that nobody reads, and all 64 land (a pool
+/// short of slots leaves the rest in RNR retries).
+#[test]
+fn shared_recv_every_pool_slot_comes_back_after_closes_mid_stream() {
+    const POOL: u32 = 64;
+    let path = Establish::Cm;
+    let server = small(path).shared_recv(SharedRecv::new(POOL));
+    let (l, pairs) = connect_n(server, small(path).linger(Duration::from_millis(200)), 6);
+    thread::scope(|sc| {
+        for (c, s) in &pairs {
+            sc.spawn(move || {
+                // Until the server's close fails a send (peer gone, timeout): bounded.
+                c.set_write_timeout(Some(Duration::from_millis(500)))
+                    .unwrap();
+                for k in 0..2000u32 {
+                    let m = pattern(100 + (k as usize * 37) % 3000, u64::from(k));
+                    if c.send_msg(&m).is_err() {
+                        break;
+                    }
+                }
+            });
+            sc.spawn(move || {
+                thread::sleep(Duration::from_millis(300));
+                s.close().unwrap();
+            });
+        }
+    });
+    for (c, s) in pairs {
+        let _ = c.close();
+        drop((c, s));
+    }
+    assert_eq!(l.recv_memory().connections, 0);
+    let l = Arc::new(l);
+    let acceptor = {
+        let l = l.clone();
+        thread::spawn(move || {
+            (0..16)
+                .map(|_| l.accept_timeout(WAIT).unwrap())
+                .collect::<Vec<_>>()
+        })
+    };
+    let clients: Vec<Conn> = (0..16)
+        .map(|_| Conn::dial(l.local_addr(), small(path)).unwrap())
+        .collect();
+    let servers = acceptor.join().unwrap();
+    for c in &clients {
+        for k in 0..4u8 {
+            c.send_msg(&[k; 64]).unwrap();
+        }
+    }
+    let t0 = std::time::Instant::now();
+    let held = || -> u64 {
+        servers
+            .iter()
+            .map(|s| s.counters().unwrap().held_slots)
+            .sum()
+    };
+    while held() < u64::from(POOL) && t0.elapsed() < Duration::from_secs(5) {
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        held(),
+        u64::from(POOL),
+        "unread messages held: pool slots were lost at the teardowns"
+    );
+    for s in &servers {
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        for k in 0..4u8 {
+            assert_eq!(s.recv_msg().unwrap().unwrap(), [k; 64]);
+        }
+    }
+    for c in clients {
+        c.close().unwrap();
+    }
+    for s in servers {
+        s.close().unwrap();
+    }
+}

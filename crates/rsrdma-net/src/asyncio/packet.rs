@@ -60,8 +60,7 @@ impl Drop for AsyncPacketConn {
         self.recv = None;
         // The endpoint's drop lets its last datagrams leave (a bounded wait): on the blocking
         // pool, never on a runtime thread (F12); outside a runtime, here.
-        if let (Some(inner), Ok(rt)) = (self.inner.take(), tokio::runtime::Handle::try_current())
-        {
+        if let (Some(inner), Ok(rt)) = (self.inner.take(), tokio::runtime::Handle::try_current()) {
             drop(rt.spawn_blocking(move || drop(inner)));
         }
     }
@@ -109,8 +108,12 @@ impl AsyncPacketConn {
     /// As [`PacketConn::recv_from`], less the timeout.
     pub async fn recv_from(&self, buf: &mut [u8]) -> Result<(usize, Addr)> {
         let cq = self.inner().cqs().1;
-        poll_fn(|cx| self.poll_side(cx, self.recv.as_ref(), cq, || self.inner().try_recv_from(buf)))
-            .await
+        poll_fn(|cx| {
+            self.poll_side(cx, self.recv.as_ref(), cq, || {
+                self.inner().try_recv_from(buf)
+            })
+        })
+        .await
     }
 
     /// This endpoint's address.

@@ -64,6 +64,8 @@ use std::time::{Duration, Instant};
 const END_GRACE: Duration = Duration::from_millis(200);
 /// Completions per poll call.
 const POLL_BATCH: usize = 32;
+/// How long a pooled connection's teardown waits for its CQ to stay empty after the flush.
+const POOL_QUIET: Duration = Duration::from_millis(10);
 /// Work requests per batch post (receives and sends each).
 const POST_BATCH: usize = 32;
 
@@ -1095,6 +1097,39 @@ impl Driver {
         }
     }
 
+    /// With a shared receive pool (F6): the receives this QP took from the SRQ are not
+    /// counted in [`Driver::outstanding`] (they were never posted on the QP), and a completion
+    /// left in the CQ when it is destroyed takes its pool slot with it: every peer SEND that
+    /// landed after the last step (a close while the peer streams), and the receive a flush
+    /// ends mid-message. So the CQ is drained until it stays empty for [`POOL_QUIET`] (the
+    /// flush of the QP's SRQ receive comes after the move to ERROR, from the device), each
+    /// pool slot going back to the pool. Reading the device's LAST_WQE_REACHED event would
+    /// say exactly when the last one came; nothing reads asynchronous events yet.
+    fn drain_pool_completions(&mut self, deadline: Instant) {
+        let mut wcs = [Wc::default(); POLL_BATCH];
+        let mut quiet_since = Instant::now();
+        loop {
+            match self.cq.poll(&mut wcs) {
+                Ok(0) => {
+                    let now = Instant::now();
+                    if now >= deadline || now.duration_since(quiet_since) >= POOL_QUIET {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Ok(n) => {
+                    for wc in &wcs[..n] {
+                        if wc.wr_id() & RECV_TAG != 0 {
+                            self.core.memory_mut().reaped_recv(wc.wr_id());
+                        }
+                    }
+                    quiet_since = Instant::now();
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
     /// Stops the QP, reaps its flushed requests, and releases everything; leaks the memory
     /// if the flush cannot be confirmed by `deadline`.
     pub(crate) fn teardown(mut self, deadline: Instant) {
@@ -1144,6 +1179,9 @@ impl Driver {
             std::mem::forget(rdv_sends);
             std::mem::forget(read_hold);
             return;
+        }
+        if self.core.memory_mut().pooled() {
+            self.drain_pool_completions(deadline);
         }
         self.core.handle_fatal(Fatal::Disconnected);
         self.core.handle_flushed();
