@@ -43,10 +43,9 @@ fn server(addr: &str, a: &Args) -> Outcome {
     let mut got = Vec::with_capacity(COUNT);
     let mut calls = 0;
     while got.len() < COUNT {
-        let batch = conn.recv_batch(COUNT - got.len())?;
-        if batch.is_empty() {
+        let Some(batch) = conn.recv_batch(COUNT - got.len())? else {
             return Err(format!("the client closed after {} messages", got.len()).into());
-        }
+        };
         calls += 1;
         got.extend(batch);
     }

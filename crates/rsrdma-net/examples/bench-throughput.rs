@@ -61,10 +61,9 @@ fn server(addr: &str, a: &Args) -> Outcome {
     for pass in 1..=2 {
         let (mut got, mut bytes) = (0u64, 0u64);
         while got < count {
-            let batch = conn.recv_batch(256)?;
-            if batch.is_empty() {
+            let Some(batch) = conn.recv_batch(256)? else {
                 return Err(format!("the client closed after {got} messages").into());
-            }
+            };
             got += batch.len() as u64;
             bytes += batch.iter().map(|m| m.len() as u64).sum::<u64>();
         }

@@ -53,6 +53,18 @@ pub enum NetError {
     #[error("the peer aborted: {0}")]
     PeerAborted(String),
 
+    /// Nothing listens at `addr` on this establishment path; the hint names the other path,
+    /// where a listener may be (the two paths do not see each other's dialers).
+    #[error("nobody is listening at {addr} over {path}: {hint}")]
+    NotListening {
+        /// The address dialed.
+        addr: std::net::SocketAddr,
+        /// The establishment path tried.
+        path: &'static str,
+        /// What to check.
+        hint: &'static str,
+    },
+
     /// The peer closed the connection.
     #[error("the peer closed the connection during {0}")]
     PeerClosed(&'static str),
@@ -202,6 +214,7 @@ impl NetError {
                 _ => K::Other,
             },
             NetError::Closed { .. } => K::NotConnected,
+            NetError::NotListening { .. } => K::ConnectionRefused,
             NetError::PeerGone { .. } => K::BrokenPipe,
             NetError::PeerClosed(_) => K::UnexpectedEof,
             NetError::ConnFailed(rsrdma_proto::ProtoError::PeerAborted { .. }) => {

@@ -42,6 +42,12 @@ pub mod conn;
 pub use conn::{
     Buffer, BufferPool, Conn, ConnInfo, ConnOptions, Establish, Listener, RecvMemory, SharedRecv,
 };
+/// Types of the crates below that this crate's public signatures name, so that a user can
+/// name them without depending on those crates: the protocol core's counters, negotiated
+/// parameters and errors ([`ConnInfo::settled`], [`Conn::counters`], [`NetError::ConnFailed`]),
+/// and the verbs types the options and RawConn take.
+pub use rsrdma::{AccessFlags, Mtu, Pd, QpType, RemoteMemory};
+pub use rsrdma_proto::{Counters, ProtoError, Settled};
 
 // The async layer on tokio (feature `tokio`): AsyncConn, AsyncListener, AsyncPacketConn.
 #[cfg(feature = "tokio")]

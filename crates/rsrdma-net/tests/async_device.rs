@@ -392,7 +392,7 @@ fn split_halves_run_full_duplex_and_reunite() {
         let cw = sending.await.unwrap();
         let c = cr.reunite(cw).unwrap();
         c.shutdown_write().await.unwrap();
-        let _sr = reader.await.unwrap();
+        let sr = reader.await.unwrap();
         writer.await.unwrap();
         assert_eq!(
             c.recv_msg().await.unwrap(),
@@ -400,6 +400,9 @@ fn split_halves_run_full_duplex_and_reunite() {
             "the write half's drop sent FIN"
         );
         c.close().await.unwrap();
+        // A half closes the whole connection, without reuniting.
+        sr.close().await.unwrap();
+        assert!(sr.recv_msg().await.is_err(), "closed");
     });
 }
 

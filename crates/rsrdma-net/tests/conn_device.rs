@@ -185,7 +185,7 @@ fn short_buffer_keeps_the_message_and_the_cap_is_enforced() {
     c.send_batch(&[b"one", b"", b"three"]).unwrap();
     let mut got = Vec::new();
     while got.len() < 3 {
-        got.extend(s.recv_batch(8).unwrap());
+        got.extend(s.recv_batch(8).unwrap().expect("not the end"));
     }
     assert_eq!(got, vec![b"one".to_vec(), Vec::new(), b"three".to_vec()]);
 }
@@ -359,7 +359,7 @@ fn raw_cm_connect(addr: SocketAddr, data: &[u8]) -> String {
 
 fn rejected_data(e: &rsrdma::Error) -> Vec<u8> {
     match e {
-        rsrdma::Error::CmEvent { private_data, .. } => private_data.clone(),
+        rsrdma::Error::CmEvent { private_data, .. } => private_data.to_vec(),
         _ => Vec::new(),
     }
 }
@@ -1073,4 +1073,20 @@ fn huge_durations_mean_no_limit_and_never_panic() {
         c.close().unwrap();
         assert_eq!(reader.join().unwrap(), 3 << 20, "{path:?}");
     }
+}
+
+/// Dialing a listener on the other establishment path says so, and names the path the
+/// listener may be on (before: "REJECTED (status 8 …)" and "Connection refused").
+#[test]
+fn dialing_on_the_other_path_names_the_path_the_listener_may_be_on() {
+    let ip = support::ip();
+    let cm = Listener::bind(format!("{ip}:0"), opts(Establish::Cm)).unwrap();
+    let e = Conn::dial(cm.local_addr(), opts(Establish::Tcp)).unwrap_err();
+    assert!(matches!(e, NetError::NotListening { .. }), "{e:?}");
+    assert!(e.to_string().contains("dial it with Establish::Cm"), "{e}");
+    let tcp = Listener::bind(format!("{ip}:0"), opts(Establish::Tcp)).unwrap();
+    let e = Conn::dial(tcp.local_addr(), opts(Establish::Cm)).unwrap_err();
+    assert!(matches!(e, NetError::NotListening { .. }), "{e:?}");
+    assert!(e.to_string().contains("dial it with Establish::Tcp"), "{e}");
+    assert_eq!(e.io_kind(), std::io::ErrorKind::ConnectionRefused);
 }

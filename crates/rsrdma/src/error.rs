@@ -14,6 +14,35 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub const NO_RDMA_HINT: &str =
     "no RDMA stack on this machine; run inside a soft-RoCE VM with `cargo xtask vm -- <command>`";
 
+/// The private data of an rdma_cm event: the bytes as they came (dereferences to them). Its
+/// `Debug` shows the bytes up to the zero padding the CM adds (a REJECTED event carries up to
+/// 148 bytes, mostly zeros) and how long the whole was, so an error printed by
+/// `fn main() -> Result<..>` stays readable.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct PrivateData(pub Vec<u8>);
+
+impl std::ops::Deref for PrivateData {
+    type Target = Vec<u8>;
+
+    fn deref(&self) -> &Vec<u8> {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for PrivateData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let end = self.0.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        write!(f, "PrivateData({} B: b\"", self.0.len())?;
+        for &b in &self.0[..end] {
+            write!(f, "{}", std::ascii::escape_default(b))?;
+        }
+        match self.0.len() - end {
+            0 => write!(f, "\")"),
+            pad => write!(f, "\" + {pad} zero bytes)"),
+        }
+    }
+}
+
 /// Everything that can go wrong in rsrdma.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -119,7 +148,7 @@ pub enum Error {
         /// The event's status field (a negative errno or a reject reason).
         status: i32,
         /// The private data that came with it (for REJECTED: the peer's, zero-padded).
-        private_data: Vec<u8>,
+        private_data: PrivateData,
     },
 
     /// A wait ran out of time.
@@ -321,5 +350,33 @@ mod tests {
         assert_eq!(io.kind(), io::ErrorKind::TimedOut);
         let io: io::Error = Error::from_errno("x", libc::ENOSYS).into();
         assert_eq!(io.kind(), io::ErrorKind::Unsupported);
+    }
+}
+
+#[cfg(test)]
+mod private_data_tests {
+    use super::{Error, PrivateData};
+
+    #[test]
+    fn debug_of_a_rejection_shows_its_text_not_its_padding() {
+        let mut bytes = b"rsrdma:no\x01".to_vec();
+        bytes.resize(148, 0);
+        let e = Error::CmEvent {
+            op: "connect",
+            expected: crate::cm::CmEventType::ESTABLISHED,
+            got: crate::cm::CmEventType::REJECTED,
+            status: 8,
+            private_data: PrivateData(bytes),
+        };
+        let d = format!("{e:?}");
+        assert!(
+            d.contains(r#"PrivateData(148 B: b"rsrdma:no\x01" + 138 zero bytes)"#),
+            "{d}"
+        );
+        assert!(!d.contains("0, 0, 0"), "{d}");
+        assert_eq!(
+            format!("{:?}", PrivateData(vec![])),
+            r#"PrivateData(0 B: b"")"#
+        );
     }
 }

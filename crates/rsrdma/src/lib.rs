@@ -84,6 +84,7 @@ mod setters;
 
 /// The raw bindings, for what rsrdma does not wrap.
 pub use rsrdma_sys as ffi;
+pub use setters::IntoOption;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
 pub use context::{
@@ -91,7 +92,7 @@ pub use context::{
 };
 pub use cq::{CompChannel, Cq};
 pub use device::{devices, open, Device, DeviceList};
-pub use error::{Error, Result};
+pub use error::{Error, PrivateData, Result};
 pub use mr::{AccessFlags, Mr, RemoteMemory};
 pub use mw::Mw;
 pub use pd::Pd;

@@ -16,9 +16,10 @@ use std::sync::Arc;
 /// [`tokio::io::AsyncRead`] and [`tokio::io::AsyncWrite`] (`poll_shutdown` is the
 /// half-close). [`AsyncConn::into_split`] gives owned halves for two tasks.
 ///
-/// Dropping it without [`AsyncConn::close`] closes it in the drop, which may then block the
-/// runtime's thread for up to [`ConnOptions::linger`] while queued data drains: await
-/// `close` instead.
+/// Dropping it without [`AsyncConn::close`] closes it in the background: FIN after
+/// everything queued, up to [`ConnOptions::linger`] for its delivery, then the teardown, on
+/// tokio's blocking pool (no runtime thread waits for it). Await `close` to learn whether
+/// everything was delivered.
 #[derive(Debug)]
 pub struct AsyncConn {
     pub(super) d: Arc<Driven>,

@@ -4,6 +4,9 @@
 //! the other, and one completion event wakes both (see [`super::wakers`]). Dropping the
 //! write half half-closes the connection (FIN after everything queued), as tokio's
 //! `TcpStream` halves do; [`OwnedReadHalf::reunite`] gives the connection back instead.
+//! Either half can [`close`](OwnedWriteHalf::close) the whole connection (no need to reunite
+//! them first), and dropping both closes it in the background as dropping an
+//! [`AsyncConn`] does.
 
 use super::conn::{recv_msg, recv_msg_into, send_msg, shutdown_write, AsyncConn};
 use super::driven::Driven;
@@ -66,6 +69,15 @@ impl OwnedReadHalf {
         recv_msg_into(&self.d, buf).await
     }
 
+    /// Closes the whole connection, as [`AsyncConn::close`]: the write half's sends fail
+    /// afterwards.
+    ///
+    /// # Errors
+    /// As [`AsyncConn::close`].
+    pub async fn close(&self) -> Result<()> {
+        self.d.close().await
+    }
+
     /// Joins the halves again.
     ///
     /// # Errors
@@ -94,6 +106,15 @@ impl OwnedWriteHalf {
     /// As [`AsyncConn::shutdown_write`].
     pub async fn shutdown_write(&self) -> Result<()> {
         shutdown_write(&self.d).await
+    }
+
+    /// Closes the whole connection, as [`AsyncConn::close`]: the read half's reads end
+    /// afterwards.
+    ///
+    /// # Errors
+    /// As [`AsyncConn::close`].
+    pub async fn close(&self) -> Result<()> {
+        self.d.close().await
     }
 }
 

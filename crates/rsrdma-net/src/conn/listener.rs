@@ -78,6 +78,14 @@ impl Handshakes {
 }
 
 /// A listener for [`Conn`]s. `Send + Sync`.
+///
+/// Handshakes run concurrently, each on a thread of its own, at most 32 at a time (counting
+/// finished ones not yet taken by [`Listener::accept`]): `accept` takes peers off the kernel's
+/// queue while there is room, starts their handshakes, and returns the first one that
+/// finishes. A peer that fails its handshake (garbage, silence, an incompatible version, a
+/// wrong secret) gives [`NetError::Handshake`] for that peer only: the listener keeps
+/// serving, so call `accept` again. Handshakes start only from `accept`, so a listener nobody
+/// accepts on does no work.
 pub struct Listener {
     inner: Inner,
     opts: ConnOptions,
@@ -156,8 +164,8 @@ impl Listener {
         self.recv.memory()
     }
 
-    /// Waits for the next established connection (handshakes run concurrently: see the
-    /// module docs).
+    /// Waits for the next established connection (handshakes run concurrently: see
+    /// [`Listener`]).
     ///
     /// # Errors
     /// [`NetError::Handshake`] for a peer that failed (the listener stays usable); the
@@ -228,7 +236,7 @@ impl Listener {
                             expected: CmEventType::CONNECT_REQUEST,
                             got: ev.kind,
                             status: ev.status,
-                            private_data: ev.private_data,
+                            private_data: rsrdma::error::PrivateData(ev.private_data),
                         }));
                     }
                     tracing::debug!(event = %ev.kind, "rsrdma-net listener skipped an event");

@@ -121,7 +121,7 @@ impl Conn {
             let r = match opts.establish {
                 Establish::Cm => establish::cm::dial(a, &opts),
                 Establish::Tcp => TcpStream::connect_timeout(&a, opts.connect_timeout)
-                    .map_err(|e| NetError::io("connect", e))
+                    .map_err(|e| tcp_connect_error(a, e))
                     .and_then(|s| {
                         establish::tcp::establish(s, crate::handshake::Role::Client, &opts, None)
                     }),
@@ -220,19 +220,19 @@ impl Conn {
     }
 
     /// Waits (up to the read timeout) for at least one message, then takes every message
-    /// that is ready, at most `max`. An empty vector means the end of the stream.
+    /// that is ready, at most `max` (at least one). `Ok(None)` at the end of the stream, as
+    /// [`Conn::recv_msg`].
     ///
     /// # Errors
     /// As [`Conn::recv_msg`].
-    pub fn recv_batch(&self, max: usize) -> Result<Vec<Vec<u8>>> {
-        let mut out = Vec::new();
+    pub fn recv_batch(&self, max: usize) -> Result<Option<Vec<Vec<u8>>>> {
         let Some(first) = self.recv_msg()? else {
-            return Ok(out);
+            return Ok(None);
         };
-        out.push(first);
+        let mut out = vec![first];
         let mut st = self.shared.lock();
         let Some(d) = st.driver.as_mut() else {
-            return Ok(out);
+            return Ok(Some(out));
         };
         while out.len() < max {
             match d.core().recv_msg() {
@@ -242,7 +242,7 @@ impl Conn {
         }
         d.post_work();
         self.shared.changed(&mut st);
-        Ok(out)
+        Ok(Some(out))
     }
 
     /// Shuts down a direction, as [`TcpStream::shutdown`]. `Write`: FIN goes after
@@ -662,7 +662,7 @@ impl Conn {
             Establish::Cm => establish::cm::dial(addr, opts)?,
             Establish::Tcp => {
                 let s = TcpStream::connect_timeout(&addr, opts.connect_timeout)
-                    .map_err(|e| NetError::io("connect", e))?;
+                    .map_err(|e| tcp_connect_error(addr, e))?;
                 establish::tcp::establish(s, crate::handshake::Role::Client, opts, None)?
             }
         };
@@ -901,6 +901,20 @@ impl Conn {
 fn close_done(d: &Driver) -> bool {
     let core = d.core_ref();
     core.error().is_some() || d.peer_gone() || core.is_drained()
+}
+
+/// A refused TCP connect names the other path: a [`Listener`] on the default
+/// [`Establish::Cm`] path has no TCP socket at its port.
+pub(crate) fn tcp_connect_error(addr: SocketAddr, e: std::io::Error) -> NetError {
+    if e.kind() == std::io::ErrorKind::ConnectionRefused {
+        return NetError::NotListening {
+            addr,
+            path: "the TCP handshake (Establish::Tcp)",
+            hint: "a Listener on the default Establish::Cm path takes no TCP connections: \
+                   dial it with Establish::Cm",
+        };
+    }
+    NetError::io("connect", e)
 }
 
 fn check_timeout(t: Option<Duration>) -> Result<()> {

@@ -186,9 +186,15 @@ impl PacketConn {
         from_nanos(self.read_timeout.load(Ordering::Relaxed))
     }
 
-    /// Sets the receive time limit (`Some(Duration::ZERO)`: return at once).
-    pub fn set_read_timeout(&self, t: Option<Duration>) {
+    /// Sets the receive time limit (`None`: block indefinitely), as
+    /// [`std::net::UdpSocket::set_read_timeout`] and [`crate::Conn::set_read_timeout`].
+    ///
+    /// # Errors
+    /// [`NetError::InvalidArgument`] for a zero duration.
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> Result<()> {
+        check_timeout(t)?;
         self.read_timeout.store(to_nanos(t), Ordering::Relaxed);
+        Ok(())
     }
 
     /// The time limit of a send waiting for a free buffer.
@@ -196,9 +202,14 @@ impl PacketConn {
         from_nanos(self.write_timeout.load(Ordering::Relaxed))
     }
 
-    /// Sets the time limit of a send waiting for a free buffer.
-    pub fn set_write_timeout(&self, t: Option<Duration>) {
+    /// Sets the time limit of a send waiting for a free buffer (`None`: block indefinitely).
+    ///
+    /// # Errors
+    /// [`NetError::InvalidArgument`] for a zero duration.
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> Result<()> {
+        check_timeout(t)?;
         self.write_timeout.store(to_nanos(t), Ordering::Relaxed);
+        Ok(())
     }
 
     /// The counters.
@@ -467,7 +478,19 @@ fn timed_out(op: &'static str, t: Option<Duration>) -> NetError {
     }
 }
 
+/// A zero timeout is an error, as on std's sockets and [`crate::Conn`].
+fn check_timeout(t: Option<Duration>) -> Result<()> {
+    if t.is_some_and(|t| t.is_zero()) {
+        return Err(NetError::InvalidArgument(
+            "a zero timeout is not allowed (use None to block)".into(),
+        ));
+    }
+    Ok(())
+}
+
 fn check_options(opts: &PacketOptions) -> Result<()> {
+    check_timeout(opts.read_timeout)?;
+    check_timeout(opts.write_timeout)?;
     let bad = |m: &str| Err(NetError::InvalidArgument(m.into()));
     if opts.send_depth == 0 || opts.recv_depth == 0 {
         return bad("PacketOptions: send_depth and recv_depth must be at least 1");

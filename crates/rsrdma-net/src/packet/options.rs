@@ -31,9 +31,12 @@ pub struct PacketOptions {
     pub max_datagram: Option<u32>,
     /// How blocking calls wait for completions.
     pub poll_mode: PollMode,
-    /// Limit of a blocking receive; `None` waits as long as it takes.
+    /// Limit of a blocking receive; `None` (the default) waits as long as it takes. Zero is
+    /// refused, as on std's sockets.
     pub read_timeout: Option<Duration>,
-    /// Limit of a send waiting for a free send buffer; `None` waits as long as it takes.
+    /// Limit of a send waiting for a free send buffer; `None` (the default) waits as long as
+    /// it takes (a UD send completes without the peer, so only a failing device holds one).
+    /// Zero is refused.
     pub write_timeout: Option<Duration>,
     /// Address handles kept (least recently used ones are destroyed past this).
     pub ah_cache: usize,
@@ -56,7 +59,7 @@ impl Default for PacketOptions {
             max_datagram: None,
             poll_mode: PollMode::default(),
             read_timeout: None,
-            write_timeout: Some(Duration::from_secs(10)),
+            write_timeout: None,
             ah_cache: 64,
             hop_limit: 0xff,
             traffic_class: 0,

@@ -73,12 +73,12 @@ fn drain(conn: &Conn, size: usize) -> Result<(u64, u64)> {
 fn drain_batches(conn: &Conn, max: usize) -> Result<(u64, u64)> {
     let (mut messages, mut bytes) = (0u64, 0u64);
     loop {
-        let got = conn
+        let Some(got) = conn
             .recv_batch(max)
-            .map_err(|e| after("recv_batch", messages, e))?;
-        if got.is_empty() {
+            .map_err(|e| after("recv_batch", messages, e))?
+        else {
             return Ok((messages, bytes));
-        }
+        };
         messages += got.len() as u64;
         bytes += got.iter().map(|m| m.len() as u64).sum::<u64>();
     }

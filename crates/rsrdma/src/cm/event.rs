@@ -305,7 +305,7 @@ impl RawEvent {
             expected,
             got: self.kind,
             status: self.status,
-            private_data: self.private_data,
+            private_data: crate::error::PrivateData(self.private_data),
         }
         // A request in `self` is refused here, as it drops.
     }

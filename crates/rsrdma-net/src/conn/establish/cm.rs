@@ -17,6 +17,8 @@ use rsrdma_proto::settle;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+/// The IB CM reject reason for a connect request nobody listens for (invalid service ID).
+const NO_LISTENER: i32 = 8;
 /// Prefix of the reject private data that carries a reason.
 const REJECT_PREFIX: &[u8] = b"RSCP reject: ";
 
@@ -39,7 +41,9 @@ pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> 
     let announce = ConnParam::default()
         .with_private_data(local.config.params().encode().to_vec())
         .with_rnr_retry_count(RNR_RETRY);
-    let reply = id.connect(&announce, left()).map_err(rejected)?;
+    let reply = id
+        .connect(&announce, left())
+        .map_err(|e| rejected(e, addr))?;
     let peer = decode_params(&reply)?;
     let addrs = addrs_of(&id, addr);
     local.finish(qp, &peer, Liveness::Cm(id), (Establish::Cm, opts), addrs)
@@ -110,14 +114,25 @@ fn addrs_of(id: &CmId, peer_fallback: SocketAddr) -> (SocketAddr, SocketAddr) {
     )
 }
 
-/// A rejection that carries our reason becomes [`NetError::PeerAborted`] with it.
-fn rejected(e: rsrdma::Error) -> NetError {
+/// A rejection that carries our reason becomes [`NetError::PeerAborted`] with it; one for
+/// want of a listener (reject reason 8, invalid service ID) becomes
+/// [`NetError::NotListening`], which names the other path.
+fn rejected(e: rsrdma::Error, addr: SocketAddr) -> NetError {
     if let rsrdma::Error::CmEvent {
         got: CmEventType::REJECTED,
         private_data,
+        status,
         ..
     } = &e
     {
+        if *status == NO_LISTENER {
+            return NetError::NotListening {
+                addr,
+                path: "rdma_cm (Establish::Cm)",
+                hint: "a Listener bound with Establish::Tcp takes no rdma_cm connections: \
+                       dial it with Establish::Tcp",
+            };
+        }
         if let Some(rest) = private_data.strip_prefix(REJECT_PREFIX) {
             let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
             return NetError::PeerAborted(String::from_utf8_lossy(&rest[..end]).into_owned());
