@@ -56,10 +56,11 @@ fn echo_sizes(path: Establish) {
     assert_eq!(info.local_qpn, s.info().peer_qpn);
     assert_eq!(info.local_gid, s.info().peer_gid);
     assert!(info.mtu.is_some());
-    assert_eq!(info.settled.frame_size, 32 * 1024);
+    assert_eq!(info.settled.frame_size, 32 * 1024 + 16);
+    assert_eq!(info.settled.frame_payload(), 32 * 1024, "a power of two");
     assert_eq!(
         info.registered_bytes,
-        2 << 20,
+        (2 << 20) + 64 * 16,
         "default memory per connection"
     );
     assert_eq!(c.peer_addr().port(), s.local_addr().port());
@@ -69,8 +70,9 @@ fn echo_sizes(path: Establish) {
         0,
         1,
         100,
-        32 * 1024 - 16,
         32 * 1024,
+        32 * 1024 + 1,
+        64 * 1024,
         100_000,
         1 << 20,
         3 << 20,
@@ -619,8 +621,8 @@ fn messages_up_to_64_mib_verified_by_hash_without_extra_buffers() {
         1,
         7,
         8,
-        32 * 1024 - 16,
-        32 * 1024 - 15,
+        32 * 1024,
+        32 * 1024 + 1,
         (5 << 20) + 3,
         16 << 20,
         64 << 20,
@@ -676,7 +678,7 @@ fn messages_up_to_64_mib_verified_by_hash_without_extra_buffers() {
     assert_eq!(unsent_peak, 0, "send_msg copied part of a message");
     // Only what arrived in the instant before the reader was back in recv_msg_into: at most
     // the receive ring, never the message.
-    let ring = 32 * (32 * 1024 - 16);
+    let ring = 32 * 32 * 1024;
     assert!(
         reassembly_peak <= ring,
         "{reassembly_peak} B reassembled beside a waiting recv_msg_into"

@@ -104,7 +104,7 @@ fn both_ways(path: Establish) {
             // Every frame counts, a PING or CREDIT among them: rendezvous costs one RTS, so
             // fewer frames than the eager fragments would be.
             let frames = frames_sent(&c) - before;
-            let eager_frames = len.div_ceil(32 * 1024 - 16) as u64;
+            let eager_frames = len.div_ceil(32 * 1024) as u64;
             if rdv {
                 assert!(
                     frames < eager_frames,

@@ -31,7 +31,8 @@
 //!   connections share one SRQ and one pool: a per-peer byte ring cannot), need no remotely
 //!   writable memory for eager data, and keep message boundaries for free. Every frame is a
 //!   16-byte header plus payload in one slot. Default: 32 receive and 32 send slots of
-//!   32 KiB, 2 MiB per connection (gordma used about 16 MiB).
+//!   32 KiB + 16 B (32 KiB of payload), 2 MiB + 1 KiB per connection (gordma used about
+//!   16 MiB).
 //! - **Negotiated, not assumed.** Each side announces versioned [`Params`]; [`settle`] gives
 //!   both the same agreement: frames never exceed either side's slot, credits start at the
 //!   peer's slot count, the message cap is the smaller one, features the intersection. A
@@ -105,7 +106,7 @@ pub use error::{Fatal, ProtoError};
 pub use frame::{FrameType, Header, HEADER_LEN};
 pub use memory::{SlotMemory, VecSlots};
 pub use params::{
-    settle, Config, Params, Settled, CONTROL_RESERVE, DEFAULT_RDV_THRESHOLD, FEATURE_RENDEZVOUS,
-    PARAMS_LEN,
+    settle, Config, Params, Settled, CONTROL_RESERVE, DEFAULT_RDV_THRESHOLD, DEFAULT_SLOT_SIZE,
+    FEATURE_RENDEZVOUS, PARAMS_LEN,
 };
 pub use work::{Counters, Event, LentPayload, Work, WrId};

@@ -213,7 +213,8 @@ pub fn settle(local: &Params, peer: &Params) -> Result<Settled, ProtoError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Config {
-    /// Bytes per slot (send and receive), header included. Default 32 KiB.
+    /// Bytes per slot (send and receive), header included. Default [`DEFAULT_SLOT_SIZE`]
+    /// (32 KiB of payload).
     pub slot_size: u32,
     /// Receive slots. Default 32.
     pub recv_slots: u16,
@@ -240,10 +241,15 @@ pub struct Config {
     pub rdv_threshold: u32,
 }
 
+/// The default slot: a 16-byte header and exactly 32 KiB of payload, so that a message of a
+/// power of two from 32 KiB up fills whole frames (a 64 KiB message is 2 frames; with 32 KiB
+/// slots it spilled a third of 32 bytes).
+pub const DEFAULT_SLOT_SIZE: u32 = 32 * 1024 + crate::frame::HEADER_LEN as u32;
+
 impl Default for Config {
     fn default() -> Self {
         Self {
-            slot_size: 32 * 1024,
+            slot_size: DEFAULT_SLOT_SIZE,
             recv_slots: 32,
             send_slots: 32,
             sq_depth: 64,

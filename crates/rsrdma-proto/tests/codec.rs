@@ -150,7 +150,7 @@ fn params_round_trip_and_documented_layout() {
     assert_eq!(Params::decode(&b), Ok(p));
     assert_eq!(&b[0..4], b"RSCP");
     assert_eq!((b[4], b[5]), (1, 1));
-    assert_eq!(&b[8..12], &(32u32 * 1024).to_le_bytes());
+    assert_eq!(&b[8..12], &(32u32 * 1024 + 16).to_le_bytes());
     assert_eq!(&b[12..14], &32u16.to_le_bytes());
     assert_eq!(&b[14..16], &220u16.to_le_bytes());
     assert_eq!(&b[16..20], &(16u32 << 20).to_le_bytes());
@@ -276,7 +276,12 @@ fn config_checks_its_local_fields() {
         slow.check().is_err(),
         "keepalive longer than the peer timeout"
     );
-    assert_eq!(Config::default().slot_memory(), 2 << 20);
+    assert_eq!(Config::default().slot_memory(), (2 << 20) + 64 * 16);
+    assert_eq!(
+        Config::default().slot_size - 16,
+        32 * 1024,
+        "32 KiB of payload a frame"
+    );
 }
 
 proptest! {

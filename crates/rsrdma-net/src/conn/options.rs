@@ -72,12 +72,13 @@ pub struct ConnOptions {
     /// A protection domain to create the connection in (TCP path; rdma_cm needs the domain to
     /// be on the device the address resolves to, which is checked).
     pub pd: Option<Pd>,
-    /// Bytes per slot, the 16-byte frame header included. Default 32 KiB.
+    /// Bytes per slot, the 16-byte frame header included. Default 32 KiB + 16 B: exactly
+    /// 32 KiB of payload a frame, so power-of-two messages fill whole frames.
     pub slot_size: u32,
     /// Receive slots (the peer's credits). Default 32.
     pub recv_slots: u16,
     /// Send slots. Default 32. Registered memory per connection is
-    /// `(send_slots + recv_slots) × slot_size`: 2 MiB by default.
+    /// `(send_slots + recv_slots) × slot_size`: 2 MiB + 1 KiB by default.
     pub send_slots: u16,
     /// Send-queue depth. Default 64.
     pub sq_depth: u16,
@@ -249,9 +250,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defaults_fit_in_two_mib_and_check() {
+    fn defaults_fit_in_two_mib_and_their_headers_and_check() {
         let o = ConnOptions::default();
-        assert!(o.slot_memory() <= 2 << 20, "{}", o.slot_memory());
+        assert_eq!(o.slot_memory(), (2 << 20) + 64 * 16, "{}", o.slot_memory());
         o.check().unwrap();
         assert_eq!(o.establish, Establish::Cm);
         assert!(matches!(o.poll_mode, PollMode::Adaptive { .. }));
