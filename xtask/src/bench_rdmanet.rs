@@ -28,7 +28,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 const USAGE: &str = "usage: cargo xtask bench rdmanet [--rounds N] [--quick] \
-                     [--case stream|rate|latency|zerocopy]... \
+                     [--case stream|rate|latency|zerocopy|rsocket]... \
                      [--no-vm -d DEVICE -x GID_INDEX --host DEVICE_IP] [--timeout SECS]\n\
                      Conn (rsrdma-net) against RawConn and rs_send_lat, medians of alternating \
                      rounds (5 by default) in the soft-RoCE VM.\n\
@@ -204,7 +204,7 @@ fn take_cases(args: &[String]) -> Result<(Vec<&'static str>, Vec<String>)> {
 }
 
 /// The `--case` names of the measured rows, in table order.
-const ROW_KEYS: [&str; 4] = ["stream", "rate", "latency", "zerocopy"];
+const ROW_KEYS: [&str; 5] = ["stream", "rate", "latency", "zerocopy", "rsocket"];
 
 /// `None` without the async example; else the features it requires (comma-separated).
 fn async_example_features(root: &Path) -> Result<Option<String>> {
@@ -310,7 +310,41 @@ fn rows(a: &BenchArgs, bin: &str) -> Vec<Row> {
             bound: 1.2,
         },
         zerocopy_row(a, bin),
+        rsocket_row(a, bin),
     ]
+}
+
+/// rdma-core's rsocket (`rstream -S 65536 -C N`: the client sends N messages of 64 KiB, the
+/// server receives them all and sends as many back, and the rate counts both directions)
+/// against Conn doing the same with default options (`rs_rdmanet_bw --both-ways`, adaptive
+/// polling, the library's default). rstream busy-loops on non-blocking calls. Its server
+/// prints nothing until the end and opens no TCP port: it says it listens before it starts,
+/// and its client waits a second (outside rstream's timed part).
+fn rsocket_row(a: &BenchArgs, bin: &str) -> Row {
+    let bw = format!("{bin}/rs_rdmanet_bw");
+    let n = a.scale(500, 5000);
+    let rstream = format!("rstream -p {{port}} -S 65536 -C {n}");
+    Row {
+        key: ROW_KEYS[4],
+        case: Case {
+            name: "64 KiB both ways".into(),
+            metric: Metric::Gbits,
+            a: (
+                "rsocket rstream".into(),
+                format!("echo 'listening on rstream'; exec {rstream} -b {{host}}"),
+                format!("sleep 1; exec {rstream} -s {{host}}"),
+            ),
+            b: tool(
+                "Conn send_msg (default)",
+                &bw,
+                "--both-ways --poll adaptive",
+                &format!("-s 65536 -n {n}"),
+            ),
+            target: "Conn/rsocket >= 1",
+        },
+        measure: Measure::Gbits,
+        bound: 1.0,
+    }
 }
 
 /// Conn copying 1 MiB messages (A: rendezvous off on both ends, so every message goes as
@@ -522,7 +556,9 @@ fn last_lines(text: &str) -> String {
 /// `rs_rdmanet_lat`'s `round-trips=` line, else from a perftest table (`--raw`, `rs_send_lat`).
 fn value(text: &str, m: Measure) -> Option<f64> {
     match m {
-        Measure::Gbits => conn_gbits(text).or_else(|| bench::parse_metric(text, Metric::Gbits)),
+        Measure::Gbits => conn_gbits(text)
+            .or_else(|| rstream_gbits(text))
+            .or_else(|| bench::parse_metric(text, Metric::Gbits)),
         Measure::Mpps(size) => Some(value(text, Measure::Gbits)? * 1e3 / (8.0 * f64::from(size))),
         Measure::OneWayUs => {
             conn_half_rtt_us(text).or_else(|| bench::parse_metric(text, Metric::Typical))
@@ -534,7 +570,9 @@ fn value(text: &str, m: Measure) -> Option<f64> {
 /// rounded too coarsely for soft-RoCE).
 fn conn_gbits(text: &str) -> Option<f64> {
     let line = text.lines().find(|l| {
-        l.starts_with("SendMsg: ") || l.starts_with("SendBatch(") || l.starts_with("SendBuffer(")
+        ["SendMsg: ", "SendBatch(", "SendBuffer(", "BothWays: "]
+            .iter()
+            .any(|p| l.starts_with(p))
     })?;
     let w: Vec<&str> = line.split_whitespace().collect();
     if w.get(1) != Some(&"sent") || w.get(3) != Some(&"x") || w.get(6) != Some(&"in") {
@@ -544,6 +582,24 @@ fn conn_gbits(text: &str) -> Option<f64> {
     let size: f64 = w[4].parse().ok()?;
     let secs = go_seconds(w.get(7)?.trim_end_matches(':'))?;
     (secs > 0.0).then(|| n * size * 8.0 / secs / 1e9)
+}
+
+/// Gb/s from rstream's result row (`custom 64k 500 1 62m 3.56s 0.15 3559.83`): from the size
+/// and usec/xfer (half of each transfer's share of the time, both directions counted), as
+/// its own Gb/sec column is rounded to two decimals.
+fn rstream_gbits(text: &str) -> Option<f64> {
+    let line = text.lines().find(|l| l.starts_with("custom "))?;
+    let w: Vec<&str> = line.split_whitespace().collect();
+    let size = w.get(1)?;
+    let (digits, shift) = match size.chars().last()? {
+        'k' => (&size[..size.len() - 1], 10),
+        'm' => (&size[..size.len() - 1], 20),
+        'g' => (&size[..size.len() - 1], 30),
+        _ => (&size[..], 0),
+    };
+    let bytes = digits.parse::<u64>().ok()? << shift;
+    let usec_per_xfer: f64 = w.get(7)?.parse().ok()?;
+    (usec_per_xfer > 0.0).then(|| bytes as f64 * 8.0 / (usec_per_xfer * 1000.0))
 }
 
 /// Half the median round trip, µs, from `round-trips=N avg=… p50=… …`.
@@ -638,6 +694,17 @@ fn async_ratio(text: &str) -> Option<AsyncRatio> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rstream_and_both_ways_rates_are_read_precisely() {
+        let rs = "name      bytes   xfers   iters   total       time     Gb/sec    usec/xfer\n\
+                  custom    64k     500     1       62m         3.56s      0.15    3559.83\n";
+        let g = rstream_gbits(rs).unwrap();
+        assert!((g - 65536.0 * 8.0 / 3_559_830.0).abs() < 1e-9, "{g}");
+        let both = "BothWays: sent 1000 x 65536 bytes in 2.5s: 0.21 Gb/s, 0.000 Mpps\n";
+        let g = value(both, Measure::Gbits).unwrap();
+        assert!((g - 1000.0 * 65536.0 * 8.0 / 2.5e9).abs() < 1e-9, "{g}");
+    }
 
     #[test]
     fn go_durations() {

@@ -17,6 +17,8 @@ pub const HOST_PACKAGES: &[&str] = &[
     "rdma-core",
     "ibverbs-utils",
     "perftest",
+    // rstream, rsocket's benchmark: the peer `cargo xtask bench rdmanet` measures Conn against.
+    "rdmacm-utils",
     "iproute2",
     "xz-utils",
 ];

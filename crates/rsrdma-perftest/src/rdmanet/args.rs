@@ -151,6 +151,11 @@ struct BwCli {
     /// --raw client: post one request per call instead of lists
     #[arg(long = "raw-single", requires = "raw")]
     raw_single: bool,
+    /// Conn, both ends: rstream's burst both ways (`rstream -S SIZE -C COUNT`): the client
+    /// sends -n messages, the server receives them all and sends as many back; the rate
+    /// counts both directions
+    #[arg(long = "both-ways", conflicts_with_all = ["raw", "zero_copy", "batch"])]
+    both_ways: bool,
     #[command(flatten)]
     zc: ZeroCopyCli,
     /// --zero-copy client: registered buffers of -s bytes in flight (a ring)
@@ -262,6 +267,8 @@ pub struct BwArgs {
     pub raw: Option<Raw>,
     /// `--zero-copy` and friends (without `--raw`).
     pub zc: ZeroCopy,
+    /// `--both-ways`: rstream's burst each way.
+    pub both_ways: bool,
 }
 
 /// `rs_rdmanet_lat`'s checked command line.
@@ -331,6 +338,7 @@ pub fn parse_bw(args: &[String]) -> Result<BwArgs, clap::Error> {
         depth: if raw.is_some() { 0 } else { cli.depth },
         raw,
         zc,
+        both_ways: cli.both_ways,
     })
 }
 

@@ -29,7 +29,9 @@ pub fn server(a: &BwArgs, o: &mut Out<'_>) -> Result<Json> {
     o.text(&registered_line(conn.info().registered_bytes));
     o.flush();
     let cpu = process_cpu();
-    let (messages, bytes) = if a.zc.enabled {
+    let (messages, bytes) = if a.both_ways {
+        echo_burst(&conn, a.size as usize)?
+    } else if a.zc.enabled {
         zerocopy::drain(&conn, a.size as usize)?
     } else if a.batch > 1 {
         drain_batches(&conn, a.batch as usize)?
@@ -69,6 +71,20 @@ fn drain(conn: &Conn, size: usize) -> Result<(u64, u64)> {
     }
 }
 
+/// `--both-ways`, the server: receives until the client's half-close, then sends as many
+/// messages of the same size back (rstream's reverse burst) and half-closes.
+fn echo_burst(conn: &Conn, size: usize) -> Result<(u64, u64)> {
+    let (messages, bytes) = drain(conn, size)?;
+    let msg = vec![0xa5u8; size];
+    for i in 0..messages {
+        conn.send_msg(&msg)
+            .map_err(|e| after("send_msg back", i, e))?;
+    }
+    conn.shutdown(std::net::Shutdown::Write)
+        .map_err(|e| net_error("shutdown", e))?;
+    Ok((messages, bytes))
+}
+
 /// Receives up to `max` ready messages per call.
 fn drain_batches(conn: &Conn, max: usize) -> Result<(u64, u64)> {
     let (mut messages, mut bytes) = (0u64, 0u64);
@@ -101,7 +117,21 @@ pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<Json> {
     let msg = vec![0x5au8; a.size as usize];
     let cpu = process_cpu();
     let start = Instant::now();
-    let mode = if let Some(ring) = &mut ring {
+    let mode = if a.both_ways {
+        for i in 0..c.count {
+            conn.send_msg(&msg).map_err(|e| after("send_msg", i, e))?;
+        }
+        conn.shutdown(std::net::Shutdown::Write)
+            .map_err(|e| net_error("shutdown", e))?;
+        let (back, _) = drain(&conn, a.size as usize)?;
+        if back != c.count {
+            return Err(Error::Oob(format!(
+                "--both-ways: sent {} messages, {back} came back",
+                c.count
+            )));
+        }
+        SendMode::BothWays
+    } else if let Some(ring) = &mut ring {
         ring.send(&conn, c.count)?
     } else if a.batch > 1 {
         let group: Vec<&[u8]> = vec![msg.as_slice(); a.batch as usize];
@@ -124,7 +154,11 @@ pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<Json> {
         .map_err(|e| Error::Oob(format!("flush: {e}")))?;
     let elapsed = start.elapsed();
     let cpu = process_cpu().saturating_sub(cpu);
-    o.text(&send_line(mode, c.count, a.size, elapsed));
+    let moved = match mode {
+        SendMode::BothWays => 2 * c.count,
+        _ => c.count,
+    };
+    o.text(&send_line(mode, moved, a.size, elapsed));
     o.text(&cpu_line(cpu));
     o.text(&zerocopy::copied_text(&conn, &a.zc));
     o.flush();
@@ -139,12 +173,13 @@ pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<Json> {
                 SendMode::Single => "send_msg",
                 SendMode::Batch(_) => "send_batch",
                 SendMode::Buffers(_) => "send_buffer",
+                SendMode::BothWays => "both_ways",
             },
         )
         .int("batch", u64::from(a.batch))
         .int("registered_bytes", registered)
         .num("cpu_seconds", cpu.as_secs_f64());
-    Ok(json_rates(j, c.count, a.size, elapsed))
+    Ok(json_rates(j, moved, a.size, elapsed))
 }
 
 /// A failure after `done` messages.

@@ -16,6 +16,8 @@ pub enum SendMode {
     Batch(u32),
     /// `--zero-copy`: `start_send_buffer` from a ring of this many registered buffers.
     Buffers(u32),
+    /// `--both-ways`: `send_msg` per message, then as many back (the count is both ways).
+    BothWays,
 }
 
 /// `SendMsg: sent N x S bytes in D: X Gb/s, Y Mpps` (or `SendBatch(b): …`).
@@ -24,6 +26,7 @@ pub fn send_line(mode: SendMode, count: u64, size: u64, elapsed: Duration) -> St
         SendMode::Single => "SendMsg".to_string(),
         SendMode::Batch(b) => format!("SendBatch({b})"),
         SendMode::Buffers(n) => format!("SendBuffer({n})"),
+        SendMode::BothWays => "BothWays".to_string(),
     };
     let secs = elapsed.as_secs_f64();
     let (gbits, mpps) = if secs > 0.0 {
