@@ -166,6 +166,16 @@ pub(crate) struct Driver {
     free_windows: Option<Vec<Mw>>,
     /// The buffer a READ is landing in.
     read_hold: Option<InFlight>,
+    /// A rendezvous message being read into memory of the driver's own
+    /// ([`Driver::start_owned_read`]): its registration, then the vector (drop order).
+    owned_read: Option<OwnedRead>,
+}
+
+/// A READ's destination that the driver owns: the message lands in the core as the head's
+/// reassembled bytes, so any read call serves it, and no call holds memory the NIC writes.
+struct OwnedRead {
+    mr: Mr,
+    vec: Vec<u8>,
 }
 
 /// What a rendezvous send keeps alive until its DONE (its window or registration, and its
@@ -278,7 +288,67 @@ impl Driver {
             free_windows: windows.then(Vec::new),
             rdv_sends: VecDeque::new(),
             read_hold: None,
+            owned_read: None,
         }
+    }
+
+    /// Starts the rendezvous READ of the head message (`len` bytes, as `NeedsRead` said)
+    /// into a vector of the driver's own, registered for local write only: a read call that
+    /// needs the message then waits as for any message, and when the READ lands the step
+    /// moves the vector into the core as the head message
+    /// ([`rsrdma_proto::Conn::take_read_into_core`]; `recv_msg` then takes it without a
+    /// copy). No call holds the destination, so a call that gives up (a timeout, a dropped
+    /// future) strands nothing: the message stays the next one to read. `Ok(false)`: not now
+    /// (another READ in flight, no SQ room, the head changed); the caller steps again.
+    ///
+    /// # Errors
+    /// The registration's error; the core's (a failed connection).
+    pub(crate) fn start_owned_read(&mut self, len: usize) -> Result<bool> {
+        if self.owned_read.is_some() || self.core.pending_read() != Some(len) {
+            return Ok(false);
+        }
+        let mut vec = vec![0u8; len];
+        // SAFETY: the vector is kept with its registration in `owned_read` until the READ
+        // landed (or, after a failure, until the teardown's flush, or leaked with the rest);
+        // the registration always drops first; nothing reads or writes the vector meanwhile.
+        let mr = unsafe {
+            Mr::register(
+                self.qp.pd(),
+                vec.as_mut_ptr(),
+                len,
+                AccessFlags::LOCAL_WRITE,
+            )
+        }?;
+        match self.core.start_read(mr.addr(), mr.lkey(), len) {
+            Ok(()) => {
+                self.owned_read = Some(OwnedRead { mr, vec });
+                Ok(true)
+            }
+            Err(ProtoError::WouldBlock) => Ok(false),
+            Err(e) => Err(from_core(e)),
+        }
+    }
+
+    /// A READ into the driver's own vector that cannot land: the peer left after its FIN
+    /// (its failed completions are its normal teardown then, not the connection's failure).
+    pub(crate) fn owned_read_stranded(&self) -> bool {
+        self.peer_gone && self.owned_read.is_some() && !self.core.read_landed()
+    }
+
+    /// A READ into the driver's own vector landed: the message becomes the core's head.
+    fn land_owned_read(&mut self) -> bool {
+        if self.owned_read.is_none() || !self.core.read_landed() {
+            return false;
+        }
+        let Some(OwnedRead { mr, vec }) = self.owned_read.take() else {
+            return false;
+        };
+        drop(mr);
+        if !self.core.take_read_into_core(vec) {
+            tracing::error!("rsrdma-net conn: a landed read did not match its message");
+            self.core.handle_fatal(Fatal::QpError);
+        }
+        true
     }
 
     /// The protection domain of the queue pair.
@@ -484,6 +554,9 @@ impl Driver {
         let mut changed = self.poll_cq(now, take);
         if changed && !self.rdv_sends.is_empty() {
             self.release_rendezvous();
+        }
+        if changed && self.owned_read.is_some() {
+            self.land_owned_read();
         }
         changed |= self.check_end(now);
         if !self.peer_gone {
@@ -1171,6 +1244,7 @@ impl Driver {
                 liveness,
                 rdv_sends,
                 read_hold,
+                owned_read,
                 ..
             } = self;
             drop(qp);
@@ -1178,6 +1252,7 @@ impl Driver {
             std::mem::forget(core);
             std::mem::forget(rdv_sends);
             std::mem::forget(read_hold);
+            std::mem::forget(owned_read);
             return;
         }
         if self.core.memory_mut().pooled() {
@@ -1197,6 +1272,7 @@ impl Driver {
             mut rdv_sends,
             free_windows,
             read_hold,
+            owned_read,
             ..
         } = self;
         for r in rdv_sends.iter_mut() {
@@ -1207,6 +1283,7 @@ impl Driver {
         // Flushed: the peer can no longer read what our RTSs exposed, nor a READ land.
         drop(rdv_sends);
         drop(read_hold);
+        drop(owned_read);
         drop(core);
         drop(cq);
         drop(liveness);

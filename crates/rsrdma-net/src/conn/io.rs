@@ -7,9 +7,9 @@
 //! confirmed by `close`). Timeouts are the read and write timeouts, as
 //! [`io::ErrorKind::TimedOut`].
 
-use super::{from_core, Conn};
+use super::rendezvous::read_attempt;
+use super::Conn;
 use crate::error::NetError;
-use rsrdma_proto::ProtoError;
 use std::io;
 
 impl io::Read for &Conn {
@@ -17,25 +17,11 @@ impl io::Read for &Conn {
         if buf.is_empty() {
             return Ok(0);
         }
+        // A rendezvous message is read whole into the driver's memory, then served from the
+        // core as any message.
         let timeout = self.shared.read_timeout.get();
-        loop {
-            let step = self
-                .block("read", timeout, |d| match d.core().read(buf) {
-                    Ok(n) => Ok(Some(Ok(n))),
-                    // A rendezvous message: read it whole, then serve it from the core.
-                    Err(ProtoError::NeedsRead { len }) => Ok(Some(Err(len))),
-                    Err(ProtoError::WouldBlock) => Ok(None),
-                    Err(e) => Err(from_core(e)),
-                })
-                .map_err(NetError::into_io)?;
-            match step {
-                Ok(n) => return Ok(n),
-                Err(len) => {
-                    self.pull("read", len, super::rendezvous::Dest::Core)
-                        .map_err(NetError::into_io)?;
-                }
-            }
-        }
+        self.block("read", timeout, |d| read_attempt(d, "read", buf))
+            .map_err(NetError::into_io)
     }
 }
 

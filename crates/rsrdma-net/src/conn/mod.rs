@@ -657,7 +657,6 @@ pub(crate) enum CloseStart {
 impl Conn {
     /// Establishes as [`Conn::dial`] does for one address (blocking), without the thread.
     pub(crate) fn dial_threadless(addr: SocketAddr, opts: &ConnOptions) -> Result<Conn> {
-        let opts = &rendezvous::eager_only(opts);
         let est = match opts.establish {
             Establish::Cm => establish::cm::dial(addr, opts)?,
             Establish::Tcp => {
@@ -674,14 +673,12 @@ impl Conn {
         req: rsrdma::cm::ConnectRequest,
         opts: &ConnOptions,
     ) -> Result<Conn> {
-        let opts = &rendezvous::eager_only(opts);
         let pools = pool::RecvPools::unpooled(opts)?;
         Conn::start_threadless(establish::cm::accept(req, opts, &pools)?, opts)
     }
 
     /// Runs the server side of the TCP handshake (blocking), without the thread.
     pub(crate) fn accept_tcp_threadless(stream: TcpStream, opts: &ConnOptions) -> Result<Conn> {
-        let opts = &rendezvous::eager_only(opts);
         let pools = pool::RecvPools::unpooled(opts)?;
         let est =
             establish::tcp::establish(stream, crate::handshake::Role::Server, opts, Some(&pools))?;
@@ -794,37 +791,30 @@ impl Conn {
         })
     }
 
-    /// [`Conn::recv_msg`] as one step: `Some(None)` is the end of the stream.
+    /// [`Conn::recv_msg`] as one step: `Some(None)` is the end of the stream. A rendezvous
+    /// message is read into the driver's memory (the same attempt as the blocking face's), so
+    /// a future dropped at any point strands nothing.
     pub(crate) fn step_recv_msg(&self, live: bool) -> Result<Step<Option<Vec<u8>>>> {
-        self.step("recv_msg", live, |d| match d.core().recv_msg() {
-            Ok(m) => Ok(Some(m)),
-            Err(ProtoError::WouldBlock) => Ok(None),
-            Err(e) => Err(from_core(e)),
+        self.step("recv_msg", live, |d| {
+            rendezvous::recv_msg_attempt(d, "recv_msg")
         })
     }
 
-    /// [`Conn::recv_msg_into`] as one step.
+    /// [`Conn::recv_msg_into`] as one step (a rendezvous message is copied from the driver's
+    /// memory, where its READ landed).
     pub(crate) fn step_recv_msg_into(
         &self,
         buf: &mut [u8],
         live: bool,
     ) -> Result<Step<Option<usize>>> {
         self.step("recv_msg_into", live, |d| {
-            match d.core().recv_msg_into(buf) {
-                Ok(n) => Ok(Some(n)),
-                Err(ProtoError::WouldBlock) => Ok(None),
-                Err(e) => Err(from_core(e)),
-            }
+            rendezvous::recv_msg_into_attempt(d, "recv_msg_into", buf)
         })
     }
 
     /// `Read::read` as one step (0 is the end of the stream).
     pub(crate) fn step_read(&self, buf: &mut [u8], live: bool) -> Result<Step<usize>> {
-        self.step("read", live, |d| match d.core().read(buf) {
-            Ok(n) => Ok(Some(n)),
-            Err(ProtoError::WouldBlock) => Ok(None),
-            Err(e) => Err(from_core(e)),
-        })
+        self.step("read", live, |d| rendezvous::read_attempt(d, "read", buf))
     }
 
     /// `Write::flush` as one step: done once every byte taken is handed to the NIC.

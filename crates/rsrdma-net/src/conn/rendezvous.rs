@@ -63,13 +63,6 @@ use std::time::Duration;
 /// its own timeout before it fails the connection to get the memory back.
 pub const RDV_GRACE: Duration = Duration::from_secs(10);
 
-/// `opts` without rendezvous: the async connection's steps do not pull rendezvous messages
-/// (yet), so it does not offer the feature and its peers send it everything eagerly.
-#[cfg(feature = "tokio")]
-pub(super) fn eager_only(opts: &super::ConnOptions) -> super::ConnOptions {
-    opts.clone().rendezvous(None)
-}
-
 /// How [`Conn::start_send_buffer`] queues a buffer in the core.
 #[derive(Clone, Copy)]
 enum BufferSend {
@@ -81,22 +74,19 @@ enum BufferSend {
     Window { addr: u64 },
 }
 
-/// Where a rendezvous READ lands.
+/// Where a call's rendezvous READ lands (a read into memory of the driver's own is
+/// [`Driver::start_owned_read`]).
 pub(super) enum Dest<'a> {
     /// The caller's slice, registered for the call.
     Slice(&'a mut [u8]),
     /// A registered buffer.
     Buffer(&'a Buffer),
-    /// A new vector of the message's length, returned.
-    Vec,
-    /// A new vector handed to the core as the head message (stream reads).
-    Core,
 }
 
 /// What [`Conn::pull`] did.
 pub(super) enum Pulled {
-    /// The message is in the destination: its length, and the vector for [`Dest::Vec`].
-    Done(usize, Option<Vec<u8>>),
+    /// The message is in the destination: its length.
+    Done(usize),
     /// The head changed (another reader took it): read again.
     Retry,
 }
@@ -263,32 +253,18 @@ impl Conn {
             match step {
                 RecvStep::Got(n) => return Ok(n),
                 RecvStep::Rendezvous(len) => match self.pull(OP, len, Dest::Buffer(buf))? {
-                    Pulled::Done(n, _) => return Ok(Some(n)),
+                    Pulled::Done(n) => return Ok(Some(n)),
                     Pulled::Retry => continue,
                 },
             }
         }
     }
 
-    /// `recv_msg` with rendezvous: the message's vector is the READ's destination.
+    /// `recv_msg`: a rendezvous message is read into the driver's own vector first
+    /// ([`Driver::start_owned_read`]), which then becomes the message with no copy.
     pub(super) fn recv_msg_pulling(&self) -> Result<Option<Vec<u8>>> {
-        loop {
-            let timeout = self.shared.read_timeout.get();
-            let step = self.block("recv_msg", timeout, |d| match d.core().recv_msg() {
-                Ok(m) => Ok(Some(Ok(m))),
-                Err(ProtoError::NeedsRead { len }) => Ok(Some(Err(len))),
-                Err(ProtoError::WouldBlock) => Ok(None),
-                Err(e) => Err(from_core(e)),
-            })?;
-            match step {
-                Ok(m) => return Ok(m),
-                Err(len) => {
-                    if let Pulled::Done(_, v) = self.pull("recv_msg", len, Dest::Vec)? {
-                        return Ok(v);
-                    }
-                }
-            }
-        }
+        let timeout = self.shared.read_timeout.get();
+        self.block("recv_msg", timeout, |d| recv_msg_attempt(d, "recv_msg"))
     }
 
     /// Send SGEs the queue pair has (2 for lent frames; 0 after close).
@@ -304,11 +280,10 @@ impl Conn {
         Ok(d.pd().clone())
     }
 
-    /// Reads the head rendezvous message (of `len` bytes, as `NeedsRead` said) into `dest`.
+    /// Reads the head rendezvous message (of `len` bytes, as `NeedsRead` said) straight into
+    /// `dest`, the caller's memory (zero copy).
     pub(super) fn pull(&self, op: &'static str, len: usize, dest: Dest<'_>) -> Result<Pulled> {
         let pd = self.pd(op)?;
-        let into_core = matches!(dest, Dest::Core);
-        let mut vec = None;
         let mut reg = None;
         let mut hold = None;
         let (addr, lkey, cap) = match dest {
@@ -334,22 +309,10 @@ impl Conn {
                 hold = Some(h);
                 at
             }
-            Dest::Vec | Dest::Core => {
-                let mut v = vec![0u8; len];
-                // SAFETY: as for a slice: the vector is owned here, its heap memory does not
-                // move, and the registration is dropped before the vector is given away.
-                let mr =
-                    unsafe { Mr::register(&pd, v.as_mut_ptr(), len, AccessFlags::LOCAL_WRITE) }?;
-                let at = (mr.addr(), mr.lkey(), len);
-                reg = Some(mr);
-                vec = Some(v);
-                at
-            }
         };
         let started = Cell::new(false);
         let hold = Cell::new(hold);
         let reg = RefCell::new(reg);
-        let vec = RefCell::new(vec);
         let mut attempt = |d: &mut Driver| -> Result<Option<Pulled>> {
             if d.peer_gone() && !d.core_ref().read_landed() {
                 // The peer left after its FIN: its memory went with it (and nothing is
@@ -383,28 +346,15 @@ impl Conn {
             }
             // Landed: the NIC is done with the destination.
             drop(reg.borrow_mut().take());
-            if into_core {
-                let v = vec.borrow_mut().take().unwrap_or_default();
-                if !d.core().take_read_into_core(v) {
-                    return Err(NetError::ConnFailed(ProtoError::Misuse {
-                        reason: "a landed read did not match its message",
-                    }));
-                }
-                return Ok(Some(Pulled::Done(len, None)));
-            }
             let n = d.core().take_read().unwrap_or(len);
             d.end_read();
-            let v = vec.borrow_mut().take().map(|mut v| {
-                v.truncate(n);
-                v
-            });
-            Ok(Some(Pulled::Done(n, v)))
+            Ok(Some(Pulled::Done(n)))
         };
         let timeout = self.shared.read_timeout.get();
         let mut r = self.block(op, timeout, &mut attempt);
         // Every destination, a `Buffer`'s too (F3): a READ given up half-way leaves the core
-        // reading (every later read would wait for it for ever) and, for a slice or vector,
-        // the NIC writing memory about to be returned. Wait for it (bounded), else fail the
+        // reading (every later read would wait for it for ever) and, for a slice, the NIC
+        // writing memory about to be returned. Wait for it (bounded), else fail the
         // connection, which ends the READ.
         if started.get() && r.is_err() {
             if matches!(r, Err(NetError::Timeout { .. })) {
@@ -418,10 +368,75 @@ impl Conn {
                 self.shared.changed(&mut st);
             }
         }
-        // The registration goes before the memory it covers (the vector, the caller's slice).
+        // The registration goes before the memory it covers (the caller's slice).
         drop(reg.borrow_mut().take());
         r
     }
+}
+
+/// One attempt of `recv_msg`, for either face: a rendezvous message at the head is read into
+/// the driver's own vector first, and is then taken as any message.
+pub(super) fn recv_msg_attempt(
+    d: &mut Driver,
+    op: &'static str,
+) -> Result<Option<Option<Vec<u8>>>> {
+    match d.core().recv_msg() {
+        Ok(m) => Ok(Some(m)),
+        Err(ProtoError::NeedsRead { len }) => start_owned_read(d, op, len),
+        Err(ProtoError::WouldBlock) => reading_from_gone_peer(d, op),
+        Err(e) => Err(from_core(e)),
+    }
+}
+
+/// One attempt of `recv_msg_into`'s copying form (the async face): as [`recv_msg_attempt`],
+/// then copied into `buf`; a message longer than `buf` stays queued (`ShortBuffer`).
+pub(super) fn recv_msg_into_attempt(
+    d: &mut Driver,
+    op: &'static str,
+    buf: &mut [u8],
+) -> Result<Option<Option<usize>>> {
+    match d.core().recv_msg_into(buf) {
+        Ok(n) => Ok(Some(n)),
+        Err(ProtoError::NeedsRead { len }) if len > buf.len() => {
+            Err(NetError::ShortBuffer { needed: len })
+        }
+        Err(ProtoError::NeedsRead { len }) => start_owned_read(d, op, len),
+        Err(ProtoError::WouldBlock) => reading_from_gone_peer(d, op),
+        Err(e) => Err(from_core(e)),
+    }
+}
+
+/// One attempt of a stream read, for either face (0 is the end of the stream).
+pub(super) fn read_attempt(
+    d: &mut Driver,
+    op: &'static str,
+    buf: &mut [u8],
+) -> Result<Option<usize>> {
+    match d.core().read(buf) {
+        Ok(n) => Ok(Some(n)),
+        Err(ProtoError::NeedsRead { len }) => start_owned_read(d, op, len),
+        Err(ProtoError::WouldBlock) => reading_from_gone_peer(d, op),
+        Err(e) => Err(from_core(e)),
+    }
+}
+
+/// Starts the READ of the head message into the driver's memory; the caller steps again.
+fn start_owned_read<T>(d: &mut Driver, op: &'static str, len: usize) -> Result<Option<T>> {
+    if d.peer_gone() {
+        // The peer left after its FIN: its memory went with it (and nothing is posted any
+        // more), so a rendezvous message it left behind cannot be read.
+        return Err(NetError::PeerGone { op });
+    }
+    d.start_owned_read(len)?;
+    Ok(None)
+}
+
+/// A read that would block: the peer's leaving ends a READ that can no longer land.
+fn reading_from_gone_peer<T>(d: &mut Driver, op: &'static str) -> Result<Option<T>> {
+    if d.owned_read_stranded() {
+        return Err(NetError::PeerGone { op });
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -237,7 +237,7 @@ impl Conn {
             match self.recv_lent_step(OP, &mut *buf, timeout)? {
                 RecvStep::Got(n) => return Ok(n),
                 RecvStep::Rendezvous(len) => match self.pull(OP, len, Dest::Slice(&mut *buf))? {
-                    Pulled::Done(n, _) => return Ok(Some(n)),
+                    Pulled::Done(n) => return Ok(Some(n)),
                     Pulled::Retry => continue,
                 },
             }
