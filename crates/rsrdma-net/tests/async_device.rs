@@ -886,3 +886,58 @@ fn rendezvous_messages_reach_async_reads_and_cancelled_futures_lose_none() {
     });
     sender.join().unwrap();
 }
+
+/// An `AsyncListener` takes a shared receive pool as `Listener` does: its connections receive
+/// from one pool (an accepted connection registers only its send slots), more connections
+/// than the pool has slots per connection all exchange messages, and the memory is counted.
+#[test]
+fn an_async_listener_with_a_shared_receive_pool() {
+    run(async {
+        let small = || {
+            opts(Establish::Cm)
+                .slot_size(4096)
+                .recv_slots(8)
+                .send_slots(4)
+                .sq_depth(16)
+        };
+        let l = listen(small().shared_recv(rsrdma_net::SharedRecv::new(16)));
+        let addr = l.local_addr();
+        let mut pairs = Vec::new();
+        for _ in 0..4 {
+            let (c, s) = tokio::join!(AsyncConn::dial(addr, small()), l.accept());
+            pairs.push((c.unwrap(), s.unwrap()));
+        }
+        let mem = l.recv_memory();
+        assert_eq!((mem.pool_slots, mem.connections), (16, 4), "{mem:?}");
+        assert_eq!(mem.pool_bytes, 16 * 4096);
+        for (_, s) in &pairs {
+            assert_eq!(s.info().registered_bytes, 4 * 4096, "send slots only");
+        }
+        // Every client sends first (4 × 3 one-frame messages wait in the pool at once: 3 is
+        // within a connection's 4 send slots, so no send waits for the server), then every
+        // server reads and answers. (The RNR path of a full pool is the blocking tests'.)
+        for (i, (c, _)) in pairs.iter().enumerate() {
+            for k in 0..3u64 {
+                c.send_msg(&pattern(3000, (i as u64) * 10 + k))
+                    .await
+                    .unwrap();
+            }
+        }
+        for (i, (c, s)) in pairs.iter().enumerate() {
+            for k in 0..3u64 {
+                let m = s.recv_msg().await.unwrap().unwrap();
+                assert!(
+                    m == pattern(3000, (i as u64) * 10 + k),
+                    "conn {i} message {k}"
+                );
+            }
+            s.send_msg(b"ok").await.unwrap();
+            assert_eq!(c.recv_msg().await.unwrap().unwrap(), b"ok");
+        }
+        for (c, s) in pairs {
+            c.close().await.unwrap();
+            s.close().await.unwrap();
+        }
+        assert_eq!(l.recv_memory().connections, 0);
+    });
+}

@@ -9,13 +9,14 @@
 
 use super::conn::AsyncConn;
 use super::watch::Watch;
+use crate::conn::{RecvMemory, RecvPools};
 use crate::error::{NetError, Result};
 use crate::{Conn, ConnOptions, Establish};
 use rsrdma::cm::{CmEventType, CmId, ConnectRequest};
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Pending connect requests the kernel queues.
 const BACKLOG: i32 = 128;
@@ -38,6 +39,9 @@ pub struct AsyncListener {
     inner: Inner,
     opts: ConnOptions,
     local: SocketAddr,
+    /// The shared receive pool ([`ConnOptions::shared_recv`]), made when the first peer
+    /// arrives, and the account of the connections' receive memory.
+    recv: Arc<RecvPools>,
 }
 
 impl AsyncListener {
@@ -49,9 +53,6 @@ impl AsyncListener {
     /// [`NetError::InvalidArgument`] for [`ConnOptions::shared_recv`] (blocking listeners only).
     pub fn bind(addr: impl ToSocketAddrs, opts: ConnOptions) -> Result<AsyncListener> {
         opts.check()?;
-        // The async accept path does not attach connections to a shared pool (yet): say so
-        // at bind, before any client comes (the accept path refuses it too).
-        opts.check_unpooled()?;
         let addr = addr
             .to_socket_addrs()
             .map_err(|e| NetError::io("resolve address", e))?
@@ -78,12 +79,25 @@ impl AsyncListener {
                 (Inner::Tcp(l), local)
             }
         };
-        Ok(AsyncListener { inner, opts, local })
+        let recv = Arc::new(RecvPools::new(opts.shared_recv));
+        Ok(AsyncListener {
+            inner,
+            opts,
+            local,
+            recv,
+        })
     }
 
     /// The address it listens on, with the real port.
     pub fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// Registered receive memory of this listener's connections now, as
+    /// [`Listener::recv_memory`](crate::Listener::recv_memory): the shared pool
+    /// ([`ConnOptions::shared_recv`]) and what each accepted connection alive holds itself.
+    pub fn recv_memory(&self) -> RecvMemory {
+        self.recv.memory()
     }
 
     /// Waits for the next peer and establishes the connection. Several tasks may call it at
@@ -103,7 +117,9 @@ impl AsyncListener {
             Inner::Cm { watch, id } => {
                 let req = next_request(watch, id).await?;
                 let peer = req.id.peer_addr();
-                let built = blocking(move || Conn::accept_cm_threadless(req, &opts)).await?;
+                let pools = self.recv.clone();
+                let built =
+                    blocking(move || Conn::accept_cm_threadless(req, &opts, &pools)).await?;
                 (peer, built)
             }
             Inner::Tcp(l) => {
@@ -111,7 +127,9 @@ impl AsyncListener {
                 let stream = stream
                     .into_std()
                     .map_err(|e| NetError::io("deregister the accepted socket", e))?;
-                let built = blocking(move || Conn::accept_tcp_threadless(stream, &opts)).await?;
+                let pools = self.recv.clone();
+                let built =
+                    blocking(move || Conn::accept_tcp_threadless(stream, &opts, &pools)).await?;
                 (Some(peer), built)
             }
         };

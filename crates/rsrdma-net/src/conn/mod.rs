@@ -63,6 +63,8 @@ pub use info::ConnInfo;
 pub use listener::Listener;
 pub use options::{ConnOptions, Establish, SharedRecv};
 pub use pool::RecvMemory;
+#[cfg(feature = "tokio")]
+pub(crate) use pool::RecvPools;
 
 use crate::error::{NetError, Result};
 use crate::progress::{self, PollMode};
@@ -668,20 +670,24 @@ impl Conn {
         Conn::start_threadless(est, opts)
     }
 
-    /// Accepts an rdma_cm connect request (blocking), without the thread.
+    /// Accepts an rdma_cm connect request (blocking), without the thread, receiving from the
+    /// listener's shared pool when it has one.
     pub(crate) fn accept_cm_threadless(
         req: rsrdma::cm::ConnectRequest,
         opts: &ConnOptions,
+        pools: &pool::RecvPools,
     ) -> Result<Conn> {
-        let pools = pool::RecvPools::unpooled(opts)?;
-        Conn::start_threadless(establish::cm::accept(req, opts, &pools)?, opts)
+        Conn::start_threadless(establish::cm::accept(req, opts, pools)?, opts)
     }
 
     /// Runs the server side of the TCP handshake (blocking), without the thread.
-    pub(crate) fn accept_tcp_threadless(stream: TcpStream, opts: &ConnOptions) -> Result<Conn> {
-        let pools = pool::RecvPools::unpooled(opts)?;
+    pub(crate) fn accept_tcp_threadless(
+        stream: TcpStream,
+        opts: &ConnOptions,
+        pools: &pool::RecvPools,
+    ) -> Result<Conn> {
         let est =
-            establish::tcp::establish(stream, crate::handshake::Role::Server, opts, Some(&pools))?;
+            establish::tcp::establish(stream, crate::handshake::Role::Server, opts, Some(pools))?;
         Conn::start_threadless(est, opts)
     }
 

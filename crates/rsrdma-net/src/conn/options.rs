@@ -225,19 +225,6 @@ impl ConnOptions {
         crate::domain::check_device(self.device.as_deref(), self.pd.as_ref())
     }
 
-    /// Refuses [`ConnOptions::shared_recv`] where connections are made without a shared pool
-    /// (the async listener): one check and one message for every such path.
-    pub(crate) fn check_unpooled(&self) -> crate::Result<()> {
-        if self.shared_recv.is_some() {
-            return Err(crate::NetError::InvalidArgument(
-                "ConnOptions::shared_recv: AsyncListener does not support a shared receive \
-                 pool yet (Listener does)"
-                    .into(),
-            ));
-        }
-        Ok(())
-    }
-
     /// Bytes of registered slot memory one connection uses (with [`ConnOptions::shared_recv`],
     /// an accepted connection registers only its send slots).
     pub fn slot_memory(&self) -> usize {

@@ -193,6 +193,15 @@ pub(crate) struct RecvPools {
     pub(crate) account: Arc<RecvAccount>,
 }
 
+impl std::fmt::Debug for RecvPools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvPools")
+            .field("config", &self.config)
+            .field("memory", &self.memory())
+            .finish()
+    }
+}
+
 impl RecvPools {
     pub(crate) fn new(config: Option<SharedRecv>) -> RecvPools {
         RecvPools {
@@ -200,14 +209,6 @@ impl RecvPools {
             pools: Mutex::new(Vec::new()),
             account: Arc::default(),
         }
-    }
-
-    /// No pool, for an accept path that does not support one yet (the async listener):
-    /// refuses [`ConnOptions::shared_recv`] with a clear error.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn unpooled(opts: &ConnOptions) -> Result<RecvPools> {
-        opts.check_unpooled()?;
-        Ok(RecvPools::new(None))
     }
 
     /// The pool of device `ctx`, made on first use; `None` without [`SharedRecv`].
