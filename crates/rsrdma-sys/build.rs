@@ -1,5 +1,5 @@
-//! Compiles the C shim (wrappers for rdma-core's `static inline` verbs, the batch-post helpers
-//! and the layout probes) and links libibverbs and librdmacm dynamically.
+//! Compiles the C shim (wrappers for rdma-core's `static inline` verbs, the layout probes and
+//! the overhead bench's C baseline) and links libibverbs and librdmacm dynamically.
 
 fn main() {
     println!("cargo:rerun-if-changed=src/inline_wrappers.c");

@@ -12,9 +12,6 @@
 //! - [`data_path`] has the four data-path verbs among them (`ibv_post_send`, `ibv_post_recv`,
 //!   `ibv_post_srq_recv`, `ibv_poll_cq`) in Rust as well: the same one call through the
 //!   context's operation table, without the wrapper's extra call.
-//! - [`rsrdma_post_send_batch`] and its receive twins post a whole array of work requests with
-//!   one call (one C walker in `src/shim.c` behind all three; host-tested against a fake
-//!   provider in `src/batch_tests.rs`).
 //! - Enums the provider or kernel writes (`ibv_wc_status`, `ibv_qp_state`, …) are newtypes over
 //!   the integer, never Rust enums, so an unknown value cannot be undefined behaviour.
 
@@ -48,34 +45,11 @@ pub struct rsrdma_layout {
 }
 
 extern "C" {
-    /// Links `wrs[0..n)` through `next`, posts them with one `ibv_post_send`, and on failure
-    /// stores the index of the first rejected work request in `*bad_index` (`n` if the provider
-    /// named none). Returns `ibv_post_send`'s result (0 or an errno value).
-    pub fn rsrdma_post_send_batch(
-        qp: *mut ibv_qp,
-        wrs: *mut ibv_send_wr,
-        n: usize,
-        bad_index: *mut usize,
-    ) -> ::std::os::raw::c_int;
-    /// The receive-queue twin of [`rsrdma_post_send_batch`].
-    pub fn rsrdma_post_recv_batch(
-        qp: *mut ibv_qp,
-        wrs: *mut ibv_recv_wr,
-        n: usize,
-        bad_index: *mut usize,
-    ) -> ::std::os::raw::c_int;
     /// `ibv_alloc_mw` (a `static inline` in verbs.h): a memory window of `type_` on `pd`;
     /// null with errno set on failure (EOPNOTSUPP: the provider has no memory windows).
     pub fn rsrdma_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mut ibv_mw;
     /// `ibv_dealloc_mw` (a `static inline` in verbs.h): 0 or an errno value.
     pub fn rsrdma_dealloc_mw(mw: *mut ibv_mw) -> ::std::os::raw::c_int;
-    /// The shared-receive-queue twin of [`rsrdma_post_send_batch`].
-    pub fn rsrdma_post_srq_recv_batch(
-        srq: *mut ibv_srq,
-        wrs: *mut ibv_recv_wr,
-        n: usize,
-        bad_index: *mut usize,
-    ) -> ::std::os::raw::c_int;
     /// The overhead bench's C baseline (`src/bench.c`): posts `wr` `n` times, one
     /// `ibv_post_send` each; returns the failures.
     pub fn rsrdma_bench_c_post(qp: *mut ibv_qp, wr: *mut ibv_send_wr, n: u64) -> u64;
@@ -100,9 +74,6 @@ extern "C" {
         out: *mut rsrdma_layout,
     ) -> ::std::os::raw::c_int;
 }
-
-#[cfg(test)]
-mod batch_tests;
 
 #[cfg(test)]
 mod layout_tests {

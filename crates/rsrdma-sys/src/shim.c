@@ -1,110 +1,12 @@
 /*
  * Hand-written helpers that rsrdma-sys exports next to the generated inline wrappers.
  *
- * - Batch posting: the caller hands a contiguous array of work requests; one walker links them
- *   through `next` and posts the whole chain with one ibv_post_send/ibv_post_recv/
- *   ibv_post_srq_recv call, then reports the index of the first request the provider rejected.
- *   The Rust side therefore never builds self-referential linked lists, and a batch crosses the
- *   FFI boundary once.
  * - Layout probes: sizes and offsets of the structs the hot path reads, as the C compiler sees
  *   them, so a test can catch committed bindings that drifted from the installed headers.
  */
 #include <stddef.h>
-#include <stdint.h>
-#include <string.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
-
-/* The queues a batch can go to. */
-enum rsrdma_queue {
-	RSRDMA_SEND_QUEUE,	/* owner is a struct ibv_qp, wrs are struct ibv_send_wr */
-	RSRDMA_RECV_QUEUE,	/* owner is a struct ibv_qp, wrs are struct ibv_recv_wr */
-	RSRDMA_SRQ,		/* owner is a struct ibv_srq, wrs are struct ibv_recv_wr */
-};
-
-/* Links wrs[0..n) (each `stride` bytes, its `next` pointer at `next_off`) into a chain. The
- * pointer is stored with memcpy: the array is untyped here, and both WR types' `next` are
- * plain object pointers with the same representation as void *. */
-static void link_chain(char *wrs, size_t n, size_t stride, size_t next_off)
-{
-	size_t i;
-
-	for (i = 0; i < n; i++) {
-		void *next = i + 1 < n ? wrs + (i + 1) * stride : NULL;
-
-		memcpy(wrs + i * stride + next_off, &next, sizeof(next));
-	}
-}
-
-/* Undoes link_chain once the chain is posted: every `next` is NULL again, so a request from
- * the array can later be posted alone, in place, without a copy to clear its link. */
-static void unlink_chain(char *wrs, size_t n, size_t stride, size_t next_off)
-{
-	void *none = NULL;
-	size_t i;
-
-	for (i = 0; i + 1 < n; i++)
-		memcpy(wrs + i * stride + next_off, &none, sizeof(none));
-}
-
-/* The index of `bad` in wrs[0..n), or n when it points elsewhere (or is NULL). Compared as
- * integers, so that a pointer outside the array is not undefined behaviour. */
-static size_t index_of(const char *wrs, size_t n, size_t stride, const void *bad)
-{
-	uintptr_t off = (uintptr_t)bad - (uintptr_t)wrs;
-
-	return off < n * stride ? off / stride : n;
-}
-
-/* The one batch walker behind the three exported helpers: links wrs[0..n) into a chain, posts
- * it to queue `q` of `owner` with one verbs call, and on failure stores the index of the first
- * rejected WR in *bad_index (n when the provider named none). Returns the verb's result.
- * Each exported helper passes a constant `q`, so the compiler specialises this per queue. */
-static inline int post_batch(enum rsrdma_queue q, void *owner, void *wrs, size_t n,
-			     size_t *bad_index)
-{
-	int send = q == RSRDMA_SEND_QUEUE;
-	size_t stride = send ? sizeof(struct ibv_send_wr) : sizeof(struct ibv_recv_wr);
-	size_t next_off = send ? offsetof(struct ibv_send_wr, next) : offsetof(struct ibv_recv_wr, next);
-	struct ibv_send_wr *bad_send = NULL;
-	struct ibv_recv_wr *bad_recv = NULL;
-	int rc;
-
-	if (n == 0)
-		return 0;
-	link_chain(wrs, n, stride, next_off);
-	switch (q) {
-	case RSRDMA_SEND_QUEUE:
-		rc = ibv_post_send(owner, wrs, &bad_send);
-		break;
-	case RSRDMA_RECV_QUEUE:
-		rc = ibv_post_recv(owner, wrs, &bad_recv);
-		break;
-	default:
-		rc = ibv_post_srq_recv(owner, wrs, &bad_recv);
-		break;
-	}
-	if (rc && bad_index)
-		*bad_index = index_of(wrs, n, stride, send ? (void *)bad_send : (void *)bad_recv);
-	unlink_chain(wrs, n, stride, next_off);
-	return rc;
-}
-
-/* The exported helpers, one per queue; their Rust declarations are in src/lib.rs. */
-int rsrdma_post_send_batch(struct ibv_qp *qp, struct ibv_send_wr *wrs, size_t n, size_t *bad_index)
-{
-	return post_batch(RSRDMA_SEND_QUEUE, qp, wrs, n, bad_index);
-}
-
-int rsrdma_post_recv_batch(struct ibv_qp *qp, struct ibv_recv_wr *wrs, size_t n, size_t *bad_index)
-{
-	return post_batch(RSRDMA_RECV_QUEUE, qp, wrs, n, bad_index);
-}
-
-int rsrdma_post_srq_recv_batch(struct ibv_srq *srq, struct ibv_recv_wr *wrs, size_t n, size_t *bad_index)
-{
-	return post_batch(RSRDMA_SRQ, srq, wrs, n, bad_index);
-}
 
 /* Layout probes: one (size, align, offsets...) table per hot struct. */
 struct rsrdma_layout {

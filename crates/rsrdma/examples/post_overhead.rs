@@ -7,6 +7,16 @@
 //! - a chain of 32 per post (per WR): C links and posts, `Qp::post_send_batch` from Rust;
 //! - a pipeline step (post one, poll one): the inner step of RawConn's pipelines.
 //!
+//! Each main row does the same user work on both sides: the C program builds its requests
+//! once and sets only `wr_id` (and, in a chain, `next`) before each post, so the Rust side
+//! builds its `SendWr`s once too and sets only the id (`SendWr::set_wr_id`); whatever else
+//! the Rust side spends (the checks, the batch's links and unlinks, the `Result`s) is what
+//! the layer adds, and the target (at most 2 ns/WR added) applies to these rows. Building a
+//! fresh request per post (`SendWr::send`, a 128-byte struct written whole) is work a C
+//! program can do or skip alike, so it is not counted against rsrdma, but it stays visible:
+//! the "info" rows under each case run it, and "of which: raw FFI call only" shows the bare
+//! call. They have no target.
+//!
 //! Instructions per WR come from the CPU's counters (perf_event_open) where the machine has
 //! them. Virtual machines often do not; then, where valgrind is installed, they are counted
 //! by callgrind: each side of each case runs once more under it, in a child process, for two
@@ -22,6 +32,8 @@ use std::hint::black_box;
 use std::time::Instant;
 
 const BATCH: usize = 32;
+/// The most a main row may add over C, in ns/WR.
+const TARGET_NS: f64 = 2.0;
 
 fn main() {
     let mut rounds = 7usize;
@@ -57,13 +69,13 @@ fn main() {
     );
     let mut all_met = true;
     let callgrind = use_callgrind && counter.0.is_err() && callgrind_available();
-    for (ci, (name, c, rust)) in CASES.into_iter().enumerate() {
+    for (ci, case) in CASES.into_iter().enumerate() {
         let (mut tc, mut tr, mut ic, mut ir) = (vec![], vec![], vec![], vec![]);
         for _ in 0..rounds {
-            let (t, i) = measure(&counter, || c(&fake, per_round), per_round);
+            let (t, i) = measure(&counter, || (case.c)(&fake, per_round), per_round);
             tc.push(t);
             ic.extend(i);
-            let (t, i) = measure(&counter, || rust(&fake, per_round), per_round);
+            let (t, i) = measure(&counter, || (case.rust)(&fake, per_round), per_round);
             tr.push(t);
             ir.extend(i);
         }
@@ -73,8 +85,16 @@ fn main() {
         }
         let (mc, mr) = (median(&mut tc), median(&mut tr));
         let added = mr - mc;
-        let met = added <= 10.0;
-        all_met &= met;
+        let verdict = if case.main {
+            let met = added <= TARGET_NS;
+            all_met &= met;
+            format!(
+                "added <= {TARGET_NS} ns: {}",
+                if met { "met" } else { "MISSED" }
+            )
+        } else {
+            "(info, no target)".to_string()
+        };
         let ins = |v: &mut Vec<f64>| {
             if v.is_empty() {
                 "n/a".to_string()
@@ -83,10 +103,10 @@ fn main() {
             }
         };
         println!(
-            "{name:<36} {mc:>10.2} {mr:>10.2} {added:>11.2} {:>9} {:>11}  added <= 10 ns: {}",
+            "{:<36} {mc:>10.2} {mr:>10.2} {added:>11.2} {:>9} {:>11}  {verdict}",
+            case.name,
             ins(&mut ic),
             ins(&mut ir),
-            if met { "met" } else { "MISSED" }
         );
     }
     println!();
@@ -104,9 +124,9 @@ fn main() {
         }
     }
     println!(
-        "target (at most 10 ns/WR added over C): {}",
+        "target (at most {TARGET_NS} ns/WR added over C, main rows): {}",
         if all_met {
-            "met in every case"
+            "met in every main row"
         } else {
             "missed"
         }
@@ -115,18 +135,51 @@ fn main() {
 
 type Runner = fn(&FakeQp, u64);
 
-/// The cases of the table, in order: name, C side, Rust side. `--count-one` names one by
-/// its index.
-const CASES: [(&str, Runner, Runner); 5] = [
-    ("post 1 WR per call", c_post, rust_post),
-    ("  of which: raw FFI call only", c_post, rust_ffi_only),
-    (
-        "  of which: Qp::post_send, WR reused",
-        c_post,
-        rust_post_reused,
+/// A row of the table: C side, Rust side, and whether the target applies (a main row) or the
+/// row only shows where time goes.
+#[derive(Clone, Copy)]
+struct Case {
+    name: &'static str,
+    c: Runner,
+    rust: Runner,
+    main: bool,
+}
+
+const fn row(name: &'static str, c: Runner, rust: Runner) -> Case {
+    Case {
+        name,
+        c,
+        rust,
+        main: true,
+    }
+}
+
+const fn info(name: &'static str, c: Runner, rust: Runner) -> Case {
+    Case {
+        name,
+        c,
+        rust,
+        main: false,
+    }
+}
+
+/// The rows of the table, in order. `--count-one` names one by its index.
+const CASES: [Case; 7] = [
+    row("post 1 WR per call", c_post, rust_post),
+    info("  of which: raw FFI call only", c_post, rust_ffi_only),
+    info("  info: a SendWr::send per post", c_post, rust_post_rebuilt),
+    row("post a chain of 32 (per WR)", c_chain, rust_chain),
+    info(
+        "  info: 32 SendWr::send per post",
+        c_chain,
+        rust_chain_rebuilt,
     ),
-    ("post a chain of 32 (per WR)", c_chain, rust_batch),
-    ("pipeline step: post 1, poll 1", c_post_poll, rust_post_poll),
+    row("pipeline step: post 1, poll 1", c_post_poll, rust_post_poll),
+    info(
+        "  info: a SendWr::send per post",
+        c_post_poll,
+        rust_post_poll_rebuilt,
+    ),
 ];
 /// The two WR counts of the callgrind runs (multiples of [`BATCH`]).
 const CG_SHORT: u64 = 32 * 1024;
@@ -140,10 +193,10 @@ enum Side {
 
 /// The runner of side `side` of case `case` (an index into [`CASES`]).
 fn runner(case: usize, side: Side) -> Runner {
-    let (_, c, rust) = CASES[case];
+    let case = CASES[case];
     match side {
-        Side::C => c,
-        Side::Rust => rust,
+        Side::C => case.c,
+        Side::Rust => case.rust,
     }
 }
 
@@ -162,7 +215,12 @@ fn count_one_args() -> Option<(usize, Side, u64)> {
         };
         Some((case, side, a.get(3)?.parse().ok()?))
     })();
-    Some(parsed.unwrap_or_else(|| usage("--count-one needs CASE (0-4), c|rust and WRS")))
+    Some(parsed.unwrap_or_else(|| {
+        usage(&format!(
+            "--count-one needs CASE (0-{}), c|rust and WRS",
+            CASES.len() - 1
+        ))
+    }))
 }
 
 /// Runs one side of one case once: under callgrind, for its instruction count.
@@ -238,16 +296,19 @@ fn c_post(f: &FakeQp, n: u64) {
     assert_eq!(failed, 0);
 }
 
+/// As `c_post`: one request built once, its id set before each post.
 fn rust_post(f: &FakeQp, n: u64) {
     let sges = sge();
     let qp = f.qp();
+    let mut wr = SendWr::send(0, &sges);
     for i in 0..n {
+        wr.set_wr_id(i);
         // SAFETY: the provider never touches memory; nothing is in flight.
-        unsafe { qp.post_send(black_box(&SendWr::send(i, &sges))) }.unwrap();
+        unsafe { qp.post_send(black_box(&wr)) }.unwrap();
     }
 }
 
-/// Where the time goes, step 1: the raw FFI call alone, the same request each time.
+/// Where the time goes: the raw FFI call alone, the same request each time.
 fn rust_ffi_only(f: &FakeQp, n: u64) {
     let sges = sge();
     let mut wr = raw(SendWr::send(0, &sges));
@@ -261,14 +322,13 @@ fn rust_ffi_only(f: &FakeQp, n: u64) {
     }
 }
 
-/// Where the time goes, step 2: `Qp::post_send` with one request built once.
-fn rust_post_reused(f: &FakeQp, n: u64) {
+/// What building a request per post costs: a fresh `SendWr` for every post.
+fn rust_post_rebuilt(f: &FakeQp, n: u64) {
     let sges = sge();
     let qp = f.qp();
-    let wr = SendWr::send(0, &sges);
-    for _ in 0..n {
+    for i in 0..n {
         // SAFETY: as in `rust_post`.
-        unsafe { qp.post_send(black_box(&wr)) }.unwrap();
+        unsafe { qp.post_send(black_box(&SendWr::send(i, &sges))) }.unwrap();
     }
 }
 
@@ -282,10 +342,26 @@ fn c_chain(f: &FakeQp, n: u64) {
     assert_eq!(failed, 0);
 }
 
-fn rust_batch(f: &FakeQp, n: u64) {
+/// As `c_chain`: the requests built once, their ids set before each post (the links are
+/// `post_send_batch`'s work).
+fn rust_chain(f: &FakeQp, n: u64) {
     let sges = sge();
     let qp = f.qp();
-    let mut wrs: [SendWr<'_>; BATCH] = std::array::from_fn(|i| SendWr::send(i as u64, &sges));
+    let mut wrs: [SendWr<'_>; BATCH] = std::array::from_fn(|_| SendWr::send(0, &sges));
+    for r in 0..n / BATCH as u64 {
+        for (i, wr) in wrs.iter_mut().enumerate() {
+            wr.set_wr_id(r * BATCH as u64 + i as u64);
+        }
+        // SAFETY: as in `rust_post`.
+        unsafe { qp.post_send_batch(black_box(&mut wrs)) }.unwrap();
+    }
+}
+
+/// What building the requests per post costs: 32 fresh `SendWr`s for every post.
+fn rust_chain_rebuilt(f: &FakeQp, n: u64) {
+    let sges = sge();
+    let qp = f.qp();
+    let mut wrs: [SendWr<'_>; BATCH] = std::array::from_fn(|_| SendWr::send(0, &sges));
     for r in 0..n / BATCH as u64 {
         for (i, wr) in wrs.iter_mut().enumerate() {
             *wr = SendWr::send(r * BATCH as u64 + i as u64, &sges);
@@ -304,7 +380,23 @@ fn c_post_poll(f: &FakeQp, n: u64) {
     assert_eq!(failed, 0);
 }
 
+/// As `c_post_poll`: one request built once, its id set before each post.
 fn rust_post_poll(f: &FakeQp, n: u64) {
+    let sges = sge();
+    let (qp, cq) = (f.qp(), f.cq());
+    let mut wr = SendWr::send(0, &sges);
+    let mut wcs = [Wc::default(); 1];
+    for i in 0..n {
+        wr.set_wr_id(i);
+        // SAFETY: as in `rust_post`.
+        unsafe { qp.post_send(black_box(&wr)) }.unwrap();
+        let got = cq.poll(&mut wcs).unwrap();
+        black_box(got);
+    }
+}
+
+/// What building a request per post costs in the pipeline step.
+fn rust_post_poll_rebuilt(f: &FakeQp, n: u64) {
     let sges = sge();
     let (qp, cq) = (f.qp(), f.cq());
     let mut wcs = [Wc::default(); 1];

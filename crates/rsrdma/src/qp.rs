@@ -15,7 +15,7 @@ use crate::mr::AccessFlags;
 use crate::pd::Pd;
 use crate::setters::setters;
 use crate::srq::Srq;
-use crate::wr::{RecvWr, SendWr};
+use crate::wr::{self, RecvWr, SendWr};
 use std::fmt;
 use std::sync::Arc;
 
@@ -1104,7 +1104,7 @@ impl Qp {
         self.check_inline(wr)?;
         let mut bad = std::ptr::null_mut();
         // Posted in place, not copied: a `SendWr`'s `next` is always null outside a batch post
-        // (the batch helper unlinks what it linked), and the copy cost more than the rest of
+        // (`wr::post_list` unlinks what it linked), and the copy cost more than the rest of
         // the path together (`cargo xtask bench overhead`).
         // SAFETY: live QP; `wr` is a valid single request (its `next` is null); providers read
         // a request and never write it, so the `*mut` the C signature asks for is not used to
@@ -1127,37 +1127,23 @@ impl Qp {
     /// As [`Qp::post_send`], for every request.
     ///
     /// # Errors
-    /// [`Error::Post`] with the index of the first request not posted.
+    /// [`Error::Limit`] when the first request's inline payload is above the QP's inline size
+    /// (nothing posted); [`Error::Post`] with the index of the first request not posted (errno
+    /// EINVAL for a later request's inline payload, after those before it were posted).
     #[inline]
     pub unsafe fn post_send_batch(&self, wrs: &mut [SendWr<'_>]) -> Result<()> {
-        for (i, wr) in wrs.iter().enumerate() {
-            if let Err(e) = self.check_inline(wr) {
-                if i == 0 {
-                    return Err(e);
-                }
-                // Post the valid prefix, then report where it stopped.
-                // SAFETY: the caller's contract covers every request in the slice.
-                unsafe { self.post_send_batch(&mut wrs[..i]) }?;
-                return Err(Error::Post {
-                    op: "ibv_post_send",
-                    index: i,
-                    count: wrs.len(),
-                    errno: libc::EINVAL,
-                });
-            }
-        }
-        let mut bad = 0usize;
-        // SAFETY: live QP; SendWr is repr(transparent) over ibv_send_wr; the helper only links
-        // the slice's own elements; the caller vouches for the memory.
-        let rc = unsafe {
-            ffi::rsrdma_post_send_batch(
-                self.inner.raw,
-                wrs.as_mut_ptr().cast(),
-                wrs.len(),
-                &mut bad,
-            )
-        };
-        check_post("ibv_post_send", rc, bad, wrs.len())
+        let raw = self.inner.raw;
+        wr::post_list(
+            "ibv_post_send",
+            wrs,
+            |wr| self.check_inline(wr),
+            |list, bad| {
+                // SAFETY: live QP; `list` is the caller's requests, linked into one list that
+                // ends in null and stays put during the call; the caller vouches for the
+                // memory they name.
+                unsafe { ffi::data_path::ibv_post_send(raw, list, bad) }
+            },
+        )
     }
 
     /// Posts one receive request.
@@ -1191,19 +1177,17 @@ impl Qp {
     ///
     /// # Errors
     /// [`Error::Post`] with the index of the first request not posted.
+    #[inline]
     pub unsafe fn post_recv_batch(&self, wrs: &mut [RecvWr<'_>]) -> Result<()> {
         self.check_own_rq()?;
-        let mut bad = 0usize;
-        // SAFETY: as post_send_batch.
-        let rc = unsafe {
-            ffi::rsrdma_post_recv_batch(
-                self.inner.raw,
-                wrs.as_mut_ptr().cast(),
-                wrs.len(),
-                &mut bad,
-            )
-        };
-        check_post("ibv_post_recv", rc, bad, wrs.len())
+        let raw = self.inner.raw;
+        wr::post_list(
+            "ibv_post_recv",
+            wrs,
+            |_| Ok(()),
+            // SAFETY: as in `post_send_batch`.
+            |list, bad| unsafe { ffi::data_path::ibv_post_recv(raw, list, bad) },
+        )
     }
 
     #[inline]
@@ -1414,6 +1398,42 @@ mod tests {
         let e = check_psn("sq_psn", 0x100_0000).unwrap_err().to_string();
         assert!(e.contains("sq_psn") && e.contains("24-bit"), "{e}");
         assert!(check_limit("retry_cnt", 8, 7, "x").is_err());
+    }
+
+    #[cfg(feature = "bench-support")]
+    #[test]
+    fn batches_go_through_the_op_table_and_check_inline_sizes() {
+        use crate::wr::Sge;
+        let fake = crate::bench_support::FakeQp::new(64);
+        let qp = fake.qp();
+        // SAFETY: the do-nothing provider reads no memory.
+        let send = |wrs: &mut [SendWr<'_>]| unsafe { qp.post_send_batch(wrs) };
+        let sges = [Sge::new(0x1000, 8, 7)];
+        // The fake QP has no inline room: the third request is refused.
+        let mut wrs = [
+            SendWr::send(0, &sges),
+            SendWr::send(1, &sges),
+            SendWr::send(2, &sges).inline(),
+        ];
+        send(&mut wrs[..2]).unwrap();
+        let e = send(&mut wrs).unwrap_err();
+        let einval = libc::EINVAL;
+        assert!(
+            matches!(e, Error::Post { index: 2, count: 3, errno, .. } if errno == einval),
+            "{e:?}"
+        );
+        let e = send(&mut wrs[2..]).unwrap_err();
+        assert!(matches!(e, Error::Limit { .. }), "{e:?}");
+        assert!(wrs.iter().all(|w| w.as_raw().next.is_null()));
+        // No `post_recv` in the fake's op table: the verb's EOPNOTSUPP, naming no request.
+        let mut recvs = [RecvWr::new(0, &sges), RecvWr::new(1, &sges)];
+        // SAFETY: as above.
+        let e = unsafe { qp.post_recv_batch(&mut recvs) }.unwrap_err();
+        let eopnotsupp = libc::EOPNOTSUPP;
+        assert!(
+            matches!(e, Error::Post { index: 2, count: 2, errno, .. } if errno == eopnotsupp),
+            "{e:?}"
+        );
     }
 
     #[test]

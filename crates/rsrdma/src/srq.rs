@@ -3,7 +3,7 @@
 use crate::error::{check_post, Error, Result};
 use crate::ffi;
 use crate::pd::Pd;
-use crate::wr::RecvWr;
+use crate::wr::{self, RecvWr};
 use std::sync::Arc;
 
 /// A shared receive queue (`ibv_srq`). Cheap to clone; QPs attached to it keep it alive.
@@ -121,19 +121,20 @@ impl Srq {
     ///
     /// # Errors
     /// [`Error::Post`] with the index of the first request not posted.
+    #[inline]
     pub unsafe fn post_recv_batch(&self, wrs: &mut [RecvWr<'_>]) -> Result<()> {
-        let mut bad = 0usize;
-        // SAFETY: live SRQ; RecvWr is repr(transparent) over ibv_recv_wr; the helper only
-        // links the array's own elements.
-        let rc = unsafe {
-            ffi::rsrdma_post_srq_recv_batch(
-                self.inner.raw,
-                wrs.as_mut_ptr().cast(),
-                wrs.len(),
-                &mut bad,
-            )
-        };
-        check_post("ibv_post_srq_recv", rc, bad, wrs.len())
+        let raw = self.inner.raw;
+        wr::post_list(
+            "ibv_post_srq_recv",
+            wrs,
+            |_| Ok(()),
+            |list, bad| {
+                // SAFETY: live SRQ; `list` is the caller's requests, linked into one list that
+                // ends in null and stays put during the call; the caller vouches for their
+                // memory.
+                unsafe { ffi::data_path::ibv_post_srq_recv(raw, list, bad) }
+            },
+        )
     }
 
     /// The raw `ibv_srq`; `None` for a provider that is not libibverbs.

@@ -7,11 +7,14 @@
 //! SGEs point at is another matter: see the `# Safety` contract of the posting calls.
 
 use crate::ah::Ah;
+use crate::error::{Error, Result};
 use crate::ffi;
 use crate::mr::{AccessFlags, Mr};
 use crate::mw::Mw;
 use std::fmt;
 use std::marker::PhantomData;
+use std::os::raw::c_int;
+use std::ptr;
 
 /// A scatter/gather entry: `length` bytes at `addr`, in the memory region whose local key is
 /// `lkey`. Make one with [`crate::Mr::sge`] (bounds-checked) or [`Sge::new`].
@@ -346,7 +349,6 @@ impl<'a> SendWr<'a> {
         self.raw.opcode
     }
 
-    /// The raw request, with `next` cleared, for a single post.
     /// The raw `ibv_send_wr`.
     #[inline]
     pub fn as_raw(&self) -> &ffi::ibv_send_wr {
@@ -434,6 +436,117 @@ impl fmt::Debug for RecvWr<'_> {
     }
 }
 
+/// A request type that posts as a C list linked through `next`.
+pub(crate) trait Linked: Sized {
+    /// The C struct (`ibv_send_wr`, `ibv_recv_wr`).
+    type Raw;
+
+    /// Sets the `next` pointer of the request at `wr`.
+    ///
+    /// # Safety
+    /// `wr` points to a live, writable request.
+    unsafe fn set_next(wr: *mut Self, next: *mut Self);
+}
+
+impl Linked for SendWr<'_> {
+    type Raw = ffi::ibv_send_wr;
+
+    #[inline(always)]
+    unsafe fn set_next(wr: *mut Self, next: *mut Self) {
+        // SAFETY: the caller vouches for `wr`; SendWr is repr(transparent) over the C struct.
+        unsafe { (*wr).raw.next = next.cast() }
+    }
+}
+
+impl Linked for RecvWr<'_> {
+    type Raw = ffi::ibv_recv_wr;
+
+    #[inline(always)]
+    unsafe fn set_next(wr: *mut Self, next: *mut Self) {
+        // SAFETY: as for SendWr.
+        unsafe { (*wr).raw.next = next.cast() }
+    }
+}
+
+/// Posts `wrs` as one list with one call of `post` (the verb, given the list's head and where
+/// to store the request it rejects). Each request is linked to the next in the same pass
+/// that `check`s it; the list ends before the first one refused. After the call the links are
+/// cleared again, so `next` is null outside this function and a single post can hand a
+/// request over in place (a stale link would post a stale list).
+///
+/// # Errors
+/// `check`'s error when it refuses the first request (nothing posted). Otherwise
+/// [`Error::Post`] naming `op`, with the index of the first request not posted: the one the
+/// provider rejected (the list's length when it names none), or else the first refused by
+/// `check` (errno EINVAL), the requests before it having been posted.
+#[inline(always)]
+pub(crate) fn post_list<W: Linked>(
+    op: &'static str,
+    wrs: &mut [W],
+    mut check: impl FnMut(&W) -> Result<()>,
+    post: impl FnOnce(*mut W::Raw, &mut *mut W::Raw) -> c_int,
+) -> Result<()> {
+    let count = wrs.len();
+    // Everything below goes through `first`, not `wrs`: the list points into the slice.
+    let first = wrs.as_mut_ptr();
+    // SAFETY: one past the slice's end.
+    let end = unsafe { first.add(count) };
+    let mut wr = first;
+    while wr != end {
+        // SAFETY: a request of the slice; the reference ends before the write below.
+        if let Err(e) = check(unsafe { &*wr }) {
+            if wr == first {
+                return Err(e);
+            }
+            break;
+        }
+        // SAFETY: `wr` is in the slice, so one past it is in the slice or its end; the last
+        // link is replaced by null below.
+        let next = unsafe { wr.add(1) };
+        // SAFETY: `wr` is in the slice.
+        unsafe { W::set_next(wr, next) };
+        wr = next;
+    }
+    // SAFETY: `wr` is in the slice or its end, not before `first`.
+    let linked = unsafe { wr.offset_from(first) } as usize;
+    if linked == 0 {
+        return Ok(());
+    }
+    // SAFETY: the last request linked, in the slice.
+    unsafe { W::set_next(wr.sub(1), ptr::null_mut()) };
+    let mut bad = ptr::null_mut();
+    let rc = post(first.cast(), &mut bad);
+    for i in 0..linked - 1 {
+        // SAFETY: in the slice; the provider has returned, so the list is no longer read.
+        unsafe { W::set_next(first.add(i), ptr::null_mut()) };
+    }
+    if rc != 0 {
+        // Compared as integers: a `bad` outside the list names no request of it.
+        let size = std::mem::size_of::<W>();
+        let offset = (bad as usize).wrapping_sub(first as usize);
+        let index = if offset < linked * size {
+            offset / size
+        } else {
+            linked
+        };
+        return Err(Error::Post {
+            op,
+            index,
+            count,
+            errno: rc.abs(),
+        });
+    }
+    if linked < count {
+        return Err(Error::Post {
+            op,
+            index: linked,
+            count,
+            errno: libc::EINVAL,
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -496,5 +609,196 @@ mod tests {
             assert!(wr.as_raw().next.is_null());
         }
         assert!(RecvWr::new(3, &[]).as_raw().next.is_null());
+    }
+
+    /// A provider for [`post_list`]: walks the list as one would, recording the wr_ids, and
+    /// rejects the request with id `reject` (or, for `u64::MAX`, fails naming none).
+    fn walk<'s, R: 's>(
+        seen: &'s mut Vec<u64>,
+        reject: Option<u64>,
+        link: fn(&R) -> (u64, *mut R),
+    ) -> impl FnOnce(*mut R, &mut *mut R) -> c_int + 's {
+        move |mut wr, bad| {
+            while !wr.is_null() {
+                assert!(seen.len() < 1000, "a list without an end");
+                // SAFETY: `post_list` hands over a list of live requests ending in null.
+                let (id, next) = link(unsafe { &*wr });
+                seen.push(id);
+                if reject == Some(id) {
+                    *bad = wr;
+                    return libc::EINVAL;
+                }
+                wr = next;
+            }
+            if reject == Some(u64::MAX) {
+                return libc::EINVAL;
+            }
+            0
+        }
+    }
+
+    fn send_link(w: &ffi::ibv_send_wr) -> (u64, *mut ffi::ibv_send_wr) {
+        (w.wr_id, w.next)
+    }
+
+    fn sends(sges: &[Sge], n: u64) -> Vec<SendWr<'_>> {
+        (0..n).map(|id| SendWr::send(id, sges)).collect()
+    }
+
+    fn unlinked(wrs: &[SendWr<'_>]) -> bool {
+        wrs.iter().all(|w| w.as_raw().next.is_null())
+    }
+
+    #[test]
+    fn a_list_is_posted_once_in_slice_order_and_unlinked_after() {
+        let sges = [Sge::new(1, 1, 1)];
+        let mut wrs = sends(&sges, 64);
+        let (mut seen, mut calls) = (vec![], 0);
+        let post = walk(&mut seen, None, send_link);
+        let r = post_list(
+            "post",
+            &mut wrs,
+            |_| Ok(()),
+            |l, b| {
+                calls += 1;
+                post(l, b)
+            },
+        );
+        r.unwrap();
+        assert_eq!(calls, 1);
+        assert_eq!(seen, (0..64).collect::<Vec<u64>>());
+        assert!(
+            unlinked(&wrs),
+            "a single post of one of them must not post a stale list"
+        );
+    }
+
+    #[test]
+    fn a_rejected_request_is_reported_by_index() {
+        let sges = [Sge::new(1, 1, 1)];
+        let mut wrs = sends(&sges, 64);
+        let mut seen = vec![];
+        let e = post_list(
+            "post",
+            &mut wrs,
+            |_| Ok(()),
+            walk(&mut seen, Some(37), send_link),
+        );
+        assert!(
+            matches!(
+                e,
+                Err(Error::Post {
+                    index: 37,
+                    count: 64,
+                    errno: libc::EINVAL,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        assert!(unlinked(&wrs));
+        let e = post_list(
+            "post",
+            &mut wrs,
+            |_| Ok(()),
+            walk(&mut seen, Some(u64::MAX), send_link),
+        );
+        assert!(
+            matches!(e, Err(Error::Post { index: 64, .. })),
+            "no request named: the list's length, {e:?}"
+        );
+    }
+
+    #[test]
+    fn a_refused_request_ends_the_list_and_the_prefix_is_posted() {
+        let sges = [Sge::new(1, 1, 1)];
+        let refuse_5 = |w: &SendWr<'_>| match w.wr_id() {
+            5 => Err(Error::InvalidArgument("no".into())),
+            _ => Ok(()),
+        };
+        let mut wrs = sends(&sges, 8);
+        let mut seen = vec![];
+        let e = post_list("post", &mut wrs, refuse_5, walk(&mut seen, None, send_link));
+        assert!(
+            matches!(
+                e,
+                Err(Error::Post {
+                    index: 5,
+                    count: 8,
+                    errno: libc::EINVAL,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        assert_eq!(seen, [0, 1, 2, 3, 4]);
+        assert!(unlinked(&wrs));
+
+        // The provider's rejection inside the prefix wins: the first request not posted.
+        let mut seen = vec![];
+        let e = post_list(
+            "post",
+            &mut wrs,
+            refuse_5,
+            walk(&mut seen, Some(2), send_link),
+        );
+        assert!(
+            matches!(
+                e,
+                Err(Error::Post {
+                    index: 2,
+                    count: 8,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        assert!(unlinked(&wrs));
+
+        // Refusing the first posts nothing and returns the check's own error.
+        let mut calls = 0;
+        let e = post_list("post", &mut wrs[5..], refuse_5, |_, _| {
+            calls += 1;
+            0
+        });
+        assert!(matches!(e, Err(Error::InvalidArgument(_))), "{e:?}");
+        assert_eq!(calls, 0);
+    }
+
+    #[test]
+    fn an_empty_list_posts_nothing() {
+        let mut calls = 0;
+        let r = post_list::<RecvWr<'_>>(
+            "post",
+            &mut [],
+            |_| Ok(()),
+            |_, _| {
+                calls += 1;
+                libc::EINVAL
+            },
+        );
+        assert!(r.is_ok());
+        assert_eq!(calls, 0);
+    }
+
+    #[test]
+    fn receive_lists_are_linked_the_same_way() {
+        let mut wrs: Vec<RecvWr<'_>> = (0..8).map(|id| RecvWr::new(id, &[])).collect();
+        let mut seen = vec![];
+        let link: fn(&ffi::ibv_recv_wr) -> _ = |w| (w.wr_id, w.next);
+        let e = post_list("post", &mut wrs, |_| Ok(()), walk(&mut seen, Some(5), link));
+        assert!(
+            matches!(
+                e,
+                Err(Error::Post {
+                    index: 5,
+                    count: 8,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        assert_eq!(seen, [0, 1, 2, 3, 4, 5]);
+        assert!(wrs.iter().all(|w| w.as_raw().next.is_null()));
     }
 }
