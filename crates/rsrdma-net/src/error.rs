@@ -260,3 +260,15 @@ impl NetError {
 
 /// Result alias of rsrdma-net.
 pub type Result<T, E = NetError> = std::result::Result<T, E>;
+
+/// A protocol core error as this crate's error: the ones a caller acts on get their own
+/// variants, anything else fails the connection.
+pub(crate) fn from_core(e: rsrdma_proto::ProtoError) -> NetError {
+    use rsrdma_proto::ProtoError;
+    match e {
+        ProtoError::ShortBuffer { needed } => NetError::ShortBuffer { needed },
+        ProtoError::TooLarge { len, max } => NetError::MessageTooLarge { len, max },
+        ProtoError::Closed { op } => NetError::Closed { op },
+        other => NetError::ConnFailed(other),
+    }
+}

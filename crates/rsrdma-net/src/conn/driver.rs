@@ -44,10 +44,10 @@
 //! `tracing::error`) rather than freed while the NIC might still touch it.
 
 use super::buffer::InFlight;
-use super::from_core;
-use super::slots::{Repost, Slots, RECV_TAG};
-use super::transfer::Owners;
-use crate::error::{NetError, Result};
+use super::sides::Owners;
+use super::slots::{Repost, Slots};
+use super::wr_id::{recv_wr_id, RECV_TAG};
+use crate::error::{from_core, NetError, Result};
 use crate::handshake::Channel;
 use rsrdma::cm::{CmEventType, CmId};
 use rsrdma::{AccessFlags, Cq, Mr, Mw, Pd, Qp, RecvWr, SendWr, Sge, Wc};
@@ -646,7 +646,7 @@ impl Driver {
             return false;
         };
         let list = [sge];
-        let wr = RecvWr::new(super::slots::recv_wr_id(slot), &list);
+        let wr = RecvWr::new(recv_wr_id(slot), &list);
         // SAFETY: as in `post_recvs`.
         let r = unsafe { self.qp.post_recv(&wr) };
         self.recvs_posted += posted(&r, 1) as u64;
@@ -759,7 +759,7 @@ impl Driver {
                     Work::PostRecv { slot } => match self.core.memory_mut().release_recv(slot) {
                         Some(Repost::Own(sge)) => {
                             st.recvs[nr] = sge;
-                            st.recv_ids[nr] = super::slots::recv_wr_id(slot);
+                            st.recv_ids[nr] = recv_wr_id(slot);
                             nr += 1;
                         }
                         Some(Repost::Pooled) => {}

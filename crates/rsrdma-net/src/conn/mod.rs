@@ -52,11 +52,14 @@ mod io;
 mod listener;
 mod options;
 mod pool;
+mod region;
 mod rendezvous;
 mod shared;
+mod sides;
 mod slots;
 mod transfer;
 mod worker;
+mod wr_id;
 
 pub use buffer::{Buffer, BufferPool};
 pub use info::ConnInfo;
@@ -66,19 +69,19 @@ pub use pool::RecvMemory;
 #[cfg(feature = "tokio")]
 pub(crate) use pool::RecvPools;
 
-use crate::error::{NetError, Result};
+use crate::error::{from_core, NetError, Result};
 use crate::progress::{self, PollMode};
 use driver::{Driver, Take};
 use establish::Established;
 use rsrdma_proto::ProtoError;
 use shared::{Shared, Waiter};
+use sides::Side;
 use std::cell::Cell;
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use transfer::Side;
 
 /// How long teardown waits for the QP's flush before it leaks the memory instead.
 const FLUSH_LIMIT: Duration = Duration::from_secs(2);
@@ -920,16 +923,6 @@ fn check_timeout(t: Option<Duration>) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// A core error as this crate's error.
-fn from_core(e: ProtoError) -> NetError {
-    match e {
-        ProtoError::ShortBuffer { needed } => NetError::ShortBuffer { needed },
-        ProtoError::TooLarge { len, max } => NetError::MessageTooLarge { len, max },
-        ProtoError::Closed { op } => NetError::Closed { op },
-        other => NetError::ConnFailed(other),
-    }
 }
 
 #[cfg(test)]

@@ -225,6 +225,28 @@ impl ConnOptions {
         crate::domain::check_device(self.device.as_deref(), self.pd.as_ref())
     }
 
+    /// The domain of [`ConnOptions::pd`], or a new one on `ctx` (checking a named device).
+    pub(crate) fn domain_on(&self, ctx: &rsrdma::Context) -> crate::Result<Pd> {
+        use crate::NetError;
+        if let Some(name) = &self.device {
+            if name != ctx.name() {
+                return Err(NetError::InvalidArgument(format!(
+                    "device {name} was named, but the address is on {}",
+                    ctx.name()
+                )));
+            }
+        }
+        match &self.pd {
+            Some(pd) if pd.context().name() == ctx.name() => Ok(pd.clone()),
+            Some(pd) => Err(NetError::InvalidArgument(format!(
+                "the protection domain is on {}, but the address is on {}",
+                pd.context().name(),
+                ctx.name()
+            ))),
+            None => Ok(Pd::new(ctx)?),
+        }
+    }
+
     /// Bytes of registered slot memory one connection uses (with [`ConnOptions::shared_recv`],
     /// an accepted connection registers only its send slots).
     pub fn slot_memory(&self) -> usize {

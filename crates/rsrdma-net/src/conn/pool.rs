@@ -25,7 +25,8 @@
 //!   completes on the QP (with data, or flushed mid-message) comes back through its CQ.
 
 use super::options::{ConnOptions, SharedRecv};
-use super::slots::{Region, POOL_TAG, RECV_TAG};
+use super::region::Region;
+use super::wr_id::{POOL_TAG, RECV_TAG};
 use crate::error::Result;
 use rsrdma::{AccessFlags, Context, Pd, RecvWr, Srq};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -224,7 +225,7 @@ impl RecvPools {
         if let Some(p) = pools.iter().find(|p| p.pd.context().name() == ctx.name()) {
             return Ok(Some(p.clone()));
         }
-        let pd = super::establish::domain_on(ctx, opts)?;
+        let pd = opts.domain_on(ctx)?;
         let pool = Arc::new(RecvPool::new(pd, cfg.pool_slots, opts.slot_size)?);
         pools.push(pool.clone());
         Ok(Some(pool))

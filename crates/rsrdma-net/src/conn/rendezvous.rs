@@ -51,9 +51,9 @@
 
 use super::buffer::Buffer;
 use super::driver::Driver;
-use super::transfer::{RecvStep, Side};
-use super::{from_core, Conn};
-use crate::error::{NetError, Result};
+use super::sides::Side;
+use super::Conn;
+use crate::error::{from_core, NetError, Result};
 use rsrdma::{AccessFlags, Mr, Pd};
 use rsrdma_proto::ProtoError;
 use std::cell::{Cell, RefCell};
@@ -72,6 +72,14 @@ enum BufferSend {
     Rendezvous { addr: u64, rkey: u32 },
     /// An RTS exposing the buffer through a window the core binds first.
     Window { addr: u64 },
+}
+
+/// What one owned receive attempt found.
+pub(crate) enum RecvStep {
+    /// A message (its length) or the end of the stream.
+    Got(Option<usize>),
+    /// The head message comes by rendezvous: pull it (this many bytes).
+    Rendezvous(usize),
 }
 
 /// Where a call's rendezvous READ lands (a read into memory of the driver's own is

@@ -2,9 +2,9 @@
 //! [`rsrdma_proto::SlotMemory`]: a registered send region, and either a registered receive
 //! region of its own or a share of a listener's receive pool ([`super::pool`]).
 //!
-//! Each region is memory this module allocates and registers itself ([`Mr::register`]), so it
+//! Each region is memory this module allocates and registers itself ([`rsrdma::Mr::register`]), so it
 //! keeps the allocation's raw pointer and copies with `ptr::copy_nonoverlapping` (a plain
-//! `memcpy`, fast even in a debug build, where [`Mr::read_at`]'s volatile word loop made the
+//! `memcpy`, fast even in a debug build, where [`rsrdma::Mr::read_at`]'s volatile word loop made the
 //! copies the largest cost of a transfer). No Rust reference into a region is ever created:
 //! the NIC reads send slots in flight and writes posted receive slots, and the core's contract
 //! (it writes only send slots that are not in flight, reads only receive slots that completed
@@ -22,110 +22,12 @@
 //! still bound when the memory drops go back to the pool then (after the QP is gone).
 
 use super::pool::{RecvAccount, RecvPool};
-use rsrdma::{AccessFlags, Mr, Pd, Sge};
+use super::region::Region;
+use super::wr_id::{pool_slot_of, POOL_TAG};
+use rsrdma::{AccessFlags, Pd, Sge};
 use rsrdma_proto::SlotMemory;
-use std::alloc::Layout;
 use std::cell::Cell;
 use std::sync::Arc;
-
-/// Receive WR ids carry this bit; send WR ids are the core's sequence numbers. The kind must
-/// be in the id: a failed completion has no valid opcode.
-pub(crate) const RECV_TAG: u64 = 1 << 63;
-/// Receive WR ids of pool slots carry this bit too, with the pool slot below it; those of a
-/// connection's own slots carry the slot number.
-pub(crate) const POOL_TAG: u64 = 1 << 62;
-/// The WR id of a receive into own slot `slot`.
-pub(crate) fn recv_wr_id(slot: u16) -> u64 {
-    RECV_TAG | u64::from(slot)
-}
-
-/// Regions are page-aligned, as [`Mr::new`] makes them.
-const PAGE: usize = 4096;
-
-/// One registered allocation that this module owns.
-pub(crate) struct Region {
-    /// `Some` until drop, which deregisters it before the memory is freed.
-    mr: Option<Mr>,
-    pub(crate) ptr: *mut u8,
-    layout: Layout,
-    pub(crate) len: usize,
-    /// The registration's local key, kept here: an SGE per post is then a bounds test and
-    /// arithmetic, without a call into the verbs crate (a send or a repost builds one).
-    lkey: u32,
-}
-
-// SAFETY: the region owns its allocation outright; the raw pointer is only dereferenced
-// through `&self`/`&mut self` methods of `Slots`, whose borrow rules serialise the copies.
-unsafe impl Send for Region {}
-
-impl Region {
-    pub(crate) fn new(pd: &Pd, len: usize, access: AccessFlags) -> rsrdma::Result<Region> {
-        let layout = len
-            .checked_next_multiple_of(PAGE)
-            .and_then(|size| Layout::from_size_align(size.max(PAGE), PAGE).ok())
-            .ok_or_else(|| {
-                rsrdma::Error::InvalidArgument(format!("a slot region of {len} bytes"))
-            })?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(rsrdma::Error::Verbs {
-                op: "alloc",
-                errno: libc::ENOMEM,
-            });
-        }
-        // SAFETY: `ptr..ptr+len` is a fresh allocation that stays put until `drop`, which
-        // deregisters first; no reference into it is ever created (module docs).
-        match unsafe { Mr::register(pd, ptr, len, access) } {
-            Ok(mr) => Ok(Region {
-                lkey: mr.lkey(),
-                mr: Some(mr),
-                ptr,
-                layout,
-                len,
-            }),
-            Err(e) => {
-                // SAFETY: allocated above with this layout, never registered.
-                unsafe { std::alloc::dealloc(ptr, layout) };
-                Err(e)
-            }
-        }
-    }
-
-    pub(crate) fn mr(&self) -> Option<&Mr> {
-        self.mr.as_ref()
-    }
-
-    /// Whether `offset..offset+len` lies inside the region.
-    #[inline]
-    pub(crate) fn holds(&self, offset: usize, len: usize) -> bool {
-        offset.checked_add(len).is_some_and(|end| end <= self.len)
-    }
-
-    /// The SGE of `offset..offset+len`, when that lies inside the region (and the region is
-    /// still registered).
-    #[inline]
-    fn sge(&self, offset: usize, len: usize) -> Option<Sge> {
-        if self.mr.is_none() || !self.holds(offset, len) {
-            return None;
-        }
-        Some(Sge::new(
-            self.ptr as u64 + offset as u64,
-            len as u32,
-            self.lkey,
-        ))
-    }
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // Deregister before freeing; the driver drops the memory only after the QP's flush
-        // (or leaks it, see `Driver::teardown`).
-        drop(self.mr.take());
-        // SAFETY: allocated in `new` with this layout; the registration is gone.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
-    }
-}
 
 /// Send and receive slots of one connection.
 pub(crate) struct Slots {
@@ -316,11 +218,6 @@ impl Slots {
         }
         fits.then_some(at)
     }
-}
-
-/// The pool slot a pool receive's WR id names.
-fn pool_slot_of(wr_id: u64) -> Option<u32> {
-    (wr_id & (RECV_TAG | POOL_TAG) == RECV_TAG | POOL_TAG).then_some(wr_id as u32)
 }
 
 impl Drop for Slots {

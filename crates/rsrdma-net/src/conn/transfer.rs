@@ -17,21 +17,14 @@
 //! back into the core, so the message stays whole for the next read.
 
 use super::driver::Driver;
-use super::rendezvous::{Dest, Pulled, RDV_GRACE};
-use super::{from_core, Conn};
-use crate::error::{NetError, Result};
+use super::rendezvous::{Dest, Pulled, RecvStep, RDV_GRACE};
+use super::sides::Side;
+use super::Conn;
+use crate::error::{from_core, NetError, Result};
 use rsrdma::{AccessFlags, Mr};
 use rsrdma_proto::ProtoError;
 use std::cell::{Cell, RefCell};
 use std::time::Duration;
-
-/// What one owned receive attempt found.
-pub(crate) enum RecvStep {
-    /// A message (its length) or the end of the stream.
-    Got(Option<usize>),
-    /// The head message comes by rendezvous: pull it (this many bytes).
-    Rendezvous(usize),
-}
 
 /// A rendezvous send of a caller's slice: once the core took it, the message number; and its
 /// registration (remote read only), unless a window exposes it (then the registration, for
@@ -40,37 +33,6 @@ pub(crate) enum RecvStep {
 struct SliceRdv {
     msg: Option<u64>,
     mr: Option<Mr>,
-}
-
-/// A direction of the connection that one call at a time may own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Side {
-    Send,
-    Recv,
-}
-
-/// Which sides are owned (lives in the driver, behind the connection's mutex).
-#[derive(Debug, Default)]
-pub(crate) struct Owners {
-    send: bool,
-    recv: bool,
-}
-
-impl Owners {
-    /// Whether a call owns `side`.
-    pub(crate) fn owned(&self, side: Side) -> bool {
-        match side {
-            Side::Send => self.send,
-            Side::Recv => self.recv,
-        }
-    }
-
-    fn flag(&mut self, side: Side) -> &mut bool {
-        match side {
-            Side::Send => &mut self.send,
-            Side::Recv => &mut self.recv,
-        }
-    }
 }
 
 impl Conn {

@@ -5,9 +5,7 @@
 //! data, so the client's error says why. Receives are posted between `rdma_create_qp` (which
 //! leaves the QP in INIT) and `rdma_connect`/`rdma_accept`.
 
-use super::{
-    decode_params, domain_on, refuse_shared_recv_on_dial, Established, Local, RecvFrom, RNR_RETRY,
-};
+use super::{decode_params, refuse_shared_recv_on_dial, Established, Local, RecvFrom, RNR_RETRY};
 use crate::conn::driver::Liveness;
 use crate::conn::options::{ConnOptions, Establish};
 use crate::conn::pool::{RecvPools, MIN_RNR_TIMER, RNR_RETRY_FOREVER};
@@ -35,7 +33,7 @@ pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> 
     id.resolve_addr(None, addr, left())?;
     id.resolve_route(left())?;
     let ctx = id.context()?;
-    let local = Local::new(domain_on(&ctx, opts)?, opts, RecvFrom::default())?;
+    let local = Local::new(opts.domain_on(&ctx)?, opts, RecvFrom::default())?;
     let qp = id.create_qp(&local.pd, &local.builder, &local.cq, &local.cq)?;
     local.post_receives(&qp)?;
     let announce = ConnParam::default()
@@ -75,7 +73,7 @@ pub(crate) fn accept(
     let pool = pools.pool_on(&ctx, opts).map_err(|e| refuse(&id, e))?;
     let pd = match &pool {
         Some(p) => p.pd().clone(),
-        None => domain_on(&ctx, opts).map_err(|e| refuse(&id, e))?,
+        None => opts.domain_on(&ctx).map_err(|e| refuse(&id, e))?,
     };
     let from = RecvFrom {
         pool,

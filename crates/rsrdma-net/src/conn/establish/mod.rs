@@ -130,7 +130,7 @@ impl Local {
             let sge = [self.slots.recv_sge(slot).ok_or_else(|| {
                 NetError::InvalidArgument("a receive slot outside its region".into())
             })?];
-            let wr = RecvWr::new(super::slots::recv_wr_id(slot), &sge);
+            let wr = RecvWr::new(super::wr_id::recv_wr_id(slot), &sge);
             // SAFETY: the slot is in registered memory that the driver keeps until the QP's
             // flush is reaped; nothing reads it before its completion.
             unsafe { qp.post_recv(&wr) }?;
@@ -191,27 +191,6 @@ fn make_cq(ctx: &Context, config: &Config) -> Result<Cq> {
     let channel = CompChannel::new(ctx)?;
     let entries = u32::from(config.recv_slots) + u32::from(config.sq_depth) + 1;
     Ok(Cq::new(ctx, entries, Some(&channel))?)
-}
-
-/// The domain of `opts.pd`, or a new one on `ctx` (checking a named device).
-pub(crate) fn domain_on(ctx: &Context, opts: &ConnOptions) -> Result<Pd> {
-    if let Some(name) = &opts.device {
-        if name != ctx.name() {
-            return Err(NetError::InvalidArgument(format!(
-                "device {name} was named, but the address is on {}",
-                ctx.name()
-            )));
-        }
-    }
-    match &opts.pd {
-        Some(pd) if pd.context().name() == ctx.name() => Ok(pd.clone()),
-        Some(pd) => Err(NetError::InvalidArgument(format!(
-            "the protection domain is on {}, but the address is on {}",
-            pd.context().name(),
-            ctx.name()
-        ))),
-        None => Ok(Pd::new(ctx)?),
-    }
 }
 
 /// Decodes the peer's announcement from the first [`PARAMS_LEN`] bytes (rdma_cm pads
