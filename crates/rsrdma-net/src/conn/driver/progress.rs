@@ -1,0 +1,127 @@
+//! One step's input side: reaping completions into the core, firing due timers, and the
+//! reader hand-off ([`Take`]).
+
+use super::*;
+
+impl Driver {
+    /// One step: reaps completions, fires due timers, drains events; returns whether anything
+    /// happened (a completion, a timer, a state change). It posts nothing: the caller runs its
+    /// operation next and then [`Driver::post_work`] once, so that what both queued goes out
+    /// in one batch.
+    pub(crate) fn progress(&mut self, now: Instant) -> bool {
+        self.progress_taking(now, &mut Take::new(None))
+    }
+
+    /// [`Driver::progress`], offering `take`'s buffer to the receive completions it reaps: the
+    /// first whole message that would be the next one read goes straight into it
+    /// ([`rsrdma_proto::Conn::handle_recv_completion_into`]), and `take.got` says its length.
+    #[inline]
+    pub(crate) fn progress_taking(&mut self, now: Instant, take: &mut Take<'_>) -> bool {
+        let mut changed = self.poll_cq(now, take);
+        if changed && !self.rdv_sends.is_empty() {
+            self.release_rendezvous();
+        }
+        if changed && self.owned_read.is_some() {
+            self.land_owned_read();
+        }
+        changed |= self.check_end(now);
+        if !self.peer_gone {
+            if let Some(t) = self.core.poll_timeout() {
+                if now >= t {
+                    self.core.handle_timeout(now);
+                    changed = true;
+                }
+            }
+        }
+        if self.core.memory().faulted() && self.core.error().is_none() {
+            tracing::error!("rsrdma-net conn: the core addressed memory outside its slots");
+            self.core.handle_fatal(Fatal::QpError);
+            changed = true;
+        }
+        while self.core.poll_event().is_some() {
+            changed = true;
+        }
+        changed
+    }
+
+    #[inline]
+    pub(super) fn poll_cq(&mut self, now: Instant, take: &mut Take<'_>) -> bool {
+        let mut any = false;
+        loop {
+            let n = match self.cq.poll(&mut self.wcs) {
+                Ok(n) => n,
+                Err(_) => {
+                    self.broken = true;
+                    if self.core.error().is_none() {
+                        self.core.handle_fatal(Fatal::QpError);
+                    }
+                    return true;
+                }
+            };
+            for i in 0..n {
+                let wc = self.wcs[i];
+                self.on_completion(&wc, now, take);
+            }
+            any |= n > 0;
+            if n < POLL_BATCH {
+                return any;
+            }
+        }
+    }
+
+    #[inline]
+    pub(super) fn on_completion(&mut self, wc: &Wc, now: Instant, take: &mut Take<'_>) {
+        let id = wc.wr_id();
+        let status = if wc.is_ok() {
+            Ok(())
+        } else {
+            Err(wc.status().0)
+        };
+        let is_recv = id & RECV_TAG != 0;
+        // Before anything may return early: a pool slot must be bound (or given back).
+        let mut recv_slot = None;
+        if is_recv {
+            self.recvs_posted = self.recvs_posted.saturating_sub(1);
+            recv_slot = self.core.memory_mut().take_recv(id);
+        } else {
+            self.sends_done = self.sends_done.max(id + 1);
+        }
+        if self.peer_gone || (status.is_err() && self.core.error().is_some()) {
+            return;
+        }
+        if status.is_err() {
+            self.broken = true;
+            if self.core.peer_closed() {
+                // The peer tore down after its FIN (see the module docs).
+                self.peer_gone = true;
+                return;
+            }
+        }
+        if is_recv {
+            match (recv_slot, take.wants()) {
+                (Some(slot), Some(buf)) => {
+                    take.got = self.core.handle_recv_completion_into(
+                        slot,
+                        wc.byte_len(),
+                        status,
+                        now,
+                        buf,
+                    );
+                }
+                (Some(slot), None) => {
+                    self.core
+                        .handle_recv_completion(slot, wc.byte_len(), status, now);
+                }
+                // No free slot: the peer sent beyond its credits.
+                (None, _) => self.core.handle_fatal(Fatal::QpError),
+            }
+        } else {
+            self.core.handle_send_completion(WrId(id), status);
+        }
+    }
+
+    /// Asks for a completion event (the progress thread, before it sleeps).
+    pub(crate) fn arm(&self) -> bool {
+        self.cq.arm(false).is_ok()
+    }
+}
