@@ -50,6 +50,7 @@ mod fdwait;
 mod info;
 mod io;
 mod listener;
+mod op;
 mod options;
 mod pool;
 mod region;

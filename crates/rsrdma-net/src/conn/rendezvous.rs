@@ -51,6 +51,7 @@
 
 use super::buffer::Buffer;
 use super::driver::Driver;
+use super::op::Op;
 use super::sides::Side;
 use super::Conn;
 use crate::error::{from_core, NetError, Result};
@@ -72,6 +73,56 @@ enum BufferSend {
     Rendezvous { addr: u64, rkey: u32 },
     /// An RTS exposing the buffer through a window the core binds first.
     Window { addr: u64 },
+}
+
+/// A buffer's message queued in the core (`Conn::start_send_buffer`), as the owner of the
+/// send side. Once queued, the driver keeps what exposes the buffer until the core releases
+/// it; not queued, the op's drop releases it (the registration, then the hold).
+struct SendBuffer {
+    queue: BufferSend,
+    len: usize,
+    parts: Option<(Option<Mr>, super::buffer::InFlight)>,
+}
+
+impl Op for SendBuffer {
+    type Out = ();
+
+    fn name(&self) -> &'static str {
+        "send_buffer"
+    }
+
+    fn side(&self) -> Option<Side> {
+        Some(Side::Send)
+    }
+
+    fn poll(&mut self, d: &mut Driver) -> Result<Option<()>> {
+        let (name, len) = (self.name(), self.len);
+        if d.peer_gone() {
+            return Err(NetError::PeerGone { op: name });
+        }
+        let mut window = None;
+        let queued = match self.queue {
+            BufferSend::Lent { addr, lkey } => d.core().send_msg_lent(len, addr, lkey),
+            BufferSend::Rendezvous { addr, rkey } => d.core().send_rendezvous(len, addr, rkey),
+            BufferSend::Window { addr } => match d.queue_through_window(name, len, addr)? {
+                Some((msg, w)) => {
+                    window = Some(w);
+                    Ok(msg)
+                }
+                None => Err(ProtoError::WouldBlock),
+            },
+        };
+        match queued {
+            Ok(msg) => {
+                if let Some((mr, hold)) = self.parts.take() {
+                    d.hold_send(msg, window, mr, Some(hold));
+                }
+                Ok(Some(()))
+            }
+            Err(ProtoError::WouldBlock) => Ok(None),
+            Err(e) => Err(from_core(e)),
+        }
+    }
 }
 
 /// What one owned receive attempt found.
@@ -184,43 +235,13 @@ impl Conn {
                 None,
             )
         };
-        let parts = Cell::new(Some((mr, hold)));
-        self.owning(
-            OP,
-            Side::Send,
-            timeout,
-            |d| {
-                if d.peer_gone() {
-                    return Err(NetError::PeerGone { op: OP });
-                }
-                let mut window = None;
-                let queued = match queue {
-                    BufferSend::Lent { addr, lkey } => d.core().send_msg_lent(len, addr, lkey),
-                    BufferSend::Rendezvous { addr, rkey } => {
-                        d.core().send_rendezvous(len, addr, rkey)
-                    }
-                    BufferSend::Window { addr } => match d.queue_through_window(OP, len, addr)? {
-                        Some((msg, w)) => {
-                            window = Some(w);
-                            Ok(msg)
-                        }
-                        None => Err(ProtoError::WouldBlock),
-                    },
-                };
-                match queued {
-                    Ok(msg) => {
-                        if let Some((mr, hold)) = parts.take() {
-                            d.hold_send(msg, window, mr, Some(hold));
-                        }
-                        Ok(Some(()))
-                    }
-                    Err(ProtoError::WouldBlock) => Ok(None),
-                    Err(e) => Err(from_core(e)),
-                }
-            },
-            |_, r| r,
-        )
-        // Not queued: `parts` drops the registration, then the hold (the buffer is idle).
+        let mut op = SendBuffer {
+            queue,
+            len,
+            parts: Some((mr, hold)),
+        };
+        self.run(&mut op, timeout)
+        // Not queued: `op.parts` drops the registration, then the hold (the buffer is idle).
     }
 
     /// Waits (up to the write timeout) until `buf` is no longer in flight.

@@ -14,16 +14,19 @@
 //! close) hands its transfer back: a message already partly sent has its rest copied into
 //! the core (it is then sent whole, and the call reports success), one not begun is
 //! withdrawn; the part of a message already received into the caller's buffer is copied
-//! back into the core, so the message stays whole for the next read.
+//! back into the core, so the message stays whole for the next read. Each transfer is an
+//! operation value ([`super::op`]: `SendMsg`, `RecvInto`), run by `Conn::run`, which takes
+//! and frees the side and calls its `abandon` once when it gives up.
 
 use super::driver::Driver;
+use super::op::Op;
 use super::rendezvous::{Dest, Pulled, RecvStep, RDV_GRACE};
 use super::sides::Side;
 use super::Conn;
 use crate::error::{from_core, NetError, Result};
 use rsrdma::{AccessFlags, Mr};
 use rsrdma_proto::ProtoError;
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::time::Duration;
 
 /// A rendezvous send of a caller's slice: once the core took it, the message number; and its
@@ -108,60 +111,21 @@ impl Conn {
     /// On an error the messages before the failing one are sent, and that one too when it
     /// had begun; a single message that had begun when the timeout hit is sent whole and the
     /// call succeeds.
-    pub(super) fn send_lent(&self, op: &'static str, msgs: &[&[u8]]) -> Result<()> {
-        let timeout = self.shared.write_timeout.get();
-        let next = Cell::new(0usize);
-        let rdv: RefCell<Option<SliceRdv>> = RefCell::new(None);
-        let r = self.owning(
-            op,
-            Side::Send,
-            timeout,
-            |d| {
-                if d.peer_gone() {
-                    return Err(NetError::PeerGone { op });
-                }
-                while let Some(m) = msgs.get(next.get()) {
-                    if self.by_rendezvous(m.len()) {
-                        if send_slice_rdv(d, m, &rdv)? {
-                            next.set(next.get() + 1);
-                            continue;
-                        }
-                        return Ok(None);
-                    }
-                    match d.core().send_msg_borrowed(m) {
-                        Ok(true) => next.set(next.get() + 1),
-                        Ok(false) | Err(ProtoError::WouldBlock) => return Ok(None),
-                        Err(e) => return Err(from_core(e)),
-                    }
-                }
-                Ok(Some(()))
-            },
-            |d, r| {
-                let Some(m) = msgs.get(next.get()) else {
-                    return r;
-                };
-                // Copied out: the `RefCell` is borrowed mutably below.
-                let pending = rdv.borrow().as_ref().and_then(|s| s.msg);
-                if let Some(msg) = pending {
-                    if d.core().withdraw_rendezvous(msg) {
-                        d.drop_send(msg, true);
-                        rdv.borrow_mut().take();
-                    }
-                    return r;
-                }
-                let kept = d.core().send_unborrow(m);
-                match r {
-                    Err(NetError::Timeout { .. }) if kept && msgs.len() == 1 => Ok(()),
-                    r => r,
-                }
-            },
-        );
-        let Some(SliceRdv { msg: Some(msg), mr }) = rdv.take() else {
+    pub(super) fn send_lent(&self, name: &'static str, msgs: &[&[u8]]) -> Result<()> {
+        let mut op = SendMsg {
+            name,
+            msgs,
+            next: 0,
+            rdv: None,
+            threshold: self.info.settled.rendezvous().map(|t| t as usize),
+        };
+        let r = self.run(&mut op, self.shared.write_timeout.get());
+        let Some(SliceRdv { msg: Some(msg), mr }) = op.rdv.take() else {
             return r;
         };
         // The RTS is out: the peer may read the caller's memory until its DONE. Wait for it
         // (bounded), else cut the NIC off before the registration goes.
-        let done = self.block(op, Some(RDV_GRACE), |d| {
+        let done = self.block(name, Some(RDV_GRACE), |d| {
             if d.core_ref().rendezvous_released(msg) {
                 d.drop_send(msg, true);
                 return Ok(Some(()));
@@ -210,90 +174,113 @@ impl Conn {
     /// rendezvous message to pull.
     pub(super) fn recv_lent_step(
         &self,
-        op: &'static str,
+        name: &'static str,
         buf: &mut [u8],
         timeout: Option<Duration>,
     ) -> Result<RecvStep> {
-        let buf = Cell::new(Some(buf));
-        self.owning(
-            op,
-            Side::Recv,
-            timeout,
-            |d| {
-                // Not `ok_or(error)`: that builds and drops an error on every poll.
-                let Some(b) = buf.take() else {
-                    return Err(NetError::Closed { op });
-                };
-                let r = d.core().recv_msg_direct(b);
-                buf.set(Some(b));
-                match r {
-                    Ok(n) => Ok(Some(RecvStep::Got(n))),
-                    Err(ProtoError::NeedsRead { len }) => Ok(Some(RecvStep::Rendezvous(len))),
-                    Err(ProtoError::WouldBlock) => Ok(None),
-                    Err(e) => Err(from_core(e)),
-                }
-            },
-            |d, r| {
-                if r.is_err() {
-                    if let Some(b) = buf.take() {
-                        d.core().recv_direct_abort(b);
-                    }
-                }
-                r
-            },
-        )
+        self.run(&mut RecvInto { name, buf }, timeout)
+    }
+}
+
+/// A send of messages straight from the caller's memory (`send_msg`, `send_batch`): each is
+/// lent to the core while the call waits (`Conn::send_msg_borrowed`), or sent by rendezvous
+/// from a registration of the caller's slice.
+struct SendMsg<'a> {
+    name: &'static str,
+    msgs: &'a [&'a [u8]],
+    /// The first message not yet wholly queued.
+    next: usize,
+    /// The rendezvous send of `msgs[next]` in progress.
+    rdv: Option<SliceRdv>,
+    /// The settled rendezvous threshold.
+    threshold: Option<usize>,
+}
+
+impl Op for SendMsg<'_> {
+    type Out = ();
+
+    fn name(&self) -> &'static str {
+        self.name
     }
 
-    /// [`Conn::block`] for a call that must own `side` first: it waits for the side like for
-    /// any other resource (within `timeout`), runs `attempt` as its owner, and on the way out
-    /// runs `finish` (with the result, which it may change) and frees the side. `finish` runs
-    /// only if the side was owned and the connection still exists.
-    ///
-    /// When an attempt succeeds (the common case for a small message: the send fits in the
-    /// credit, the receive finds its message), `finish` runs and the side is freed in the same
-    /// locked step, whose one batch post and wake-up then cover both; only a call that gives
-    /// up (timeout, error, close) takes the lock again to finish.
-    pub(super) fn owning<T>(
-        &self,
-        op: &'static str,
-        side: Side,
-        timeout: Option<Duration>,
-        mut attempt: impl FnMut(&mut Driver) -> Result<Option<T>>,
-        finish: impl FnOnce(&mut Driver, Result<T>) -> Result<T>,
-    ) -> Result<T> {
-        let owned = Cell::new(false);
-        let mut finish = Some(finish);
-        let r = self.block(op, timeout, |d| {
-            if !owned.get() {
-                let flag = d.owners().flag(side);
-                if *flag {
+    fn side(&self) -> Option<Side> {
+        Some(Side::Send)
+    }
+
+    fn poll(&mut self, d: &mut Driver) -> Result<Option<()>> {
+        if d.peer_gone() {
+            return Err(NetError::PeerGone { op: self.name });
+        }
+        while let Some(m) = self.msgs.get(self.next) {
+            if self.threshold.is_some_and(|t| m.len() >= t) {
+                if !send_slice_rdv(d, m, &mut self.rdv)? {
                     return Ok(None);
                 }
-                *flag = true;
-                owned.set(true);
+                self.next += 1;
+                continue;
             }
-            let v = match attempt(d) {
-                Ok(Some(v)) => v,
-                r => return r,
-            };
-            let Some(f) = finish.take() else {
-                return Ok(Some(v));
-            };
-            *d.owners().flag(side) = false;
-            owned.set(false);
-            f(d, Ok(v)).map(Some)
-        });
-        let (true, Some(finish)) = (owned.get(), finish) else {
+            match d.core().send_msg_borrowed(m) {
+                Ok(true) => self.next += 1,
+                Ok(false) | Err(ProtoError::WouldBlock) => return Ok(None),
+                Err(e) => return Err(from_core(e)),
+            }
+        }
+        Ok(Some(()))
+    }
+
+    /// A rendezvous message whose RTS has not gone out is withdrawn; a lent one is withdrawn
+    /// if nothing of it went, else its rest is copied into the core and it is sent whole (a
+    /// lone message that timed out then succeeds).
+    fn abandon(&mut self, d: &mut Driver, r: Result<()>) -> Result<()> {
+        let Some(m) = self.msgs.get(self.next) else {
             return r;
         };
-        let mut st = self.shared.lock();
-        let Some(d) = st.driver.as_mut() else {
+        if let Some(msg) = self.rdv.as_ref().and_then(|s| s.msg) {
+            if d.core().withdraw_rendezvous(msg) {
+                d.drop_send(msg, true);
+                self.rdv = None;
+            }
             return r;
-        };
-        let r = finish(d, r);
-        *d.owners().flag(side) = false;
-        d.post_work();
-        self.shared.changed(&mut st);
+        }
+        let kept = d.core().send_unborrow(m);
+        match r {
+            Err(NetError::Timeout { .. }) if kept && self.msgs.len() == 1 => Ok(()),
+            r => r,
+        }
+    }
+}
+
+/// A receive into the caller's buffer, fragments straight from their slots
+/// (`Conn::recv_msg_direct`), as the owner of the receive side.
+struct RecvInto<'a> {
+    name: &'static str,
+    buf: &'a mut [u8],
+}
+
+impl Op for RecvInto<'_> {
+    type Out = RecvStep;
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn side(&self) -> Option<Side> {
+        Some(Side::Recv)
+    }
+
+    fn poll(&mut self, d: &mut Driver) -> Result<Option<RecvStep>> {
+        match d.core().recv_msg_direct(self.buf) {
+            Ok(n) => Ok(Some(RecvStep::Got(n))),
+            Err(ProtoError::NeedsRead { len }) => Ok(Some(RecvStep::Rendezvous(len))),
+            Err(ProtoError::WouldBlock) => Ok(None),
+            Err(e) => Err(from_core(e)),
+        }
+    }
+
+    /// The part of a message already received into the buffer goes back into the core: the
+    /// message stays whole for the next read.
+    fn abandon(&mut self, d: &mut Driver, r: Result<RecvStep>) -> Result<RecvStep> {
+        d.core().recv_direct_abort(self.buf);
         r
     }
 }
@@ -302,8 +289,7 @@ impl Conn {
 /// window over it where the device has type-2 windows, else for remote read), queues its RTS
 /// (through a window of the driver's, which then keeps the registration), then waits for the
 /// DONE. `Ok(true)` once released (the registration is dropped); `Ok(false)`: call again.
-fn send_slice_rdv(d: &mut Driver, m: &[u8], rdv: &RefCell<Option<SliceRdv>>) -> Result<bool> {
-    let mut slot = rdv.borrow_mut();
+fn send_slice_rdv(d: &mut Driver, m: &[u8], slot: &mut Option<SliceRdv>) -> Result<bool> {
     if slot.is_none() {
         let access = if d.has_windows() {
             AccessFlags::MW_BIND

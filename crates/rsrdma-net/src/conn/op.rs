@@ -1,0 +1,82 @@
+//! Operations as values: a blocking call's state lives in the fields of one value, not in
+//! the cells of closures, and one runner ([`Conn::run`]) waits for every operation, as quinn
+//! drives quinn-proto's. An operation that owns a side of the connection ([`super::sides`])
+//! takes it before its first attempt and frees it in the step that ends it; one that gives up
+//! (a timeout, an error, a close) hands back what the core holds through
+//! [`Op::abandon`], exactly once, under the lock.
+
+use super::driver::Driver;
+use super::sides::Side;
+use super::Conn;
+use crate::error::Result;
+use std::time::Duration;
+
+/// One blocking operation.
+pub(super) trait Op {
+    /// What the operation gives when it completes.
+    type Out;
+
+    /// The call's name, for errors.
+    fn name(&self) -> &'static str;
+
+    /// The side the operation owns for its whole run (`None`: it needs none).
+    fn side(&self) -> Option<Side>;
+
+    /// One attempt under the lock, after the step reaped completions and fired timers (and
+    /// as the side's owner): `Ok(None)` while it would block.
+    fn poll(&mut self, d: &mut Driver) -> Result<Option<Self::Out>>;
+
+    /// The run ended without a value (`r`: the timeout or the error), under the lock, with
+    /// the side still owned: hand back what the core holds of the operation and give the
+    /// call's result (which may be a success: a message begun is sent whole from a copy).
+    fn abandon(&mut self, d: &mut Driver, r: Result<Self::Out>) -> Result<Self::Out> {
+        let _ = d;
+        r
+    }
+}
+
+impl Conn {
+    /// Runs `op` until it completes, waiting as the poll mode says, up to `timeout`.
+    ///
+    /// The side is taken before the first attempt, as any other resource is waited for, and
+    /// freed in the same locked step as the attempt that completes (whose one batch post and
+    /// wake-up then cover both); only an operation that gives up takes the lock again, to
+    /// [`Op::abandon`] and free the side. A call that never got its side abandons nothing.
+    pub(super) fn run<O: Op>(&self, op: &mut O, timeout: Option<Duration>) -> Result<O::Out> {
+        let side = op.side();
+        let mut owned = false;
+        let r = self.block(op.name(), timeout, |d| {
+            if let (Some(s), false) = (side, owned) {
+                let flag = d.owners().flag(s);
+                if *flag {
+                    return Ok(None);
+                }
+                *flag = true;
+                owned = true;
+            }
+            let v = match op.poll(d) {
+                Ok(Some(v)) => v,
+                r => return r,
+            };
+            if let (Some(s), true) = (side, owned) {
+                *d.owners().flag(s) = false;
+                owned = false;
+            }
+            Ok(Some(v))
+        });
+        if r.is_ok() || (side.is_some() && !owned) {
+            return r;
+        }
+        let mut st = self.shared.lock();
+        let Some(d) = st.driver.as_mut() else {
+            return r;
+        };
+        let r = op.abandon(d, r);
+        if let Some(s) = side {
+            *d.owners().flag(s) = false;
+        }
+        d.post_work();
+        self.shared.changed(&mut st);
+        r
+    }
+}
