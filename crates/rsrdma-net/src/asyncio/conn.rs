@@ -1,8 +1,11 @@
 //! [`AsyncConn`]: a [`Conn`](crate::Conn) for tokio.
 
 use super::driven::Driven;
+use super::op_future::OpFuture;
 use super::split::{OwnedReadHalf, OwnedWriteHalf};
+use crate::conn::{PreparedSend, RecvInto, RecvStep, SendMsg};
 use crate::error::{NetError, Result};
+use crate::Buffer;
 use crate::{ConnInfo, ConnOptions};
 use std::future::poll_fn;
 use std::net::{Shutdown, SocketAddr};
@@ -101,6 +104,42 @@ impl AsyncConn {
         recv_msg_into(&self.d, buf).await
     }
 
+    /// A new registered buffer of `len` bytes on this connection's protection domain, as
+    /// [`Conn::alloc_buffer`](crate::Conn::alloc_buffer).
+    ///
+    /// # Errors
+    /// As [`Conn::alloc_buffer`](crate::Conn::alloc_buffer).
+    pub fn alloc_buffer(&self, len: usize) -> Result<Buffer> {
+        self.d.conn().alloc_buffer(len)
+    }
+
+    /// Sends the first `len` bytes of `buf` as one message with no copy, as
+    /// [`Conn::send_buffer`](crate::Conn::send_buffer), and returns when `buf` may be reused.
+    ///
+    /// Cancel-safe: a future dropped before the message was queued sends nothing (the
+    /// buffer is idle again); one dropped later leaves the message going out, and the buffer
+    /// stays in flight ([`Buffer::is_busy`]) until the connection is done with it.
+    ///
+    /// # Errors
+    /// As [`Conn::send_buffer`](crate::Conn::send_buffer), less the timeout.
+    pub async fn send_buffer(&self, buf: &Buffer, len: usize) -> Result<()> {
+        send_buffer(&self.d, buf, len).await
+    }
+
+    /// Receives the next message into `buf`: `Ok(Some(len))`, or `Ok(None)` at the end of
+    /// the stream, as [`Conn::recv_buffer`](crate::Conn::recv_buffer). An eager message's
+    /// fragments are copied from the receive slots straight into `buf`; a rendezvous message
+    /// is read by RDMA READ into the connection's own memory and copied from there.
+    ///
+    /// Cancel-safe: a future dropped mid-message hands the part received back to the
+    /// connection, and the message stays whole for the next read.
+    ///
+    /// # Errors
+    /// As [`Conn::recv_buffer`](crate::Conn::recv_buffer), less the timeout.
+    pub async fn recv_buffer(&self, buf: &mut Buffer) -> Result<Option<usize>> {
+        recv_buffer(&self.d, buf).await
+    }
+
     /// Half-close: FIN goes after everything queued; waits until every queued byte is
     /// handed to the NIC. Reading goes on. Cancel-safe (the FIN is queued at the first poll;
     /// a second call only waits again).
@@ -168,6 +207,29 @@ pub(super) async fn recv_msg(d: &Driven) -> Result<Option<Vec<u8>>> {
 
 pub(super) async fn recv_msg_into(d: &Driven, buf: &mut [u8]) -> Result<Option<usize>> {
     poll_fn(|cx| d.poll_op(cx, |c, live| c.step_recv_msg_into(buf, live))).await
+}
+
+pub(super) async fn send_buffer(d: &Driven, buf: &Buffer, len: usize) -> Result<()> {
+    match d.conn().prepare_send_buffer(buf, len)? {
+        PreparedSend::Op(op) => OpFuture::new(d, op).await?,
+        PreparedSend::Copy(hold) => {
+            let msgs = [hold.bytes(len)];
+            OpFuture::new(d, SendMsg::eager("send_buffer", &msgs)).await?;
+        }
+    }
+    poll_fn(|cx| d.poll_op(cx, |c, live| c.step_buffer_idle(buf, live))).await
+}
+
+pub(super) async fn recv_buffer(d: &Driven, buf: &mut Buffer) -> Result<Option<usize>> {
+    const OP: &str = "recv_buffer";
+    let step = OpFuture::new(d, RecvInto::new(OP, buf.as_mut_slice()?)).await?;
+    match step {
+        RecvStep::Got(n) => Ok(n),
+        RecvStep::Rendezvous(len) if len > buf.len() => Err(NetError::ShortBuffer { needed: len }),
+        // Read into the driver's memory, then copied (another reader may take it first: then
+        // this one gets the next message).
+        RecvStep::Rendezvous(_) => recv_msg_into(d, buf.as_mut_slice()?).await,
+    }
 }
 
 pub(super) async fn shutdown_write(d: &Driven) -> Result<()> {

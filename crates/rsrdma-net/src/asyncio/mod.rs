@@ -68,7 +68,12 @@
 //! caller owns. Messages are taken from the core, or accepted by it, whole and only inside
 //! the step that returns them; the caller's buffers are copied to or from the connection's
 //! own registered slots, so the NIC never writes into a caller's memory, and dropping a
-//! future can neither lose a message nor leave the NIC writing into freed memory. The
+//! future can neither lose a message nor leave the NIC writing into freed memory. A
+//! rendezvous message is read into memory the driver owns. The operations that own a side
+//! of the connection for several steps (`send_buffer`, `recv_buffer`) are the blocking
+//! face's operations ([`crate::conn`]'s `Op`), polled by a future that, when dropped, has
+//! the operation hand back what the core holds and free its side, as a blocking call that
+//! times out does. The
 //! slots themselves are released only after the QP's flush is reaped, as with
 //! [`Conn`](crate::Conn) (a `close` dropped half-way is finished by the next `close` or by
 //! the drop).
@@ -85,6 +90,7 @@ mod conn;
 mod driven;
 mod io;
 mod listener;
+mod op_future;
 mod packet;
 mod split;
 mod wakers;

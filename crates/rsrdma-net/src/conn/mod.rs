@@ -65,10 +65,16 @@ mod wr_id;
 pub use buffer::{Buffer, BufferPool};
 pub use info::ConnInfo;
 pub use listener::Listener;
+#[cfg(feature = "tokio")]
+pub(crate) use op::Op;
 pub use options::{ConnOptions, Establish, SharedRecv};
 pub use pool::RecvMemory;
 #[cfg(feature = "tokio")]
 pub(crate) use pool::RecvPools;
+#[cfg(feature = "tokio")]
+pub(crate) use rendezvous::{PreparedSend, RecvStep};
+#[cfg(feature = "tokio")]
+pub(crate) use transfer::{RecvInto, SendMsg};
 
 use crate::error::{from_core, NetError, Result};
 use crate::progress::{self, PollMode};
@@ -776,6 +782,47 @@ impl Conn {
             deadline,
             live_fd,
             sends_waiting,
+        })
+    }
+
+    /// One step of operation `op` ([`op::Op`], the same attempt the blocking runner makes):
+    /// `owned` is the future's record of whether it holds the operation's side.
+    pub(crate) fn step_op<O: Op>(
+        &self,
+        op: &mut O,
+        owned: &mut bool,
+        live: bool,
+    ) -> Result<Step<O::Out>> {
+        self.step(op.name(), live, |d| op::attempt(d, op, owned))
+    }
+
+    /// The future of `op` ends without a value (an error, or it was dropped): under the lock,
+    /// the operation hands back what the core holds and its side is freed.
+    pub(crate) fn give_up_op<O: Op>(
+        &self,
+        op: &mut O,
+        owned: bool,
+        r: Result<O::Out>,
+    ) -> Result<O::Out> {
+        let mut st = self.shared.lock();
+        let Some(d) = st.driver.as_mut() else {
+            return r;
+        };
+        let r = op::give_up(d, op, owned, r);
+        self.shared.changed(&mut st);
+        r
+    }
+
+    /// One step of waiting for `buf` to leave flight (the async `send_buffer`).
+    pub(crate) fn step_buffer_idle(&self, buf: &Buffer, live: bool) -> Result<Step<()>> {
+        self.step("send_buffer", live, |d| {
+            if !buf.is_busy() {
+                return Ok(Some(()));
+            }
+            match d.core_ref().error() {
+                Some(e) => Err(NetError::ConnFailed(e.clone())),
+                None => Ok(None),
+            }
         })
     }
 

@@ -11,8 +11,8 @@ use super::Conn;
 use crate::error::Result;
 use std::time::Duration;
 
-/// One blocking operation.
-pub(super) trait Op {
+/// One operation of either face.
+pub(crate) trait Op {
     /// What the operation gives when it completes.
     type Out;
 
@@ -35,6 +35,54 @@ pub(super) trait Op {
     }
 }
 
+/// One attempt of `op` as the owner of its side (taken first if it is free; `owned` says
+/// whether this run holds it), freeing the side when the attempt completes the operation.
+/// The one step of an operation, for the blocking runner and for the async face alike.
+pub(super) fn attempt<O: Op>(
+    d: &mut Driver,
+    op: &mut O,
+    owned: &mut bool,
+) -> Result<Option<O::Out>> {
+    let side = op.side();
+    if let (Some(s), false) = (side, *owned) {
+        let flag = d.owners().flag(s);
+        if *flag {
+            return Ok(None);
+        }
+        *flag = true;
+        *owned = true;
+    }
+    let v = match op.poll(d) {
+        Ok(Some(v)) => v,
+        r => return r,
+    };
+    if let (Some(s), true) = (side, *owned) {
+        *d.owners().flag(s) = false;
+        *owned = false;
+    }
+    Ok(Some(v))
+}
+
+/// The end of a run that gave up (`r`, an error), under the lock: the operation hands back
+/// what the core holds (only if it got its side, or needs none) and the side is freed.
+pub(super) fn give_up<O: Op>(
+    d: &mut Driver,
+    op: &mut O,
+    owned: bool,
+    r: Result<O::Out>,
+) -> Result<O::Out> {
+    let side = op.side();
+    if side.is_some() && !owned {
+        return r;
+    }
+    let r = op.abandon(d, r);
+    if let Some(s) = side {
+        *d.owners().flag(s) = false;
+    }
+    d.post_work();
+    r
+}
+
 impl Conn {
     /// Runs `op` until it completes, waiting as the poll mode says, up to `timeout`.
     ///
@@ -43,39 +91,16 @@ impl Conn {
     /// wake-up then cover both); only an operation that gives up takes the lock again, to
     /// [`Op::abandon`] and free the side. A call that never got its side abandons nothing.
     pub(super) fn run<O: Op>(&self, op: &mut O, timeout: Option<Duration>) -> Result<O::Out> {
-        let side = op.side();
         let mut owned = false;
-        let r = self.block(op.name(), timeout, |d| {
-            if let (Some(s), false) = (side, owned) {
-                let flag = d.owners().flag(s);
-                if *flag {
-                    return Ok(None);
-                }
-                *flag = true;
-                owned = true;
-            }
-            let v = match op.poll(d) {
-                Ok(Some(v)) => v,
-                r => return r,
-            };
-            if let (Some(s), true) = (side, owned) {
-                *d.owners().flag(s) = false;
-                owned = false;
-            }
-            Ok(Some(v))
-        });
-        if r.is_ok() || (side.is_some() && !owned) {
+        let r = self.block(op.name(), timeout, |d| attempt(d, op, &mut owned));
+        if r.is_ok() {
             return r;
         }
         let mut st = self.shared.lock();
         let Some(d) = st.driver.as_mut() else {
             return r;
         };
-        let r = op.abandon(d, r);
-        if let Some(s) = side {
-            *d.owners().flag(s) = false;
-        }
-        d.post_work();
+        let r = give_up(d, op, owned, r);
         self.shared.changed(&mut st);
         r
     }

@@ -75,10 +75,19 @@ enum BufferSend {
     Window { addr: u64 },
 }
 
+/// How [`Conn::prepare_send_buffer`] sends a buffer's message.
+pub(crate) enum PreparedSend {
+    /// Queued with no copy by this operation.
+    Op(SendBuffer),
+    /// Copied through the slots (a device with one send SGE): send its bytes as a message
+    /// lent for the call; the buffer is in flight until this is dropped.
+    Copy(super::buffer::InFlight),
+}
+
 /// A buffer's message queued in the core (`Conn::start_send_buffer`), as the owner of the
 /// send side. Once queued, the driver keeps what exposes the buffer until the core releases
 /// it; not queued, the op's drop releases it (the registration, then the hold).
-struct SendBuffer {
+pub(crate) struct SendBuffer {
     queue: BufferSend,
     len: usize,
     parts: Option<(Option<Mr>, super::buffer::InFlight)>,
@@ -192,6 +201,16 @@ impl Conn {
     /// # Errors
     /// As [`Conn::send_buffer`].
     pub fn start_send_buffer(&self, buf: &Buffer, len: usize) -> Result<()> {
+        match self.prepare_send_buffer(buf, len)? {
+            PreparedSend::Op(mut op) => self.run(&mut op, self.shared.write_timeout.get()),
+            // Not queued: `op.parts` drops the registration, then the hold (the buffer is idle).
+            PreparedSend::Copy(hold) => self.send_lent("send_buffer", &[hold.bytes(len)]),
+        }
+    }
+
+    /// What [`Conn::start_send_buffer`] does before it waits, for either face: checks the
+    /// buffer and the length, marks the buffer in flight, and chooses how its message goes.
+    pub(crate) fn prepare_send_buffer(&self, buf: &Buffer, len: usize) -> Result<PreparedSend> {
         const OP: &str = "send_buffer";
         buf.check_for(OP, &self.pd(OP)?, len)?;
         let max = self.info.settled.max_message;
@@ -200,9 +219,8 @@ impl Conn {
         }
         let hold = buf.start(OP)?;
         let rendezvous = self.by_rendezvous(len);
-        let timeout = self.shared.write_timeout.get();
         if !rendezvous && self.send_sges() < 2 {
-            return self.send_lent(OP, &[hold.bytes(len)]);
+            return Ok(PreparedSend::Copy(hold));
         }
         // Eager: the core lends the buffer's range to each fragment's SEND (second SGE).
         // Rendezvous: the peer READs it through a window of the driver's bound for this
@@ -235,13 +253,11 @@ impl Conn {
                 None,
             )
         };
-        let mut op = SendBuffer {
+        Ok(PreparedSend::Op(SendBuffer {
             queue,
             len,
             parts: Some((mr, hold)),
-        };
-        self.run(&mut op, timeout)
-        // Not queued: `op.parts` drops the registration, then the hold (the buffer is idle).
+        }))
     }
 
     /// Waits (up to the write timeout) until `buf` is no longer in flight.

@@ -185,7 +185,7 @@ impl Conn {
 /// A send of messages straight from the caller's memory (`send_msg`, `send_batch`): each is
 /// lent to the core while the call waits (`Conn::send_msg_borrowed`), or sent by rendezvous
 /// from a registration of the caller's slice.
-struct SendMsg<'a> {
+pub(crate) struct SendMsg<'a> {
     name: &'static str,
     msgs: &'a [&'a [u8]],
     /// The first message not yet wholly queued.
@@ -252,9 +252,30 @@ impl Op for SendMsg<'_> {
 
 /// A receive into the caller's buffer, fragments straight from their slots
 /// (`Conn::recv_msg_direct`), as the owner of the receive side.
-struct RecvInto<'a> {
+pub(crate) struct RecvInto<'a> {
     name: &'static str,
     buf: &'a mut [u8],
+}
+
+impl<'a> RecvInto<'a> {
+    /// A receive of the next message into `buf` (the async face's `recv_buffer`).
+    pub(crate) fn new(name: &'static str, buf: &'a mut [u8]) -> RecvInto<'a> {
+        RecvInto { name, buf }
+    }
+}
+
+impl<'a> SendMsg<'a> {
+    /// A send of `msgs`, eagerly (the async face, for a buffer on a device with one send
+    /// SGE: rendezvous is for the blocking face's caller slices).
+    pub(crate) fn eager(name: &'static str, msgs: &'a [&'a [u8]]) -> SendMsg<'a> {
+        SendMsg {
+            name,
+            msgs,
+            next: 0,
+            rdv: None,
+            threshold: None,
+        }
+    }
 }
 
 impl Op for RecvInto<'_> {
