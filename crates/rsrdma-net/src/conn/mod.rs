@@ -51,6 +51,8 @@ mod info;
 mod io;
 mod listener;
 mod op;
+#[cfg(test)]
+mod op_sim;
 mod options;
 mod pool;
 mod region;
@@ -809,6 +811,7 @@ impl Conn {
             return r;
         };
         let r = op::give_up(d, op, owned, r);
+        d.post_work();
         self.shared.changed(&mut st);
         r
     }

@@ -4,15 +4,53 @@
 //! takes it before its first attempt and frees it in the step that ends it; one that gives up
 //! (a timeout, an error, a close) hands back what the core holds through
 //! [`Op::abandon`], exactly once, under the lock.
+//!
+//! # The seam for tests
+//! Operations see the connection through [`Link`]: the protocol core, the record of which
+//! sides are owned, and whether the peer left. The driver is the link of a real connection;
+//! a simulated pair of cores is one on the host (`op_sim` tests), where the operations run
+//! under random interleavings, give-ups and deliveries with no device at all.
 
 use super::driver::Driver;
-use super::sides::Side;
+use super::sides::{Owners, Side};
 use super::Conn;
 use crate::error::Result;
+use rsrdma_proto::{Conn as Core, SlotMemory};
 use std::time::Duration;
 
-/// One operation of either face.
-pub(crate) trait Op {
+/// What an operation reaches of the connection.
+pub(crate) trait Link {
+    /// The slot memory of the core.
+    type Mem: SlotMemory;
+    /// The protocol core.
+    fn core(&mut self) -> &mut Core<Self::Mem>;
+    /// Which sides are owned.
+    fn owners(&mut self) -> &mut Owners;
+    /// The peer left after its FIN: reads go on, sends fail.
+    fn peer_gone(&self) -> bool;
+}
+
+impl Link for Driver {
+    type Mem = super::slots::Slots;
+
+    #[inline]
+    fn core(&mut self) -> &mut Core<Self::Mem> {
+        Driver::core(self)
+    }
+
+    #[inline]
+    fn owners(&mut self) -> &mut Owners {
+        Driver::owners(self)
+    }
+
+    #[inline]
+    fn peer_gone(&self) -> bool {
+        Driver::peer_gone(self)
+    }
+}
+
+/// One operation of either face, over link `L` (the driver, or a simulated link in tests).
+pub(crate) trait Op<L: Link = Driver> {
     /// What the operation gives when it completes.
     type Out;
 
@@ -24,12 +62,12 @@ pub(crate) trait Op {
 
     /// One attempt under the lock, after the step reaped completions and fired timers (and
     /// as the side's owner): `Ok(None)` while it would block.
-    fn poll(&mut self, d: &mut Driver) -> Result<Option<Self::Out>>;
+    fn poll(&mut self, d: &mut L) -> Result<Option<Self::Out>>;
 
     /// The run ended without a value (`r`: the timeout or the error), under the lock, with
     /// the side still owned: hand back what the core holds of the operation and give the
     /// call's result (which may be a success: a message begun is sent whole from a copy).
-    fn abandon(&mut self, d: &mut Driver, r: Result<Self::Out>) -> Result<Self::Out> {
+    fn abandon(&mut self, d: &mut L, r: Result<Self::Out>) -> Result<Self::Out> {
         let _ = d;
         r
     }
@@ -38,8 +76,8 @@ pub(crate) trait Op {
 /// One attempt of `op` as the owner of its side (taken first if it is free; `owned` says
 /// whether this run holds it), freeing the side when the attempt completes the operation.
 /// The one step of an operation, for the blocking runner and for the async face alike.
-pub(super) fn attempt<O: Op>(
-    d: &mut Driver,
+pub(super) fn attempt<L: Link, O: Op<L>>(
+    d: &mut L,
     op: &mut O,
     owned: &mut bool,
 ) -> Result<Option<O::Out>> {
@@ -65,8 +103,8 @@ pub(super) fn attempt<O: Op>(
 
 /// The end of a run that gave up (`r`, an error), under the lock: the operation hands back
 /// what the core holds (only if it got its side, or needs none) and the side is freed.
-pub(super) fn give_up<O: Op>(
-    d: &mut Driver,
+pub(super) fn give_up<L: Link, O: Op<L>>(
+    d: &mut L,
     op: &mut O,
     owned: bool,
     r: Result<O::Out>,
@@ -79,7 +117,6 @@ pub(super) fn give_up<O: Op>(
     if let Some(s) = side {
         *d.owners().flag(s) = false;
     }
-    d.post_work();
     r
 }
 
@@ -101,6 +138,7 @@ impl Conn {
             return r;
         };
         let r = give_up(d, op, owned, r);
+        d.post_work();
         self.shared.changed(&mut st);
         r
     }

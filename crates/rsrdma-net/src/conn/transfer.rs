@@ -19,7 +19,7 @@
 //! and frees the side and calls its `abandon` once when it gives up.
 
 use super::driver::Driver;
-use super::op::Op;
+use super::op::{Link, Op};
 use super::rendezvous::{Dest, Pulled, RecvStep, RDV_GRACE};
 use super::sides::Side;
 use super::Conn;
@@ -33,7 +33,7 @@ use std::time::Duration;
 /// registration (remote read only), unless a window exposes it (then the registration, for
 /// window binding only, is with the driver, which the call asks to drop it before it
 /// returns).
-struct SliceRdv {
+pub(crate) struct SliceRdv {
     msg: Option<u64>,
     mr: Option<Mr>,
 }
@@ -196,7 +196,27 @@ pub(crate) struct SendMsg<'a> {
     threshold: Option<usize>,
 }
 
-impl Op for SendMsg<'_> {
+/// A link's part in a rendezvous send of a caller's slice: the driver registers the slice
+/// and exposes it ([`send_slice_rdv`]); a link without rendezvous (the host simulation) has
+/// none, and its sends have no threshold.
+pub(crate) trait SliceRendezvous {
+    /// One step of the rendezvous send of `m`: `Ok(true)` once released.
+    fn send_slice_rdv(&mut self, m: &[u8], slot: &mut Option<SliceRdv>) -> Result<bool>;
+    /// Drops what the link keeps for message `msg` (see [`Driver::drop_send`]).
+    fn drop_send(&mut self, msg: u64, unbound: bool);
+}
+
+impl SliceRendezvous for Driver {
+    fn send_slice_rdv(&mut self, m: &[u8], slot: &mut Option<SliceRdv>) -> Result<bool> {
+        send_slice_rdv(self, m, slot)
+    }
+
+    fn drop_send(&mut self, msg: u64, unbound: bool) {
+        Driver::drop_send(self, msg, unbound);
+    }
+}
+
+impl<L: Link + SliceRendezvous> Op<L> for SendMsg<'_> {
     type Out = ();
 
     fn name(&self) -> &'static str {
@@ -207,13 +227,13 @@ impl Op for SendMsg<'_> {
         Some(Side::Send)
     }
 
-    fn poll(&mut self, d: &mut Driver) -> Result<Option<()>> {
+    fn poll(&mut self, d: &mut L) -> Result<Option<()>> {
         if d.peer_gone() {
             return Err(NetError::PeerGone { op: self.name });
         }
         while let Some(m) = self.msgs.get(self.next) {
             if self.threshold.is_some_and(|t| m.len() >= t) {
-                if !send_slice_rdv(d, m, &mut self.rdv)? {
+                if !d.send_slice_rdv(m, &mut self.rdv)? {
                     return Ok(None);
                 }
                 self.next += 1;
@@ -231,7 +251,7 @@ impl Op for SendMsg<'_> {
     /// A rendezvous message whose RTS has not gone out is withdrawn; a lent one is withdrawn
     /// if nothing of it went, else its rest is copied into the core and it is sent whole (a
     /// lone message that timed out then succeeds).
-    fn abandon(&mut self, d: &mut Driver, r: Result<()>) -> Result<()> {
+    fn abandon(&mut self, d: &mut L, r: Result<()>) -> Result<()> {
         let Some(m) = self.msgs.get(self.next) else {
             return r;
         };
@@ -278,7 +298,7 @@ impl<'a> SendMsg<'a> {
     }
 }
 
-impl Op for RecvInto<'_> {
+impl<L: Link> Op<L> for RecvInto<'_> {
     type Out = RecvStep;
 
     fn name(&self) -> &'static str {
@@ -289,7 +309,7 @@ impl Op for RecvInto<'_> {
         Some(Side::Recv)
     }
 
-    fn poll(&mut self, d: &mut Driver) -> Result<Option<RecvStep>> {
+    fn poll(&mut self, d: &mut L) -> Result<Option<RecvStep>> {
         match d.core().recv_msg_direct(self.buf) {
             Ok(n) => Ok(Some(RecvStep::Got(n))),
             Err(ProtoError::NeedsRead { len }) => Ok(Some(RecvStep::Rendezvous(len))),
@@ -300,7 +320,7 @@ impl Op for RecvInto<'_> {
 
     /// The part of a message already received into the buffer goes back into the core: the
     /// message stays whole for the next read.
-    fn abandon(&mut self, d: &mut Driver, r: Result<RecvStep>) -> Result<RecvStep> {
+    fn abandon(&mut self, d: &mut L, r: Result<RecvStep>) -> Result<RecvStep> {
         d.core().recv_direct_abort(self.buf);
         r
     }
