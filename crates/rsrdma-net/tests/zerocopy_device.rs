@@ -548,8 +548,9 @@ fn zerocopy_close_while_a_large_send_msg_waits_for_its_done() {
 }
 
 /// F3: a `recv_buffer` whose read timeout hits while its RDMA READ is in flight neither
-/// loses the message nor wedges the connection: the call waits out the READ (bounded) and
-/// returns the message. Before the fix it returned `Timeout` with the core still reading, and
+/// loses the message nor wedges the connection: the READ goes on with the driver (which keeps
+/// the buffer until it lands and then moves the message into the core), and a later call gets
+/// the message whole. Before the fix it returned `Timeout` with the core still reading, and
 /// every later read timed out (the buffer stayed busy).
 #[test]
 fn zerocopy_a_recv_buffer_that_times_out_mid_read_still_gets_the_message() {

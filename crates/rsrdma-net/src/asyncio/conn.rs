@@ -3,7 +3,7 @@
 use super::driven::Driven;
 use super::op_future::OpFuture;
 use super::split::{OwnedReadHalf, OwnedWriteHalf};
-use crate::conn::{PreparedSend, RecvInto, RecvStep, SendMsg};
+use crate::conn::{Dest, PreparedSend, Pull, Pulled, RecvInto, RecvStep, SendMsg};
 use crate::error::{NetError, Result};
 use crate::Buffer;
 use crate::{ConnInfo, ConnOptions};
@@ -129,10 +129,12 @@ impl AsyncConn {
     /// Receives the next message into `buf`: `Ok(Some(len))`, or `Ok(None)` at the end of
     /// the stream, as [`Conn::recv_buffer`](crate::Conn::recv_buffer). An eager message's
     /// fragments are copied from the receive slots straight into `buf`; a rendezvous message
-    /// is read by RDMA READ into the connection's own memory and copied from there.
+    /// is read by RDMA READ straight into `buf` (no copy).
     ///
     /// Cancel-safe: a future dropped mid-message hands the part received back to the
-    /// connection, and the message stays whole for the next read.
+    /// connection, and the message stays whole for the next read; one dropped while the
+    /// READ lands in `buf` leaves `buf` in flight ([`Buffer::is_busy`]) until it landed, and
+    /// the message then goes to the next read. A call on a buffer in flight waits for it.
     ///
     /// # Errors
     /// As [`Conn::recv_buffer`](crate::Conn::recv_buffer), less the timeout.
@@ -222,13 +224,23 @@ pub(super) async fn send_buffer(d: &Driven, buf: &Buffer, len: usize) -> Result<
 
 pub(super) async fn recv_buffer(d: &Driven, buf: &mut Buffer) -> Result<Option<usize>> {
     const OP: &str = "recv_buffer";
-    let step = OpFuture::new(d, RecvInto::new(OP, buf.as_mut_slice()?)).await?;
-    match step {
-        RecvStep::Got(n) => Ok(n),
-        RecvStep::Rendezvous(len) if len > buf.len() => Err(NetError::ShortBuffer { needed: len }),
-        // Read into the driver's memory, then copied (another reader may take it first: then
-        // this one gets the next message).
-        RecvStep::Rendezvous(_) => recv_msg_into(d, buf.as_mut_slice()?).await,
+    loop {
+        // A READ of an earlier, dropped call may still be landing in the buffer: wait for it.
+        poll_fn(|cx| d.poll_op(cx, |c, live| c.step_buffer_idle(buf, live))).await?;
+        let step = OpFuture::new(d, RecvInto::new(OP, buf.as_mut_slice()?)).await?;
+        let len = match step {
+            RecvStep::Got(n) => return Ok(n),
+            RecvStep::Rendezvous(len) => len,
+        };
+        // Zero copy: the READ lands in the buffer. A future dropped meanwhile hands the READ
+        // to the driver, which keeps the buffer until it lands and moves the message into the
+        // core for the next read.
+        let pull = Pull::new(OP, len, Dest::Buffer(buf), &d.conn().pd(OP)?)?;
+        match OpFuture::new(d, pull).await? {
+            Pulled::Done(n) => return Ok(Some(n)),
+            // Another reader took the head first: read again.
+            Pulled::Retry => continue,
+        }
     }
 }
 

@@ -217,6 +217,15 @@ impl InFlight {
     }
 
     /// The buffer's bytes, read by a copy into send slots (the core only reads them).
+    /// The first `len` bytes after a READ into the buffer landed (its completion was reaped:
+    /// the NIC no longer writes it, and the buffer grants no remote access).
+    pub(crate) fn landed(&self, len: usize) -> &[u8] {
+        let mr = self.inner.mr();
+        // SAFETY: the READ that wrote the buffer completed; nothing else writes it while it
+        // is in flight (held by the driver); `len` is clamped to the allocation.
+        unsafe { std::slice::from_raw_parts(mr.addr() as *const u8, len.min(mr.len())) }
+    }
+
     pub(crate) fn bytes(&self, len: usize) -> &[u8] {
         let mr = self.inner.mr();
         // SAFETY: in flight for a send only (the caller holds it for that): nothing writes

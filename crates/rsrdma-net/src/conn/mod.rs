@@ -74,7 +74,7 @@ pub use pool::RecvMemory;
 #[cfg(feature = "tokio")]
 pub(crate) use pool::RecvPools;
 #[cfg(feature = "tokio")]
-pub(crate) use rendezvous::{PreparedSend, RecvStep};
+pub(crate) use rendezvous::{Dest, PreparedSend, Pull, Pulled, RecvStep};
 #[cfg(feature = "tokio")]
 pub(crate) use transfer::{RecvInto, SendMsg};
 

@@ -57,7 +57,6 @@ use super::Conn;
 use crate::error::{from_core, NetError, Result};
 use rsrdma::{AccessFlags, Mr, Pd};
 use rsrdma_proto::ProtoError;
-use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
 /// How long a call whose memory is still exposed to (or being written by) the NIC waits past
@@ -144,7 +143,7 @@ pub(crate) enum RecvStep {
 
 /// Where a call's rendezvous READ lands (a read into memory of the driver's own is
 /// [`Driver::start_owned_read`]).
-pub(super) enum Dest<'a> {
+pub(crate) enum Dest<'a> {
     /// The caller's slice, registered for the call.
     Slice(&'a mut [u8]),
     /// A registered buffer.
@@ -152,7 +151,7 @@ pub(super) enum Dest<'a> {
 }
 
 /// What [`Conn::pull`] did.
-pub(super) enum Pulled {
+pub(crate) enum Pulled {
     /// The message is in the destination: its length.
     Done(usize),
     /// The head changed (another reader took it): read again.
@@ -266,11 +265,15 @@ impl Conn {
     /// [`NetError::Timeout`]; [`NetError::ConnFailed`] (a buffer in flight on a failed
     /// connection is released at its teardown, after the QP's flush); [`NetError::Closed`].
     pub fn wait_buffer(&self, buf: &Buffer) -> Result<()> {
+        self.wait_idle("wait_buffer", buf, self.shared.write_timeout.get())
+    }
+
+    /// Waits up to `timeout` until `buf` is no longer in flight.
+    fn wait_idle(&self, name: &'static str, buf: &Buffer, timeout: Option<Duration>) -> Result<()> {
         if !buf.is_busy() {
             return Ok(());
         }
-        let timeout = self.shared.write_timeout.get();
-        self.block("wait_buffer", timeout, |d| {
+        self.block(name, timeout, |d| {
             if !buf.is_busy() {
                 return Ok(Some(()));
             }
@@ -283,15 +286,18 @@ impl Conn {
 
     /// Receives the next message into `buf`: `Ok(Some(len))`, or `Ok(None)` at the end of
     /// the stream. A rendezvous message lands in `buf` straight from the peer's memory (no
-    /// copy); an eager one is copied out of the receive slots.
+    /// copy); an eager one is copied out of the receive slots. A call that times out while
+    /// the READ lands leaves `buf` in flight until it landed, and the message goes to the next
+    /// read; a call on a buffer in flight waits for it (within the read timeout).
     ///
     /// # Errors
     /// [`NetError::ShortBuffer`] when the message is longer than `buf` (it stays queued);
-    /// [`NetError::BufferBusy`]; [`NetError::BadBuffer`] for another protection domain;
-    /// otherwise as [`Conn::recv_msg`].
+    /// [`NetError::BadBuffer`] for another protection domain; otherwise as
+    /// [`Conn::recv_msg`].
     pub fn recv_buffer(&self, buf: &mut Buffer) -> Result<Option<usize>> {
         const OP: &str = "recv_buffer";
         buf.check_for(OP, &self.pd(OP)?, 0)?;
+        self.wait_idle(OP, buf, self.shared.read_timeout.get())?;
         loop {
             let step =
                 self.recv_lent_step(OP, buf.as_mut_slice()?, self.shared.read_timeout.get())?;
@@ -319,91 +325,24 @@ impl Conn {
     }
 
     /// The connection's protection domain.
-    fn pd(&self, op: &'static str) -> Result<Pd> {
+    pub(crate) fn pd(&self, op: &'static str) -> Result<Pd> {
         let st = self.shared.lock();
         let d = st.driver.as_ref().ok_or(NetError::Closed { op })?;
         Ok(d.pd().clone())
     }
 
     /// Reads the head rendezvous message (of `len` bytes, as `NeedsRead` said) straight into
-    /// `dest`, the caller's memory (zero copy).
-    pub(super) fn pull(&self, op: &'static str, len: usize, dest: Dest<'_>) -> Result<Pulled> {
-        let pd = self.pd(op)?;
-        let mut reg = None;
-        let mut hold = None;
-        let (addr, lkey, cap) = match dest {
-            Dest::Slice(b) => {
-                if b.len() < len {
-                    return Err(NetError::ShortBuffer { needed: len });
-                }
-                // SAFETY: the slice is borrowed for this whole call; the registration is
-                // dropped before the call returns, and only after the READ completed or the
-                // QP was moved to ERROR (after which deregistering cuts the NIC off).
-                let mr =
-                    unsafe { Mr::register(&pd, b.as_mut_ptr(), len, AccessFlags::LOCAL_WRITE) }?;
-                let at = (mr.addr(), mr.lkey(), len);
-                reg = Some(mr);
-                at
-            }
-            Dest::Buffer(b) => {
-                if b.len() < len {
-                    return Err(NetError::ShortBuffer { needed: len });
-                }
-                let h = b.start(op)?;
-                let at = (h.addr(), h.lkey(), b.len());
-                hold = Some(h);
-                at
-            }
-        };
-        let started = Cell::new(false);
-        let hold = Cell::new(hold);
-        let reg = RefCell::new(reg);
-        let mut attempt = |d: &mut Driver| -> Result<Option<Pulled>> {
-            if d.peer_gone() && !d.core_ref().read_landed() {
-                // The peer left after its FIN: its memory went with it (and nothing is
-                // posted any more), so a rendezvous message it left behind cannot be read.
-                return Err(NetError::PeerGone { op });
-            }
-            if !started.get() {
-                if d.core_ref().pending_read() != Some(len) {
-                    if let Some(e) = d.core_ref().error() {
-                        return Err(NetError::ConnFailed(e.clone()));
-                    }
-                    return Ok(Some(Pulled::Retry));
-                }
-                match d.core().start_read(addr, lkey, cap) {
-                    Ok(()) => {
-                        started.set(true);
-                        if let Some(h) = hold.take() {
-                            d.hold_read(h);
-                        }
-                        return Ok(None);
-                    }
-                    Err(ProtoError::WouldBlock) => return Ok(None),
-                    Err(e) => return Err(from_core(e)),
-                }
-            }
-            if let Some(e) = d.core_ref().error() {
-                return Err(NetError::ConnFailed(e.clone()));
-            }
-            if !d.core_ref().read_landed() {
-                return Ok(None);
-            }
-            // Landed: the NIC is done with the destination.
-            drop(reg.borrow_mut().take());
-            let n = d.core().take_read().unwrap_or(len);
-            d.end_read();
-            Ok(Some(Pulled::Done(n)))
-        };
+    /// `dest`, the caller's memory (zero copy). A call that gives up while the READ writes a
+    /// `Buffer` hands the READ to the driver (the message then reaches the core, and the next
+    /// read); one that writes a slice waits for it (bounded), else fails the connection, as
+    /// the slice goes back to the caller when the call returns.
+    pub(super) fn pull(&self, name: &'static str, len: usize, dest: Dest<'_>) -> Result<Pulled> {
         let timeout = self.shared.read_timeout.get();
-        let mut r = self.block(op, timeout, &mut attempt);
-        // Every destination, a `Buffer`'s too (F3): a READ given up half-way leaves the core
-        // reading (every later read would wait for it for ever) and, for a slice, the NIC
-        // writing memory about to be returned. Wait for it (bounded), else fail the
-        // connection, which ends the READ.
-        if started.get() && r.is_err() {
+        let mut op = Pull::new(name, len, dest, &self.pd(name)?)?;
+        let mut r = self.run(&mut op, timeout);
+        if op.writes_caller_memory() && r.is_err() {
             if matches!(r, Err(NetError::Timeout { .. })) {
-                r = self.block(op, Some(RDV_GRACE), &mut attempt);
+                r = self.run(&mut op, Some(RDV_GRACE));
             }
             if r.is_err() {
                 let mut st = self.shared.lock();
@@ -414,7 +353,132 @@ impl Conn {
             }
         }
         // The registration goes before the memory it covers (the caller's slice).
-        drop(reg.borrow_mut().take());
+        drop(op);
+        r
+    }
+}
+
+/// A rendezvous READ of the head message straight into the caller's memory.
+pub(crate) struct Pull<'a> {
+    name: &'static str,
+    len: usize,
+    /// Where it lands: `addr`, `lkey`, capacity.
+    at: (u64, u32, usize),
+    /// The slice's registration, dropped once the READ landed (or with the op).
+    reg: Option<Mr>,
+    /// The buffer's allocation, with the driver once the READ started.
+    hold: Option<super::buffer::InFlight>,
+    /// The READ was started (into `at`).
+    started: bool,
+    /// The slice the READ writes, borrowed for the op's life.
+    _slice: std::marker::PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> Pull<'a> {
+    /// Prepares the destination: registers a slice (local write), or marks a buffer in
+    /// flight.
+    ///
+    /// # Errors
+    /// [`NetError::ShortBuffer`] when `dest` is shorter than `len`; the registration's error;
+    /// [`NetError::BufferBusy`].
+    pub(crate) fn new(name: &'static str, len: usize, dest: Dest<'a>, pd: &Pd) -> Result<Pull<'a>> {
+        let (at, reg, hold) = match dest {
+            Dest::Slice(b) => {
+                if b.len() < len {
+                    return Err(NetError::ShortBuffer { needed: len });
+                }
+                // SAFETY: the slice is borrowed for the op's life (`_slice`); the
+                // registration is dropped before the op, and only after the READ completed or
+                // the QP was moved to ERROR (after which deregistering cuts the NIC off): the
+                // blocking `pull` never returns before either.
+                let mr =
+                    unsafe { Mr::register(pd, b.as_mut_ptr(), len, AccessFlags::LOCAL_WRITE) }?;
+                ((mr.addr(), mr.lkey(), len), Some(mr), None)
+            }
+            Dest::Buffer(b) => {
+                if b.len() < len {
+                    return Err(NetError::ShortBuffer { needed: len });
+                }
+                let h = b.start(name)?;
+                ((h.addr(), h.lkey(), b.len()), None, Some(h))
+            }
+        };
+        Ok(Pull {
+            name,
+            len,
+            at,
+            reg,
+            hold,
+            started: false,
+            _slice: std::marker::PhantomData,
+        })
+    }
+
+    /// The READ may be writing memory the call must give back (a slice's), not yet landed.
+    fn writes_caller_memory(&self) -> bool {
+        self.started && self.reg.is_some()
+    }
+}
+
+impl Op for Pull<'_> {
+    type Out = Pulled;
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn side(&self) -> Option<Side> {
+        None
+    }
+
+    fn poll(&mut self, d: &mut Driver) -> Result<Option<Pulled>> {
+        if d.peer_gone() && !d.core_ref().read_landed() {
+            // The peer left after its FIN: its memory went with it (and nothing is posted
+            // any more), so a rendezvous message it left behind cannot be read.
+            return Err(NetError::PeerGone { op: self.name });
+        }
+        if !self.started {
+            if d.core_ref().pending_read() != Some(self.len) {
+                if let Some(e) = d.core_ref().error() {
+                    return Err(NetError::ConnFailed(e.clone()));
+                }
+                return Ok(Some(Pulled::Retry));
+            }
+            let (addr, lkey, cap) = self.at;
+            return match d.core().start_read(addr, lkey, cap) {
+                Ok(()) => {
+                    self.started = true;
+                    if let Some(h) = self.hold.take() {
+                        d.hold_read(h);
+                    }
+                    Ok(None)
+                }
+                Err(ProtoError::WouldBlock) => Ok(None),
+                Err(e) => Err(from_core(e)),
+            };
+        }
+        if let Some(e) = d.core_ref().error() {
+            return Err(NetError::ConnFailed(e.clone()));
+        }
+        if !d.core_ref().read_landed() {
+            return Ok(None);
+        }
+        // Landed: the NIC is done with the destination.
+        self.reg = None;
+        self.started = false;
+        let n = d.core().take_read().unwrap_or(self.len);
+        d.end_read();
+        Ok(Some(Pulled::Done(n)))
+    }
+
+    /// A READ into a buffer goes on without the call: the driver keeps the buffer and moves
+    /// the message into the core when it lands (F3: nothing wedges, nothing is lost). A READ
+    /// into a slice is the blocking `pull`'s to wait for.
+    fn abandon(&mut self, d: &mut Driver, r: Result<Pulled>) -> Result<Pulled> {
+        if self.started && self.reg.is_none() {
+            self.started = false;
+            d.orphan_buffer_read(self.len);
+        }
         r
     }
 }

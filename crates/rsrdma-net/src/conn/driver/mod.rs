@@ -118,6 +118,9 @@ pub(crate) struct Driver {
     free_windows: Option<Vec<Mw>>,
     /// The buffer a READ is landing in.
     read_hold: Option<InFlight>,
+    /// A READ into `read_hold` whose call gave up: its length, to move the message into the
+    /// core when it lands.
+    orphaned_read: Option<usize>,
     /// A rendezvous message being read into memory of the driver's own
     /// ([`Driver::start_owned_read`]): its registration, then the vector (drop order).
     owned_read: Option<OwnedRead>,
@@ -198,6 +201,7 @@ impl Driver {
             free_windows: windows.then(Vec::new),
             rdv_sends: VecDeque::new(),
             read_hold: None,
+            orphaned_read: None,
             owned_read: None,
         }
     }

@@ -21,7 +21,7 @@ impl Driver {
         if changed && !self.rdv_sends.is_empty() {
             self.release_rendezvous();
         }
-        if changed && self.owned_read.is_some() {
+        if changed && (self.owned_read.is_some() || self.orphaned_read.is_some()) {
             self.land_owned_read();
         }
         changed |= self.check_end(now);

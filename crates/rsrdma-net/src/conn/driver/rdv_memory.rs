@@ -90,15 +90,32 @@ impl Driver {
         self.peer_gone && self.owned_read.is_some() && !self.core.read_landed()
     }
 
-    /// A READ into the driver's own vector landed: the message becomes the core's head.
+    /// The call reading into the held buffer gave up: when the READ lands, the message is
+    /// copied into the core (as the head, for the next read) and the buffer freed.
+    pub(crate) fn orphan_buffer_read(&mut self, len: usize) {
+        if self.read_hold.is_some() {
+            self.orphaned_read = Some(len);
+            self.land_owned_read();
+        }
+    }
+
+    /// A READ into the driver's own vector (or into a buffer whose call gave up) landed: the
+    /// message becomes the core's head.
     pub(super) fn land_owned_read(&mut self) -> bool {
-        if self.owned_read.is_none() || !self.core.read_landed() {
+        if !self.core.read_landed() {
             return false;
         }
-        let Some(OwnedRead { mr, vec }) = self.owned_read.take() else {
+        let vec = if let Some(OwnedRead { mr, vec }) = self.owned_read.take() {
+            drop(mr);
+            vec
+        } else if let (Some(len), Some(hold)) = (self.orphaned_read, self.read_hold.as_ref()) {
+            let v = hold.landed(len).to_vec();
+            self.orphaned_read = None;
+            self.read_hold = None;
+            v
+        } else {
             return false;
         };
-        drop(mr);
         if !self.core.take_read_into_core(vec) {
             tracing::error!("rsrdma-net conn: a landed read did not match its message");
             self.core.handle_fatal(Fatal::QpError);
