@@ -15,9 +15,10 @@
 //! returns once the core holds the message, and the caller may await nothing afterwards.
 //! It holds only a weak reference and ends with the connection.
 
+use super::op_future::OpFuture;
 use super::wakers::WakerSet;
 use super::watch::Watch;
-use crate::conn::{CloseStart, Step};
+use crate::conn::{CloseStart, CloseWait, Step};
 use crate::error::{NetError, Result};
 use crate::progress::PollMode;
 use crate::Conn;
@@ -259,12 +260,17 @@ impl Driven {
         self.close_pending.store(true, Ordering::Release);
         self.waiters.wake_all();
         let delivered = match failed {
-            Some(_) => false,
+            Some(_) => Ok(()),
             None => {
+                // The same wait as the blocking close's, under tokio's timer.
                 let linger = self.conn().linger().max(Duration::from_millis(1));
-                let done =
-                    std::future::poll_fn(|cx| self.poll_op(cx, |c, live| c.step_close_done(live)));
-                matches!(tokio::time::timeout(linger, done).await, Ok(Ok(())))
+                match tokio::time::timeout(linger, OpFuture::new(self, CloseWait)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(NetError::Timeout {
+                        op: "close",
+                        millis: linger.as_millis().try_into().unwrap_or(u64::MAX),
+                    }),
+                }
             }
         };
         // The teardown reaps the QP's flush (bounded, but a wait): on the blocking pool, so
@@ -278,7 +284,11 @@ impl Driven {
     }
 
     /// Tears down once (deregistering the liveness fd first); `None` if another did.
-    fn finish_close(&self, failed: Option<ProtoError>, delivered: bool) -> Option<Result<()>> {
+    fn finish_close(
+        &self,
+        failed: Option<ProtoError>,
+        delivered: Result<()>,
+    ) -> Option<Result<()>> {
         if !self.close_pending.swap(false, Ordering::AcqRel) {
             return None;
         }
@@ -309,7 +319,11 @@ impl Drop for Driven {
         // ever reading what it waits to deliver. Outside a runtime, here.
         let finish = move || {
             if pending {
-                if let Err(e) = conn.finish_close(None, false) {
+                let unconfirmed = Err(NetError::Timeout {
+                    op: "close",
+                    millis: 0,
+                });
+                if let Err(e) = conn.finish_close(None, unconfirmed) {
                     tracing::debug!(error = %e, "rsrdma-net async conn: close finished on drop");
                 }
             }

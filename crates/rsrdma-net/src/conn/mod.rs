@@ -44,6 +44,7 @@
 //!   `close`.
 
 mod buffer;
+mod close;
 mod driver;
 mod establish;
 mod fdwait;
@@ -65,6 +66,8 @@ mod worker;
 mod wr_id;
 
 pub use buffer::{Buffer, BufferPool};
+#[cfg(feature = "tokio")]
+pub(crate) use close::{CloseStart, CloseWait};
 pub use info::ConnInfo;
 pub use listener::Listener;
 #[cfg(feature = "tokio")]
@@ -82,6 +85,7 @@ use crate::error::{from_core, NetError, Result};
 use crate::progress::{self, PollMode};
 use driver::{Driver, Take};
 use establish::Established;
+#[cfg(feature = "tokio")]
 use rsrdma_proto::ProtoError;
 use shared::{Shared, Waiter};
 use sides::Side;
@@ -91,9 +95,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// How long teardown waits for the QP's flush before it leaks the memory instead.
-const FLUSH_LIMIT: Duration = Duration::from_secs(2);
 
 /// A connected, message-oriented RDMA connection. `Send + Sync`: share it (`Arc<Conn>` or
 /// `&Conn` in scoped threads) to read and write from different threads. See the module docs.
@@ -295,57 +296,16 @@ impl Conn {
     /// linger time; [`NetError::ConnFailed`] for a connection that had failed. The
     /// resources are released either way.
     pub fn close(&self) -> Result<()> {
-        let failed = {
-            let mut st = self.shared.lock();
-            if st.closing {
-                return Ok(());
-            }
-            st.closing = true;
-            let failed = match st.driver.as_mut() {
-                Some(d) => {
-                    let failed = d.core_ref().error().cloned();
-                    if failed.is_none() && !d.peer_gone() {
-                        let _ = d.core().close();
-                    }
-                    d.post_work();
-                    failed
-                }
-                None => None,
-            };
-            self.shared.changed(&mut st);
-            failed
+        let failed = match self.begin_close() {
+            close::CloseStart::Already => return Ok(()),
+            close::CloseStart::Started => None,
+            close::CloseStart::Failed(e) => Some(e),
         };
-        let delivered = if failed.is_none() {
-            self.block("close", Some(self.linger), |d| {
-                Ok(close_done(d).then_some(()))
-            })
-        } else {
-            Ok(())
+        let delivered = match failed {
+            None => self.run(&mut close::CloseWait, Some(self.linger)),
+            Some(_) => Ok(()),
         };
-        let driver = self.detach_driver();
-        self.shared.wake.wake();
-        let worker = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(w) = worker {
-            let _ = w.join();
-        }
-        let ours_done = driver
-            .as_ref()
-            .is_some_and(|d| d.core_ref().is_drained() || d.peer_gone());
-        if let Some(d) = driver {
-            d.teardown(crate::deadline::deadline_after(FLUSH_LIMIT));
-        }
-        if let Some(e) = failed {
-            return Err(NetError::ConnFailed(e));
-        }
-        match delivered {
-            Err(NetError::Timeout { .. }) if ours_done => Ok(()),
-            Err(NetError::Timeout { .. }) => Err(NetError::Timeout {
-                op: "close: delivering the queued data",
-                millis: self.linger.as_millis() as u64,
-            }),
-            Err(NetError::ConnFailed(e)) => Err(NetError::ConnFailed(e)),
-            _ => Ok(()),
-        }
+        self.finish_close(failed, delivered)
     }
 
     /// Stops the connection's steps and takes its driver out for the teardown (both closes).
@@ -655,18 +615,6 @@ pub(crate) struct Step<T> {
     pub(crate) sends_waiting: bool,
 }
 
-/// How [`Conn::begin_close`] found the connection.
-#[cfg(feature = "tokio")]
-#[derive(Debug)]
-pub(crate) enum CloseStart {
-    /// Another close began earlier: nothing to do.
-    Already,
-    /// FIN is queued; wait for [`Conn::step_close_done`], then [`Conn::finish_close`].
-    Started,
-    /// The connection had failed: go straight to [`Conn::finish_close`].
-    Failed(ProtoError),
-}
-
 #[cfg(feature = "tokio")]
 impl Conn {
     /// Establishes as [`Conn::dial`] does for one address (blocking), without the thread.
@@ -887,71 +835,8 @@ impl Conn {
             Ok((queued == 0 || d.peer_gone()).then_some(()))
         })
     }
-
-    /// Starts a close without waiting: FIN after everything queued (as [`Conn::close`]).
-    pub(crate) fn begin_close(&self) -> CloseStart {
-        let mut st = self.shared.lock();
-        if st.closing {
-            return CloseStart::Already;
-        }
-        st.closing = true;
-        let out = match st.driver.as_mut() {
-            Some(d) => {
-                let failed = d.core_ref().error().cloned();
-                if failed.is_none() && !d.peer_gone() {
-                    let _ = d.core().close();
-                }
-                d.post_work();
-                failed.map_or(CloseStart::Started, CloseStart::Failed)
-            }
-            None => CloseStart::Started,
-        };
-        self.shared.changed(&mut st);
-        out
-    }
-
-    /// One step of the close: done when our FIN completed, the peer left, or it failed.
-    pub(crate) fn step_close_done(&self, live: bool) -> Result<Step<()>> {
-        self.step("close", live, |d| Ok(close_done(d).then_some(())))
-    }
-
-    /// Ends a close begun by [`Conn::begin_close`]: tears the driver down (reaping the
-    /// flush, bounded) and says what [`Conn::close`] would have said. `delivered` is whether
-    /// [`Conn::step_close_done`] finished within the linger time. Deregister the fds from
-    /// any reactor first: the liveness fd closes here.
-    ///
-    /// # Errors
-    /// As [`Conn::close`].
-    pub(crate) fn finish_close(&self, failed: Option<ProtoError>, delivered: bool) -> Result<()> {
-        let driver = self.detach_driver();
-        let ours_done = driver
-            .as_ref()
-            .is_some_and(|d| d.core_ref().is_drained() || d.peer_gone());
-        if let Some(d) = driver {
-            d.teardown(crate::deadline::deadline_after(FLUSH_LIMIT));
-        }
-        if let Some(e) = failed {
-            return Err(NetError::ConnFailed(e));
-        }
-        if delivered || ours_done {
-            return Ok(());
-        }
-        Err(NetError::Timeout {
-            op: "close: delivering the queued data",
-            millis: self.linger.as_millis() as u64,
-        })
-    }
 }
 // ===== END async hooks =================================================================
-
-/// Our FIN completed (so every byte before it sits in the peer's slots), or the peer is
-/// gone, or the connection failed. Close does not wait for the peer's FIN: a peer that is
-/// still reading gets our FIN, then sees our teardown as its peer leaving after FIN (its
-/// reads go on to EOF, its sends say `PeerGone`), as a TCP peer would see a closed socket.
-fn close_done(d: &Driver) -> bool {
-    let core = d.core_ref();
-    core.error().is_some() || d.peer_gone() || core.is_drained()
-}
 
 /// A refused TCP connect names the other path: a [`Listener`] on the default
 /// [`Establish::Cm`] path has no TCP socket at its port.
@@ -979,6 +864,7 @@ fn check_timeout(t: Option<Duration>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rsrdma_proto::ProtoError;
 
     #[test]
     fn conn_and_listener_are_send_and_sync() {

@@ -499,6 +499,7 @@ pub(super) fn recv_msg_attempt(
 
 /// One attempt of `recv_msg_into`'s copying form (the async face): as [`recv_msg_attempt`],
 /// then copied into `buf`; a message longer than `buf` stays queued (`ShortBuffer`).
+#[cfg(feature = "tokio")]
 pub(super) fn recv_msg_into_attempt(
     d: &mut Driver,
     op: &'static str,

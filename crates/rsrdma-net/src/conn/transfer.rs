@@ -277,6 +277,7 @@ pub(crate) struct RecvInto<'a> {
     buf: &'a mut [u8],
 }
 
+#[cfg(any(feature = "tokio", test))]
 impl<'a> RecvInto<'a> {
     /// A receive of the next message into `buf` (the async face's `recv_buffer`).
     pub(crate) fn new(name: &'static str, buf: &'a mut [u8]) -> RecvInto<'a> {
@@ -284,6 +285,7 @@ impl<'a> RecvInto<'a> {
     }
 }
 
+#[cfg(any(feature = "tokio", test))]
 impl<'a> SendMsg<'a> {
     /// A send of `msgs`, eagerly (the async face, for a buffer on a device with one send
     /// SGE: rendezvous is for the blocking face's caller slices).
