@@ -46,9 +46,9 @@ impl Conn {
     /// side's flag and a second lock for the finish), and polls the CQ only when the send
     /// cannot go at once (the owned way's first step then does): completions free credits
     /// and slots, which a send that fits does not need, and the core bounds what is in
-    /// flight, so the CQ cannot overflow meanwhile. Measured with callgrind in the VM: over a
-    /// quarter of a 64-byte `send_msg`'s instructions. A message of one inline frame skips
-    /// the core's work queue too ([`Driver::send_inline_now`]: a further ~120 a round trip).
+    /// flight, so the CQ cannot overflow meanwhile. A message of one inline frame skips the
+    /// core's work queue too ([`Driver::send_inline_now`]). What each saves is measured in the
+    /// guide's performance chapter.
     pub(super) fn send_at_once(&self, op: &'static str, msg: &[u8]) -> Result<bool> {
         let one_frame = msg.len() <= self.info.settled.frame_payload() as usize;
         if !one_frame || self.by_rendezvous(msg.len()) {

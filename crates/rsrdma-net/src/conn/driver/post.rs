@@ -35,7 +35,7 @@ pub(super) enum SendOp {
 
 /// What one posting round gathers before its two post calls. Kept in the driver and
 /// overwritten in place: set up on the stack, its ~3 KiB were zeroed at every posting step
-/// (about a tenth of a 64-byte round trip's instructions, measured with callgrind).
+/// (figures: the guide's performance chapter).
 pub(super) struct Staging {
     recvs: [Sge; POST_BATCH],
     recv_ids: [u64; POST_BATCH],
@@ -79,8 +79,8 @@ impl Driver {
 
     /// Posts `first` and everything the core queued after it. What a small message's round
     /// trip queues (a receive's repost, an inline send, or the two) is built on the stack and
-    /// posted directly, without the batch's staging and bookkeeping (measured with callgrind:
-    /// about 300 instructions a round trip); anything else goes as batches.
+    /// posted directly, without the batch's staging and bookkeeping; anything else goes as
+    /// batches.
     #[inline(never)]
     pub(super) fn post_from(&mut self, first: Work) {
         let mut work = first;
@@ -107,8 +107,8 @@ impl Driver {
 
     /// Sends `msg` as one inline frame posted at once, then posts whatever the core had
     /// queued (a receive loop's reposts, off the round trip's path after the doorbell):
-    /// the lean way of a small send ([`rsrdma_proto::Conn::send_inline_now`]; measured with
-    /// callgrind in the VM). `false`: it cannot go that way, nothing done.
+    /// the lean way of a small send ([`rsrdma_proto::Conn::send_inline_now`]). `false`: it
+    /// cannot go that way, nothing done.
     pub(crate) fn send_inline_now(&mut self, msg: &[u8]) -> bool {
         if self.broken || self.peer_gone {
             return false;
