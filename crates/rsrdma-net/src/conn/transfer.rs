@@ -42,8 +42,8 @@ impl Conn {
     /// The fast path of a blocking send: one locked step that sends a message of one frame
     /// (below the rendezvous threshold) when nobody owns the send side and a credit and a
     /// send slot are free. `Ok(false)`: nothing was sent; take the owned way
-    /// ([`Conn::send_lent`]), which waits. Skips the owned way's set-up (its closures, the
-    /// side's flag and a second lock for the finish), and polls the CQ only when the send
+    /// ([`Conn::send_lent`]), which waits. Skips the owned way's set-up (its operation, the
+    /// side's flag and a second lock for a give-up), and polls the CQ only when the send
     /// cannot go at once (the owned way's first step then does): completions free credits
     /// and slots, which a send that fits does not need, and the core bounds what is in
     /// flight, so the CQ cannot overflow meanwhile. A message of one inline frame skips the
