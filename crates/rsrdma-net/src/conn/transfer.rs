@@ -79,7 +79,7 @@ impl Conn {
     /// owns the receive side, the head message comes by rendezvous, or it has begun arriving
     /// in several fragments (too large for `buf`, which is at most a frame: the owned way
     /// reports that with the length it needs). Each step costs less than an owned one (no
-    /// closures, no side flag, no finish): in a ping-pong the waiting step and the one that
+    /// side flag, nothing to hand back): in a ping-pong the waiting step and the one that
     /// finds the message are on the round trip's path. `buf` is offered to the completions
     /// each step reaps (`Driver::progress_taking`): a whole message that arrives as the next
     /// one to read goes from its slot into `buf` at once, not through the core's read queue
