@@ -104,7 +104,7 @@ impl Args {
             .poll_mode(poll)
             .keepalive(keepalive)
             .peer_timeout(Duration::from_millis(self.peer_timeout_ms))
-            .secret(self.secret.as_ref().map(|s| s.as_bytes().to_vec()))
+            .secret(self.secret.as_deref().map(rsrdma_net::Secret::from))
     }
 }
 

@@ -17,6 +17,8 @@
 
 mod deadline;
 mod domain;
+mod secret;
+pub use secret::Secret;
 pub mod error;
 pub mod handshake;
 

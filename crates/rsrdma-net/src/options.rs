@@ -55,7 +55,7 @@ pub struct RawOptions {
     /// Busy polling, or completion channels for sleeping waits.
     pub completion: Completion,
     /// Shared secret: when set, the peer must prove it knows it before anything else is sent.
-    pub secret: Option<Vec<u8>>,
+    pub secret: Option<crate::Secret>,
     /// Time limit for the TCP connect and every wait on the control channel.
     pub timeout: Duration,
     /// Application parameters that must be equal on both sides, as `(key, value)`.
@@ -107,7 +107,7 @@ setters!(RawOptions {
     /// Sets [`RawOptions::completion`].
     completion: Completion,
     /// Sets [`RawOptions::secret`].
-    secret: Option<Vec<u8>>,
+    secret: Option<crate::Secret>,
     /// Sets [`RawOptions::timeout`].
     timeout: Duration,
     /// Sets [`RawOptions::params`].

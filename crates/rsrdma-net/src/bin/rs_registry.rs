@@ -58,7 +58,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     }
     Ok(Args {
         listen,
-        opts: opts.secret(secret),
+        opts: opts.secret(secret.map(rsrdma_net::Secret::new)),
     })
 }
 

@@ -101,7 +101,7 @@ pub struct ConnOptions {
     /// tears down anyway. Default 2 s.
     pub linger: Duration,
     /// Shared secret for the TCP handshake (ignored by rdma_cm).
-    pub secret: Option<Vec<u8>>,
+    pub secret: Option<crate::Secret>,
     /// Listener only: every accepted connection receives from one shared pool
     /// ([`SharedRecv`]). Default `None`: each connection registers its own receive slots.
     pub shared_recv: Option<SharedRecv>,
@@ -173,7 +173,7 @@ setters!(ConnOptions {
     /// Sets [`ConnOptions::linger`].
     linger: Duration,
     /// Sets [`ConnOptions::secret`].
-    secret: Option<Vec<u8>>,
+    secret: Option<crate::Secret>,
     /// Sets [`ConnOptions::shared_recv`].
     shared_recv: Option<SharedRecv>,
     /// Sets [`ConnOptions::rendezvous`].

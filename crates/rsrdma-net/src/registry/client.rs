@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 pub struct ClientOptions {
     /// The registry's shared secret, if it has one. A client with a secret refuses a
     /// registry that cannot prove it too.
-    pub secret: Option<Vec<u8>>,
+    pub secret: Option<crate::Secret>,
     /// Limit of the connect and of each request.
     pub timeout: Duration,
 }
@@ -32,7 +32,7 @@ impl Default for ClientOptions {
 
 setters!(ClientOptions {
     /// Sets [`ClientOptions::secret`].
-    secret: Option<Vec<u8>>,
+    secret: Option<crate::Secret>,
     /// Sets [`ClientOptions::timeout`].
     timeout: Duration,
 });

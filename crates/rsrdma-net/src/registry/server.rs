@@ -21,7 +21,7 @@ const ACCEPT_TICK: Duration = Duration::from_millis(10);
 #[non_exhaustive]
 pub struct RegistryOptions {
     /// Shared secret: when set, clients must prove it before any request.
-    pub secret: Option<Vec<u8>>,
+    pub secret: Option<crate::Secret>,
     /// The longest lease granted, and the one given to a registration that asks for none.
     pub lease: Duration,
     /// Entries held at most; a registration of a new name beyond it is refused.
@@ -49,7 +49,7 @@ impl Default for RegistryOptions {
 
 setters!(RegistryOptions {
     /// Sets [`RegistryOptions::secret`].
-    secret: Option<Vec<u8>>,
+    secret: Option<crate::Secret>,
     /// Sets [`RegistryOptions::lease`].
     lease: Duration,
     /// Sets [`RegistryOptions::max_entries`].
