@@ -100,7 +100,9 @@ pub struct ConnOptions {
     /// How long `close` waits for the queued data (and its FIN) to be delivered before it
     /// tears down anyway. Default 2 s.
     pub linger: Duration,
-    /// Shared secret for the TCP handshake (ignored by rdma_cm).
+    /// Shared secret: the TCP handshake ([`Establish::Tcp`]) admits only a peer that proves
+    /// it. rdma_cm (the default path) cannot check it yet, so a secret with
+    /// [`Establish::Cm`] is refused at bind and dial (never silently ignored).
     pub secret: Option<crate::Secret>,
     /// Listener only: every accepted connection receives from one shared pool
     /// ([`SharedRecv`]). Default `None`: each connection registers its own receive slots.
@@ -222,6 +224,15 @@ impl ConnOptions {
                 "ConnOptions: connect_timeout is 0".into(),
             ));
         }
+        if self.secret.is_some() && self.establish == Establish::Cm {
+            // F5: a listener with a secret must never admit an unauthenticated peer.
+            return Err(crate::NetError::InvalidArgument(
+                "ConnOptions: a secret is checked by the TCP handshake only; rdma_cm (the \
+                 default path) cannot check it yet, so the combination is refused rather than \
+                 left open: use .establish(Establish::Tcp) on both ends"
+                    .into(),
+            ));
+        }
         crate::domain::check_device(self.device.as_deref(), self.pd.as_ref())
     }
 
@@ -257,6 +268,20 @@ impl ConnOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// F5: a secret on the rdma_cm path, which cannot check it, is refused at bind and dial
+    /// (it was silently ignored), with an error that names the way out.
+    #[test]
+    fn a_secret_on_rdma_cm_is_refused_not_ignored() {
+        let o = ConnOptions::default().secret(b"0123456789abcdef");
+        let e = o.check().unwrap_err();
+        assert!(e.to_string().contains("Establish::Tcp"), "{e}");
+        let e = crate::Listener::bind("127.0.0.1:0", o.clone()).unwrap_err();
+        assert!(matches!(e, crate::NetError::InvalidArgument(_)), "{e:?}");
+        let e = crate::Conn::dial("127.0.0.1:9", o.clone()).unwrap_err();
+        assert!(matches!(e, crate::NetError::InvalidArgument(_)), "{e:?}");
+        o.establish(Establish::Tcp).check().unwrap();
+    }
 
     #[test]
     fn defaults_fit_in_two_mib_and_their_headers_and_check() {
