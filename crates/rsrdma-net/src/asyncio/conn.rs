@@ -3,7 +3,7 @@
 use super::driven::Driven;
 use super::op_future::OpFuture;
 use super::split::{OwnedReadHalf, OwnedWriteHalf};
-use crate::conn::{Dest, PreparedSend, Pull, Pulled, RecvInto, RecvStep, SendMsg};
+use crate::conn::{BufferIdle, Dest, PreparedSend, Pull, Pulled, RecvInto, RecvStep, SendMsg};
 use crate::error::{NetError, Result};
 use crate::Buffer;
 use crate::{ConnInfo, ConnOptions};
@@ -219,14 +219,21 @@ pub(super) async fn send_buffer(d: &Driven, buf: &Buffer, len: usize) -> Result<
             OpFuture::new(d, SendMsg::eager("send_buffer", &msgs)).await?;
         }
     }
-    poll_fn(|cx| d.poll_op(cx, |c, live| c.step_buffer_idle(buf, live))).await
+    OpFuture::new(
+        d,
+        BufferIdle {
+            name: "send_buffer",
+            buf,
+        },
+    )
+    .await
 }
 
 pub(super) async fn recv_buffer(d: &Driven, buf: &mut Buffer) -> Result<Option<usize>> {
     const OP: &str = "recv_buffer";
     loop {
         // A READ of an earlier, dropped call may still be landing in the buffer: wait for it.
-        poll_fn(|cx| d.poll_op(cx, |c, live| c.step_buffer_idle(buf, live))).await?;
+        OpFuture::new(d, BufferIdle { name: OP, buf }).await?;
         let step = OpFuture::new(d, RecvInto::new(OP, buf.as_mut_slice()?)).await?;
         let len = match step {
             RecvStep::Got(n) => return Ok(n),

@@ -77,7 +77,7 @@ pub use pool::RecvMemory;
 #[cfg(feature = "tokio")]
 pub(crate) use pool::RecvPools;
 #[cfg(feature = "tokio")]
-pub(crate) use rendezvous::{Dest, PreparedSend, Pull, Pulled, RecvStep};
+pub(crate) use rendezvous::{BufferIdle, Dest, PreparedSend, Pull, Pulled, RecvStep};
 #[cfg(feature = "tokio")]
 pub(crate) use transfer::{RecvInto, SendMsg};
 
@@ -744,37 +744,6 @@ impl Conn {
         live: bool,
     ) -> Result<Step<O::Out>> {
         self.step(op.name(), live, |d| op::attempt(d, op, owned))
-    }
-
-    /// The future of `op` ends without a value (an error, or it was dropped): under the lock,
-    /// the operation hands back what the core holds and its side is freed.
-    pub(crate) fn give_up_op<O: Op>(
-        &self,
-        op: &mut O,
-        owned: bool,
-        r: Result<O::Out>,
-    ) -> Result<O::Out> {
-        let mut st = self.shared.lock();
-        let Some(d) = st.driver.as_mut() else {
-            return r;
-        };
-        let r = op::give_up(d, op, owned, r);
-        d.post_work();
-        self.shared.changed(&mut st);
-        r
-    }
-
-    /// One step of waiting for `buf` to leave flight (the async `send_buffer`).
-    pub(crate) fn step_buffer_idle(&self, buf: &Buffer, live: bool) -> Result<Step<()>> {
-        self.step("send_buffer", live, |d| {
-            if !buf.is_busy() {
-                return Ok(Some(()));
-            }
-            match d.core_ref().error() {
-                Some(e) => Err(NetError::ConnFailed(e.clone())),
-                None => Ok(None),
-            }
-        })
     }
 
     /// A step with no operation (timers, keepalive); fails once the connection failed.

@@ -133,6 +133,17 @@ impl Conn {
         if r.is_ok() {
             return r;
         }
+        self.give_up_op(op, owned, r)
+    }
+
+    /// A run of `op` ends without a value (an error, a timeout, or its future was dropped):
+    /// under the lock, the operation hands back what the core holds and its side is freed.
+    pub(crate) fn give_up_op<O: Op>(
+        &self,
+        op: &mut O,
+        owned: bool,
+        r: Result<O::Out>,
+    ) -> Result<O::Out> {
         let mut st = self.shared.lock();
         let Some(d) = st.driver.as_mut() else {
             return r;

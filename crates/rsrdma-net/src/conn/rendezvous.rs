@@ -74,6 +74,36 @@ enum BufferSend {
     Window { addr: u64 },
 }
 
+/// The wait until a buffer is no longer in flight (its send released, or the READ a call
+/// gave up landed), for either face; a failed connection ends it (the buffer is released at
+/// the teardown, after the QP's flush).
+pub(crate) struct BufferIdle<'a> {
+    pub(crate) name: &'static str,
+    pub(crate) buf: &'a Buffer,
+}
+
+impl Op for BufferIdle<'_> {
+    type Out = ();
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn side(&self) -> Option<Side> {
+        None
+    }
+
+    fn poll(&mut self, d: &mut Driver) -> Result<Option<()>> {
+        if !self.buf.is_busy() {
+            return Ok(Some(()));
+        }
+        match d.core_ref().error() {
+            Some(e) => Err(NetError::ConnFailed(e.clone())),
+            None => Ok(None),
+        }
+    }
+}
+
 /// How [`Conn::prepare_send_buffer`] sends a buffer's message.
 pub(crate) enum PreparedSend {
     /// Queued with no copy by this operation.
@@ -273,15 +303,7 @@ impl Conn {
         if !buf.is_busy() {
             return Ok(());
         }
-        self.block(name, timeout, |d| {
-            if !buf.is_busy() {
-                return Ok(Some(()));
-            }
-            match d.core_ref().error() {
-                Some(e) => Err(NetError::ConnFailed(e.clone())),
-                None => Ok(None),
-            }
-        })
+        self.run(&mut BufferIdle { name, buf }, timeout)
     }
 
     /// Receives the next message into `buf`: `Ok(Some(len))`, or `Ok(None)` at the end of
