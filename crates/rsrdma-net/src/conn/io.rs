@@ -7,10 +7,35 @@
 //! confirmed by `close`). Timeouts are the read and write timeouts, as
 //! [`io::ErrorKind::TimedOut`].
 
+use super::driver::Driver;
+use super::op::Op;
 use super::rendezvous::read_attempt;
+use super::sides::Side;
 use super::Conn;
-use crate::error::NetError;
+use crate::error::{NetError, Result};
 use std::io;
+
+/// The wait of a flush, for either face: done once every byte taken is handed to the NIC
+/// (or the peer left); a failed connection ends it.
+pub(crate) struct Flushed;
+
+impl Op for Flushed {
+    type Out = ();
+
+    fn name(&self) -> &'static str {
+        "flush"
+    }
+
+    fn side(&self) -> Option<Side> {
+        None
+    }
+
+    fn poll(&mut self, d: &mut Driver) -> Result<Option<()>> {
+        d.check_failed()?;
+        let queued = d.core_ref().counters().queued_send_bytes;
+        Ok((queued == 0 || d.peer_gone()).then_some(()))
+    }
+}
 
 impl io::Read for &Conn {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
@@ -37,14 +62,7 @@ impl io::Write for &Conn {
 
     fn flush(&mut self) -> io::Result<()> {
         let timeout = self.shared.write_timeout.get();
-        self.block("flush", timeout, |d| {
-            let c = d.core_ref().counters();
-            if let Some(e) = d.core_ref().error() {
-                return Err(NetError::ConnFailed(e.clone()));
-            }
-            Ok((c.queued_send_bytes == 0 || d.peer_gone()).then_some(()))
-        })
-        .map_err(NetError::into_io)
+        self.run(&mut Flushed, timeout).map_err(NetError::into_io)
     }
 }
 

@@ -748,10 +748,7 @@ impl Conn {
 
     /// A step with no operation (timers, keepalive); fails once the connection failed.
     pub(crate) fn step_idle(&self, live: bool) -> Result<Step<()>> {
-        self.step("progress", live, |d| match d.core_ref().error() {
-            Some(e) => Err(NetError::ConnFailed(e.clone())),
-            None => Ok(None),
-        })
+        self.step("progress", live, |d| d.check_failed().map(|()| None))
     }
 
     /// [`Conn::send_msg`] as one step.
@@ -796,13 +793,7 @@ impl Conn {
 
     /// `Write::flush` as one step: done once every byte taken is handed to the NIC.
     pub(crate) fn step_flushed(&self, live: bool) -> Result<Step<()>> {
-        self.step("flush", live, |d| {
-            if let Some(e) = d.core_ref().error() {
-                return Err(NetError::ConnFailed(e.clone()));
-            }
-            let queued = d.core_ref().counters().queued_send_bytes;
-            Ok((queued == 0 || d.peer_gone()).then_some(()))
-        })
+        self.step_op(&mut io::Flushed, &mut false, live)
     }
 }
 // ===== END async hooks =================================================================

@@ -97,10 +97,7 @@ impl Op for BufferIdle<'_> {
         if !self.buf.is_busy() {
             return Ok(Some(()));
         }
-        match d.core_ref().error() {
-            Some(e) => Err(NetError::ConnFailed(e.clone())),
-            None => Ok(None),
-        }
+        d.check_failed().map(|()| None)
     }
 }
 
@@ -461,9 +458,7 @@ impl Op for Pull<'_> {
         }
         if !self.started {
             if d.core_ref().pending_read() != Some(self.len) {
-                if let Some(e) = d.core_ref().error() {
-                    return Err(NetError::ConnFailed(e.clone()));
-                }
+                d.check_failed()?;
                 return Ok(Some(Pulled::Retry));
             }
             let (addr, lkey, cap) = self.at;
@@ -479,9 +474,7 @@ impl Op for Pull<'_> {
                 Err(e) => Err(from_core(e)),
             };
         }
-        if let Some(e) = d.core_ref().error() {
-            return Err(NetError::ConnFailed(e.clone()));
-        }
+        d.check_failed()?;
         if !d.core_ref().read_landed() {
             return Ok(None);
         }

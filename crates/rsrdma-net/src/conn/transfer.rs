@@ -130,10 +130,7 @@ impl Conn {
                 d.drop_send(msg, true);
                 return Ok(Some(()));
             }
-            match d.core_ref().error() {
-                Some(e) => Err(NetError::ConnFailed(e.clone())),
-                None => Ok(None),
-            }
+            d.check_failed().map(|()| None)
         });
         if done.is_err() {
             let mut st = self.shared.lock();
@@ -378,9 +375,6 @@ fn send_slice_rdv(d: &mut Driver, m: &[u8], slot: &mut Option<SliceRdv>) -> Resu
             *slot = None;
             Ok(true)
         }
-        Some(_) => match d.core_ref().error() {
-            Some(e) => Err(NetError::ConnFailed(e.clone())),
-            None => Ok(false),
-        },
+        Some(_) => d.check_failed().map(|()| false),
     }
 }

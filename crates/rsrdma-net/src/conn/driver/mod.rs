@@ -232,6 +232,15 @@ impl Driver {
     }
 
     /// The peer left after its FIN: nothing can be sent any more.
+    /// `Err(ConnFailed)` once the connection failed: the core keeps its fatal error, and
+    /// every operation that waits asks here.
+    pub(crate) fn check_failed(&self) -> Result<()> {
+        match self.core.error() {
+            Some(e) => Err(NetError::ConnFailed(e.clone())),
+            None => Ok(()),
+        }
+    }
+
     pub(crate) fn peer_gone(&self) -> bool {
         self.peer_gone
     }
