@@ -218,6 +218,7 @@ fn check_options(opts: &RawOptions) -> Result<()> {
             "RawConn is connected: use RC or UC".into(),
         ));
     }
+    crate::secret::check_secret(opts.secret.as_ref(), "RawOptions::secret")?;
     crate::domain::check_device(opts.device.as_deref(), opts.pd.as_ref())
 }
 

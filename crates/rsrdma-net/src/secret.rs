@@ -2,8 +2,10 @@
 //! printed and logged (`{:?}` of a `ConnOptions` in an error report, a `tracing` field), and
 //! a secret must not travel with them.
 
+use crate::error::{NetError, Result};
 use rsrdma::IntoOption;
 use std::fmt;
+use std::io::Read;
 use std::ops::Deref;
 
 /// A shared secret (see [`crate::ConnOptions::secret`]). Dereferences to its bytes; its
@@ -21,6 +23,38 @@ impl Secret {
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }
+
+    /// 32 random bytes from the kernel's random source: a secret that meets
+    /// [`Secret::MIN_LEN`] with room to spare. Store it where both sides read it (a file only
+    /// they can read, a secret store), never in code.
+    ///
+    /// # Errors
+    /// [`NetError::Io`] when `/dev/urandom` cannot be read.
+    pub fn generate() -> Result<Secret> {
+        let mut key = vec![0u8; 32];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut key))
+            .map_err(|e| NetError::io("read /dev/urandom", e))?;
+        Ok(Secret(key))
+    }
+
+    /// The shortest secret accepted: 16 bytes (128 bits). One proof is all an impostor can
+    /// collect; a shorter secret could be guessed from it offline.
+    pub const MIN_LEN: usize = crate::handshake::auth::MIN_SECRET_LEN;
+
+    /// Refuses a secret shorter than [`Secret::MIN_LEN`].
+    ///
+    /// # Errors
+    /// [`NetError::InvalidArgument`] naming `whose` secret, the limit and the remedy.
+    pub fn check(&self, whose: &str) -> Result<()> {
+        crate::handshake::auth::check_secret(&self.0)
+            .map_err(|why| NetError::InvalidArgument(format!("{whose}: {why}")))
+    }
+}
+
+/// Checks an optional secret (see [`Secret::check`]).
+pub(crate) fn check_secret(secret: Option<&Secret>, whose: &str) -> Result<()> {
+    secret.map_or(Ok(()), |s| s.check(whose))
 }
 
 impl Deref for Secret {

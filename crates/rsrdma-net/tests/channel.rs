@@ -2,14 +2,16 @@
 //! peers. No RDMA device is involved.
 
 use rsrdma::Gid;
-use rsrdma_net::handshake::{Channel, Endpoint, Regions, Role};
+use rsrdma_net::handshake::{Channel, Endpoint, FrameReader, Hello, Message, Proof, Regions, Role};
 use rsrdma_net::NetError;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(5);
+/// A secret of the accepted length (at least 16 bytes).
+const KEY: &[u8] = b"a shared secret of 32 bytes ....";
 
 fn pair() -> (Channel, Channel) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -44,7 +46,7 @@ fn endpoint(size: u64) -> Endpoint {
 fn full_exchange_with_a_shared_secret() {
     let (mut c, mut s) = pair();
     let server = thread::spawn(move || {
-        s.authenticate(Some(b"k3y")).unwrap();
+        s.authenticate(Some(KEY)).unwrap();
         let (peer, settled) = s
             .exchange_endpoints(&endpoint(64), |_| "size".into())
             .unwrap();
@@ -52,7 +54,7 @@ fn full_exchange_with_a_shared_secret() {
         s.barrier(1).unwrap();
         (peer, settled, regions)
     });
-    c.authenticate(Some(b"k3y")).unwrap();
+    c.authenticate(Some(KEY)).unwrap();
     let (peer, _) = c
         .exchange_endpoints(&endpoint(64), |_| "size".into())
         .unwrap();
@@ -74,7 +76,7 @@ fn full_exchange_with_a_shared_secret() {
 #[test]
 fn a_stranger_without_the_secret_learns_nothing() {
     let (mut c, mut s) = pair();
-    let server = thread::spawn(move || s.authenticate(Some(b"secret")).unwrap_err());
+    let server = thread::spawn(move || s.authenticate(Some(KEY)).unwrap_err());
     let e = c.authenticate(None).unwrap_err();
     assert!(matches!(e, NetError::Auth(_)), "{e}");
     assert!(matches!(
@@ -86,8 +88,10 @@ fn a_stranger_without_the_secret_learns_nothing() {
 #[test]
 fn a_wrong_secret_is_refused_on_both_sides() {
     let (mut c, mut s) = pair();
-    let server = thread::spawn(move || s.authenticate(Some(b"right")).unwrap_err());
-    let e = c.authenticate(Some(b"wrong")).unwrap_err();
+    let server = thread::spawn(move || s.authenticate(Some(KEY)).unwrap_err());
+    let e = c
+        .authenticate(Some(b"another 16+ byte secret"))
+        .unwrap_err();
     assert!(
         matches!(e, NetError::Auth(_) | NetError::PeerAborted(_)),
         "{e}"
@@ -161,5 +165,244 @@ fn a_silent_peer_times_out_and_a_vanished_one_is_named() {
     assert!(
         matches!(e, NetError::PeerClosed(_) | NetError::Io { .. }),
         "{e}"
+    );
+}
+
+/// Reads frames from `s` until the end of the stream (or `limit`), as a stranger would.
+fn frames_until_eof(s: &mut TcpStream, limit: Duration) -> Vec<Message> {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut r = FrameReader::new();
+    let mut got = Vec::new();
+    loop {
+        while let Ok(Some(m)) = r.next_frame() {
+            got.push(m);
+        }
+        match r.read_from(s) {
+            Ok(0) | Err(_) => return got,
+            Ok(_) => {}
+        }
+    }
+}
+
+fn hello(role: Role, auth_required: bool) -> Vec<u8> {
+    Message::Hello(Hello {
+        role,
+        auth_required,
+        nonce: [7; 32],
+    })
+    .to_bytes()
+    .unwrap()
+}
+
+/// F4: a client that has not proven the secret gets nothing derived from it: the listener
+/// waits for the client's proof, checks it, and aborts without a proof of its own. (Before:
+/// both sides sent their proof first, so a stranger who sent a hello collected the server's
+/// HMAC over a nonce it chose, and guessed the secret offline.)
+#[test]
+fn a_listener_reveals_no_proof_to_a_client_that_has_not_proven_the_secret() {
+    for bogus_proof in [false, true] {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut s = Channel::new(s, Role::Server, Duration::from_millis(500)).unwrap();
+            s.authenticate(Some(KEY)).unwrap_err()
+        });
+        let mut stranger = TcpStream::connect(addr).unwrap();
+        stranger.write_all(&hello(Role::Client, false)).unwrap();
+        if bogus_proof {
+            let guess = Message::Proof(Proof { tag: [1; 32] });
+            stranger.write_all(&guess.to_bytes().unwrap()).unwrap();
+        }
+        let seen = frames_until_eof(&mut stranger, Duration::from_secs(5));
+        let e = server.join().unwrap();
+        assert!(
+            matches!(e, NetError::Auth(_) | NetError::Timeout { .. }),
+            "{e}"
+        );
+        assert!(
+            matches!(seen.first(), Some(Message::Hello(_))),
+            "the listener's hello first: {seen:?}"
+        );
+        assert!(
+            !seen
+                .iter()
+                .any(|m| matches!(m, Message::Proof(_) | Message::Tag(_))),
+            "the listener sent something derived from the secret to a stranger: {seen:?}"
+        );
+    }
+}
+
+/// F4: secrets shorter than 128 bits are refused before anything is sent (a proof over a
+/// short secret can be guessed offline).
+#[test]
+fn a_short_secret_is_refused_before_anything_is_sent() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let c = TcpStream::connect(addr).unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    let mut c = Channel::new(c, Role::Client, T).unwrap();
+    let e = c.authenticate(Some(b"hunter2")).unwrap_err();
+    assert!(matches!(e, NetError::InvalidArgument(_)), "{e}");
+    assert!(e.to_string().contains("at least 16 bytes"), "{e}");
+    drop(c);
+    let mut rest = Vec::new();
+    s.set_read_timeout(Some(T)).unwrap();
+    s.read_to_end(&mut rest).unwrap();
+    // Only the best-effort close notice of the dropped channel, no hello.
+    let mut r = FrameReader::new();
+    r.read_from(&mut &rest[..]).unwrap();
+    let first = r.next_frame().unwrap();
+    assert!(matches!(first, None | Some(Message::Close)), "{first:?}");
+}
+
+/// What an on-path attacker does to each frame going one way: the frames it sends on.
+type Rewrite = Box<dyn FnMut(Message) -> Vec<Message> + Send>;
+
+/// An on-path attacker between a client and the server at `server`: forwards frames both
+/// ways through `c2s` and `s2c`. Returns its address.
+fn on_path(server: std::net::SocketAddr, c2s: Rewrite, s2c: Rewrite) -> std::net::SocketAddr {
+    let proxy = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = proxy.local_addr().unwrap();
+    thread::spawn(move || {
+        let (client, _) = proxy.accept().unwrap();
+        let server = TcpStream::connect(server).unwrap();
+        let pump = |mut from: TcpStream, mut to: TcpStream, mut f: Rewrite| {
+            thread::spawn(move || {
+                let mut r = FrameReader::new();
+                'outer: loop {
+                    while let Ok(Some(m)) = r.next_frame() {
+                        for out in f(m) {
+                            if to.write_all(&out.to_bytes().unwrap()).is_err() {
+                                break 'outer;
+                            }
+                        }
+                    }
+                    match r.read_from(&mut from) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                }
+                let _ = to.shutdown(std::net::Shutdown::Both);
+            })
+        };
+        let a = pump(
+            client.try_clone().unwrap(),
+            server.try_clone().unwrap(),
+            c2s,
+        );
+        let b = pump(server, client, s2c);
+        let _ = (a.join(), b.join());
+    });
+    addr
+}
+
+fn as_is() -> Rewrite {
+    Box::new(|m| vec![m])
+}
+
+/// An on-path attacker that rewrites a frame after the proofs (here: the queue-pair number
+/// of an endpoint, which would connect our QP to the attacker's) is caught on the side that
+/// receives it, before the endpoint is used. (Before: nothing after the proofs was bound to
+/// the secret, so the rewritten endpoint was taken.)
+#[test]
+fn a_frame_rewritten_after_the_proofs_ends_the_connection() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let rewrite: Rewrite = Box::new(|m| match m {
+        Message::Endpoint(mut e) => {
+            e.qp_num = 0x666;
+            vec![Message::Endpoint(e)]
+        }
+        m => vec![m],
+    });
+    let addr = on_path(l.local_addr().unwrap(), rewrite, as_is());
+    let server = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mut s = Channel::new(s, Role::Server, T).unwrap();
+        s.authenticate(Some(KEY)).unwrap();
+        assert!(s.authenticated());
+        s.exchange_endpoints(&endpoint(64), |_| "size".into())
+    });
+    let mut c = Channel::new(TcpStream::connect(addr).unwrap(), Role::Client, T).unwrap();
+    c.authenticate(Some(KEY)).unwrap();
+    let _ = c.exchange_endpoints(&endpoint(64), |_| "size".into());
+    drop(c);
+    match server.join().unwrap() {
+        Ok((peer, _)) => panic!("the rewritten endpoint was taken: qp {:#x}", peer.qp_num),
+        Err(e) => {
+            assert!(matches!(e, NetError::Auth(_)), "{e}");
+            assert!(e.to_string().contains("tampered"), "{e}");
+        }
+    }
+}
+
+/// A frame injected without a tag after the proofs (a forged keepalive), a replayed sealed
+/// frame and a dropped one are each refused by the side that receives them.
+#[test]
+fn an_injected_replayed_or_dropped_frame_is_refused() {
+    for attack in ["inject", "replay", "drop"] {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        // Server to client, after the proofs: barrier 1 and its tag, then barrier 2 and its.
+        let mut syncs = 0;
+        let mut last: Option<Message> = None;
+        let s2c: Rewrite = Box::new(move |m| {
+            let sealed_sync = matches!(last, Some(Message::Sync(_)));
+            let out = match (&m, attack) {
+                (Message::Sync(_), "inject") => vec![Message::Keepalive, m.clone()],
+                (Message::Tag(_), "replay") if sealed_sync && syncs == 1 => {
+                    vec![m.clone(), last.clone().unwrap(), m.clone()]
+                }
+                (Message::Sync(2), "drop") => vec![],
+                (Message::Tag(_), "drop") if matches!(last, Some(Message::Sync(2))) => vec![],
+                _ => vec![m.clone()],
+            };
+            if let Message::Sync(_) = m {
+                syncs += 1;
+            }
+            last = Some(m);
+            out
+        });
+        let addr = on_path(l.local_addr().unwrap(), as_is(), s2c);
+        let server = thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut s = Channel::new(s, Role::Server, T).unwrap();
+            s.authenticate(Some(KEY)).unwrap();
+            let _ = s.barrier(1);
+            let _ = s.barrier(2);
+            let _ = s.barrier(3);
+        });
+        let mut c = Channel::new(TcpStream::connect(addr).unwrap(), Role::Client, T).unwrap();
+        c.authenticate(Some(KEY)).unwrap();
+        let r = (1..=3).try_for_each(|step| c.barrier(step));
+        let e = r.expect_err(attack);
+        assert!(matches!(e, NetError::Auth(_)), "{attack}: {e}");
+        assert!(e.to_string().contains("tampered"), "{attack}: {e}");
+        drop(c);
+        server.join().unwrap();
+    }
+}
+
+/// An older peer (handshake version 2, both proofs at once) cannot authenticate with this
+/// one, and is told why instead of seeing "wrong secret".
+#[test]
+fn an_older_peer_is_told_to_upgrade() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mut s = Channel::new(s, Role::Server, T).unwrap();
+        s.authenticate(Some(KEY)).unwrap_err()
+    });
+    let mut old = TcpStream::connect(addr).unwrap();
+    let mut h = hello(Role::Client, true);
+    h[4] = 2;
+    old.write_all(&h).unwrap();
+    let seen = frames_until_eof(&mut old, T);
+    let e = server.join().unwrap();
+    assert!(e.to_string().contains("version 2"), "{e}");
+    assert!(
+        seen.iter()
+            .any(|m| matches!(m, Message::Abort(why) if why.contains("upgrade"))),
+        "{seen:?}"
     );
 }

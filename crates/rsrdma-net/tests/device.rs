@@ -218,7 +218,7 @@ fn barriers_and_settled_options() {
 
 #[test]
 fn authentication_and_bad_peers() {
-    let secret = opts().secret(b"open sesame".to_vec());
+    let secret = opts().secret(b"open sesame, 16+ bytes".to_vec());
     let l = RawListener::bind("127.0.0.1:0", secret.clone()).unwrap();
     let addr = l.local_addr().unwrap();
     let server = thread::spawn(move || {
@@ -240,7 +240,7 @@ fn authentication_and_bad_peers() {
         matches!(e, NetError::Auth(_) | NetError::PeerAborted(_)),
         "{e}"
     );
-    let e = RawConn::dial(addr, opts().secret(b"guess".to_vec())).unwrap_err();
+    let e = RawConn::dial(addr, opts().secret(b"a guess of 16+ bytes".to_vec())).unwrap_err();
     assert!(
         matches!(e, NetError::Auth(_) | NetError::PeerAborted(_)),
         "{e}"

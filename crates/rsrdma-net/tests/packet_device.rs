@@ -373,7 +373,7 @@ fn a_registered_endpoint_disappears_when_its_lease_runs_out() {
 
 #[test]
 fn a_wrong_secret_is_refused_and_the_right_one_works() {
-    let secret = b"cluster secret".to_vec();
+    let secret = b"cluster secret, 16+ bytes".to_vec();
     let reg = Registry::serve_with(
         "127.0.0.1:0",
         RegistryOptions::default().secret(secret.clone()),
@@ -387,7 +387,7 @@ fn a_wrong_secret_is_refused_and_the_right_one_works() {
         .unwrap();
     let e = RegistryClient::connect(
         reg.local_addr(),
-        ClientOptions::default().secret(b"nope".to_vec()),
+        ClientOptions::default().secret(b"nope, not this one".to_vec()),
     )
     .unwrap_err();
     assert!(matches!(e, NetError::Auth(_)), "{e:?}");

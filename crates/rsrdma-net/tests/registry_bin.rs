@@ -63,13 +63,13 @@ fn takes_the_secret_from_a_file_or_the_environment() {
     let dir = std::env::temp_dir().join(format!("rs_registry_test_{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("secret");
-    std::fs::write(&file, b"s3cret\n").unwrap();
+    std::fs::write(&file, b"s3cret-of-16-bytes\n").unwrap();
     let from_file = start(&["--secret-file", file.to_str().unwrap()], None);
-    let from_env = start(&[], Some("s3cret"));
+    let from_env = start(&[], Some("s3cret-of-16-bytes"));
     for r in [&from_file, &from_env] {
-        let good = ClientOptions::default().secret(b"s3cret".to_vec());
+        let good = ClientOptions::default().secret(b"s3cret-of-16-bytes".to_vec());
         RegistryClient::connect(r.1, good).unwrap().ping().unwrap();
-        let bad = ClientOptions::default().secret(b"s3cret\n".to_vec());
+        let bad = ClientOptions::default().secret(b"s3cret-of-16-bytes\n".to_vec());
         assert!(matches!(
             RegistryClient::connect(r.1, bad),
             Err(NetError::Auth(_))

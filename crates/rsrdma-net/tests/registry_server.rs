@@ -135,13 +135,13 @@ fn leases_expire_unless_renewed() {
 
 #[test]
 fn the_shared_secret_is_checked_both_ways() {
-    let secret = b"registry secret".to_vec();
+    let secret = b"registry secret, 16+ bytes".to_vec();
     let h = serve(RegistryOptions::default().secret(secret.clone()));
     let good = ClientOptions::default().secret(secret.clone());
     let mut c = RegistryClient::connect(h.local_addr(), good).unwrap();
     c.register("a", &addr(1)).unwrap();
 
-    let wrong = ClientOptions::default().secret(b"guess".to_vec());
+    let wrong = ClientOptions::default().secret(b"a guess of 16+ bytes".to_vec());
     let e = RegistryClient::connect(h.local_addr(), wrong).unwrap_err();
     assert!(matches!(e, NetError::Auth(_)), "{e:?}");
     assert!(e.to_string().contains("wrong secret"), "{e}");

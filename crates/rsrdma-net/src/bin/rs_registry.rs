@@ -53,12 +53,13 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
         }
         s
     });
-    if secret.as_ref().is_some_and(|s| s.is_empty()) {
-        return Err("the secret is empty".into());
+    let secret = secret.map(rsrdma_net::Secret::new);
+    if let Some(s) = &secret {
+        s.check("the secret").map_err(|e| e.to_string())?;
     }
     Ok(Args {
         listen,
-        opts: opts.secret(secret.map(rsrdma_net::Secret::new)),
+        opts: opts.secret(secret),
     })
 }
 

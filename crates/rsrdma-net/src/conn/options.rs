@@ -224,6 +224,7 @@ impl ConnOptions {
                 "ConnOptions: connect_timeout is 0".into(),
             ));
         }
+        crate::secret::check_secret(self.secret.as_ref(), "ConnOptions::secret")?;
         if self.secret.is_some() && self.establish == Establish::Cm {
             // F5: a listener with a secret must never admit an unauthenticated peer.
             return Err(crate::NetError::InvalidArgument(
@@ -281,6 +282,44 @@ mod tests {
         let e = crate::Conn::dial("127.0.0.1:9", o.clone()).unwrap_err();
         assert!(matches!(e, crate::NetError::InvalidArgument(_)), "{e:?}");
         o.establish(Establish::Tcp).check().unwrap();
+    }
+
+    /// F4: a secret under 128 bits is refused wherever one is given, before any socket, with
+    /// the limit named (a proof over a short secret can be guessed offline).
+    #[test]
+    fn a_short_secret_is_refused_wherever_it_is_given() {
+        let short = b"hunter2hunter2!"; // 15 bytes
+        let errors = [
+            ConnOptions::default()
+                .establish(Establish::Tcp)
+                .secret(short)
+                .check()
+                .unwrap_err(),
+            crate::RawConn::dial("127.0.0.1:9", crate::RawOptions::default().secret(short))
+                .unwrap_err(),
+            crate::Registry::serve_with(
+                "127.0.0.1:0",
+                crate::RegistryOptions::default().secret(short),
+            )
+            .unwrap_err(),
+            crate::registry::RegistryClient::connect(
+                "127.0.0.1:9",
+                crate::registry::ClientOptions::default().secret(short),
+            )
+            .unwrap_err(),
+        ];
+        for e in errors {
+            assert!(matches!(e, crate::NetError::InvalidArgument(_)), "{e:?}");
+            assert!(e.to_string().contains("at least 16 bytes"), "{e}");
+        }
+        let good = crate::Secret::generate().unwrap();
+        assert_eq!(good.len(), 32);
+        assert_ne!(good, crate::Secret::generate().unwrap());
+        ConnOptions::default()
+            .establish(Establish::Tcp)
+            .secret(Some(good))
+            .check()
+            .unwrap();
     }
 
     #[test]

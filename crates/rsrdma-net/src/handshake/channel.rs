@@ -6,6 +6,10 @@
 //! step) is kept for the receive that wants its kind. Keepalives only refresh
 //! [`Channel::last_heard`]; a close notice, an abort or the end of the stream end the peer's
 //! side, and every later wait for a message that is not already queued fails at once.
+//!
+//! With a shared secret the opening authenticates both sides (the client proves first, see
+//! [`auth`]) and every frame after it carries a tag: a frame that is missing its tag, altered,
+//! reordered or replayed ends the peer's side with [`NetError::Auth`].
 
 use super::codec::{DecodeError, Endpoint, Hello, Message, MessageKind, Proof, Regions, Role};
 use super::frames::FrameReader;
@@ -39,6 +43,8 @@ enum PeerEnd {
     Malformed(DecodeError),
     /// More unread messages than [`MAX_QUEUED`]: one was dropped.
     Overrun,
+    /// A frame of an authenticated channel without its tag, or with a wrong one.
+    Forged(&'static str),
 }
 
 impl PeerEnd {
@@ -48,6 +54,9 @@ impl PeerEnd {
             PeerEnd::Malformed(e) => NetError::Malformed(e.clone()),
             PeerEnd::Eof | PeerEnd::Closed => NetError::PeerClosed(op),
             PeerEnd::Overrun => NetError::QueueFull { limit: MAX_QUEUED },
+            PeerEnd::Forged(why) => NetError::Auth(format!(
+                "the control channel was tampered with: {why}; the connection is not trusted"
+            )),
         }
     }
 }
@@ -66,6 +75,15 @@ pub struct Channel {
     last_heard: Instant,
     /// A close notice or abort went out, or a write stopped mid-frame: send nothing more.
     done_sending: bool,
+    /// After authentication: the session key and sequence numbers that seal every frame.
+    seal: Option<Box<auth::Seal>>,
+    /// A sealed frame received and waiting for its tag (the next frame).
+    unsealed: Option<Box<(Message, auth::Expected)>>,
+    /// The peer's hello as it arrived: the transcript the proofs cover.
+    peer_hello: Option<Vec<u8>>,
+    /// Taking frames stopped after an opening message (hello or proof): what follows waits
+    /// in the frame reader until the opening has decided whether frames are sealed.
+    held: bool,
 }
 
 impl Channel {
@@ -89,6 +107,10 @@ impl Channel {
             peer_end: None,
             last_heard: Instant::now(),
             done_sending: false,
+            seal: None,
+            unsealed: None,
+            peer_hello: None,
+            held: false,
         })
     }
 
@@ -125,18 +147,33 @@ impl Channel {
     /// [`NetError::Encode`] for a message over a codec limit (nothing is sent);
     /// [`NetError::PeerClosed`], [`NetError::Io`] or [`NetError::Timeout`].
     pub fn send(&mut self, msg: &Message) -> Result<()> {
-        let bytes = msg.to_bytes()?;
         if self.done_sending {
             return Err(NetError::InvalidArgument(
                 "the control channel already sent its close (or stopped mid-frame)".into(),
             ));
         }
+        let bytes = self.frame(msg)?;
         let r = self.write_all(&bytes, "send control message");
         if r.is_err() {
             // Whatever part went out leaves the peer's decoder mid-frame.
             self.done_sending = true;
         }
         r
+    }
+
+    /// `msg`'s frame, followed by its tag once the channel is sealed.
+    fn frame(&mut self, msg: &Message) -> Result<Vec<u8>> {
+        let mut bytes = msg.to_bytes()?;
+        if let Some(seal) = &mut self.seal {
+            let tag = seal.seal(&bytes);
+            Message::Tag(tag).encode(&mut bytes)?;
+        }
+        Ok(bytes)
+    }
+
+    /// Whether the opening authenticated the peer (every frame since is sealed).
+    pub fn authenticated(&self) -> bool {
+        self.seal.is_some()
     }
 
     fn write_all(&mut self, bytes: &[u8], op: &'static str) -> Result<()> {
@@ -189,7 +226,9 @@ impl Channel {
     fn pump(&mut self) -> Result<()> {
         for _ in 0..MAX_READS_PER_PUMP {
             self.take_frames()?;
-            if self.peer_end.is_some() {
+            // Held frames are taken once the opening moves on; reading more now would only
+            // let a peer that floods the opening grow the buffer.
+            if self.peer_end.is_some() || self.held {
                 return Ok(());
             }
             match self.frames.read_from(&mut &self.stream) {
@@ -217,12 +256,44 @@ impl Channel {
     }
 
     fn take_frames(&mut self) -> Result<()> {
+        self.held = false;
         while self.peer_end.is_none() {
-            let msg = match self.frames.next_frame() {
-                Ok(Some(msg)) => msg,
+            let (msg, raw) = match self.frames.next_frame_raw() {
+                Ok(Some(frame)) => frame,
                 Ok(None) => return Ok(()),
                 Err(e) => {
                     self.peer_end = Some(PeerEnd::Malformed(e));
+                    return Ok(());
+                }
+            };
+            let msg = match (&mut self.seal, msg) {
+                (None, Message::Tag(_)) => Err("a tag before any authentication"),
+                (None, m @ (Message::Hello(_) | Message::Proof(_))) => {
+                    if matches!(m, Message::Hello(_)) && self.peer_hello.is_none() {
+                        self.peer_hello = Some(raw.to_vec());
+                    }
+                    self.held = true;
+                    Ok(Some(m))
+                }
+                (None, m) => Ok(Some(m)),
+                (Some(_), Message::Tag(tag)) => match self.unsealed.take() {
+                    None => Err("a tag with no frame before it"),
+                    Some(pending) if pending.1.matches(&tag) => Ok(Some(pending.0)),
+                    Some(_) => Err("a frame altered, reordered, replayed or forged"),
+                },
+                (Some(_), _) if self.unsealed.is_some() => Err("a frame without its tag"),
+                (Some(seal), m) => {
+                    let expected = seal.expect(raw);
+                    self.unsealed = Some(Box::new((m, expected)));
+                    Ok(None)
+                }
+            };
+            let msg = match msg {
+                Ok(Some(m)) => m,
+                Ok(None) => continue,
+                Err(why) => {
+                    tracing::warn!(why, "control channel frame refused");
+                    self.peer_end = Some(PeerEnd::Forged(why));
                     return Ok(());
                 }
             };
@@ -239,6 +310,9 @@ impl Channel {
                     return Err(NetError::QueueFull { limit: MAX_QUEUED });
                 }
                 m => self.inbox.push_back(m),
+            }
+            if self.held {
+                return Ok(());
             }
         }
         Ok(())
@@ -310,6 +384,11 @@ impl Channel {
             if let Some(m) = take(&mut self.inbox) {
                 return Ok(m);
             }
+            // Frames held behind an opening message are taken once it has been consumed.
+            if self.held {
+                self.take_frames()?;
+                continue;
+            }
             if let Some(end) = &self.peer_end {
                 return Err(end.error(op));
             }
@@ -362,18 +441,28 @@ impl Channel {
         err
     }
 
-    /// The opening: hellos, then proofs when either side demands authentication. Nothing
-    /// about queue pairs or memory has been sent when this returns an error.
+    /// The opening: hellos, then, when either side demands authentication, the client's
+    /// proof, checked by the server before it sends its own (see [`auth`]). Nothing about
+    /// queue pairs or memory has been sent when this returns an error, and a server has sent
+    /// nothing derived from the secret to a client that failed to prove it. After a success
+    /// with a secret, every frame either side sends is sealed.
     ///
     /// # Errors
-    /// [`NetError::Auth`] when a proof is missing or wrong; the errors of [`Channel::recv`].
+    /// [`NetError::InvalidArgument`] for a secret shorter than [`auth::MIN_SECRET_LEN`]
+    /// (before anything is sent); [`NetError::Auth`] when a proof is missing or wrong; the
+    /// errors of [`Channel::recv`].
     pub fn authenticate(&mut self, secret: Option<&[u8]>) -> Result<()> {
+        if let Some(secret) = secret {
+            auth::check_secret(secret).map_err(NetError::InvalidArgument)?;
+        }
         let nonce = auth::nonce().map_err(|e| NetError::io("read /dev/urandom", e))?;
-        self.send(&Message::Hello(Hello {
+        let hello = Message::Hello(Hello {
             role: self.role,
             auth_required: secret.is_some(),
             nonce,
-        }))?;
+        });
+        let own_hello = hello.to_bytes()?;
+        self.send(&hello)?;
         let peer = match self.recv("handshake hello")? {
             Message::Hello(h) => h,
             other => return Err(self.unexpected("hello", &other)),
@@ -392,19 +481,59 @@ impl Channel {
                 "the peer requires a shared secret and none is configured here".into(),
             )));
         };
-        self.send(&Message::Proof(Proof {
-            tag: auth::proof(secret, self.role, &nonce, &peer.nonce),
-        }))?;
-        let tag = match self.recv("handshake proof")? {
-            Message::Proof(p) => p.tag,
-            other => return Err(self.unexpected("proof", &other)),
-        };
-        if !auth::verify(secret, peer.role, &peer.nonce, &nonce, &tag) {
-            return Err(self.abort(NetError::Auth(
-                "the peer's proof does not match the shared secret".into(),
-            )));
+        let peer_hello = self.peer_hello.take().unwrap_or_default();
+        let version = peer_hello.get(4).copied().unwrap_or(0);
+        if version < 3 {
+            return Err(self.abort(NetError::Auth(format!(
+                "the peer speaks handshake version {version}, whose authentication is no longer \
+                 accepted (its proofs could be harvested): upgrade the peer"
+            ))));
         }
-        Ok(())
+        let transcript = match self.role {
+            Role::Client => auth::transcript(&own_hello, &peer_hello),
+            Role::Server => auth::transcript(&peer_hello, &own_hello),
+        };
+        let (client_proof, server_proof) = match self.role {
+            Role::Client => {
+                let mine = auth::client_proof(secret, &transcript);
+                self.send(&Message::Proof(Proof { tag: mine }))?;
+                let theirs = self.recv_proof()?;
+                if !auth::verify_proof(secret, Role::Server, &transcript, &mine, &theirs) {
+                    return Err(self.abort(NetError::Auth(
+                        "the peer's proof does not match the shared secret".into(),
+                    )));
+                }
+                (mine, theirs)
+            }
+            Role::Server => {
+                let theirs = self.recv_proof()?;
+                if !auth::verify_proof(secret, Role::Client, &transcript, &[], &theirs) {
+                    // Nothing derived from the secret has gone to this peer, and nothing will.
+                    return Err(self.abort(NetError::Auth(
+                        "the peer's proof does not match the shared secret".into(),
+                    )));
+                }
+                let mine = auth::server_proof(secret, &transcript, &theirs);
+                self.send(&Message::Proof(Proof { tag: mine }))?;
+                (theirs, mine)
+            }
+        };
+        self.seal = Some(Box::new(auth::Seal::new(
+            secret,
+            self.role,
+            &transcript,
+            &client_proof,
+            &server_proof,
+        )));
+        // Frames that came with the peer's proof are taken now, under the seal.
+        self.take_frames()
+    }
+
+    fn recv_proof(&mut self) -> Result<[u8; crate::handshake::codec::PROOF_LEN]> {
+        match self.recv("handshake proof")? {
+            Message::Proof(p) => Ok(p.tag),
+            other => Err(self.unexpected("proof", &other)),
+        }
     }
 
     fn unexpected(&mut self, expected: &'static str, got: &Message) -> NetError {
@@ -472,7 +601,7 @@ impl Drop for Channel {
         }
         // Best effort and never waiting: a full socket buffer drops the notice, and the end
         // of the stream tells the peer the same thing a moment later.
-        if let Ok(bytes) = Message::Close.to_bytes() {
+        if let Ok(bytes) = self.frame(&Message::Close) {
             let _ = (&self.stream).write(&bytes);
         }
     }

@@ -5,7 +5,7 @@
 //! ```text
 //! offset  size  field
 //! 0       4     magic "RSRD"
-//! 4       1     protocol version: the version that introduced the kind (1 or 2)
+//! 4       1     protocol version: the version that introduced the kind (1 to 3)
 //! 5       1     message kind
 //! 6       2     reserved, zero
 //! 8       4     body length, big-endian (at most MAX_BODY)
@@ -18,8 +18,10 @@
 //!
 //! # Versions
 //! Version 1 has hello, proof, endpoint, regions, sync and abort; version 2 adds keepalive and
-//! close. Each frame carries the version that introduced its kind, so a version-1 peer still
-//! decodes every message it knows, and version-1 frames decode here.
+//! close; version 3 adds the tag that seals each frame after authentication (see `auth`), and
+//! changes what the proofs cover and who proves first. Each frame carries the version that
+//! introduced its kind, so an older peer still decodes every message it knows, and older
+//! frames decode here (an older peer cannot authenticate with this one: see `auth`).
 //!
 //! # Limits
 //! The limits hold on both sides: [`Message::encode`] refuses a message over a limit (it never
@@ -32,7 +34,7 @@ use std::fmt;
 /// The frame magic.
 pub const MAGIC: [u8; 4] = *b"RSRD";
 /// The newest protocol version this build speaks (it decodes every version from 1).
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// The oldest protocol version this build decodes.
 pub const MIN_VERSION: u8 = 1;
 /// Frame header length.
@@ -52,6 +54,8 @@ pub const MAX_REASON: usize = 1024;
 pub const NONCE_LEN: usize = 32;
 /// Bytes of an authentication proof (HMAC-SHA-256).
 pub const PROOF_LEN: usize = 32;
+/// Bytes of the tag that seals a frame after authentication (HMAC-SHA-256).
+pub const TAG_LEN: usize = 32;
 
 /// Why bytes could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -217,6 +221,10 @@ pub enum Message {
     Keepalive,
     /// The sender is closing the connection and will send nothing more (version 2).
     Close,
+    /// After authentication, every frame is followed by this one: HMAC-SHA-256 under the
+    /// session key over the direction, the frame's sequence number and its bytes (version 3).
+    /// The channel adds and checks it; users never send it.
+    Tag([u8; TAG_LEN]),
 }
 
 /// The kind of a [`Message`], as its frame header names it.
@@ -239,6 +247,8 @@ pub enum MessageKind {
     Keepalive = 7,
     /// [`Message::Close`].
     Close = 8,
+    /// [`Message::Tag`].
+    Tag = 9,
 }
 
 impl MessageKind {
@@ -253,6 +263,7 @@ impl MessageKind {
             6 => MessageKind::Abort,
             7 => MessageKind::Keepalive,
             8 => MessageKind::Close,
+            9 => MessageKind::Tag,
             _ => return None,
         };
         (kind.since_version() <= version).then_some(kind)
@@ -267,6 +278,7 @@ impl MessageKind {
     pub fn since_version(self) -> u8 {
         match self {
             MessageKind::Keepalive | MessageKind::Close => 2,
+            MessageKind::Tag => 3,
             _ => 1,
         }
     }
@@ -282,6 +294,7 @@ impl MessageKind {
             MessageKind::Abort => "abort",
             MessageKind::Keepalive => "keepalive",
             MessageKind::Close => "close",
+            MessageKind::Tag => "tag",
         }
     }
 }
@@ -298,6 +311,7 @@ impl Message {
             Message::Abort(_) => MessageKind::Abort,
             Message::Keepalive => MessageKind::Keepalive,
             Message::Close => MessageKind::Close,
+            Message::Tag(_) => MessageKind::Tag,
         }
     }
 
@@ -396,6 +410,7 @@ impl Message {
             Message::Sync(step) => out.extend_from_slice(&step.to_be_bytes()),
             Message::Abort(text) => out.extend_from_slice(text.as_bytes()),
             Message::Keepalive | Message::Close => {}
+            Message::Tag(t) => out.extend_from_slice(t),
         }
         let body = (out.len() - start - HEADER_LEN) as u32;
         out[start + 8..start + 12].copy_from_slice(&body.to_be_bytes());
@@ -621,6 +636,7 @@ pub fn decode_body(kind: u8, body: &[u8]) -> Result<Message, DecodeError> {
         }
         MessageKind::Keepalive => Message::Keepalive,
         MessageKind::Close => Message::Close,
+        MessageKind::Tag => Message::Tag(r.array("tag")?),
     };
     if !r.buf.is_empty() {
         return Err(DecodeError::Trailing {

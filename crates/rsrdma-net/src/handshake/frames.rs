@@ -44,10 +44,20 @@ impl FrameReader {
     /// [`DecodeError`] when the buffered bytes cannot be a frame; the stream is then out of
     /// step and the same error repeats.
     pub fn next_frame(&mut self) -> Result<Option<Message>, DecodeError> {
+        Ok(self.next_frame_raw()?.map(|(msg, _)| msg))
+    }
+
+    /// As [`FrameReader::next_frame`], with the frame's bytes as they arrived (what an
+    /// authenticated channel's tag covers).
+    ///
+    /// # Errors
+    /// As [`FrameReader::next_frame`].
+    pub fn next_frame_raw(&mut self) -> Result<Option<(Message, &[u8])>, DecodeError> {
         match codec::decode(&self.buf[self.start..])? {
             Some((msg, used)) => {
+                let raw = &self.buf[self.start..self.start + used];
                 self.start += used;
-                Ok(Some(msg))
+                Ok(Some((msg, raw)))
             }
             None => Ok(None),
         }

@@ -53,6 +53,7 @@ impl RegistryClient {
     /// registry requires a secret this side lacks, refuses this side's, or cannot prove the
     /// one this side has; [`NetError::Registry`] when it refuses the client (`Busy`).
     pub fn connect(registry: impl ToSocketAddrs, opts: ClientOptions) -> Result<RegistryClient> {
+        crate::secret::check_secret(opts.secret.as_ref(), "ClientOptions::secret")?;
         let (stream, peer) = dial(registry, opts.timeout)?;
         let mut c = RegistryClient {
             fs: FrameStream::new(stream)?,
@@ -86,10 +87,11 @@ impl RegistryClient {
                 "the registry requires a shared secret, and none was given".into(),
             )),
             (true, Some(secret)) => {
-                let tag = auth::proof(secret, Role::Client, &own, &theirs);
-                match self.call(&Message::Proof { tag }) {
+                let transcript = auth::registry_transcript(&own, &theirs, true);
+                let mine = auth::client_proof(secret, &transcript);
+                match self.call(&Message::Proof { tag: mine }) {
                     Ok(Message::Proof { tag }) => {
-                        match auth::verify(secret, Role::Server, &theirs, &own, &tag) {
+                        match auth::verify_proof(secret, Role::Server, &transcript, &mine, &tag) {
                             true => Ok(()),
                             false => Err(NetError::Auth(
                                 "the registry's proof is wrong: it does not know the secret".into(),

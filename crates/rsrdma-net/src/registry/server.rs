@@ -105,6 +105,7 @@ impl Registry {
                 "RegistryOptions: max_entries, max_clients and lease must be above 0".into(),
             ));
         }
+        crate::secret::check_secret(opts.secret.as_ref(), "RegistryOptions::secret")?;
         let listener = TcpListener::bind(addr).map_err(|e| NetError::io("bind", e))?;
         let local = listener
             .local_addr()
@@ -307,10 +308,14 @@ fn open(fs: &mut FrameStream, shared: &Shared) -> Result<bool> {
         return Ok(true);
     };
     let deadline = crate::deadline::deadline_after(opts.io_timeout);
-    let proven = match fs.recv("registry proof", deadline, stop)? {
-        Ok(Message::Proof { tag }) => auth::verify(secret, Role::Client, &client_nonce, &own, &tag),
-        _ => false,
+    let transcript = auth::registry_transcript(&client_nonce, &own, true);
+    // The client proves first; a client that fails gets nothing derived from the secret.
+    let client_proof = match fs.recv("registry proof", deadline, stop)? {
+        Ok(Message::Proof { tag }) => Some(tag),
+        _ => None,
     };
+    let proven = client_proof
+        .is_some_and(|tag| auth::verify_proof(secret, Role::Client, &transcript, &[], &tag));
     if !proven {
         tracing::warn!(peer = ?fs.peer_addr(), "registry client failed authentication");
         fs.send(
@@ -322,7 +327,8 @@ fn open(fs: &mut FrameStream, shared: &Shared) -> Result<bool> {
         )?;
         return Ok(false);
     }
-    let tag = auth::proof(secret, Role::Server, &own, &client_nonce);
+    let client_proof = client_proof.expect("checked above");
+    let tag = auth::server_proof(secret, &transcript, &client_proof);
     fs.send(&Message::Proof { tag }, opts.io_timeout)?;
     Ok(true)
 }
