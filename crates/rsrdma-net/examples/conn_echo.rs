@@ -63,14 +63,9 @@ fn serve(a: &Args) -> Result<(), NetError> {
     let l = Listener::bind(a.addr.as_str(), a.opts.clone())?;
     println!("conn_echo: listening on {}", l.local_addr());
     loop {
-        let c = match l.accept() {
-            Ok(c) => c,
-            Err(e @ NetError::Handshake { .. }) => {
-                eprintln!("conn_echo: {e}");
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
+        // Peers that fail their handshake are skipped (and logged): only the listener's own
+        // errors end the loop.
+        let c = l.accept()?;
         std::thread::spawn(move || {
             let peer = c.peer_addr();
             let mut n = 0u64;

@@ -184,7 +184,10 @@ pub enum NetError {
         reason: &'static str,
     },
 
-    /// One peer's handshake failed on a listener; the listener keeps serving.
+    /// One peer's handshake failed on a listener. Listeners no longer return it from
+    /// `accept` (a bad peer is logged, counted in `Listener::counters`, and skipped); the
+    /// variant stays so that code matching it still compiles.
+    #[deprecated(note = "accept skips bad peers now; see Listener::counters")]
     #[error("handshake with {peer} failed: {source}")]
     Handshake {
         /// The peer's address, as far as it is known.

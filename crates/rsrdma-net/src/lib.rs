@@ -42,7 +42,8 @@ pub use registry::{Registry, RegistryClient, RegistryHandle, RegistryOptions};
 // Conn and Listener: the net-style RDMA connection (conn/).
 pub mod conn;
 pub use conn::{
-    Buffer, BufferPool, Conn, ConnInfo, ConnOptions, Establish, Listener, RecvMemory, SharedRecv,
+    Buffer, BufferPool, Conn, ConnInfo, ConnOptions, Establish, Listener, ListenerCounters,
+    RecvMemory, SharedRecv,
 };
 /// Types of the crates below that this crate's public signatures name, so that a user can
 /// name them without depending on those crates: the protocol core's counters, negotiated

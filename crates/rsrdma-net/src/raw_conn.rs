@@ -63,7 +63,10 @@ impl RawListener {
 
     /// Accepts the next peer and runs the handshake. A peer that fails the handshake
     /// (garbage, wrong secret, mismatched options, silence) gives an error for that peer only:
-    /// the listener stays usable, so call `accept` again.
+    /// the listener stays usable, so call `accept` again. (`RawListener` runs one handshake at
+    /// a time on the caller's thread, for tools and pairs of known peers; a service facing
+    /// many or untrusted peers uses [`crate::Listener`], which runs them concurrently and
+    /// skips bad peers.)
     ///
     /// # Errors
     /// The handshake's errors, or the verbs errors of setting up the queue pair.

@@ -1013,3 +1013,61 @@ fn async_buffers_eager_and_rendezvous_with_cancelled_receives() {
         s.close().await.unwrap();
     });
 }
+
+/// Availability (issue 21): one async accept loop, written as the guide writes it, serves a
+/// good client while hundreds of silent and garbage sockets arrive first. (Before: the async
+/// listener ran one handshake at a time, so one silent socket held a good client for the
+/// whole 10 s handshake limit, and a garbage one ended `accept().await?`.)
+#[test]
+fn one_async_accept_loop_serves_a_good_client_through_a_flood() {
+    run(async {
+        let l = Arc::new(listen(opts(Establish::Tcp)));
+        let addr = l.local_addr();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let server = {
+            let l = l.clone();
+            tokio::spawn(async move {
+                loop {
+                    let c = l.accept().await?;
+                    if tx.send(c).is_err() {
+                        return Ok::<(), NetError>(());
+                    }
+                }
+            })
+        };
+        let mut held = Vec::new();
+        for i in 0..200 {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            if i % 2 == 0 {
+                let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n").await;
+            }
+            held.push(s);
+        }
+        let t0 = Instant::now();
+        let mut c = AsyncConn::dial(addr, opts(Establish::Tcp)).await.unwrap();
+        let mut s = timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("no connection within 10 s")
+            .unwrap();
+        let took = t0.elapsed();
+        c.send_msg(b"through the flood").await.unwrap();
+        assert_eq!(s.recv_msg().await.unwrap().unwrap(), b"through the flood");
+        let n = l.counters();
+        eprintln!("async flood of 200: good client in {took:?}; {n:?}");
+        assert!(
+            took < Duration::from_secs(5),
+            "the good client waited {took:?}"
+        );
+        assert!(!server.is_finished(), "the accept loop ended");
+        let t1 = Instant::now();
+        while l.counters().failed + l.counters().shed < 200 {
+            assert!(t1.elapsed() < Duration::from_secs(10), "{:?}", l.counters());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(l.counters().accepted, 1);
+        drop(held);
+        server.abort();
+        c.close().await.unwrap();
+        s.close().await.unwrap();
+    });
+}

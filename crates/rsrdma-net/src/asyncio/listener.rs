@@ -4,19 +4,26 @@
 //! `TcpListener`. The establishment of each accepted peer (creating the QP, posting the
 //! receives, `rdma_accept` and its ESTABLISHED event, or the TCP handshake) runs on tokio's
 //! blocking pool, because those rsrdma calls are synchronous; it is bounded by
-//! [`ConnOptions::connect_timeout`]. A peer that fails it gives [`NetError::Handshake`] for
-//! that peer only: call `accept` again.
+//! [`ConnOptions::connect_timeout`]. Establishments run concurrently, under the same
+//! admission rules as the blocking listener (bounds in all and per source, shedding of
+//! unopened handshakes, [`ConnOptions::opening_timeout`]), so one `accept` loop serves good
+//! clients while silent or garbage sockets come and go. A peer that fails is logged and
+//! counted ([`AsyncListener::counters`]), never returned.
 
 use super::conn::AsyncConn;
 use super::watch::Watch;
-use crate::conn::{RecvMemory, RecvPools};
+use crate::conn::{Admission, ListenerCounters, RecvMemory, RecvPools, Ticket};
 use crate::error::{NetError, Result};
 use crate::{Conn, ConnOptions, Establish};
 use rsrdma::cm::{CmEventType, CmId, ConnectRequest};
+use std::future::Future;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::AsRawFd;
+use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
+use tokio::sync::mpsc;
 
 /// Pending connect requests the kernel queues.
 const BACKLOG: i32 = 128;
@@ -42,6 +49,25 @@ pub struct AsyncListener {
     /// The shared receive pool ([`ConnOptions::shared_recv`]), made when the first peer
     /// arrives, and the account of the connections' receive memory.
     recv: Arc<RecvPools>,
+    admission: Arc<Admission>,
+    /// Where establishments on the blocking pool report; one `accept` at a time takes them
+    /// (the lock is held across its waits, so concurrent callers queue instead of losing
+    /// wake-ups).
+    finished: tokio::sync::Mutex<mpsc::UnboundedReceiver<Finished>>,
+    report: mpsc::UnboundedSender<Finished>,
+}
+
+/// An establishment's outcome, with its place in the admission table.
+#[derive(Debug)]
+struct Finished {
+    ticket: Ticket,
+    result: Result<Conn>,
+}
+
+/// A peer taken off the listener, before its establishment.
+enum Incoming {
+    Cm(ConnectRequest),
+    Tcp(std::net::TcpStream, SocketAddr),
 }
 
 impl AsyncListener {
@@ -80,11 +106,15 @@ impl AsyncListener {
             }
         };
         let recv = Arc::new(RecvPools::new(opts.shared_recv));
+        let (report, finished) = mpsc::unbounded_channel();
         Ok(AsyncListener {
             inner,
+            admission: Admission::new(&opts),
             opts,
             local,
             recv,
+            finished: tokio::sync::Mutex::new(finished),
+            report,
         })
     }
 
@@ -100,43 +130,120 @@ impl AsyncListener {
         self.recv.memory()
     }
 
-    /// Waits for the next peer and establishes the connection. Several tasks may call it at
-    /// once (share the listener in an `Arc`): their establishments then overlap, where one
-    /// task's accept loop establishes one peer at a time.
+    /// What this listener has done with its peers, as [`crate::Listener::counters`].
+    pub fn counters(&self) -> ListenerCounters {
+        self.admission.counters()
+    }
+
+    /// Waits for the next good connection. Establishments run concurrently on the blocking
+    /// pool (see the module docs); peers that fail are skipped, so
+    /// `loop { let c = listener.accept().await?; tokio::spawn(serve(c)); }` keeps serving.
+    /// Several tasks may call it at once (share the listener in an `Arc`); they take turns.
     ///
-    /// Cancel-safe while it waits for a peer (no request is taken). Once a request is taken,
-    /// dropping the future lets the establishment finish on the blocking pool and closes
-    /// that connection (the peer sees it end).
+    /// Cancel-safe: establishments started go on, and a later `accept` returns them.
     ///
     /// # Errors
-    /// [`NetError::Handshake`] for a peer that failed (the listener stays usable); the
-    /// listener's own errors.
+    /// The listener's own errors only (the socket, the rdma_cm id); never a peer's.
     pub async fn accept(&self) -> Result<AsyncConn> {
-        let opts = self.opts.clone();
-        let (peer, built) = match &self.inner {
-            Inner::Cm { watch, id } => {
-                let req = next_request(watch, id).await?;
-                let peer = req.id.peer_addr();
-                let pools = self.recv.clone();
-                let built =
-                    blocking(move || Conn::accept_cm_threadless(req, &opts, &pools)).await?;
-                (peer, built)
+        let mut finished = self.finished.lock().await;
+        loop {
+            let room = self.admission.has_room(0);
+            let next = {
+                let done = pin!(finished.recv());
+                let peer = pin!(async {
+                    match room {
+                        true => self.next_peer().await,
+                        // Full of opened handshakes: wait for one to finish.
+                        false => std::future::pending().await,
+                    }
+                });
+                first(done, peer).await
+            };
+            match next {
+                Either::Left(Some(Finished { ticket, result })) => {
+                    let peer = ticket.peer();
+                    let Some(conn) = self.admission.outcome(ticket, result) else {
+                        continue;
+                    };
+                    match AsyncConn::start(conn, &self.opts) {
+                        Ok(c) => {
+                            self.admission.accepted();
+                            return Ok(c);
+                        }
+                        Err(e) => self.admission.failed(peer, &e),
+                    }
+                }
+                // The sender lives in `self`.
+                Either::Left(None) => unreachable!("the listener holds a sender"),
+                Either::Right(peer) => self.start(peer?),
             }
+        }
+    }
+
+    /// The next peer off the listener, waiting on the reactor.
+    async fn next_peer(&self) -> Result<Incoming> {
+        match &self.inner {
+            Inner::Cm { watch, id } => Ok(Incoming::Cm(next_request(watch, id).await?)),
             Inner::Tcp(l) => {
                 let (stream, peer) = l.accept().await.map_err(|e| NetError::io("accept", e))?;
                 let stream = stream
                     .into_std()
                     .map_err(|e| NetError::io("deregister the accepted socket", e))?;
-                let pools = self.recv.clone();
-                let built =
-                    blocking(move || Conn::accept_tcp_threadless(stream, &opts, &pools)).await?;
-                (Some(peer), built)
+                Ok(Incoming::Tcp(stream, peer))
             }
-        };
-        built
-            .and_then(|c| AsyncConn::start(c, &self.opts))
-            .map_err(|e| handshake_failed(peer, e))
+        }
     }
+
+    /// Starts `peer`'s establishment on the blocking pool, when admission gives it a place.
+    fn start(&self, peer: Incoming) {
+        let (addr, socket) = match &peer {
+            Incoming::Cm(req) => (req.id.peer_addr(), None),
+            Incoming::Tcp(s, addr) => (Some(*addr), Some(s)),
+        };
+        let Some(ticket) = self.admission.start(addr, socket, 0) else {
+            return;
+        };
+        let (opts, pools, report) = (self.opts.clone(), self.recv.clone(), self.report.clone());
+        // The task is not awaited: its report wakes `accept`, and a listener dropped
+        // meanwhile drops the connection on the blocking pool.
+        drop(tokio::task::spawn_blocking(move || {
+            let result = match peer {
+                Incoming::Cm(req) => {
+                    ticket
+                        .opened()
+                        .store(true, std::sync::atomic::Ordering::Release);
+                    Conn::accept_cm_threadless(req, &opts, &pools)
+                }
+                Incoming::Tcp(stream, _) => {
+                    Conn::accept_tcp_threadless(stream, &opts, &pools, ticket.opened())
+                }
+            };
+            let _ = report.send(Finished { ticket, result });
+        }));
+    }
+}
+
+enum Either<A, B> {
+    Left(A),
+    Right(B),
+}
+
+/// Whichever of two futures is ready first (the other is dropped; both used here are
+/// cancel-safe).
+async fn first<A: Future, B: Future>(
+    mut a: std::pin::Pin<&mut A>,
+    mut b: std::pin::Pin<&mut B>,
+) -> Either<A::Output, B::Output> {
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(x) = a.as_mut().poll(cx) {
+            return Poll::Ready(Either::Left(x));
+        }
+        if let Poll::Ready(y) = b.as_mut().poll(cx) {
+            return Poll::Ready(Either::Right(y));
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// Takes the next connect request off the listener's channel, waiting on the reactor.
@@ -164,21 +271,5 @@ async fn next_request(watch: &Watch, id: &Mutex<CmId>) -> Result<ConnectRequest>
             // No other event carries a new id, so skipping one leaks nothing.
             (kind, _) => tracing::debug!(event = %kind, "async listener skipped an event"),
         }
-    }
-}
-
-/// Runs a blocking establishment on tokio's blocking pool.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| NetError::io("establish on the blocking pool", e.into()))
-}
-
-fn handshake_failed(peer: Option<SocketAddr>, e: NetError) -> NetError {
-    let peer = peer.map_or_else(|| "an unknown peer".to_string(), |p| p.to_string());
-    tracing::debug!(%peer, error = %e, "rsrdma-net async listener: a handshake failed");
-    NetError::Handshake {
-        peer,
-        source: Box::new(e),
     }
 }

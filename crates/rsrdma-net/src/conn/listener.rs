@@ -1,20 +1,18 @@
 //! [`Listener`]: accepts [`Conn`]s on either establishment path.
 //!
-//! Handshakes run concurrently, each on a thread of its own, at most [`HANDSHAKE_LIMIT`] at a
-//! time (counting finished ones not yet taken by `accept`): `accept` takes peers off the
-//! kernel's queue while there is room, starts their handshakes, and returns the first one that
-//! finishes. So a peer that goes silent half-way delays nobody; it only holds its own thread
-//! until [`ConnOptions::connect_timeout`]. A peer that fails its handshake (garbage, silence,
-//! an incompatible version, a wrong secret) gives [`NetError::Handshake`] for that peer only:
-//! the listener keeps serving, so call `accept` again. Handshakes are started only from
-//! `accept`, so a listener nobody accepts on does no work, and the limit bounds the threads
-//! and connections a flood of peers can hold.
+//! Handshakes run concurrently, each on a thread of its own, bounded in all and per source
+//! (see [`super::admission`]): `accept` takes peers off the kernel's queue while there is room
+//! (or an unopened handshake to shed), starts their handshakes, and returns the first good
+//! connection. A peer that fails (garbage, silence past [`ConnOptions::opening_timeout`], an
+//! incompatible version, a wrong secret) is logged and counted ([`Listener::counters`]) and
+//! never ends an accept loop. Handshakes are started only from `accept`, so a listener nobody
+//! accepts on does no work.
 
 use super::establish;
 use super::fdwait::{wait_readable, Wake};
 use super::options::{ConnOptions, Establish};
 use super::pool::{RecvMemory, RecvPools};
-use super::Conn;
+use super::{Admission, Conn, ListenerCounters, Ticket};
 use crate::error::{NetError, Result};
 use crate::handshake::Role;
 use rsrdma::cm::{CmEventType, CmId, ConnectRequest};
@@ -29,8 +27,6 @@ use std::time::{Duration, Instant};
 const BACKLOG: i32 = 128;
 /// Longest single wait inside an `accept` without a deadline.
 const WAIT_SLICE: Duration = Duration::from_secs(3600);
-/// Handshakes in progress plus finished ones not yet accepted, at most.
-const HANDSHAKE_LIMIT: usize = 32;
 /// A handshake thread's stack.
 const HANDSHAKE_STACK: usize = 512 * 1024;
 
@@ -51,12 +47,13 @@ struct Handshakes {
     state: Mutex<Queue>,
     /// Made readable when a handshake finishes.
     done: Wake,
+    admission: Arc<Admission>,
 }
 
 #[derive(Default)]
 struct Queue {
-    running: usize,
-    finished: VecDeque<Result<Conn>>,
+    /// Good connections not yet accepted.
+    finished: VecDeque<Conn>,
     /// The listener is gone: drop what finishes.
     closed: bool,
 }
@@ -66,11 +63,11 @@ impl Handshakes {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn finish(&self, r: Result<Conn>) {
+    fn finish(&self, ticket: Ticket, r: Result<Conn>) {
+        let good = self.admission.outcome(ticket, r);
         let mut q = self.lock();
-        q.running -= 1;
-        if !q.closed {
-            q.finished.push_back(r);
+        if let (Some(c), false) = (good, q.closed) {
+            q.finished.push_back(c);
         }
         drop(q);
         self.done.wake();
@@ -79,13 +76,16 @@ impl Handshakes {
 
 /// A listener for [`Conn`]s. `Send + Sync`.
 ///
-/// Handshakes run concurrently, each on a thread of its own, at most 32 at a time (counting
-/// finished ones not yet taken by [`Listener::accept`]): `accept` takes peers off the kernel's
-/// queue while there is room, starts their handshakes, and returns the first one that
-/// finishes. A peer that fails its handshake (garbage, silence, an incompatible version, a
-/// wrong secret) gives [`NetError::Handshake`] for that peer only: the listener keeps
-/// serving, so call `accept` again. Handshakes start only from `accept`, so a listener nobody
-/// accepts on does no work.
+/// Handshakes run concurrently, each on a thread of its own, at most
+/// [`ConnOptions::max_handshakes`] at a time and [`ConnOptions::max_handshakes_per_source`]
+/// from one address: `accept` takes peers off the kernel's queue, starts their handshakes,
+/// and returns the first good connection. A new peer past a bound sheds the oldest handshake
+/// that has not yet opened (sent a valid hello, and proven the secret when there is one), and
+/// a peer gets [`ConnOptions::opening_timeout`] to open: silent or garbage sockets cannot hold
+/// the listener. A peer that fails its handshake is logged (`tracing`, WARN) and counted
+/// ([`Listener::counters`]); `accept` never returns it, so `loop { listener.accept()? }`
+/// keeps serving. Handshakes start only from `accept`, so a listener nobody accepts on does
+/// no work.
 pub struct Listener {
     inner: Inner,
     opts: ConnOptions,
@@ -139,6 +139,7 @@ impl Listener {
         let hs = Arc::new(Handshakes {
             state: Mutex::new(Queue::default()),
             done: Wake::new().map_err(|e| NetError::io("eventfd", e))?,
+            admission: Admission::new(&opts),
         });
         let recv = Arc::new(RecvPools::new(opts.shared_recv));
         Ok(Listener {
@@ -164,12 +165,18 @@ impl Listener {
         self.recv.memory()
     }
 
-    /// Waits for the next established connection (handshakes run concurrently: see
-    /// [`Listener`]).
+    /// What this listener has done with its peers: connections accepted, peers that failed
+    /// their handshake, peers shed to make room.
+    pub fn counters(&self) -> ListenerCounters {
+        self.hs.admission.counters()
+    }
+
+    /// Waits for the next good connection (handshakes run concurrently, and peers that fail
+    /// are skipped: see [`Listener`]).
     ///
     /// # Errors
-    /// [`NetError::Handshake`] for a peer that failed (the listener stays usable); the
-    /// listener's own errors.
+    /// The listener's own errors only (the socket, the rdma_cm id, a thread that cannot be
+    /// started); never a peer's.
     pub fn accept(&self) -> Result<Conn> {
         self.accept_until(None, Duration::ZERO)
     }
@@ -190,14 +197,18 @@ impl Listener {
             self.hs.done.clear();
             let room = {
                 let mut q = self.hs.lock();
-                if let Some(r) = q.finished.pop_front() {
+                if let Some(c) = q.finished.pop_front() {
                     if !q.finished.is_empty() {
                         // Another caller may sleep on the wake just cleared.
                         self.hs.done.wake();
                     }
-                    return r;
+                    drop(q);
+                    self.hs.admission.accepted();
+                    return Ok(c);
                 }
-                q.running + q.finished.len() < HANDSHAKE_LIMIT
+                let waiting = q.finished.len();
+                drop(q);
+                self.hs.admission.has_room(waiting)
             };
             if room {
                 if let Some(peer) = self.take_peer()? {
@@ -256,20 +267,30 @@ impl Listener {
         }
     }
 
-    /// Runs `peer`'s handshake on a thread of its own; its result joins the finished queue.
+    /// Runs `peer`'s handshake on a thread of its own, when admission gives it a place
+    /// (else the peer is dropped and counted as shed); a good result joins the queue.
     fn start_handshake(&self, peer: Incoming) -> Result<()> {
-        self.hs.lock().running += 1;
+        let (addr, socket) = match &peer {
+            Incoming::Cm(req) => (req.id.peer_addr(), None),
+            Incoming::Tcp(s, addr) => (Some(*addr), Some(s)),
+        };
+        let waiting = self.hs.lock().finished.len();
+        let Some(ticket) = self.hs.admission.start(addr, socket, waiting) else {
+            return Ok(());
+        };
         let hs = self.hs.clone();
         let opts = self.opts.clone();
         let recv = self.recv.clone();
         let spawned = std::thread::Builder::new()
             .name("rsrdma-handshake".into())
             .stack_size(HANDSHAKE_STACK)
-            .spawn(move || hs.finish(handshake(peer, &opts, &recv)));
-        spawned.map(drop).map_err(|e| {
-            self.hs.lock().running -= 1;
-            NetError::io("spawn a handshake thread", e)
-        })
+            .spawn(move || {
+                let r = handshake(peer, &opts, &recv, &ticket);
+                hs.finish(ticket, r)
+            });
+        spawned
+            .map(drop)
+            .map_err(|e| NetError::io("spawn a handshake thread", e))
     }
 }
 
@@ -285,28 +306,29 @@ impl Drop for Listener {
     }
 }
 
-/// One peer's whole establishment, bounded by `opts.connect_timeout`.
-fn handshake(peer: Incoming, opts: &ConnOptions, recv: &RecvPools) -> Result<Conn> {
+/// One peer's whole establishment, bounded by `opts.connect_timeout` (its opening by
+/// `opts.opening_timeout`).
+fn handshake(
+    peer: Incoming,
+    opts: &ConnOptions,
+    recv: &RecvPools,
+    ticket: &Ticket,
+) -> Result<Conn> {
     match peer {
         Incoming::Cm(req) => {
-            let addr = req.id.peer_addr();
-            establish::cm::accept(req, opts, recv)
-                .and_then(|est| Conn::start(est, opts))
-                .map_err(|e| handshake_failed(addr, e))
+            // The connect request carried the peer's announcement: it has opened.
+            ticket
+                .opened()
+                .store(true, std::sync::atomic::Ordering::Release);
+            establish::cm::accept(req, opts, recv).and_then(|est| Conn::start(est, opts))
         }
-        Incoming::Tcp(stream, addr) => {
-            establish::tcp::establish(stream, Role::Server, opts, Some(recv))
-                .and_then(|est| Conn::start(est, opts))
-                .map_err(|e| handshake_failed(Some(addr), e))
-        }
-    }
-}
-
-fn handshake_failed(peer: Option<SocketAddr>, e: NetError) -> NetError {
-    let peer = peer.map_or_else(|| "an unknown peer".to_string(), |p| p.to_string());
-    tracing::debug!(%peer, error = %e, "rsrdma-net listener: a handshake failed");
-    NetError::Handshake {
-        peer,
-        source: Box::new(e),
+        Incoming::Tcp(stream, _) => establish::tcp::establish(
+            stream,
+            Role::Server,
+            opts,
+            Some(recv),
+            Some(ticket.opened()),
+        )
+        .and_then(|est| Conn::start(est, opts)),
     }
 }

@@ -43,6 +43,7 @@
 //!   waits until every byte is handed to the NIC; delivery to the peer is confirmed by
 //!   `close`.
 
+mod admission;
 mod buffer;
 mod close;
 mod driver;
@@ -65,6 +66,8 @@ mod transfer;
 mod worker;
 mod wr_id;
 
+pub use admission::ListenerCounters;
+pub(crate) use admission::{Admission, Ticket};
 pub use buffer::{Buffer, BufferPool};
 #[cfg(feature = "tokio")]
 pub(crate) use close::{CloseStart, CloseWait};
@@ -138,7 +141,13 @@ impl Conn {
                 Establish::Tcp => TcpStream::connect_timeout(&a, opts.connect_timeout)
                     .map_err(|e| tcp_connect_error(a, e))
                     .and_then(|s| {
-                        establish::tcp::establish(s, crate::handshake::Role::Client, &opts, None)
+                        establish::tcp::establish(
+                            s,
+                            crate::handshake::Role::Client,
+                            &opts,
+                            None,
+                            None,
+                        )
                     }),
             };
             match r {
@@ -624,7 +633,7 @@ impl Conn {
             Establish::Tcp => {
                 let s = TcpStream::connect_timeout(&addr, opts.connect_timeout)
                     .map_err(|e| tcp_connect_error(addr, e))?;
-                establish::tcp::establish(s, crate::handshake::Role::Client, opts, None)?
+                establish::tcp::establish(s, crate::handshake::Role::Client, opts, None, None)?
             }
         };
         Conn::start_threadless(est, opts)
@@ -645,9 +654,15 @@ impl Conn {
         stream: TcpStream,
         opts: &ConnOptions,
         pools: &pool::RecvPools,
+        opened: &std::sync::atomic::AtomicBool,
     ) -> Result<Conn> {
-        let est =
-            establish::tcp::establish(stream, crate::handshake::Role::Server, opts, Some(pools))?;
+        let est = establish::tcp::establish(
+            stream,
+            crate::handshake::Role::Server,
+            opts,
+            Some(pools),
+            Some(opened),
+        )?;
         Conn::start_threadless(est, opts)
     }
 

@@ -112,6 +112,18 @@ pub struct ConnOptions {
     /// too (the settled threshold is the larger of both). `None` does not offer rendezvous.
     /// Default 256 KiB.
     pub rendezvous: Option<u32>,
+    /// Listener only: how long a new peer has to open its handshake (send a valid hello, and
+    /// prove the secret when there is one) before it is dropped. Much shorter than a good
+    /// client's [`ConnOptions::connect_timeout`], so silent sockets cannot hold the listener.
+    /// Default 3 s.
+    pub opening_timeout: Duration,
+    /// Listener only: handshakes running at once (plus connections finished and not yet
+    /// accepted). A new peer past it sheds the oldest handshake that has not opened yet.
+    /// Default 64.
+    pub max_handshakes: usize,
+    /// Listener only: handshakes running at once from one source address; a new peer past
+    /// it sheds that source's oldest unopened handshake. Default 16.
+    pub max_handshakes_per_source: usize,
 }
 
 impl Default for ConnOptions {
@@ -137,6 +149,9 @@ impl Default for ConnOptions {
             secret: None,
             shared_recv: None,
             rendezvous: Some(rsrdma_proto::DEFAULT_RDV_THRESHOLD),
+            opening_timeout: Duration::from_secs(3),
+            max_handshakes: 64,
+            max_handshakes_per_source: 16,
         }
     }
 }
@@ -180,6 +195,12 @@ setters!(ConnOptions {
     shared_recv: Option<SharedRecv>,
     /// Sets [`ConnOptions::rendezvous`].
     rendezvous: Option<u32>,
+    /// Sets [`ConnOptions::opening_timeout`].
+    opening_timeout: Duration,
+    /// Sets [`ConnOptions::max_handshakes`].
+    max_handshakes: usize,
+    /// Sets [`ConnOptions::max_handshakes_per_source`].
+    max_handshakes_per_source: usize,
 });
 
 impl ConnOptions {
@@ -219,9 +240,14 @@ impl ConnOptions {
                 "ConnOptions: shared_recv with a pool of 0 slots".into(),
             ));
         }
-        if self.connect_timeout.is_zero() {
+        if self.connect_timeout.is_zero() || self.opening_timeout.is_zero() {
             return Err(crate::NetError::InvalidArgument(
-                "ConnOptions: connect_timeout is 0".into(),
+                "ConnOptions: connect_timeout and opening_timeout must be above 0".into(),
+            ));
+        }
+        if self.max_handshakes == 0 || self.max_handshakes_per_source == 0 {
+            return Err(crate::NetError::InvalidArgument(
+                "ConnOptions: max_handshakes and max_handshakes_per_source must be above 0".into(),
             ));
         }
         crate::secret::check_secret(self.secret.as_ref(), "ConnOptions::secret")?;

@@ -84,6 +84,8 @@ pub struct Channel {
     /// Taking frames stopped after an opening message (hello or proof): what follows waits
     /// in the frame reader until the opening has decided whether frames are sealed.
     held: bool,
+    /// The limit of the whole opening (hello and proof), when shorter than `timeout`.
+    opening: Option<Duration>,
 }
 
 impl Channel {
@@ -111,7 +113,14 @@ impl Channel {
             unsealed: None,
             peer_hello: None,
             held: false,
+            opening: None,
         })
+    }
+
+    /// Limits the whole opening of [`Channel::authenticate`] (the peer's hello and proof) to
+    /// `limit`: a listener gives strangers much less time than the rest of the handshake.
+    pub fn set_opening_timeout(&mut self, limit: Duration) {
+        self.opening = Some(limit);
     }
 
     /// This side's role.
@@ -462,8 +471,9 @@ impl Channel {
             nonce,
         });
         let own_hello = hello.to_bytes()?;
+        let opening = deadline_after(self.opening.unwrap_or(self.timeout).min(self.timeout));
         self.send(&hello)?;
-        let peer = match self.recv("handshake hello")? {
+        let peer = match self.wait_for("handshake hello", opening, VecDeque::pop_front)? {
             Message::Hello(h) => h,
             other => return Err(self.unexpected("hello", &other)),
         };
@@ -497,7 +507,7 @@ impl Channel {
             Role::Client => {
                 let mine = auth::client_proof(secret, &transcript);
                 self.send(&Message::Proof(Proof { tag: mine }))?;
-                let theirs = self.recv_proof()?;
+                let theirs = self.recv_proof(opening)?;
                 if !auth::verify_proof(secret, Role::Server, &transcript, &mine, &theirs) {
                     return Err(self.abort(NetError::Auth(
                         "the peer's proof does not match the shared secret".into(),
@@ -506,7 +516,7 @@ impl Channel {
                 (mine, theirs)
             }
             Role::Server => {
-                let theirs = self.recv_proof()?;
+                let theirs = self.recv_proof(opening)?;
                 if !auth::verify_proof(secret, Role::Client, &transcript, &[], &theirs) {
                     // Nothing derived from the secret has gone to this peer, and nothing will.
                     return Err(self.abort(NetError::Auth(
@@ -529,8 +539,11 @@ impl Channel {
         self.take_frames()
     }
 
-    fn recv_proof(&mut self) -> Result<[u8; crate::handshake::codec::PROOF_LEN]> {
-        match self.recv("handshake proof")? {
+    fn recv_proof(
+        &mut self,
+        deadline: Instant,
+    ) -> Result<[u8; crate::handshake::codec::PROOF_LEN]> {
+        match self.wait_for("handshake proof", deadline, VecDeque::pop_front)? {
             Message::Proof(p) => Ok(p.tag),
             other => Err(self.unexpected("proof", &other)),
         }

@@ -86,7 +86,7 @@ pub(crate) enum Liveness {
     /// The rdma_cm id: DISCONNECTED or DEVICE_REMOVAL end the transport.
     Cm(CmId),
     /// The TCP channel of the handshake: end of stream, a close notice or an abort.
-    Tcp(Channel),
+    Tcp(Box<Channel>),
 }
 
 /// The data path of one connection. Lives behind the connection's mutex.

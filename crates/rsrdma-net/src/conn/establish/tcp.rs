@@ -15,6 +15,7 @@ use crate::handshake::{Channel, Endpoint, Role};
 use rsrdma::{ConnectOptions, Mtu, Qp, QpEndpoint};
 use rsrdma_proto::{settle, Params, PARAMS_LEN};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The key, under the server's role, of the RNR retry count the server asks the client's QP
 /// to use (a listener with a shared pool asks for 7, without limit); absent: [`RNR_RETRY`].
@@ -22,11 +23,15 @@ const KEY_RNR_RETRY: u16 = 0xC200 + (PARAMS_LEN / 8) as u16;
 
 /// Runs the handshake over a connected stream; a server receives from `pools`' pool if the
 /// listener has one (`None` for a client).
+///
+/// A server gives the peer [`ConnOptions::opening_timeout`] to open (hello and proof), then
+/// sets `opened` (so its listener never sheds it).
 pub(crate) fn establish(
     stream: TcpStream,
     role: Role,
     opts: &ConnOptions,
     pools: Option<&RecvPools>,
+    opened: Option<&AtomicBool>,
 ) -> Result<Established> {
     if role == Role::Client {
         refuse_shared_recv_on_dial(opts)?;
@@ -38,7 +43,13 @@ pub(crate) fn establish(
         .peer_addr()
         .map_err(|e| NetError::io("peer_addr", e))?;
     let mut ch = Channel::new(stream, role, opts.connect_timeout)?;
+    if role == Role::Server {
+        ch.set_opening_timeout(opts.opening_timeout);
+    }
     ch.authenticate(opts.secret.as_deref())?;
+    if let Some(opened) = opened {
+        opened.store(true, Ordering::Release);
+    }
     let (local, qp, peer) = match setup(&mut ch, opts, pools) {
         Ok(p) => p,
         // Tell the peer why, so it does not wait for a step that will never come.
@@ -50,7 +61,7 @@ pub(crate) fn establish(
     local.finish(
         qp,
         &peer,
-        Liveness::Tcp(ch),
+        Liveness::Tcp(Box::new(ch)),
         (Establish::Tcp, opts),
         (local_addr, peer_addr),
     )

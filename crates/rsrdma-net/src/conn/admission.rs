@@ -1,0 +1,264 @@
+//! Admission: how a listener keeps serving while some peers misbehave.
+//!
+//! Every peer taken off the kernel's queue gets a [`Ticket`] before its handshake starts.
+//! The table of running handshakes is bounded in all and per source address
+//! ([`ConnOptions::max_handshakes`], [`ConnOptions::max_handshakes_per_source`]). When a new
+//! peer would break a bound, the oldest handshake that has not yet *opened* (sent a valid
+//! hello, and proven the secret when there is one) is shed: its socket is shut down, which
+//! ends its handshake at once. Peers that opened are never shed, so a flood of silent or
+//! garbage sockets cannot push out a good client that has started, and it cannot hold the
+//! listener for longer than [`ConnOptions::opening_timeout`] either.
+//!
+//! A handshake that fails is reported through `tracing` and counted
+//! ([`ListenerCounters::failed`]); `accept` only ever hands out good connections.
+
+use super::options::ConnOptions;
+use super::Conn;
+use crate::error::{NetError, Result};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// What a listener has done with its peers so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListenerCounters {
+    /// Connections handed out by `accept`.
+    pub accepted: u64,
+    /// Peers whose handshake failed (garbage, silence past the opening timeout, a wrong
+    /// secret, options that do not match): each is also logged with `tracing` at WARN.
+    pub failed: u64,
+    /// Peers dropped before their handshake opened, to make room for newer ones.
+    pub shed: u64,
+}
+
+/// The running handshakes of one listener, and its counters.
+#[derive(Debug)]
+pub(crate) struct Admission {
+    table: Mutex<Table>,
+    max: usize,
+    per_source: usize,
+    accepted: AtomicU64,
+    failed: AtomicU64,
+    shed: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    next_id: u64,
+    /// Oldest first.
+    running: Vec<Entry>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: u64,
+    source: Option<IpAddr>,
+    /// A second handle on a TCP peer's socket, to shut it down when it is shed.
+    socket: Option<TcpStream>,
+    opened: Arc<AtomicBool>,
+    shed: Arc<AtomicBool>,
+}
+
+/// One running handshake's place in the table; dropping it frees the place.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    id: u64,
+    peer: Option<SocketAddr>,
+    admission: Arc<Admission>,
+    opened: Arc<AtomicBool>,
+    shed: Arc<AtomicBool>,
+}
+
+impl Ticket {
+    /// Set by the handshake once the peer has opened (valid hello, proof checked): from then
+    /// on it is never shed.
+    pub(crate) fn opened(&self) -> &AtomicBool {
+        &self.opened
+    }
+
+    /// The peer's address.
+    pub(crate) fn peer(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.admission.lock().running.retain(|e| e.id != self.id);
+    }
+}
+
+impl Admission {
+    pub(crate) fn new(opts: &ConnOptions) -> Arc<Admission> {
+        Arc::new(Admission {
+            table: Mutex::new(Table::default()),
+            max: opts.max_handshakes.max(1),
+            per_source: opts.max_handshakes_per_source.max(1),
+            accepted: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            shed: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a new peer could start now, with `waiting` finished connections not yet
+    /// accepted counting against the bound: there is room, or a handshake to shed.
+    pub(crate) fn has_room(&self, waiting: usize) -> bool {
+        let t = self.lock();
+        t.running.len() + waiting < self.max || t.running.iter().any(|e| e.can_shed())
+    }
+
+    /// A place for `peer`'s handshake, shedding the oldest unopened handshake (of the same
+    /// source first) when a bound is reached; `None` when every running handshake has
+    /// opened and there is no room (the caller drops the peer, which is counted as shed).
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        peer: Option<SocketAddr>,
+        socket: Option<&TcpStream>,
+        waiting: usize,
+    ) -> Option<Ticket> {
+        let source = peer.map(|p| p.ip());
+        let mut t = self.lock();
+        loop {
+            let same = t.running.iter().filter(|e| e.source == source).count();
+            let victim = if same >= self.per_source {
+                t.running
+                    .iter()
+                    .position(|e| e.source == source && e.can_shed())
+            } else if t.running.len() + waiting >= self.max {
+                t.running.iter().position(Entry::can_shed)
+            } else {
+                break;
+            };
+            let Some(i) = victim else {
+                drop(t);
+                self.count_shed(peer, "no room: every running handshake has opened");
+                return None;
+            };
+            let old = t.running.remove(i);
+            old.shed.store(true, Ordering::Release);
+            if let Some(s) = &old.socket {
+                // Ends that handshake's waits at once (it reads the end of the stream).
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            self.shed.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(source = ?old.source, "listener shed the oldest unopened handshake");
+        }
+        let id = t.next_id;
+        t.next_id += 1;
+        let opened = Arc::new(AtomicBool::new(false));
+        let shed = Arc::new(AtomicBool::new(false));
+        t.running.push(Entry {
+            id,
+            source,
+            socket: socket.and_then(|s| s.try_clone().ok()),
+            opened: opened.clone(),
+            shed: shed.clone(),
+        });
+        Some(Ticket {
+            id,
+            peer,
+            admission: self.clone(),
+            opened,
+            shed,
+        })
+    }
+
+    fn count_shed(&self, peer: Option<SocketAddr>, why: &str) {
+        self.shed.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(?peer, why, "listener shed a peer");
+    }
+
+    /// Takes a finished handshake's outcome: a good connection comes back; a failure is
+    /// logged and counted (a shed one only counted, when it was shed).
+    pub(crate) fn outcome(&self, ticket: Ticket, r: Result<Conn>) -> Option<Conn> {
+        match r {
+            Ok(c) => Some(c),
+            Err(_) if ticket.shed.load(Ordering::Acquire) => None,
+            Err(e) => {
+                self.failed(ticket.peer, &e);
+                None
+            }
+        }
+    }
+
+    /// Counts and logs a peer that failed after its handshake (say, the async start).
+    pub(crate) fn failed(&self, peer: Option<SocketAddr>, e: &NetError) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        let peer = peer.map_or_else(|| "an unknown peer".to_string(), |p| p.to_string());
+        tracing::warn!(%peer, error = %e, "rsrdma-net listener: a peer failed its handshake");
+    }
+
+    /// Counts a connection handed out.
+    pub(crate) fn accepted(&self) {
+        self.accepted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn counters(&self) -> ListenerCounters {
+        ListenerCounters {
+            accepted: self.accepted.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            shed: self.shed.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Entry {
+    fn can_shed(&self) -> bool {
+        !self.opened.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn addr(ip: [u8; 4], port: u16) -> Option<SocketAddr> {
+        Some(SocketAddr::from((ip, port)))
+    }
+
+    #[test]
+    fn the_oldest_unopened_handshake_of_a_source_is_shed_never_an_opened_one() {
+        let opts = ConnOptions::default()
+            .max_handshakes(4)
+            .max_handshakes_per_source(2);
+        let a = Admission::new(&opts);
+        let t1 = a.start(addr([10, 0, 0, 1], 1), None, 0).unwrap();
+        let t2 = a.start(addr([10, 0, 0, 1], 2), None, 0).unwrap();
+        t1.opened().store(true, Ordering::Release);
+        // A third from the same source: t2 (unopened) goes, t1 (opened) stays.
+        let t3 = a.start(addr([10, 0, 0, 1], 3), None, 0).unwrap();
+        assert!(t2.shed.load(Ordering::Acquire));
+        assert!(!t1.shed.load(Ordering::Acquire));
+        t3.opened().store(true, Ordering::Release);
+        // Both of that source's places are opened: a fourth from it is refused.
+        assert!(a.start(addr([10, 0, 0, 1], 4), None, 0).is_none());
+        // Other sources still get in, up to the total.
+        let t5 = a.start(addr([10, 0, 0, 2], 5), None, 0).unwrap();
+        let _t6 = a.start(addr([10, 0, 0, 3], 6), None, 0).unwrap();
+        // The total is reached: the oldest unopened overall (t5) is shed.
+        let _t7 = a.start(addr([10, 0, 0, 4], 7), None, 0).unwrap();
+        assert!(t5.shed.load(Ordering::Acquire));
+        assert_eq!(a.counters().shed, 3);
+        drop((t1, t2, t3));
+        assert!(a.has_room(0));
+    }
+
+    #[test]
+    fn shedding_shuts_the_socket_down() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, peer) = l.accept().unwrap();
+        let a = Admission::new(&ConnOptions::default().max_handshakes_per_source(1));
+        let _old = a.start(Some(peer), Some(&s), 0).unwrap();
+        let _new = a.start(Some(peer), None, 0).unwrap();
+        let mut buf = [0u8; 1];
+        use std::io::Read;
+        assert_eq!(c.read(&mut buf).unwrap(), 0, "the shed peer sees the end");
+    }
+}
