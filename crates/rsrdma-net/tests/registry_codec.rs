@@ -30,16 +30,21 @@ fn samples() -> Vec<Message> {
             name: "node-a".into(),
             addr: addr(),
             lease_ms: 30_000,
+            owner: [3; 16],
         },
         Message::Register {
             name: "n".repeat(MAX_NAME),
             addr: addr(),
             lease_ms: 0,
+            owner: [0xff; 16],
         },
         Message::Lookup {
             name: "ünïcödé".into(),
         },
-        Message::Unregister { name: "x".into() },
+        Message::Unregister {
+            name: "x".into(),
+            owner: [4; 16],
+        },
         Message::Ping,
         Message::Registered { lease_ms: 1234 },
         Message::Found {
@@ -196,6 +201,7 @@ fn bad_bodies_say_what_is_wrong() {
         name: "a".into(),
         addr: addr(),
         lease_ms: 0,
+        owner: [0; 16],
     });
     // The QPN's top byte: version, op, name len (2) + "a", GID (16).
     let qpn_at = LEN_PREFIX + 2 + 3 + 16;
@@ -248,10 +254,10 @@ proptest! {
     #[test]
     fn registrations_round_trip(
         name in "[a-z0-9._-]{1,255}", gid in any::<[u8; 16]>(), qpn in 0u32..=0xff_ffff,
-        qkey in any::<u32>(), lease in any::<u32>()
+        qkey in any::<u32>(), lease in any::<u32>(), owner in any::<[u8; 16]>()
     ) {
         let m = Message::Register {
-            name, addr: Addr { gid: Gid(gid), qpn, qkey }, lease_ms: lease,
+            name, addr: Addr { gid: Gid(gid), qpn, qkey }, lease_ms: lease, owner,
         };
         let bytes = frame(&m);
         let (body, _) = split_frame(&bytes).unwrap().unwrap();

@@ -240,6 +240,7 @@ fn silent_and_slow_clients_do_not_hold_the_server() {
     let h = serve(
         RegistryOptions::default()
             .io_timeout(Duration::from_millis(200))
+            .opening_timeout(Duration::from_millis(200))
             .idle_timeout(Duration::from_millis(300)),
     );
     // Connects and says nothing: dropped after the io timeout.
@@ -263,7 +264,10 @@ fn silent_and_slow_clients_do_not_hold_the_server() {
 fn caps_bound_clients_and_entries() {
     let h = serve(RegistryOptions::default().max_clients(2).max_entries(3));
     let mut a = client(&h);
-    let _b = client(&h);
+    let mut _b = client(&h);
+    // Both busy a moment ago: neither is idle enough to lose its slot.
+    a.ping().unwrap();
+    _b.ping().unwrap();
     let e = RegistryClient::connect(h.local_addr(), ClientOptions::default()).unwrap_err();
     assert_eq!(code_of(&e), ErrorCode::Busy);
     for i in 0..3 {
@@ -334,4 +338,114 @@ fn stop_disconnects_clients_and_frees_the_port() {
     let e = RegistryClient::connect(mute, opts).unwrap_err();
     assert!(matches!(e, NetError::Timeout { .. }), "{e:?}");
     assert_eq!(std::io::Error::from(e).kind(), std::io::ErrorKind::TimedOut);
+}
+
+/// F13: a live name belongs to whoever registered it. Another client can neither overwrite
+/// nor remove it (`NotOwner`), lookups keep returning the owner's address, and the owner (or
+/// a client that shares its `owner`, a process that reconnected) renews it. (Before: any
+/// client could overwrite or unregister any name and redirect its traffic.)
+#[test]
+fn a_name_belongs_to_its_owner() {
+    let h = serve(RegistryOptions::default());
+    let mut owner = client(&h);
+    owner.register("svc", &addr(1)).unwrap();
+    let mut thief = client(&h);
+    assert_ne!(thief.owner(), owner.owner(), "owners are random per client");
+    let e = thief.register("svc", &addr(66)).unwrap_err();
+    assert_eq!(code_of(&e), ErrorCode::NotOwner);
+    assert!(e.to_string().contains("another owner"), "{e}");
+    assert_eq!(
+        code_of(&thief.unregister("svc").unwrap_err()),
+        ErrorCode::NotOwner
+    );
+    assert_eq!(lookup(h.local_addr(), "svc").unwrap(), addr(1));
+    // The same owner over a new connection renews and moves it.
+    let mut again = RegistryClient::connect(
+        h.local_addr(),
+        ClientOptions::default().owner(Some(owner.owner())),
+    )
+    .unwrap();
+    again.register("svc", &addr(2)).unwrap();
+    assert_eq!(thief.lookup("svc").unwrap(), addr(2));
+    again.unregister("svc").unwrap();
+    // Free again: the other client may take it now.
+    thief.register("svc", &addr(3)).unwrap();
+}
+
+/// Availability: 64 silent sockets on a registry of 8 client slots do not lock a good
+/// client out (the unopened ones are shed), and neither do idle clients holding every slot.
+/// (Before: "too many clients" for about 5 s.)
+#[test]
+fn silent_sockets_and_idle_clients_do_not_lock_lookups_out() {
+    let h = serve(RegistryOptions::default().max_clients(8));
+    let mut owner = client(&h);
+    owner.register("svc", &addr(7)).unwrap();
+    drop(owner);
+    let silent: Vec<_> = (0..64)
+        .map(|_| TcpStream::connect(h.local_addr()).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = Instant::now();
+    assert_eq!(lookup(h.local_addr(), "svc").unwrap(), addr(7));
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert!(h.shed() >= 56, "shed {}", h.shed());
+    drop(silent);
+
+    // Eight idle clients hold every slot; after a second of silence a newcomer gets in.
+    let idle: Vec<_> = (0..8).map(|_| client(&h)).collect();
+    std::thread::sleep(Duration::from_millis(1100));
+    let before = h.shed();
+    let mut c = client(&h);
+    c.ping().unwrap();
+    assert_eq!(h.shed(), before + 1, "one idle client made room");
+    drop(idle);
+}
+
+/// A lease of any length (`Duration::MAX` on either side) is clamped, never a panic that
+/// would leak the client's slot.
+#[test]
+fn huge_leases_are_clamped() {
+    let h = serve(
+        RegistryOptions::default()
+            .lease(Duration::MAX)
+            .max_clients(1),
+    );
+    let mut c = client(&h);
+    c.register_for("far", &addr(1), Duration::MAX).unwrap();
+    c.register("far", &addr(2)).unwrap();
+    assert_eq!(c.lookup("far").unwrap(), addr(2));
+    drop(c);
+    // The one slot came back.
+    let t0 = Instant::now();
+    loop {
+        match RegistryClient::connect(h.local_addr(), ClientOptions::default()) {
+            Ok(mut c) => break c.ping().unwrap(),
+            Err(e) if t0.elapsed() < Duration::from_secs(5) => {
+                assert_eq!(code_of(&e), ErrorCode::Busy);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// A `Registration` keeps a name past its lease for as long as it lives, and removes it
+/// when dropped. (Before: leases had to be renewed by hand; a name registered with a 2 s
+/// lease was gone 3 s later.)
+#[test]
+fn a_registration_renews_itself_until_dropped() {
+    let h = serve(RegistryOptions::default().lease(Duration::from_millis(300)));
+    let kept = rsrdma_net::registry::Registration::keep(
+        h.local_addr(),
+        ClientOptions::default(),
+        "kept",
+        addr(5),
+    )
+    .unwrap();
+    assert_eq!(kept.lease(), Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(lookup(h.local_addr(), "kept").unwrap(), addr(5), "renewed");
+    drop(kept);
+    let e = lookup(h.local_addr(), "kept").unwrap_err();
+    assert_eq!(code_of(&e), ErrorCode::NotFound, "unregistered on drop");
 }

@@ -35,7 +35,11 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
         match flag.as_str() {
             "--listen" | "-l" => listen = value()?,
             "--secret-file" => secret_file = Some(value()?),
-            "--lease" => opts = opts.lease(Duration::from_secs_f64(number(&flag, &value()?)?)),
+            "--lease" => {
+                let secs = number(&flag, &value()?)?;
+                // Any length is accepted; the registry clamps what it cannot represent.
+                opts = opts.lease(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
+            }
             "--max-entries" => opts = opts.max_entries(number(&flag, &value()?)? as usize),
             "--max-clients" => opts = opts.max_clients(number(&flag, &value()?)? as usize),
             _ => return Err(format!("unknown flag {flag}")),

@@ -1,6 +1,6 @@
 //! The registry client: one connection, many requests, a time limit on each.
 
-use super::codec::{Message, MAX_NAME};
+use super::codec::{Message, MAX_NAME, OWNER_LEN};
 use super::stream::FrameStream;
 use super::ErrorCode;
 use crate::error::{NetError, Result};
@@ -19,6 +19,12 @@ pub struct ClientOptions {
     pub secret: Option<crate::Secret>,
     /// Limit of the connect and of each request.
     pub timeout: Duration,
+    /// Who this client registers names as: a live name belongs to its owner, and only that
+    /// owner renews, moves or removes it. `None` (the default) picks a random owner per
+    /// client; set the same value on several clients (a process that reconnects) for them to
+    /// act as one owner. It travels in the clear: against someone who can watch the
+    /// network, use a secret and a trusted network (see the guide's security chapter).
+    pub owner: Option<[u8; OWNER_LEN]>,
 }
 
 impl Default for ClientOptions {
@@ -26,6 +32,7 @@ impl Default for ClientOptions {
         ClientOptions {
             secret: None,
             timeout: Duration::from_secs(5),
+            owner: None,
         }
     }
 }
@@ -35,6 +42,8 @@ setters!(ClientOptions {
     secret: Option<crate::Secret>,
     /// Sets [`ClientOptions::timeout`].
     timeout: Duration,
+    /// Sets [`ClientOptions::owner`].
+    owner: Option<[u8; OWNER_LEN]>,
 });
 
 /// A connection to a registry.
@@ -43,6 +52,7 @@ pub struct RegistryClient {
     fs: FrameStream,
     timeout: Duration,
     peer: SocketAddr,
+    owner: [u8; OWNER_LEN],
 }
 
 impl RegistryClient {
@@ -54,11 +64,21 @@ impl RegistryClient {
     /// one this side has; [`NetError::Registry`] when it refuses the client (`Busy`).
     pub fn connect(registry: impl ToSocketAddrs, opts: ClientOptions) -> Result<RegistryClient> {
         crate::secret::check_secret(opts.secret.as_ref(), "ClientOptions::secret")?;
+        let owner = match opts.owner {
+            Some(o) => o,
+            None => {
+                let mut o = [0u8; OWNER_LEN];
+                let n = auth::nonce().map_err(|e| NetError::io("read /dev/urandom", e))?;
+                o.copy_from_slice(&n[..OWNER_LEN]);
+                o
+            }
+        };
         let (stream, peer) = dial(registry, opts.timeout)?;
         let mut c = RegistryClient {
             fs: FrameStream::new(stream)?,
             timeout: opts.timeout,
             peer,
+            owner,
         };
         c.open(opts.secret.as_deref())?;
         Ok(c)
@@ -67,6 +87,11 @@ impl RegistryClient {
     /// The registry's address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// Who this client registers names as ([`ClientOptions::owner`]).
+    pub fn owner(&self) -> [u8; OWNER_LEN] {
+        self.owner
     }
 
     fn open(&mut self, secret: Option<&[u8]>) -> Result<()> {
@@ -158,6 +183,7 @@ impl RegistryClient {
             name: name.to_owned(),
             addr: *addr,
             lease_ms: lease.as_millis().min(u32::MAX.into()) as u32,
+            owner: self.owner,
         };
         match self.call(&req)? {
             Message::Registered { lease_ms } => Ok(Duration::from_millis(lease_ms.into())),
@@ -188,6 +214,7 @@ impl RegistryClient {
         check_name(name)?;
         match self.call(&Message::Unregister {
             name: name.to_owned(),
+            owner: self.owner,
         })? {
             Message::Done => Ok(()),
             other => Err(unexpected("Done", &other)),

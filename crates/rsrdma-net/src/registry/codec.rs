@@ -11,13 +11,17 @@
 //! 0x01 Hello      magic:"RSRG" nonce:32    0x81 Welcome  magic:"RSRG" auth:u8 nonce:32
 //! 0x02 Proof      tag:32                   0x02 Proof    tag:32 (the same both ways)
 //! 0x03 Register   name addr lease_ms:u32   0x83 Registered lease_ms:u32
+//!                 owner:16
 //! 0x04 Lookup     name                     0x84 Found    addr lease_left_ms:u32
-//! 0x05 Unregister name                     0x85 Done
+//! 0x05 Unregister name owner:16            0x85 Done
 //! 0x06 Ping                                0xff Error    code:u8 text
 //! ```
 //!
 //! A connection opens with Hello/Welcome; when the registry has a secret, both sides then
-//! prove it (Proof each way, [`crate::handshake::auth`]) before any request.
+//! prove it (the client first, [`crate::handshake::auth`]) before any request.
+//!
+//! Version 2 added the owner: a name belongs to the owner that registered it until its lease
+//! runs out or that owner unregisters it; others get `NotOwner`.
 
 use super::ErrorCode;
 use crate::packet::{Addr, MAX_QPN};
@@ -25,7 +29,7 @@ use rsrdma::Gid;
 use std::fmt;
 
 /// The protocol version this side speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// The magic of Hello and Welcome.
 pub const MAGIC: [u8; 4] = *b"RSRG";
 /// Bytes of the length prefix.
@@ -38,6 +42,8 @@ pub const MAX_NAME: usize = 255;
 pub const MAX_TEXT: usize = 512;
 /// Bytes of a nonce and of a proof.
 pub const NONCE_LEN: usize = 32;
+/// Bytes of an owner: who registered a name (random per client unless set).
+pub const OWNER_LEN: usize = 16;
 
 /// One registry message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +73,8 @@ pub enum Message {
         addr: Addr,
         /// The lease asked for (0: the registry's default).
         lease_ms: u32,
+        /// Who registers it: a live name of another owner is refused with `NotOwner`.
+        owner: [u8; OWNER_LEN],
     },
     /// Client: asks for `name`.
     Lookup {
@@ -77,6 +85,8 @@ pub enum Message {
     Unregister {
         /// The name.
         name: String,
+        /// Who asks: only the owner may remove a live name.
+        owner: [u8; OWNER_LEN],
     },
     /// Client: checks the connection.
     Ping,
@@ -233,9 +243,13 @@ pub fn decode_body(body: &[u8]) -> Result<Message, DecodeError> {
             name: r.name()?,
             addr: r.addr()?,
             lease_ms: r.u32("lease")?,
+            owner: r.array("owner")?,
         },
         LOOKUP => Message::Lookup { name: r.name()? },
-        UNREGISTER => Message::Unregister { name: r.name()? },
+        UNREGISTER => Message::Unregister {
+            name: r.name()?,
+            owner: r.array("owner")?,
+        },
         PING => Message::Ping,
         REGISTERED => Message::Registered {
             lease_ms: r.u32("lease")?,
@@ -311,19 +325,22 @@ fn encode_fields(msg: &Message, out: &mut Vec<u8>) -> Result<(), EncodeError> {
             name,
             addr,
             lease_ms,
+            owner,
         } => {
             out.push(REGISTER);
             put_name(out, name)?;
             put_addr(out, addr);
             out.extend_from_slice(&lease_ms.to_be_bytes());
+            out.extend_from_slice(owner);
         }
         Message::Lookup { name } => {
             out.push(LOOKUP);
             put_name(out, name)?;
         }
-        Message::Unregister { name } => {
+        Message::Unregister { name, owner } => {
             out.push(UNREGISTER);
             put_name(out, name)?;
+            out.extend_from_slice(owner);
         }
         Message::Ping => out.push(PING),
         Message::Registered { lease_ms } => {

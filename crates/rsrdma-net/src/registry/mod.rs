@@ -2,9 +2,11 @@
 //!
 //! Run it in a process ([`Registry::serve`], which returns a [`RegistryHandle`] that tells
 //! its bound address and stops it) or as the `rs_registry` binary. Endpoints register their
-//! [`Addr`] under a name with a lease, and renew it before it runs out; others look names
-//! up. A [`RegistryClient`] keeps one connection for many requests; [`register`] and
-//! [`lookup`] are one-shot helpers.
+//! [`Addr`] under a name with a lease, and renew it before it runs out ([`Registration`]
+//! does it for as long as it lives); others look names up. A live name belongs to the owner
+//! that registered it ([`ClientOptions::owner`]): others get [`ErrorCode::NotOwner`]. A
+//! [`RegistryClient`] keeps one connection for many requests; [`register`] and [`lookup`]
+//! are one-shot helpers.
 //!
 //! The protocol ([`codec`]) is versioned and length-prefixed. With a shared secret
 //! ([`RegistryOptions::secret`], [`ClientOptions::secret`]) both sides prove it with the
@@ -18,12 +20,14 @@
 
 mod client;
 pub mod codec;
+mod kept;
 mod server;
 mod stream;
 mod table;
 
 pub use client::{lookup, register, ClientOptions, RegistryClient};
 pub use codec::{DecodeError, EncodeError};
+pub use kept::Registration;
 pub use server::{Registry, RegistryHandle, RegistryOptions};
 
 use std::fmt;
@@ -50,6 +54,8 @@ pub enum ErrorCode {
     TooLarge,
     /// The registry serves its maximum of clients.
     Busy,
+    /// The name is registered, live, by another owner.
+    NotOwner,
     /// A code this version does not know.
     Other(u8),
 }
@@ -67,6 +73,7 @@ impl ErrorCode {
             ErrorCode::Version => 7,
             ErrorCode::TooLarge => 8,
             ErrorCode::Busy => 9,
+            ErrorCode::NotOwner => 10,
             ErrorCode::Other(v) => v,
         }
     }
@@ -83,6 +90,7 @@ impl ErrorCode {
             7 => ErrorCode::Version,
             8 => ErrorCode::TooLarge,
             9 => ErrorCode::Busy,
+            10 => ErrorCode::NotOwner,
             v => ErrorCode::Other(v),
         }
     }
@@ -100,6 +108,7 @@ impl fmt::Display for ErrorCode {
             ErrorCode::Version => f.write_str("protocol version mismatch"),
             ErrorCode::TooLarge => f.write_str("frame too large"),
             ErrorCode::Busy => f.write_str("too many clients"),
+            ErrorCode::NotOwner => f.write_str("the name belongs to another owner"),
             ErrorCode::Other(v) => write!(f, "error code {v}"),
         }
     }

@@ -1,4 +1,10 @@
 //! The registry server: an accept thread and one thread per client, up to a cap.
+//!
+//! A full registry makes room for a new client rather than turning it away: it first sheds
+//! the oldest client that has not finished its opening (hello, and proof with a secret;
+//! [`RegistryOptions::opening_timeout`] bounds it anyway), then the client idle longest
+//! (silent for at least [`MIN_IDLE_TO_SHED`]). So silent sockets cannot lock lookups out, and
+//! idle clients keep their slots only while nobody else needs them.
 
 use super::codec::Message;
 use super::stream::FrameStream;
@@ -15,6 +21,9 @@ use std::time::{Duration, Instant};
 
 /// How long the accept loop sleeps when no client is waiting.
 const ACCEPT_TICK: Duration = Duration::from_millis(10);
+/// An opened client silent this long may lose its slot to a new client when the registry is
+/// full.
+pub const MIN_IDLE_TO_SHED: Duration = Duration::from_secs(1);
 
 /// Options of [`Registry::serve_with`].
 #[derive(Debug, Clone)]
@@ -30,8 +39,10 @@ pub struct RegistryOptions {
     pub max_clients: usize,
     /// A client silent this long is disconnected.
     pub idle_timeout: Duration,
-    /// Limit of each step of the opening exchange and of each reply.
+    /// Limit of each reply.
     pub io_timeout: Duration,
+    /// Limit of a client's whole opening (its hello, and its proof with a secret). Default 2 s.
+    pub opening_timeout: Duration,
 }
 
 impl Default for RegistryOptions {
@@ -43,6 +54,7 @@ impl Default for RegistryOptions {
             max_clients: 64,
             idle_timeout: Duration::from_secs(60),
             io_timeout: Duration::from_secs(5),
+            opening_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -60,6 +72,8 @@ setters!(RegistryOptions {
     idle_timeout: Duration,
     /// Sets [`RegistryOptions::io_timeout`].
     io_timeout: Duration,
+    /// Sets [`RegistryOptions::opening_timeout`].
+    opening_timeout: Duration,
 });
 
 /// The registry server; see the [module docs](super).
@@ -80,6 +94,34 @@ struct Shared {
     table: Mutex<Table>,
     stop: AtomicBool,
     clients: AtomicUsize,
+    /// The clients served now, oldest first, for shedding.
+    slots: Mutex<Vec<Slot>>,
+    next_slot: AtomicUsize,
+    /// Clients shed to make room.
+    shed: AtomicUsize,
+}
+
+/// A served client, as the accept loop sees it.
+#[derive(Debug)]
+struct Slot {
+    id: usize,
+    /// A second handle on its socket: shutting it down ends the client's thread.
+    socket: TcpStream,
+    opened: Arc<AtomicBool>,
+    last_active: Arc<Mutex<Instant>>,
+}
+
+/// A client thread's hold on its slot: dropped (even by a panic), it frees the slot.
+struct SlotGuard {
+    shared: Arc<Shared>,
+    id: usize,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        lock(&self.shared.slots).retain(|s| s.id != self.id);
+        self.shared.clients.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -100,9 +142,13 @@ impl Registry {
     /// # Errors
     /// [`NetError::InvalidArgument`] for a zero cap or lease; [`NetError::Io`] naming `bind`.
     pub fn serve_with(addr: impl ToSocketAddrs, opts: RegistryOptions) -> Result<RegistryHandle> {
-        if opts.max_entries == 0 || opts.max_clients == 0 || opts.lease.is_zero() {
+        if opts.max_entries == 0
+            || opts.max_clients == 0
+            || opts.lease.is_zero()
+            || opts.opening_timeout.is_zero()
+        {
             return Err(NetError::InvalidArgument(
-                "RegistryOptions: max_entries, max_clients and lease must be above 0".into(),
+                "RegistryOptions: max_entries, max_clients, lease and opening_timeout must be above 0".into(),
             ));
         }
         crate::secret::check_secret(opts.secret.as_ref(), "RegistryOptions::secret")?;
@@ -118,6 +164,9 @@ impl Registry {
             opts,
             stop: AtomicBool::new(false),
             clients: AtomicUsize::new(0),
+            slots: Mutex::new(Vec::new()),
+            next_slot: AtomicUsize::new(0),
+            shed: AtomicUsize::new(0),
         });
         let s = shared.clone();
         let acceptor = std::thread::Builder::new()
@@ -147,6 +196,11 @@ impl RegistryHandle {
     /// Clients connected now.
     pub fn clients(&self) -> usize {
         self.shared.clients.load(Ordering::Relaxed)
+    }
+
+    /// Clients shed so far to make room for new ones (unopened or idle ones).
+    pub fn shed(&self) -> usize {
+        self.shared.shed.load(Ordering::Relaxed)
     }
 
     /// Stops accepting, disconnects every client and waits for all threads.
@@ -211,31 +265,95 @@ fn admit(
         return;
     }
     let max = shared.opts.max_clients;
-    if shared.clients.fetch_add(1, Ordering::AcqRel) >= max {
-        shared.clients.fetch_sub(1, Ordering::AcqRel);
-        tracing::warn!(%peer, max, "registry busy: client turned away");
-        turn_away(
-            stream,
-            format!("the registry serves its maximum of {max} clients"),
-        );
+    let Ok(socket) = stream.try_clone() else {
         return;
+    };
+    let opened = Arc::new(AtomicBool::new(false));
+    let last_active = Arc::new(Mutex::new(Instant::now()));
+    let id = shared.next_slot.fetch_add(1, Ordering::Relaxed);
+    {
+        let mut slots = lock(&shared.slots);
+        if slots.len() >= max && !shed_one(&mut slots, shared) {
+            drop(slots);
+            tracing::warn!(%peer, max, "registry busy: client turned away");
+            turn_away(
+                stream,
+                format!("the registry serves its maximum of {max} clients"),
+            );
+            return;
+        }
+        slots.push(Slot {
+            id,
+            socket,
+            opened: opened.clone(),
+            last_active: last_active.clone(),
+        });
+        shared.clients.fetch_add(1, Ordering::AcqRel);
     }
-    let s = shared.clone();
+    let guard = SlotGuard {
+        shared: shared.clone(),
+        id,
+    };
     let spawned = std::thread::Builder::new()
         .name("rs-registry-client".into())
         .spawn(move || {
-            if let Err(e) = serve_client(stream, &s) {
+            let me = Client {
+                opened,
+                last_active,
+            };
+            if let Err(e) = serve_client(stream, &guard.shared, &me) {
                 tracing::debug!(%peer, error = %e, "registry client done");
             }
-            s.clients.fetch_sub(1, Ordering::AcqRel);
+            drop(guard);
         });
     match spawned {
         Ok(w) => workers.push(w),
-        Err(e) => {
-            shared.clients.fetch_sub(1, Ordering::AcqRel);
-            tracing::warn!(error = %e, "cannot start a registry client thread");
-        }
+        // The closure, and the guard in it, are dropped: the slot is free again.
+        Err(e) => tracing::warn!(error = %e, "cannot start a registry client thread"),
     }
+}
+
+/// What a client thread tells the accept loop about itself.
+struct Client {
+    opened: Arc<AtomicBool>,
+    last_active: Arc<Mutex<Instant>>,
+}
+
+/// Sheds one client to make room: the oldest unopened one, else the one idle longest (at
+/// least [`MIN_IDLE_TO_SHED`]). False when every client is opened and busy.
+fn shed_one(slots: &mut Vec<Slot>, shared: &Shared) -> bool {
+    let victim = slots
+        .iter()
+        .position(|s| !s.opened.load(Ordering::Acquire))
+        .or_else(|| {
+            let now = Instant::now();
+            slots
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (i, now.saturating_duration_since(*lock(&s.last_active))))
+                .filter(|(_, idle)| *idle >= MIN_IDLE_TO_SHED)
+                .max_by_key(|(_, idle)| *idle)
+                .map(|(i, _)| i)
+        });
+    let Some(i) = victim else {
+        return false;
+    };
+    let s = slots.remove(i);
+    // Its thread sees the end of the stream and returns; its guard finds the slot gone.
+    let _ = s.socket.shutdown(std::net::Shutdown::Both);
+    shared.shed.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(
+        opened = s.opened.load(Ordering::Acquire),
+        "registry shed a client"
+    );
+    true
+}
+
+fn not_owner(name: &str) -> Message {
+    error(
+        ErrorCode::NotOwner,
+        format!("{name:?} is registered by another owner until its lease runs out"),
+    )
 }
 
 fn error(code: ErrorCode, text: impl Into<String>) -> Message {
@@ -245,12 +363,12 @@ fn error(code: ErrorCode, text: impl Into<String>) -> Message {
     }
 }
 
-fn serve_client(stream: TcpStream, shared: &Shared) -> Result<()> {
+fn serve_client(stream: TcpStream, shared: &Shared, me: &Client) -> Result<()> {
     let opts = &shared.opts;
     let mut fs = FrameStream::new(stream)?;
     let stop = Some(&shared.stop);
     match open(&mut fs, shared) {
-        Ok(true) => {}
+        Ok(true) => me.opened.store(true, Ordering::Release),
         Ok(false) => return Ok(()),
         Err(NetError::RegistryMalformed(e)) => {
             // Not a registry client (or out of step): say why, then hang up.
@@ -262,7 +380,10 @@ fn serve_client(stream: TcpStream, shared: &Shared) -> Result<()> {
     loop {
         let deadline = crate::deadline::deadline_after(opts.idle_timeout);
         let reply = match fs.recv("registry request", deadline, stop) {
-            Ok(Ok(msg)) => answer(msg, shared),
+            Ok(Ok(msg)) => {
+                *lock(&me.last_active) = Instant::now();
+                answer(msg, shared)
+            }
             Ok(Err(e)) => error(e.code(), e.to_string()),
             Err(NetError::RegistryMalformed(e)) => {
                 // The stream is out of step: say why, then hang up.
@@ -280,7 +401,7 @@ fn serve_client(stream: TcpStream, shared: &Shared) -> Result<()> {
 fn open(fs: &mut FrameStream, shared: &Shared) -> Result<bool> {
     let opts = &shared.opts;
     let stop = Some(&shared.stop);
-    let deadline = crate::deadline::deadline_after(opts.io_timeout);
+    let deadline = crate::deadline::deadline_after(opts.opening_timeout);
     let client_nonce = match fs.recv("registry hello", deadline, stop)? {
         Ok(Message::Hello { nonce }) => nonce,
         Ok(other) => {
@@ -307,7 +428,7 @@ fn open(fs: &mut FrameStream, shared: &Shared) -> Result<bool> {
     let Some(secret) = &opts.secret else {
         return Ok(true);
     };
-    let deadline = crate::deadline::deadline_after(opts.io_timeout);
+    // The proof shares the opening's deadline: a client gets opening_timeout for both.
     let transcript = auth::registry_transcript(&client_nonce, &own, true);
     // The client proves first; a client that fails gets nothing derived from the secret.
     let client_proof = match fs.recv("registry proof", deadline, stop)? {
@@ -342,16 +463,18 @@ fn answer(msg: Message, shared: &Shared) -> Message {
             name,
             addr,
             lease_ms,
+            owner,
         } => {
             let max = shared.opts.lease;
             let lease = match lease_ms {
                 0 => max,
                 ms => Duration::from_millis(ms.into()).min(max),
             };
-            match table.register(&name, addr, lease, now) {
+            match table.register(&name, addr, lease, owner, now) {
                 Ok(()) => Message::Registered {
                     lease_ms: lease.as_millis().min(u32::MAX.into()) as u32,
                 },
+                Err(ErrorCode::NotOwner) => not_owner(&name),
                 Err(code) => error(
                     code,
                     format!(
@@ -368,9 +491,10 @@ fn answer(msg: Message, shared: &Shared) -> Message {
             },
             None => error(ErrorCode::NotFound, format!("no live entry named {name:?}")),
         },
-        Message::Unregister { name } => match table.unregister(&name, now) {
-            true => Message::Done,
-            false => error(ErrorCode::NotFound, format!("no live entry named {name:?}")),
+        Message::Unregister { name, owner } => match table.unregister(&name, owner, now) {
+            Ok(()) => Message::Done,
+            Err(ErrorCode::NotOwner) => not_owner(&name),
+            Err(code) => error(code, format!("no live entry named {name:?}")),
         },
         Message::Ping => Message::Done,
         other => error(
