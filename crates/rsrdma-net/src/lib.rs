@@ -43,7 +43,7 @@ pub use registry::{Registry, RegistryClient, RegistryHandle, RegistryOptions};
 pub mod conn;
 pub use conn::{
     Buffer, BufferPool, Conn, ConnInfo, ConnOptions, Establish, Listener, ListenerCounters,
-    RecvMemory, SharedRecv,
+    RecvMemory, RendezvousMode, SharedRecv,
 };
 /// Types of the crates below that this crate's public signatures name, so that a user can
 /// name them without depending on those crates: the protocol core's counters, negotiated

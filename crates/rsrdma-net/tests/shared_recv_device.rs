@@ -454,3 +454,26 @@ fn shared_recv_every_pool_slot_comes_back_after_closes_mid_stream() {
         s.close().unwrap();
     }
 }
+
+/// F7: a connection of a pooled listener (a shared protection domain) exposes rendezvous
+/// messages only through windows bound to its own QP; on a device without windows it does
+/// not offer rendezvous at all, and `info()` says why.
+#[test]
+fn shared_recv_rendezvous_is_only_through_windows() {
+    let server = small(Establish::Tcp).shared_recv(SharedRecv::new(16));
+    let (_l, pairs) = connect_n(server, small(Establish::Tcp), 1);
+    let (c, s) = &pairs[0];
+    let windows = rsrdma::open(&s.info().device)
+        .unwrap()
+        .attr()
+        .has_type2_windows();
+    let mode = s.info().rendezvous;
+    eprintln!("pooled side: {mode:?}; dialer: {:?}", c.info().rendezvous);
+    match windows {
+        true => assert_eq!(mode, rsrdma_net::RendezvousMode::Windows),
+        false => assert!(
+            matches!(mode, rsrdma_net::RendezvousMode::Off(why) if why.contains("shared")),
+            "{mode:?}"
+        ),
+    }
+}

@@ -58,7 +58,17 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::Verbs`] naming `ibv_open_device` or `ibv_query_device`.
+    ///
+    /// `Qp`, `Cq` and `Srq` are `Sync` because providers lock around posting and polling.
+    /// `MLX5_SINGLE_THREADED=1` turns those locks off; with it set, share each of them with
+    /// one thread at a time (or under your own lock). A warning is logged when it is set.
     pub fn open(device: &Device<'_>) -> Result<Context> {
+        if std::env::var_os("MLX5_SINGLE_THREADED").is_some_and(|v| v != "0") {
+            tracing::warn!(
+                "MLX5_SINGLE_THREADED is set: the provider does not lock queues, so a Qp, Cq \
+                 or Srq shared between threads needs the caller's own lock"
+            );
+        }
         // SAFETY: the device pointer is valid for the list's lifetime, which `device` borrows.
         let raw = unsafe { ffi::ibv_open_device(device.as_ptr()) };
         if raw.is_null() {

@@ -274,7 +274,9 @@ pub(crate) struct CqInner {
     pub(crate) ctx: Context,
 }
 
-// SAFETY: libibverbs serialises polling and arming of a CQ internally; our own state is atomic.
+// SAFETY: libibverbs serialises polling and arming of a CQ internally (unless a provider is
+// told to drop its locks, `MLX5_SINGLE_THREADED=1`: then the caller serialises, see `Srq`);
+// our own state is atomic.
 unsafe impl Send for CqInner {}
 // SAFETY: as above.
 unsafe impl Sync for CqInner {}

@@ -93,7 +93,7 @@ pub use context::{
 pub use cq::{CompChannel, Cq};
 pub use device::{devices, open, Device, DeviceList};
 pub use error::{Error, PrivateData, Result};
-pub use mr::{AccessFlags, Mr, RemoteMemory};
+pub use mr::{AccessFlags, DeregFailed, Mr, RemoteMemory};
 pub use mw::Mw;
 pub use pd::Pd;
 pub use qp::{

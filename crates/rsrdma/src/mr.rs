@@ -457,6 +457,67 @@ unsafe fn reg_mr(
     Ok(raw)
 }
 
+/// A deregistration that failed ([`Mr::deregister`]): the region is still registered, and
+/// comes back so that its owner can decide (retry, or leak the memory: never free it).
+#[derive(Debug)]
+pub struct DeregFailed {
+    /// The region, still registered.
+    pub mr: Mr,
+    /// Why `ibv_dereg_mr` failed.
+    pub error: Error,
+}
+
+impl fmt::Display for DeregFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (the region stays registered)", self.error)
+    }
+}
+
+impl std::error::Error for DeregFailed {}
+
+impl Mr {
+    /// Deregisters the region now, reporting a failure instead of hiding it.
+    ///
+    /// `drop` deregisters too, but can only log a failure; memory it allocated itself
+    /// ([`Mr::new`]) is then leaked, never freed. The owner of caller memory
+    /// ([`Mr::register`]) must do the same: free the memory only after `Ok`, and leak it
+    /// (`std::mem::forget`) when the region comes back in [`DeregFailed`], because the NIC
+    /// may still reach it (a device refuses, for example, while a memory window is bound to
+    /// the region).
+    ///
+    /// # Errors
+    /// [`DeregFailed`]: `ibv_dereg_mr`'s errno, and the region.
+    pub fn deregister(self) -> std::result::Result<(), Box<DeregFailed>> {
+        // SAFETY: registered by us; on success the handle is gone and `self` is consumed
+        // below without running `Drop` (which would deregister again).
+        let rc = unsafe { ffi::ibv_dereg_mr(self.raw) };
+        if rc != 0 {
+            let errno = if rc > 0 {
+                rc
+            } else {
+                std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EIO)
+            };
+            return Err(Box::new(DeregFailed {
+                mr: self,
+                error: Error::Verbs {
+                    op: "ibv_dereg_mr",
+                    errno,
+                },
+            }));
+        }
+        let this = std::mem::ManuallyDrop::new(self);
+        if let Backing::Owned(layout) = this.backing {
+            // SAFETY: allocated in `Mr::new` with this layout; no registration remains.
+            unsafe { std::alloc::dealloc(this.ptr, layout) };
+        }
+        // SAFETY: `this` is never used again; its `Pd` handle is dropped exactly once here.
+        drop(unsafe { std::ptr::read(&this.pd) });
+        Ok(())
+    }
+}
+
 impl Drop for Mr {
     fn drop(&mut self) {
         // SAFETY: registered by us, deregistered once. After this returns the NIC holds no

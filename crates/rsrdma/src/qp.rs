@@ -620,7 +620,9 @@ struct QpInner {
     cm_id: Option<Arc<crate::cm::CmIdInner>>,
 }
 
-// SAFETY: libibverbs serialises posting and modifying a QP internally; our fields are immutable.
+// SAFETY: libibverbs serialises posting and modifying a QP internally (unless a provider is
+// told to drop its locks, `MLX5_SINGLE_THREADED=1`: then the caller serialises, see `Srq`);
+// our fields are immutable.
 unsafe impl Send for QpInner {}
 // SAFETY: as above.
 unsafe impl Sync for QpInner {}
@@ -1094,7 +1096,12 @@ impl Qp {
     ///   alive, or, for inline sends, memory valid for the duration of this call;
     /// - the CPU must not write memory that the request reads, nor read or write memory that
     ///   it writes (RDMA read and atomic results);
-    /// - for UD, the address handle must stay alive.
+    /// - for UD, the address handle must stay alive;
+    /// - for a window bind ([`crate::SendWr::bind_mw`]): the window and its region must stay
+    ///   alive until the window is invalidated (or destroyed), and while it is bound the
+    ///   peer's requests through it read (and, with remote write, change) the region's bytes
+    ///   as if it were registered with the window's access: the rules above apply to those
+    ///   bytes for as long as the window is bound, not only until this completion.
     ///
     /// # Errors
     /// [`Error::Limit`] for an inline payload above the QP's inline size; [`Error::Post`]

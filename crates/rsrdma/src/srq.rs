@@ -19,7 +19,10 @@ pub(crate) struct SrqInner {
     _pd: Pd,
 }
 
-// SAFETY: libibverbs serialises posting to an SRQ.
+// SAFETY: libibverbs providers serialise posting to an SRQ with their own lock. A provider
+// may be told to drop its locks (`MLX5_SINGLE_THREADED=1`): then sharing an `Srq` between
+// threads that post needs the caller's own lock (see `Context::open`'s warning and the
+// guide's object-model chapter); rsrdma-net takes one where it shares an SRQ.
 unsafe impl Send for SrqInner {}
 // SAFETY: as above.
 unsafe impl Sync for SrqInner {}

@@ -173,6 +173,16 @@ impl<'a> SendWr<'a> {
     /// `access` (remote read and/or write) to requests arriving on the queue pair this is posted
     /// on. Later requests on that queue pair are processed after the bind; after posting it,
     /// record the key with [`Mw::set_rkey`].
+    ///
+    /// A window may grant no more than its region could itself: remote write or atomic access
+    /// is refused unless the region was registered remotely writable (so that safe code never
+    /// holds a reference to bytes a peer can change through a window; see
+    /// [`Mr::remotely_writable`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidArgument`] when `mr` was not registered with `MW_BIND`, when the
+    /// range is not inside `mr`, or when `access` grants remote write or atomics on a region
+    /// that is not remotely writable.
     #[inline]
     pub fn bind_mw(
         wr_id: u64,
@@ -182,7 +192,32 @@ impl<'a> SendWr<'a> {
         addr: u64,
         len: u64,
         access: AccessFlags,
-    ) -> Self {
+    ) -> crate::Result<Self> {
+        let refuse = |why: String| Err(crate::Error::InvalidArgument(format!("bind_mw: {why}")));
+        if !mr.access().contains(AccessFlags::MW_BIND) {
+            return refuse("the region was not registered with MW_BIND".into());
+        }
+        let start = mr.addr();
+        let inside = addr >= start
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= start + mr.len() as u64);
+        if !inside {
+            return refuse(format!(
+                "{addr:#x}+{len} is not inside the region at {start:#x} of {} bytes",
+                mr.len()
+            ));
+        }
+        let writes = access.contains(AccessFlags::REMOTE_WRITE)
+            || access.contains(AccessFlags::REMOTE_ATOMIC);
+        if writes && !mr.remotely_writable() {
+            return refuse(
+                "remote write or atomic access through a window needs a region registered \
+                 remotely writable (REMOTE_WRITE or REMOTE_ATOMIC): safe code may hold \
+                 references to this region's bytes"
+                    .into(),
+            );
+        }
         let mut wr = Self::with(wr_id, ffi::ibv_wr_opcode::IBV_WR_BIND_MW, &[]);
         wr.raw.__bindgen_anon_2.bind_mw = ffi::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
             mw: mw.as_raw(),
@@ -194,7 +229,7 @@ impl<'a> SendWr<'a> {
                 mw_access_flags: access.bits(),
             },
         };
-        wr
+        Ok(wr)
     }
 
     /// Invalidates the window (or fast-registered region) whose present key is `rkey`: from its

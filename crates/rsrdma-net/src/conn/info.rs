@@ -38,7 +38,33 @@ pub struct ConnInfo {
     pub registered_bytes: usize,
     /// How blocking calls wait.
     pub poll_mode: PollMode,
+    /// How large messages this side sends are exposed to the peer's READ, or why they go
+    /// eagerly instead.
+    pub rendezvous: RendezvousMode,
 }
+
+/// How a connection exposes a message it sends by rendezvous ([`ConnInfo::rendezvous`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RendezvousMode {
+    /// Through a type-2 memory window bound to this connection's queue pair only, remote
+    /// read only, invalidated when the READ is done.
+    Windows,
+    /// Through a registration made for the message alone (remote read only) on this
+    /// connection's own protection domain, deregistered when the READ is done.
+    Registrations,
+    /// Not used: large messages go eagerly through the slots. Says why.
+    Off(&'static str),
+}
+
+/// [`RendezvousMode::Off`]: `ConnOptions::rendezvous` is `None`.
+pub(crate) const RENDEZVOUS_NOT_REQUESTED: &str = "not requested (ConnOptions::rendezvous is None)";
+/// [`RendezvousMode::Off`]: the peer did not offer it.
+pub(crate) const RENDEZVOUS_PEER_OFF: &str = "the peer does not offer rendezvous";
+/// [`RendezvousMode::Off`]: F7.
+pub(crate) const RENDEZVOUS_SHARED_PD: &str = "a shared protection domain (ConnOptions::pd or a \
+     shared receive pool) on a device without memory windows: a per-message registration's \
+     rkey would work from other connections' queue pairs";
 
 impl ConnInfo {
     /// Reads the queue pair's attributes; the rest comes from the establishment.
@@ -49,6 +75,7 @@ impl ConnInfo {
         config: Config,
         registered_bytes: usize,
         poll_mode: PollMode,
+        rendezvous: RendezvousMode,
     ) -> crate::Result<ConnInfo> {
         let q = qp.query()?;
         let ctx = qp.pd().context();
@@ -73,6 +100,7 @@ impl ConnInfo {
             config,
             registered_bytes,
             poll_mode,
+            rendezvous,
         })
     }
 }

@@ -71,7 +71,7 @@ pub(crate) use admission::{Admission, Ticket};
 pub use buffer::{Buffer, BufferPool};
 #[cfg(feature = "tokio")]
 pub(crate) use close::{CloseStart, CloseWait};
-pub use info::ConnInfo;
+pub use info::{ConnInfo, RendezvousMode};
 pub use listener::Listener;
 #[cfg(feature = "tokio")]
 pub(crate) use op::Op;

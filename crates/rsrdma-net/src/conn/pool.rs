@@ -89,6 +89,10 @@ pub(crate) struct RecvPool {
     slots: u32,
     /// Slots whose repost failed (they stay out of use).
     lost: AtomicU64,
+    /// Serialises posts to the SRQ, which every connection of the listener reposts to from
+    /// its own thread: a provider may run without its own locks (`MLX5_SINGLE_THREADED=1`),
+    /// and reposts are off the hot path (one per consumed slot, uncontended in practice).
+    post_lock: std::sync::Mutex<()>,
 }
 
 /// The pool's region, shared by the connections.
@@ -115,6 +119,7 @@ impl RecvPool {
             slot_size: size,
             slots,
             lost: AtomicU64::new(0),
+            post_lock: std::sync::Mutex::new(()),
         };
         for p in 0..slots {
             pool.post(p)?;
@@ -149,6 +154,7 @@ impl RecvPool {
         })?;
         let sge = [mr.sge(p as usize * self.slot_size, self.slot_size)?];
         let wr = RecvWr::new(RECV_TAG | POOL_TAG | u64::from(p), &sge);
+        let _one_at_a_time = self.post_lock.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the slot lies in the pool's registered region, which outlives the SRQ (field
         // order, and every holder of the pool outlives its QP); the slot was released by the
         // one connection that had it bound, so no CPU copy touches it until it completes.

@@ -87,9 +87,33 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         // Deregister before freeing; the driver drops the memory only after the QP's flush
-        // (or leaks it, see `Driver::teardown`).
-        drop(self.mr.take());
+        // (or leaks it, see `Driver::teardown`). F11: a failed deregistration leaks the
+        // memory, which the NIC may still reach.
+        if let Some(mr) = self.mr.take() {
+            if !deregistered(mr) {
+                return;
+            }
+        }
         // SAFETY: allocated in `new` with this layout; the registration is gone.
         unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// Deregisters `mr`, a registration of memory its caller owns: true when the memory may now
+/// be freed; false (logged, the registration leaked) when the device refused, and the caller
+/// must leak the memory too (F11).
+pub(crate) fn deregistered(mr: Mr) -> bool {
+    match mr.deregister() {
+        Ok(()) => true,
+        Err(failed) => {
+            tracing::error!(
+                error = %failed.error,
+                addr = failed.mr.addr(),
+                len = failed.mr.len(),
+                "rsrdma-net: deregistration failed; leaking the memory it covers"
+            );
+            std::mem::forget(failed);
+            false
+        }
     }
 }

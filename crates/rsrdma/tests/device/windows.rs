@@ -38,7 +38,7 @@ fn a_window_serves_reads_through_its_qp_only_and_not_after_its_invalidation() {
     let mut mw = Mw::alloc_type2(&p.pd).unwrap();
     let rkey = mw.next_rkey();
     assert_ne!(rkey, mw.rkey(), "each bind gets a new key");
-    let wr = SendWr::bind_mw(1, &mw, rkey, &mr, at, len as u64, AccessFlags::REMOTE_READ);
+    let wr = SendWr::bind_mw(1, &mw, rkey, &mr, at, len as u64, AccessFlags::REMOTE_READ).unwrap();
     // SAFETY: `mr` and `mw` outlive every request naming them (dropped at the end, after
     // the completions).
     unsafe { p.b.post_send(&wr).unwrap() };
@@ -75,4 +75,106 @@ fn a_window_serves_reads_through_its_qp_only_and_not_after_its_invalidation() {
         "no read after the invalidation"
     );
     drop(mw);
+}
+
+/// F8: a window grants no more than its region could: remote write through a window over a
+/// region that hands out safe slices (not registered remotely writable) is refused, as are a
+/// region without MW_BIND and a range outside the region. (Before: the bind was built and a
+/// peer could write bytes that safe code held `&[u8]`s to.)
+#[test]
+fn a_window_never_grants_write_to_a_region_that_hands_out_safe_slices() {
+    let p = rc_pair(
+        QpCaps::default(),
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    );
+    if !p.ctx.attr().has_type2_windows() {
+        return;
+    }
+    let mw = Mw::alloc_type2(&p.pd).unwrap();
+    let rkey = mw.next_rkey();
+    let local = Mr::new(&p.pd, 8192, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).unwrap();
+    assert!(!local.remotely_writable());
+    assert!(
+        local.as_slice().is_ok(),
+        "this region hands out safe slices"
+    );
+    let (at, len) = (local.addr(), 4096u64);
+    for access in [AccessFlags::REMOTE_WRITE, AccessFlags::REMOTE_ATOMIC] {
+        let e = SendWr::bind_mw(1, &mw, rkey, &local, at, len, access).unwrap_err();
+        assert!(e.to_string().contains("remotely writable"), "{e}");
+    }
+    // Read-only windows over it are fine.
+    SendWr::bind_mw(1, &mw, rkey, &local, at, len, AccessFlags::REMOTE_READ).unwrap();
+    // Outside the region, or a region without MW_BIND: refused.
+    let e = SendWr::bind_mw(
+        1,
+        &mw,
+        rkey,
+        &local,
+        at + 4096,
+        8192,
+        AccessFlags::REMOTE_READ,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("not inside"), "{e}");
+    let plain = Mr::new(&p.pd, 8192, AccessFlags::LOCAL_WRITE).unwrap();
+    let e = SendWr::bind_mw(
+        1,
+        &mw,
+        rkey,
+        &plain,
+        plain.addr(),
+        64,
+        AccessFlags::REMOTE_READ,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("MW_BIND"), "{e}");
+    // A region registered remotely writable (copies only) may be written through a window.
+    let shared = Mr::new(
+        &p.pd,
+        8192,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::MW_BIND,
+    )
+    .unwrap();
+    assert!(shared.as_slice().is_err());
+    SendWr::bind_mw(
+        1,
+        &mw,
+        rkey,
+        &shared,
+        shared.addr(),
+        64,
+        AccessFlags::REMOTE_WRITE,
+    )
+    .unwrap();
+}
+
+/// F11: a deregistration the device refuses (here: a window is still bound to the region,
+/// IBA 10.6.7.2.6) is reported, and the region comes back still registered, so its owner can
+/// leak the memory instead of freeing what the NIC may reach. Once the window is gone it
+/// deregisters. (Before: only `drop`, which logged the failure and let owners of caller
+/// memory free it anyway.)
+#[test]
+fn a_refused_deregistration_hands_the_region_back() {
+    let p = rc_pair(QpCaps::default(), AccessFlags::LOCAL_WRITE);
+    if !p.ctx.attr().has_type2_windows() {
+        return;
+    }
+    let mr = Mr::new(&p.pd, 8192, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND).unwrap();
+    let mut mw = Mw::alloc_type2(&p.pd).unwrap();
+    let rkey = mw.next_rkey();
+    let wr = SendWr::bind_mw(1, &mw, rkey, &mr, mr.addr(), 4096, AccessFlags::REMOTE_READ).unwrap();
+    // SAFETY: `mr` and `mw` outlive every request naming them.
+    unsafe { p.b.post_send(&wr).unwrap() };
+    assert_eq!(poll_ok(&p.cq_b).opcode(), WcOpcode::BIND_MW);
+    mw.set_rkey(rkey);
+    let failed = mr
+        .deregister()
+        .expect_err("IBA 10.6.7.2.6: a region with a bound window is not deregistered");
+    eprintln!("refused as expected: {failed}");
+    assert!(failed.to_string().contains("ibv_dereg_mr"), "{failed}");
+    let mr = failed.mr;
+    assert_eq!(mr.len(), 8192, "the region came back whole");
+    drop(mw); // deallocating the window unbinds it
+    mr.deregister().unwrap();
 }

@@ -415,7 +415,10 @@ impl Driver {
                 } => {
                     let (mw, mr) = rdv_entry(rdv, msg)?.window_parts()?;
                     let read_only = AccessFlags::REMOTE_READ;
+                    // Read-only, inside a held buffer's MW_BIND region: a refusal is a bug,
+                    // and fails the post like a missing window.
                     SendWr::bind_mw(m.wr_id, mw, rkey, mr, addr, u64::from(len), read_only)
+                        .ok()?
                         .signaled(m.signaled)
                 }
                 SendOp::Invalidate { rkey } => SendWr::local_inv(m.wr_id, rkey).signaled(true),

@@ -7,8 +7,34 @@ use super::*;
 /// A READ's destination that the driver owns: the message lands in the core as the head's
 /// reassembled bytes, so any read call serves it, and no call holds memory the NIC writes.
 pub(super) struct OwnedRead {
-    pub(super) mr: Mr,
+    /// `None` once deregistered.
+    pub(super) mr: Option<Mr>,
     pub(super) vec: Vec<u8>,
+}
+
+impl OwnedRead {
+    /// The landed bytes, once the registration is gone; `None` (the vector leaked) when the
+    /// deregistration failed (F11).
+    fn into_landed(mut self) -> Option<Vec<u8>> {
+        let mr = self.mr.take()?;
+        let vec = std::mem::take(&mut self.vec);
+        if crate::conn::region::deregistered(mr) {
+            Some(vec)
+        } else {
+            std::mem::forget(vec);
+            None
+        }
+    }
+}
+
+impl Drop for OwnedRead {
+    fn drop(&mut self) {
+        if let Some(mr) = self.mr.take() {
+            if !crate::conn::region::deregistered(mr) {
+                std::mem::forget(std::mem::take(&mut self.vec));
+            }
+        }
+    }
 }
 
 /// What a rendezvous send keeps alive until its DONE (its window or registration, and its
@@ -21,6 +47,19 @@ pub(crate) struct RdvSend {
     pub(super) mr: Option<Mr>,
     /// The buffer (`None` for a caller's slice, whose call waits for the release).
     pub(super) hold: Option<InFlight>,
+}
+
+impl Drop for RdvSend {
+    fn drop(&mut self) {
+        // In field order, but checked (F11): a registration the device keeps leaks the buffer
+        // it covers instead of handing it back for reuse.
+        drop(self.window.take());
+        if let Some(mr) = self.mr.take() {
+            if !crate::conn::region::deregistered(mr) {
+                std::mem::forget(self.hold.take());
+            }
+        }
+    }
 }
 
 impl RdvSend {
@@ -76,7 +115,7 @@ impl Driver {
         }?;
         match self.core.start_read(mr.addr(), mr.lkey(), len) {
             Ok(()) => {
-                self.owned_read = Some(OwnedRead { mr, vec });
+                self.owned_read = Some(OwnedRead { mr: Some(mr), vec });
                 Ok(true)
             }
             Err(ProtoError::WouldBlock) => Ok(false),
@@ -105,8 +144,12 @@ impl Driver {
         if !self.core.read_landed() {
             return false;
         }
-        let vec = if let Some(OwnedRead { mr, vec }) = self.owned_read.take() {
-            drop(mr);
+        let vec = if let Some(read) = self.owned_read.take() {
+            let Some(vec) = read.into_landed() else {
+                // The device keeps the registration: the message cannot be handed over.
+                self.core.handle_fatal(Fatal::QpError);
+                return true;
+            };
             vec
         } else if let (Some(len), Some(hold)) = (self.orphaned_read, self.read_hold.as_ref()) {
             let v = hold.landed(len).to_vec();

@@ -61,6 +61,45 @@ pub(crate) fn refuse_shared_recv_on_dial(opts: &ConnOptions) -> Result<()> {
     Ok(())
 }
 
+use super::info::{
+    RendezvousMode, RENDEZVOUS_NOT_REQUESTED, RENDEZVOUS_PEER_OFF, RENDEZVOUS_SHARED_PD,
+};
+
+/// How this side may expose messages for rendezvous (F7): never through a registration on a
+/// shared protection domain, whose rkey other connections' QPs could use.
+fn rendezvous_mode(requested: bool, windows: bool, shared_pd: bool) -> RendezvousMode {
+    match (requested, windows, shared_pd) {
+        (false, ..) => RendezvousMode::Off(RENDEZVOUS_NOT_REQUESTED),
+        (true, true, _) => RendezvousMode::Windows,
+        (true, false, false) => RendezvousMode::Registrations,
+        (true, false, true) => RendezvousMode::Off(RENDEZVOUS_SHARED_PD),
+    }
+}
+
+#[cfg(test)]
+mod rendezvous_tests {
+    use super::*;
+
+    /// F7: on a shared PD without windows, rendezvous is not offered (before: it was, through
+    /// a registration any QP of the PD could READ by guessing its key).
+    #[test]
+    fn a_shared_pd_without_windows_never_offers_rendezvous() {
+        assert_eq!(
+            rendezvous_mode(true, false, true),
+            RendezvousMode::Off(RENDEZVOUS_SHARED_PD)
+        );
+        assert_eq!(
+            rendezvous_mode(true, false, false),
+            RendezvousMode::Registrations
+        );
+        assert_eq!(rendezvous_mode(true, true, true), RendezvousMode::Windows);
+        assert!(matches!(
+            rendezvous_mode(false, true, false),
+            RendezvousMode::Off(_)
+        ));
+    }
+}
+
 /// Send SGEs a connection asks for (a lent frame's header and payload).
 pub(crate) const SEND_SGES: u32 = 2;
 
@@ -71,6 +110,8 @@ pub(crate) struct Local {
     pub(crate) slots: Slots,
     pub(crate) config: Config,
     pub(crate) builder: QpBuilder,
+    /// How this side exposes messages it sends by rendezvous (or why it does not offer it).
+    pub(crate) rendezvous: RendezvousMode,
 }
 
 impl Local {
@@ -79,7 +120,19 @@ impl Local {
     pub(crate) fn new(pd: Pd, opts: &ConnOptions, from: RecvFrom) -> Result<Local> {
         let ctx = pd.context().clone();
         let max_inline = pd.max_inline_data(QpType::Rc)?;
-        let config = opts.proto_config(max_inline);
+        let mut config = opts.proto_config(max_inline);
+        // F7: without windows, a message is exposed through a registration whose rkey works
+        // from every QP of its PD; on a shared PD those QPs belong to other connections.
+        let windows = ctx.attr().has_type2_windows();
+        let shared_pd = opts.pd.is_some() || from.pool.is_some();
+        let rendezvous = rendezvous_mode(opts.rendezvous.is_some(), windows, shared_pd);
+        if rendezvous == RendezvousMode::Off(RENDEZVOUS_SHARED_PD) {
+            config.features &= !rsrdma_proto::FEATURE_RENDEZVOUS;
+            tracing::info!(
+                "rendezvous not offered: a shared protection domain on a device without \
+                 memory windows would expose messages to other connections' QPs"
+            );
+        }
         config
             .check()
             .map_err(|e| NetError::InvalidArgument(format!("ConnOptions: {e}")))?;
@@ -112,6 +165,7 @@ impl Local {
             slots,
             config,
             builder,
+            rendezvous,
         })
     }
 
@@ -164,6 +218,11 @@ impl Local {
         } else {
             recv_slots
         };
+        let rendezvous = match (self.rendezvous, settled.rendezvous()) {
+            (RendezvousMode::Off(why), _) => RendezvousMode::Off(why),
+            (_, None) => RendezvousMode::Off(RENDEZVOUS_PEER_OFF),
+            (mode, Some(_)) => mode,
+        };
         let info = ConnInfo::gather(
             &qp,
             how.0,
@@ -171,6 +230,7 @@ impl Local {
             self.config,
             registered,
             how.1.poll_mode,
+            rendezvous,
         )?;
         let cq = self.cq.clone();
         drop(self.pd);
