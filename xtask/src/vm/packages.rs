@@ -21,6 +21,8 @@ pub const HOST_PACKAGES: &[&str] = &[
     "rdmacm-utils",
     "iproute2",
     "xz-utils",
+    // A real etcd, which the Registry's etcd backend tests start on loopback.
+    "etcd-server",
 ];
 
 pub(super) fn is_root() -> bool {

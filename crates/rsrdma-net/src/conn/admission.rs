@@ -78,6 +78,7 @@ impl Ticket {
     }
 
     /// The peer's address.
+    #[cfg(feature = "tokio")]
     pub(crate) fn peer(&self) -> Option<SocketAddr> {
         self.peer
     }

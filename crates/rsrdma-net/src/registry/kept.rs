@@ -3,10 +3,12 @@
 //! Leases exist so that a crashed process's names go away by themselves; the price is that a
 //! live process must renew them. A `Registration` does it on a thread of its own: it renews
 //! at a third of the lease granted (so two renewals may fail before the name lapses),
-//! reconnects as the same owner when the registry connection breaks, and unregisters the
-//! name when dropped.
+//! reconnects as the same owner when the directory connection breaks, and unregisters the
+//! name when dropped. It works on any [`Directory`] backend.
 
 use super::client::{ClientOptions, RegistryClient};
+use super::directory::Directory;
+use super::etcd::{EtcdDirectory, EtcdOptions};
 use crate::error::{NetError, Result};
 use crate::packet::Addr;
 use std::net::SocketAddr;
@@ -27,8 +29,8 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Registers `name` → `addr` at `registry` (with the registry's default lease) and keeps
-    /// it registered until the returned handle is dropped.
+    /// Registers `name` → `addr` at the built-in registry at `registry` (with its default
+    /// lease) and keeps it registered until the returned handle is dropped.
     ///
     /// # Errors
     /// The errors of the first [`RegistryClient::connect`] and
@@ -40,14 +42,60 @@ impl Registration {
         name: &str,
         addr: Addr,
     ) -> Result<Registration> {
-        let mut client = RegistryClient::connect(registry, opts.clone())?;
-        let lease = client.register(name, &addr)?;
-        let opts = opts.owner(Some(client.owner()));
+        let first = RegistryClient::connect(registry, opts.clone())?;
+        let opts = opts.owner(Some(first.owner()));
+        let mut first = Some(first);
+        Registration::keep_on(
+            move || match first.take() {
+                Some(c) => Ok(c),
+                None => RegistryClient::connect(registry, opts.clone()),
+            },
+            name,
+            addr,
+        )
+    }
+
+    /// As [`Registration::keep`], on etcd ([`EtcdDirectory`]).
+    ///
+    /// # Errors
+    /// As [`EtcdDirectory::connect`] and [`Directory::register_for`].
+    pub fn keep_on_etcd(
+        endpoints: Vec<SocketAddr>,
+        opts: EtcdOptions,
+        name: &str,
+        addr: Addr,
+    ) -> Result<Registration> {
+        let first = EtcdDirectory::connect(&endpoints[..], opts.clone())?;
+        let opts = opts.owner(Some(first.owner()));
+        let mut first = Some(first);
+        Registration::keep_on(
+            move || match first.take() {
+                Some(d) => Ok(d),
+                None => EtcdDirectory::connect(&endpoints[..], opts.clone()),
+            },
+            name,
+            addr,
+        )
+    }
+
+    /// Keeps `name` → `addr` registered on the directories `connect` makes: the first one
+    /// registers it now, and a new one replaces a connection that failed. Every directory
+    /// `connect` returns must act as the same owner.
+    ///
+    /// # Errors
+    /// The errors of the first `connect` and registration.
+    pub fn keep_on<D, F>(mut connect: F, name: &str, addr: Addr) -> Result<Registration>
+    where
+        D: Directory + Send + 'static,
+        F: FnMut() -> Result<D> + Send + 'static,
+    {
+        let mut dir = connect()?;
+        let lease = dir.register_for(name, &addr, Duration::ZERO)?;
         let (stop, stopped) = mpsc::channel();
         let owned = name.to_owned();
         let renewer = std::thread::Builder::new()
             .name("rs-registry-renew".into())
-            .spawn(move || renew(client, registry, &opts, &owned, addr, lease, &stopped))
+            .spawn(move || renew(Some(dir), &mut connect, &owned, addr, lease, &stopped))
             .map_err(|e| NetError::io("spawn the renewal thread", e))?;
         Ok(Registration {
             name: name.to_owned(),
@@ -62,7 +110,7 @@ impl Registration {
         &self.name
     }
 
-    /// The lease the registry granted first (renewals come at a third of it).
+    /// The lease the directory granted first (renewals come at a third of it).
     pub fn lease(&self) -> Duration {
         self.lease
     }
@@ -78,33 +126,31 @@ impl Drop for Registration {
     }
 }
 
-fn renew(
-    client: RegistryClient,
-    registry: SocketAddr,
-    opts: &ClientOptions,
+fn renew<D: Directory>(
+    mut dir: Option<D>,
+    connect: &mut dyn FnMut() -> Result<D>,
     name: &str,
     addr: Addr,
     lease: Duration,
     stopped: &mpsc::Receiver<()>,
 ) {
-    let mut client = Some(client);
     let mut every = (lease / 3).max(MIN_RENEW_EVERY);
     loop {
         match stopped.recv_timeout(every) {
             Err(RecvTimeoutError::Timeout) => {}
             // Dropped: unregister (best effort) and stop.
             _ => {
-                if let Some(mut c) = client {
-                    let _ = c.unregister(name);
+                if let Some(mut d) = dir {
+                    let _ = d.unregister(name);
                 }
                 return;
             }
         }
-        let renewed = match client.as_mut() {
-            Some(c) => c.register(name, &addr),
-            None => RegistryClient::connect(registry, opts.clone()).and_then(|mut c| {
-                let r = c.register(name, &addr);
-                client = Some(c);
+        let renewed = match dir.as_mut() {
+            Some(d) => d.register_for(name, &addr, Duration::ZERO),
+            None => connect().and_then(|mut d| {
+                let r = d.register_for(name, &addr, Duration::ZERO);
+                dir = Some(d);
                 r
             }),
         };
@@ -113,7 +159,7 @@ fn renew(
             Err(e) => {
                 tracing::warn!(name, error = %e, "registry renewal failed; retrying");
                 // A broken connection is replaced at the next attempt.
-                client = None;
+                dir = None;
                 every = MIN_RENEW_EVERY.max(every / 2);
             }
         }

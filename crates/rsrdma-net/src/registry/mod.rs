@@ -20,6 +20,8 @@
 
 mod client;
 pub mod codec;
+mod directory;
+mod etcd;
 mod kept;
 mod server;
 mod stream;
@@ -27,6 +29,8 @@ mod table;
 
 pub use client::{lookup, register, ClientOptions, RegistryClient};
 pub use codec::{DecodeError, EncodeError};
+pub use directory::{Directory, WATCH_POLL};
+pub use etcd::{EtcdDirectory, EtcdOptions};
 pub use kept::Registration;
 pub use server::{Registry, RegistryHandle, RegistryOptions};
 
