@@ -100,9 +100,11 @@ pub struct ConnOptions {
     /// How long `close` waits for the queued data (and its FIN) to be delivered before it
     /// tears down anyway. Default 2 s.
     pub linger: Duration,
-    /// Shared secret: the TCP handshake ([`Establish::Tcp`]) admits only a peer that proves
-    /// it. rdma_cm (the default path) cannot check it yet, so a secret with
-    /// [`Establish::Cm`] is refused at bind and dial (never silently ignored).
+    /// Shared secret (at least 16 bytes): a listener admits only a peer that proves it, and
+    /// a dialer only a listener that proves it back, on either path: the TCP handshake
+    /// (which then also seals its control channel) or rdma_cm (proofs exchanged on the new
+    /// queue pair before either side delivers or exposes anything). Both ends need it. Not
+    /// with a shared receive pool on rdma_cm (refused).
     pub secret: Option<crate::Secret>,
     /// Listener only: every accepted connection receives from one shared pool
     /// ([`SharedRecv`]). Default `None`: each connection registers its own receive slots.
@@ -251,12 +253,12 @@ impl ConnOptions {
             ));
         }
         crate::secret::check_secret(self.secret.as_ref(), "ConnOptions::secret")?;
-        if self.secret.is_some() && self.establish == Establish::Cm {
-            // F5: a listener with a secret must never admit an unauthenticated peer.
+        if self.secret.is_some() && self.establish == Establish::Cm && self.shared_recv.is_some() {
+            // F5: rdma_cm's proofs land in a connection's own receive slots; a pooled
+            // listener cannot check them yet, so the combination is refused, not left open.
             return Err(crate::NetError::InvalidArgument(
-                "ConnOptions: a secret is checked by the TCP handshake only; rdma_cm (the \
-                 default path) cannot check it yet, so the combination is refused rather than \
-                 left open: use .establish(Establish::Tcp) on both ends"
+                "ConnOptions: a secret with a shared receive pool is checked on the TCP \
+                 handshake only: use .establish(Establish::Tcp) on both ends"
                     .into(),
             ));
         }
@@ -296,18 +298,19 @@ impl ConnOptions {
 mod tests {
     use super::*;
 
-    /// F5: a secret on the rdma_cm path, which cannot check it, is refused at bind and dial
-    /// (it was silently ignored), with an error that names the way out.
+    /// F5: a secret on rdma_cm is checked now (device test `a_secret_is_checked_on_rdma_cm`);
+    /// the one combination that cannot check it yet (a shared pool on rdma_cm) is refused at
+    /// bind, with an error that names the way out, never silently ignored.
     #[test]
-    fn a_secret_on_rdma_cm_is_refused_not_ignored() {
+    fn a_secret_with_a_pool_on_rdma_cm_is_refused_not_ignored() {
         let o = ConnOptions::default().secret(b"0123456789abcdef");
-        let e = o.check().unwrap_err();
+        o.check().unwrap();
+        let pooled = o.clone().shared_recv(SharedRecv::new(16));
+        let e = pooled.check().unwrap_err();
         assert!(e.to_string().contains("Establish::Tcp"), "{e}");
-        let e = crate::Listener::bind("127.0.0.1:0", o.clone()).unwrap_err();
+        let e = crate::Listener::bind("127.0.0.1:0", pooled.clone()).unwrap_err();
         assert!(matches!(e, crate::NetError::InvalidArgument(_)), "{e:?}");
-        let e = crate::Conn::dial("127.0.0.1:9", o.clone()).unwrap_err();
-        assert!(matches!(e, crate::NetError::InvalidArgument(_)), "{e:?}");
-        o.establish(Establish::Tcp).check().unwrap();
+        pooled.establish(Establish::Tcp).check().unwrap();
     }
 
     /// F4: a secret under 128 bits is refused wherever one is given, before any socket, with

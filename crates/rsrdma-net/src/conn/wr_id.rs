@@ -8,6 +8,11 @@ pub(crate) const RECV_TAG: u64 = 1 << 63;
 /// Receive WR ids of pool slots carry this bit too, with the pool slot below it; those of a
 /// connection's own slots carry the slot number.
 pub(crate) const POOL_TAG: u64 = 1 << 62;
+/// The WR id of an rdma_cm authentication proof's send (`establish::cm_auth`), posted before
+/// the core starts: below the receive tags, and far above any core sequence number the
+/// connection reaches. The driver reaps and ignores its completion.
+pub(crate) const AUTH_WR_ID: u64 = POOL_TAG - 1;
+
 /// The WR id of a receive into own slot `slot`.
 pub(crate) fn recv_wr_id(slot: u16) -> u64 {
     RECV_TAG | u64::from(slot)

@@ -5,11 +5,14 @@
 //! data, so the client's error says why. Receives are posted between `rdma_create_qp` (which
 //! leaves the QP in INIT) and `rdma_connect`/`rdma_accept`.
 
-use super::{decode_params, refuse_shared_recv_on_dial, Established, Local, RecvFrom, RNR_RETRY};
+use super::{
+    cm_auth, decode_params, refuse_shared_recv_on_dial, Established, Local, RecvFrom, RNR_RETRY,
+};
 use crate::conn::driver::Liveness;
 use crate::conn::options::{ConnOptions, Establish};
 use crate::conn::pool::{RecvPools, MIN_RNR_TIMER, RNR_RETRY_FOREVER};
 use crate::error::{NetError, Result};
+use crate::handshake::Role;
 use rsrdma::cm::{CmEventType, CmId, ConnParam, ConnectRequest};
 use rsrdma_proto::settle;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -33,16 +36,44 @@ pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> 
     id.resolve_addr(None, addr, left())?;
     id.resolve_route(left())?;
     let ctx = id.context()?;
-    let local = Local::new(opts.domain_on(&ctx)?, opts, RecvFrom::default())?;
+    let mut local = Local::new(opts.domain_on(&ctx)?, opts, RecvFrom::default())?;
     let qp = id.create_qp(&local.pd, &local.builder, &local.cq, &local.cq)?;
     local.post_receives(&qp)?;
+    let secret = opts.secret.as_deref();
+    let mine = cm_auth::offer(&local.config.params().encode(), secret.is_some())?;
     let announce = ConnParam::default()
-        .with_private_data(local.config.params().encode().to_vec())
+        .with_private_data(mine.clone())
         .with_rnr_retry_count(RNR_RETRY);
     let reply = id
         .connect(&announce, left())
         .map_err(|e| rejected(e, addr))?;
     let peer = decode_params(&reply)?;
+    match (secret, cm_auth::demands(&reply)) {
+        (Some(s), true) => cm_auth::prove(
+            Role::Client,
+            s,
+            (&mine, &reply),
+            &mut local,
+            &qp,
+            &id,
+            deadline,
+        )?,
+        (Some(_), false) => {
+            return Err(NetError::Auth(
+                "the listener does not prove the shared secret (it has none, or is an older \
+                 version): refusing the connection"
+                    .into(),
+            ))
+        }
+        // A listener that demands a secret rejects a request without one, so it never
+        // accepts this one; refuse anyway rather than talk to it unauthenticated.
+        (None, true) => {
+            return Err(NetError::Auth(
+                "the peer requires a shared secret and none is configured here".into(),
+            ))
+        }
+        (None, false) => {}
+    }
     let addrs = addrs_of(&id, addr);
     local.finish(qp, &peer, Liveness::Cm(id), (Establish::Cm, opts), addrs)
 }
@@ -66,6 +97,28 @@ pub(crate) fn accept(
         Ok(p) => p,
         Err(e) => return Err(refuse(&id, e)),
     };
+    let deadline = crate::deadline::deadline_after(opts.connect_timeout);
+    match (opts.secret.is_some(), cm_auth::demands(&req.private_data)) {
+        (true, false) => {
+            return Err(refuse(
+                &id,
+                NetError::Auth(
+                    "this listener requires a shared secret: set the same ConnOptions::secret \
+                     on the dialer"
+                        .into(),
+                ),
+            ))
+        }
+        (false, true) => {
+            return Err(refuse(
+                &id,
+                NetError::Auth(
+                    "the dialer requires a shared secret and this listener has none".into(),
+                ),
+            ))
+        }
+        _ => {}
+    }
     if let Err(e) = settle(&opts.proto_config(0).params(), &peer) {
         return Err(refuse(&id, NetError::ConnFailed(e)));
     }
@@ -79,7 +132,7 @@ pub(crate) fn accept(
         pool,
         account: Some(pools.account.clone()),
     };
-    let local = Local::new(pd, opts, from).map_err(|e| refuse(&id, e))?;
+    let mut local = Local::new(pd, opts, from).map_err(|e| refuse(&id, e))?;
     let qp = id.create_qp(&local.pd, &local.builder, &local.cq, &local.cq)?;
     local.post_receives(&qp)?;
     // The accept's RNR retry count is the one the *peer's* QP uses: with a pool that may run
@@ -89,10 +142,25 @@ pub(crate) fn accept(
     } else {
         RNR_RETRY
     };
+    let offer = cm_auth::offer(&local.config.params().encode(), opts.secret.is_some())?;
     let reply = ConnParam::default()
-        .with_private_data(local.config.params().encode().to_vec())
+        .with_private_data(offer.clone())
         .with_rnr_retry_count(rnr_retry);
     id.accept(&reply, opts.connect_timeout)?;
+    if let Some(secret) = opts.secret.as_deref() {
+        // Before any core exists: nothing is delivered, and nothing exposed, until the
+        // client has proven the secret. A failure drops the id, which disconnects.
+        let request = &req.private_data;
+        cm_auth::prove(
+            Role::Server,
+            secret,
+            (request, &offer),
+            &mut local,
+            &qp,
+            &id,
+            deadline,
+        )?;
+    }
     if local.pooled() {
         // rdma_cm brings the QP up with a 655 ms RNR timer; an empty pool should cost less.
         if let Err(e) = qp.set_min_rnr_timer(MIN_RNR_TIMER) {

@@ -14,6 +14,7 @@
 //! SRQ already), and has its peers retry an RNR without limit.
 
 pub(crate) mod cm;
+mod cm_auth;
 pub(crate) mod tcp;
 
 use super::driver::{Driver, Liveness};
@@ -141,12 +142,18 @@ impl Local {
         // from a send slot plus the payload in the caller's `Buffer`. With one, `send_buffer`
         // copies below the rendezvous threshold.
         let send_sge = ctx.attr().max_sge.clamp(1, SEND_SGES);
+        // rdma_cm authentication sends one inline proof outside the core (`cm_auth`).
+        let cm_auth = opts.secret.is_some() && opts.establish == crate::Establish::Cm;
+        let (extra_wr, inline) = match cm_auth {
+            true => (1, u32::from(config.inline_size).max(cm_auth::INLINE_NEEDED)),
+            false => (0, u32::from(config.inline_size)),
+        };
         let caps = QpCaps::default()
-            .max_send_wr(u32::from(config.sq_depth))
+            .max_send_wr(u32::from(config.sq_depth) + extra_wr)
             .max_recv_wr(u32::from(config.recv_slots))
             .max_send_sge(send_sge)
             .max_recv_sge(1u32)
-            .max_inline_data(u32::from(config.inline_size));
+            .max_inline_data(inline);
         let mut builder = Qp::builder(QpType::Rc).caps(caps);
         if let Some(pool) = &from.pool {
             builder = builder.srq(pool.srq());
