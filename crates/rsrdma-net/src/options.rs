@@ -60,6 +60,14 @@ pub struct RawOptions {
     pub timeout: Duration,
     /// Application parameters that must be equal on both sides, as `(key, value)`.
     pub params: Vec<(u16, u64)>,
+    /// Listener only: how long a new peer has to open its handshake (its hello, and its
+    /// proof with a secret) before it is dropped. Default 3 s.
+    pub opening_timeout: Duration,
+    /// Listener only: handshakes running at once (plus connections not yet accepted); a new
+    /// peer past it sheds the oldest handshake that has not opened. Default 64.
+    pub max_handshakes: usize,
+    /// Listener only: handshakes running at once from one address. Default 16.
+    pub max_handshakes_per_source: usize,
 }
 
 impl Default for RawOptions {
@@ -79,6 +87,9 @@ impl Default for RawOptions {
             secret: None,
             timeout: Duration::from_secs(10),
             params: Vec::new(),
+            opening_timeout: Duration::from_secs(3),
+            max_handshakes: 64,
+            max_handshakes_per_source: 16,
         }
     }
 }
@@ -112,4 +123,10 @@ setters!(RawOptions {
     timeout: Duration,
     /// Sets [`RawOptions::params`].
     params: Vec<(u16, u64)>,
+    /// Sets [`RawOptions::opening_timeout`].
+    opening_timeout: Duration,
+    /// Sets [`RawOptions::max_handshakes`].
+    max_handshakes: usize,
+    /// Sets [`RawOptions::max_handshakes_per_source`].
+    max_handshakes_per_source: usize,
 });

@@ -18,6 +18,8 @@
 //! Memory registered through [`RawConn::register_memory`] is never freed while registered, so
 //! the contract is about not touching in-flight buffers from the CPU.
 
+use crate::conn::fdwait::{wait_readable, Wake};
+use crate::conn::{Admission, ListenerCounters};
 use crate::error::{NetError, Result};
 use crate::handshake::{Channel, Endpoint, Regions, Role, Settled};
 use crate::options::{Completion, RawOptions};
@@ -26,17 +28,52 @@ use rsrdma::{
     AccessFlags, CompChannel, ConnectOptions, Context, Cq, Mr, Mtu, Pd, Qp, QpCaps, QpEndpoint,
     QpType, RecvWr, RemoteMemory, SendWr, Wc,
 };
+use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How long a pipeline waits without any completion before it gives up on the peer.
 const STALL_LIMIT: Duration = Duration::from_secs(5);
 
 /// A listener for [`RawConn`]s.
-#[derive(Debug)]
+///
+/// As [`crate::Listener`]: handshakes run concurrently, each on a thread of its own, bounded
+/// in all and per source ([`RawOptions::max_handshakes`],
+/// [`RawOptions::max_handshakes_per_source`]); a new peer past a bound sheds the oldest
+/// handshake that has not opened yet; a peer has [`RawOptions::opening_timeout`] to send its
+/// hello (and proof). A peer that fails is logged and counted ([`RawListener::counters`]),
+/// never returned, so one silent or garbage socket delays no good client. Handshakes start
+/// only from `accept`.
 pub struct RawListener {
     tcp: TcpListener,
     opts: RawOptions,
+    hs: Arc<RawHandshakes>,
+}
+
+impl std::fmt::Debug for RawListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawListener")
+            .field("tcp", &self.tcp)
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a raw listener's handshake threads and `accept` share.
+struct RawHandshakes {
+    /// Good connections not yet accepted; `true` once the listener is gone.
+    state: Mutex<(VecDeque<RawConn>, bool)>,
+    done: Wake,
+    admission: Arc<Admission>,
+}
+
+impl RawHandshakes {
+    fn lock(&self) -> MutexGuard<'_, (VecDeque<RawConn>, bool)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl RawListener {
@@ -44,11 +81,19 @@ impl RawListener {
     ///
     /// # Errors
     /// [`NetError::InvalidArgument`] for options that cannot work (a UD queue pair, a device
-    /// other than the shared protection domain's); [`NetError::Io`] naming `bind`.
+    /// other than the shared protection domain's, a short secret, zero limits);
+    /// [`NetError::Io`] naming `bind`.
     pub fn bind(addr: impl ToSocketAddrs, opts: RawOptions) -> Result<RawListener> {
         check_options(&opts)?;
         let tcp = TcpListener::bind(addr).map_err(|e| NetError::io("bind", e))?;
-        Ok(RawListener { tcp, opts })
+        tcp.set_nonblocking(true)
+            .map_err(|e| NetError::io("set_nonblocking", e))?;
+        let hs = Arc::new(RawHandshakes {
+            state: Mutex::new((VecDeque::new(), false)),
+            done: Wake::new().map_err(|e| NetError::io("eventfd", e))?,
+            admission: Admission::with_limits(opts.max_handshakes, opts.max_handshakes_per_source),
+        });
+        Ok(RawListener { tcp, opts, hs })
     }
 
     /// The address it listens on.
@@ -61,19 +106,106 @@ impl RawListener {
             .map_err(|e| NetError::io("local_addr", e))
     }
 
-    /// Accepts the next peer and runs the handshake. A peer that fails the handshake
-    /// (garbage, wrong secret, mismatched options, silence) gives an error for that peer only:
-    /// the listener stays usable, so call `accept` again. (`RawListener` runs one handshake at
-    /// a time on the caller's thread, for tools and pairs of known peers; a service facing
-    /// many or untrusted peers uses [`crate::Listener`], which runs them concurrently and
-    /// skips bad peers.)
+    /// What this listener has done with its peers: accepted, failed, shed.
+    pub fn counters(&self) -> ListenerCounters {
+        self.hs.admission.counters()
+    }
+
+    /// Waits for the next good connection (handshakes run concurrently; peers that fail are
+    /// skipped, see [`RawListener`]).
     ///
     /// # Errors
-    /// The handshake's errors, or the verbs errors of setting up the queue pair.
+    /// The listener's own errors only (the socket, a thread that cannot start).
     pub fn accept(&self) -> Result<RawConn> {
-        let (stream, from) = self.tcp.accept().map_err(|e| NetError::io("accept", e))?;
+        self.accept_until(None, Duration::ZERO)
+    }
+
+    /// As [`RawListener::accept`], waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// [`NetError::Timeout`] when no connection was ready in time; as [`RawListener::accept`].
+    pub fn accept_timeout(&self, timeout: Duration) -> Result<RawConn> {
+        self.accept_until(Some(crate::deadline::deadline_after(timeout)), timeout)
+    }
+
+    fn accept_until(&self, deadline: Option<Instant>, timeout: Duration) -> Result<RawConn> {
+        loop {
+            self.hs.done.clear();
+            let waiting = {
+                let mut q = self.hs.lock();
+                if let Some(c) = q.0.pop_front() {
+                    if !q.0.is_empty() {
+                        self.hs.done.wake();
+                    }
+                    drop(q);
+                    self.hs.admission.accepted();
+                    return Ok(c);
+                }
+                q.0.len()
+            };
+            let room = self.hs.admission.has_room(waiting);
+            if room {
+                match self.tcp.accept() {
+                    Ok((stream, from)) => {
+                        self.start(stream, from, waiting)?;
+                        continue;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => continue,
+                    Err(e) => return Err(NetError::io("accept", e)),
+                }
+            }
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => Duration::from_secs(3600),
+            };
+            if left.is_zero() {
+                return Err(NetError::Timeout {
+                    op: "accept",
+                    millis: timeout.as_millis().try_into().unwrap_or(u64::MAX),
+                });
+            }
+            let listen = room.then(|| self.tcp.as_raw_fd());
+            wait_readable([listen, Some(self.hs.done.raw())], Some(left))
+                .map_err(|e| NetError::io("poll", e))?;
+        }
+    }
+
+    /// Runs one peer's handshake on a thread of its own, when admission gives it a place.
+    fn start(&self, stream: TcpStream, from: SocketAddr, waiting: usize) -> Result<()> {
         tracing::debug!(%from, "raw connection accepted");
-        RawConn::establish(stream, Role::Server, &self.opts)
+        // The accepted socket inherits nothing: the channel makes it non-blocking itself.
+        let Some(ticket) = self.hs.admission.start(Some(from), Some(&stream), waiting) else {
+            return Ok(());
+        };
+        let (hs, opts) = (self.hs.clone(), self.opts.clone());
+        std::thread::Builder::new()
+            .name("rsrdma-raw-handshake".into())
+            .spawn(move || {
+                let r = RawConn::establish(stream, Role::Server, &opts, Some(ticket.opened()));
+                let good = hs.admission.outcome(ticket, r);
+                let mut q = hs.lock();
+                if let (Some(c), false) = (good, q.1) {
+                    q.0.push_back(c);
+                }
+                drop(q);
+                hs.done.wake();
+            })
+            .map(drop)
+            .map_err(|e| NetError::io("spawn a handshake thread", e))
+    }
+}
+
+impl Drop for RawListener {
+    fn drop(&mut self) {
+        // Connections nobody accepted close now; running handshakes drop theirs.
+        let finished = {
+            let mut q = self.hs.lock();
+            q.1 = true;
+            std::mem::take(&mut q.0)
+        };
+        drop(finished);
     }
 }
 
@@ -118,7 +250,7 @@ impl RawConn {
         let mut last = None;
         for a in &addrs {
             match TcpStream::connect_timeout(a, opts.timeout) {
-                Ok(s) => return RawConn::establish(s, Role::Client, &opts),
+                Ok(s) => return RawConn::establish(s, Role::Client, &opts, None),
                 Err(e) => last = Some(e),
             }
         }
@@ -128,10 +260,21 @@ impl RawConn {
         })
     }
 
-    fn establish(stream: TcpStream, role: Role, opts: &RawOptions) -> Result<RawConn> {
+    fn establish(
+        stream: TcpStream,
+        role: Role,
+        opts: &RawOptions,
+        opened: Option<&AtomicBool>,
+    ) -> Result<RawConn> {
         let mut ctrl = Channel::new(stream, role, opts.timeout)?;
+        if role == Role::Server {
+            ctrl.set_opening_timeout(opts.opening_timeout);
+        }
         // Authenticate before creating anything or sending any queue-pair detail.
         ctrl.authenticate(opts.secret.as_deref())?;
+        if let Some(opened) = opened {
+            opened.store(true, Ordering::Release);
+        }
         let p = match Self::setup(&mut ctrl, opts) {
             Ok(p) => p,
             // Tell the peer why, so it does not wait for an endpoint that will never come.
@@ -222,6 +365,16 @@ fn check_options(opts: &RawOptions) -> Result<()> {
         ));
     }
     crate::secret::check_secret(opts.secret.as_ref(), "RawOptions::secret")?;
+    if opts.opening_timeout.is_zero()
+        || opts.max_handshakes == 0
+        || opts.max_handshakes_per_source == 0
+    {
+        return Err(NetError::InvalidArgument(
+            "RawOptions: opening_timeout, max_handshakes and max_handshakes_per_source must be \
+             above 0"
+                .into(),
+        ));
+    }
     crate::domain::check_device(opts.device.as_deref(), opts.pd.as_ref())
 }
 

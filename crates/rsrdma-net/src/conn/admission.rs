@@ -13,7 +13,6 @@
 //! ([`ListenerCounters::failed`]); `accept` only ever hands out good connections.
 
 use super::options::ConnOptions;
-use super::Conn;
 use crate::error::{NetError, Result};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -92,10 +91,15 @@ impl Drop for Ticket {
 
 impl Admission {
     pub(crate) fn new(opts: &ConnOptions) -> Arc<Admission> {
+        Admission::with_limits(opts.max_handshakes, opts.max_handshakes_per_source)
+    }
+
+    /// An admission table of at most `max` handshakes, `per_source` from one address.
+    pub(crate) fn with_limits(max: usize, per_source: usize) -> Arc<Admission> {
         Arc::new(Admission {
             table: Mutex::new(Table::default()),
-            max: opts.max_handshakes.max(1),
-            per_source: opts.max_handshakes_per_source.max(1),
+            max: max.max(1),
+            per_source: per_source.max(1),
             accepted: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             shed: AtomicU64::new(0),
@@ -176,7 +180,7 @@ impl Admission {
 
     /// Takes a finished handshake's outcome: a good connection comes back; a failure is
     /// logged and counted (a shed one only counted, when it was shed).
-    pub(crate) fn outcome(&self, ticket: Ticket, r: Result<Conn>) -> Option<Conn> {
+    pub(crate) fn outcome<T>(&self, ticket: Ticket, r: Result<T>) -> Option<T> {
         match r {
             Ok(c) => Some(c),
             Err(_) if ticket.shed.load(Ordering::Acquire) => None,

@@ -48,7 +48,7 @@ mod buffer;
 mod close;
 mod driver;
 mod establish;
-mod fdwait;
+pub(crate) mod fdwait;
 mod info;
 mod io;
 mod listener;
