@@ -19,7 +19,6 @@ pub struct Clock {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[inline]
 fn rdtsc() -> u64 {
     // SAFETY: RDTSC has no preconditions and every x86-64 CPU has it.
     unsafe { core::arch::x86_64::_rdtsc() }
@@ -66,7 +65,6 @@ impl Clock {
     }
 
     /// Nanoseconds since the clock started.
-    #[inline]
     pub fn now(&self) -> u64 {
         #[cfg(target_arch = "x86_64")]
         {
@@ -128,7 +126,6 @@ impl Watchdog {
     ///
     /// # Errors
     /// [`Error::Stalled`] or [`Error::Oob`] as described on the type.
-    #[inline]
     pub fn idle(
         &mut self,
         progress: u64,

@@ -476,7 +476,6 @@ impl Conn {
 
     /// [`Conn::step_once`], offering `take`'s buffer to the completions the step reaps while
     /// no other call owns the receive side.
-    #[inline]
     fn step_taking<T>(
         &self,
         op: &'static str,

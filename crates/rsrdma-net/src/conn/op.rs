@@ -33,17 +33,14 @@ pub(crate) trait Link {
 impl Link for Driver {
     type Mem = super::slots::Slots;
 
-    #[inline]
     fn core(&mut self) -> &mut Core<Self::Mem> {
         Driver::core(self)
     }
 
-    #[inline]
     fn owners(&mut self) -> &mut Owners {
         Driver::owners(self)
     }
 
-    #[inline]
     fn peer_gone(&self) -> bool {
         Driver::peer_gone(self)
     }

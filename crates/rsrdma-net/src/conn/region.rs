@@ -64,14 +64,12 @@ impl Region {
     }
 
     /// Whether `offset..offset+len` lies inside the region.
-    #[inline]
     pub(crate) fn holds(&self, offset: usize, len: usize) -> bool {
         offset.checked_add(len).is_some_and(|end| end <= self.len)
     }
 
     /// The SGE of `offset..offset+len`, when that lies inside the region (and the region is
     /// still registered).
-    #[inline]
     pub(crate) fn sge(&self, offset: usize, len: usize) -> Option<Sge> {
         if self.mr.is_none() || !self.holds(offset, len) {
             return None;

@@ -123,7 +123,6 @@ impl Slots {
     }
 
     /// The SGE of a receive into own slot `slot`; `None` with a pool.
-    #[inline]
     pub(crate) fn recv_sge(&self, slot: u16) -> Option<Sge> {
         let RecvSide::Own(recv) = &self.recv else {
             return None;
@@ -133,7 +132,6 @@ impl Slots {
     }
 
     /// Whether the receive slots come from a shared pool (nothing to post on the QP).
-    #[inline]
     pub(crate) fn pooled(&self) -> bool {
         matches!(self.recv, RecvSide::Pooled(_))
     }
@@ -160,7 +158,6 @@ impl Slots {
     /// are named in the id; a pool slot is bound to a free virtual slot. `None` when no
     /// virtual slot is free (the peer sent beyond its credits) or the id is not ours: the
     /// pool slot goes straight back, and the driver fails the connection.
-    #[inline]
     pub(crate) fn take_recv(&mut self, wr_id: u64) -> Option<u16> {
         let share = match &mut self.recv {
             RecvSide::Own(_) if wr_id & POOL_TAG == 0 => return Some((wr_id & 0xffff) as u16),
@@ -184,7 +181,6 @@ impl Slots {
     }
 
     /// Whether a copy ever fell outside a region.
-    #[inline]
     pub(crate) fn faulted(&self) -> bool {
         self.fault.get()
     }
@@ -209,7 +205,6 @@ impl Slots {
         }
     }
 
-    #[inline]
     fn in_slot(&self, region: &Region, slot: u16, offset: usize, len: usize) -> Option<usize> {
         let at = usize::from(slot) * self.slot_size + offset;
         let fits = offset + len <= self.slot_size && region.holds(at, len);
@@ -250,7 +245,6 @@ impl SlotMemory for Slots {
         }
     }
 
-    #[inline(always)]
     fn read_recv(&self, slot: u16, offset: usize, out: &mut [u8]) {
         match &self.recv {
             RecvSide::Own(recv) => {

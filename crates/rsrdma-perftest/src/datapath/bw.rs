@@ -301,7 +301,6 @@ impl Run {
     }
 
     /// Posts on every QP while its tx depth has room for a whole post list.
-    #[inline]
     fn post_sends(&mut self, res: &Res, wrs: &mut [SendWr<'_>]) -> Result<()> {
         let plan = self.plan;
         let l = plan.list as u64;
@@ -350,7 +349,6 @@ impl Run {
     }
 
     /// Reaps send completions; each one stands for `cq_mod` requests of its QP.
-    #[inline]
     fn reap_sends(&mut self, res: &Res) -> Result<bool> {
         let plan = self.plan;
         let t0 = self.probe.on.then(|| self.clock.now());
@@ -385,7 +383,6 @@ impl Run {
     }
 
     /// Reaps receive completions, checks their length, and re-posts while receives are due.
-    #[inline]
     fn reap_recvs(&mut self, p: &Params, res: &Res, size: u64) -> Result<bool> {
         let plan = self.plan;
         let n = poll(&res.recv_cq, &mut self.wcs, plan.events)?;

@@ -54,13 +54,11 @@ impl Pace {
 
     /// Whether the `k`-th (0-based) step is due: below the iterations, or until the duration
     /// ends.
-    #[inline]
     fn due(&self, k: u64) -> bool {
         self.window.is_some() || k < self.iters
     }
 
     /// Records the post time of iteration `k` (iteration mode).
-    #[inline]
     fn stamp(&mut self, k: u64) {
         if let Some(t) = self.tposted.get_mut(k as usize) {
             *t = self.clock.now();
@@ -68,7 +66,6 @@ impl Pace {
     }
 
     /// Counts an iteration as completed; true once the duration is over.
-    #[inline]
     fn completed(&mut self) -> bool {
         self.completed += 1;
         match self.window.as_mut() {
@@ -78,7 +75,6 @@ impl Pace {
     }
 
     /// True once the duration is over (never in iteration mode).
-    #[inline]
     fn stopped(&self) -> bool {
         self.window.is_some_and(|w| self.clock.now() >= w.stop_at())
     }

@@ -24,7 +24,6 @@ pub const QKEY: u32 = rsrdma::qp::DEFAULT_QKEY;
 pub const GRH: usize = 40;
 
 /// Polls `cq`, sleeping on its channel when events are on and it is empty.
-#[inline]
 fn poll(cq: &Cq, wcs: &mut [Wc], events: bool) -> Result<usize> {
     let n = cq
         .poll(wcs)
@@ -90,7 +89,6 @@ fn recv_sge(res: &Res, p: &Params, i: usize, size: u64) -> Sge {
     )
 }
 
-#[inline]
 fn post_one_recv(res: &Res, p: &Params, i: usize, size: u64) -> Result<()> {
     let sge = [recv_sge(res, p, i, size)];
     let wr = RecvWr::new(i as u64, &sge);
@@ -127,7 +125,6 @@ pub fn prepost_recvs(p: &Params, res: &mut Res, size: u64) -> Result<()> {
 
 /// A receive's length tells the peer's message size: a different one is a mismatch that
 /// perftest itself does not notice.
-#[inline]
 fn check_recv_len(p: &Params, wc: &Wc, size: u64) -> Result<()> {
     let grh = if p.conn == Conn::Ud { GRH as u64 } else { 0 };
     let got = u64::from(wc.byte_len());

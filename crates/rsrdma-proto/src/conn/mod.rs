@@ -253,20 +253,17 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// The slot memory (the driver maps slots to its registered regions through it).
-    #[inline]
     pub fn memory(&self) -> &M {
         &self.mem
     }
 
     /// The slot memory, mutably: for a driver or a simulation that writes receive slots.
-    #[inline]
     pub fn memory_mut(&mut self) -> &mut M {
         &mut self.mem
     }
 
     /// The bytes of an inline send (`Work::PostSend { slot: None, .. }`), valid until the WR
     /// completes; `None` if `wr_id` is not an outstanding inline WR.
-    #[inline]
     pub fn inline_frame(&self, wr_id: WrId) -> Option<&[u8]> {
         match self.sq.record_len(wr_id)? {
             (None, len) => {
@@ -284,13 +281,11 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// The sticky error, once the connection failed.
-    #[inline]
     pub fn error(&self) -> Option<&ProtoError> {
         self.failed.as_ref()
     }
 
     /// Whether the peer's FIN arrived.
-    #[inline]
     pub fn peer_closed(&self) -> bool {
         self.seq.fin
     }
@@ -361,7 +356,6 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// A receive completion of `len` bytes into `slot`.
-    #[inline]
     pub fn handle_recv_completion(
         &mut self,
         slot: u16,
@@ -381,7 +375,6 @@ impl<M: SlotMemory> Conn<M> {
     ///
     /// A small message's receive is then one call into the core, not two, and never enters
     /// the read queue: the round trip of a ping-pong is its path.
-    #[inline]
     pub fn handle_recv_completion_into(
         &mut self,
         slot: u16,
@@ -393,7 +386,6 @@ impl<M: SlotMemory> Conn<M> {
         self.recv_completion(slot, len, status, now, Some(buf))
     }
 
-    #[inline(always)]
     fn recv_completion(
         &mut self,
         slot: u16,
@@ -510,7 +502,6 @@ impl<M: SlotMemory> Conn<M> {
     /// small message's send then goes before the repost of the receive it answers). Once the
     /// queue is empty, the credit of the receives taken may make a CREDIT frame due: it is
     /// built then, after them, and announces them.
-    #[inline]
     pub fn poll_work(&mut self) -> Option<Work> {
         match self.out.pop_front() {
             Some(w) => {
@@ -544,7 +535,6 @@ impl<M: SlotMemory> Conn<M> {
     /// frames, each of which brings a step that takes them, and taking them would not make a
     /// CREDIT frame due). A receive loop then posts its reposts together with its next send,
     /// after that send's doorbell.
-    #[inline]
     pub fn reposts_may_wait(&self) -> bool {
         if self.failed.is_some() || self.rxc.peer_view() <= 1 {
             return false;
@@ -557,25 +547,21 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// Whether the work queue holds nothing but reposts (also when it is empty).
-    #[inline]
     pub(super) fn only_reposts_queued(&self) -> bool {
         self.out.iter().all(is_repost)
     }
 
     /// How many work requests are queued (what `poll_work` would still return).
-    #[inline]
     pub fn work_queued(&self) -> usize {
         self.out.len()
     }
 
     /// The work request `poll_work` would return next, left queued.
-    #[inline]
     pub fn peek_work(&self) -> Option<Work> {
         self.out.front().copied()
     }
 
     /// When `handle_timeout` is next due.
-    #[inline]
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.timers.next()
     }
@@ -601,14 +587,12 @@ impl<M: SlotMemory> Conn<M> {
     // ----- internals ---------------------------------------------------------------------
 
     /// Records the driver's latest time (never moving it back).
-    #[inline]
     fn tick(&mut self, now: Instant) {
         if now > self.last_tick {
             self.last_tick = now;
         }
     }
 
-    #[inline]
     fn heard(&mut self, now: Instant) {
         self.tick(now);
         self.ctl.ping = false;
@@ -623,7 +607,6 @@ impl<M: SlotMemory> Conn<M> {
 
     /// The keepalive and peer-dead deadlines, counted from `from`: the last time the peer was
     /// heard, or the end of a stall of this side's own.
-    #[inline]
     fn arm_liveness_timers_from(&mut self, from: Instant) {
         if let Some(every) = self.lim.keepalive {
             self.timers.set(Timer::KeepAlive, Some(later(from, every)));
@@ -632,7 +615,6 @@ impl<M: SlotMemory> Conn<M> {
         }
     }
 
-    #[inline]
     fn stop_timers_if_closed(&mut self) {
         if self.seq.fin && self.ctl.fin == FinState::Done {
             self.timers.clear();
@@ -641,7 +623,6 @@ impl<M: SlotMemory> Conn<M> {
 
     /// One arrived frame: checks, credits, then its effect; a whole message that `into` takes
     /// at once ([`Conn::handle_recv_completion_into`]) returns its length.
-    #[inline(always)]
     fn on_frame(
         &mut self,
         slot: u16,
@@ -724,7 +705,6 @@ impl<M: SlotMemory> Conn<M> {
         Ok(None)
     }
 
-    #[inline(always)]
     fn repost(&mut self, slot: u16) {
         // A failed connection posts nothing more: its QP is in ERROR (or going there), and a
         // slot released late (a rendezvous message given up after the failure) stays idle.

@@ -32,7 +32,6 @@ impl<M: SlotMemory> Conn<M> {
     /// Receives the next whole message (or its unread rest) into `buf`: `Ok(Some(len))`,
     /// `Ok(None)` at EOF (the peer's FIN after all its data), `Err(WouldBlock)`, or
     /// `Err(ShortBuffer { needed })`, which leaves the message queued.
-    #[inline]
     pub fn recv_msg_into(&mut self, buf: &mut [u8]) -> Result<Option<usize>, ProtoError> {
         self.check_read("recv_msg_into")?;
         let Some((head, len)) = self.head() else {
@@ -213,14 +212,12 @@ impl<M: SlotMemory> Conn<M> {
 
     /// EOF: the peer's FIN arrived and every message before it was read, or reading was shut
     /// down.
-    #[inline]
     pub fn is_eof(&self) -> bool {
         self.rx.read_shut || (self.seq.fin && self.nothing_held())
     }
 
     /// Nothing received waits to be read: no frame queued, no message being reassembled or
     /// read directly.
-    #[inline]
     fn nothing_held(&self) -> bool {
         self.rx.queue.is_empty() && !self.rx.asm_active && self.rx.direct.is_none()
     }
@@ -365,7 +362,6 @@ impl<M: SlotMemory> Conn<M> {
         self.reassemble();
     }
 
-    #[inline]
     fn no_message<T>(&self) -> Result<Option<T>, ProtoError> {
         if self.is_eof() {
             Ok(None)
@@ -374,7 +370,6 @@ impl<M: SlotMemory> Conn<M> {
         }
     }
 
-    #[inline]
     fn check_read(&self, op: &'static str) -> Result<(), ProtoError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
@@ -385,7 +380,6 @@ impl<M: SlotMemory> Conn<M> {
         Ok(())
     }
 
-    #[inline]
     fn head(&self) -> Option<(Head, usize)> {
         if self.rx.asm_complete {
             return Some((Head::Reassembled, self.rx.asm_total));
@@ -401,7 +395,6 @@ impl<M: SlotMemory> Conn<M> {
         }
     }
 
-    #[inline]
     fn copy_head(&self, head: Head, offset: usize, out: &mut [u8]) {
         match head {
             Head::Reassembled => out.copy_from_slice(&self.rx.asm[offset..offset + out.len()]),
@@ -411,7 +404,6 @@ impl<M: SlotMemory> Conn<M> {
         }
     }
 
-    #[inline]
     fn consume_head(&mut self, head: Head) {
         match head {
             Head::Reassembled => {
@@ -445,7 +437,6 @@ impl<M: SlotMemory> Conn<M> {
     /// fits, it is copied into `buf` and its slot reposted, which leaves the state
     /// [`Conn::on_data`] followed by [`Conn::recv_msg_into`] would; `None` otherwise
     /// (nothing done).
-    #[inline(always)]
     pub(super) fn take_at_once(&mut self, slot: u16, h: &Header, buf: &mut [u8]) -> Option<usize> {
         let n = h.payload_len as usize;
         let next_read = self.nothing_held()
@@ -461,7 +452,6 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// A checked DATA frame arrived in `slot`.
-    #[inline]
     pub(super) fn on_data(&mut self, slot: u16, h: &Header) {
         if self.rx.read_closed || self.rx.read_shut {
             self.repost(slot);
@@ -486,7 +476,6 @@ impl<M: SlotMemory> Conn<M> {
     /// buffer, until a message is complete there or the head is a one-fragment message. Runs
     /// at every arrival and every read, so what is usual (nothing queued, or a one-fragment
     /// message at the head, which stays in its slot) is decided here without a call.
-    #[inline]
     fn reassemble(&mut self) {
         if self.rx.direct.is_some() || self.rx.asm_complete {
             return;
@@ -498,7 +487,6 @@ impl<M: SlotMemory> Conn<M> {
         }
     }
 
-    #[inline(never)]
     fn reassemble_fragments(&mut self) {
         while !self.rx.asm_complete {
             let Some(f) = self.rx.queue.front().copied() else {

@@ -173,7 +173,6 @@ impl<M: SlotMemory> Conn<M> {
     ///
     /// Only reposts may be queued, so posting this first keeps every send in WR order; they
     /// were not taken yet, so its header does not announce them (credit counts from the take).
-    #[inline]
     pub fn send_inline_now(&mut self, data: &[u8]) -> Option<Work> {
         let n = data.len();
         let fits = HEADER_LEN + n <= self.lim.inline_size
@@ -250,7 +249,6 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// Gives the next message its number (`tx.messages`, counted from 0) and frame id.
-    #[inline]
     fn number_message(&mut self) {
         self.tx.id = self.tx.messages as u16;
         self.tx.messages += 1;
@@ -317,7 +315,6 @@ impl<M: SlotMemory> Conn<M> {
     /// Builds every frame that may go now, in priority order. Called after every input (three
     /// times in a small message's round trip), so the common case, nothing due, is a few
     /// field tests here and no call.
-    #[inline]
     pub(super) fn flush(&mut self) {
         if self.failed.is_some() || self.sends_waiting() {
             self.flush_due();
@@ -328,7 +325,6 @@ impl<M: SlotMemory> Conn<M> {
     /// core holds (not one a caller lends), a control frame, or a CREDIT frame due. A driver
     /// steps on completions while this holds even when no caller waits on the connection:
     /// nothing else would send them.
-    #[inline(always)]
     pub fn sends_waiting(&self) -> bool {
         let data_waits = self.tx.active && !self.tx.borrowed;
         let control_waits = self.ctl.pong.is_some()
@@ -339,7 +335,6 @@ impl<M: SlotMemory> Conn<M> {
         data_waits || control_waits || self.credit_due()
     }
 
-    #[inline(never)]
     fn flush_due(&mut self) {
         if self.failed.is_some() {
             if let Some(code) = self.ctl.abort {
@@ -398,7 +393,6 @@ impl<M: SlotMemory> Conn<M> {
     /// A credit-only frame pays off: it returns at least 2 credits (so credit frames alone can
     /// never ping-pong forever), and either a quarter of the ring is unannounced or the peer
     /// is down to its last credit (so its control frames never wait for our data).
-    #[inline]
     fn credit_due(&self) -> bool {
         let unannounced = self.rxc.unannounced();
         unannounced >= 2 && (unannounced >= self.lim.credit_threshold || self.rxc.peer_view() <= 1)
@@ -407,7 +401,6 @@ impl<M: SlotMemory> Conn<M> {
     /// The credit rules. Data keeps `CONTROL_RESERVE` credits back; a control frame may take
     /// the last credit only if it carries new credit (so both sides can never sit at zero
     /// credit with nothing in flight); ABORT may take any credit.
-    #[inline]
     fn may_send(&self, kind: FrameType) -> bool {
         let credit = self.txc.available();
         match kind {
@@ -558,7 +551,6 @@ impl<M: SlotMemory> Conn<M> {
 
     /// [`Self::emit_frame`] without queuing: the frame's `PostSend`, for the caller to queue
     /// or hand to the driver, and its WR id.
-    #[inline]
     fn build_frame(
         &mut self,
         mut h: Header,

@@ -51,7 +51,6 @@ impl Driver {
 
     /// After the transport ended: the peer's FIN makes it a normal end, its absence (after
     /// the grace) a fatal one.
-    #[inline]
     pub(super) fn check_end(&mut self, now: Instant) -> bool {
         let Some(at) = self.ended_at else {
             return false;

@@ -160,7 +160,6 @@ impl<'a> Take<'a> {
     }
 
     /// The buffer while it may still take a message.
-    #[inline]
     fn wants(&mut self) -> Option<&mut [u8]> {
         if !self.open || self.got.is_some() {
             return None;

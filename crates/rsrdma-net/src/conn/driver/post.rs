@@ -67,7 +67,6 @@ impl Driver {
     /// Posts whatever the core queued; `true` when there was anything. What a small round
     /// trip queues goes directly ([`Driver::post_from`]), the rest as batches
     /// ([`Driver::post_queued`]).
-    #[inline]
     pub(crate) fn post_work(&mut self) -> bool {
         // Most of a busy caller's polling queues nothing: then this is one empty pop, no call.
         let Some(first) = self.core.poll_work() else {
@@ -81,7 +80,6 @@ impl Driver {
     /// trip queues (a receive's repost, an inline send, or the two) is built on the stack and
     /// posted directly, without the batch's staging and bookkeeping; anything else goes as
     /// batches.
-    #[inline(never)]
     pub(super) fn post_from(&mut self, first: Work) {
         let mut work = first;
         loop {
@@ -126,7 +124,6 @@ impl Driver {
 
     /// Posts the repost of own receive slot `slot` alone; `false`: not done (no SGE for the
     /// slot: the batch path fails the connection).
-    #[inline]
     pub(super) fn post_recv_alone(&mut self, slot: u16) -> bool {
         let Some(sge) = self.core.memory().recv_sge(slot) else {
             return false;
@@ -141,7 +138,6 @@ impl Driver {
     }
 
     /// Posts `work` alone when it is an inline send; `false`: not one, nothing done.
-    #[inline]
     pub(super) fn post_send_alone(&mut self, work: Work) -> bool {
         let Work::PostSend {
             wr_id,
@@ -195,7 +191,6 @@ impl Driver {
     /// Whether this step may leave the core's queue for a later one: it holds only reposts of
     /// own receive slots whose credit the peer does not need soon
     /// ([`rsrdma_proto::Conn::reposts_may_wait`]); a shared pool's slots go back at once.
-    #[inline]
     pub(crate) fn reposts_may_wait(&self) -> bool {
         self.core.work_queued() > 0
             && !self.broken
@@ -205,7 +200,6 @@ impl Driver {
     }
 
     /// After a post: a failure breaks the connection (nothing more is posted).
-    #[inline]
     pub(super) fn check_post(&mut self, r: &rsrdma::Result<()>) {
         if r.is_err() {
             self.fail_posting();
@@ -226,7 +220,6 @@ impl Driver {
     /// post and its sends as another (per [`POST_BATCH`] works), so a round costs one
     /// doorbell however many frames it built. Receives go first: a CREDIT frame built once
     /// they were taken (`Conn::poll_work`) may be in the same round and announce them.
-    #[inline(never)]
     pub(super) fn post_queued(&mut self, first: Work) {
         let mut next = Some(first);
         while next.is_some() {

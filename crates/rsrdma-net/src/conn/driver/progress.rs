@@ -15,7 +15,6 @@ impl Driver {
     /// [`Driver::progress`], offering `take`'s buffer to the receive completions it reaps: the
     /// first whole message that would be the next one read goes straight into it
     /// ([`rsrdma_proto::Conn::handle_recv_completion_into`]), and `take.got` says its length.
-    #[inline]
     pub(crate) fn progress_taking(&mut self, now: Instant, take: &mut Take<'_>) -> bool {
         let mut changed = self.poll_cq(now, take);
         if changed && !self.rdv_sends.is_empty() {
@@ -44,7 +43,6 @@ impl Driver {
         changed
     }
 
-    #[inline]
     pub(super) fn poll_cq(&mut self, now: Instant, take: &mut Take<'_>) -> bool {
         let mut any = false;
         loop {
@@ -69,7 +67,6 @@ impl Driver {
         }
     }
 
-    #[inline]
     pub(super) fn on_completion(&mut self, wc: &Wc, now: Instant, take: &mut Take<'_>) {
         let id = wc.wr_id();
         if id == crate::conn::wr_id::AUTH_WR_ID {
