@@ -18,8 +18,7 @@
 //! Memory registered through [`RawConn::register_memory`] is never freed while registered, so
 //! the contract is about not touching in-flight buffers from the CPU.
 
-use crate::conn::fdwait::{wait_readable, Wake};
-use crate::conn::{Admission, ListenerCounters};
+use crate::conn::{AcceptQueue, Admission, ListenerCounters};
 use crate::error::{NetError, Result};
 use crate::handshake::{Channel, Endpoint, Regions, Role, Settled};
 use crate::options::{Completion, RawOptions};
@@ -28,11 +27,10 @@ use rsrdma::{
     AccessFlags, CompChannel, ConnectOptions, Context, Cq, Mr, Mtu, Pd, Qp, QpCaps, QpEndpoint,
     QpType, RecvWr, RemoteMemory, SendWr, Wc,
 };
-use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a pipeline waits without any completion before it gives up on the peer.
@@ -50,7 +48,7 @@ const STALL_LIMIT: Duration = Duration::from_secs(5);
 pub struct RawListener {
     tcp: TcpListener,
     opts: RawOptions,
-    hs: Arc<RawHandshakes>,
+    hs: Arc<AcceptQueue<RawConn>>,
 }
 
 impl std::fmt::Debug for RawListener {
@@ -59,20 +57,6 @@ impl std::fmt::Debug for RawListener {
             .field("tcp", &self.tcp)
             .field("opts", &self.opts)
             .finish_non_exhaustive()
-    }
-}
-
-/// What a raw listener's handshake threads and `accept` share.
-struct RawHandshakes {
-    /// Good connections not yet accepted; `true` once the listener is gone.
-    state: Mutex<(VecDeque<RawConn>, bool)>,
-    done: Wake,
-    admission: Arc<Admission>,
-}
-
-impl RawHandshakes {
-    fn lock(&self) -> MutexGuard<'_, (VecDeque<RawConn>, bool)> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -88,11 +72,10 @@ impl RawListener {
         let tcp = TcpListener::bind(addr).map_err(|e| NetError::io("bind", e))?;
         tcp.set_nonblocking(true)
             .map_err(|e| NetError::io("set_nonblocking", e))?;
-        let hs = Arc::new(RawHandshakes {
-            state: Mutex::new((VecDeque::new(), false)),
-            done: Wake::new().map_err(|e| NetError::io("eventfd", e))?,
-            admission: Admission::with_limits(opts.max_handshakes, opts.max_handshakes_per_source),
-        });
+        let hs = AcceptQueue::new(Admission::with_limits(
+            opts.max_handshakes,
+            opts.max_handshakes_per_source,
+        ))?;
         Ok(RawListener { tcp, opts, hs })
     }
 
@@ -129,47 +112,26 @@ impl RawListener {
     }
 
     fn accept_until(&self, deadline: Option<Instant>, timeout: Duration) -> Result<RawConn> {
-        loop {
-            self.hs.done.clear();
-            let waiting = {
-                let mut q = self.hs.lock();
-                if let Some(c) = q.0.pop_front() {
-                    if !q.0.is_empty() {
-                        self.hs.done.wake();
+        self.hs
+            .accept_until(self.tcp.as_raw_fd(), deadline, timeout, |waiting| {
+                loop {
+                    match self.tcp.accept() {
+                        Ok((stream, from)) => {
+                            self.start(stream, from, waiting)?;
+                            return Ok(true);
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+                        // Interrupted, or the peer left before we took it: look again.
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::Interrupted
+                                    | std::io::ErrorKind::ConnectionAborted
+                            ) => {}
+                        Err(e) => return Err(NetError::io("accept", e)),
                     }
-                    drop(q);
-                    self.hs.admission.accepted();
-                    return Ok(c);
                 }
-                q.0.len()
-            };
-            let room = self.hs.admission.has_room(waiting);
-            if room {
-                match self.tcp.accept() {
-                    Ok((stream, from)) => {
-                        self.start(stream, from, waiting)?;
-                        continue;
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => continue,
-                    Err(e) => return Err(NetError::io("accept", e)),
-                }
-            }
-            let left = match deadline {
-                Some(d) => d.saturating_duration_since(Instant::now()),
-                None => Duration::from_secs(3600),
-            };
-            if left.is_zero() {
-                return Err(NetError::Timeout {
-                    op: "accept",
-                    millis: timeout.as_millis().try_into().unwrap_or(u64::MAX),
-                });
-            }
-            let listen = room.then(|| self.tcp.as_raw_fd());
-            wait_readable([listen, Some(self.hs.done.raw())], Some(left))
-                .map_err(|e| NetError::io("poll", e))?;
-        }
+            })
     }
 
     /// Runs one peer's handshake on a thread of its own, when admission gives it a place.
@@ -184,13 +146,7 @@ impl RawListener {
             .name("rsrdma-raw-handshake".into())
             .spawn(move || {
                 let r = RawConn::establish(stream, Role::Server, &opts, Some(ticket.opened()));
-                let good = hs.admission.outcome(ticket, r);
-                let mut q = hs.lock();
-                if let (Some(c), false) = (good, q.1) {
-                    q.0.push_back(c);
-                }
-                drop(q);
-                hs.done.wake();
+                hs.finish(ticket, r);
             })
             .map(drop)
             .map_err(|e| NetError::io("spawn a handshake thread", e))
@@ -200,12 +156,7 @@ impl RawListener {
 impl Drop for RawListener {
     fn drop(&mut self) {
         // Connections nobody accepted close now; running handshakes drop theirs.
-        let finished = {
-            let mut q = self.hs.lock();
-            q.1 = true;
-            std::mem::take(&mut q.0)
-        };
-        drop(finished);
+        self.hs.close();
     }
 }
 

@@ -8,25 +8,22 @@
 //! never ends an accept loop. Handshakes are started only from `accept`, so a listener nobody
 //! accepts on does no work.
 
+use super::accept_queue::AcceptQueue;
 use super::establish;
-use super::fdwait::{wait_readable, Wake};
 use super::options::{ConnOptions, Establish};
 use super::pool::{RecvMemory, RecvPools};
 use super::{Admission, Conn, ListenerCounters, Ticket};
 use crate::error::{NetError, Result};
 use crate::handshake::Role;
 use rsrdma::cm::{CmEventType, CmId, ConnectRequest};
-use std::collections::VecDeque;
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Pending connect requests the kernel queues.
 const BACKLOG: i32 = 128;
-/// Longest single wait inside an `accept` without a deadline.
-const WAIT_SLICE: Duration = Duration::from_secs(3600);
 /// A handshake thread's stack.
 const HANDSHAKE_STACK: usize = 512 * 1024;
 
@@ -40,38 +37,6 @@ enum Inner {
 enum Incoming {
     Cm(ConnectRequest),
     Tcp(TcpStream, SocketAddr),
-}
-
-/// What handshake threads and `accept` share.
-struct Handshakes {
-    state: Mutex<Queue>,
-    /// Made readable when a handshake finishes.
-    done: Wake,
-    admission: Arc<Admission>,
-}
-
-#[derive(Default)]
-struct Queue {
-    /// Good connections not yet accepted.
-    finished: VecDeque<Conn>,
-    /// The listener is gone: drop what finishes.
-    closed: bool,
-}
-
-impl Handshakes {
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn finish(&self, ticket: Ticket, r: Result<Conn>) {
-        let good = self.admission.outcome(ticket, r);
-        let mut q = self.lock();
-        if let (Some(c), false) = (good, q.closed) {
-            q.finished.push_back(c);
-        }
-        drop(q);
-        self.done.wake();
-    }
 }
 
 /// A listener for [`Conn`]s. `Send + Sync`.
@@ -91,7 +56,7 @@ pub struct Listener {
     opts: ConnOptions,
     local: SocketAddr,
     fd: RawFd,
-    hs: Arc<Handshakes>,
+    hs: Arc<AcceptQueue<Conn>>,
     /// The shared receive pool (if [`ConnOptions::shared_recv`]) and the receive-memory
     /// account of the accepted connections.
     recv: Arc<RecvPools>,
@@ -136,11 +101,7 @@ impl Listener {
                 (Inner::Tcp(l), local, fd)
             }
         };
-        let hs = Arc::new(Handshakes {
-            state: Mutex::new(Queue::default()),
-            done: Wake::new().map_err(|e| NetError::io("eventfd", e))?,
-            admission: Admission::new(&opts),
-        });
+        let hs = AcceptQueue::new(Admission::new(&opts))?;
         let recv = Arc::new(RecvPools::new(opts.shared_recv));
         Ok(Listener {
             inner,
@@ -190,46 +151,14 @@ impl Listener {
         self.accept_until(Some(crate::deadline::deadline_after(timeout)), timeout)
     }
 
-    /// `timeout` is what the caller asked for, for the error's text.
     fn accept_until(&self, deadline: Option<Instant>, timeout: Duration) -> Result<Conn> {
-        loop {
-            // Clear before looking, so a handshake that finishes after the look wakes the poll.
-            self.hs.done.clear();
-            let room = {
-                let mut q = self.hs.lock();
-                if let Some(c) = q.finished.pop_front() {
-                    if !q.finished.is_empty() {
-                        // Another caller may sleep on the wake just cleared.
-                        self.hs.done.wake();
-                    }
-                    drop(q);
-                    self.hs.admission.accepted();
-                    return Ok(c);
-                }
-                let waiting = q.finished.len();
-                drop(q);
-                self.hs.admission.has_room(waiting)
+        self.hs.accept_until(self.fd, deadline, timeout, |waiting| {
+            let Some(peer) = self.take_peer()? else {
+                return Ok(false);
             };
-            if room {
-                if let Some(peer) = self.take_peer()? {
-                    self.start_handshake(peer)?;
-                    continue;
-                }
-            }
-            let left = match deadline {
-                Some(d) => d.saturating_duration_since(Instant::now()),
-                None => WAIT_SLICE,
-            };
-            if left.is_zero() {
-                return Err(NetError::Timeout {
-                    op: "accept",
-                    millis: timeout.as_millis().try_into().unwrap_or(u64::MAX),
-                });
-            }
-            let listen = room.then_some(self.fd);
-            wait_readable([listen, Some(self.hs.done.raw())], Some(left))
-                .map_err(|e| NetError::io("poll", e))?;
-        }
+            self.start_handshake(peer, waiting)?;
+            Ok(true)
+        })
     }
 
     /// The next peer the kernel has queued, without waiting.
@@ -269,12 +198,11 @@ impl Listener {
 
     /// Runs `peer`'s handshake on a thread of its own, when admission gives it a place
     /// (else the peer is dropped and counted as shed); a good result joins the queue.
-    fn start_handshake(&self, peer: Incoming) -> Result<()> {
+    fn start_handshake(&self, peer: Incoming, waiting: usize) -> Result<()> {
         let (addr, socket) = match &peer {
             Incoming::Cm(req) => (req.id.peer_addr(), None),
             Incoming::Tcp(s, addr) => (Some(*addr), Some(s)),
         };
-        let waiting = self.hs.lock().finished.len();
         let Some(ticket) = self.hs.admission.start(addr, socket, waiting) else {
             return Ok(());
         };
@@ -297,12 +225,7 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         // Connections accepted by nobody close now; running handshakes drop theirs.
-        let finished = {
-            let mut q = self.hs.lock();
-            q.closed = true;
-            std::mem::take(&mut q.finished)
-        };
-        drop(finished);
+        self.hs.close();
     }
 }
 

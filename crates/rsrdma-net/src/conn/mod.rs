@@ -43,12 +43,13 @@
 //!   waits until every byte is handed to the NIC; delivery to the peer is confirmed by
 //!   `close`.
 
+mod accept_queue;
 mod admission;
 mod buffer;
 mod close;
 mod driver;
 mod establish;
-pub(crate) mod fdwait;
+mod fdwait;
 mod info;
 mod io;
 mod listener;
@@ -66,6 +67,7 @@ mod transfer;
 mod worker;
 mod wr_id;
 
+pub(crate) use accept_queue::AcceptQueue;
 pub use admission::ListenerCounters;
 pub(crate) use admission::{Admission, Ticket};
 pub use buffer::{Buffer, BufferPool};

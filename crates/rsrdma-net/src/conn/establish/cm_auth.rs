@@ -24,25 +24,24 @@
 //! pair, and RDMA traffic itself is not authenticated (see the guide's security chapter).
 
 use super::Local;
+use crate::conn::wr_id::{AUTH_WR_ID as PROOF_WR_ID, RECV_TAG};
 use crate::error::{NetError, Result};
 use crate::handshake::auth;
 use crate::handshake::Role;
 use rsrdma::cm::{CmEventType, CmId};
 use rsrdma::{Qp, RecvWr, SendWr, Wc};
 use rsrdma_proto::{SlotMemory, PARAMS_LEN};
-
-/// Inline bytes and send-queue entries a QP needs beyond its core's for the exchange.
-pub(super) const INLINE_NEEDED: u32 = PROOF_LEN as u32;
 use sha2::{Digest, Sha256};
 use std::time::{Duration, Instant};
 
+/// Inline bytes a QP needs for the exchange (its send queue also gets one extra entry).
+pub(super) const INLINE_NEEDED: u32 = PROOF_LEN as u32;
 /// Follows the announcement in the private data of a side that demands authentication.
 const MARKER: u8 = b'A';
 /// Bytes of each side's nonce in the private data.
-pub(super) const NONCE_LEN: usize = 16;
+const NONCE_LEN: usize = 16;
 /// What the transcript covers of each side's private data: announcement, marker, nonce.
 const OFFER_LEN: usize = PARAMS_LEN + 1 + NONCE_LEN;
-use crate::conn::wr_id::AUTH_WR_ID as PROOF_WR_ID;
 /// Bytes of a proof on the wire.
 const PROOF_LEN: usize = 32;
 
@@ -130,7 +129,7 @@ fn send_proof(qp: &Qp, proof: &[u8; PROOF_LEN]) -> Result<()> {
 fn wait(local: &mut Local, qp: &Qp, id: &CmId, deadline: Instant) -> Result<[u8; PROOF_LEN]> {
     let mut got = None;
     poll_until(local, id, deadline, |local, wc| {
-        if wc.wr_id() & crate::conn::wr_id::RECV_TAG != 0 {
+        if wc.wr_id() & RECV_TAG != 0 {
             let slot = (wc.wr_id() & 0xffff) as u16;
             if wc.byte_len() as usize != PROOF_LEN {
                 return Err(NetError::Auth(

@@ -1,0 +1,127 @@
+//! [`AcceptQueue`]: what a listener's handshake threads and its `accept` share, and the
+//! accept loop itself, for both listeners (`Listener`'s `Conn`s, `RawListener`'s `RawConn`s).
+//!
+//! `accept` takes peers off the kernel's queue while [`Admission`] has room (or an unopened
+//! handshake to shed), starts their handshakes, and returns the first good connection a
+//! handshake thread finished; it sleeps in poll(2) on the listening socket (only while there
+//! is room) and on a wake-up that every finished handshake rings.
+
+use super::fdwait::{wait_readable, Wake};
+use super::{Admission, Ticket};
+use crate::error::{NetError, Result};
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Longest single wait inside an `accept` without a deadline.
+const WAIT_SLICE: Duration = Duration::from_secs(3600);
+
+/// Finished connections waiting for `accept`, and the admission of running handshakes.
+pub(crate) struct AcceptQueue<T> {
+    state: Mutex<Finished<T>>,
+    /// Made readable when a handshake finishes.
+    done: Wake,
+    pub(crate) admission: Arc<Admission>,
+}
+
+struct Finished<T> {
+    /// Good connections not yet accepted.
+    ready: VecDeque<T>,
+    /// The listener is gone: drop what finishes.
+    closed: bool,
+}
+
+impl<T> AcceptQueue<T> {
+    /// An empty queue under `admission`.
+    ///
+    /// # Errors
+    /// [`NetError::Io`] naming `eventfd`.
+    pub(crate) fn new(admission: Arc<Admission>) -> Result<Arc<AcceptQueue<T>>> {
+        Ok(Arc::new(AcceptQueue {
+            state: Mutex::new(Finished {
+                ready: VecDeque::new(),
+                closed: false,
+            }),
+            done: Wake::new().map_err(|e| NetError::io("eventfd", e))?,
+            admission,
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Finished<T>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A handshake thread's end: a good connection joins the queue (unless the listener is
+    /// gone), a failure is logged and counted; `accept` wakes either way.
+    pub(crate) fn finish(&self, ticket: Ticket, r: Result<T>) {
+        let good = self.admission.outcome(ticket, r);
+        let mut q = self.lock();
+        if let (Some(c), false) = (good, q.closed) {
+            q.ready.push_back(c);
+        }
+        drop(q);
+        self.done.wake();
+    }
+
+    /// The listener is gone: connections nobody accepted close now (outside the lock), and
+    /// those still in their handshakes are dropped when they finish.
+    pub(crate) fn close(&self) {
+        let ready = {
+            let mut q = self.lock();
+            q.closed = true;
+            std::mem::take(&mut q.ready)
+        };
+        drop(ready);
+    }
+
+    /// Waits for the next good connection until `deadline` (`timeout` is what the caller
+    /// asked for, for the error's text). While admission has room, `take_one` is called to
+    /// take one peer off `listen_fd` (without blocking) and start its handshake; it says
+    /// whether it took one.
+    ///
+    /// # Errors
+    /// [`NetError::Timeout`]; `take_one`'s errors; [`NetError::Io`] naming `poll`.
+    pub(crate) fn accept_until(
+        &self,
+        listen_fd: RawFd,
+        deadline: Option<Instant>,
+        timeout: Duration,
+        mut take_one: impl FnMut(usize) -> Result<bool>,
+    ) -> Result<T> {
+        loop {
+            // Clear before looking, so a handshake that finishes after the look wakes the poll.
+            self.done.clear();
+            let waiting = {
+                let mut q = self.lock();
+                if let Some(c) = q.ready.pop_front() {
+                    if !q.ready.is_empty() {
+                        // Another caller may sleep on the wake just cleared.
+                        self.done.wake();
+                    }
+                    drop(q);
+                    self.admission.accepted();
+                    return Ok(c);
+                }
+                q.ready.len()
+            };
+            let room = self.admission.has_room(waiting);
+            if room && take_one(waiting)? {
+                continue;
+            }
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => WAIT_SLICE,
+            };
+            if left.is_zero() {
+                return Err(NetError::Timeout {
+                    op: "accept",
+                    millis: timeout.as_millis().try_into().unwrap_or(u64::MAX),
+                });
+            }
+            let listen = room.then_some(listen_fd);
+            wait_readable([listen, Some(self.done.raw())], Some(left))
+                .map_err(|e| NetError::io("poll", e))?;
+        }
+    }
+}
