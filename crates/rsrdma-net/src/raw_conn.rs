@@ -103,6 +103,38 @@ impl RawListener {
         self.accept_until(None, Duration::ZERO)
     }
 
+    /// Takes the next peer and runs its handshake on this thread, returning its outcome,
+    /// failure included: for a tool that serves exactly one known peer and should stop with
+    /// that peer's error (as perftest's tools do), not wait for another. A service uses
+    /// [`RawListener::accept`].
+    ///
+    /// # Errors
+    /// The peer's handshake errors; the listener's own.
+    pub fn accept_first(&self) -> Result<RawConn> {
+        let (stream, from) = loop {
+            match self.tcp.accept() {
+                Ok(peer) => break peer,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    crate::conn::wait_listener(self.tcp.as_raw_fd())
+                        .map_err(|e| NetError::io("poll", e))?;
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::Interrupted | std::io::ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(e) => return Err(NetError::io("accept", e)),
+            }
+        };
+        tracing::debug!(%from, "raw connection accepted");
+        let r = RawConn::establish(stream, Role::Server, &self.opts, None);
+        match &r {
+            Ok(_) => self.hs.admission.accepted(),
+            Err(e) => self.hs.admission.failed(Some(from), e),
+        }
+        r
+    }
+
     /// As [`RawListener::accept`], waiting at most `timeout`.
     ///
     /// # Errors

@@ -142,6 +142,34 @@ impl Listener {
         self.accept_until(None, Duration::ZERO)
     }
 
+    /// Takes the next peer and runs its handshake on this thread, returning its outcome,
+    /// failure included: for a tool that serves exactly one known peer and should stop with
+    /// that peer's error (as perftest's tools do). A service uses [`Listener::accept`].
+    ///
+    /// # Errors
+    /// The peer's handshake errors; the listener's own.
+    pub fn accept_first(&self) -> Result<Conn> {
+        let peer = loop {
+            if let Some(p) = self.take_peer()? {
+                break p;
+            }
+            super::wait_listener(self.fd).map_err(|e| NetError::io("poll", e))?;
+        };
+        let (addr, socket) = match &peer {
+            Incoming::Cm(req) => (req.id.peer_addr(), None),
+            Incoming::Tcp(s, addr) => (Some(*addr), Some(s)),
+        };
+        let ticket = self.hs.admission.start(addr, socket, 0).ok_or_else(|| {
+            NetError::InvalidArgument("accept_first: every handshake place is taken".into())
+        })?;
+        let r = handshake(peer, &self.opts, &self.recv, &ticket);
+        match &r {
+            Ok(_) => self.hs.admission.accepted(),
+            Err(e) => self.hs.admission.failed(addr, e),
+        }
+        r
+    }
+
     /// As [`Listener::accept`], waiting at most `timeout` for a connection. Handshakes still
     /// running at the timeout go on, and the next `accept` can return them.
     ///

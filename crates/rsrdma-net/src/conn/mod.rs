@@ -68,6 +68,11 @@ mod worker;
 mod wr_id;
 
 pub(crate) use accept_queue::AcceptQueue;
+
+/// Waits until the listening socket `fd` is readable (a peer is queued).
+pub(crate) fn wait_listener(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    fdwait::wait_readable([Some(fd)], None).map(drop)
+}
 pub use admission::ListenerCounters;
 pub(crate) use admission::{Admission, Ticket};
 pub use buffer::{Buffer, BufferPool};

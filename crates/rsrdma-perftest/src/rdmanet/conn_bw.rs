@@ -24,7 +24,8 @@ pub fn server(a: &BwArgs, o: &mut Out<'_>) -> Result<Json> {
     let l = listen(c, zerocopy::options(conn_options(c, a.depth), &a.zc))?;
     o.text(&listening_line(establish_name(c.establish), l.local_addr()));
     o.flush();
-    let conn = l.accept().map_err(|e| net_error("accept", e))?;
+    // One client, as perftest: its failed handshake ends the tool with its error.
+    let conn = l.accept_first().map_err(|e| net_error("accept", e))?;
     o.text(&accepted_line(conn.peer_addr()));
     o.text(&registered_line(conn.info().registered_bytes));
     o.flush();

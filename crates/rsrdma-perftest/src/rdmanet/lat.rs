@@ -26,7 +26,8 @@ pub fn server(a: &LatArgs, o: &mut Out<'_>) -> Result<Json> {
     let l = listen(c, zerocopy::options(conn_options(c, 0), &a.zc))?;
     o.text(&listening_line(establish_name(c.establish), l.local_addr()));
     o.flush();
-    let conn = l.accept().map_err(|e| net_error("accept", e))?;
+    // One client, as perftest: its failed handshake ends the tool with its error.
+    let conn = l.accept_first().map_err(|e| net_error("accept", e))?;
     o.text(&accepted_line(conn.peer_addr()));
     o.flush();
     let (messages, bytes) = match a.zc.enabled {

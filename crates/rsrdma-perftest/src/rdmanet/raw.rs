@@ -65,7 +65,8 @@ pub fn server(a: &BwArgs, r: &Raw, o: &mut Out<'_>) -> Result<Json> {
     let addr = l.local_addr().map_err(|e| net_error("listen", e))?;
     o.text(&listening_line("RawConn, TCP handshake", addr));
     o.flush();
-    let mut rc = l.accept().map_err(|e| raw_err("accept", e))?;
+    // One client, as perftest: its failed handshake ends the tool with its error.
+    let mut rc = l.accept_first().map_err(|e| raw_err("accept", e))?;
     match rc.channel().stream().peer_addr() {
         Ok(peer) => o.text(&accepted_line(peer)),
         Err(_) => o.text(&accepted_line("an unknown address")),
