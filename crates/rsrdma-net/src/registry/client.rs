@@ -117,7 +117,16 @@ impl RegistryClient {
                 match self.call(&Message::Proof { tag: mine }) {
                     Ok(Message::Proof { tag }) => {
                         match auth::verify_proof(secret, Role::Server, &transcript, &mine, &tag) {
-                            true => Ok(()),
+                            true => {
+                                self.fs.seal(auth::Seal::new(
+                                    secret,
+                                    Role::Client,
+                                    &transcript,
+                                    &mine,
+                                    &tag,
+                                ));
+                                Ok(())
+                            }
                             false => Err(NetError::Auth(
                                 "the registry's proof is wrong: it does not know the secret".into(),
                             )),

@@ -18,7 +18,9 @@
 //! ```
 //!
 //! A connection opens with Hello/Welcome; when the registry has a secret, both sides then
-//! prove it (the client first, [`crate::handshake::auth`]) before any request.
+//! prove it (the client first, [`crate::handshake::auth`]) before any request, and from then
+//! on every frame either way is followed by a 32-byte tag (HMAC-SHA-256 under the session key
+//! over the direction, a sequence number and the frame), outside the length prefix.
 //!
 //! Version 2 added the owner: a name belongs to the owner that registered it until its lease
 //! runs out or that owner unregisters it; others get `NotOwner`.

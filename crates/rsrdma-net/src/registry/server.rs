@@ -451,6 +451,13 @@ fn open(fs: &mut FrameStream, shared: &Shared) -> Result<bool> {
     let client_proof = client_proof.expect("checked above");
     let tag = auth::server_proof(secret, &transcript, &client_proof);
     fs.send(&Message::Proof { tag }, opts.io_timeout)?;
+    fs.seal(auth::Seal::new(
+        secret,
+        Role::Server,
+        &transcript,
+        &client_proof,
+        &tag,
+    ));
     Ok(true)
 }
 

@@ -18,7 +18,14 @@ pub(crate) struct FrameStream {
     /// Received bytes not yet consumed: never more than one frame plus one read.
     buf: Vec<u8>,
     out: Vec<u8>,
+    /// After an authenticated opening: every frame is followed by a 32-byte tag under the
+    /// session key (as the handshake's control channel), so requests and replies cannot be
+    /// rewritten, replayed or dropped on the way.
+    seal: Option<Box<crate::handshake::auth::Seal>>,
 }
+
+/// Bytes of the tag that follows each frame of a sealed stream.
+const TAG_LEN: usize = 32;
 
 /// What a read gave: a message, or a frame whose body is not one (the stream stays in step).
 pub(crate) type Frame = std::result::Result<Message, DecodeError>;
@@ -30,15 +37,25 @@ impl FrameStream {
             .map_err(|e| NetError::io("set_nodelay", e))?;
         Ok(FrameStream {
             stream,
-            buf: Vec::with_capacity(LEN_PREFIX + MAX_FRAME),
+            buf: Vec::with_capacity(LEN_PREFIX + MAX_FRAME + TAG_LEN),
             out: Vec::new(),
+            seal: None,
         })
+    }
+
+    /// Seals every later frame, both ways (after the proofs).
+    pub(crate) fn seal(&mut self, seal: crate::handshake::auth::Seal) {
+        self.seal = Some(Box::new(seal));
     }
 
     /// Sends one message within `timeout`.
     pub(crate) fn send(&mut self, msg: &Message, timeout: Duration) -> Result<()> {
         self.out.clear();
         codec::encode(msg, &mut self.out).map_err(|e| NetError::InvalidArgument(e.to_string()))?;
+        if let Some(seal) = &mut self.seal {
+            let tag = seal.seal(&self.out);
+            self.out.extend_from_slice(&tag);
+        }
         self.stream
             .set_write_timeout(Some(timeout.max(Duration::from_millis(1))))
             .map_err(|e| NetError::io("set_write_timeout", e))?;
@@ -67,9 +84,24 @@ impl FrameStream {
         let started = Instant::now();
         loop {
             if let Some((body, used)) = codec::split_frame(&self.buf)? {
-                let frame = codec::decode_body(body);
-                self.buf.drain(..used);
-                return Ok(frame);
+                let Some(seal) = &mut self.seal else {
+                    let frame = codec::decode_body(body);
+                    self.buf.drain(..used);
+                    return Ok(frame);
+                };
+                if let Some(tag) = self.buf.get(used..used + TAG_LEN) {
+                    let tag: &[u8; TAG_LEN] = tag.try_into().expect("TAG_LEN bytes");
+                    if !seal.expect(&self.buf[..used]).matches(tag) {
+                        return Err(NetError::Auth(
+                            "the registry connection was tampered with: a frame altered, \
+                             replayed, reordered or forged; the connection is not trusted"
+                                .into(),
+                        ));
+                    }
+                    let frame = codec::decode_body(&self.buf[LEN_PREFIX..used]);
+                    self.buf.drain(..used + TAG_LEN);
+                    return Ok(frame);
+                }
             }
             if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
                 return Err(NetError::PeerClosed("registry shutdown"));
