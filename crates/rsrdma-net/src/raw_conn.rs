@@ -18,7 +18,7 @@
 //! Memory registered through [`RawConn::register_memory`] is never freed while registered, so
 //! the contract is about not touching in-flight buffers from the CPU.
 
-use crate::conn::{AcceptQueue, Admission, ListenerCounters};
+use crate::conn::{take_tcp_peer, AcceptQueue, Admission, ListenerCounters};
 use crate::error::{NetError, Result};
 use crate::handshake::{Channel, Endpoint, Regions, Role, Settled};
 use crate::options::{Completion, RawOptions};
@@ -29,7 +29,7 @@ use rsrdma::{
 };
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -112,19 +112,11 @@ impl RawListener {
     /// The peer's handshake errors; the listener's own.
     pub fn accept_first(&self) -> Result<RawConn> {
         let (stream, from) = loop {
-            match self.tcp.accept() {
-                Ok(peer) => break peer,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    crate::conn::wait_listener(self.tcp.as_raw_fd())
-                        .map_err(|e| NetError::io("poll", e))?;
-                }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::Interrupted | std::io::ErrorKind::ConnectionAborted
-                    ) => {}
-                Err(e) => return Err(NetError::io("accept", e)),
+            if let Some(peer) = take_tcp_peer(&self.tcp)? {
+                break peer;
             }
+            crate::conn::wait_listener(self.tcp.as_raw_fd())
+                .map_err(|e| NetError::io("poll", e))?;
         };
         tracing::debug!(%from, "raw connection accepted");
         let r = RawConn::establish(stream, Role::Server, &self.opts, None);
@@ -146,23 +138,11 @@ impl RawListener {
     fn accept_until(&self, deadline: Option<Instant>, timeout: Duration) -> Result<RawConn> {
         self.hs
             .accept_until(self.tcp.as_raw_fd(), deadline, timeout, |waiting| {
-                loop {
-                    match self.tcp.accept() {
-                        Ok((stream, from)) => {
-                            self.start(stream, from, waiting)?;
-                            return Ok(true);
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
-                        // Interrupted, or the peer left before we took it: look again.
-                        Err(e)
-                            if matches!(
-                                e.kind(),
-                                std::io::ErrorKind::Interrupted
-                                    | std::io::ErrorKind::ConnectionAborted
-                            ) => {}
-                        Err(e) => return Err(NetError::io("accept", e)),
-                    }
-                }
+                let Some((stream, from)) = take_tcp_peer(&self.tcp)? else {
+                    return Ok(false);
+                };
+                self.start(stream, from, waiting)?;
+                Ok(true)
             })
     }
 
@@ -249,15 +229,9 @@ impl RawConn {
         opts: &RawOptions,
         opened: Option<&AtomicBool>,
     ) -> Result<RawConn> {
-        let mut ctrl = Channel::new(stream, role, opts.timeout)?;
-        if role == Role::Server {
-            ctrl.set_opening_timeout(opts.opening_timeout);
-        }
         // Authenticate before creating anything or sending any queue-pair detail.
-        ctrl.authenticate(opts.secret.as_deref())?;
-        if let Some(opened) = opened {
-            opened.store(true, Ordering::Release);
-        }
+        let limits = (opts.timeout, opts.opening_timeout);
+        let mut ctrl = Channel::open(stream, role, limits, opts.secret.as_deref(), opened)?;
         let p = match Self::setup(&mut ctrl, opts) {
             Ok(p) => p,
             // Tell the peer why, so it does not wait for an endpoint that will never come.

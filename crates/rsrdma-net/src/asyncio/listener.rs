@@ -12,7 +12,7 @@
 
 use super::conn::AsyncConn;
 use super::watch::Watch;
-use crate::conn::{Admission, ListenerCounters, RecvMemory, RecvPools, Ticket};
+use crate::conn::{Admission, Incoming, ListenerCounters, RecvMemory, RecvPools, Ticket};
 use crate::error::{NetError, Result};
 use crate::{Conn, ConnOptions, Establish};
 use rsrdma::cm::{CmEventType, CmId, ConnectRequest};
@@ -62,12 +62,6 @@ pub struct AsyncListener {
 struct Finished {
     ticket: Ticket,
     result: Result<Conn>,
-}
-
-/// A peer taken off the listener, before its establishment.
-enum Incoming {
-    Cm(ConnectRequest),
-    Tcp(std::net::TcpStream, SocketAddr),
 }
 
 impl AsyncListener {
@@ -196,11 +190,7 @@ impl AsyncListener {
 
     /// Starts `peer`'s establishment on the blocking pool, when admission gives it a place.
     fn start(&self, peer: Incoming) {
-        let (addr, socket) = match &peer {
-            Incoming::Cm(req) => (req.id.peer_addr(), None),
-            Incoming::Tcp(s, addr) => (Some(*addr), Some(s)),
-        };
-        let Some(ticket) = self.admission.start(addr, socket, 0) else {
+        let Some(ticket) = self.admission.start_incoming(&peer, 0) else {
             return;
         };
         let (opts, pools, report) = (self.opts.clone(), self.recv.clone(), self.report.clone());

@@ -10,9 +10,31 @@ use super::fdwait::{wait_readable, Wake};
 use super::{Admission, Ticket};
 use crate::error::{NetError, Result};
 use std::collections::VecDeque;
+use std::io::ErrorKind;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+/// The next peer queued on the non-blocking `listener`, without waiting: `None` when none is.
+/// An interrupted call, or a peer that left before it was taken, is looked past.
+///
+/// # Errors
+/// [`NetError::Io`] naming `accept`.
+pub(crate) fn take_tcp_peer(listener: &TcpListener) -> Result<Option<(TcpStream, SocketAddr)>> {
+    loop {
+        match listener.accept() {
+            Ok(peer) => return Ok(Some(peer)),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::Interrupted | ErrorKind::ConnectionAborted
+                ) => {}
+            Err(e) => return Err(NetError::io("accept", e)),
+        }
+    }
+}
 
 /// Longest single wait inside an `accept` without a deadline.
 const WAIT_SLICE: Duration = Duration::from_secs(3600);

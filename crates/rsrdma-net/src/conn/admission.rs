@@ -31,6 +31,14 @@ pub struct ListenerCounters {
     pub shed: u64,
 }
 
+/// A peer taken off a listener's queue (either path), before its handshake.
+pub(crate) enum Incoming {
+    /// An rdma_cm connect request.
+    Cm(rsrdma::cm::ConnectRequest),
+    /// A TCP connection and where it comes from.
+    Tcp(TcpStream, SocketAddr),
+}
+
 /// The running handshakes of one listener, and its counters.
 #[derive(Debug)]
 pub(crate) struct Admission {
@@ -171,6 +179,19 @@ impl Admission {
             opened,
             shed,
         })
+    }
+
+    /// [`Admission::start`] for an incoming peer: its source, and its socket to shut down if
+    /// it is shed (an rdma_cm request has none).
+    pub(crate) fn start_incoming(
+        self: &Arc<Self>,
+        peer: &Incoming,
+        waiting: usize,
+    ) -> Option<Ticket> {
+        match peer {
+            Incoming::Cm(req) => self.start(req.id.peer_addr(), None, waiting),
+            Incoming::Tcp(s, addr) => self.start(Some(*addr), Some(s), waiting),
+        }
     }
 
     fn count_shed(&self, peer: Option<SocketAddr>, why: &str) {

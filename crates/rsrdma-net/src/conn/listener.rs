@@ -8,16 +8,15 @@
 //! never ends an accept loop. Handshakes are started only from `accept`, so a listener nobody
 //! accepts on does no work.
 
-use super::accept_queue::AcceptQueue;
+use super::accept_queue::{take_tcp_peer, AcceptQueue};
 use super::establish;
 use super::options::{ConnOptions, Establish};
 use super::pool::{RecvMemory, RecvPools};
-use super::{Admission, Conn, ListenerCounters, Ticket};
+use super::{Admission, Conn, Incoming, ListenerCounters, Ticket};
 use crate::error::{NetError, Result};
 use crate::handshake::Role;
-use rsrdma::cm::{CmEventType, CmId, ConnectRequest};
-use std::io::ErrorKind;
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use rsrdma::cm::{CmEventType, CmId};
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,12 +30,6 @@ enum Inner {
     // `CmId` is not `Sync`; the mutex makes one thread at a time take its events.
     Cm(Mutex<CmId>),
     Tcp(TcpListener),
-}
-
-/// A peer taken off the kernel's queue, before its handshake.
-enum Incoming {
-    Cm(ConnectRequest),
-    Tcp(TcpStream, SocketAddr),
 }
 
 /// A listener for [`Conn`]s. `Send + Sync`.
@@ -155,11 +148,11 @@ impl Listener {
             }
             super::wait_listener(self.fd).map_err(|e| NetError::io("poll", e))?;
         };
-        let (addr, socket) = match &peer {
-            Incoming::Cm(req) => (req.id.peer_addr(), None),
-            Incoming::Tcp(s, addr) => (Some(*addr), Some(s)),
+        let addr = match &peer {
+            Incoming::Cm(req) => req.id.peer_addr(),
+            Incoming::Tcp(_, addr) => Some(*addr),
         };
-        let ticket = self.hs.admission.start(addr, socket, 0).ok_or_else(|| {
+        let ticket = self.hs.admission.start_incoming(&peer, 0).ok_or_else(|| {
             NetError::InvalidArgument("accept_first: every handshake place is taken".into())
         })?;
         let r = handshake(peer, &self.opts, &self.recv, &ticket);
@@ -211,27 +204,14 @@ impl Listener {
                 }
                 Ok(None)
             }
-            Inner::Tcp(l) => loop {
-                match l.accept() {
-                    Ok((s, peer)) => return Ok(Some(Incoming::Tcp(s, peer))),
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    // The peer left before we took it: nothing to hand out.
-                    Err(e) if e.kind() == ErrorKind::ConnectionAborted => {}
-                    Err(e) => return Err(NetError::io("accept", e)),
-                }
-            },
+            Inner::Tcp(l) => Ok(take_tcp_peer(l)?.map(|(s, peer)| Incoming::Tcp(s, peer))),
         }
     }
 
     /// Runs `peer`'s handshake on a thread of its own, when admission gives it a place
     /// (else the peer is dropped and counted as shed); a good result joins the queue.
     fn start_handshake(&self, peer: Incoming, waiting: usize) -> Result<()> {
-        let (addr, socket) = match &peer {
-            Incoming::Cm(req) => (req.id.peer_addr(), None),
-            Incoming::Tcp(s, addr) => (Some(*addr), Some(s)),
-        };
-        let Some(ticket) = self.hs.admission.start(addr, socket, waiting) else {
+        let Some(ticket) = self.hs.admission.start_incoming(&peer, waiting) else {
             return Ok(());
         };
         let hs = self.hs.clone();

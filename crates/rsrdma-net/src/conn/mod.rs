@@ -67,14 +67,14 @@ mod transfer;
 mod worker;
 mod wr_id;
 
-pub(crate) use accept_queue::AcceptQueue;
+pub(crate) use accept_queue::{take_tcp_peer, AcceptQueue};
 
 /// Waits until the listening socket `fd` is readable (a peer is queued).
 pub(crate) fn wait_listener(fd: std::os::fd::RawFd) -> std::io::Result<()> {
     fdwait::wait_readable([Some(fd)], None).map(drop)
 }
 pub use admission::ListenerCounters;
-pub(crate) use admission::{Admission, Ticket};
+pub(crate) use admission::{Admission, Incoming, Ticket};
 pub use buffer::{Buffer, BufferPool};
 #[cfg(feature = "tokio")]
 pub(crate) use close::{CloseStart, CloseWait};

@@ -117,6 +117,30 @@ impl Channel {
         })
     }
 
+    /// A channel over `stream` whose opening is done: [`Channel::new`], then
+    /// [`Channel::authenticate`], a server giving the peer `opening` for its hello and proof;
+    /// sets `opened` once the peer has opened (a listener then never sheds it).
+    ///
+    /// # Errors
+    /// As [`Channel::new`] and [`Channel::authenticate`].
+    pub(crate) fn open(
+        stream: TcpStream,
+        role: Role,
+        (timeout, opening): (Duration, Duration),
+        secret: Option<&[u8]>,
+        opened: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<Channel> {
+        let mut ch = Channel::new(stream, role, timeout)?;
+        if role == Role::Server {
+            ch.set_opening_timeout(opening);
+        }
+        ch.authenticate(secret)?;
+        if let Some(opened) = opened {
+            opened.store(true, std::sync::atomic::Ordering::Release);
+        }
+        Ok(ch)
+    }
+
     /// Limits the whole opening of [`Channel::authenticate`] (the peer's hello and proof) to
     /// `limit`: a listener gives strangers much less time than the rest of the handshake.
     pub fn set_opening_timeout(&mut self, limit: Duration) {

@@ -1,8 +1,8 @@
 //! The registry client: one connection, many requests, a time limit on each.
 
-use super::codec::{Message, MAX_NAME, OWNER_LEN};
+use super::codec::{Message, OWNER_LEN};
 use super::stream::FrameStream;
-use super::ErrorCode;
+use super::{check_name, ErrorCode};
 use crate::error::{NetError, Result};
 use crate::handshake::{auth, Role};
 use crate::packet::Addr;
@@ -167,7 +167,7 @@ impl RegistryClient {
     /// the lease granted. Call again before it runs out to renew it.
     ///
     /// # Errors
-    /// [`NetError::InvalidArgument`] for a name of 0 or more than [`MAX_NAME`] bytes;
+    /// [`NetError::InvalidArgument`] for a name of 0 or more than [`MAX_NAME`](super::codec::MAX_NAME) bytes;
     /// [`NetError::Registry`] (`Full`, …); connection errors and timeouts.
     pub fn register(&mut self, name: &str, addr: &Addr) -> Result<Duration> {
         self.register_for(name, addr, Duration::ZERO)
@@ -256,16 +256,6 @@ pub fn register(registry: impl ToSocketAddrs, name: &str, addr: &Addr) -> Result
 /// As [`RegistryClient::connect`] and [`RegistryClient::lookup`].
 pub fn lookup(registry: impl ToSocketAddrs, name: &str) -> Result<Addr> {
     RegistryClient::connect(registry, ClientOptions::default())?.lookup(name)
-}
-
-fn check_name(name: &str) -> Result<()> {
-    if name.is_empty() || name.len() > MAX_NAME {
-        return Err(NetError::InvalidArgument(format!(
-            "a registry name must be 1 to {MAX_NAME} bytes, this one is {}",
-            name.len()
-        )));
-    }
-    Ok(())
 }
 
 fn unexpected(expected: &'static str, got: &Message) -> NetError {

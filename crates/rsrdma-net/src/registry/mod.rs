@@ -117,3 +117,26 @@ impl fmt::Display for ErrorCode {
         }
     }
 }
+
+/// Refuses a name the registry protocol cannot carry (empty, or over [`codec::MAX_NAME`]
+/// bytes), on every backend.
+pub(crate) fn check_name(name: &str) -> crate::Result<()> {
+    if name.is_empty() || name.len() > codec::MAX_NAME {
+        return Err(crate::NetError::InvalidArgument(format!(
+            "a registry name must be 1 to {} bytes, this one is {}",
+            codec::MAX_NAME,
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The text of a `NotOwner` refusal, on every backend.
+pub(crate) fn not_owner_text(name: &str) -> String {
+    format!("{name:?} is registered by another owner until its lease runs out")
+}
+
+/// The text of a `NotFound` refusal, on every backend.
+pub(crate) fn not_found_text(name: &str) -> String {
+    format!("no live entry named {name:?}")
+}

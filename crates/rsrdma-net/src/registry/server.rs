@@ -350,10 +350,7 @@ fn shed_one(slots: &mut Vec<Slot>, shared: &Shared) -> bool {
 }
 
 fn not_owner(name: &str) -> Message {
-    error(
-        ErrorCode::NotOwner,
-        format!("{name:?} is registered by another owner until its lease runs out"),
-    )
+    error(ErrorCode::NotOwner, super::not_owner_text(name))
 }
 
 fn error(code: ErrorCode, text: impl Into<String>) -> Message {
@@ -496,12 +493,12 @@ fn answer(msg: Message, shared: &Shared) -> Message {
                 addr,
                 lease_left_ms: left.as_millis().min(u32::MAX.into()) as u32,
             },
-            None => error(ErrorCode::NotFound, format!("no live entry named {name:?}")),
+            None => error(ErrorCode::NotFound, super::not_found_text(&name)),
         },
         Message::Unregister { name, owner } => match table.unregister(&name, owner, now) {
             Ok(()) => Message::Done,
             Err(ErrorCode::NotOwner) => not_owner(&name),
-            Err(code) => error(code, format!("no live entry named {name:?}")),
+            Err(code) => error(code, super::not_found_text(&name)),
         },
         Message::Ping => Message::Done,
         other => error(

@@ -15,7 +15,7 @@ use crate::handshake::{Channel, Endpoint, Role};
 use rsrdma::{ConnectOptions, Mtu, Qp, QpEndpoint};
 use rsrdma_proto::{settle, Params, PARAMS_LEN};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 /// The key, under the server's role, of the RNR retry count the server asks the client's QP
 /// to use (a listener with a shared pool asks for 7, without limit); absent: [`RNR_RETRY`].
@@ -42,14 +42,8 @@ pub(crate) fn establish(
     let peer_addr = stream
         .peer_addr()
         .map_err(|e| NetError::io("peer_addr", e))?;
-    let mut ch = Channel::new(stream, role, opts.connect_timeout)?;
-    if role == Role::Server {
-        ch.set_opening_timeout(opts.opening_timeout);
-    }
-    ch.authenticate(opts.secret.as_deref())?;
-    if let Some(opened) = opened {
-        opened.store(true, Ordering::Release);
-    }
+    let limits = (opts.connect_timeout, opts.opening_timeout);
+    let mut ch = Channel::open(stream, role, limits, opts.secret.as_deref(), opened)?;
     let (local, qp, peer) = match setup(&mut ch, opts, pools) {
         Ok(p) => p,
         // Tell the peer why, so it does not wait for a step that will never come.

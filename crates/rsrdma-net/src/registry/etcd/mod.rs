@@ -24,7 +24,7 @@ mod http;
 
 use super::codec::OWNER_LEN;
 use super::directory::Directory;
-use super::ErrorCode;
+use super::{check_name, ErrorCode};
 use crate::error::{NetError, Result};
 use crate::packet::Addr;
 use rsrdma::option_setters as setters;
@@ -283,25 +283,15 @@ fn etcd_says(what: &str) -> NetError {
 fn not_owner(name: &str) -> NetError {
     NetError::Registry {
         code: ErrorCode::NotOwner,
-        message: format!("{name:?} is registered by another owner until its lease runs out"),
+        message: super::not_owner_text(name),
     }
 }
 
 fn not_found(name: &str) -> NetError {
     NetError::Registry {
         code: ErrorCode::NotFound,
-        message: format!("no live entry named {name:?}"),
+        message: super::not_found_text(name),
     }
-}
-
-fn check_name(name: &str) -> Result<()> {
-    if name.is_empty() || name.len() > super::codec::MAX_NAME {
-        return Err(NetError::InvalidArgument(format!(
-            "a name must have 1 to {} bytes",
-            super::codec::MAX_NAME
-        )));
-    }
-    Ok(())
 }
 
 fn encode_addr(a: &Addr) -> [u8; 24] {
