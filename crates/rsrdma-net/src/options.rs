@@ -66,7 +66,8 @@ pub struct RawOptions {
     /// Listener only: handshakes running at once (plus connections not yet accepted); a new
     /// peer past it sheds the oldest handshake that has not opened. Default 64.
     pub max_handshakes: usize,
-    /// Listener only: handshakes running at once from one address. Default 16.
+    /// Listener only: handshakes from one address that have not opened yet (peers that
+    /// opened count only against [`RawOptions::max_handshakes`]). Default 16.
     pub max_handshakes_per_source: usize,
 }
 

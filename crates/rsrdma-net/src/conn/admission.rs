@@ -1,11 +1,11 @@
 //! Admission: how a listener keeps serving while some peers misbehave.
 //!
 //! Every peer taken off the kernel's queue gets a [`Ticket`] before its handshake starts.
-//! The table of running handshakes is bounded in all and per source address
-//! ([`ConnOptions::max_handshakes`], [`ConnOptions::max_handshakes_per_source`]). When a new
-//! peer would break a bound, the oldest handshake that has not yet *opened* (sent a valid
-//! hello, and proven the secret when there is one) is shed: its socket is shut down, which
-//! ends its handshake at once. Peers that opened are never shed, so a flood of silent or
+//! The table of running handshakes is bounded in all ([`ConnOptions::max_handshakes`]), and
+//! its handshakes that have not opened yet are bounded per source address
+//! ([`ConnOptions::max_handshakes_per_source`]). When a new peer would break a bound, the
+//! oldest handshake that has not yet *opened* (sent a valid hello, and proven the secret
+//! when there is one) is shed: its socket is shut down, which ends its handshake at once. Peers that opened are never shed, so a flood of silent or
 //! garbage sockets cannot push out a good client that has started, and it cannot hold the
 //! listener for longer than [`ConnOptions::opening_timeout`] either.
 //!
@@ -137,7 +137,15 @@ impl Admission {
         let source = peer.map(|p| p.ip());
         let mut t = self.lock();
         loop {
-            let same = t.running.iter().filter(|e| e.source == source).count();
+            // The per-source bound is on handshakes that have not opened: what silent or
+            // garbage sockets hold. Peers that opened (a valid hello, a proven secret, an
+            // rdma_cm request) count only against the total, so a host that opens many good
+            // connections at once is never turned away for its address.
+            let same = t
+                .running
+                .iter()
+                .filter(|e| e.source == source && e.can_shed())
+                .count();
             let victim = if same >= self.per_source {
                 t.running
                     .iter()
@@ -255,24 +263,48 @@ mod tests {
             .max_handshakes_per_source(2);
         let a = Admission::new(&opts);
         let t1 = a.start(addr([10, 0, 0, 1], 1), None, 0).unwrap();
-        let t2 = a.start(addr([10, 0, 0, 1], 2), None, 0).unwrap();
         t1.opened().store(true, Ordering::Release);
-        // A third from the same source: t2 (unopened) goes, t1 (opened) stays.
+        let t2 = a.start(addr([10, 0, 0, 1], 2), None, 0).unwrap();
         let t3 = a.start(addr([10, 0, 0, 1], 3), None, 0).unwrap();
+        // A third unopened one from the same source: t2 (the oldest unopened) goes, t1
+        // (opened) stays.
+        let t4 = a.start(addr([10, 0, 0, 1], 4), None, 0).unwrap();
         assert!(t2.shed.load(Ordering::Acquire));
         assert!(!t1.shed.load(Ordering::Acquire));
-        t3.opened().store(true, Ordering::Release);
-        // Both of that source's places are opened: a fourth from it is refused.
-        assert!(a.start(addr([10, 0, 0, 1], 4), None, 0).is_none());
-        // Other sources still get in, up to the total.
+        // The total is reached (t1, t3, t4 and t5): the oldest unopened overall (t3) is shed.
         let t5 = a.start(addr([10, 0, 0, 2], 5), None, 0).unwrap();
-        let _t6 = a.start(addr([10, 0, 0, 3], 6), None, 0).unwrap();
-        // The total is reached: the oldest unopened overall (t5) is shed.
-        let _t7 = a.start(addr([10, 0, 0, 4], 7), None, 0).unwrap();
-        assert!(t5.shed.load(Ordering::Acquire));
+        let t6 = a.start(addr([10, 0, 0, 3], 6), None, 0).unwrap();
+        assert!(t3.shed.load(Ordering::Acquire));
+        // Everything running has opened and the total is reached: no room, the peer is
+        // refused.
+        for t in [&t4, &t5, &t6] {
+            t.opened().store(true, Ordering::Release);
+        }
+        assert!(!a.has_room(0));
+        assert!(a.start(addr([10, 0, 0, 4], 7), None, 0).is_none());
         assert_eq!(a.counters().shed, 3);
         drop((t1, t2, t3));
         assert!(a.has_room(0));
+    }
+
+    /// Peers that opened do not count against their source's bound: one host opening many
+    /// good connections at once (64 rdma_cm clients of a test, a client pool) is not refused.
+    #[test]
+    fn opened_handshakes_count_only_against_the_total() {
+        let opts = ConnOptions::default()
+            .max_handshakes(8)
+            .max_handshakes_per_source(1);
+        let a = Admission::new(&opts);
+        let held: Vec<_> = (0..8)
+            .map(|i| {
+                let t = a.start(addr([10, 0, 0, 1], i), None, 0).unwrap();
+                t.opened().store(true, Ordering::Release);
+                t
+            })
+            .collect();
+        assert!(held.iter().all(|t| !t.shed.load(Ordering::Acquire)));
+        assert_eq!(a.counters().shed, 0);
+        assert!(!a.has_room(0), "the total still bounds them");
     }
 
     #[test]

@@ -123,8 +123,9 @@ pub struct ConnOptions {
     /// accepted). A new peer past it sheds the oldest handshake that has not opened yet.
     /// Default 64.
     pub max_handshakes: usize,
-    /// Listener only: handshakes running at once from one source address; a new peer past
-    /// it sheds that source's oldest unopened handshake. Default 16.
+    /// Listener only: handshakes from one source address that have not opened yet (no
+    /// valid hello, or no proof with a secret); a new peer past it sheds that source's oldest
+    /// one. Peers that opened count only against [`ConnOptions::max_handshakes`]. Default 16.
     pub max_handshakes_per_source: usize,
 }
 
