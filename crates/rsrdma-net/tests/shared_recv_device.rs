@@ -10,7 +10,7 @@
 use rsrdma_net::{Conn, ConnOptions, Establish, Listener, SharedRecv};
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod support;
 use support::{listen_addr, opts, pattern};
@@ -133,6 +133,8 @@ fn few_connections_both_ways(path: Establish) {
         0,
         "every connection's memory was freed"
     );
+    // 4 × 8 credits never take the pool below an eighth of its 64 slots.
+    assert_eq!(l.recv_memory().pool_low_events, 0);
 }
 
 #[test]
@@ -211,6 +213,15 @@ fn pool_smaller_than_credits(path: Establish) {
             "the pool never ran empty: the test did not test the RNR path"
         );
     }
+    // The device's SRQ limit event said so too (read by the pool's event thread).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while l.recv_memory().pool_low_events == 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        l.recv_memory().pool_low_events >= 1,
+        "the pool ran empty but no low-pool event was counted"
+    );
 }
 
 #[test]

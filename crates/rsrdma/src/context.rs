@@ -23,6 +23,8 @@ pub(crate) struct ContextInner {
     /// The largest inline size a QP of each type (RC, UC, UD) can get, probed on first need:
     /// the verbs API has no device attribute for it.
     pub(crate) inline_limits: [std::sync::OnceLock<u32>; 3],
+    /// The asynchronous event fd was made non-blocking ([`Context::read_async_event`]).
+    pub(crate) async_nonblocking: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: libibverbs contexts are thread-safe; the Rust side only reads the cached attributes.
@@ -97,6 +99,7 @@ impl Context {
             attr: DeviceAttr::from_raw(&a),
             name,
             inline_limits: Default::default(),
+            async_nonblocking: Default::default(),
         };
         // Checked after building `inner`, so an owned context is closed on this error too.
         check_rc("ibv_query_device", rc)?;
@@ -119,6 +122,7 @@ impl Context {
                 attr: DeviceAttr::default(),
                 name: name.to_owned(),
                 inline_limits: Default::default(),
+                async_nonblocking: Default::default(),
             }),
         }
     }

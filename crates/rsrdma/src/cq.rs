@@ -522,6 +522,13 @@ impl Cq {
         &self.inner.ctx
     }
 
+    /// The CQ's kernel handle, unique among the CQs of its context: how an
+    /// [`crate::AsyncEvent`] names it.
+    pub fn handle(&self) -> u32 {
+        // SAFETY: `raw` is a live CQ for as long as `self` lives.
+        unsafe { (*self.inner.raw).handle }
+    }
+
     /// The raw `ibv_cq`; `None` for a provider that is not libibverbs.
     pub fn as_raw(&self) -> Option<*mut ffi::ibv_cq> {
         Some(self.inner.raw)

@@ -63,6 +63,7 @@
 #![deny(missing_docs)]
 
 pub mod ah;
+pub mod async_event;
 #[cfg(feature = "bench-support")]
 #[doc(hidden)]
 pub mod bench_support;
@@ -87,6 +88,7 @@ pub use rsrdma_sys as ffi;
 pub use setters::IntoOption;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
+pub use async_event::{AsyncElement, AsyncEvent, AsyncEventKind};
 pub use context::{
     AtomicCap, Context, DeviceAttr, Gid, GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortState,
 };

@@ -94,6 +94,37 @@ impl Srq {
         self.inner.max_sge
     }
 
+    /// Arms the SRQ limit: once fewer than `limit` receive requests are left on the SRQ, the
+    /// device raises one [`crate::AsyncEventKind::SrqLimitReached`] event
+    /// ([`crate::Context::read_async_event`]) and disarms; arm again to hear of it again.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0 (which would disarm) or a limit not below
+    /// [`Srq::max_wr`]; [`Error::Verbs`] naming `ibv_modify_srq` (a device without SRQ
+    /// limits: EINVAL or EOPNOTSUPP).
+    pub fn arm_limit(&self, limit: u32) -> Result<()> {
+        if limit == 0 || limit >= self.inner.max_wr {
+            return Err(Error::InvalidArgument(format!(
+                "an SRQ limit must be between 1 and {} (max_wr − 1), not {limit}",
+                self.inner.max_wr.saturating_sub(1)
+            )));
+        }
+        let mut attr = ffi::ibv_srq_attr {
+            srq_limit: limit,
+            ..Default::default()
+        };
+        // SAFETY: live SRQ; `attr` is a valid attribute struct of which the call reads the
+        // limit only (the mask says so).
+        let rc = unsafe {
+            ffi::ibv_modify_srq(
+                self.inner.raw,
+                &mut attr,
+                ffi::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as _,
+            )
+        };
+        crate::error::check_rc("ibv_modify_srq", rc)
+    }
+
     /// Posts one receive request.
     ///
     /// # Safety
@@ -138,6 +169,13 @@ impl Srq {
                 unsafe { ffi::data_path::ibv_post_srq_recv(raw, list, bad) }
             },
         )
+    }
+
+    /// The SRQ's kernel handle, unique among the SRQs of its context: how an
+    /// [`crate::AsyncEvent`] names it.
+    pub fn handle(&self) -> u32 {
+        // SAFETY: `raw` is a live SRQ for as long as `self` lives.
+        unsafe { (*self.inner.raw).handle }
     }
 
     /// The raw `ibv_srq`; `None` for a provider that is not libibverbs.

@@ -58,6 +58,7 @@ mod op;
 mod op_sim;
 mod options;
 mod pool;
+mod pool_events;
 mod region;
 mod rendezvous;
 mod shared;

@@ -15,8 +15,8 @@
 //!   SRQ empty is answered with an RNR NAK and retried by the sender: the listener's QPs are
 //!   brought up so that the peer retries without limit (rnr_retry 7) after a short timer
 //!   ([`MIN_RNR_TIMER`]). A momentarily empty pool is therefore a delay, never a failure.
-//!   The SRQ limit event is not used: the RNR retry already covers an empty pool, and the
-//!   pool is not grown at run time.
+//!   The pool is not grown at run time; the SRQ limit event says when it runs low
+//!   ([`super::pool_events`]).
 //! - **Lifetime.** The listener and every connection's slot memory hold the pool (`Arc`). A
 //!   connection's QP is destroyed before its slot memory drops (which returns the pool slots
 //!   it still had bound), so when the last holder goes no QP is attached any more: the SRQ is
@@ -25,6 +25,7 @@
 //!   completes on the QP (with data, or flushed mid-message) comes back through its CQ.
 
 use super::options::{ConnOptions, SharedRecv};
+use super::pool_events::PoolEvents;
 use super::region::Region;
 use super::wr_id::{POOL_TAG, RECV_TAG};
 use crate::error::Result;
@@ -51,6 +52,11 @@ pub struct RecvMemory {
     /// Receive memory those connections hold themselves: their receive regions without a
     /// pool, the virtual slots' bookkeeping with one.
     pub connection_bytes: usize,
+    /// Times a shared pool fell below an eighth of its slots posted (the device's SRQ limit
+    /// event, where it has one; each is also logged at WARN, at most once a second). Peers
+    /// then wait in RNR retries until slots come back: a pool that runs low often is too
+    /// small for its load.
+    pub pool_low_events: u64,
 }
 
 impl RecvMemory {
@@ -89,6 +95,8 @@ pub(crate) struct RecvPool {
     slots: u32,
     /// Slots whose repost failed (they stay out of use).
     lost: AtomicU64,
+    /// What the device's asynchronous events said ([`super::pool_events`]).
+    events: PoolEvents,
     /// Serialises posts to the SRQ, which every connection of the listener reposts to from
     /// its own thread: a provider may run without its own locks (`MLX5_SINGLE_THREADED=1`),
     /// and reposts are off the hot path (one per consumed slot, uncontended in practice).
@@ -119,6 +127,7 @@ impl RecvPool {
             slot_size: size,
             slots,
             lost: AtomicU64::new(0),
+            events: PoolEvents::default(),
             post_lock: std::sync::Mutex::new(()),
         };
         for p in 0..slots {
@@ -141,6 +150,16 @@ impl RecvPool {
     /// The domain every QP that receives from the pool must be in.
     pub(crate) fn pd(&self) -> &Pd {
         &self.pd
+    }
+
+    /// Slots in the pool.
+    pub(crate) fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// What the device's asynchronous events said about the pool and its QPs.
+    pub(crate) fn events(&self) -> &PoolEvents {
+        &self.events
     }
 
     /// Bytes per pool slot.
@@ -233,6 +252,7 @@ impl RecvPools {
         }
         let pd = opts.domain_on(ctx)?;
         let pool = Arc::new(RecvPool::new(pd, cfg.pool_slots, opts.slot_size)?);
+        PoolEvents::start(&pool);
         pools.push(pool.clone());
         Ok(Some(pool))
     }
@@ -245,6 +265,7 @@ impl RecvPools {
             pool_slots: pools.iter().map(|p| p.slots as usize).sum(),
             connections: self.account.connections.load(Ordering::Relaxed),
             connection_bytes: self.account.bytes.load(Ordering::Relaxed),
+            pool_low_events: pools.iter().map(|p| p.events.low_events()).sum(),
         }
     }
 }

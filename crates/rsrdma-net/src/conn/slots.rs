@@ -131,6 +131,14 @@ impl Slots {
         recv.sge(at, self.slot_size)
     }
 
+    /// The shared pool the receive slots come from, if any.
+    pub(crate) fn pool(&self) -> Option<&Arc<RecvPool>> {
+        match &self.recv {
+            RecvSide::Own(_) => None,
+            RecvSide::Pooled(share) => Some(&share.pool),
+        }
+    }
+
     /// Whether the receive slots come from a shared pool (nothing to post on the QP).
     pub(crate) fn pooled(&self) -> bool {
         matches!(self.recv, RecvSide::Pooled(_))

@@ -199,3 +199,124 @@ fn try_event_takes_a_ready_event_without_blocking() {
     assert_eq!(cq.poll(&mut wc).unwrap(), 1);
     wc[0].ok().unwrap();
 }
+
+/// Waits for `want` among the context's asynchronous events, up to `limit`; the others seen
+/// meanwhile are returned.
+fn wait_for_event(
+    ctx: &rsrdma::Context,
+    want: rsrdma::AsyncEvent,
+    limit: Duration,
+) -> Result<(), Vec<rsrdma::AsyncEvent>> {
+    let deadline = Instant::now() + limit;
+    let mut seen = Vec::new();
+    while Instant::now() < deadline {
+        match ctx.wait_async_event(Duration::from_millis(100)).unwrap() {
+            Some(ev) if ev == want => return Ok(()),
+            Some(ev) => seen.push(ev),
+            None => {}
+        }
+    }
+    Err(seen)
+}
+
+/// Asynchronous events: an SRQ whose limit is armed raises SRQ_LIMIT_REACHED, named by its
+/// handle, once fewer receives than the limit are left; the event is read without blocking
+/// and acknowledged as it is read (the SRQ's destroy does not wait for it); a context with no
+/// event waiting answers `None` at once and a wait ends at its timeout. Then the QP that took
+/// the receives goes to ERROR: a device that raises LAST_WQE_REACHED (mlx5, and rxe from
+/// Linux 6.3 on; not the 6.1 kernel of the test VM) names the QP with it.
+#[test]
+fn srq_limit_and_last_wqe_events_name_their_objects() {
+    use rsrdma::{AsyncElement, AsyncEvent, AsyncEventKind, Srq};
+    let ctx = ctx();
+    // Each test opens its own context: events of earlier tests are not seen here.
+    assert_eq!(ctx.read_async_event().unwrap(), None);
+    let t = Instant::now();
+    assert_eq!(
+        ctx.wait_async_event(Duration::from_millis(50)).unwrap(),
+        None
+    );
+    assert!(t.elapsed() >= Duration::from_millis(50));
+    // SAFETY: F_GETFL on the context's open event fd.
+    let flags = unsafe { libc::fcntl(ctx.async_fd(), libc::F_GETFL) };
+    assert!(
+        flags & libc::O_NONBLOCK != 0,
+        "the event fd is non-blocking"
+    );
+
+    let pd = Pd::new(&ctx).unwrap();
+    let srq = Srq::new(&pd, 16, 1).unwrap();
+    assert!(srq.arm_limit(0).is_err() && srq.arm_limit(srq.max_wr()).is_err());
+    let cq_srv = Cq::new(&ctx, 32, None).unwrap();
+    let cq_cli = Cq::new(&ctx, 32, None).unwrap();
+    let srv = Qp::builder(QpType::Rc)
+        .srq(&srq)
+        .build(&pd, &cq_srv, &cq_srv)
+        .unwrap();
+    let cli = Qp::builder(QpType::Rc)
+        .build(&pd, &cq_cli, &cq_cli)
+        .unwrap();
+    let opts = crate::common::connect_opts(AccessFlags::NONE);
+    let (es, ec) = (
+        srv.endpoint(1, Some(gid_index()), 1).unwrap(),
+        cli.endpoint(1, Some(gid_index()), 2).unwrap(),
+    );
+    srv.connect(&opts, es.psn, &ec).unwrap();
+    cli.connect(&opts, ec.psn, &es).unwrap();
+    let dst = Mr::new(&pd, 8 * 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let sges: Vec<_> = (0..8).map(|i| [dst.sge(i * 64, 64).unwrap()]).collect();
+    for (i, s) in sges.iter().enumerate() {
+        // SAFETY: `dst` outlives the SRQ, which is dropped after the QP below.
+        unsafe { srq.post_recv(&RecvWr::new(i as u64, s)).unwrap() };
+    }
+    srq.arm_limit(6).unwrap();
+    let limit = AsyncEvent {
+        kind: AsyncEventKind::SrqLimitReached,
+        element: AsyncElement::Srq(srq.handle()),
+    };
+    // One message leaves 7 of 8: above the limit, no event.
+    let send = |id| {
+        // SAFETY: an empty send names no memory.
+        unsafe {
+            cli.post_send(&SendWr::send(id, &[]).signaled(true))
+                .unwrap()
+        };
+        crate::common::poll_ok(&cq_srv);
+    };
+    send(1);
+    assert_eq!(
+        ctx.wait_async_event(Duration::from_millis(200)).unwrap(),
+        None
+    );
+    // Two more leave 5: below 6, the event, once.
+    send(2);
+    send(3);
+    if let Err(seen) = wait_for_event(&ctx, limit, WAIT) {
+        panic!(
+            "no SRQ_LIMIT_REACHED for SRQ {} (saw {seen:?})",
+            srq.handle()
+        );
+    }
+    send(4);
+    assert_eq!(
+        ctx.wait_async_event(Duration::from_millis(200)).unwrap(),
+        None,
+        "disarmed"
+    );
+
+    srv.to_error().unwrap();
+    let last_wqe = AsyncEvent {
+        kind: AsyncEventKind::QpLastWqeReached,
+        element: AsyncElement::Qp(srv.qp_num()),
+    };
+    match wait_for_event(&ctx, last_wqe, Duration::from_secs(2)) {
+        Ok(()) => eprintln!("LAST_WQE_REACHED for QP {}", srv.qp_num()),
+        Err(seen) if seen.is_empty() => eprintln!("this device raises no LAST_WQE_REACHED"),
+        Err(seen) => panic!("unexpected events {seen:?}"),
+    }
+    // Acknowledged as read: the destroys do not wait for them.
+    let t = Instant::now();
+    drop(srv);
+    drop(srq);
+    assert!(t.elapsed() < Duration::from_secs(2));
+}

@@ -27,21 +27,39 @@ impl Driver {
     /// counted in [`Driver::outstanding`] (they were never posted on the QP), and a completion
     /// left in the CQ when it is destroyed takes its pool slot with it: every peer SEND that
     /// landed after the last step (a close while the peer streams), and the receive a flush
-    /// ends mid-message. So the CQ is drained until it stays empty for [`POOL_QUIET`] (the
-    /// flush of the QP's SRQ receive comes after the move to ERROR, from the device), each
-    /// pool slot going back to the pool. Reading the device's LAST_WQE_REACHED event would
-    /// say exactly when the last one came; nothing reads asynchronous events yet.
+    /// ends mid-message. So the CQ is drained, each pool slot going back to the pool, until
+    /// the device's LAST_WQE_REACHED for this QP has come (read by the pool's event thread,
+    /// [`crate::conn::pool_events`]) and the CQ is then empty: after that event no receive of
+    /// the QP is left to complete. A device that raises no such event (rxe before Linux 6.3)
+    /// ends the drain once the CQ stayed empty for [`POOL_QUIET`].
     pub(super) fn drain_pool_completions(&mut self, deadline: Instant) {
+        let events = self.core.memory_mut().pool().cloned();
+        let qp_num = self.qp.qp_num();
         let mut wcs = [Wc::default(); POLL_BATCH];
         let mut quiet_since = Instant::now();
+        let mut last_wqe = false;
         loop {
             match self.cq.poll(&mut wcs) {
                 Ok(0) => {
-                    let now = Instant::now();
-                    if now >= deadline || now.duration_since(quiet_since) >= POOL_QUIET {
+                    if last_wqe {
                         return;
                     }
-                    std::thread::sleep(Duration::from_micros(200));
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return;
+                    }
+                    match events.as_ref().map(|p| p.events()) {
+                        // A lost event costs at most a second of waiting.
+                        Some(ev)
+                            if ev.raises_last_wqe()
+                                && now.duration_since(quiet_since) < Duration::from_secs(1) =>
+                        {
+                            let step = (now + Duration::from_micros(200)).min(deadline);
+                            last_wqe = ev.wait_last_wqe(qp_num, step);
+                        }
+                        _ if now.duration_since(quiet_since) >= POOL_QUIET => return,
+                        _ => std::thread::sleep(Duration::from_micros(200)),
+                    }
                 }
                 Ok(n) => {
                     for wc in &wcs[..n] {
@@ -61,6 +79,9 @@ impl Driver {
     pub(crate) fn teardown(mut self, deadline: Instant) {
         if let Liveness::Cm(id) = &self.liveness {
             let _ = id.disconnect();
+        }
+        if let Some(pool) = self.core.memory_mut().pool() {
+            pool.events().forget(self.qp.qp_num());
         }
         if let Err(e) = self.qp.to_error() {
             tracing::debug!(error = %e, "moving the QP to ERROR failed");
