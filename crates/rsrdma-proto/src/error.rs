@@ -4,16 +4,13 @@ use std::fmt;
 
 /// Everything that can go wrong in the protocol core.
 ///
-/// `WouldBlock`, `ShortBuffer`, `Closed` and `TooLarge` answer one call and change nothing.
-/// Every other variant is sticky (as in rustls): once the connection has failed, every call
-/// returns the same error.
+/// `ShortBuffer`, `Closed`, `NotNegotiated` and `TooLarge` answer one call and change
+/// nothing. Every other variant is sticky (as in rustls): once the connection has failed,
+/// every call returns the same error. "Not now" and "read it by rendezvous" are no errors:
+/// the calls give them as values ([`Step`](crate::Step), [`Recv`](crate::Recv)).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProtoError {
-    /// The call cannot make progress now: no message is ready, or the send queue is full.
-    #[error("the operation would block")]
-    WouldBlock,
-
     /// `recv_msg_into`: the buffer is too short for the next message, which stays queued.
     #[error("recv_msg_into: the buffer is too short, the message needs {needed} bytes")]
     ShortBuffer {
@@ -27,14 +24,6 @@ pub enum ProtoError {
     Closed {
         /// The call that was refused.
         op: &'static str,
-    },
-
-    /// A read call met a rendezvous message: the driver must register a destination of at
-    /// least `len` bytes and call `Conn::start_read`. The message stays queued.
-    #[error("the next message ({len} bytes) comes by rendezvous: start a read")]
-    NeedsRead {
-        /// The message length.
-        len: usize,
     },
 
     /// A call that needs a feature the two sides did not settle (rendezvous).
@@ -161,9 +150,7 @@ impl ProtoError {
     pub fn is_sticky(&self) -> bool {
         !matches!(
             self,
-            Self::WouldBlock
-                | Self::ShortBuffer { .. }
-                | Self::NeedsRead { .. }
+            Self::ShortBuffer { .. }
                 | Self::NotNegotiated { .. }
                 | Self::Closed { .. }
                 | Self::TooLarge { .. }

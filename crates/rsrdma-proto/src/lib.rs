@@ -49,7 +49,7 @@
 //!   is posted, whatever order the driver posts a round in.
 //! - **Credit returns as fast as the reader reads.** A one-fragment message waits in its slot
 //!   until read; a reader that stops reading stops the sender, whose `send_msg` then says
-//!   `WouldBlock`. Messages larger than a slot are reassembled as they arrive (the slots go
+//!   [`Step::Blocked`]. Messages larger than a slot are reassembled as they arrive (the slots go
 //!   back at once), one reassembled message at a time.
 //! - **Lent memory for blocking callers.** [`Conn::send_msg_borrowed`] sends from the
 //!   caller's slice as credits allow, never copying the rest, and [`Conn::recv_msg_direct`]
@@ -67,6 +67,11 @@
 //! - **Selective signalling.** Every k-th WR (k ≤ SQ depth / 2), any WR after which fewer than
 //!   k SQ entries or send slots are free, and FIN and ABORT are signalled; a completion frees
 //!   every earlier WR's slot. Frames up to the inline size go inline and use no slot.
+//! - **Control flow is not an error.** A call that cannot make progress now gives
+//!   [`Step::Blocked`] or [`Recv::Blocked`], a read that meets a rendezvous message
+//!   [`Recv::NeedsRead`], and the end of the stream is [`Recv::Eof`]: values beside the
+//!   call's result, so [`ProtoError`] holds only failures and a driver's `?` passes on
+//!   nothing it should have handled.
 //! - **Sticky errors** (rustls): a bad frame, a credit overrun, an oversize fragment, a message
 //!   over the cap or data after FIN fails the connection and queues one ABORT if a credit
 //!   allows; after that the core posts nothing else.
@@ -75,7 +80,7 @@
 //!   driver registers a large message's memory for remote read and calls
 //!   [`Conn::send_rendezvous`]; the core sends an RTS frame (address, key, length) in the
 //!   message sequence, so rendezvous and eager messages keep one order. The receiver's read
-//!   calls answer [`ProtoError::NeedsRead`] for such a message; its driver registers the
+//!   calls answer [`Recv::NeedsRead`] for such a message; its driver registers the
 //!   destination and calls [`Conn::start_read`], which yields [`Work::PostRead`] (an RDMA
 //!   READ on the send queue, always signalled); when it completes the core sends DONE and
 //!   the driver takes the message ([`Conn::take_read`]). The sender releases the memory once
@@ -98,6 +103,7 @@ pub mod memory;
 pub mod params;
 mod seq;
 mod sq;
+pub mod step;
 mod timer;
 pub mod work;
 
@@ -109,4 +115,5 @@ pub use params::{
     settle, Config, Params, Settled, CONTROL_RESERVE, DEFAULT_RDV_THRESHOLD, DEFAULT_SLOT_SIZE,
     FEATURE_RENDEZVOUS, PARAMS_LEN,
 };
+pub use step::{Recv, Step};
 pub use work::{Counters, Event, LentPayload, Work, WrId};

@@ -102,7 +102,7 @@ pub struct LentPayload {
 pub enum Event {
     /// A message (or EOF) became ready to read.
     Readable,
-    /// `send_msg` would now accept a message after it reported `WouldBlock`.
+    /// `send_msg` would now accept a message after it reported [`crate::Step::Blocked`].
     Writable,
     /// The peer sent FIN: reads reach EOF after the data already sent.
     PeerClosed,

@@ -6,7 +6,7 @@
 mod util;
 
 use rsrdma_proto::{Config, FEATURE_RENDEZVOUS};
-use util::{payload, small_config, transfer_lent_or_any, Pair};
+use util::{done, payload, small_config, transfer_lent_or_any, Pair};
 
 fn cfg() -> Config {
     small_config()
@@ -39,7 +39,7 @@ fn lent_copied_and_rendezvous_messages_interleave() {
 fn lent_memory_is_held_while_completions_are_delayed() {
     let mut p = Pair::new(cfg(), cfg());
     p.delay_completions = true;
-    p.sides[0].send_lent(&payload(0, 1000)).unwrap();
+    done(p.sides[0].send_lent(&payload(0, 1000)));
     p.pump(0);
     while p.deliver(0) {}
     p.sides[0].release();

@@ -11,7 +11,7 @@
 mod util;
 
 use proptest::prelude::*;
-use rsrdma_proto::{Config, FrameType, ProtoError, FEATURE_RENDEZVOUS};
+use rsrdma_proto::{Config, FrameType, ProtoError, Recv, Step, FEATURE_RENDEZVOUS};
 use std::time::Duration;
 use util::{payload, Checker, Pair};
 
@@ -138,8 +138,8 @@ impl World {
             Op::Send { side, len } => {
                 let data = payload(self.chk[1 - side].lens.len() as u64, len);
                 match p.send(side, &data) {
-                    Ok(()) => self.chk[1 - side].lens.push(len),
-                    Err(ProtoError::WouldBlock) => {}
+                    Ok(Step::Done(())) => self.chk[1 - side].lens.push(len),
+                    Ok(Step::Blocked) => {}
                     Err(ProtoError::TooLarge { .. }) => assert!(len > MAX_MESSAGE as usize),
                     Err(ProtoError::Closed { .. }) => assert!(self.write_closed[side]),
                     Err(e) => assert!(e.is_sticky() && p.sides[side].failed(), "{e}"),
@@ -160,16 +160,15 @@ impl World {
                 let mut b = vec![0; buf];
                 let r = p.sides[side].conn.recv_msg_into(&mut b);
                 match r {
-                    Err(ProtoError::NeedsRead { len }) => {
+                    Ok(Recv::NeedsRead { len }) => {
                         assert_eq!(len, self.chk[side].expected_len(), "rendezvous length");
                         match p.sides[side].start_read(buf) {
-                            Ok(()) => {}
+                            Ok(Step::Done(()) | Step::Blocked) => {}
                             Err(ProtoError::ShortBuffer { needed }) => assert_eq!(needed, len),
-                            Err(ProtoError::WouldBlock) => {}
                             Err(e) => assert!(e.is_sticky() && p.sides[side].failed(), "{e}"),
                         }
                     }
-                    Ok(Some(n)) => self.chk[side].on_msg(&b[..n]),
+                    Ok(Recv::Data(n)) => self.chk[side].on_msg(&b[..n]),
                     Err(ProtoError::ShortBuffer { needed }) => {
                         assert!(needed > buf);
                         assert_eq!(needed, self.chk[side].expected_len(), "needed length");
@@ -180,7 +179,7 @@ impl World {
             }
             Op::RecvMsg { side } => {
                 match p.sides[side].recv_any() {
-                    Ok(Some(m)) => self.chk[side].on_msg(&m),
+                    Ok(Recv::Data(m)) => self.chk[side].on_msg(&m),
                     other => self.check_no_message(side, other.map(|o| o.map(|_| ()))),
                 }
                 self.p.pump(side);
@@ -203,12 +202,12 @@ impl World {
                 }
                 let mut b = vec![0; buf];
                 let r = p.sides[side].conn.read(&mut b);
-                if let Err(ProtoError::NeedsRead { len }) = r {
+                if let Ok(Recv::NeedsRead { len }) = r {
                     // The read may have skipped empty messages before the rendezvous one.
                     let received = p.sides[side].conn.counters().messages_received;
                     self.chk[side].on_read(&[], received);
                     match p.sides[side].start_read(len) {
-                        Ok(()) | Err(ProtoError::WouldBlock) => {}
+                        Ok(Step::Done(()) | Step::Blocked) => {}
                         Err(e) => assert!(e.is_sticky() && p.sides[side].failed(), "{e}"),
                     }
                     self.p.pump(side);
@@ -217,12 +216,16 @@ impl World {
                 }
                 let received = p.sides[side].conn.counters().messages_received;
                 match r {
-                    Ok(n) if n > 0 => self.chk[side].on_read(&b[..n], received),
-                    Ok(_) => {
-                        self.chk[side].on_read(&[], received);
-                        self.check_no_message(side, Ok(None));
+                    Ok(Recv::Data(n)) => {
+                        assert!(n > 0, "read gave no bytes into a buffer of {buf}");
+                        self.chk[side].on_read(&b[..n], received);
                     }
-                    Err(ProtoError::WouldBlock) => self.chk[side].on_read(&[], received),
+                    Ok(Recv::Eof) => {
+                        self.chk[side].on_read(&[], received);
+                        self.check_no_message(side, Ok(Recv::Eof));
+                    }
+                    Ok(Recv::Blocked) => self.chk[side].on_read(&[], received),
+                    Ok(Recv::NeedsRead { .. }) => unreachable!("handled above"),
                     Err(e) => self.check_no_message(side, Err(e)),
                 }
                 self.p.pump(side);
@@ -273,16 +276,17 @@ impl World {
         self.check();
     }
 
-    /// A read that returned no message: WouldBlock, EOF (only after all data and a FIN),
+    /// A read that returned no message: Blocked, EOF (only after all data and a FIN),
     /// Closed (only after close), or the sticky error.
-    fn check_no_message(&self, side: usize, r: Result<Option<()>, ProtoError>) {
+    fn check_no_message(&self, side: usize, r: Result<Recv<()>, ProtoError>) {
         match r {
-            Ok(Some(())) => unreachable!(),
-            Ok(None) => {
+            Ok(Recv::Data(())) => unreachable!(),
+            Ok(Recv::NeedsRead { len }) => panic!("side {side}: an unhandled NeedsRead ({len})"),
+            Ok(Recv::Eof) => {
                 assert!(self.write_closed[1 - side], "EOF without the peer closing");
                 assert!(self.chk[side].all_taken(), "EOF before all data was read");
             }
-            Err(ProtoError::WouldBlock) => {}
+            Ok(Recv::Blocked) => {}
             Err(ProtoError::Closed { .. }) => assert!(self.read_closed[side]),
             Err(e) => assert!(e.is_sticky() && self.p.sides[side].failed(), "{e}"),
         }
@@ -325,11 +329,11 @@ impl World {
             for side in 0..2 {
                 loop {
                     match self.p.sides[side].recv_any() {
-                        Ok(Some(m)) => {
+                        Ok(Recv::Data(m)) => {
                             self.chk[side].on_msg(&m);
                             progressed = true;
                         }
-                        Err(ProtoError::WouldBlock) if self.p.sides[side].read_key.is_some() => {
+                        Ok(Recv::Blocked) if self.p.sides[side].read_key.is_some() => {
                             progressed = true;
                             break;
                         }
@@ -355,7 +359,7 @@ impl World {
                 if self.write_closed[1 - side] {
                     assert_eq!(
                         self.p.sides[side].conn.recv_msg(),
-                        Ok(None),
+                        Ok(Recv::Eof),
                         "EOF after the data"
                     );
                 }

@@ -4,8 +4,8 @@
 
 mod util;
 
-use rsrdma_proto::{Config, FrameType, ProtoError, FEATURE_RENDEZVOUS};
-use util::{payload, small_config, transfer_lent_or_any, Checker, Pair};
+use rsrdma_proto::{Config, FrameType, ProtoError, Recv, FEATURE_RENDEZVOUS};
+use util::{done, payload, small_config, transfer_lent_or_any, Checker, Pair};
 
 const THRESHOLD: u32 = 1000;
 
@@ -90,12 +90,12 @@ fn a_peer_without_the_feature_gets_everything_eagerly() {
 fn a_short_destination_leaves_the_message_queued_and_stream_reads_get_it() {
     let mut p = Pair::new(cfg(true), cfg(true));
     let msg = payload(0, 3000);
-    p.sides[0].send_any(&msg).unwrap();
+    done(p.sides[0].send_any(&msg));
     p.pump(0);
     assert!(p.drive(10_000));
     assert_eq!(
         p.sides[1].conn.recv_msg(),
-        Err(ProtoError::NeedsRead { len: 3000 })
+        Ok(Recv::NeedsRead { len: 3000 })
     );
     assert_eq!(
         p.sides[1].conn.start_read(0, 99, 2999),
@@ -104,10 +104,10 @@ fn a_short_destination_leaves_the_message_queued_and_stream_reads_get_it() {
     let mut small = [0u8; 10];
     assert_eq!(
         p.sides[1].conn.read(&mut small),
-        Err(ProtoError::NeedsRead { len: 3000 })
+        Ok(Recv::NeedsRead { len: 3000 })
     );
     // A stream reader: read into a vector, hand it to the core, read it in pieces.
-    p.sides[1].start_read(3000).unwrap();
+    done(p.sides[1].start_read(3000));
     p.pump(1);
     assert!(p.drive(10_000));
     let key = p.sides[1].read_key.take().unwrap();
@@ -116,7 +116,10 @@ fn a_short_destination_leaves_the_message_queued_and_stream_reads_get_it() {
     let mut got = Vec::new();
     let mut buf = [0u8; 700];
     while got.len() < 3000 {
-        let n = p.sides[1].conn.read(&mut buf).unwrap();
+        let r = p.sides[1].conn.read(&mut buf);
+        let Ok(Recv::Data(n)) = r else {
+            panic!("read: {r:?}")
+        };
         got.extend_from_slice(&buf[..n]);
     }
     assert_eq!(got, msg);
@@ -129,7 +132,7 @@ fn a_short_destination_leaves_the_message_queued_and_stream_reads_get_it() {
 #[test]
 fn closing_the_reader_releases_the_senders_memory_and_close_waits_for_done() {
     let mut p = Pair::new(cfg(true), cfg(true));
-    p.sides[0].send_any(&payload(0, 2000)).unwrap();
+    done(p.sides[0].send_any(&payload(0, 2000)));
     p.sides[0].conn.close().unwrap();
     p.pump(0);
     assert!(p.drive(10_000));
@@ -152,7 +155,7 @@ fn closing_the_reader_releases_the_senders_memory_and_close_waits_for_done() {
 fn an_rts_before_the_read_is_withdrawn_only_if_unsent() {
     let mut p = Pair::new(cfg(true), cfg(true));
     p.hold[0] = true;
-    let msg = p.sides[0].conn.send_rendezvous(2000, 0, 7).unwrap();
+    let msg = done(p.sides[0].conn.send_rendezvous(2000, 0, 7));
     assert!(!p.sides[0].conn.withdraw_rendezvous(msg), "RTS already out");
     assert!(!p.sides[0].conn.rendezvous_released(msg));
 }
@@ -186,10 +189,11 @@ fn the_documented_rts_example_encodes_byte_by_byte() {
     // What the core writes after the header for that RTS: address then key, LE.
     let mut p = Pair::new(cfg(true), cfg(true));
     p.hold[0] = true;
-    p.sides[0]
-        .conn
-        .send_rendezvous(1 << 10, 0x7f00_0000_1000, 0x1234)
-        .unwrap();
+    done(
+        p.sides[0]
+            .conn
+            .send_rendezvous(1 << 10, 0x7f00_0000_1000, 0x1234),
+    );
     p.pump(0);
     p.hold[0] = false;
     assert!(p.deliver(0));
@@ -224,7 +228,7 @@ fn a_window_message_is_released_only_when_its_invalidation_completes() {
     let mut p = Pair::new(cfg(true), cfg(true));
     p.sides[0].use_windows = true;
     let data = payload(0, 3000);
-    p.sides[0].send_any(&data).unwrap();
+    done(p.sides[0].send_any(&data));
     p.pump(0);
     let msg = p.sides[0].rdv_sends[0].0;
     // Bind, RTS, the reader's READ, until its DONE is posted (not yet delivered).
@@ -233,7 +237,7 @@ fn a_window_message_is_released_only_when_its_invalidation_completes() {
         if p.sides[1].frames_posted.contains(&FrameType::Done) {
             break;
         }
-        if let Ok(Some(m)) = p.sides[1].recv_any() {
+        if let Ok(Recv::Data(m)) = p.sides[1].recv_any() {
             got = Some(m);
         }
         p.pump(1);
@@ -258,7 +262,9 @@ fn a_window_message_is_released_only_when_its_invalidation_completes() {
     assert_eq!(p.sides[0].conn.counters().rendezvous_unreleased, 0);
     p.delay_completions = false;
     if got.is_none() {
-        got = p.sides[1].recv_any().ok().flatten();
+        if let Ok(Recv::Data(m)) = p.sides[1].recv_any() {
+            got = Some(m);
+        }
     }
     assert_eq!(got.as_deref(), Some(&data[..]));
 }
@@ -268,7 +274,7 @@ fn a_window_bound_when_the_qp_breaks_is_released_by_the_flush_alone() {
     let mut p = Pair::new(cfg(true), cfg(true));
     p.sides[0].use_windows = true;
     p.hold[0] = true;
-    p.sides[0].send_any(&payload(0, 3000)).unwrap();
+    done(p.sides[0].send_any(&payload(0, 3000)));
     p.pump(0);
     p.hold[0] = false;
     let msg = p.sides[0].rdv_sends[0].0;
@@ -292,16 +298,17 @@ fn a_window_message_withdrawn_before_its_rts_is_never_bound() {
         c.peer_limit - c.frames_sent
     };
     while left(&p) > u64::from(rsrdma_proto::CONTROL_RESERVE) {
-        p.sides[0].conn.send_msg(&[1u8; 8]).unwrap();
+        done(p.sides[0].conn.send_msg(&[1u8; 8]));
         p.pump(0);
         assert!(p.drive(10_000));
         sent += 1;
         assert!(sent < 1000, "credits never ran out");
     }
-    let msg = p.sides[0]
-        .conn
-        .send_rendezvous_window(5000, 0x1000, 0x8000_0001)
-        .unwrap();
+    let msg = done(
+        p.sides[0]
+            .conn
+            .send_rendezvous_window(5000, 0x1000, 0x8000_0001),
+    );
     p.pump(0);
     assert!(p.drive(10_000));
     assert!(

@@ -4,12 +4,15 @@
 //! initial credits, 5 usable for data), 8 send slots, SQ depth 16, signal every 4th WR, frames
 //! up to 64 bytes inline.
 
+mod util;
+
 use rsrdma_proto::frame::{abort_code, FLAG_FIRST, FLAG_LAST};
 use rsrdma_proto::{
-    settle, Config, Conn, Event, FrameType, Header, LentPayload, ProtoError, VecSlots, Work, WrId,
-    HEADER_LEN,
+    settle, Config, Conn, Event, FrameType, Header, LentPayload, ProtoError, Recv, Step, VecSlots,
+    Work, WrId, HEADER_LEN,
 };
 use std::time::{Duration, Instant};
+use util::done;
 
 fn cfg() -> Config {
     Config::default()
@@ -162,7 +165,7 @@ fn fragment(flags: u8, msg_id: u16, len: usize, total: u32) -> Header {
 #[test]
 fn a_small_message_goes_inline_and_is_read_in_place() {
     let mut s = Script::new(cfg());
-    s.c.send_msg(b"hello").unwrap();
+    done(s.c.send_msg(b"hello"));
     let w = s.work();
     assert_eq!(w, [send(0, None, 21, false)]);
     let (h, p) = s.sent(&w[0]);
@@ -183,10 +186,10 @@ fn a_small_message_goes_inline_and_is_read_in_place() {
     );
     assert_eq!(s.events(), [Event::Readable]);
     let mut buf = [0u8; 16];
-    assert_eq!(s.c.recv_msg_into(&mut buf), Ok(Some(5)));
+    assert_eq!(s.c.recv_msg_into(&mut buf), Ok(Recv::Data(5)));
     assert_eq!(&buf[..5], b"world");
     assert_eq!(s.work(), [Work::PostRecv { slot: 0 }]);
-    assert_eq!(s.c.recv_msg_into(&mut buf), Err(ProtoError::WouldBlock));
+    assert_eq!(s.c.recv_msg_into(&mut buf), Ok(Recv::Blocked));
 }
 
 #[test]
@@ -197,7 +200,7 @@ fn a_waiting_reader_takes_a_whole_message_from_its_completion_in_order_only() {
     assert_eq!(s.arrive_into(single(0, b"one"), b"one", &mut buf), Some(3));
     assert_eq!(&buf[..3], b"one");
     assert_eq!(s.work(), [Work::PostRecv { slot: 0 }]);
-    assert_eq!(s.c.recv_msg_into(&mut buf), Err(ProtoError::WouldBlock));
+    assert_eq!(s.c.recv_msg_into(&mut buf), Ok(Recv::Blocked));
     assert_eq!(s.c.counters().messages_received, 1);
     // Too large for the buffer: queued as usual, and read whole later.
     let msg = [7u8; 40];
@@ -206,8 +209,8 @@ fn a_waiting_reader_takes_a_whole_message_from_its_completion_in_order_only() {
     // Queued behind it: a message that would not be the next one read is not taken.
     assert_eq!(s.arrive_into(single(2, b"two"), b"two", &mut buf), None);
     let mut big = [0u8; 64];
-    assert_eq!(s.c.recv_msg_into(&mut big), Ok(Some(40)));
-    assert_eq!(s.c.recv_msg_into(&mut big), Ok(Some(3)));
+    assert_eq!(s.c.recv_msg_into(&mut big), Ok(Recv::Data(40)));
+    assert_eq!(s.c.recv_msg_into(&mut big), Ok(Recv::Data(3)));
     assert_eq!(&big[..3], b"two");
     // A first fragment is never taken (it is reassembled or read directly).
     let first = fragment(FLAG_FIRST, 3, 240, 300);
@@ -219,7 +222,7 @@ fn a_waiting_reader_takes_a_whole_message_from_its_completion_in_order_only() {
 fn a_fragmented_message_uses_slots_and_reassembles() {
     let mut s = Script::new(cfg());
     let msg: Vec<u8> = (0..600u32).map(|i| i as u8).collect();
-    s.c.send_msg(&msg).unwrap();
+    done(s.c.send_msg(&msg));
     let w = s.work();
     assert_eq!(
         w,
@@ -257,7 +260,7 @@ fn a_fragmented_message_uses_slots_and_reassembles() {
     // Receiving: each fragment is copied into the reassembly buffer and its slot goes back.
     s.arrive(fragment(FLAG_FIRST, 0, 240, 600), &msg[..240]);
     assert_eq!(s.work(), [Work::PostRecv { slot: 0 }]);
-    assert_eq!(s.c.recv_msg(), Err(ProtoError::WouldBlock), "incomplete");
+    assert_eq!(s.c.recv_msg(), Ok(Recv::Blocked), "incomplete");
     s.arrive(fragment(0, 0, 240, 0), &msg[240..480]);
     s.arrive(fragment(FLAG_LAST, 0, 120, 0), &msg[480..]);
     // With 8 slots a quarter of the ring is 2: once the driver took the second repost (its
@@ -276,24 +279,24 @@ fn a_fragmented_message_uses_slots_and_reassembles() {
         Header::control(FrameType::Credit, 0, 11, 0)
     );
     assert_eq!(s.events(), [Event::Readable]);
-    assert_eq!(s.c.recv_msg(), Ok(Some(msg)));
+    assert_eq!(s.c.recv_msg(), Ok(Recv::Data(msg)));
 }
 
 #[test]
 fn credit_exhaustion_blocks_data_and_a_credit_frame_releases_it() {
     let mut s = Script::new(cfg());
     for i in 0..5u8 {
-        s.c.send_msg(&[i]).unwrap();
+        done(s.c.send_msg(&[i]));
     }
     assert_eq!(
         s.work().len(),
         5,
         "8 credits, 3 kept for control: 5 data frames"
     );
-    s.c.send_msg(b"sixth").unwrap(); // accepted, held by the core
+    done(s.c.send_msg(b"sixth")); // accepted, held by the core
     assert_eq!(s.work(), []);
     assert_eq!(s.c.counters().queued_send_bytes, 5);
-    assert_eq!(s.c.send_msg(b"seventh"), Err(ProtoError::WouldBlock));
+    assert_eq!(s.c.send_msg(b"seventh"), Ok(Step::Blocked));
 
     s.peer_grant += 1;
     s.arrive(Header::control(FrameType::Credit, 0, 0, 0), &[]);
@@ -306,7 +309,7 @@ fn credit_exhaustion_blocks_data_and_a_credit_frame_releases_it() {
         "built before the driver took the CREDIT's repost: it does not announce it"
     );
     assert_eq!(s.events(), [Event::Writable]);
-    assert_eq!(s.c.send_msg(b"seventh"), Ok(()));
+    assert_eq!(s.c.send_msg(b"seventh"), Ok(Step::Done(())));
     assert_eq!(s.work(), [], "back at the reserve");
     let c = s.c.counters();
     assert_eq!(
@@ -320,7 +323,7 @@ fn credit_exhaustion_blocks_data_and_a_credit_frame_releases_it() {
 fn the_control_reserve_carries_fin_and_pong_while_data_is_blocked() {
     let mut s = Script::new(cfg());
     for i in 0..5u8 {
-        s.c.send_msg(&[i]).unwrap();
+        done(s.c.send_msg(&[i]));
     }
     s.work();
     s.arrive(Header::control(FrameType::Ping, 0, 0, 77), &[]);
@@ -364,7 +367,7 @@ fn selective_signalling_every_kth_and_when_the_sq_runs_low() {
     let c = cfg().with_sq_depth(8).with_recv_slots(32);
     let mut s = Script::new(c);
     for i in 0..8u8 {
-        s.c.send_msg(&[i]).unwrap();
+        done(s.c.send_msg(&[i]));
     }
     let sig: Vec<bool> = s
         .work()
@@ -372,7 +375,7 @@ fn selective_signalling_every_kth_and_when_the_sq_runs_low() {
         .map(|w| matches!(w, Work::PostSend { signaled: true, .. }))
         .collect();
     assert_eq!(sig, [false, false, false, true, true, true, true, true]);
-    s.c.send_msg(b"ninth").unwrap();
+    done(s.c.send_msg(b"ninth"));
     assert_eq!(s.work(), [], "SQ full");
     s.c.handle_send_completion(WrId(3), Ok(()));
     assert_eq!(
@@ -383,7 +386,7 @@ fn selective_signalling_every_kth_and_when_the_sq_runs_low() {
     assert_eq!(s.c.counters().sq_outstanding, 5);
     // A successful completion for an unsignalled WR is a driver bug.
     let mut s = Script::new(cfg());
-    s.c.send_msg(b"a").unwrap();
+    done(s.c.send_msg(b"a"));
     s.work();
     s.c.handle_send_completion(WrId(0), Ok(()));
     assert!(matches!(s.c.error(), Some(ProtoError::Misuse { .. })));
@@ -394,7 +397,7 @@ fn send_slots_are_freed_by_a_later_signalled_completion() {
     let mut s = Script::new(cfg().with_recv_slots(32));
     let big = vec![7u8; 200];
     for _ in 0..8 {
-        s.c.send_msg(&big).unwrap();
+        done(s.c.send_msg(&big));
     }
     let w = s.work();
     let slots: Vec<Option<u16>> = w
@@ -406,7 +409,7 @@ fn send_slots_are_freed_by_a_later_signalled_completion() {
         .collect();
     assert_eq!(slots, (0..8).map(Some).collect::<Vec<_>>());
     assert_eq!(s.c.counters().free_send_slots, 0);
-    s.c.send_msg(&big).unwrap();
+    done(s.c.send_msg(&big));
     assert_eq!(s.work(), [], "no free send slot");
     s.c.handle_send_completion(WrId(7), Ok(()));
     assert_eq!(s.c.counters().free_send_slots, 7);
@@ -417,7 +420,7 @@ fn send_slots_are_freed_by_a_later_signalled_completion() {
 fn fin_goes_after_all_queued_data_and_drains() {
     let mut s = Script::new(cfg());
     let msg = vec![1u8; 240 * 7];
-    s.c.send_msg(&msg).unwrap();
+    done(s.c.send_msg(&msg));
     assert_eq!(s.work().len(), 5);
     s.c.shutdown_write().unwrap();
     assert_eq!(s.work(), [], "FIN waits for the rest of the message");
@@ -446,13 +449,13 @@ fn a_short_buffer_does_not_consume_the_message() {
     );
     assert_eq!(s.work(), []);
     // A stream read takes a part; the message read then returns the rest.
-    assert_eq!(s.c.read(&mut small), Ok(10));
+    assert_eq!(s.c.read(&mut small), Ok(Recv::Data(10)));
     assert_eq!(
         s.c.recv_msg_into(&mut small),
         Err(ProtoError::ShortBuffer { needed: 90 })
     );
     let mut big = [0u8; 100];
-    assert_eq!(s.c.recv_msg_into(&mut big), Ok(Some(90)));
+    assert_eq!(s.c.recv_msg_into(&mut big), Ok(Recv::Data(90)));
     assert_eq!(s.work(), [Work::PostRecv { slot: 0 }]);
 }
 
@@ -463,13 +466,13 @@ fn stream_reads_cross_messages_and_skip_empty_ones() {
     s.arrive(single(1, b""), b"");
     s.arrive(single(2, b"cd"), b"cd");
     let mut buf = [0u8; 8];
-    assert_eq!(s.c.read(&mut buf), Ok(4));
+    assert_eq!(s.c.read(&mut buf), Ok(Recv::Data(4)));
     assert_eq!(&buf[..4], b"abcd");
-    assert_eq!(s.c.read(&mut buf), Err(ProtoError::WouldBlock));
+    assert_eq!(s.c.read(&mut buf), Ok(Recv::Blocked));
     s.arrive(Header::control(FrameType::Fin, 3, 0, 0), &[]);
     assert_eq!(s.events(), [Event::PeerClosed, Event::Readable]);
-    assert_eq!(s.c.read(&mut buf), Ok(0), "EOF");
-    assert_eq!(s.c.recv_msg(), Ok(None), "EOF");
+    assert_eq!(s.c.read(&mut buf), Ok(Recv::Eof), "EOF");
+    assert_eq!(s.c.recv_msg(), Ok(Recv::Eof), "EOF");
 }
 
 #[test]
@@ -561,7 +564,7 @@ fn frames_heard_before_the_clock_ticks_leave_the_deadlines_alone() {
 #[test]
 fn a_bad_frame_aborts_once_and_then_nothing() {
     let mut s = Script::new(cfg());
-    s.c.send_msg(b"queued").unwrap(); // built but not taken by the driver: dropped on failure
+    done(s.c.send_msg(b"queued")); // built but not taken by the driver: dropped on failure
     let slot = s.next_slot;
     let mem = s.c.memory_mut().recv_slot_mut(slot);
     mem[..HEADER_LEN].copy_from_slice(&[99; HEADER_LEN]);
@@ -783,9 +786,9 @@ fn close_discards_arriving_data_and_returns_its_credit() {
 #[test]
 fn a_fatal_error_posts_nothing_and_drains_after_the_flush() {
     let mut s = Script::new(cfg());
-    s.c.send_msg(b"in flight").unwrap();
+    done(s.c.send_msg(b"in flight"));
     s.work();
-    s.c.send_msg(&[0; 600]).unwrap(); // queued, not taken by the driver
+    done(s.c.send_msg(&[0; 600])); // queued, not taken by the driver
     s.c.handle_fatal(rsrdma_proto::Fatal::QpError);
     assert_eq!(s.work(), []);
     assert!(!s.c.is_drained(), "WR 0 is still outstanding");
@@ -851,25 +854,25 @@ fn counting(n: u32) -> Vec<u8> {
 fn a_borrowed_send_copies_nothing_and_moves_only_when_its_caller_calls() {
     let mut s = Script::new(cfg());
     let msg = counting(2000);
-    assert_eq!(s.c.send_msg_borrowed(&msg), Ok(false));
+    assert_eq!(s.c.send_msg_borrowed(&msg), Ok(Step::Done(false)));
     let w = s.work();
     let (mut got, last) = s.data_of(&w);
     assert_eq!(got.len(), 5 * 240, "data keeps the control reserve");
     assert_eq!(s.c.counters().queued_send_bytes, 0, "nothing copied");
-    assert_eq!(s.c.send_msg(b"x"), Err(ProtoError::WouldBlock));
+    assert_eq!(s.c.send_msg(b"x"), Ok(Step::Blocked));
     s.c.handle_send_completion(last.unwrap(), Ok(()));
     s.grant(5);
     assert!(
         s.work().iter().all(|w| matches!(w, Work::PostRecv { .. })),
         "the rest is the caller's: no DATA without its call"
     );
-    assert_eq!(s.c.send_msg_borrowed(&msg), Ok(true));
+    assert_eq!(s.c.send_msg_borrowed(&msg), Ok(Step::Done(true)));
     let w = s.work();
     got.extend(s.data_of(&w).0);
     assert_eq!(got, msg);
     assert_eq!(
         s.c.send_msg_borrowed(&msg[..10]),
-        Ok(true),
+        Ok(Step::Done(true)),
         "the next message starts (one credit above the reserve is left)"
     );
 }
@@ -878,7 +881,7 @@ fn a_borrowed_send_copies_nothing_and_moves_only_when_its_caller_calls() {
 fn an_unborrowed_send_is_finished_from_a_copy_or_withdrawn() {
     let mut s = Script::new(cfg());
     let msg = counting(2000);
-    assert_eq!(s.c.send_msg_borrowed(&msg), Ok(false));
+    assert_eq!(s.c.send_msg_borrowed(&msg), Ok(Step::Done(false)));
     let w = s.work();
     let (mut got, last) = s.data_of(&w);
     assert!(s.c.send_unborrow(&msg), "begun: kept");
@@ -890,9 +893,9 @@ fn an_unborrowed_send_is_finished_from_a_copy_or_withdrawn() {
     assert_eq!(got, msg, "the core finished it alone");
 
     let mut s = Script::new(cfg());
-    s.c.send_msg(&[1u8; 1200]).unwrap(); // five frames: the data credits are spent
+    done(s.c.send_msg(&[1u8; 1200])); // five frames: the data credits are spent
     let _ = s.work();
-    assert_eq!(s.c.send_msg_borrowed(&msg), Ok(false));
+    assert_eq!(s.c.send_msg_borrowed(&msg), Ok(Step::Done(false)));
     let w = s.work();
     assert_eq!(s.data_of(&w).0.len(), 0);
     assert!(!s.c.send_unborrow(&msg), "not begun: withdrawn");
@@ -907,7 +910,7 @@ fn an_unborrowed_send_is_finished_from_a_copy_or_withdrawn() {
 fn a_message_that_never_started_is_not_reported_kept() {
     let mut s = Script::new(cfg());
     let first = counting(2000);
-    assert_eq!(s.c.send_msg_borrowed(&first), Ok(false));
+    assert_eq!(s.c.send_msg_borrowed(&first), Ok(Step::Done(false)));
     let w = s.work();
     let (mut got, last) = s.data_of(&w);
     assert!(s.c.send_unborrow(&first), "begun: kept");
@@ -915,7 +918,7 @@ fn a_message_that_never_started_is_not_reported_kept() {
     let second = vec![7u8; 2000];
     assert_eq!(
         s.c.send_msg_borrowed(&second),
-        Err(ProtoError::WouldBlock),
+        Ok(Step::Blocked),
         "behind the first message's rest"
     );
     assert!(
@@ -943,25 +946,25 @@ fn a_direct_receive_takes_fragments_from_their_slots_and_can_give_them_back() {
             Err(ProtoError::ShortBuffer { needed: 600 })
         );
         let mut buf = vec![0u8; 700];
-        assert_eq!(s.c.recv_msg_direct(&mut buf), Err(ProtoError::WouldBlock));
+        assert_eq!(s.c.recv_msg_direct(&mut buf), Ok(Recv::Blocked));
         assert_eq!(s.c.counters().reassembly_bytes, 0, "taken over");
         let _ = s.work();
         s.arrive(fragment(0, 0, 240, 0), &msg[240..480]);
         assert_eq!(s.c.counters().held_slots, 1, "waits in its slot");
-        assert_eq!(s.c.recv_msg(), Err(ProtoError::WouldBlock));
+        assert_eq!(s.c.recv_msg(), Ok(Recv::Blocked));
         if abort {
             s.c.recv_direct_abort(&buf);
             assert_eq!(s.c.counters().reassembly_bytes, 480);
             s.arrive(fragment(FLAG_LAST, 0, 120, 0), &msg[480..]);
-            assert_eq!(s.c.recv_msg(), Ok(Some(msg.clone())));
+            assert_eq!(s.c.recv_msg(), Ok(Recv::Data(msg.clone())));
             continue;
         }
-        assert_eq!(s.c.recv_msg_direct(&mut buf), Err(ProtoError::WouldBlock));
+        assert_eq!(s.c.recv_msg_direct(&mut buf), Ok(Recv::Blocked));
         assert_eq!(s.c.counters().held_slots, 0);
         s.arrive(fragment(FLAG_LAST, 0, 120, 0), &msg[480..]);
-        assert_eq!(s.c.recv_msg_direct(&mut buf), Ok(Some(600)));
+        assert_eq!(s.c.recv_msg_direct(&mut buf), Ok(Recv::Data(600)));
         assert_eq!(&buf[..600], &msg[..]);
-        assert_eq!(s.c.recv_msg_direct(&mut buf), Err(ProtoError::WouldBlock));
+        assert_eq!(s.c.recv_msg_direct(&mut buf), Ok(Recv::Blocked));
     }
 }
 
@@ -972,26 +975,26 @@ fn shutdown_read_discards_data_returns_its_credit_and_reads_eof() {
     assert_eq!(s.work(), []);
     s.c.shutdown_read().unwrap();
     assert_eq!(s.work(), [Work::PostRecv { slot: 0 }]);
-    assert_eq!(s.c.recv_msg(), Ok(None));
+    assert_eq!(s.c.recv_msg(), Ok(Recv::Eof));
     s.arrive(single(1, b"late"), b"late");
     assert!(
         s.work().contains(&Work::PostRecv { slot: 1 }),
         "discarded at once"
     );
-    assert_eq!(s.c.read(&mut [0u8; 4]), Ok(0));
+    assert_eq!(s.c.read(&mut [0u8; 4]), Ok(Recv::Eof));
     assert_eq!(
         s.c.counters().messages_received,
         2,
         "still checked in sequence"
     );
-    s.c.send_msg(b"writing goes on").unwrap();
+    done(s.c.send_msg(b"writing goes on"));
     assert!(!s.work().is_empty());
 }
 
 #[test]
 fn a_lent_message_posts_header_slots_and_lent_ranges_and_copies_nothing() {
     let mut s = Script::new(cfg());
-    let msg = s.c.send_msg_lent(600, ADDR, LKEY).unwrap();
+    let msg = done(s.c.send_msg_lent(600, ADDR, LKEY));
     let w = s.work();
     assert_eq!(
         w,
@@ -1037,14 +1040,14 @@ fn a_lent_message_posts_header_slots_and_lent_ranges_and_copies_nothing() {
     assert!(s.c.lent_released(msg));
     assert_eq!(s.c.counters().lent_unreleased, 0);
     // A copied message after it counts its bytes.
-    s.c.send_msg(&[7u8; 100]).unwrap();
+    done(s.c.send_msg(&[7u8; 100]));
     assert_eq!(s.c.counters().send_copied_bytes, 100);
 }
 
 #[test]
 fn an_empty_lent_message_is_one_signalled_header() {
     let mut s = Script::new(cfg());
-    let msg = s.c.send_msg_lent(0, ADDR, LKEY).unwrap();
+    let msg = done(s.c.send_msg_lent(0, ADDR, LKEY));
     let w = s.work();
     assert_eq!(w, [send(0, None, HEADER_LEN as u32, true)]);
     assert_eq!(
@@ -1063,10 +1066,10 @@ fn an_empty_lent_message_is_one_signalled_header() {
 fn a_lent_message_waits_for_credit_in_place_and_keeps_the_order() {
     let mut s = Script::new(cfg());
     // 7 fragments; 5 data credits.
-    let msg = s.c.send_msg_lent(7 * 240, ADDR, LKEY).unwrap();
+    let msg = done(s.c.send_msg_lent(7 * 240, ADDR, LKEY));
     let w = s.work();
     assert_eq!(w.len(), 5);
-    assert_eq!(s.c.send_msg(b"next"), Err(ProtoError::WouldBlock));
+    assert_eq!(s.c.send_msg(b"next"), Ok(Step::Blocked));
     let k = s.c.counters();
     assert_eq!((k.send_copied_bytes, k.queued_send_bytes), (0, 0));
     assert!(!s.c.lent_released(msg));
@@ -1088,7 +1091,7 @@ fn a_lent_message_waits_for_credit_in_place_and_keeps_the_order() {
         ]
     );
     assert_eq!(s.events(), [Event::Writable]);
-    s.c.send_msg(b"next").unwrap();
+    done(s.c.send_msg(b"next"));
     assert!(!s.c.lent_released(msg));
     s.c.handle_send_completion(WrId(6), Ok(()));
     assert!(s.c.lent_released(msg));
@@ -1097,7 +1100,7 @@ fn a_lent_message_waits_for_credit_in_place_and_keeps_the_order() {
 #[test]
 fn a_failed_lent_message_is_released_only_by_the_flush() {
     let mut s = Script::new(cfg());
-    let msg = s.c.send_msg_lent(7 * 240, ADDR, LKEY).unwrap();
+    let msg = done(s.c.send_msg_lent(7 * 240, ADDR, LKEY));
     assert_eq!(s.work().len(), 5);
     s.c.handle_send_completion(WrId(3), Err(12));
     assert!(s.c.error().is_some());
@@ -1111,12 +1114,12 @@ fn a_failed_lent_message_is_released_only_by_the_flush() {
 fn a_receive_loop_may_leave_its_reposts_for_its_next_send_which_does_not_announce_them() {
     let mut s = Script::new(cfg().with_recv_slots(16)); // a quarter of the ring: 4
     s.arrive(single(0, b"ping"), b"ping");
-    assert_eq!(s.c.recv_msg(), Ok(Some(b"ping".to_vec())));
+    assert_eq!(s.c.recv_msg(), Ok(Recv::Data(b"ping".to_vec())));
     assert!(
         s.c.reposts_may_wait(),
         "one repost queued, the peer can still send 15 frames"
     );
-    s.c.send_msg(b"pong").unwrap();
+    done(s.c.send_msg(b"pong"));
     assert!(!s.c.reposts_may_wait(), "a send is queued too");
     assert_eq!(s.c.peek_work(), Some(Work::PostRecv { slot: 0 }));
     let w = s.work();
@@ -1132,7 +1135,7 @@ fn a_receive_loop_may_leave_its_reposts_for_its_next_send_which_does_not_announc
         (17, 16),
         "taken: counted, not yet announced"
     );
-    s.c.send_msg(b"next").unwrap();
+    done(s.c.send_msg(b"next"));
     let w = s.work();
     assert_eq!(
         s.sent(&w[0]).0.credit_limit,
@@ -1143,14 +1146,14 @@ fn a_receive_loop_may_leave_its_reposts_for_its_next_send_which_does_not_announc
     // Reposts wait only while their credit is not needed soon.
     for i in 1..4u16 {
         s.arrive(single(i, b"d"), b"d");
-        s.c.recv_msg().unwrap();
+        assert_eq!(s.c.recv_msg(), Ok(Recv::Data(b"d".to_vec())));
     }
     assert!(
         s.c.reposts_may_wait(),
         "3 queued: not yet a CREDIT frame's worth"
     );
     s.arrive(single(4, b"d"), b"d");
-    s.c.recv_msg().unwrap();
+    assert_eq!(s.c.recv_msg(), Ok(Recv::Data(b"d".to_vec())));
     assert!(!s.c.reposts_may_wait(), "4 queued: a CREDIT frame's worth");
     let w = s.work();
     assert_eq!(w.len(), 5, "{w:?}");
@@ -1163,7 +1166,7 @@ fn a_receive_loop_may_leave_its_reposts_for_its_next_send_which_does_not_announc
     for i in 0..13u16 {
         s.arrive(single(i, b"d"), b"d"); // unread: the peer can send 3 more frames at most
     }
-    s.c.recv_msg().unwrap();
+    assert_eq!(s.c.recv_msg(), Ok(Recv::Data(b"d".to_vec())));
     assert!(s.c.reposts_may_wait());
     s.arrive(Header::control(FrameType::Pong, 0, 0, 0), &[]);
     assert!(s.c.reposts_may_wait(), "the peer can still send 2 frames");
@@ -1192,7 +1195,7 @@ fn a_receive_loop_may_leave_its_reposts_for_its_next_send_which_does_not_announc
 fn a_small_message_goes_now_ahead_of_queued_reposts_and_otherwise_not_at_all() {
     let mut s = Script::new(cfg().with_recv_slots(16));
     s.arrive(single(0, b"ping"), b"ping");
-    assert_eq!(s.c.recv_msg(), Ok(Some(b"ping".to_vec())));
+    assert_eq!(s.c.recv_msg(), Ok(Recv::Data(b"ping".to_vec())));
     assert!(s.c.reposts_may_wait());
     let w = s.c.send_inline_now(b"pong").expect("an inline frame fits");
     assert_eq!(w, send(0, None, 20, false), "built, not queued");
@@ -1239,7 +1242,7 @@ fn a_small_message_goes_now_ahead_of_queued_reposts_and_otherwise_not_at_all() {
     );
     let w = s.work();
     assert_eq!(s.sent(&w[1]).0.kind, FrameType::Pong, "{w:?}");
-    s.c.send_msg(b"queued").unwrap();
+    done(s.c.send_msg(b"queued"));
     assert_eq!(
         s.c.send_inline_now(b"x"),
         None,

@@ -2,7 +2,7 @@
 
 mod util;
 
-use rsrdma_proto::{Event, FrameType, ProtoError};
+use rsrdma_proto::{Event, FrameType, ProtoError, Recv, Step};
 use std::time::Duration;
 use util::{payload, small_config, Checker, Pair};
 
@@ -17,13 +17,13 @@ fn transfer(p: &mut Pair, from: usize, lens: &[usize]) -> Checker {
             && p.sides[from]
                 .conn
                 .send_msg(&payload(next as u64, lens[next]))
-                .is_ok()
+                == Ok(Step::Done(()))
         {
             chk.lens.push(lens[next]);
             next += 1;
             p.pump(from);
         }
-        while let Ok(Some(m)) = p.sides[to].conn.recv_msg() {
+        while let Ok(Recv::Data(m)) = p.sides[to].conn.recv_msg() {
             chk.on_msg(&m);
         }
         p.pump(to);
@@ -69,13 +69,13 @@ fn both_directions_at_once_with_delayed_completions() {
                 && p.sides[i]
                     .conn
                     .send_msg(&payload(next[i] as u64, lens[next[i]]))
-                    .is_ok()
+                    == Ok(Step::Done(()))
             {
                 chk[1 - i].lens.push(lens[next[i]]);
                 next[i] += 1;
                 p.pump(i);
             }
-            while let Ok(Some(m)) = p.sides[1 - i].conn.recv_msg() {
+            while let Ok(Recv::Data(m)) = p.sides[1 - i].conn.recv_msg() {
                 chk[1 - i].on_msg(&m);
             }
             p.pump(1 - i);
@@ -101,7 +101,7 @@ fn both_directions_at_once_with_delayed_completions() {
 fn a_reader_that_stops_stalls_the_sender_but_not_the_connection() {
     let mut p = Pair::new(small_config(), small_config());
     let mut sent = 0;
-    while p.sides[0].conn.send_msg(&payload(sent, 1000)).is_ok() {
+    while p.sides[0].conn.send_msg(&payload(sent, 1000)) == Ok(Step::Done(())) {
         sent += 1;
         p.pump(0);
         assert!(p.drive(10_000));
@@ -121,7 +121,7 @@ fn a_reader_that_stops_stalls_the_sender_but_not_the_connection() {
     assert!(p.sides[1].frames_posted.contains(&FrameType::Pong));
     let mut chk = Checker::default();
     chk.lens = vec![1000; sent as usize];
-    while let Ok(Some(m)) = p.sides[1].conn.recv_msg() {
+    while let Ok(Recv::Data(m)) = p.sides[1].conn.recv_msg() {
         chk.on_msg(&m);
         p.pump(1);
         assert!(p.drive(10_000));
@@ -140,7 +140,7 @@ fn graceful_close_both_ways_reaches_eof_and_drains() {
     p.pump(0);
     assert!(p.drive(1000));
     assert!(p.sides[1].events.contains(&Event::PeerClosed));
-    assert_eq!(p.sides[1].conn.recv_msg(), Ok(None), "EOF");
+    assert_eq!(p.sides[1].conn.recv_msg(), Ok(Recv::Eof), "EOF");
     assert!(p.sides[0].conn.is_drained(), "A's FIN completed");
     // B may still send after A's FIN: A discards it but returns the credit.
     transfer_discarded(&mut p);
@@ -159,7 +159,7 @@ fn graceful_close_both_ways_reaches_eof_and_drains() {
 fn transfer_discarded(p: &mut Pair) {
     for i in 0..20 {
         loop {
-            if p.sides[1].conn.send_msg(&payload(i, 700)).is_ok() {
+            if p.sides[1].conn.send_msg(&payload(i, 700)) == Ok(Step::Done(())) {
                 break;
             }
             assert!(p.step(), "B blocked forever on a closed peer");

@@ -96,8 +96,6 @@ use crate::error::{from_core, NetError, Result};
 use crate::progress::{self, PollMode};
 use driver::{Driver, Take};
 use establish::Established;
-#[cfg(feature = "tokio")]
-use rsrdma_proto::ProtoError;
 use shared::{Shared, Waiter};
 use sides::Side;
 use std::cell::Cell;
@@ -268,7 +266,7 @@ impl Conn {
         };
         while out.len() < max {
             match d.core().recv_msg() {
-                Ok(Some(m)) => out.push(m),
+                Ok(rsrdma_proto::Recv::Data(m)) => out.push(m),
                 _ => break,
             }
         }
@@ -780,8 +778,8 @@ impl Conn {
                 return Err(NetError::PeerGone { op: "send_msg" });
             }
             match d.core().send_msg(msg) {
-                Ok(()) => Ok(Some(())),
-                Err(ProtoError::WouldBlock) => Ok(None),
+                Ok(rsrdma_proto::Step::Done(())) => Ok(Some(())),
+                Ok(rsrdma_proto::Step::Blocked) => Ok(None),
                 Err(e) => Err(from_core(e)),
             }
         })

@@ -56,7 +56,7 @@ use super::sides::Side;
 use super::Conn;
 use crate::error::{from_core, NetError, Result};
 use rsrdma::{AccessFlags, Mr, Pd};
-use rsrdma_proto::ProtoError;
+use rsrdma_proto::{Recv, Step};
 use std::time::Duration;
 
 /// How long a call whose memory is still exposed to (or being written by) the NIC waits past
@@ -142,19 +142,19 @@ impl Op for SendBuffer {
             BufferSend::Window { addr } => match d.queue_through_window(name, len, addr)? {
                 Some((msg, w)) => {
                     window = Some(w);
-                    Ok(msg)
+                    Ok(Step::Done(msg))
                 }
-                None => Err(ProtoError::WouldBlock),
+                None => Ok(Step::Blocked),
             },
         };
         match queued {
-            Ok(msg) => {
+            Ok(Step::Done(msg)) => {
                 if let Some((mr, hold)) = self.parts.take() {
                     d.hold_send(msg, window, mr, Some(hold));
                 }
                 Ok(Some(()))
             }
-            Err(ProtoError::WouldBlock) => Ok(None),
+            Ok(Step::Blocked) => Ok(None),
             Err(e) => Err(from_core(e)),
         }
     }
@@ -350,8 +350,8 @@ impl Conn {
         Ok(d.pd().clone())
     }
 
-    /// Reads the head rendezvous message (of `len` bytes, as `NeedsRead` said) straight into
-    /// `dest`, the caller's memory (zero copy). A call that gives up while the READ writes a
+    /// Reads the head rendezvous message (of `len` bytes, as `Recv::NeedsRead` said) straight
+    /// into `dest`, the caller's memory (zero copy). A call that gives up while the READ writes a
     /// `Buffer` hands the READ to the driver (the message then reaches the core, and the next
     /// read); one that writes a slice waits for it (bounded), else fails the connection, as
     /// the slice goes back to the caller when the call returns.
@@ -463,14 +463,14 @@ impl Op for Pull<'_> {
             }
             let (addr, lkey, cap) = self.at;
             return match d.core().start_read(addr, lkey, cap) {
-                Ok(()) => {
+                Ok(Step::Done(())) => {
                     self.started = true;
                     if let Some(h) = self.hold.take() {
                         d.hold_read(h);
                     }
                     Ok(None)
                 }
-                Err(ProtoError::WouldBlock) => Ok(None),
+                Ok(Step::Blocked) => Ok(None),
                 Err(e) => Err(from_core(e)),
             };
         }
@@ -505,9 +505,10 @@ pub(super) fn recv_msg_attempt(
     op: &'static str,
 ) -> Result<Option<Option<Vec<u8>>>> {
     match d.core().recv_msg() {
-        Ok(m) => Ok(Some(m)),
-        Err(ProtoError::NeedsRead { len }) => start_owned_read(d, op, len),
-        Err(ProtoError::WouldBlock) => reading_from_gone_peer(d, op),
+        Ok(Recv::Data(m)) => Ok(Some(Some(m))),
+        Ok(Recv::Eof) => Ok(Some(None)),
+        Ok(Recv::NeedsRead { len }) => start_owned_read(d, op, len),
+        Ok(Recv::Blocked) => reading_from_gone_peer(d, op),
         Err(e) => Err(from_core(e)),
     }
 }
@@ -521,12 +522,13 @@ pub(super) fn recv_msg_into_attempt(
     buf: &mut [u8],
 ) -> Result<Option<Option<usize>>> {
     match d.core().recv_msg_into(buf) {
-        Ok(n) => Ok(Some(n)),
-        Err(ProtoError::NeedsRead { len }) if len > buf.len() => {
+        Ok(Recv::Data(n)) => Ok(Some(Some(n))),
+        Ok(Recv::Eof) => Ok(Some(None)),
+        Ok(Recv::NeedsRead { len }) if len > buf.len() => {
             Err(NetError::ShortBuffer { needed: len })
         }
-        Err(ProtoError::NeedsRead { len }) => start_owned_read(d, op, len),
-        Err(ProtoError::WouldBlock) => reading_from_gone_peer(d, op),
+        Ok(Recv::NeedsRead { len }) => start_owned_read(d, op, len),
+        Ok(Recv::Blocked) => reading_from_gone_peer(d, op),
         Err(e) => Err(from_core(e)),
     }
 }
@@ -538,9 +540,10 @@ pub(super) fn read_attempt(
     buf: &mut [u8],
 ) -> Result<Option<usize>> {
     match d.core().read(buf) {
-        Ok(n) => Ok(Some(n)),
-        Err(ProtoError::NeedsRead { len }) => start_owned_read(d, op, len),
-        Err(ProtoError::WouldBlock) => reading_from_gone_peer(d, op),
+        Ok(Recv::Data(n)) => Ok(Some(n)),
+        Ok(Recv::Eof) => Ok(Some(0)),
+        Ok(Recv::NeedsRead { len }) => start_owned_read(d, op, len),
+        Ok(Recv::Blocked) => reading_from_gone_peer(d, op),
         Err(e) => Err(from_core(e)),
     }
 }

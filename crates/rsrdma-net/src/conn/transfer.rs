@@ -25,7 +25,7 @@ use super::sides::Side;
 use super::Conn;
 use crate::error::{from_core, NetError, Result};
 use rsrdma::{AccessFlags, Mr};
-use rsrdma_proto::ProtoError;
+use rsrdma_proto::{Recv, Step};
 use std::cell::Cell;
 use std::time::Duration;
 
@@ -62,11 +62,11 @@ impl Conn {
                 return Ok(Some(()));
             }
             match d.core().send_msg_borrowed(msg) {
-                Ok(true) => Ok(Some(())),
+                Ok(Step::Done(true)) => Ok(Some(())),
                 // No credit or slot: a message of one frame went nowhere, so this withdraws
                 // it (`false`); were it kept, it would be sent whole from a copy.
-                Ok(false) => Ok(d.core().send_unborrow(msg).then_some(())),
-                Err(ProtoError::WouldBlock) => Ok(None),
+                Ok(Step::Done(false)) => Ok(d.core().send_unborrow(msg).then_some(())),
+                Ok(Step::Blocked) => Ok(None),
                 Err(e) => Err(from_core(e)),
             }
         })?;
@@ -98,10 +98,11 @@ impl Conn {
                 return Ok(Some(None));
             }
             match d.core().recv_msg_into(take.buf()) {
-                Ok(got) => Ok(Some(Some(got))),
-                Err(ProtoError::NeedsRead { .. }) => Ok(Some(None)),
-                Err(ProtoError::WouldBlock) if d.core_ref().recv_incomplete() => Ok(Some(None)),
-                Err(ProtoError::WouldBlock) => Ok(None),
+                Ok(Recv::Data(n)) => Ok(Some(Some(Some(n)))),
+                Ok(Recv::Eof) => Ok(Some(Some(None))),
+                Ok(Recv::NeedsRead { .. }) => Ok(Some(None)),
+                Ok(Recv::Blocked) if d.core_ref().recv_incomplete() => Ok(Some(None)),
+                Ok(Recv::Blocked) => Ok(None),
                 Err(e) => Err(from_core(e)),
             }
         })
@@ -237,8 +238,8 @@ impl<L: Link + SliceRendezvous> Op<L> for SendMsg<'_> {
                 continue;
             }
             match d.core().send_msg_borrowed(m) {
-                Ok(true) => self.next += 1,
-                Ok(false) | Err(ProtoError::WouldBlock) => return Ok(None),
+                Ok(Step::Done(true)) => self.next += 1,
+                Ok(Step::Done(false) | Step::Blocked) => return Ok(None),
                 Err(e) => return Err(from_core(e)),
             }
         }
@@ -310,9 +311,10 @@ impl<L: Link> Op<L> for RecvInto<'_> {
 
     fn poll(&mut self, d: &mut L) -> Result<Option<RecvStep>> {
         match d.core().recv_msg_direct(self.buf) {
-            Ok(n) => Ok(Some(RecvStep::Got(n))),
-            Err(ProtoError::NeedsRead { len }) => Ok(Some(RecvStep::Rendezvous(len))),
-            Err(ProtoError::WouldBlock) => Ok(None),
+            Ok(Recv::Data(n)) => Ok(Some(RecvStep::Got(Some(n)))),
+            Ok(Recv::Eof) => Ok(Some(RecvStep::Got(None))),
+            Ok(Recv::NeedsRead { len }) => Ok(Some(RecvStep::Rendezvous(len))),
+            Ok(Recv::Blocked) => Ok(None),
             Err(e) => Err(from_core(e)),
         }
     }
@@ -358,8 +360,8 @@ fn send_slice_rdv(d: &mut Driver, m: &[u8], slot: &mut Option<SliceRdv>) -> Resu
             let (addr, len) = (mr.addr(), m.len());
             if !mr.access().contains(AccessFlags::MW_BIND) {
                 match d.core().send_rendezvous(len, addr, mr.rkey()) {
-                    Ok(msg) => state.msg = Some(msg),
-                    Err(ProtoError::WouldBlock) => {}
+                    Ok(Step::Done(msg)) => state.msg = Some(msg),
+                    Ok(Step::Blocked) => {}
                     Err(e) => return Err(from_core(e)),
                 }
                 return Ok(false);

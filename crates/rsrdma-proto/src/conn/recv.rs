@@ -17,6 +17,7 @@ use super::{Conn, ReadState, RxFrame};
 use crate::error::ProtoError;
 use crate::frame::{Header, HEADER_LEN, RTS_PAYLOAD_LEN};
 use crate::memory::SlotMemory;
+use crate::step::{Recv, Step};
 use crate::work::Work;
 
 /// The message at the head of the read order.
@@ -29,16 +30,16 @@ enum Head {
 }
 
 impl<M: SlotMemory> Conn<M> {
-    /// Receives the next whole message (or its unread rest) into `buf`: `Ok(Some(len))`,
-    /// `Ok(None)` at EOF (the peer's FIN after all its data), `Err(WouldBlock)`, or
+    /// Receives the next whole message (or its unread rest) into `buf`: `Data(len)`, `Eof`
+    /// (the peer's FIN after all its data), `Blocked`, `NeedsRead`, or
     /// `Err(ShortBuffer { needed })`, which leaves the message queued.
-    pub fn recv_msg_into(&mut self, buf: &mut [u8]) -> Result<Option<usize>, ProtoError> {
+    pub fn recv_msg_into(&mut self, buf: &mut [u8]) -> Result<Recv<usize>, ProtoError> {
         self.check_read("recv_msg_into")?;
         let Some((head, len)) = self.head() else {
-            return self.no_message();
+            return Ok(self.no_message());
         };
         if let Head::Rendezvous(_) = head {
-            return self.needs_read(len);
+            return Ok(self.needs_read(len));
         }
         let needed = len - self.rx.read_off;
         if buf.len() < needed {
@@ -47,18 +48,18 @@ impl<M: SlotMemory> Conn<M> {
         self.copy_head(head, self.rx.read_off, &mut buf[..needed]);
         self.consume_head(head);
         self.flush();
-        Ok(Some(needed))
+        Ok(Recv::Data(needed))
     }
 
     /// As [`Conn::recv_msg_into`], but a message of several fragments goes straight from its
     /// receive slots into `buf`, with no reassembly buffer: for a blocking caller whose `buf`
-    /// stays borrowed for the whole call. `Err(WouldBlock)` while the message is incomplete:
+    /// stays borrowed for the whole call. `Blocked` while the message is incomplete:
     /// call again with the same `buf` when something changed, or end the attempt with
     /// [`Conn::recv_direct_abort`]. Meanwhile fragments wait in their slots for the caller (so
     /// credit returns as fast as it copies), and other reads see no message. A message that
     /// began arriving before the call is taken over from the reassembly buffer.
     /// `Err(ShortBuffer)` as soon as the message's length is known.
-    pub fn recv_msg_direct(&mut self, buf: &mut [u8]) -> Result<Option<usize>, ProtoError> {
+    pub fn recv_msg_direct(&mut self, buf: &mut [u8]) -> Result<Recv<usize>, ProtoError> {
         self.check_read("recv_msg_into")?;
         let got = match self.rx.direct {
             Some(got) => got,
@@ -67,7 +68,7 @@ impl<M: SlotMemory> Conn<M> {
                     return self.recv_msg_into(buf);
                 }
                 let Some(total) = self.incomplete_total() else {
-                    return self.no_message();
+                    return Ok(self.no_message());
                 };
                 if buf.len() < total {
                     return Err(ProtoError::ShortBuffer { needed: total });
@@ -110,11 +111,11 @@ impl<M: SlotMemory> Conn<M> {
             self.rx.asm_total = 0;
             self.reassemble();
             self.flush();
-            return Ok(Some(got));
+            return Ok(Recv::Data(got));
         }
         self.rx.direct = Some(got);
         self.flush();
-        Err(ProtoError::WouldBlock)
+        Ok(Recv::Blocked)
     }
 
     /// Ends a direct receive that is not complete (the caller gives up waiting): the part
@@ -150,15 +151,16 @@ impl<M: SlotMemory> Conn<M> {
         }
     }
 
-    /// Receives the next whole message (or its unread rest) as a new vector; `Ok(None)` at
-    /// EOF. A reassembled message is handed over without a copy.
-    pub fn recv_msg(&mut self) -> Result<Option<Vec<u8>>, ProtoError> {
+    /// Receives the next whole message (or its unread rest) as a new vector; the other
+    /// outcomes as [`Conn::recv_msg_into`]'s. A reassembled message is handed over without a
+    /// copy.
+    pub fn recv_msg(&mut self) -> Result<Recv<Vec<u8>>, ProtoError> {
         self.check_read("recv_msg")?;
         let Some((head, len)) = self.head() else {
-            return self.no_message();
+            return Ok(self.no_message());
         };
         if let Head::Rendezvous(_) = head {
-            return self.needs_read(len);
+            return Ok(self.needs_read(len));
         }
         let msg = match head {
             Head::Reassembled if self.rx.read_off == 0 => std::mem::take(&mut self.rx.asm),
@@ -170,12 +172,15 @@ impl<M: SlotMemory> Conn<M> {
         };
         self.consume_head(head);
         self.flush();
-        Ok(Some(msg))
+        Ok(Recv::Data(msg))
     }
 
     /// Byte-stream read: fills `buf` from the head message and the ones after it, and may stop
-    /// inside a message. `Ok(0)` only at EOF or for an empty `buf`.
-    pub fn read(&mut self, buf: &mut [u8]) -> Result<usize, ProtoError> {
+    /// inside a message. `Data(n)` has `n > 0`, except for an empty `buf`: that gives
+    /// `Data(0)` at once, whatever is queued and even at EOF (errors still come first). It
+    /// stops before a rendezvous message once it copied bytes; with none copied it gives
+    /// `NeedsRead` for it. `Eof` at the end of the stream, `Blocked` when nothing is ready.
+    pub fn read(&mut self, buf: &mut [u8]) -> Result<Recv<usize>, ProtoError> {
         self.check_read("read")?;
         let mut n = 0;
         loop {
@@ -189,7 +194,7 @@ impl<M: SlotMemory> Conn<M> {
             if let Head::Rendezvous(_) = head {
                 if n == 0 {
                     self.flush();
-                    return self.needs_read::<usize>(len);
+                    return Ok(self.needs_read(len));
                 }
                 break;
             }
@@ -200,9 +205,9 @@ impl<M: SlotMemory> Conn<M> {
         }
         self.flush();
         if n > 0 || buf.is_empty() {
-            return Ok(n);
+            return Ok(Recv::Data(n));
         }
-        self.no_message::<()>().map(|_| 0)
+        Ok(self.no_message())
     }
 
     /// Length of the next message's unread part, if one is ready.
@@ -223,11 +228,11 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// A rendezvous message at the head: the driver must read it (`NeedsRead`), or wait
-    /// while a read of it is in progress (`WouldBlock`).
-    fn needs_read<T>(&self, len: usize) -> Result<T, ProtoError> {
+    /// while a read of it is in progress (`Blocked`).
+    fn needs_read<T>(&self, len: usize) -> Recv<T> {
         match self.rx.read {
-            ReadState::Idle => Err(ProtoError::NeedsRead { len }),
-            _ => Err(ProtoError::WouldBlock),
+            ReadState::Idle => Recv::NeedsRead { len },
+            _ => Recv::Blocked,
         }
     }
 
@@ -235,20 +240,20 @@ impl<M: SlotMemory> Conn<M> {
     /// `local_addr`/`lkey`, which the driver registered with local write and keeps alive and
     /// untouched until [`Conn::take_read`] returns the message (or, after a failure, until
     /// the QP's flush). Queues a [`Work::PostRead`]. `ShortBuffer` when `capacity` is below
-    /// the message (which stays queued); `WouldBlock` when no rendezvous message is at the
+    /// the message (which stays queued); `Blocked` when no rendezvous message is at the
     /// head, one is already being read, or the send queue is full.
     pub fn start_read(
         &mut self,
         local_addr: u64,
         lkey: u32,
         capacity: usize,
-    ) -> Result<(), ProtoError> {
+    ) -> Result<Step<()>, ProtoError> {
         self.check_read("start_read")?;
         let Some((Head::Rendezvous(f), len)) = self.head() else {
-            return Err(ProtoError::WouldBlock);
+            return Ok(Step::Blocked);
         };
         if self.rx.read != ReadState::Idle || !self.sq.has_room(false) {
-            return Err(ProtoError::WouldBlock);
+            return Ok(Step::Blocked);
         }
         if capacity < len {
             return Err(ProtoError::ShortBuffer { needed: len });
@@ -268,7 +273,7 @@ impl<M: SlotMemory> Conn<M> {
             len: len as u32,
         });
         self.rx.read = ReadState::Reading(wr_id);
-        Ok(())
+        Ok(Step::Done(()))
     }
 
     /// The length of the head message when it is a rendezvous message that nobody reads
@@ -362,11 +367,12 @@ impl<M: SlotMemory> Conn<M> {
         self.reassemble();
     }
 
-    fn no_message<T>(&self) -> Result<Option<T>, ProtoError> {
+    /// No message at the head: the end of the stream, or nothing yet.
+    fn no_message<T>(&self) -> Recv<T> {
         if self.is_eof() {
-            Ok(None)
+            Recv::Eof
         } else {
-            Err(ProtoError::WouldBlock)
+            Recv::Blocked
         }
     }
 

@@ -6,6 +6,7 @@ use crate::error::ProtoError as E;
 use crate::frame::{FrameType, Header, FLAG_FIRST, FLAG_LAST, HEADER_LEN, RTS_PAYLOAD_LEN};
 use crate::memory::SlotMemory;
 use crate::params::CONTROL_RESERVE;
+use crate::step::Step;
 use crate::work::{LentPayload, Work, WrId};
 
 /// `send_inline_now` scans the queue for a send it must not overtake; past this many queued
@@ -15,29 +16,31 @@ const MAX_QUEUED_BEHIND: usize = 8;
 impl<M: SlotMemory> Conn<M> {
     /// Queues one message. Fragments go straight into free send slots (the one copy) as far as
     /// credits, SQ entries and slots allow; the rest is copied into the core and sent as
-    /// resources free up. While a message is still partly unsent, the next `send_msg` returns
-    /// `WouldBlock` (and `Event::Writable` follows once it would succeed), so the core never
-    /// holds more than one unsent message.
-    pub fn send_msg(&mut self, data: &[u8]) -> Result<(), ProtoError> {
+    /// resources free up. While a message is still partly unsent, the next `send_msg` gives
+    /// `Step::Blocked` (and `Event::Writable` follows once it would succeed), so the core
+    /// never holds more than one unsent message.
+    pub fn send_msg(&mut self, data: &[u8]) -> Result<Step<()>, ProtoError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        self.start_message(data.len())?;
+        if self.start_message(data.len())?.is_blocked() {
+            return Ok(Step::Blocked);
+        }
         self.push_data(Some(data));
         if self.tx.active {
             self.keep_rest(data);
         }
         self.flush();
-        Ok(())
+        Ok(Step::Done(()))
     }
 
     /// Queues one message of `len` bytes by rendezvous: the driver has registered it for
     /// remote read at `addr`/`rkey` (and nothing else: no remote write), and keeps it
     /// registered, unchanged and alive until [`Conn::rendezvous_released`] says so for the
     /// returned message number, or until the QP's flush after a failure or close. The RTS goes
-    /// in the message order, when a data credit allows. `WouldBlock` while another message is
-    /// being sent; `NotNegotiated` without settled rendezvous; `TooLarge` above the cap.
-    pub fn send_rendezvous(&mut self, len: usize, addr: u64, rkey: u32) -> Result<u64, E> {
+    /// in the message order, when a data credit allows. `Step::Blocked` while another message
+    /// is being sent; `NotNegotiated` without settled rendezvous; `TooLarge` above the cap.
+    pub fn send_rendezvous(&mut self, len: usize, addr: u64, rkey: u32) -> Result<Step<u64>, E> {
         self.rendezvous(len, addr, rkey, false)
     }
 
@@ -50,11 +53,22 @@ impl<M: SlotMemory> Conn<M> {
     /// can read nothing after the release (whatever it sends). A type-2 window also works
     /// only through this connection's QP, unlike a registration's key, which any QP of the
     /// protection domain may use.
-    pub fn send_rendezvous_window(&mut self, len: usize, addr: u64, rkey: u32) -> Result<u64, E> {
+    pub fn send_rendezvous_window(
+        &mut self,
+        len: usize,
+        addr: u64,
+        rkey: u32,
+    ) -> Result<Step<u64>, E> {
         self.rendezvous(len, addr, rkey, true)
     }
 
-    fn rendezvous(&mut self, len: usize, addr: u64, rkey: u32, window: bool) -> Result<u64, E> {
+    fn rendezvous(
+        &mut self,
+        len: usize,
+        addr: u64,
+        rkey: u32,
+        window: bool,
+    ) -> Result<Step<u64>, E> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -69,12 +83,14 @@ impl<M: SlotMemory> Conn<M> {
                 reason: "rendezvous of an empty message",
             });
         }
-        self.start_message(len)?;
+        if self.start_message(len)?.is_blocked() {
+            return Ok(Step::Blocked);
+        }
         self.tx.rts = Some(Rts { addr, rkey, window });
         let msg = self.tx.messages - 1;
         self.push_data(None);
         self.flush();
-        Ok(msg)
+        Ok(Step::Done(msg))
     }
 
     /// Queues one message of `len` bytes whose payload stays in memory the driver lent: it is
@@ -84,18 +100,20 @@ impl<M: SlotMemory> Conn<M> {
     /// each fragment is one SEND of two SGEs, its header from a send slot and its payload
     /// from the lent range ([`Work::PostSend`]'s `lent`). Credits, order with other messages
     /// and fragment sizes are those of `send_msg`; the last fragment is always signalled, so
-    /// the release never waits for later traffic. `WouldBlock` while another message is being
-    /// sent; `TooLarge` above the cap.
-    pub fn send_msg_lent(&mut self, len: usize, addr: u64, lkey: u32) -> Result<u64, E> {
+    /// the release never waits for later traffic. `Step::Blocked` while another message is
+    /// being sent; `TooLarge` above the cap.
+    pub fn send_msg_lent(&mut self, len: usize, addr: u64, lkey: u32) -> Result<Step<u64>, E> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        self.start_message(len)?;
+        if self.start_message(len)?.is_blocked() {
+            return Ok(Step::Blocked);
+        }
         self.tx.lent = Some((addr, lkey));
         let msg = self.tx.messages - 1;
         self.push_data(None);
         self.flush();
-        Ok(msg)
+        Ok(Step::Done(msg))
     }
 
     /// Whether lent message `msg` (from [`Conn::send_msg_lent`]) is done with: every
@@ -134,12 +152,13 @@ impl<M: SlotMemory> Conn<M> {
 
     /// Sends one message straight from the caller's memory, without ever copying its unsent
     /// rest: fragments go into send slots as credits, SQ entries and slots allow, and the
-    /// rest waits in `data` itself. `Ok(true)`: every frame is queued. `Ok(false)`: call again
-    /// with the same `data` once something changed (a completion, a credit), or end the
+    /// rest waits in `data` itself. `Done(true)`: every frame is queued. `Done(false)`: call
+    /// again with the same `data` once something changed (a completion, a credit), or end the
     /// attempt with [`Conn::send_unborrow`]; until then nothing else sends DATA. For a blocking
     /// caller, whose slice stays borrowed for the whole call: the memory the core holds for a
-    /// message stays at its slots. `WouldBlock` while another message is being sent.
-    pub fn send_msg_borrowed(&mut self, data: &[u8]) -> Result<bool, ProtoError> {
+    /// message stays at its slots. `Blocked` while another message is being sent (nothing of
+    /// `data` was taken).
+    pub fn send_msg_borrowed(&mut self, data: &[u8]) -> Result<Step<bool>, ProtoError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -150,7 +169,9 @@ impl<M: SlotMemory> Conn<M> {
                 });
             }
         } else {
-            self.start_message(data.len())?;
+            if self.start_message(data.len())?.is_blocked() {
+                return Ok(Step::Blocked);
+            }
             self.tx.borrowed = true;
         }
         self.push_data(Some(data));
@@ -159,7 +180,7 @@ impl<M: SlotMemory> Conn<M> {
             self.tx.borrowed = false;
         }
         self.flush();
-        Ok(done)
+        Ok(Step::Done(done))
     }
 
     /// A message that fits one inline frame, built now for the driver to post at once, ahead
@@ -208,7 +229,7 @@ impl<M: SlotMemory> Conn<M> {
     /// copied into the core and sent as resources allow (`true`: the message will be sent
     /// whole). `data` is the slice given to `send_msg_borrowed`. `false` when no borrowed
     /// send of `data` is in progress: a message the core never started (its
-    /// `send_msg_borrowed` said `WouldBlock` behind another message) holds nothing of `data`,
+    /// `send_msg_borrowed` said `Blocked` behind another message) holds nothing of `data`,
     /// and nothing of it will be sent.
     pub fn send_unborrow(&mut self, data: &[u8]) -> bool {
         if !(self.tx.active && self.tx.borrowed) || data.len() != self.tx.total {
@@ -226,8 +247,10 @@ impl<M: SlotMemory> Conn<M> {
         true
     }
 
-    /// Checks a new message against the state and the cap, and makes it the current one.
-    fn start_message(&mut self, len: usize) -> Result<(), ProtoError> {
+    /// Checks a new message against the state and the cap, and makes it the current one;
+    /// `Blocked` (and nothing changes but the promise of `Event::Writable`) while another
+    /// message is being sent.
+    fn start_message(&mut self, len: usize) -> Result<Step<()>, ProtoError> {
         if self.tx.write_closed {
             return Err(ProtoError::Closed { op: "send_msg" });
         }
@@ -239,13 +262,13 @@ impl<M: SlotMemory> Conn<M> {
         }
         if self.tx.active {
             self.tx.want_writable = true;
-            return Err(ProtoError::WouldBlock);
+            return Ok(Step::Blocked);
         }
         self.tx.active = true;
         self.number_message();
         self.tx.total = len;
         self.tx.offset = 0;
-        Ok(())
+        Ok(Step::Done(()))
     }
 
     /// Gives the next message its number (`tx.messages`, counted from 0) and frame id.

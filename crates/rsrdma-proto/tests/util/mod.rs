@@ -7,8 +7,8 @@
 #![allow(dead_code)] // each test file uses a part
 
 use rsrdma_proto::{
-    settle, Config, Conn, Event, Fatal, FrameType, Header, LentPayload, VecSlots, Work, WrId,
-    HEADER_LEN,
+    settle, Config, Conn, Event, Fatal, FrameType, Header, LentPayload, ProtoError, Recv, Step,
+    VecSlots, Work, WrId, HEADER_LEN,
 };
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -16,6 +16,14 @@ use std::time::{Duration, Instant};
 /// The payload byte of message `id` at `offset`: corruption, loss and reordering all show.
 pub fn byte_at(id: u64, offset: usize) -> u8 {
     (id.wrapping_mul(131) as usize ^ offset.wrapping_mul(7) ^ (offset >> 8).wrapping_mul(13)) as u8
+}
+
+/// The value of a call that must have done its work: neither failed nor blocked.
+pub fn done<T: std::fmt::Debug>(r: Result<Step<T>, ProtoError>) -> T {
+    match r {
+        Ok(Step::Done(v)) => v,
+        other => panic!("not done: {other:?}"),
+    }
 }
 
 /// Message `id` of `len` bytes.
@@ -47,11 +55,11 @@ pub fn transfer_lent_or_any(p: &mut Pair, lens: &[usize], lent: impl Fn(usize) -
         if next < lens.len() {
             let data = payload(next as u64, lens[next]);
             let sent = if lent(next) {
-                p.sides[0].send_lent(&data).map(|_| ())
+                p.sides[0].send_lent(&data).map(|s| !s.is_blocked())
             } else {
-                p.sides[0].send_any(&data)
+                p.sides[0].send_any(&data).map(|s| !s.is_blocked())
             };
-            if sent.is_ok() {
+            if sent.unwrap_or(false) {
                 chk.lens.push(lens[next]);
                 next += 1;
             }
@@ -59,8 +67,9 @@ pub fn transfer_lent_or_any(p: &mut Pair, lens: &[usize], lent: impl Fn(usize) -
         p.pump(0);
         loop {
             match p.sides[1].recv_any() {
-                Ok(Some(m)) => chk.on_msg(&m),
-                Ok(None) | Err(rsrdma_proto::ProtoError::WouldBlock) => break,
+                Ok(Recv::Data(m)) => chk.on_msg(&m),
+                Ok(Recv::Eof | Recv::Blocked) => break,
+                Ok(Recv::NeedsRead { .. }) => unreachable!("recv_any starts the read"),
                 Err(e) => panic!("{e}"),
             }
         }
@@ -180,7 +189,7 @@ impl Side {
 
     /// Sends `data` by rendezvous when it is settled and `data` reaches the threshold,
     /// else eagerly.
-    pub fn send_any(&mut self, data: &[u8]) -> Result<(), rsrdma_proto::ProtoError> {
+    pub fn send_any(&mut self, data: &[u8]) -> Result<Step<()>, ProtoError> {
         match self.conn.rendezvous_threshold() {
             Some(t) if data.len() >= t as usize => {
                 let key = self.register(data.to_vec());
@@ -191,16 +200,12 @@ impl Side {
                 } else {
                     self.conn.send_rendezvous(data.len(), 0, key)
                 };
-                match sent {
-                    Ok(msg) => {
-                        self.rdv_sends.push((msg, key));
-                        Ok(())
-                    }
-                    Err(e) => {
-                        self.regions.remove(&key);
-                        Err(e)
-                    }
+                if let Ok(Step::Done(msg)) = sent {
+                    self.rdv_sends.push((msg, key));
+                    return Ok(Step::Done(()));
                 }
+                self.regions.remove(&key);
+                sent.map(|_| Step::Blocked)
             }
             _ => self.conn.send_msg(data),
         }
@@ -208,18 +213,16 @@ impl Side {
 
     /// Sends `data` from lent memory (registered here, at address 0 of a key of its own):
     /// no copy; the region stays until `release` finds the message released.
-    pub fn send_lent(&mut self, data: &[u8]) -> Result<u64, rsrdma_proto::ProtoError> {
+    pub fn send_lent(&mut self, data: &[u8]) -> Result<Step<u64>, ProtoError> {
         let key = self.register(data.to_vec());
-        match self.conn.send_msg_lent(data.len(), 0, key) {
-            Ok(msg) => {
-                self.lent_sends.push((msg, key));
-                Ok(msg)
-            }
-            Err(e) => {
+        let sent = self.conn.send_msg_lent(data.len(), 0, key);
+        match sent {
+            Ok(Step::Done(msg)) => self.lent_sends.push((msg, key)),
+            _ => {
                 self.regions.remove(&key);
-                Err(e)
             }
         }
+        sent
     }
 
     /// Releases rendezvous and lent memory the core says is done with.
@@ -247,9 +250,9 @@ impl Side {
         });
     }
 
-    /// `recv_msg`, reading rendezvous messages as a driver would: `Err(WouldBlock)` while a
-    /// read is in flight.
-    pub fn recv_any(&mut self) -> Result<Option<Vec<u8>>, rsrdma_proto::ProtoError> {
+    /// `recv_msg`, reading rendezvous messages as a driver would: `Blocked` while a read is
+    /// in flight (never `NeedsRead`: it starts the read).
+    pub fn recv_any(&mut self) -> Result<Recv<Vec<u8>>, ProtoError> {
         if let Some(key) = self.read_key {
             return match self.conn.take_read() {
                 Some(n) => {
@@ -257,33 +260,32 @@ impl Side {
                     let mut v = self.regions.remove(&key).expect("read destination");
                     assert!(v.len() >= n);
                     v.truncate(n);
-                    Ok(Some(v))
+                    Ok(Recv::Data(v))
                 }
-                None => Err(rsrdma_proto::ProtoError::WouldBlock),
+                None => Ok(Recv::Blocked),
             };
         }
         match self.conn.recv_msg() {
-            Err(rsrdma_proto::ProtoError::NeedsRead { len }) => {
-                self.start_read(len)?;
-                Err(rsrdma_proto::ProtoError::WouldBlock)
+            Ok(Recv::NeedsRead { len }) => {
+                // Started or not (no SQ room), the message is not here yet.
+                let _ = self.start_read(len)?;
+                Ok(Recv::Blocked)
             }
             r => r,
         }
     }
 
     /// Registers a destination of `len` bytes and starts the read of the head message.
-    pub fn start_read(&mut self, len: usize) -> Result<(), rsrdma_proto::ProtoError> {
+    pub fn start_read(&mut self, len: usize) -> Result<Step<()>, ProtoError> {
         let key = self.register(vec![0; len]);
-        match self.conn.start_read(0, key, len) {
-            Ok(()) => {
-                self.read_key = Some(key);
-                Ok(())
-            }
-            Err(e) => {
+        let started = self.conn.start_read(0, key, len);
+        match started {
+            Ok(Step::Done(())) => self.read_key = Some(key),
+            _ => {
                 self.regions.remove(&key);
-                Err(e)
             }
         }
+        started
     }
 
     /// Checks a send-queue request that is not a SEND (`what`) as side `i` posts it: room in
@@ -367,7 +369,7 @@ impl Pair {
     /// Sends `data` from side `i`: below the rendezvous threshold and with `fast_sends[i]`,
     /// first the lean way (the frame `Conn::send_inline_now` builds is posted here and now,
     /// before anything queued, as rsrdma-net's driver does), else as [`Side::send_any`].
-    pub fn send(&mut self, i: usize, data: &[u8]) -> Result<(), rsrdma_proto::ProtoError> {
+    pub fn send(&mut self, i: usize, data: &[u8]) -> Result<Step<()>, ProtoError> {
         let below = self.sides[i]
             .conn
             .rendezvous_threshold()
@@ -386,7 +388,7 @@ impl Pair {
                     "send_inline_now built {w:?}"
                 );
                 self.post(i, w);
-                return Ok(());
+                return Ok(Step::Done(()));
             }
         }
         self.sides[i].send_any(data)

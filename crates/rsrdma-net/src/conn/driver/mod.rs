@@ -59,7 +59,7 @@ use post::Staging;
 use rdv_memory::{rdv_entry, rdv_index, OwnedRead, RdvSend};
 use rsrdma::cm::{CmEventType, CmId};
 use rsrdma::{AccessFlags, Cq, Mr, Mw, Pd, Qp, RecvWr, SendWr, Sge, Wc};
-use rsrdma_proto::{Conn as Core, Fatal, ProtoError, Work, WrId};
+use rsrdma_proto::{Conn as Core, Fatal, Step, Work, WrId};
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, RawFd};

@@ -86,10 +86,10 @@ pub(super) fn rdv_entry(rdv: &VecDeque<RdvSend>, msg: u64) -> Option<&RdvSend> {
 }
 
 impl Driver {
-    /// Starts the rendezvous READ of the head message (`len` bytes, as `NeedsRead` said)
-    /// into a vector of the driver's own, registered for local write only: a read call that
-    /// needs the message then waits as for any message, and when the READ lands the step
-    /// moves the vector into the core as the head message
+    /// Starts the rendezvous READ of the head message (`len` bytes, as the core's
+    /// `Recv::NeedsRead` said) into a vector of the driver's own, registered for local write
+    /// only: a read call that needs the message then waits as for any message, and when the
+    /// READ lands the step moves the vector into the core as the head message
     /// ([`rsrdma_proto::Conn::take_read_into_core`]; `recv_msg` then takes it without a
     /// copy). No call holds the destination, so a call that gives up (a timeout, a dropped
     /// future) strands nothing: the message stays the next one to read. `Ok(false)`: not now
@@ -114,11 +114,11 @@ impl Driver {
             )
         }?;
         match self.core.start_read(mr.addr(), mr.lkey(), len) {
-            Ok(()) => {
+            Ok(Step::Done(())) => {
                 self.owned_read = Some(OwnedRead { mr: Some(mr), vec });
                 Ok(true)
             }
-            Err(ProtoError::WouldBlock) => Ok(false),
+            Ok(Step::Blocked) => Ok(false),
             Err(e) => Err(from_core(e)),
         }
     }
@@ -221,13 +221,14 @@ impl Driver {
             )));
         };
         match self.core.send_rendezvous_window(len, addr, w.next_rkey()) {
-            Ok(msg) => Ok(Some((msg, w))),
+            Ok(Step::Done(msg)) => Ok(Some((msg, w))),
+            Ok(Step::Blocked) => {
+                self.put_window(w);
+                Ok(None)
+            }
             Err(e) => {
                 self.put_window(w);
-                match e {
-                    ProtoError::WouldBlock => Ok(None),
-                    e => Err(from_core(e)),
-                }
+                Err(from_core(e))
             }
         }
     }
