@@ -1044,8 +1044,8 @@ fn one_async_accept_loop_serves_a_good_client_through_a_flood() {
             held.push(s);
         }
         let t0 = Instant::now();
-        let mut c = AsyncConn::dial(addr, opts(Establish::Tcp)).await.unwrap();
-        let mut s = timeout(Duration::from_secs(10), rx.recv())
+        let c = AsyncConn::dial(addr, opts(Establish::Tcp)).await.unwrap();
+        let s = timeout(Duration::from_secs(10), rx.recv())
             .await
             .expect("no connection within 10 s")
             .unwrap();

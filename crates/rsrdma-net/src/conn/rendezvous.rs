@@ -51,7 +51,7 @@
 
 use super::buffer::Buffer;
 use super::driver::Driver;
-use super::op::Op;
+use super::op::{Link, Op};
 use super::sides::Side;
 use super::Conn;
 use crate::error::{from_core, NetError, Result};
@@ -377,8 +377,47 @@ impl Conn {
     }
 }
 
-/// A rendezvous READ of the head message straight into the caller's memory.
-pub(crate) struct Pull<'a> {
+/// What a rendezvous READ into a caller's buffer needs of the connection beyond [`Link`]:
+/// the driver keeps the buffer while the READ writes it, and takes over a READ whose call
+/// gave up. The simulated link of the host tests (`op_sim`) is the other implementation.
+pub(crate) trait ReadLink: Link {
+    /// What keeps a buffer's allocation while a READ writes it.
+    type Hold;
+    /// Keeps the buffer a READ lands in until [`ReadLink::end_read`].
+    fn hold_read(&mut self, hold: Self::Hold);
+    /// The READ's message was taken: its buffer is free.
+    fn end_read(&mut self);
+    /// The call reading into the held buffer gave up: when the READ lands, the message goes
+    /// into the core (as the head, for the next read) and the buffer is freed.
+    fn orphan_buffer_read(&mut self, len: usize);
+    /// The connection's failure, if it failed.
+    fn check_failed(&mut self) -> Result<()> {
+        match self.core().error() {
+            Some(e) => Err(NetError::ConnFailed(e.clone())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl ReadLink for Driver {
+    type Hold = super::buffer::InFlight;
+
+    fn hold_read(&mut self, hold: Self::Hold) {
+        Driver::hold_read(self, hold);
+    }
+
+    fn end_read(&mut self) {
+        Driver::end_read(self);
+    }
+
+    fn orphan_buffer_read(&mut self, len: usize) {
+        Driver::orphan_buffer_read(self, len);
+    }
+}
+
+/// A rendezvous READ of the head message straight into the caller's memory (`H`: what holds
+/// a buffer's allocation, [`ReadLink::Hold`]).
+pub(crate) struct Pull<'a, H = super::buffer::InFlight> {
     name: &'static str,
     len: usize,
     /// Where it lands: `addr`, `lkey`, capacity.
@@ -386,7 +425,7 @@ pub(crate) struct Pull<'a> {
     /// The slice's registration, dropped once the READ landed (or with the op).
     reg: Option<Mr>,
     /// The buffer's allocation, with the driver once the READ started.
-    hold: Option<super::buffer::InFlight>,
+    hold: Option<H>,
     /// The READ was started (into `at`).
     started: bool,
     /// The slice the READ writes, borrowed for the op's life.
@@ -439,7 +478,29 @@ impl<'a> Pull<'a> {
     }
 }
 
-impl Op for Pull<'_> {
+#[cfg(test)]
+impl<H> Pull<'static, H> {
+    /// A READ of `len` bytes into a buffer at `addr`/`lkey` of `cap` bytes, `hold` keeping it
+    /// (the host simulation's buffers).
+    pub(crate) fn into_buffer(
+        name: &'static str,
+        len: usize,
+        (addr, lkey, cap): (u64, u32, usize),
+        hold: H,
+    ) -> Pull<'static, H> {
+        Pull {
+            name,
+            len,
+            at: (addr, lkey, cap),
+            reg: None,
+            hold: Some(hold),
+            started: false,
+            _slice: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<L: ReadLink> Op<L> for Pull<'_, L::Hold> {
     type Out = Pulled;
 
     fn name(&self) -> &'static str {
@@ -450,14 +511,14 @@ impl Op for Pull<'_> {
         None
     }
 
-    fn poll(&mut self, d: &mut Driver) -> Result<Option<Pulled>> {
-        if d.peer_gone() && !d.core_ref().read_landed() {
+    fn poll(&mut self, d: &mut L) -> Result<Option<Pulled>> {
+        if d.peer_gone() && !d.core().read_landed() {
             // The peer left after its FIN: its memory went with it (and nothing is posted
             // any more), so a rendezvous message it left behind cannot be read.
             return Err(NetError::PeerGone { op: self.name });
         }
         if !self.started {
-            if d.core_ref().pending_read() != Some(self.len) {
+            if d.core().pending_read() != Some(self.len) {
                 d.check_failed()?;
                 return Ok(Some(Pulled::Retry));
             }
@@ -475,7 +536,7 @@ impl Op for Pull<'_> {
             };
         }
         d.check_failed()?;
-        if !d.core_ref().read_landed() {
+        if !d.core().read_landed() {
             return Ok(None);
         }
         // Landed: the NIC is done with the destination.
@@ -489,7 +550,7 @@ impl Op for Pull<'_> {
     /// A READ into a buffer goes on without the call: the driver keeps the buffer and moves
     /// the message into the core when it lands (F3: nothing wedges, nothing is lost). A READ
     /// into a slice is the blocking `pull`'s to wait for.
-    fn abandon(&mut self, d: &mut Driver, r: Result<Pulled>) -> Result<Pulled> {
+    fn abandon(&mut self, d: &mut L, r: Result<Pulled>) -> Result<Pulled> {
         if self.started && self.reg.is_none() {
             self.started = false;
             d.orphan_buffer_read(self.len);

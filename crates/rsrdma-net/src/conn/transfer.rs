@@ -38,6 +38,22 @@ pub(crate) struct SliceRdv {
     mr: Option<Mr>,
 }
 
+#[cfg(test)]
+impl SliceRdv {
+    /// Message `msg` queued by a link that registers nothing (the host simulation).
+    pub(crate) fn queued(msg: u64) -> SliceRdv {
+        SliceRdv {
+            msg: Some(msg),
+            mr: None,
+        }
+    }
+
+    /// The message number, once the core took it.
+    pub(crate) fn msg(&self) -> Option<u64> {
+        self.msg
+    }
+}
+
 impl Conn {
     /// The fast path of a blocking send: one locked step that sends a message of one frame
     /// (below the rendezvous threshold) when nobody owns the send side and a credit and a
@@ -195,8 +211,7 @@ pub(crate) struct SendMsg<'a> {
 }
 
 /// A link's part in a rendezvous send of a caller's slice: the driver registers the slice
-/// and exposes it ([`send_slice_rdv`]); a link without rendezvous (the host simulation) has
-/// none, and its sends have no threshold.
+/// and exposes it ([`send_slice_rdv`]); the host simulation (`op_sim`) exposes a copy.
 pub(crate) trait SliceRendezvous {
     /// One step of the rendezvous send of `m`: `Ok(true)` once released.
     fn send_slice_rdv(&mut self, m: &[u8], slot: &mut Option<SliceRdv>) -> Result<bool>;
@@ -294,6 +309,27 @@ impl<'a> SendMsg<'a> {
             next: 0,
             rdv: None,
             threshold: None,
+        }
+    }
+
+    /// The message whose RTS is out when the run ended (the blocking `send_lent` then waits
+    /// for its DONE before the caller gets the slice back), taken.
+    #[cfg(test)]
+    pub(crate) fn take_rts_out(&mut self) -> Option<u64> {
+        self.rdv.take().and_then(|r| r.msg)
+    }
+
+    /// A send of `msgs` as the blocking face sends them: by rendezvous at and above
+    /// `threshold` (the host simulation).
+    #[cfg(test)]
+    pub(crate) fn with_threshold(
+        name: &'static str,
+        msgs: &'a [&'a [u8]],
+        threshold: usize,
+    ) -> SendMsg<'a> {
+        SendMsg {
+            threshold: Some(threshold),
+            ..SendMsg::eager(name, msgs)
         }
     }
 }
