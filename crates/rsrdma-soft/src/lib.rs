@@ -1,0 +1,53 @@
+//! The semantics core of rsrdma's software RDMA device (`soft0`): what a reliable-connected
+//! queue pair does, as a state machine with no I/O, modelled on Linux's soft-RoCE (rxe).
+//!
+//! # Why a core with no I/O
+//! The device built around this core moves packets over shared-memory rings on one host and
+//! over one TCP stream per queue pair between hosts, and plays the NIC from a progress
+//! thread. Both pipes are reliable and ordered, so what is left of RDMA's transport is its
+//! *semantics*: which work request completes when and with which status, which key reaches
+//! which memory with which access, what an RNR NAK does, how an error flushes the queues.
+//! Those rules live here once, tested on their own (as quinn-proto and rsrdma-proto are),
+//! and the pipes and the memory stay outside:
+//! - a [`RcQp`] takes work requests ([`RcQp::post_send`], [`RcQp::post_recv`]), packets from
+//!   its peer ([`RcQp::handle_packet`]) and the time ([`RcQp::handle_timeout`]); it gives
+//!   packets to send ([`RcQp::poll_transmit`]) and completions ([`RcQp::poll_completion`]);
+//! - memory is reached through [`Memory`], after the keys and access rights were checked
+//!   against the device's [`MrTable`]: the device implements it over the process's own
+//!   registered memory, the tests over a vector.
+//!
+//! # What it does (and where it differs from rxe)
+//! SEND, SEND with immediate, RDMA WRITE (with immediate, which consumes a receive), RDMA
+//! READ, compare-and-swap and fetch-and-add; inline data; selective signalling and
+//! `sq_sig_all`; completions in send-queue order, SENDs and WRITEs on their ACK, READs and
+//! atomics on their response; RNR NAK with `rnr_retry` (7: retry for ever) and the peer's
+//! `min_rnr_timer`; key, bounds and access checks with rxe's statuses (a bad remote key or
+//! range: `REM_ACCESS_ERR`, and the responder's QP goes to ERROR; an access right missing on
+//! the responder's QP, a misaligned atomic or a receive buffer too short:
+//! `REM_INV_REQ_ERR`; a bad local key or range: `LOC_PROT_ERR`); an error completes the
+//! failing request even when unsignalled, moves the QP to ERROR and flushes every other
+//! request of both queues with `WR_FLUSH_ERR`; a link that breaks ends what is outstanding
+//! with `RETRY_EXC_ERR`.
+//!
+//! Differences, on purpose: a message is one packet (the pipes carry any length, so there is
+//! no MTU to cut at and no PSN per MTU); every request is acknowledged (no coalescing yet);
+//! there is no go-back-N except after an RNR NAK (the pipes lose nothing); fences and
+//! `max_rd_atomic` are not enforced yet (requests execute in order at the responder, which
+//! gives what a fence promises on a reliable, ordered pipe).
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod access;
+mod memory;
+mod mr;
+mod qp;
+mod wire;
+mod wr;
+
+pub use access::Access;
+pub use memory::{Memory, VecMemory};
+pub use mr::{MrEntry, MrTable};
+pub use qp::{PostError, QpConfig, QpState, RcQp};
+pub use wire::{Nak, Packet, PacketKind, WireError, HEADER_LEN};
+pub use wr::{Completion, RecvWr, SendOp, SendWr, Sge, Status, WcOpcode};

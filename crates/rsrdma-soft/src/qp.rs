@@ -1,0 +1,678 @@
+//! One reliable-connected queue pair: its state machine, its requester (what it asked of the
+//! peer, completed in order as answers come) and its responder (what the peer asks of it,
+//! executed in order after the key and access checks).
+
+use crate::access::Access;
+use crate::memory::Memory;
+use crate::mr::MrTable;
+use crate::wire::{Nak, Packet, PacketKind};
+use crate::wr::{Completion, RecvWr, SendOp, SendWr, Sge, Status, WcOpcode};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// A queue pair's settings (what `ibv_create_qp` and `ibv_modify_qp` give it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Its number.
+    pub qp_num: u32,
+    /// Its protection domain: its requests reach only regions of this domain.
+    pub pd: u32,
+    /// What its peer may do to its memory (remote write, read, atomic).
+    pub access: Access,
+    /// Send requests it holds at most.
+    pub max_send_wr: u32,
+    /// Receive requests it holds at most.
+    pub max_recv_wr: u32,
+    /// The largest inline payload.
+    pub max_inline: u32,
+    /// How often a request the peer answered with an RNR NAK is tried again (7: for ever).
+    pub rnr_retry: u8,
+    /// How long the peer should wait before it tries again, when this QP has no receive.
+    pub min_rnr_timer: Duration,
+    /// Every send request completes, signalled or not.
+    pub sq_sig_all: bool,
+}
+
+/// A queue pair's state (`enum ibv_qp_state`, without the ones a soft device never uses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpState {
+    /// Created.
+    Reset,
+    /// Receives may be posted.
+    Init,
+    /// Ready to receive: it answers its peer.
+    Rtr,
+    /// Ready to send.
+    Rts,
+    /// Failed: everything posted completes with a flush error.
+    Error,
+}
+
+/// Why a post was refused (nothing was queued).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostError {
+    /// The QP is not in a state that takes this request.
+    State(QpState),
+    /// The queue is full.
+    Full,
+    /// The request is malformed (inline data too long, or on a READ or atomic; an atomic
+    /// whose local SGE is not one of 8 bytes).
+    Invalid(&'static str),
+}
+
+/// A send request in flight: its PSN, and its packet (kept until it is answered, for an
+/// RNR retry).
+#[derive(Debug)]
+struct Pending {
+    wr: SendWr,
+    psn: u32,
+    packet: Packet,
+    signaled: bool,
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub struct RcQp {
+    cfg: QpConfig,
+    state: QpState,
+    dest_qpn: u32,
+    /// The next request's PSN.
+    next_psn: u32,
+    /// The PSN of the next request the peer's packets must carry.
+    expected_psn: u32,
+    sq: VecDeque<Pending>,
+    rq: VecDeque<RecvWr>,
+    out: VecDeque<Packet>,
+    cq: VecDeque<Completion>,
+    /// After an RNR NAK: the PSN to send again from, when, and the retries left.
+    rnr: Option<(u32, Instant)>,
+    rnr_left: u8,
+}
+
+impl RcQp {
+    /// A queue pair in RESET.
+    pub fn new(cfg: QpConfig) -> RcQp {
+        RcQp {
+            cfg,
+            state: QpState::Reset,
+            dest_qpn: 0,
+            next_psn: 0,
+            expected_psn: 0,
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            out: VecDeque::new(),
+            cq: VecDeque::new(),
+            rnr: None,
+            rnr_left: cfg.rnr_retry,
+        }
+    }
+
+    /// Its number.
+    pub fn qp_num(&self) -> u32 {
+        self.cfg.qp_num
+    }
+
+    /// Its state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// RESET → INIT.
+    ///
+    /// # Errors
+    /// [`PostError::State`] from any other state.
+    pub fn to_init(&mut self) -> Result<(), PostError> {
+        self.transition(QpState::Reset, QpState::Init)
+    }
+
+    /// INIT → RTR: answers `dest_qpn`, whose first request carries `rq_psn`.
+    ///
+    /// # Errors
+    /// [`PostError::State`] from any other state.
+    pub fn to_rtr(&mut self, dest_qpn: u32, rq_psn: u32) -> Result<(), PostError> {
+        self.transition(QpState::Init, QpState::Rtr)?;
+        self.dest_qpn = dest_qpn;
+        self.expected_psn = rq_psn;
+        Ok(())
+    }
+
+    /// RTR → RTS: its first request carries `sq_psn`.
+    ///
+    /// # Errors
+    /// [`PostError::State`] from any other state.
+    pub fn to_rts(&mut self, sq_psn: u32) -> Result<(), PostError> {
+        self.transition(QpState::Rtr, QpState::Rts)?;
+        self.next_psn = sq_psn;
+        Ok(())
+    }
+
+    fn transition(&mut self, from: QpState, to: QpState) -> Result<(), PostError> {
+        if self.state != from {
+            return Err(PostError::State(self.state));
+        }
+        self.state = to;
+        Ok(())
+    }
+
+    /// Any state → ERROR: every request still queued completes with `WR_FLUSH_ERR`, sends
+    /// first, in order; nothing more is sent or answered.
+    pub fn to_error(&mut self) {
+        self.state = QpState::Error;
+        self.out.clear();
+        self.rnr = None;
+        while let Some(p) = self.sq.pop_front() {
+            self.complete_send(&p.wr, Status::WrFlushErr, 0);
+        }
+        while let Some(r) = self.rq.pop_front() {
+            self.complete_recv(r.wr_id, Status::WrFlushErr, WcOpcode::Recv, 0, None);
+        }
+    }
+
+    /// The link to the peer broke (its process died, its stream reset): the oldest request
+    /// still waiting for an answer completes with `RETRY_EXC_ERR`, then the QP fails.
+    pub fn handle_link_down(&mut self) {
+        if self.state == QpState::Error {
+            return;
+        }
+        if let Some(p) = self.sq.pop_front() {
+            self.complete_send(&p.wr, Status::RetryExcErr, 0);
+        }
+        self.to_error();
+    }
+
+    /// Queues a receive.
+    ///
+    /// # Errors
+    /// [`PostError::State`] in RESET; [`PostError::Full`].
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        match self.state {
+            QpState::Reset => return Err(PostError::State(self.state)),
+            QpState::Error => {
+                self.complete_recv(wr.wr_id, Status::WrFlushErr, WcOpcode::Recv, 0, None);
+                return Ok(());
+            }
+            _ => {}
+        }
+        if self.rq.len() >= self.cfg.max_recv_wr as usize {
+            return Err(PostError::Full);
+        }
+        self.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// Queues a send request and its packet. The local memory is checked and a SEND's or
+    /// WRITE's bytes are gathered now (a bad local key completes the request with
+    /// `LOC_PROT_ERR` and fails the QP, as the NIC would when it executes it).
+    ///
+    /// # Errors
+    /// [`PostError::State`] before RTS; [`PostError::Full`]; [`PostError::Invalid`].
+    pub fn post_send(
+        &mut self,
+        wr: SendWr,
+        mrs: &MrTable,
+        mem: &dyn Memory,
+    ) -> Result<(), PostError> {
+        match self.state {
+            QpState::Rts => {}
+            QpState::Error => {
+                self.complete_send(&wr, Status::WrFlushErr, 0);
+                return Ok(());
+            }
+            s => return Err(PostError::State(s)),
+        }
+        if self.sq.len() >= self.cfg.max_send_wr as usize {
+            return Err(PostError::Full);
+        }
+        let moves_data = matches!(wr.op, SendOp::Send { .. } | SendOp::Write { .. });
+        if let Some(data) = &wr.inline {
+            if !moves_data {
+                return Err(PostError::Invalid("inline data on a READ or an atomic"));
+            }
+            if data.len() > self.cfg.max_inline as usize {
+                return Err(PostError::Invalid("inline data over the QP's max_inline"));
+            }
+        }
+        let atomic = matches!(wr.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. });
+        if atomic && (wr.sges.len() != 1 || wr.sges[0].len != 8) {
+            return Err(PostError::Invalid(
+                "an atomic needs one local SGE of 8 bytes",
+            ));
+        }
+        let signaled = wr.signaled || self.cfg.sq_sig_all;
+        // Local checks: gathered memory is read, READ and atomic destinations written.
+        let local_ok = wr.inline.is_some()
+            || wr
+                .sges
+                .iter()
+                .all(|s| mrs.check_local(self.cfg.pd, s, !moves_data).is_ok());
+        let psn = self.next_psn;
+        self.next_psn = self.next_psn.wrapping_add(1);
+        if !local_ok {
+            self.complete_send(&wr, Status::LocProtErr, 0);
+            self.to_error();
+            return Ok(());
+        }
+        let payload = match (&wr.inline, moves_data) {
+            (Some(d), _) => d.clone(),
+            (None, true) => gather(&wr.sges, mem),
+            (None, false) => Vec::new(),
+        };
+        let kind = match wr.op {
+            SendOp::Send { imm } => PacketKind::Send { imm },
+            SendOp::Write {
+                remote_addr,
+                rkey,
+                imm,
+            } => PacketKind::Write {
+                addr: remote_addr,
+                rkey,
+                imm,
+            },
+            SendOp::Read { remote_addr, rkey } => PacketKind::ReadRequest {
+                addr: remote_addr,
+                rkey,
+                len: u32::try_from(wr.sge_len()).unwrap_or(u32::MAX),
+            },
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => PacketKind::CompareSwap {
+                addr: remote_addr,
+                rkey,
+                compare,
+                swap,
+            },
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => PacketKind::FetchAdd {
+                addr: remote_addr,
+                rkey,
+                add,
+            },
+        };
+        let packet = Packet {
+            dest_qpn: self.dest_qpn,
+            psn,
+            kind,
+            payload,
+        };
+        if self.rnr.is_none() {
+            self.out.push_back(packet.clone());
+        }
+        self.sq.push_back(Pending {
+            wr,
+            psn,
+            packet,
+            signaled,
+        });
+        Ok(())
+    }
+
+    /// The next packet to send to the peer.
+    pub fn poll_transmit(&mut self) -> Option<Packet> {
+        self.out.pop_front()
+    }
+
+    /// The next completion.
+    pub fn poll_completion(&mut self) -> Option<Completion> {
+        self.cq.pop_front()
+    }
+
+    /// When [`RcQp::handle_timeout`] is due (an RNR retry).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.rnr.map(|(_, at)| at)
+    }
+
+    /// Time passed: an RNR retry that is due sends again every request from the refused one.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let Some((from, at)) = self.rnr else {
+            return;
+        };
+        if now < at {
+            return;
+        }
+        self.rnr = None;
+        for p in self.sq.iter().filter(|p| not_after(from, p.psn)) {
+            self.out.push_back(p.packet.clone());
+        }
+    }
+
+    /// A packet from the peer: a request to execute (its answer is queued), or an answer to
+    /// one of ours (its request completes, in order).
+    pub fn handle_packet(&mut self, p: Packet, mrs: &MrTable, mem: &mut dyn Memory, now: Instant) {
+        if matches!(self.state, QpState::Reset | QpState::Init | QpState::Error) {
+            return;
+        }
+        match p.kind {
+            PacketKind::Ack
+            | PacketKind::Nak(_)
+            | PacketKind::ReadResponse
+            | PacketKind::AtomicResponse { .. } => self.on_answer(p, mem, now),
+            _ => self.on_request(p, mrs, mem),
+        }
+    }
+
+    // ----- responder ---------------------------------------------------------------------
+
+    fn on_request(&mut self, p: Packet, mrs: &MrTable, mem: &mut dyn Memory) {
+        if p.psn != self.expected_psn {
+            // After an RNR NAK the requester sends again from the refused PSN; what it had
+            // sent after it is dropped here and comes again.
+            return;
+        }
+        let answer = self.execute(&p, mrs, mem);
+        match answer {
+            Answer::Rnr => {
+                let timer_us =
+                    u32::try_from(self.cfg.min_rnr_timer.as_micros()).unwrap_or(u32::MAX);
+                self.reply(p.psn, PacketKind::Nak(Nak::Rnr { timer_us }), Vec::new());
+                // The PSN stays expected: the request comes again.
+            }
+            Answer::Nak(n) => {
+                self.reply(p.psn, PacketKind::Nak(n), Vec::new());
+                // rxe moves the responder to ERROR on these (class A and C errors).
+                let nak = self.out.pop_back();
+                self.to_error();
+                self.out.extend(nak);
+            }
+            Answer::Reply(kind, payload) => {
+                self.expected_psn = self.expected_psn.wrapping_add(1);
+                self.reply(p.psn, kind, payload);
+            }
+        }
+    }
+
+    fn reply(&mut self, psn: u32, kind: PacketKind, payload: Vec<u8>) {
+        self.out.push_back(Packet {
+            dest_qpn: self.dest_qpn,
+            psn,
+            kind,
+            payload,
+        });
+    }
+
+    fn execute(&mut self, p: &Packet, mrs: &MrTable, mem: &mut dyn Memory) -> Answer {
+        let pd = self.cfg.pd;
+        let remote = |rkey, addr, len, need| match mrs.check_remote(pd, rkey, addr, len, need) {
+            Ok(()) => Ok(()),
+            Err(_) => Err(Answer::Nak(Nak::RemoteAccess)),
+        };
+        match p.kind {
+            PacketKind::Send { imm } => self.land_send(&p.payload, imm, mrs, mem),
+            PacketKind::Write { addr, rkey, imm } => {
+                if !self.cfg.access.contains(Access::REMOTE_WRITE) {
+                    return Answer::Nak(Nak::InvalidRequest);
+                }
+                if imm.is_some() && self.rq.is_empty() {
+                    return Answer::Rnr;
+                }
+                // A zero-length WRITE checks no key (IBA C9-88).
+                if !p.payload.is_empty() {
+                    if let Err(a) = remote(rkey, addr, p.payload.len() as u64, Access::REMOTE_WRITE)
+                    {
+                        return self.fail_consuming(imm.is_some(), a);
+                    }
+                    mem.write(addr, &p.payload);
+                }
+                if imm.is_some() {
+                    if let Some(r) = self.rq.pop_front() {
+                        self.complete_recv(
+                            r.wr_id,
+                            Status::Success,
+                            WcOpcode::RecvRdmaWithImm,
+                            p.payload.len() as u32,
+                            imm,
+                        );
+                    }
+                }
+                Answer::Reply(PacketKind::Ack, Vec::new())
+            }
+            PacketKind::ReadRequest { addr, rkey, len } => {
+                if !self.cfg.access.contains(Access::REMOTE_READ) {
+                    return Answer::Nak(Nak::InvalidRequest);
+                }
+                // Checked before anything is allocated: the length is the peer's.
+                if len > 0 {
+                    if let Err(a) = remote(rkey, addr, u64::from(len), Access::REMOTE_READ) {
+                        return a;
+                    }
+                }
+                let mut data = vec![0u8; len as usize];
+                if len > 0 {
+                    mem.read(addr, &mut data);
+                }
+                Answer::Reply(PacketKind::ReadResponse, data)
+            }
+            PacketKind::CompareSwap { addr, rkey, .. }
+            | PacketKind::FetchAdd { addr, rkey, .. } => {
+                if !self.cfg.access.contains(Access::REMOTE_ATOMIC) || addr % 8 != 0 {
+                    return Answer::Nak(Nak::InvalidRequest);
+                }
+                if let Err(a) = remote(rkey, addr, 8, Access::REMOTE_ATOMIC) {
+                    return a;
+                }
+                let old = match p.kind {
+                    PacketKind::CompareSwap { compare, swap, .. } => {
+                        mem.atomic(addr, &mut |v| if v == compare { swap } else { v })
+                    }
+                    PacketKind::FetchAdd { add, .. } => {
+                        mem.atomic(addr, &mut |v| v.wrapping_add(add))
+                    }
+                    _ => unreachable!("matched above"),
+                };
+                Answer::Reply(PacketKind::AtomicResponse { old }, Vec::new())
+            }
+            // Answers never reach here (`handle_packet` routes them).
+            _ => Answer::Nak(Nak::InvalidRequest),
+        }
+    }
+
+    /// A SEND (or the receive of a WRITE with immediate) takes the oldest receive.
+    fn land_send(
+        &mut self,
+        data: &[u8],
+        imm: Option<u32>,
+        mrs: &MrTable,
+        mem: &mut dyn Memory,
+    ) -> Answer {
+        let opcode = WcOpcode::Recv;
+        let Some(r) = self.rq.front() else {
+            return Answer::Rnr;
+        };
+        let room: u64 = r.sges.iter().map(|s| u64::from(s.len)).sum();
+        let pd = self.cfg.pd;
+        let writable = r.sges.iter().all(|s| mrs.check_local(pd, s, true).is_ok());
+        let Some(r) = self.rq.pop_front() else {
+            return Answer::Rnr;
+        };
+        if (data.len() as u64) > room {
+            // rxe: a NAK (invalid request), and the receive completes with its status.
+            self.complete_recv(r.wr_id, Status::RemInvReqErr, opcode, 0, None);
+            return Answer::Nak(Nak::InvalidRequest);
+        }
+        if !writable {
+            self.complete_recv(r.wr_id, Status::LocProtErr, opcode, 0, None);
+            return Answer::Nak(Nak::RemoteOperation);
+        }
+        scatter(&r.sges, data, mem);
+        self.complete_recv(r.wr_id, Status::Success, opcode, data.len() as u32, imm);
+        Answer::Reply(PacketKind::Ack, Vec::new())
+    }
+
+    /// A refused WRITE with immediate still consumes (and fails) its receive.
+    fn fail_consuming(&mut self, consumes: bool, a: Answer) -> Answer {
+        if consumes {
+            if let Some(r) = self.rq.pop_front() {
+                self.complete_recv(
+                    r.wr_id,
+                    Status::RemAccessErr,
+                    WcOpcode::RecvRdmaWithImm,
+                    0,
+                    None,
+                );
+            }
+        }
+        a
+    }
+
+    // ----- requester ---------------------------------------------------------------------
+
+    fn on_answer(&mut self, p: Packet, mem: &mut dyn Memory, now: Instant) {
+        let Some(head) = self.sq.front() else {
+            return;
+        };
+        // Answers come in order: the head is the oldest request not yet answered.
+        match p.kind {
+            PacketKind::Ack => {
+                // Completes SENDs and WRITEs up to the PSN (READs and atomics before it were
+                // answered first, on the ordered pipe).
+                while self.sq.front().is_some_and(|h| not_after(h.psn, p.psn)) {
+                    if let Some(h) = self.sq.pop_front() {
+                        self.succeed(&h, 0);
+                    }
+                }
+                self.rnr_left = self.cfg.rnr_retry;
+            }
+            PacketKind::ReadResponse | PacketKind::AtomicResponse { .. } => {
+                if head.psn != p.psn {
+                    return;
+                }
+                let Some(h) = self.sq.pop_front() else {
+                    return;
+                };
+                let len = match p.kind {
+                    PacketKind::AtomicResponse { old } => {
+                        scatter(&h.wr.sges, &old.to_le_bytes(), mem);
+                        8
+                    }
+                    _ => {
+                        scatter(&h.wr.sges, &p.payload, mem);
+                        p.payload.len() as u32
+                    }
+                };
+                self.succeed(&h, len);
+                self.rnr_left = self.cfg.rnr_retry;
+            }
+            PacketKind::Nak(Nak::Rnr { timer_us }) => {
+                if head.psn != p.psn {
+                    return;
+                }
+                if self.rnr_left == 0 {
+                    if let Some(h) = self.sq.pop_front() {
+                        self.complete_send(&h.wr, Status::RnrRetryExcErr, 0);
+                    }
+                    self.to_error();
+                    return;
+                }
+                // 7 means for ever (rxe never counts it down either).
+                if self.rnr_left != 7 {
+                    self.rnr_left -= 1;
+                }
+                // Requests queued after the refused one go again after the timer (answers to
+                // the peer's requests still go now).
+                self.out.retain(|q| !q.kind.is_request());
+                self.rnr = Some((p.psn, now + Duration::from_micros(u64::from(timer_us))));
+            }
+            PacketKind::Nak(n) => {
+                if head.psn != p.psn {
+                    return;
+                }
+                let status = match n {
+                    Nak::InvalidRequest => Status::RemInvReqErr,
+                    Nak::RemoteAccess => Status::RemAccessErr,
+                    _ => Status::RemOpErr,
+                };
+                if let Some(h) = self.sq.pop_front() {
+                    self.complete_send(&h.wr, status, 0);
+                }
+                self.to_error();
+            }
+            _ => {}
+        }
+    }
+
+    fn succeed(&mut self, h: &Pending, len: u32) {
+        if h.signaled {
+            self.cq.push_back(Completion {
+                wr_id: h.wr.wr_id,
+                status: Status::Success,
+                opcode: h.wr.wc_opcode(),
+                byte_len: len,
+                imm: None,
+                qp_num: self.cfg.qp_num,
+            });
+        }
+    }
+
+    /// A send request that ended in `status` (an error or a flush: always completes).
+    fn complete_send(&mut self, wr: &SendWr, status: Status, len: u32) {
+        self.cq.push_back(Completion {
+            wr_id: wr.wr_id,
+            status,
+            opcode: wr.wc_opcode(),
+            byte_len: len,
+            imm: None,
+            qp_num: self.cfg.qp_num,
+        });
+    }
+
+    fn complete_recv(
+        &mut self,
+        wr_id: u64,
+        status: Status,
+        opcode: WcOpcode,
+        len: u32,
+        imm: Option<u32>,
+    ) {
+        self.cq.push_back(Completion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: len,
+            imm,
+            qp_num: self.cfg.qp_num,
+        });
+    }
+}
+
+/// What the responder answers a request with.
+enum Answer {
+    Reply(PacketKind, Vec<u8>),
+    Nak(Nak),
+    Rnr,
+}
+
+/// The bytes of `sges`, in order.
+fn gather(sges: &[Sge], mem: &dyn Memory) -> Vec<u8> {
+    let total: usize = sges.iter().map(|s| s.len as usize).sum();
+    let mut v = vec![0u8; total];
+    let mut at = 0;
+    for s in sges {
+        let n = s.len as usize;
+        mem.read(s.addr, &mut v[at..at + n]);
+        at += n;
+    }
+    v
+}
+
+/// Spreads `data` over `sges`, in order (they hold at least `data.len()` bytes).
+fn scatter(sges: &[Sge], data: &[u8], mem: &mut dyn Memory) {
+    let mut at = 0;
+    for s in sges {
+        if at == data.len() {
+            break;
+        }
+        let n = (s.len as usize).min(data.len() - at);
+        mem.write(s.addr, &data[at..at + n]);
+        at += n;
+    }
+}
+
+/// Whether PSN `a` comes at or before `b` (PSNs wrap).
+fn not_after(a: u32, b: u32) -> bool {
+    b.wrapping_sub(a) < 1 << 31
+}

@@ -1,0 +1,350 @@
+//! The packets two queue pairs exchange over a reliable, ordered pipe: one per message, with a
+//! fixed 48-byte header, little-endian.
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 1 | kind: 1 SEND, 2 WRITE, 3 READ request, 4 READ response, 5 compare-and-swap, 6 fetch-and-add, 7 atomic response, 8 ACK, 9 NAK |
+//! | 1 | 1 | flags: bit 0 immediate data present |
+//! | 2 | 2 | NAK code (1 RNR, 2 invalid request, 3 remote access, 4 remote operation) |
+//! | 4 | 4 | destination QP number |
+//! | 8 | 4 | PSN: the request's (a response or ACK names the request it answers) |
+//! | 12 | 4 | payload length |
+//! | 16 | 4 | immediate data; a READ request's length; an RNR NAK's timer in µs |
+//! | 20 | 4 | remote key |
+//! | 24 | 8 | remote address; an atomic response's old value |
+//! | 32 | 8 | compare (compare-and-swap) or add (fetch-and-add) |
+//! | 40 | 8 | swap (compare-and-swap) |
+//!
+//! then the payload (SEND, WRITE, READ response).
+
+/// The header's length.
+pub const HEADER_LEN: usize = 48;
+
+/// Why an RDMA request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nak {
+    /// No receive posted: retry after `timer_us`.
+    Rnr {
+        /// The responder's minimum RNR timer.
+        timer_us: u32,
+    },
+    /// The request is not allowed on the responder's QP, or malformed for it.
+    InvalidRequest,
+    /// The remote key or range was refused.
+    RemoteAccess,
+    /// The responder could not execute it.
+    RemoteOperation,
+}
+
+/// What a packet is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PacketKind {
+    /// A SEND (its bytes are the payload).
+    Send {
+        /// Immediate data.
+        imm: Option<u32>,
+    },
+    /// An RDMA WRITE (its bytes are the payload).
+    Write {
+        /// Where.
+        addr: u64,
+        /// With which key.
+        rkey: u32,
+        /// Immediate data.
+        imm: Option<u32>,
+    },
+    /// An RDMA READ request.
+    ReadRequest {
+        /// Where.
+        addr: u64,
+        /// With which key.
+        rkey: u32,
+        /// How many bytes.
+        len: u32,
+    },
+    /// A READ's data (the payload).
+    ReadResponse,
+    /// A compare-and-swap request.
+    CompareSwap {
+        /// The word.
+        addr: u64,
+        /// With which key.
+        rkey: u32,
+        /// Compared with the word.
+        compare: u64,
+        /// Stored if equal.
+        swap: u64,
+    },
+    /// A fetch-and-add request.
+    FetchAdd {
+        /// The word.
+        addr: u64,
+        /// With which key.
+        rkey: u32,
+        /// Added.
+        add: u64,
+    },
+    /// An atomic's answer: the word before.
+    AtomicResponse {
+        /// The old value.
+        old: u64,
+    },
+    /// The request (and every one before it) was executed.
+    Ack,
+    /// The request was refused.
+    Nak(Nak),
+}
+
+impl PacketKind {
+    /// Whether it asks something of the peer (rather than answering).
+    pub fn is_request(&self) -> bool {
+        matches!(
+            self,
+            PacketKind::Send { .. }
+                | PacketKind::Write { .. }
+                | PacketKind::ReadRequest { .. }
+                | PacketKind::CompareSwap { .. }
+                | PacketKind::FetchAdd { .. }
+        )
+    }
+}
+
+/// One packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Packet {
+    /// The QP it is for.
+    pub dest_qpn: u32,
+    /// The request's PSN (answers carry the request's).
+    pub psn: u32,
+    /// What it is.
+    pub kind: PacketKind,
+    /// Its bytes (SEND, WRITE, READ response).
+    pub payload: Vec<u8>,
+}
+
+/// A packet that breaks the format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WireError(pub &'static str);
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "malformed soft-RDMA packet: {}", self.0)
+    }
+}
+
+impl std::error::Error for WireError {}
+
+impl Packet {
+    /// The packet's bytes: header, then payload.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut h = [0u8; HEADER_LEN];
+        let (kind, flags, code, imm_or_len, rkey, a, b, c) = match self.kind {
+            PacketKind::Send { imm } => {
+                (1u8, imm.is_some() as u8, 0u16, imm.unwrap_or(0), 0, 0, 0, 0)
+            }
+            PacketKind::Write { addr, rkey, imm } => (
+                2,
+                imm.is_some() as u8,
+                0,
+                imm.unwrap_or(0),
+                rkey,
+                addr,
+                0,
+                0,
+            ),
+            PacketKind::ReadRequest { addr, rkey, len } => (3, 0, 0, len, rkey, addr, 0, 0),
+            PacketKind::ReadResponse => (4, 0, 0, 0, 0, 0, 0, 0),
+            PacketKind::CompareSwap {
+                addr,
+                rkey,
+                compare,
+                swap,
+            } => (5, 0, 0, 0, rkey, addr, compare, swap),
+            PacketKind::FetchAdd { addr, rkey, add } => (6, 0, 0, 0, rkey, addr, add, 0),
+            PacketKind::AtomicResponse { old } => (7, 0, 0, 0, 0, old, 0, 0),
+            PacketKind::Ack => (8, 0, 0, 0, 0, 0, 0, 0),
+            PacketKind::Nak(n) => {
+                let (code, timer) = match n {
+                    Nak::Rnr { timer_us } => (1, timer_us),
+                    Nak::InvalidRequest => (2, 0),
+                    Nak::RemoteAccess => (3, 0),
+                    Nak::RemoteOperation => (4, 0),
+                };
+                (9, 0, code, timer, 0, 0, 0, 0)
+            }
+        };
+        h[0] = kind;
+        h[1] = flags;
+        h[2..4].copy_from_slice(&code.to_le_bytes());
+        h[4..8].copy_from_slice(&self.dest_qpn.to_le_bytes());
+        h[8..12].copy_from_slice(&self.psn.to_le_bytes());
+        h[12..16].copy_from_slice(&(self.payload.len() as u32).to_le_bytes());
+        h[16..20].copy_from_slice(&imm_or_len.to_le_bytes());
+        h[20..24].copy_from_slice(&rkey.to_le_bytes());
+        h[24..32].copy_from_slice(&a.to_le_bytes());
+        h[32..40].copy_from_slice(&b.to_le_bytes());
+        h[40..48].copy_from_slice(&c.to_le_bytes());
+        let mut v = Vec::with_capacity(HEADER_LEN + self.payload.len());
+        v.extend_from_slice(&h);
+        v.extend_from_slice(&self.payload);
+        v
+    }
+
+    /// Parses one packet (exactly `bytes`).
+    ///
+    /// # Errors
+    /// [`WireError`] for a short header, a payload length that does not match, an unknown
+    /// kind or NAK code, or a payload on a kind that carries none.
+    pub fn decode(bytes: &[u8]) -> Result<Packet, WireError> {
+        let h = bytes.get(..HEADER_LEN).ok_or(WireError("short header"))?;
+        let u16_at = |o: usize| u16::from_le_bytes([h[o], h[o + 1]]);
+        let u32_at = |o: usize| u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
+        let u64_at = |o: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&h[o..o + 8]);
+            u64::from_le_bytes(b)
+        };
+        let payload = &bytes[HEADER_LEN..];
+        if payload.len() != u32_at(12) as usize {
+            return Err(WireError("payload length"));
+        }
+        let imm = (h[1] & 1 != 0).then(|| u32_at(16));
+        let (rkey, a, b, c) = (u32_at(20), u64_at(24), u64_at(32), u64_at(40));
+        let kind = match h[0] {
+            1 => PacketKind::Send { imm },
+            2 => PacketKind::Write { addr: a, rkey, imm },
+            3 => PacketKind::ReadRequest {
+                addr: a,
+                rkey,
+                len: u32_at(16),
+            },
+            4 => PacketKind::ReadResponse,
+            5 => PacketKind::CompareSwap {
+                addr: a,
+                rkey,
+                compare: b,
+                swap: c,
+            },
+            6 => PacketKind::FetchAdd {
+                addr: a,
+                rkey,
+                add: b,
+            },
+            7 => PacketKind::AtomicResponse { old: a },
+            8 => PacketKind::Ack,
+            9 => PacketKind::Nak(match u16_at(2) {
+                1 => Nak::Rnr {
+                    timer_us: u32_at(16),
+                },
+                2 => Nak::InvalidRequest,
+                3 => Nak::RemoteAccess,
+                4 => Nak::RemoteOperation,
+                _ => return Err(WireError("NAK code")),
+            }),
+            _ => return Err(WireError("kind")),
+        };
+        let carries = matches!(
+            kind,
+            PacketKind::Send { .. } | PacketKind::Write { .. } | PacketKind::ReadResponse
+        );
+        if !carries && !payload.is_empty() {
+            return Err(WireError("a payload on a kind that carries none"));
+        }
+        Ok(Packet {
+            dest_qpn: u32_at(4),
+            psn: u32_at(8),
+            kind,
+            payload: payload.to_vec(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn kind() -> impl Strategy<Value = PacketKind> {
+        let imm = prop::option::of(any::<u32>());
+        prop_oneof![
+            imm.clone().prop_map(|imm| PacketKind::Send { imm }),
+            (any::<u64>(), any::<u32>(), imm).prop_map(|(addr, rkey, imm)| PacketKind::Write {
+                addr,
+                rkey,
+                imm
+            }),
+            (any::<u64>(), any::<u32>(), any::<u32>())
+                .prop_map(|(addr, rkey, len)| PacketKind::ReadRequest { addr, rkey, len }),
+            Just(PacketKind::ReadResponse),
+            (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(
+                |(addr, rkey, compare, swap)| PacketKind::CompareSwap {
+                    addr,
+                    rkey,
+                    compare,
+                    swap
+                }
+            ),
+            (any::<u64>(), any::<u32>(), any::<u64>())
+                .prop_map(|(addr, rkey, add)| PacketKind::FetchAdd { addr, rkey, add }),
+            any::<u64>().prop_map(|old| PacketKind::AtomicResponse { old }),
+            Just(PacketKind::Ack),
+            any::<u32>().prop_map(|timer_us| PacketKind::Nak(Nak::Rnr { timer_us })),
+            Just(PacketKind::Nak(Nak::InvalidRequest)),
+            Just(PacketKind::Nak(Nak::RemoteAccess)),
+            Just(PacketKind::Nak(Nak::RemoteOperation)),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn every_packet_decodes_to_itself(
+            k in kind(),
+            dest_qpn in any::<u32>(),
+            psn in any::<u32>(),
+            payload in prop::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let carries = matches!(
+                k,
+                PacketKind::Send { .. } | PacketKind::Write { .. } | PacketKind::ReadResponse
+            );
+            let p = Packet { dest_qpn, psn, kind: k, payload: if carries { payload } else { Vec::new() } };
+            prop_assert_eq!(Packet::decode(&p.encode()), Ok(p));
+        }
+
+        #[test]
+        fn garbage_is_refused_or_decodes_without_panicking(bytes in prop::collection::vec(any::<u8>(), 0..80)) {
+            let _ = Packet::decode(&bytes);
+        }
+    }
+
+    #[test]
+    fn malformed_packets_are_refused() {
+        let p = Packet {
+            dest_qpn: 1,
+            psn: 2,
+            kind: PacketKind::Send { imm: None },
+            payload: vec![1, 2, 3],
+        };
+        let mut b = p.encode();
+        assert_eq!(
+            Packet::decode(&b[..HEADER_LEN - 1]),
+            Err(WireError("short header"))
+        );
+        b.push(0);
+        assert_eq!(Packet::decode(&b), Err(WireError("payload length")));
+        let mut ack = Packet {
+            kind: PacketKind::Ack,
+            payload: Vec::new(),
+            ..p
+        }
+        .encode();
+        ack[12] = 1;
+        ack.push(9);
+        assert_eq!(
+            Packet::decode(&ack),
+            Err(WireError("a payload on a kind that carries none"))
+        );
+        ack[0] = 99;
+        assert_eq!(Packet::decode(&ack), Err(WireError("kind")));
+    }
+}

@@ -1,0 +1,163 @@
+//! Work requests and completions, as the core sees them: plain values, with libibverbs'
+//! numbers for statuses and opcodes so the device can write `ibv_wc` as they are.
+
+/// A scatter/gather entry: `len` bytes at `addr`, in the region with key `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    /// The first address.
+    pub addr: u64,
+    /// The length.
+    pub len: u32,
+    /// The local key of the region it lies in.
+    pub lkey: u32,
+}
+
+/// What a send request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// SEND: consumes a receive at the peer.
+    Send {
+        /// Immediate data, delivered with the peer's receive completion.
+        imm: Option<u32>,
+    },
+    /// RDMA WRITE into the peer's memory; with immediate data it also consumes a receive.
+    Write {
+        /// Where, in the peer's memory.
+        remote_addr: u64,
+        /// The peer's key for it.
+        rkey: u32,
+        /// Immediate data.
+        imm: Option<u32>,
+    },
+    /// RDMA READ of the peer's memory into the local SGEs.
+    Read {
+        /// Where, in the peer's memory.
+        remote_addr: u64,
+        /// The peer's key for it.
+        rkey: u32,
+    },
+    /// 8-byte compare-and-swap; the old value lands in the (8-byte) local SGE.
+    CompareSwap {
+        /// The word, 8-byte aligned.
+        remote_addr: u64,
+        /// The peer's key for it.
+        rkey: u32,
+        /// Swapped only if the word equals this.
+        compare: u64,
+        /// The new value.
+        swap: u64,
+    },
+    /// 8-byte fetch-and-add; the old value lands in the (8-byte) local SGE.
+    FetchAdd {
+        /// The word, 8-byte aligned.
+        remote_addr: u64,
+        /// The peer's key for it.
+        rkey: u32,
+        /// What to add.
+        add: u64,
+    },
+}
+
+/// A send request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    /// The caller's id, given back in the completion.
+    pub wr_id: u64,
+    /// What it does.
+    pub op: SendOp,
+    /// The local memory it sends from (SEND, WRITE) or lands in (READ, atomics).
+    pub sges: Vec<Sge>,
+    /// Inline data: the bytes, copied at posting, instead of the SGEs (SEND, WRITE only).
+    pub inline: Option<Vec<u8>>,
+    /// Ask for a completion on success (errors always complete).
+    pub signaled: bool,
+}
+
+/// A receive request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    /// The caller's id, given back in the completion.
+    pub wr_id: u64,
+    /// Where a SEND's bytes land, in order.
+    pub sges: Vec<Sge>,
+}
+
+/// A completion's status (`enum ibv_wc_status`: the same numbers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Status {
+    /// Done.
+    Success = 0,
+    /// A received message was longer than the receive's buffers.
+    LocLenErr = 1,
+    /// A local key, range or right was wrong.
+    LocProtErr = 4,
+    /// Flushed: the QP went to ERROR before this request ran.
+    WrFlushErr = 5,
+    /// The peer refused the request (an access right missing on its QP, a misaligned atomic,
+    /// a receive buffer too short).
+    RemInvReqErr = 9,
+    /// The peer refused the remote key or range.
+    RemAccessErr = 10,
+    /// The peer could not execute the request.
+    RemOpErr = 11,
+    /// The peer did not answer (the link broke).
+    RetryExcErr = 12,
+    /// The peer had no receive posted, after every allowed retry.
+    RnrRetryExcErr = 13,
+}
+
+/// What a completion is for (`enum ibv_wc_opcode`: the same numbers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum WcOpcode {
+    /// A SEND.
+    Send = 0,
+    /// An RDMA WRITE.
+    RdmaWrite = 1,
+    /// An RDMA READ.
+    RdmaRead = 2,
+    /// A compare-and-swap.
+    CompSwap = 3,
+    /// A fetch-and-add.
+    FetchAdd = 4,
+    /// A receive that took a SEND.
+    Recv = 128,
+    /// A receive that took an RDMA WRITE with immediate.
+    RecvRdmaWithImm = 129,
+}
+
+/// One completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The request's id.
+    pub wr_id: u64,
+    /// How it ended.
+    pub status: Status,
+    /// What it was (meaningful on success; a flushed request gives its own kind anyway).
+    pub opcode: WcOpcode,
+    /// Bytes received (receives), read (READ) or 8 (atomics).
+    pub byte_len: u32,
+    /// Immediate data that came with a receive.
+    pub imm: Option<u32>,
+    /// The QP it completed on.
+    pub qp_num: u32,
+}
+
+impl SendWr {
+    /// The completion opcode of this request.
+    pub(crate) fn wc_opcode(&self) -> WcOpcode {
+        match self.op {
+            SendOp::Send { .. } => WcOpcode::Send,
+            SendOp::Write { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+
+    /// The bytes its local SGEs hold in total.
+    pub(crate) fn sge_len(&self) -> u64 {
+        self.sges.iter().map(|s| u64::from(s.len)).sum()
+    }
+}
