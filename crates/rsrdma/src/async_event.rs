@@ -214,16 +214,8 @@ impl Context {
             if let Some(ev) = self.read_async_event()? {
                 return Ok(Some(ev));
             }
-            let left_ms = match deadline {
-                None => -1,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Ok(None);
-                    }
-                    // Round up so a sub-millisecond remainder still waits.
-                    left.as_millis().saturating_add(1).min(i32::MAX as u128) as i32
-                }
+            let Some(left_ms) = crate::error::poll_timeout_ms(deadline) else {
+                return Ok(None);
             };
             let mut fd = libc::pollfd {
                 fd: self.async_fd(),

@@ -196,16 +196,8 @@ impl CompChannel {
     /// Returns false on time-out.
     fn wait_readable(&self, deadline: Option<Instant>) -> Result<bool> {
         loop {
-            let timeout_ms = match deadline {
-                None => -1,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Ok(false);
-                    }
-                    // Round up so a sub-millisecond remainder still waits.
-                    left.as_millis().saturating_add(1).min(i32::MAX as u128) as i32
-                }
+            let Some(timeout_ms) = crate::error::poll_timeout_ms(deadline) else {
+                return Ok(false);
             };
             let mut fds = [self.as_raw_fd(), self.inner.kick.as_raw_fd()].map(|fd| libc::pollfd {
                 fd,

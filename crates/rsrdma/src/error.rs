@@ -235,6 +235,19 @@ pub(crate) fn deadline_after(timeout: std::time::Duration) -> std::time::Instant
         .unwrap_or(now)
 }
 
+/// `poll(2)`'s timeout for a wait until `deadline` (`-1`: none), rounded up so that a
+/// sub-millisecond remainder still waits; `None` once the deadline has passed.
+pub(crate) fn poll_timeout_ms(deadline: Option<std::time::Instant>) -> Option<i32> {
+    let Some(d) = deadline else {
+        return Some(-1);
+    };
+    let left = d.saturating_duration_since(std::time::Instant::now());
+    if left.is_zero() {
+        return None;
+    }
+    Some(left.as_millis().saturating_add(1).min(i32::MAX as u128) as i32)
+}
+
 /// A verb's return code: 0 is success, anything else an errno value (the convention of
 /// `ibv_modify_qp`, `ibv_post_send` and most destroy calls).
 pub(crate) fn check_rc(op: &'static str, rc: i32) -> Result<()> {

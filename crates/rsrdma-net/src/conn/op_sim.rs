@@ -165,14 +165,8 @@ enum Frame {
         wr_id: WrId,
         signaled: bool,
     },
-    Read {
-        wr_id: WrId,
-        local_addr: u64,
-        lkey: u32,
-        remote_addr: u64,
-        rkey: u32,
-        len: u32,
-    },
+    /// A [`Work::PostRead`].
+    Read(Work),
 }
 
 struct SimPair {
@@ -258,21 +252,7 @@ impl SimPair {
                         signaled,
                     });
                 }
-                Work::PostRead {
-                    wr_id,
-                    local_addr,
-                    lkey,
-                    remote_addr,
-                    rkey,
-                    len,
-                } => self.wire[i].push_back(Frame::Read {
-                    wr_id,
-                    local_addr,
-                    lkey,
-                    remote_addr,
-                    rkey,
-                    len,
-                }),
+                read @ Work::PostRead { .. } => self.wire[i].push_back(Frame::Read(read)),
                 other => panic!("the simulation posts no {other:?}"),
             }
         }
@@ -320,14 +300,14 @@ impl SimPair {
                     self.sides[i].core.handle_send_completion(wr_id, Ok(()));
                 }
             }
-            Frame::Read {
+            Frame::Read(Work::PostRead {
                 wr_id,
                 local_addr,
                 lkey,
                 remote_addr,
                 rkey,
                 len,
-            } => {
+            }) => {
                 let source = self.sides[1 - i]
                     .exposed
                     .get(&rkey)
@@ -345,6 +325,7 @@ impl SimPair {
                 while me.core.poll_event().is_some() {}
                 me.land_orphan();
             }
+            Frame::Read(other) => panic!("not a READ: {other:?}"),
         }
         true
     }

@@ -1,6 +1,6 @@
 //! Shared set-up: the device under test and loopback-connected queue pairs on it.
 
-use rsrdma::{ConnectOptions, Context, Cq, Mr, Pd, Qp, QpCaps, QpType, Wc};
+use rsrdma::{ConnectOptions, Context, Cq, Mr, Pd, Qp, QpCaps, QpType, Srq, Wc};
 use std::time::{Duration, Instant};
 
 /// How long any single wait may take. Soft-RoCE under emulation is slow, but never this slow.
@@ -122,4 +122,20 @@ pub fn snap(mr: &Mr) -> Vec<u8> {
     let mut v = vec![0u8; mr.len()];
     mr.read_at(0, &mut v).unwrap();
     v
+}
+
+/// An RC QP that receives from `srq` (completing on `cq_srv`), connected to a plain RC QP
+/// completing on `cq_cli`, with the PSNs `psns` (server, client); no remote access.
+pub fn srq_pair(pd: &Pd, srq: &Srq, cq_srv: &Cq, cq_cli: &Cq, psns: (u32, u32)) -> (Qp, Qp) {
+    let srv = Qp::builder(QpType::Rc)
+        .srq(srq)
+        .build(pd, cq_srv, cq_srv)
+        .unwrap();
+    let cli = Qp::builder(QpType::Rc).build(pd, cq_cli, cq_cli).unwrap();
+    let opts = connect_opts(rsrdma::AccessFlags::NONE);
+    let es = srv.endpoint(1, Some(gid_index()), psns.0).unwrap();
+    let ec = cli.endpoint(1, Some(gid_index()), psns.1).unwrap();
+    srv.connect(&opts, es.psn, &ec).unwrap();
+    cli.connect(&opts, ec.psn, &es).unwrap();
+    (srv, cli)
 }

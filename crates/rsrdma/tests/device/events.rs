@@ -249,20 +249,7 @@ fn srq_limit_and_last_wqe_events_name_their_objects() {
     assert!(srq.arm_limit(0).is_err() && srq.arm_limit(srq.max_wr()).is_err());
     let cq_srv = Cq::new(&ctx, 32, None).unwrap();
     let cq_cli = Cq::new(&ctx, 32, None).unwrap();
-    let srv = Qp::builder(QpType::Rc)
-        .srq(&srq)
-        .build(&pd, &cq_srv, &cq_srv)
-        .unwrap();
-    let cli = Qp::builder(QpType::Rc)
-        .build(&pd, &cq_cli, &cq_cli)
-        .unwrap();
-    let opts = crate::common::connect_opts(AccessFlags::NONE);
-    let (es, ec) = (
-        srv.endpoint(1, Some(gid_index()), 1).unwrap(),
-        cli.endpoint(1, Some(gid_index()), 2).unwrap(),
-    );
-    srv.connect(&opts, es.psn, &ec).unwrap();
-    cli.connect(&opts, ec.psn, &es).unwrap();
+    let (srv, cli) = crate::common::srq_pair(&pd, &srq, &cq_srv, &cq_cli, (1, 2));
     let dst = Mr::new(&pd, 8 * 64, AccessFlags::LOCAL_WRITE).unwrap();
     let sges: Vec<_> = (0..8).map(|i| [dst.sge(i * 64, 64).unwrap()]).collect();
     for (i, s) in sges.iter().enumerate() {

@@ -98,23 +98,10 @@ fn srq_feeds_several_queue_pairs() {
     let srq = Srq::new(&pd, 64, 1).unwrap();
     let cq_srv = Cq::new(&ctx, 128, None).unwrap();
     let cq_cli = Cq::new(&ctx, 128, None).unwrap();
-    let opts = crate::common::connect_opts(AccessFlags::NONE);
     // Two server QPs share the SRQ; each faces its own client QP.
-    let mut pairs = Vec::new();
-    for i in 0..2u32 {
-        let srv = Qp::builder(QpType::Rc)
-            .srq(&srq)
-            .build(&pd, &cq_srv, &cq_srv)
-            .unwrap();
-        let cli = Qp::builder(QpType::Rc)
-            .build(&pd, &cq_cli, &cq_cli)
-            .unwrap();
-        let es = srv.endpoint(1, Some(gid_index()), 100 + i).unwrap();
-        let ec = cli.endpoint(1, Some(gid_index()), 200 + i).unwrap();
-        srv.connect(&opts, es.psn, &ec).unwrap();
-        cli.connect(&opts, ec.psn, &es).unwrap();
-        pairs.push((srv, cli));
-    }
+    let pairs: Vec<_> = (0..2u32)
+        .map(|i| crate::common::srq_pair(&pd, &srq, &cq_srv, &cq_cli, (100 + i, 200 + i)))
+        .collect();
     let dst = Mr::new(&pd, 16 * 128, AccessFlags::LOCAL_WRITE).unwrap();
     let mut src = Mr::new(&pd, 128, AccessFlags::NONE).unwrap();
     fill(&mut src, 1);
