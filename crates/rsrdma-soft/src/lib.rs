@@ -27,7 +27,9 @@
 //! `REM_INV_REQ_ERR`; a bad local key or range: `LOC_PROT_ERR`); an error completes the
 //! failing request even when unsignalled, moves the QP to ERROR and flushes every other
 //! request of both queues with `WR_FLUSH_ERR`; a link that breaks ends what is outstanding
-//! with `RETRY_EXC_ERR`.
+//! with `RETRY_EXC_ERR`. Receives come from the QP's own queue or from a shared receive
+//! queue ([`Srq`], with its limit event); a QP on an SRQ reports LAST_WQE_REACHED when it
+//! goes to ERROR ([`QpEvent`]).
 //!
 //! Differences, on purpose: a message is one packet (the pipes carry any length, so there is
 //! no MTU to cut at and no PSN per MTU); every request is acknowledged (no coalescing yet);
@@ -42,12 +44,14 @@ mod access;
 mod memory;
 mod mr;
 mod qp;
+mod srq;
 mod wire;
 mod wr;
 
 pub use access::Access;
 pub use memory::{Memory, VecMemory};
 pub use mr::{MrEntry, MrTable};
-pub use qp::{PostError, QpConfig, QpState, RcQp};
+pub use qp::{PostError, QpConfig, QpEvent, QpState, RcQp};
+pub use srq::Srq;
 pub use wire::{Nak, Packet, PacketKind, WireError, HEADER_LEN};
 pub use wr::{Completion, RecvWr, SendOp, SendWr, Sge, Status, WcOpcode};

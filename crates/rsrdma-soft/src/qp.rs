@@ -5,6 +5,7 @@
 use crate::access::Access;
 use crate::memory::Memory;
 use crate::mr::MrTable;
+use crate::srq::Srq;
 use crate::wire::{Nak, Packet, PacketKind};
 use crate::wr::{Completion, RecvWr, SendOp, SendWr, Sge, Status, WcOpcode};
 use std::collections::VecDeque;
@@ -31,6 +32,9 @@ pub struct QpConfig {
     pub min_rnr_timer: Duration,
     /// Every send request completes, signalled or not.
     pub sq_sig_all: bool,
+    /// It takes its receives from a shared receive queue (passed to
+    /// [`RcQp::handle_packet`]), not from its own.
+    pub uses_srq: bool,
 }
 
 /// A queue pair's state (`enum ibv_qp_state`, without the ones a soft device never uses).
@@ -60,6 +64,14 @@ pub enum PostError {
     Invalid(&'static str),
 }
 
+/// An asynchronous event of a queue pair (what `ibv_get_async_event` reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QpEvent {
+    /// The QP, attached to an SRQ, is in ERROR and takes no more receives from it.
+    LastWqeReached,
+}
+
 /// A send request in flight: its PSN, and its packet (kept until it is answered, for an
 /// RNR retry).
 #[derive(Debug)]
@@ -87,6 +99,7 @@ pub struct RcQp {
     /// After an RNR NAK: the PSN to send again from, when, and the retries left.
     rnr: Option<(u32, Instant)>,
     rnr_left: u8,
+    events: VecDeque<QpEvent>,
 }
 
 impl RcQp {
@@ -104,6 +117,7 @@ impl RcQp {
             cq: VecDeque::new(),
             rnr: None,
             rnr_left: cfg.rnr_retry,
+            events: VecDeque::new(),
         }
     }
 
@@ -157,6 +171,10 @@ impl RcQp {
     /// Any state → ERROR: every request still queued completes with `WR_FLUSH_ERR`, sends
     /// first, in order; nothing more is sent or answered.
     pub fn to_error(&mut self) {
+        if self.state != QpState::Error && self.cfg.uses_srq {
+            // Receives complete as they are taken, so none of the SRQ's is left with it.
+            self.events.push_back(QpEvent::LastWqeReached);
+        }
         self.state = QpState::Error;
         self.out.clear();
         self.rnr = None;
@@ -183,8 +201,12 @@ impl RcQp {
     /// Queues a receive.
     ///
     /// # Errors
-    /// [`PostError::State`] in RESET; [`PostError::Full`].
+    /// [`PostError::State`] in RESET; [`PostError::Full`]; [`PostError::Invalid`] on a QP
+    /// that receives from an SRQ.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        if self.cfg.uses_srq {
+            return Err(PostError::Invalid("the QP receives from an SRQ"));
+        }
         match self.state {
             QpState::Reset => return Err(PostError::State(self.state)),
             QpState::Error => {
@@ -322,6 +344,11 @@ impl RcQp {
         self.cq.pop_front()
     }
 
+    /// The next asynchronous event.
+    pub fn poll_event(&mut self) -> Option<QpEvent> {
+        self.events.pop_front()
+    }
+
     /// When [`RcQp::handle_timeout`] is due (an RNR retry).
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.rnr.map(|(_, at)| at)
@@ -342,8 +369,16 @@ impl RcQp {
     }
 
     /// A packet from the peer: a request to execute (its answer is queued), or an answer to
-    /// one of ours (its request completes, in order).
-    pub fn handle_packet(&mut self, p: Packet, mrs: &MrTable, mem: &mut dyn Memory, now: Instant) {
+    /// one of ours (its request completes, in order). `srq`: the shared receive queue of a QP
+    /// that uses one (`None` otherwise: its own queue is used).
+    pub fn handle_packet(
+        &mut self,
+        p: Packet,
+        mrs: &MrTable,
+        mem: &mut dyn Memory,
+        srq: Option<&mut Srq>,
+        now: Instant,
+    ) {
         if matches!(self.state, QpState::Reset | QpState::Init | QpState::Error) {
             return;
         }
@@ -352,28 +387,36 @@ impl RcQp {
             | PacketKind::Nak(_)
             | PacketKind::ReadResponse
             | PacketKind::AtomicResponse { .. } => self.on_answer(p, mem, now),
-            _ => self.on_request(p, mrs, mem),
+            _ => {
+                if p.psn != self.expected_psn {
+                    // After an RNR NAK the requester sends again from the refused PSN; what
+                    // it had sent after it is dropped here and comes again.
+                    return;
+                }
+                let mut responder = Responder {
+                    cfg: &self.cfg,
+                    own: &mut self.rq,
+                    srq,
+                    cq: &mut self.cq,
+                };
+                let answer = responder.execute(&p, mrs, mem);
+                self.on_request(p.psn, answer);
+            }
         }
     }
 
     // ----- responder ---------------------------------------------------------------------
 
-    fn on_request(&mut self, p: Packet, mrs: &MrTable, mem: &mut dyn Memory) {
-        if p.psn != self.expected_psn {
-            // After an RNR NAK the requester sends again from the refused PSN; what it had
-            // sent after it is dropped here and comes again.
-            return;
-        }
-        let answer = self.execute(&p, mrs, mem);
+    fn on_request(&mut self, psn: u32, answer: Answer) {
         match answer {
             Answer::Rnr => {
                 let timer_us =
                     u32::try_from(self.cfg.min_rnr_timer.as_micros()).unwrap_or(u32::MAX);
-                self.reply(p.psn, PacketKind::Nak(Nak::Rnr { timer_us }), Vec::new());
+                self.reply(psn, PacketKind::Nak(Nak::Rnr { timer_us }), Vec::new());
                 // The PSN stays expected: the request comes again.
             }
             Answer::Nak(n) => {
-                self.reply(p.psn, PacketKind::Nak(n), Vec::new());
+                self.reply(psn, PacketKind::Nak(n), Vec::new());
                 // rxe moves the responder to ERROR on these (class A and C errors).
                 let nak = self.out.pop_back();
                 self.to_error();
@@ -381,7 +424,7 @@ impl RcQp {
             }
             Answer::Reply(kind, payload) => {
                 self.expected_psn = self.expected_psn.wrapping_add(1);
-                self.reply(p.psn, kind, payload);
+                self.reply(psn, kind, payload);
             }
         }
     }
@@ -393,130 +436,6 @@ impl RcQp {
             kind,
             payload,
         });
-    }
-
-    fn execute(&mut self, p: &Packet, mrs: &MrTable, mem: &mut dyn Memory) -> Answer {
-        let pd = self.cfg.pd;
-        let remote = |rkey, addr, len, need| match mrs.check_remote(pd, rkey, addr, len, need) {
-            Ok(()) => Ok(()),
-            Err(_) => Err(Answer::Nak(Nak::RemoteAccess)),
-        };
-        match p.kind {
-            PacketKind::Send { imm } => self.land_send(&p.payload, imm, mrs, mem),
-            PacketKind::Write { addr, rkey, imm } => {
-                if !self.cfg.access.contains(Access::REMOTE_WRITE) {
-                    return Answer::Nak(Nak::InvalidRequest);
-                }
-                if imm.is_some() && self.rq.is_empty() {
-                    return Answer::Rnr;
-                }
-                // A zero-length WRITE checks no key (IBA C9-88).
-                if !p.payload.is_empty() {
-                    if let Err(a) = remote(rkey, addr, p.payload.len() as u64, Access::REMOTE_WRITE)
-                    {
-                        return self.fail_consuming(imm.is_some(), a);
-                    }
-                    mem.write(addr, &p.payload);
-                }
-                if imm.is_some() {
-                    if let Some(r) = self.rq.pop_front() {
-                        self.complete_recv(
-                            r.wr_id,
-                            Status::Success,
-                            WcOpcode::RecvRdmaWithImm,
-                            p.payload.len() as u32,
-                            imm,
-                        );
-                    }
-                }
-                Answer::Reply(PacketKind::Ack, Vec::new())
-            }
-            PacketKind::ReadRequest { addr, rkey, len } => {
-                if !self.cfg.access.contains(Access::REMOTE_READ) {
-                    return Answer::Nak(Nak::InvalidRequest);
-                }
-                // Checked before anything is allocated: the length is the peer's.
-                if len > 0 {
-                    if let Err(a) = remote(rkey, addr, u64::from(len), Access::REMOTE_READ) {
-                        return a;
-                    }
-                }
-                let mut data = vec![0u8; len as usize];
-                if len > 0 {
-                    mem.read(addr, &mut data);
-                }
-                Answer::Reply(PacketKind::ReadResponse, data)
-            }
-            PacketKind::CompareSwap { addr, rkey, .. }
-            | PacketKind::FetchAdd { addr, rkey, .. } => {
-                if !self.cfg.access.contains(Access::REMOTE_ATOMIC) || addr % 8 != 0 {
-                    return Answer::Nak(Nak::InvalidRequest);
-                }
-                if let Err(a) = remote(rkey, addr, 8, Access::REMOTE_ATOMIC) {
-                    return a;
-                }
-                let old = match p.kind {
-                    PacketKind::CompareSwap { compare, swap, .. } => {
-                        mem.atomic(addr, &mut |v| if v == compare { swap } else { v })
-                    }
-                    PacketKind::FetchAdd { add, .. } => {
-                        mem.atomic(addr, &mut |v| v.wrapping_add(add))
-                    }
-                    _ => unreachable!("matched above"),
-                };
-                Answer::Reply(PacketKind::AtomicResponse { old }, Vec::new())
-            }
-            // Answers never reach here (`handle_packet` routes them).
-            _ => Answer::Nak(Nak::InvalidRequest),
-        }
-    }
-
-    /// A SEND (or the receive of a WRITE with immediate) takes the oldest receive.
-    fn land_send(
-        &mut self,
-        data: &[u8],
-        imm: Option<u32>,
-        mrs: &MrTable,
-        mem: &mut dyn Memory,
-    ) -> Answer {
-        let opcode = WcOpcode::Recv;
-        let Some(r) = self.rq.front() else {
-            return Answer::Rnr;
-        };
-        let room: u64 = r.sges.iter().map(|s| u64::from(s.len)).sum();
-        let pd = self.cfg.pd;
-        let writable = r.sges.iter().all(|s| mrs.check_local(pd, s, true).is_ok());
-        let Some(r) = self.rq.pop_front() else {
-            return Answer::Rnr;
-        };
-        if (data.len() as u64) > room {
-            // rxe: a NAK (invalid request), and the receive completes with its status.
-            self.complete_recv(r.wr_id, Status::RemInvReqErr, opcode, 0, None);
-            return Answer::Nak(Nak::InvalidRequest);
-        }
-        if !writable {
-            self.complete_recv(r.wr_id, Status::LocProtErr, opcode, 0, None);
-            return Answer::Nak(Nak::RemoteOperation);
-        }
-        scatter(&r.sges, data, mem);
-        self.complete_recv(r.wr_id, Status::Success, opcode, data.len() as u32, imm);
-        Answer::Reply(PacketKind::Ack, Vec::new())
-    }
-
-    /// A refused WRITE with immediate still consumes (and fails) its receive.
-    fn fail_consuming(&mut self, consumes: bool, a: Answer) -> Answer {
-        if consumes {
-            if let Some(r) = self.rq.pop_front() {
-                self.complete_recv(
-                    r.wr_id,
-                    Status::RemAccessErr,
-                    WcOpcode::RecvRdmaWithImm,
-                    0,
-                    None,
-                );
-            }
-        }
-        a
     }
 
     // ----- requester ---------------------------------------------------------------------
@@ -636,6 +555,180 @@ impl RcQp {
             imm,
             qp_num: self.cfg.qp_num,
         });
+    }
+}
+
+/// The responder's view of a queue pair while it executes one request: its settings, where
+/// its receives come from, and its completion queue.
+struct Responder<'a> {
+    cfg: &'a QpConfig,
+    own: &'a mut VecDeque<RecvWr>,
+    srq: Option<&'a mut Srq>,
+    cq: &'a mut VecDeque<Completion>,
+}
+
+impl Responder<'_> {
+    fn has_recv(&self) -> bool {
+        match &self.srq {
+            Some(srq) => !srq.is_empty(),
+            None => !self.own.is_empty(),
+        }
+    }
+
+    fn take_recv(&mut self) -> Option<RecvWr> {
+        match &mut self.srq {
+            Some(srq) => srq.take(),
+            None => self.own.pop_front(),
+        }
+    }
+
+    fn peek_recv(&self) -> Option<&RecvWr> {
+        match &self.srq {
+            Some(srq) => srq.front(),
+            None => self.own.front(),
+        }
+    }
+
+    fn complete_recv(
+        &mut self,
+        wr_id: u64,
+        status: Status,
+        opcode: WcOpcode,
+        len: u32,
+        imm: Option<u32>,
+    ) {
+        self.cq.push_back(Completion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: len,
+            imm,
+            qp_num: self.cfg.qp_num,
+        });
+    }
+
+    fn execute(&mut self, p: &Packet, mrs: &MrTable, mem: &mut dyn Memory) -> Answer {
+        let pd = self.cfg.pd;
+        let remote = |rkey, addr, len, need| match mrs.check_remote(pd, rkey, addr, len, need) {
+            Ok(()) => Ok(()),
+            Err(_) => Err(Answer::Nak(Nak::RemoteAccess)),
+        };
+        match p.kind {
+            PacketKind::Send { imm } => self.land_send(&p.payload, imm, mrs, mem),
+            PacketKind::Write { addr, rkey, imm } => {
+                if !self.cfg.access.contains(Access::REMOTE_WRITE) {
+                    return Answer::Nak(Nak::InvalidRequest);
+                }
+                if imm.is_some() && !self.has_recv() {
+                    return Answer::Rnr;
+                }
+                // A zero-length WRITE checks no key (IBA C9-88).
+                if !p.payload.is_empty() {
+                    if let Err(a) = remote(rkey, addr, p.payload.len() as u64, Access::REMOTE_WRITE)
+                    {
+                        return self.fail_consuming(imm.is_some(), a);
+                    }
+                    mem.write(addr, &p.payload);
+                }
+                if imm.is_some() {
+                    if let Some(r) = self.take_recv() {
+                        self.complete_recv(
+                            r.wr_id,
+                            Status::Success,
+                            WcOpcode::RecvRdmaWithImm,
+                            p.payload.len() as u32,
+                            imm,
+                        );
+                    }
+                }
+                Answer::Reply(PacketKind::Ack, Vec::new())
+            }
+            PacketKind::ReadRequest { addr, rkey, len } => {
+                if !self.cfg.access.contains(Access::REMOTE_READ) {
+                    return Answer::Nak(Nak::InvalidRequest);
+                }
+                // Checked before anything is allocated: the length is the peer's.
+                if len > 0 {
+                    if let Err(a) = remote(rkey, addr, u64::from(len), Access::REMOTE_READ) {
+                        return a;
+                    }
+                }
+                let mut data = vec![0u8; len as usize];
+                if len > 0 {
+                    mem.read(addr, &mut data);
+                }
+                Answer::Reply(PacketKind::ReadResponse, data)
+            }
+            PacketKind::CompareSwap { addr, rkey, .. }
+            | PacketKind::FetchAdd { addr, rkey, .. } => {
+                if !self.cfg.access.contains(Access::REMOTE_ATOMIC) || addr % 8 != 0 {
+                    return Answer::Nak(Nak::InvalidRequest);
+                }
+                if let Err(a) = remote(rkey, addr, 8, Access::REMOTE_ATOMIC) {
+                    return a;
+                }
+                let old = match p.kind {
+                    PacketKind::CompareSwap { compare, swap, .. } => {
+                        mem.atomic(addr, &mut |v| if v == compare { swap } else { v })
+                    }
+                    PacketKind::FetchAdd { add, .. } => {
+                        mem.atomic(addr, &mut |v| v.wrapping_add(add))
+                    }
+                    _ => unreachable!("matched above"),
+                };
+                Answer::Reply(PacketKind::AtomicResponse { old }, Vec::new())
+            }
+            // Answers never reach here (`handle_packet` routes them).
+            _ => Answer::Nak(Nak::InvalidRequest),
+        }
+    }
+
+    /// A SEND takes the oldest receive.
+    fn land_send(
+        &mut self,
+        data: &[u8],
+        imm: Option<u32>,
+        mrs: &MrTable,
+        mem: &mut dyn Memory,
+    ) -> Answer {
+        let opcode = WcOpcode::Recv;
+        let Some(r) = self.peek_recv() else {
+            return Answer::Rnr;
+        };
+        let room: u64 = r.sges.iter().map(|s| u64::from(s.len)).sum();
+        let pd = self.cfg.pd;
+        let writable = r.sges.iter().all(|s| mrs.check_local(pd, s, true).is_ok());
+        let Some(r) = self.take_recv() else {
+            return Answer::Rnr;
+        };
+        if (data.len() as u64) > room {
+            // rxe: a NAK (invalid request), and the receive completes with its status.
+            self.complete_recv(r.wr_id, Status::RemInvReqErr, opcode, 0, None);
+            return Answer::Nak(Nak::InvalidRequest);
+        }
+        if !writable {
+            self.complete_recv(r.wr_id, Status::LocProtErr, opcode, 0, None);
+            return Answer::Nak(Nak::RemoteOperation);
+        }
+        scatter(&r.sges, data, mem);
+        self.complete_recv(r.wr_id, Status::Success, opcode, data.len() as u32, imm);
+        Answer::Reply(PacketKind::Ack, Vec::new())
+    }
+
+    /// A refused WRITE with immediate still consumes (and fails) its receive.
+    fn fail_consuming(&mut self, consumes: bool, a: Answer) -> Answer {
+        if consumes {
+            if let Some(r) = self.take_recv() {
+                self.complete_recv(
+                    r.wr_id,
+                    Status::RemAccessErr,
+                    WcOpcode::RecvRdmaWithImm,
+                    0,
+                    None,
+                );
+            }
+        }
+        a
     }
 }
 

@@ -3,8 +3,8 @@
 
 use proptest::prelude::*;
 use rsrdma_soft::{
-    Access, Completion, MrTable, Packet, PostError, QpConfig, QpState, RcQp, RecvWr, SendOp,
-    SendWr, Sge, Status, VecMemory, WcOpcode,
+    Access, Completion, MrTable, Packet, PostError, QpConfig, QpEvent, QpState, RcQp, RecvWr,
+    SendOp, SendWr, Sge, Srq, Status, VecMemory, WcOpcode,
 };
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -38,6 +38,7 @@ fn cfg(qp_num: u32, rnr_retry: u8) -> QpConfig {
         rnr_retry,
         min_rnr_timer: Duration::from_micros(640),
         sq_sig_all: false,
+        uses_srq: false,
     }
 }
 
@@ -115,7 +116,8 @@ impl Pair {
         let now = self.now;
         let peer = &mut self.s[1 - i];
         assert_eq!(p.dest_qpn, peer.qp.qp_num());
-        peer.qp.handle_packet(p, &peer.mrs, &mut peer.mem, now);
+        peer.qp
+            .handle_packet(p, &peer.mrs, &mut peer.mem, None, now);
         true
     }
 
@@ -631,6 +633,110 @@ fn a_broken_link_ends_the_oldest_request_with_retry_exceeded() {
             (40, Status::WrFlushErr)
         ]
     );
+}
+
+#[test]
+fn queue_pairs_share_an_srq_in_posting_order_with_its_limit_and_last_wqe_events() {
+    // Two requesters (10, 11) on one device, two responders (20, 21) on another that take
+    // their receives from one SRQ.
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let (mut mrs_a, mut mrs_b) = (MrTable::new(), MrTable::new());
+    let ka = mrs_a.register(1, BASE, MEM as u64, all);
+    let kb = mrs_b.register(1, BASE, MEM as u64, all);
+    let (mut mem_a, mut mem_b) = (VecMemory::new(BASE, MEM), VecMemory::new(BASE, MEM));
+    mem_a.bytes[..6].copy_from_slice(b"AAABBB");
+    let mut srq = Srq::new(77, 8);
+    let mut qps: Vec<RcQp> = [(10, 20), (11, 21), (20, 10), (21, 11)]
+        .into_iter()
+        .map(|(me, peer)| {
+            let mut c = cfg(me, 7);
+            c.uses_srq = me >= 20;
+            let mut q = RcQp::new(c);
+            q.to_init().unwrap();
+            q.to_rtr(peer, 0).unwrap();
+            q.to_rts(0).unwrap();
+            q
+        })
+        .collect();
+    let r = RecvWr {
+        wr_id: 1,
+        sges: Vec::new(),
+    };
+    assert!(matches!(qps[2].post_recv(r), Err(PostError::Invalid(_))));
+    for k in 0..4u64 {
+        let sges = vec![Sge {
+            addr: BASE + 100 + 16 * k,
+            len: 16,
+            lkey: kb,
+        }];
+        srq.post_recv(RecvWr { wr_id: k, sges }).unwrap();
+    }
+    assert!(srq.arm_limit(8).is_err());
+    srq.arm_limit(2).unwrap();
+    let now = Instant::now();
+    // Requester 11 first, then 10, then 11 again: receives go in posting order.
+    for (from, at) in [(1usize, 3u64), (0, 0), (1, 3)] {
+        let sges = vec![Sge {
+            addr: BASE + at,
+            len: 3,
+            lkey: ka,
+        }];
+        qps[from]
+            .post_send(send(at, sges, false), &mrs_a, &mem_a)
+            .unwrap();
+        let p = qps[from].poll_transmit().unwrap();
+        let to = from + 2;
+        qps[to].handle_packet(
+            Packet::decode(&p.encode()).unwrap(),
+            &mrs_b,
+            &mut mem_b,
+            Some(&mut srq),
+            now,
+        );
+        let ack = qps[to].poll_transmit().unwrap();
+        qps[from].handle_packet(ack, &mrs_a, &mut mem_a, None, now);
+    }
+    let c21: Vec<u64> = std::iter::from_fn(|| qps[3].poll_completion())
+        .map(|c| c.wr_id)
+        .collect();
+    let c20: Vec<u64> = std::iter::from_fn(|| qps[2].poll_completion())
+        .map(|c| c.wr_id)
+        .collect();
+    assert_eq!((c21, c20), (vec![0, 2], vec![1]));
+    assert_eq!(&mem_b.bytes[100..103], b"BBB");
+    assert_eq!(&mem_b.bytes[116..119], b"AAA");
+    // 4 - 3 = 1 left, below 2: the limit event, once.
+    assert_eq!(srq.len(), 1);
+    assert!(srq.poll_limit_event());
+    assert!(!srq.poll_limit_event());
+    // A responder in ERROR reports that it takes no more receives from the SRQ.
+    assert_eq!(qps[2].poll_event(), None);
+    qps[2].to_error();
+    assert_eq!(qps[2].poll_event(), Some(QpEvent::LastWqeReached));
+    assert_eq!(qps[2].poll_event(), None);
+    assert_eq!(srq.len(), 1, "its SRQ's receives stay for the others");
+    // The other responder takes the last one; with the SRQ empty, the next SEND is an RNR.
+    let mut answers = Vec::new();
+    for k in 0..2 {
+        let sges = vec![Sge {
+            addr: BASE,
+            len: 3,
+            lkey: ka,
+        }];
+        qps[1]
+            .post_send(send(10 + k, sges, false), &mrs_a, &mem_a)
+            .unwrap();
+        let p = qps[1].poll_transmit().unwrap();
+        qps[3].handle_packet(p, &mrs_b, &mut mem_b, Some(&mut srq), now);
+        answers.push(qps[3].poll_transmit().unwrap().kind);
+    }
+    assert_eq!(answers[0], rsrdma_soft::PacketKind::Ack);
+    assert!(matches!(
+        answers[1],
+        rsrdma_soft::PacketKind::Nak(rsrdma_soft::Nak::Rnr { timer_us: 640 })
+    ));
+    qps[0].to_error();
+    assert_eq!(qps[0].poll_event(), None, "no SRQ, no event");
 }
 
 /// What a random program does from side 0.
