@@ -19,6 +19,7 @@ mod demo;
 mod docs;
 mod examples;
 mod regen;
+mod soft_tests;
 mod test;
 mod vm;
 

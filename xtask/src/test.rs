@@ -125,6 +125,34 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     }
     steps.push(("docs".into(), ok, started.elapsed()));
 
+    banner("device tests on the software device soft0, on the host");
+    let started = Instant::now();
+    let mut soft_ok = true;
+    for (pkg, target, tests) in crate::soft_tests::SOFT_TESTS {
+        let mut cmd = cargo(&["test", "-p", pkg, "--all-features", "--test", target, "--"]);
+        cmd.args(["--exact", "--test-threads", "4"])
+            .args(tests.iter())
+            .env("RSRDMA_TEST_DEVICE", "soft0")
+            .env("RSRDMA_TEST_IP", "127.0.0.1");
+        let (ok, p, f) = run_counting(cmd)?;
+        total_passed += p;
+        total_failed += f;
+        // Every named test must have run: a renamed test would otherwise drop out unseen.
+        let ran_all = p + f == tests.len() as u64;
+        if !ran_all {
+            eprintln!(
+                "[test] {pkg}/{target} on soft0: {} of {} named tests ran",
+                p + f,
+                tests.len()
+            );
+        }
+        soft_ok &= ok && ran_all;
+    }
+    if !soft_ok {
+        eprintln!("[test] device tests on soft0 FAILED");
+    }
+    steps.push(("device tests (soft0)".into(), soft_ok, started.elapsed()));
+
     if no_vm {
         eprintln!();
         let line = "*** SKIPPED the device tests (--no-vm): nothing ran against RDMA ***";

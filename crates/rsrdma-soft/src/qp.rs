@@ -131,6 +131,23 @@ impl RcQp {
         self.state
     }
 
+    /// Its settings.
+    pub fn config(&self) -> &QpConfig {
+        &self.cfg
+    }
+
+    /// Changes the settings a state transition carries (`ibv_modify_qp`: the access rights
+    /// at INIT, the RNR timer at RTR, the RNR retry count at RTS).
+    pub fn set_config(&mut self, f: impl FnOnce(&mut QpConfig)) {
+        f(&mut self.cfg);
+        self.rnr_left = self.cfg.rnr_retry;
+    }
+
+    /// Any state → RESET: forgets everything queued, without completions.
+    pub fn reset(&mut self) {
+        *self = RcQp::new(self.cfg);
+    }
+
     /// RESET → INIT.
     ///
     /// # Errors

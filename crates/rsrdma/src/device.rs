@@ -2,6 +2,10 @@
 //!
 //! [`devices`] lists them; [`open`] opens one by name. A machine with no RDMA stack gives
 //! [`Error::Unsupported`] (libibverbs reports ENOSYS), never an empty list that hides why.
+//!
+//! The software device `soft0` (queue pairs within this process; see the guide) opens by name
+//! anywhere, and is listed after the hardware ones when `RSRDMA_SOFT_DEVICE=1` (then a machine
+//! without an RDMA stack lists it alone).
 
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -12,8 +16,11 @@ use std::ptr::NonNull;
 /// The list of RDMA devices, as `ibv_get_device_list` returns it. Freed on drop; contexts
 /// opened from its devices stay valid after that (libibverbs refcounts the device).
 pub struct DeviceList {
-    list: NonNull<*mut ffi::ibv_device>,
+    /// libibverbs' list (`None` without an RDMA stack, when only `soft0` is listed).
+    list: Option<NonNull<*mut ffi::ibv_device>>,
     len: usize,
+    /// `soft0` is listed after libibverbs' devices.
+    soft: bool,
 }
 
 // SAFETY: the list is an immutable array of device pointers; libibverbs' device objects are
@@ -38,12 +45,24 @@ pub fn devices() -> Result<DeviceList> {
     let mut n: i32 = 0;
     // SAFETY: `n` is a valid out-pointer; the call returns an owned array or NULL.
     let list = unsafe { ffi::ibv_get_device_list(&mut n) };
+    let soft = crate::soft::listed();
     match NonNull::new(list) {
         Some(list) => Ok(DeviceList {
-            list,
+            list: Some(list),
             len: n.max(0) as usize,
+            soft,
         }),
-        None => Err(Error::last_os("ibv_get_device_list")),
+        None => {
+            let e = Error::last_os("ibv_get_device_list");
+            if soft {
+                return Ok(DeviceList {
+                    list: None,
+                    len: 0,
+                    soft,
+                });
+            }
+            Err(e)
+        }
     }
 }
 
@@ -53,6 +72,12 @@ pub fn devices() -> Result<DeviceList> {
 /// [`Error::NoDevice`] naming the devices that do exist, or the errors of [`devices`] and
 /// [`Context::open`].
 pub fn open(name: &str) -> Result<Context> {
+    if name.as_bytes() == crate::soft::DEVICE_NAME.to_bytes() {
+        return Context::open(&Device {
+            raw: crate::soft::device_ptr(),
+            _list: std::marker::PhantomData,
+        });
+    }
     let list = devices()?;
     let dev = list.find(name).ok_or_else(|| Error::NoDevice {
         name: name.to_owned(),
@@ -68,21 +93,28 @@ pub fn open(name: &str) -> Result<Context> {
 impl DeviceList {
     /// How many devices there are.
     pub fn len(&self) -> usize {
-        self.len
+        self.len + usize::from(self.soft)
     }
 
     /// True when the stack is there but has no device.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
-    /// The devices, in the library's order.
+    /// The devices, in the library's order (then `soft0`, when it is listed).
     pub fn iter(&self) -> impl Iterator<Item = Device<'_>> + '_ {
-        (0..self.len).map(move |i| Device {
-            // SAFETY: i < len, the number of entries ibv_get_device_list reported.
-            raw: unsafe { *self.list.as_ptr().add(i) },
+        let hardware = self.list.into_iter().flat_map(move |list| {
+            (0..self.len).map(move |i| Device {
+                // SAFETY: i < len, the number of entries ibv_get_device_list reported.
+                raw: unsafe { *list.as_ptr().add(i) },
+                _list: std::marker::PhantomData,
+            })
+        });
+        let soft = self.soft.then(|| Device {
+            raw: crate::soft::device_ptr(),
             _list: std::marker::PhantomData,
-        })
+        });
+        hardware.chain(soft)
     }
 
     /// The device called `name`, if any.
@@ -93,8 +125,10 @@ impl DeviceList {
 
 impl Drop for DeviceList {
     fn drop(&mut self) {
-        // SAFETY: the list came from ibv_get_device_list and is freed once.
-        unsafe { ffi::ibv_free_device_list(self.list.as_ptr()) }
+        if let Some(list) = self.list {
+            // SAFETY: the list came from ibv_get_device_list and is freed once.
+            unsafe { ffi::ibv_free_device_list(list.as_ptr()) }
+        }
     }
 }
 

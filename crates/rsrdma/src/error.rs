@@ -169,7 +169,10 @@ impl Error {
             libc::ENOSYS | libc::ENODEV | libc::EOPNOTSUPP => Error::Unsupported {
                 op,
                 errno,
-                no_stack: !rdma_stack_present(),
+                // The soft device refuses what it lacks with EOPNOTSUPP: a device's answer, not
+                // a missing stack.
+                no_stack: !(rdma_stack_present()
+                    || (errno == libc::EOPNOTSUPP && crate::soft::opened())),
             },
             _ => Error::Verbs { op, errno },
         }

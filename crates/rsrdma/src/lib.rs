@@ -84,7 +84,8 @@ mod gid_select;
 mod setters;
 
 /// The raw bindings, for what rsrdma does not wrap.
-pub use rsrdma_sys as ffi;
+pub mod ffi;
+mod soft;
 pub use setters::IntoOption;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};

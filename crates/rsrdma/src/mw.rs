@@ -2,7 +2,7 @@
 //! requests instead of registrations.
 //!
 //! A type-2 window ([`Mw`]) is bound by an `IBV_WR_BIND_MW` request ([`crate::SendWr::bind_mw`])
-//! on one queue pair to a range of a region registered with [`AccessFlags::MW_BIND`]; its key
+//! on one queue pair to a range of a region registered with [`crate::AccessFlags::MW_BIND`]; its key
 //! then works only for requests arriving on that queue pair, so another peer of the same
 //! protection domain cannot use it. It is invalidated by a local `IBV_WR_LOCAL_INV`
 //! ([`crate::SendWr::local_inv`]) or by the peer's send with invalidate, and can then be bound

@@ -1,0 +1,472 @@
+//! The C API rsrdma calls: rsrdma-sys's bindings, with the control-path verbs that can meet
+//! an object of the software device `soft0` routed to it. The software device's
+//! objects are C structs of the same layout (an `ibv_context` whose `device` is the soft
+//! device, and objects pointing at such a context), so the data path, which calls through
+//! the context's operation table (`data_path`), reaches it with no branch at all; a
+//! control-path call looks once at the object's context. Everything else passes through.
+
+pub use rsrdma_sys::*;
+
+use crate::soft;
+use std::os::raw::{c_char, c_int, c_uint, c_void};
+
+/// `ibv_get_device_name`, or the soft device's.
+///
+/// # Safety
+/// As the C function: `device` comes from a live device list (or is the soft device).
+pub unsafe fn ibv_get_device_name(device: *mut ibv_device) -> *const c_char {
+    if soft::is_device(device) {
+        return soft::DEVICE_NAME.as_ptr();
+    }
+    // SAFETY: the caller's contract.
+    unsafe { rsrdma_sys::ibv_get_device_name(device) }
+}
+
+/// `ibv_get_device_guid`, or the soft device's.
+///
+/// # Safety
+/// As [`ibv_get_device_name`].
+pub unsafe fn ibv_get_device_guid(device: *mut ibv_device) -> __be64 {
+    if soft::is_device(device) {
+        return soft::DEVICE_GUID.to_be();
+    }
+    // SAFETY: the caller's contract.
+    unsafe { rsrdma_sys::ibv_get_device_guid(device) }
+}
+
+/// `ibv_open_device`, or the soft device's.
+///
+/// # Safety
+/// As [`ibv_get_device_name`].
+pub unsafe fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    if soft::is_device(device) {
+        return soft::verbs::open_device();
+    }
+    // SAFETY: the caller's contract.
+    unsafe { rsrdma_sys::ibv_open_device(device) }
+}
+
+/// Routes `$call` to the soft device when `$ctx` (an `ibv_context` pointer, valid by the
+/// caller's contract) is one of its contexts, else to libibverbs.
+macro_rules! route {
+    ($ctx:expr, safe $soft:expr, $c:expr) => {
+        // SAFETY: the caller vouches for the object, so its context pointer is readable.
+        if unsafe { soft::is_context($ctx) } {
+            $soft
+        } else {
+            // SAFETY: the caller's contract, unchanged.
+            unsafe { $c }
+        }
+    };
+    ($ctx:expr, $soft:expr, $c:expr) => {
+        // SAFETY: the caller vouches for the object, so its context pointer is readable.
+        if unsafe { soft::is_context($ctx) } {
+            // SAFETY: a soft object, handed to the soft device's implementation of the verb,
+            // with the arguments the caller vouches for.
+            unsafe { $soft }
+        } else {
+            // SAFETY: the caller's contract, unchanged.
+            unsafe { $c }
+        }
+    };
+}
+
+/// `ibv_close_device`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_close_device(context: *mut ibv_context) -> c_int {
+    route!(
+        context,
+        soft::verbs::close_device(context),
+        rsrdma_sys::ibv_close_device(context)
+    )
+}
+
+/// `ibv_query_device`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_query_device(context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+    route!(
+        context,
+        soft::verbs::query_device(attr),
+        rsrdma_sys::ibv_query_device(context, attr)
+    )
+}
+
+/// `ibv_query_port` (the inline that fills the extended fields).
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ___ibv_query_port(
+    context: *mut ibv_context,
+    port_num: u8,
+    port_attr: *mut ibv_port_attr,
+) -> c_int {
+    route!(
+        context,
+        soft::verbs::query_port(port_num, port_attr),
+        rsrdma_sys::___ibv_query_port(context, port_num, port_attr)
+    )
+}
+
+/// `ibv_query_gid_ex`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_query_gid_ex(
+    context: *mut ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+) -> c_int {
+    route!(
+        context,
+        soft::verbs::query_gid(port_num, gid_index, entry),
+        rsrdma_sys::ibv_query_gid_ex(context, port_num, gid_index, entry, flags)
+    )
+}
+
+/// `ibv_query_gid_table`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_query_gid_table(
+    context: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+) -> isize {
+    route!(
+        context,
+        soft::verbs::query_gid_table(entries, max_entries),
+        rsrdma_sys::ibv_query_gid_table(context, entries, max_entries, flags)
+    )
+}
+
+/// `ibv_alloc_pd`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+    route!(
+        context,
+        soft::verbs::alloc_pd(context),
+        rsrdma_sys::ibv_alloc_pd(context)
+    )
+}
+
+/// `ibv_dealloc_pd`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    route!(
+        (*pd).context,
+        soft::verbs::dealloc_pd(pd),
+        rsrdma_sys::ibv_dealloc_pd(pd)
+    )
+}
+
+/// `ibv_reg_mr`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn __ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_uint,
+    is_access_const: c_int,
+) -> *mut ibv_mr {
+    route!(
+        (*pd).context,
+        soft::verbs::reg_mr(pd, addr, length, access),
+        rsrdma_sys::__ibv_reg_mr(pd, addr, length, access, is_access_const)
+    )
+}
+
+/// `ibv_dereg_mr`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    route!(
+        (*mr).context,
+        soft::verbs::dereg_mr(mr),
+        rsrdma_sys::ibv_dereg_mr(mr)
+    )
+}
+
+/// `ibv_create_cq`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_create_cq(
+    context: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    route!(
+        context,
+        soft::verbs::create_cq(context, cqe, cq_context, channel),
+        rsrdma_sys::ibv_create_cq(context, cqe, cq_context, channel, comp_vector)
+    )
+}
+
+/// `ibv_destroy_cq`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    route!(
+        (*cq).context,
+        soft::verbs::destroy_cq(cq),
+        rsrdma_sys::ibv_destroy_cq(cq)
+    )
+}
+
+/// `ibv_create_comp_channel`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
+    route!(
+        context,
+        soft::verbs::create_comp_channel(context),
+        rsrdma_sys::ibv_create_comp_channel(context)
+    )
+}
+
+/// `ibv_destroy_comp_channel`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+    route!(
+        (*channel).context,
+        soft::verbs::destroy_comp_channel(channel),
+        rsrdma_sys::ibv_destroy_comp_channel(channel)
+    )
+}
+
+/// `ibv_get_cq_event`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_get_cq_event(
+    channel: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    route!(
+        (*channel).context,
+        soft::verbs::get_cq_event(channel, cq, cq_context),
+        rsrdma_sys::ibv_get_cq_event(channel, cq, cq_context)
+    )
+}
+
+/// `ibv_ack_cq_events`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
+    route!(
+        (*cq).context,
+        safe soft::verbs::ack_cq_events(),
+        rsrdma_sys::ibv_ack_cq_events(cq, nevents)
+    )
+}
+
+/// `ibv_req_notify_cq`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    route!(
+        (*cq).context,
+        soft::verbs::req_notify_cq(cq),
+        rsrdma_sys::ibv_req_notify_cq(cq, solicited_only)
+    )
+}
+
+/// `ibv_create_qp`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    route!(
+        (*pd).context,
+        soft::verbs::create_qp(pd, attr),
+        rsrdma_sys::ibv_create_qp(pd, attr)
+    )
+}
+
+/// `ibv_destroy_qp`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    route!(
+        (*qp).context,
+        soft::verbs::destroy_qp(qp),
+        rsrdma_sys::ibv_destroy_qp(qp)
+    )
+}
+
+/// `ibv_modify_qp`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    route!(
+        (*qp).context,
+        soft::verbs::modify_qp(qp, attr, mask),
+        rsrdma_sys::ibv_modify_qp(qp, attr, mask)
+    )
+}
+
+/// `ibv_query_qp`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+    init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    route!(
+        (*qp).context,
+        soft::verbs::query_qp(qp, attr, init_attr),
+        rsrdma_sys::ibv_query_qp(qp, attr, mask, init_attr)
+    )
+}
+
+/// `ibv_create_srq`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+    route!(
+        (*pd).context,
+        soft::verbs::create_srq(pd, attr),
+        rsrdma_sys::ibv_create_srq(pd, attr)
+    )
+}
+
+/// `ibv_destroy_srq`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    route!(
+        (*srq).context,
+        soft::verbs::destroy_srq(srq),
+        rsrdma_sys::ibv_destroy_srq(srq)
+    )
+}
+
+/// `ibv_modify_srq`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+    route!(
+        (*srq).context,
+        soft::verbs::modify_srq(srq, attr, mask),
+        rsrdma_sys::ibv_modify_srq(srq, attr, mask)
+    )
+}
+
+/// `ibv_get_async_event`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
+    route!(
+        context,
+        soft::verbs::get_async_event(context, event),
+        rsrdma_sys::ibv_get_async_event(context, event)
+    )
+}
+
+/// `ibv_ack_async_event`. The soft device's events need no acknowledgement; it raises
+/// events of QPs and SRQs only, so the object says whose event it is.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_ack_async_event(event: *mut ibv_async_event) {
+    // SAFETY: the caller passes an event `ibv_get_async_event` returned, not yet
+    // acknowledged: the union member its type names points at a live object.
+    let soft_event = unsafe { soft::is_soft_event(event) };
+    if !soft_event {
+        // SAFETY: the caller's contract.
+        unsafe { rsrdma_sys::ibv_ack_async_event(event) }
+    }
+}
+
+/// `ibv_alloc_mw` (type 1 or 2): the soft device has no memory windows.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rsrdma_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mut ibv_mw {
+    route!(
+        (*pd).context,
+        safe soft::verbs::unsupported_ptr(),
+        rsrdma_sys::rsrdma_alloc_mw(pd, type_)
+    )
+}
+
+/// `ibv_create_ah`: the soft device has no UD yet.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    route!(
+        (*pd).context,
+        safe soft::verbs::unsupported_ptr(),
+        rsrdma_sys::ibv_create_ah(pd, attr)
+    )
+}
+
+/// `ibv_create_ah_from_wc`: the soft device has no UD yet.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    port_num: u8,
+) -> *mut ibv_ah {
+    route!(
+        (*pd).context,
+        safe soft::verbs::unsupported_ptr(),
+        rsrdma_sys::ibv_create_ah_from_wc(pd, wc, grh, port_num)
+    )
+}
+
+/// `rdma_create_qp`: a QP of the soft device cannot be made through rdma_cm (the soft device
+/// has no CM yet).
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: a null `pd` means the id's own; otherwise the caller vouches for it.
+    if !pd.is_null() && unsafe { soft::is_context((*pd).context) } {
+        // SAFETY: setting errno is always sound.
+        unsafe { *libc::__errno_location() = libc::EINVAL };
+        return -1;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { rsrdma_sys::rdma_create_qp(id, pd, attr) }
+}

@@ -1,0 +1,115 @@
+//! `soft0`: the software RDMA device, in this process. Its objects are C structs with the
+//! layout libibverbs gives them (an `ibv_context` whose `device` is [`device_ptr`], and
+//! objects that point at such a context), made and used by the verbs in [`verbs`]; the
+//! control-path calls reach them through [`crate::ffi`], the data path through the context's
+//! operation table. Its semantics are `rsrdma-soft`'s queue pairs, fed by one device state
+//! under one lock:
+//!
+//! - a post runs the queue pair's core and then *pumps*: every packet any soft QP has to send
+//!   is handed to its destination QP (in this process), until none is left, and the
+//!   completions go to the QPs' CQs, which wake their completion channels when armed;
+//! - a timer thread does the same when an RNR retry is due;
+//! - a packet for a QP that no longer exists breaks its sender's link (`RETRY_EXC_ERR`), as a
+//!   peer that died would.
+//!
+//! What it does not do yet (and says so with `EOPNOTSUPP`): peers in other processes or on
+//! other hosts, UD and UC queue pairs, memory windows, address handles, rdma_cm.
+
+pub(crate) mod verbs;
+
+use crate::ffi;
+use std::ffi::CStr;
+
+/// The soft device's name.
+pub(crate) const DEVICE_NAME: &CStr = c"soft0";
+/// Its node GUID.
+pub(crate) const DEVICE_GUID: u64 = 0x50f7_0000_0000_0001;
+
+/// The soft device's `ibv_device`: plain data, made once, never freed.
+struct DeviceCell(std::cell::UnsafeCell<ffi::ibv_device>);
+
+// SAFETY: the struct is never written after it is made; only its address is used.
+unsafe impl Sync for DeviceCell {}
+
+static DEVICE: std::sync::OnceLock<Box<DeviceCell>> = std::sync::OnceLock::new();
+
+/// The soft device's `ibv_device`, as a device list names it.
+pub(crate) fn device_ptr() -> *mut ffi::ibv_device {
+    DEVICE
+        .get_or_init(|| {
+            // SAFETY: `ibv_device` is plain data for which all-zero is valid (null function
+            // pointers, zero enums, empty strings).
+            let mut d: ffi::ibv_device = unsafe { std::mem::zeroed() };
+            for (i, b) in DEVICE_NAME.to_bytes().iter().enumerate() {
+                d.name[i] = *b as std::os::raw::c_char;
+                d.dev_name[i] = *b as std::os::raw::c_char;
+            }
+            Box::new(DeviceCell(std::cell::UnsafeCell::new(d)))
+        })
+        .0
+        .get()
+}
+
+/// Whether `device` is the soft device.
+pub(crate) fn is_device(device: *mut ffi::ibv_device) -> bool {
+    DEVICE
+        .get()
+        .is_some_and(|d| std::ptr::eq(d.0.get(), device))
+}
+
+/// Whether `ctx` is a context of the soft device.
+///
+/// # Safety
+/// `ctx` is null or a live context (of any provider).
+pub(crate) unsafe fn is_context(ctx: *mut ffi::ibv_context) -> bool {
+    // SAFETY: a live context's `device` field is readable (the caller's contract).
+    !ctx.is_null() && is_device(unsafe { (*ctx).device })
+}
+
+/// Whether an event from `ibv_get_async_event` came from the soft device (it raises QP and
+/// SRQ events only).
+///
+/// # Safety
+/// `event` is an event `ibv_get_async_event` returned and that was not acknowledged yet.
+pub(crate) unsafe fn is_soft_event(event: *mut ffi::ibv_async_event) -> bool {
+    use ffi::ibv_event_type as T;
+    // SAFETY: the member the event type names points at a live object (the caller's
+    // contract: unacknowledged events keep their objects alive).
+    unsafe {
+        let e = &*event;
+        match e.event_type {
+            T::IBV_EVENT_QP_LAST_WQE_REACHED
+            | T::IBV_EVENT_QP_FATAL
+            | T::IBV_EVENT_QP_REQ_ERR
+            | T::IBV_EVENT_QP_ACCESS_ERR
+            | T::IBV_EVENT_COMM_EST
+            | T::IBV_EVENT_SQ_DRAINED
+            | T::IBV_EVENT_PATH_MIG
+            | T::IBV_EVENT_PATH_MIG_ERR => is_context((*e.element.qp).context),
+            T::IBV_EVENT_SRQ_ERR | T::IBV_EVENT_SRQ_LIMIT_REACHED => {
+                is_context((*e.element.srq).context)
+            }
+            T::IBV_EVENT_CQ_ERR => is_context((*e.element.cq).context),
+            _ => false,
+        }
+    }
+}
+
+static OPENED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process opened the soft device.
+pub(crate) fn opened() -> bool {
+    OPENED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Records that the soft device was opened.
+pub(crate) fn mark_opened() {
+    OPENED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether the soft device is listed by [`crate::devices`]: with `RSRDMA_SOFT_DEVICE=1`.
+/// [`crate::open`]`("soft0")` opens it either way. Not listed by default yet: a program that
+/// takes the first device would get one that reaches no other process.
+pub(crate) fn listed() -> bool {
+    std::env::var_os("RSRDMA_SOFT_DEVICE").is_some_and(|v| v == "1")
+}

@@ -1,0 +1,1253 @@
+//! The soft device's verbs, with libibverbs' C signatures and conventions (a null pointer
+//! with `errno`, or an errno value, or a negative count), on C structs of libibverbs' layout
+//! that are the first field of this module's `#[repr(C)]` objects.
+
+use super::device_ptr;
+use crate::ffi;
+use rsrdma_soft::{
+    Access, Completion, Memory, MrTable, PostError, QpConfig, QpEvent, QpState, RcQp, RecvWr,
+    SendOp, SendWr, Sge, Srq,
+};
+use std::collections::{HashMap, VecDeque};
+use std::os::raw::{c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+// ----- limits (rxe's, from its rxe_param.h, where the core has no reason to differ) -------
+
+const MAX_QP_WR: u32 = 0x4000;
+const MAX_SGE: u32 = 32;
+const MAX_INLINE: u32 = 400;
+const MAX_CQE: c_int = 0x8000;
+const MAX_SRQ_SGE: u32 = 27;
+const FIRST_QPN: u32 = 17;
+
+// ----- the objects ------------------------------------------------------------------------
+
+#[repr(C)]
+struct SoftContext {
+    raw: ffi::ibv_context,
+    /// Asynchronous events, each also counted on `raw.async_fd` (a semaphore eventfd).
+    events: Mutex<VecDeque<ffi::ibv_async_event>>,
+}
+
+#[repr(C)]
+struct SoftPd {
+    raw: ffi::ibv_pd,
+}
+
+#[repr(C)]
+struct SoftMr {
+    raw: ffi::ibv_mr,
+}
+
+#[repr(C)]
+struct SoftCq {
+    raw: ffi::ibv_cq,
+    state: Mutex<CqState>,
+}
+
+struct CqState {
+    wcs: VecDeque<ffi::ibv_wc>,
+    capacity: usize,
+    armed: bool,
+    /// A completion found the CQ full: the CQ is broken (as a hardware CQ overrun).
+    overrun: bool,
+}
+
+#[repr(C)]
+struct SoftChannel {
+    raw: ffi::ibv_comp_channel,
+    /// CQs with an event, each also counted on `raw.fd` (a semaphore eventfd).
+    events: Mutex<VecDeque<*mut ffi::ibv_cq>>,
+}
+
+#[repr(C)]
+struct SoftQp {
+    raw: ffi::ibv_qp,
+}
+
+#[repr(C)]
+struct SoftSrq {
+    raw: ffi::ibv_srq,
+}
+
+/// A queue pair's core and where its completions and events go.
+struct QpEntry {
+    core: RcQp,
+    raw: *mut ffi::ibv_qp,
+    ctx: *mut SoftContext,
+    send_cq: *mut SoftCq,
+    recv_cq: *mut SoftCq,
+    srq: Option<u32>,
+    caps: ffi::ibv_qp_cap,
+    /// What `ibv_modify_qp` set, for `ibv_query_qp`.
+    attr: ffi::ibv_qp_attr,
+}
+
+struct SrqEntry {
+    core: Srq,
+    raw: *mut ffi::ibv_srq,
+    ctx: *mut SoftContext,
+}
+
+/// Everything the device's queue pairs share, under one lock.
+struct State {
+    mrs: MrTable,
+    qps: HashMap<u32, QpEntry>,
+    srqs: HashMap<u32, SrqEntry>,
+    next_qpn: u32,
+    next_handle: u32,
+}
+
+// SAFETY: the raw pointers in the state name objects of this module that live until their
+// destroy verb, which removes them from the state first, under the lock; they are only
+// dereferenced under the lock.
+unsafe impl Send for State {}
+
+struct Device {
+    state: Mutex<State>,
+    /// Wakes the timer thread when a pump may have changed what is due.
+    timer: Condvar,
+}
+
+fn device() -> &'static Device {
+    static DEV: OnceLock<Device> = OnceLock::new();
+    DEV.get_or_init(|| {
+        let _ = std::thread::Builder::new()
+            .name("rsrdma-soft0".into())
+            .spawn(timer_thread);
+        Device {
+            state: Mutex::new(State {
+                mrs: MrTable::new(),
+                qps: HashMap::new(),
+                srqs: HashMap::new(),
+                next_qpn: FIRST_QPN,
+                next_handle: 1,
+            }),
+            timer: Condvar::new(),
+        }
+    })
+}
+
+fn lock() -> MutexGuard<'static, State> {
+    device().state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl State {
+    fn handle(&mut self) -> u32 {
+        let h = self.next_handle;
+        self.next_handle = self.next_handle.wrapping_add(1).max(1);
+        h
+    }
+}
+
+/// The process's memory, at the addresses of registered regions. The core calls it only for
+/// ranges its region table checked (inside a region of the right domain, with the right
+/// access), and a region's memory stays valid while it is registered (the contract of
+/// `ibv_reg_mr`, which [`crate::Mr`] keeps); every access happens under the device lock,
+/// during a verb whose caller's contract covers the memory it names.
+struct ProcessMemory;
+
+impl Memory for ProcessMemory {
+    fn read(&self, addr: u64, out: &mut [u8]) {
+        // SAFETY: see the type's docs: a checked range of a live registration.
+        unsafe { std::ptr::copy(addr as *const u8, out.as_mut_ptr(), out.len()) }
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) {
+        // SAFETY: as in `read`.
+        unsafe { std::ptr::copy(data.as_ptr(), addr as *mut u8, data.len()) }
+    }
+
+    fn atomic(&mut self, addr: u64, f: &mut dyn FnMut(u64) -> u64) -> u64 {
+        // SAFETY: as in `read`; the core checked that the word is 8-byte aligned. Atomic
+        // operations, since the application's own threads may touch the word.
+        let word = unsafe { AtomicU64::from_ptr(addr as *mut u64) };
+        let mut old = word.load(Ordering::SeqCst);
+        loop {
+            match word.compare_exchange(old, f(old), Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(v) => return v,
+                Err(v) => old = v,
+            }
+        }
+    }
+}
+
+// ----- progress -----------------------------------------------------------------------------
+
+/// Hands every packet to its destination until none is left, then delivers completions and
+/// events. Under the lock.
+fn pump(st: &mut State, now: Instant) {
+    let mut mem = ProcessMemory;
+    let mut qpns: Vec<u32> = st.qps.keys().copied().collect();
+    qpns.sort_unstable();
+    loop {
+        let mut moved = false;
+        for &qpn in &qpns {
+            while let Some(pkt) = st.qps.get_mut(&qpn).and_then(|e| e.core.poll_transmit()) {
+                moved = true;
+                let State { qps, srqs, mrs, .. } = &mut *st;
+                match qps.get_mut(&pkt.dest_qpn) {
+                    Some(d) => {
+                        let srq = d.srq.and_then(|h| srqs.get_mut(&h)).map(|s| &mut s.core);
+                        d.core.handle_packet(pkt, mrs, &mut mem, srq, now);
+                    }
+                    // The peer QP is gone: as a peer that died, its sender's link breaks.
+                    None if pkt.kind.is_request() => {
+                        if let Some(e) = qps.get_mut(&qpn) {
+                            e.core.handle_link_down();
+                        }
+                    }
+                    None => {}
+                }
+            }
+        }
+        if !moved {
+            break;
+        }
+    }
+    for e in st.qps.values_mut() {
+        while let Some(c) = e.core.poll_completion() {
+            let cq = if (c.opcode as u32) >= 128 {
+                e.recv_cq
+            } else {
+                e.send_cq
+            };
+            // SAFETY: a QP's CQs outlive it (rsrdma's `Qp` holds them; destroy_qp removes
+            // the entry first).
+            unsafe { push_completion(cq, &c) };
+        }
+        while let Some(ev) = e.core.poll_event() {
+            if ev != QpEvent::LastWqeReached {
+                continue;
+            }
+            let mut a: ffi::ibv_async_event = zeroed();
+            a.event_type = ffi::ibv_event_type::IBV_EVENT_QP_LAST_WQE_REACHED;
+            a.element.qp = e.raw;
+            // SAFETY: the QP's context outlives it.
+            unsafe { push_event(e.ctx, a) };
+        }
+    }
+    for s in st.srqs.values_mut() {
+        if s.core.poll_limit_event() {
+            let mut a: ffi::ibv_async_event = zeroed();
+            a.event_type = ffi::ibv_event_type::IBV_EVENT_SRQ_LIMIT_REACHED;
+            a.element.srq = s.raw;
+            // SAFETY: the SRQ's context outlives it.
+            unsafe { push_event(s.ctx, a) };
+        }
+    }
+    device().timer.notify_one();
+}
+
+/// All-zero C data.
+fn zeroed<T: Copy>() -> T {
+    // SAFETY: only used for the plain C structs of the bindings, for which all-zero is valid
+    // (null pointers, `None` function pointers, zero integers and enum newtypes).
+    unsafe { std::mem::zeroed() }
+}
+
+/// # Safety
+/// `cq` is a live soft CQ.
+unsafe fn push_completion(cq: *mut SoftCq, c: &Completion) {
+    let mut wc: ffi::ibv_wc = zeroed();
+    wc.wr_id = c.wr_id;
+    wc.status = ffi::ibv_wc_status(c.status as u32);
+    wc.opcode = ffi::ibv_wc_opcode(c.opcode as u32);
+    wc.byte_len = c.byte_len;
+    wc.qp_num = c.qp_num;
+    if let Some(imm) = c.imm {
+        wc.__bindgen_anon_1.imm_data = imm;
+        wc.wc_flags = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+    }
+    // SAFETY: the caller's contract.
+    let cq = unsafe { &*cq };
+    let mut st = cq.state.lock().unwrap_or_else(|p| p.into_inner());
+    if st.wcs.len() >= st.capacity {
+        st.overrun = true;
+        return;
+    }
+    st.wcs.push_back(wc);
+    if st.armed {
+        st.armed = false;
+        let channel = cq.raw.channel.cast::<SoftChannel>();
+        if !channel.is_null() {
+            // SAFETY: a CQ's channel outlives it (rsrdma's `Cq` holds it).
+            let ch = unsafe { &*channel };
+            ch.events
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push_back(std::ptr::from_ref(&cq.raw).cast_mut());
+            signal(ch.raw.fd);
+        }
+    }
+}
+
+/// # Safety
+/// `ctx` is a live soft context.
+unsafe fn push_event(ctx: *mut SoftContext, e: ffi::ibv_async_event) {
+    // SAFETY: the caller's contract.
+    let ctx = unsafe { &*ctx };
+    ctx.events
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push_back(e);
+    signal(ctx.raw.async_fd);
+}
+
+/// Drops the queued events of a QP or SRQ that is being destroyed (an event must not name a
+/// freed object).
+///
+/// # Safety
+/// `ctx` is a live soft context.
+unsafe fn forget_events(ctx: *mut SoftContext, of: *mut c_void) {
+    // SAFETY: the caller's contract.
+    let ctx = unsafe { &*ctx };
+    let mut q = ctx.events.lock().unwrap_or_else(|p| p.into_inner());
+    let before = q.len();
+    // SAFETY: reading the pointer member of events this module made (QP or SRQ events).
+    q.retain(|e| unsafe { e.element.qp.cast::<c_void>() } != of);
+    for _ in q.len()..before {
+        take_signal(ctx.raw.async_fd);
+    }
+}
+
+/// Counts one on a semaphore eventfd.
+fn signal(fd: c_int) {
+    let one: u64 = 1;
+    // SAFETY: an 8-byte write from a valid u64 to an eventfd this module opened.
+    let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// Takes one count off a semaphore eventfd (non-blocking); false when it is zero.
+fn take_signal(fd: c_int) -> bool {
+    let mut v: u64 = 0;
+    // SAFETY: an 8-byte read into a valid u64; the fd is non-blocking (rsrdma sets it, and
+    // the module opens it so).
+    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) == 8 }
+}
+
+fn new_eventfd() -> c_int {
+    // SAFETY: eventfd with constant flags.
+    unsafe {
+        libc::eventfd(
+            0,
+            libc::EFD_SEMAPHORE | libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,
+        )
+    }
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: writing the calling thread's errno is always sound.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// RNR retries that are due run on this thread, with nobody calling in.
+fn timer_thread() {
+    let dev = device();
+    let mut st = dev.state.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let now = Instant::now();
+        let due = st.qps.values().filter_map(|e| e.core.poll_timeout()).min();
+        match due {
+            Some(t) if t <= now => {
+                for e in st.qps.values_mut() {
+                    e.core.handle_timeout(now);
+                }
+                pump(&mut st, now);
+            }
+            Some(t) => {
+                st = dev
+                    .timer
+                    .wait_timeout(st, t - now)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            None => st = dev.timer.wait(st).unwrap_or_else(|p| p.into_inner()),
+        }
+    }
+}
+
+/// `ibv_qp_attr::min_rnr_timer` codes (IBA table 45), in microseconds.
+fn rnr_timer(code: u8) -> Duration {
+    const US: [u32; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
+        3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880,
+        163_840, 245_760, 327_680, 491_520,
+    ];
+    Duration::from_micros(u64::from(US[usize::from(code & 31)]))
+}
+
+// ----- the data path (the context's operation table) ----------------------------------------
+
+/// Reads a send request of the C list into the core's form.
+///
+/// # Safety
+/// `w` is a valid request whose SGEs (and, inline, their memory) the caller vouches for.
+unsafe fn send_wr(w: &ffi::ibv_send_wr) -> Result<SendWr, c_int> {
+    use ffi::ibv_wr_opcode as Op;
+    // SAFETY: `sg_list` has `num_sge` entries (the caller's contract).
+    let list = unsafe { sges(w.sg_list, w.num_sge) };
+    // SAFETY: the union members are read as the opcode says they were written.
+    let op = unsafe {
+        match w.opcode {
+            Op::IBV_WR_SEND => SendOp::Send { imm: None },
+            Op::IBV_WR_SEND_WITH_IMM => SendOp::Send {
+                imm: Some(w.__bindgen_anon_1.imm_data),
+            },
+            Op::IBV_WR_RDMA_WRITE | Op::IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::Write {
+                remote_addr: w.wr.rdma.remote_addr,
+                rkey: w.wr.rdma.rkey,
+                imm: (w.opcode == Op::IBV_WR_RDMA_WRITE_WITH_IMM)
+                    .then_some(w.__bindgen_anon_1.imm_data),
+            },
+            Op::IBV_WR_RDMA_READ => SendOp::Read {
+                remote_addr: w.wr.rdma.remote_addr,
+                rkey: w.wr.rdma.rkey,
+            },
+            Op::IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+                remote_addr: w.wr.atomic.remote_addr,
+                rkey: w.wr.atomic.rkey,
+                compare: w.wr.atomic.compare_add,
+                swap: w.wr.atomic.swap,
+            },
+            Op::IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+                remote_addr: w.wr.atomic.remote_addr,
+                rkey: w.wr.atomic.rkey,
+                add: w.wr.atomic.compare_add,
+            },
+            _ => return Err(libc::EOPNOTSUPP),
+        }
+    };
+    let inline = if w.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0 {
+        let mut bytes = Vec::new();
+        for s in &list {
+            let at = bytes.len();
+            bytes.resize(at + s.len as usize, 0);
+            // SAFETY: inline memory is valid for this call (the caller's contract).
+            unsafe { ProcessMemory.read_unchecked(s.addr, &mut bytes[at..]) };
+        }
+        Some(bytes)
+    } else {
+        None
+    };
+    Ok(SendWr {
+        wr_id: w.wr_id,
+        op,
+        sges: if inline.is_some() { Vec::new() } else { list },
+        inline,
+        signaled: w.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
+    })
+}
+
+impl ProcessMemory {
+    /// A copy from memory that is not registered (inline data).
+    ///
+    /// # Safety
+    /// `addr..addr + out.len()` is valid for reads.
+    unsafe fn read_unchecked(&self, addr: u64, out: &mut [u8]) {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy(addr as *const u8, out.as_mut_ptr(), out.len()) }
+    }
+}
+
+/// # Safety
+/// `list` has `n` valid entries (or `n` <= 0).
+unsafe fn sges(list: *const ffi::ibv_sge, n: c_int) -> Vec<Sge> {
+    if n <= 0 || list.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: the caller's contract.
+    let s = unsafe { std::slice::from_raw_parts(list, n as usize) };
+    s.iter()
+        .map(|e| Sge {
+            addr: e.addr,
+            len: e.length,
+            lkey: e.lkey,
+        })
+        .collect()
+}
+
+fn post_errno(e: PostError) -> c_int {
+    match e {
+        PostError::Full => libc::ENOMEM,
+        PostError::State(_) | PostError::Invalid(_) => libc::EINVAL,
+    }
+}
+
+unsafe extern "C" fn post_send(
+    qp: *mut ffi::ibv_qp,
+    wr: *mut ffi::ibv_send_wr,
+    bad: *mut *mut ffi::ibv_send_wr,
+) -> c_int {
+    let mut st = lock();
+    // SAFETY: `qp` is a live soft QP (the caller's contract).
+    let qpn = unsafe { (*qp).qp_num };
+    let mut w = wr;
+    let mut rc = 0;
+    while !w.is_null() {
+        let State { qps, mrs, .. } = &mut *st;
+        // SAFETY: a valid request list (the caller's contract).
+        let r = qps.get_mut(&qpn).ok_or(libc::EINVAL).and_then(|e| {
+            // SAFETY: as above.
+            let num_sge = unsafe { (*w).num_sge };
+            if num_sge < 0 || num_sge as u32 > e.caps.max_send_sge {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: as above.
+            let s = unsafe { send_wr(&*w) }?;
+            e.core.post_send(s, mrs, &ProcessMemory).map_err(post_errno)
+        });
+        if let Err(e) = r {
+            // SAFETY: `bad` is writable (the caller's contract).
+            unsafe { *bad = w };
+            rc = e;
+            break;
+        }
+        // SAFETY: as above.
+        w = unsafe { (*w).next };
+    }
+    pump(&mut st, Instant::now());
+    rc
+}
+
+unsafe extern "C" fn post_recv(
+    qp: *mut ffi::ibv_qp,
+    wr: *mut ffi::ibv_recv_wr,
+    bad: *mut *mut ffi::ibv_recv_wr,
+) -> c_int {
+    let mut st = lock();
+    // SAFETY: `qp` is a live soft QP (the caller's contract).
+    let qpn = unsafe { (*qp).qp_num };
+    let mut w = wr;
+    let mut rc = 0;
+    while !w.is_null() {
+        // SAFETY: a valid request list (the caller's contract).
+        let r = unsafe { &*w };
+        let recv = RecvWr {
+            wr_id: r.wr_id,
+            // SAFETY: as above.
+            sges: unsafe { sges(r.sg_list, r.num_sge) },
+        };
+        let posted = match st.qps.get_mut(&qpn) {
+            Some(e) if recv.sges.len() as u32 > e.caps.max_recv_sge => Err(libc::EINVAL),
+            Some(e) => e.core.post_recv(recv).map_err(post_errno),
+            None => Err(libc::EINVAL),
+        };
+        if let Err(e) = posted {
+            // SAFETY: `bad` is writable (the caller's contract).
+            unsafe { *bad = w };
+            rc = e;
+            break;
+        }
+        w = r.next;
+    }
+    pump(&mut st, Instant::now());
+    rc
+}
+
+unsafe extern "C" fn post_srq_recv(
+    srq: *mut ffi::ibv_srq,
+    wr: *mut ffi::ibv_recv_wr,
+    bad: *mut *mut ffi::ibv_recv_wr,
+) -> c_int {
+    let mut st = lock();
+    // SAFETY: `srq` is a live soft SRQ (the caller's contract).
+    let handle = unsafe { (*srq).handle };
+    let mut w = wr;
+    let mut rc = 0;
+    while !w.is_null() {
+        // SAFETY: a valid request list (the caller's contract).
+        let r = unsafe { &*w };
+        let recv = RecvWr {
+            wr_id: r.wr_id,
+            // SAFETY: as above.
+            sges: unsafe { sges(r.sg_list, r.num_sge) },
+        };
+        let posted = match st.srqs.get_mut(&handle) {
+            Some(s) => s.core.post_recv(recv).map_err(post_errno),
+            None => Err(libc::EINVAL),
+        };
+        if let Err(e) = posted {
+            // SAFETY: `bad` is writable (the caller's contract).
+            unsafe { *bad = w };
+            rc = e;
+            break;
+        }
+        w = r.next;
+    }
+    pump(&mut st, Instant::now());
+    rc
+}
+
+unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_wc) -> c_int {
+    // SAFETY: `cq` is a live soft CQ, the first field of its `SoftCq` (the caller's
+    // contract).
+    let cq = unsafe { &*cq.cast::<SoftCq>() };
+    let mut st = cq.state.lock().unwrap_or_else(|p| p.into_inner());
+    if st.overrun {
+        return -libc::EOVERFLOW;
+    }
+    let mut k = 0;
+    while k < n.max(0) {
+        let Some(w) = st.wcs.pop_front() else {
+            break;
+        };
+        // SAFETY: `wc` has room for `n` completions (the caller's contract).
+        unsafe { *wc.add(k as usize) = w };
+        k += 1;
+    }
+    k
+}
+
+unsafe extern "C" fn req_notify_cq_op(cq: *mut ffi::ibv_cq, _solicited: c_int) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { req_notify_cq(cq) }
+}
+
+// ----- the control path (called through `crate::ffi`) ---------------------------------------
+
+/// `ibv_open_device` of the soft device.
+pub(crate) fn open_device() -> *mut ffi::ibv_context {
+    let _ = device();
+    super::mark_opened();
+    let fd = new_eventfd();
+    if fd < 0 {
+        return std::ptr::null_mut();
+    }
+    let mut raw: ffi::ibv_context = zeroed();
+    raw.device = device_ptr();
+    raw.ops.post_send = Some(post_send);
+    raw.ops.post_recv = Some(post_recv);
+    raw.ops.post_srq_recv = Some(post_srq_recv);
+    raw.ops.poll_cq = Some(poll_cq);
+    raw.ops.req_notify_cq = Some(req_notify_cq_op);
+    raw.async_fd = fd;
+    raw.cmd_fd = -1;
+    raw.num_comp_vectors = 1;
+    let ctx = Box::new(SoftContext {
+        raw,
+        events: Mutex::new(VecDeque::new()),
+    });
+    Box::into_raw(ctx).cast()
+}
+
+/// # Safety
+/// `ctx` is a live soft context with no object left on it.
+pub(crate) unsafe fn close_device(ctx: *mut ffi::ibv_context) -> c_int {
+    // SAFETY: made by `open_device` (the caller's contract), freed once.
+    let ctx = unsafe { Box::from_raw(ctx.cast::<SoftContext>()) };
+    // SAFETY: the eventfd this context opened.
+    unsafe { libc::close(ctx.raw.async_fd) };
+    0
+}
+
+/// # Safety
+/// `attr` is writable.
+pub(crate) unsafe fn query_device(attr: *mut ffi::ibv_device_attr) -> c_int {
+    let mut a: ffi::ibv_device_attr = zeroed();
+    for (i, b) in b"soft 1".iter().enumerate() {
+        a.fw_ver[i] = *b as std::os::raw::c_char;
+    }
+    a.node_guid = super::DEVICE_GUID.to_be();
+    a.sys_image_guid = super::DEVICE_GUID.to_be();
+    a.max_mr_size = u64::MAX;
+    a.page_size_cap = 0xffff_f000;
+    a.max_qp = 0x1_0000;
+    a.max_qp_wr = MAX_QP_WR as c_int;
+    a.max_sge = MAX_SGE as c_int;
+    a.max_sge_rd = MAX_SGE as c_int;
+    a.max_cq = 0x1_0000;
+    a.max_cqe = MAX_CQE;
+    a.max_mr = 0x4_0000;
+    a.max_pd = 0x1_0000;
+    a.max_qp_rd_atom = 128;
+    a.max_qp_init_rd_atom = 128;
+    a.max_res_rd_atom = 0x2_0000;
+    a.atomic_cap = ffi::ibv_atomic_cap::IBV_ATOMIC_HCA;
+    a.max_srq = 0x1_0000;
+    a.max_srq_wr = MAX_QP_WR as c_int;
+    a.max_srq_sge = MAX_SRQ_SGE as c_int;
+    a.max_pkeys = 1;
+    a.local_ca_ack_delay = 15;
+    a.phys_port_cnt = 1;
+    // SAFETY: the caller's contract.
+    unsafe { *attr = a };
+    0
+}
+
+/// # Safety
+/// `attr` is writable.
+pub(crate) unsafe fn query_port(port: u8, attr: *mut ffi::ibv_port_attr) -> c_int {
+    if port != 1 {
+        return libc::EINVAL;
+    }
+    let mut p: ffi::ibv_port_attr = zeroed();
+    p.state = ffi::ibv_port_state::IBV_PORT_ACTIVE;
+    p.max_mtu = ffi::ibv_mtu::IBV_MTU_4096;
+    p.active_mtu = ffi::ibv_mtu::IBV_MTU_4096;
+    p.gid_tbl_len = 2;
+    p.max_msg_sz = 0x8000_0000;
+    p.pkey_tbl_len = 1;
+    p.active_width = 1;
+    p.active_speed = 1;
+    p.phys_state = 5;
+    p.link_layer = ffi::IBV_LINK_LAYER_ETHERNET as u8;
+    // SAFETY: the caller's contract.
+    unsafe { *attr = p };
+    0
+}
+
+/// The GID table: a link-local RoCE v1 entry, then the IPv4-mapped loopback as RoCE v2 (the
+/// index rxe's own IPv4 address has in the test VM).
+fn gid_entry(index: u32) -> Option<ffi::ibv_gid_entry> {
+    let mut e: ffi::ibv_gid_entry = zeroed();
+    let bytes: [u8; 16] = match index {
+        0 => [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x50, 0xf7, 0, 0, 0, 0, 0, 1],
+        1 => [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1],
+        _ => return None,
+    };
+    e.gid.raw = bytes;
+    e.gid_index = index;
+    e.port_num = 1;
+    e.gid_type = if index == 0 {
+        ffi::ibv_gid_type::IBV_GID_TYPE_ROCE_V1.0
+    } else {
+        ffi::ibv_gid_type::IBV_GID_TYPE_ROCE_V2.0
+    };
+    e.ndev_ifindex = 1;
+    Some(e)
+}
+
+/// # Safety
+/// `entry` is writable.
+pub(crate) unsafe fn query_gid(port: u32, index: u32, entry: *mut ffi::ibv_gid_entry) -> c_int {
+    match (port, gid_entry(index)) {
+        (1, Some(e)) => {
+            // SAFETY: the caller's contract.
+            unsafe { *entry = e };
+            0
+        }
+        _ => libc::ENODATA,
+    }
+}
+
+/// # Safety
+/// `entries` has room for `max` entries.
+pub(crate) unsafe fn query_gid_table(entries: *mut ffi::ibv_gid_entry, max: usize) -> isize {
+    let mut n = 0;
+    while let Some(e) = gid_entry(n as u32) {
+        if n == max {
+            return -(libc::EINVAL as isize);
+        }
+        // SAFETY: `n < max` (the caller's contract).
+        unsafe { *entries.add(n) = e };
+        n += 1;
+    }
+    n as isize
+}
+
+/// # Safety
+/// `ctx` is a live soft context.
+pub(crate) unsafe fn alloc_pd(ctx: *mut ffi::ibv_context) -> *mut ffi::ibv_pd {
+    let handle = lock().handle();
+    let pd = Box::new(SoftPd {
+        raw: ffi::ibv_pd {
+            context: ctx,
+            handle,
+        },
+    });
+    Box::into_raw(pd).cast()
+}
+
+/// # Safety
+/// `pd` is a live soft PD with nothing left on it.
+pub(crate) unsafe fn dealloc_pd(pd: *mut ffi::ibv_pd) -> c_int {
+    // SAFETY: made by `alloc_pd`, freed once (the caller's contract).
+    drop(unsafe { Box::from_raw(pd.cast::<SoftPd>()) });
+    0
+}
+
+/// # Safety
+/// `pd` is a live soft PD; `addr..addr + len` stays valid while registered.
+pub(crate) unsafe fn reg_mr(
+    pd: *mut ffi::ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_uint,
+) -> *mut ffi::ibv_mr {
+    // SAFETY: the caller's contract.
+    let (ctx, pdh) = unsafe { ((*pd).context, (*pd).handle) };
+    let basic = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let access = Access(access & (basic | Access::REMOTE_ATOMIC).0);
+    let key = lock().mrs.register(pdh, addr as u64, len as u64, access);
+    let mr = Box::new(SoftMr {
+        raw: ffi::ibv_mr {
+            context: ctx,
+            pd,
+            addr,
+            length: len,
+            handle: key,
+            lkey: key,
+            rkey: key,
+        },
+    });
+    Box::into_raw(mr).cast()
+}
+
+/// # Safety
+/// `mr` is a live soft MR.
+pub(crate) unsafe fn dereg_mr(mr: *mut ffi::ibv_mr) -> c_int {
+    // SAFETY: made by `reg_mr`, freed once (the caller's contract).
+    let mr = unsafe { Box::from_raw(mr.cast::<SoftMr>()) };
+    lock().mrs.deregister(mr.raw.lkey);
+    0
+}
+
+/// # Safety
+/// `ctx` is a live soft context; `channel` is null or a live soft channel.
+pub(crate) unsafe fn create_cq(
+    ctx: *mut ffi::ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ffi::ibv_comp_channel,
+) -> *mut ffi::ibv_cq {
+    if !(1..=MAX_CQE).contains(&cqe) {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    let mut raw: ffi::ibv_cq = zeroed();
+    raw.context = ctx;
+    raw.channel = channel;
+    raw.cq_context = cq_context;
+    raw.handle = lock().handle();
+    raw.cqe = cqe;
+    let cq = Box::new(SoftCq {
+        raw,
+        state: Mutex::new(CqState {
+            wcs: VecDeque::new(),
+            capacity: cqe as usize,
+            armed: false,
+            overrun: false,
+        }),
+    });
+    Box::into_raw(cq).cast()
+}
+
+/// # Safety
+/// `cq` is a live soft CQ that no QP uses any more.
+pub(crate) unsafe fn destroy_cq(cq: *mut ffi::ibv_cq) -> c_int {
+    // SAFETY: made by `create_cq`, freed once (the caller's contract).
+    let cq = unsafe { Box::from_raw(cq.cast::<SoftCq>()) };
+    let channel = cq.raw.channel.cast::<SoftChannel>();
+    if !channel.is_null() {
+        // SAFETY: the channel outlives its CQs.
+        let ch = unsafe { &*channel };
+        let me = std::ptr::from_ref(&cq.raw).cast_mut();
+        let mut ev = ch.events.lock().unwrap_or_else(|p| p.into_inner());
+        let before = ev.len();
+        ev.retain(|&c| c != me);
+        for _ in ev.len()..before {
+            take_signal(ch.raw.fd);
+        }
+    }
+    0
+}
+
+/// # Safety
+/// `ctx` is a live soft context.
+pub(crate) unsafe fn create_comp_channel(ctx: *mut ffi::ibv_context) -> *mut ffi::ibv_comp_channel {
+    let fd = new_eventfd();
+    if fd < 0 {
+        return std::ptr::null_mut();
+    }
+    let ch = Box::new(SoftChannel {
+        raw: ffi::ibv_comp_channel {
+            context: ctx,
+            fd,
+            refcnt: 0,
+        },
+        events: Mutex::new(VecDeque::new()),
+    });
+    Box::into_raw(ch).cast()
+}
+
+/// # Safety
+/// `channel` is a live soft channel that no CQ uses any more.
+pub(crate) unsafe fn destroy_comp_channel(channel: *mut ffi::ibv_comp_channel) -> c_int {
+    // SAFETY: made by `create_comp_channel`, freed once (the caller's contract).
+    let ch = unsafe { Box::from_raw(channel.cast::<SoftChannel>()) };
+    // SAFETY: the eventfd this channel opened.
+    unsafe { libc::close(ch.raw.fd) };
+    0
+}
+
+/// # Safety
+/// `channel` is a live soft channel; the out-pointers are writable.
+pub(crate) unsafe fn get_cq_event(
+    channel: *mut ffi::ibv_comp_channel,
+    cq: *mut *mut ffi::ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let ch = unsafe { &*channel.cast::<SoftChannel>() };
+    if !take_signal(ch.raw.fd) {
+        set_errno(libc::EAGAIN);
+        return -1;
+    }
+    let Some(c) = ch
+        .events
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .pop_front()
+    else {
+        set_errno(libc::EAGAIN);
+        return -1;
+    };
+    // SAFETY: the out-pointers are writable; `c` is a live CQ of this channel (a destroyed
+    // CQ's events are removed with it).
+    unsafe {
+        *cq = c;
+        *cq_context = (*c).cq_context;
+    }
+    0
+}
+
+/// `ibv_ack_cq_events`: nothing to count.
+pub(crate) fn ack_cq_events() {}
+
+/// # Safety
+/// `cq` is a live soft CQ.
+pub(crate) unsafe fn req_notify_cq(cq: *mut ffi::ibv_cq) -> c_int {
+    // SAFETY: the caller's contract.
+    let cq = unsafe { &*cq.cast::<SoftCq>() };
+    cq.state.lock().unwrap_or_else(|p| p.into_inner()).armed = true;
+    0
+}
+
+/// # Safety
+/// `pd` is a live soft PD; `attr` is a valid, writable attribute struct whose CQs (and SRQ)
+/// are live soft objects.
+pub(crate) unsafe fn create_qp(
+    pd: *mut ffi::ibv_pd,
+    attr: *mut ffi::ibv_qp_init_attr,
+) -> *mut ffi::ibv_qp {
+    // SAFETY: the caller's contract.
+    let a = unsafe { &mut *attr };
+    if a.qp_type != ffi::ibv_qp_type::IBV_QPT_RC {
+        set_errno(libc::EOPNOTSUPP);
+        return std::ptr::null_mut();
+    }
+    let c = &mut a.cap;
+    let srq = a.srq;
+    let recv_ok = !srq.is_null() || (c.max_recv_wr <= MAX_QP_WR && c.max_recv_sge <= MAX_SGE);
+    if c.max_send_wr > MAX_QP_WR
+        || c.max_send_sge > MAX_SGE
+        || c.max_inline_data > MAX_INLINE
+        || !recv_ok
+    {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    if !srq.is_null() {
+        c.max_recv_wr = 0;
+        c.max_recv_sge = 0;
+    }
+    let mut st = lock();
+    let qpn = st.next_qpn;
+    st.next_qpn += 1;
+    let handle = st.handle();
+    // SAFETY: the caller's contract.
+    let (ctx, pdh) = unsafe { ((*pd).context, (*pd).handle) };
+    let srq_handle = if srq.is_null() {
+        None
+    } else {
+        // SAFETY: a live soft SRQ (the caller's contract).
+        Some(unsafe { (*srq).handle })
+    };
+    let cfg = QpConfig {
+        qp_num: qpn,
+        pd: pdh,
+        access: Access::NONE,
+        max_send_wr: c.max_send_wr.max(1),
+        max_recv_wr: c.max_recv_wr,
+        max_inline: c.max_inline_data,
+        rnr_retry: 7,
+        min_rnr_timer: rnr_timer(12),
+        sq_sig_all: a.sq_sig_all != 0,
+        uses_srq: srq_handle.is_some(),
+    };
+    let mut raw: ffi::ibv_qp = zeroed();
+    raw.context = ctx;
+    raw.qp_context = a.qp_context;
+    raw.pd = pd;
+    raw.send_cq = a.send_cq;
+    raw.recv_cq = a.recv_cq;
+    raw.srq = srq;
+    raw.handle = handle;
+    raw.qp_num = qpn;
+    raw.state = ffi::ibv_qp_state::IBV_QPS_RESET;
+    raw.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
+    let qp = Box::into_raw(Box::new(SoftQp { raw })).cast::<ffi::ibv_qp>();
+    let mut saved: ffi::ibv_qp_attr = zeroed();
+    saved.cap = *c;
+    st.qps.insert(
+        qpn,
+        QpEntry {
+            core: RcQp::new(cfg),
+            raw: qp,
+            ctx: ctx.cast(),
+            send_cq: a.send_cq.cast(),
+            recv_cq: a.recv_cq.cast(),
+            srq: srq_handle,
+            caps: *c,
+            attr: saved,
+        },
+    );
+    qp
+}
+
+/// # Safety
+/// `qp` is a live soft QP.
+pub(crate) unsafe fn destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
+    // SAFETY: made by `create_qp`, freed once (the caller's contract).
+    let qp = unsafe { Box::from_raw(qp.cast::<SoftQp>()) };
+    if let Some(e) = lock().qps.remove(&qp.raw.qp_num) {
+        // SAFETY: the QP's context outlives it.
+        unsafe { forget_events(e.ctx, e.raw.cast()) };
+    }
+    0
+}
+
+/// # Safety
+/// `qp` is a live soft QP; `attr` is readable.
+pub(crate) unsafe fn modify_qp(
+    qp: *mut ffi::ibv_qp,
+    attr: *mut ffi::ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    use ffi::ibv_qp_attr_mask as M;
+    use ffi::ibv_qp_state as S;
+    // SAFETY: the caller's contract.
+    let (a, qpn) = unsafe { (&*attr, (*qp).qp_num) };
+    let has = |m: M| mask as u32 & m.0 != 0;
+    let mut st = lock();
+    let Some(e) = st.qps.get_mut(&qpn) else {
+        return libc::EINVAL;
+    };
+    let saved = &mut e.attr;
+    if has(M::IBV_QP_ACCESS_FLAGS) {
+        saved.qp_access_flags = a.qp_access_flags;
+        let rights = Access(a.qp_access_flags & 0xe);
+        e.core.set_config(|c| c.access = rights);
+    }
+    if has(M::IBV_QP_MIN_RNR_TIMER) {
+        saved.min_rnr_timer = a.min_rnr_timer;
+        e.core
+            .set_config(|c| c.min_rnr_timer = rnr_timer(a.min_rnr_timer));
+    }
+    if has(M::IBV_QP_RNR_RETRY) {
+        saved.rnr_retry = a.rnr_retry;
+        e.core.set_config(|c| c.rnr_retry = a.rnr_retry.min(7));
+    }
+    if has(M::IBV_QP_PATH_MTU) {
+        saved.path_mtu = a.path_mtu;
+    }
+    if has(M::IBV_QP_DEST_QPN) {
+        saved.dest_qp_num = a.dest_qp_num;
+    }
+    if has(M::IBV_QP_RQ_PSN) {
+        saved.rq_psn = a.rq_psn;
+    }
+    if has(M::IBV_QP_SQ_PSN) {
+        saved.sq_psn = a.sq_psn;
+    }
+    if has(M::IBV_QP_TIMEOUT) {
+        saved.timeout = a.timeout;
+    }
+    if has(M::IBV_QP_RETRY_CNT) {
+        saved.retry_cnt = a.retry_cnt;
+    }
+    if has(M::IBV_QP_MAX_QP_RD_ATOMIC) {
+        saved.max_rd_atomic = a.max_rd_atomic;
+    }
+    if has(M::IBV_QP_MAX_DEST_RD_ATOMIC) {
+        saved.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    }
+    if has(M::IBV_QP_PORT) {
+        saved.port_num = a.port_num;
+    }
+    if has(M::IBV_QP_PKEY_INDEX) {
+        saved.pkey_index = a.pkey_index;
+    }
+    if has(M::IBV_QP_AV) {
+        saved.ah_attr = a.ah_attr;
+    }
+    if has(M::IBV_QP_STATE) {
+        let to = a.qp_state;
+        let r = match to {
+            S::IBV_QPS_RESET => {
+                e.core.reset();
+                Ok(())
+            }
+            S::IBV_QPS_INIT => e.core.to_init(),
+            S::IBV_QPS_RTR => e.core.to_rtr(e.attr.dest_qp_num, e.attr.rq_psn),
+            S::IBV_QPS_RTS => e.core.to_rts(e.attr.sq_psn),
+            S::IBV_QPS_ERR => {
+                e.core.to_error();
+                Ok(())
+            }
+            _ => return libc::EINVAL,
+        };
+        if r.is_err() {
+            return libc::EINVAL;
+        }
+        // SAFETY: the caller's contract; the state field is the QP's own.
+        unsafe { (*qp).state = to };
+        pump(&mut st, Instant::now());
+    }
+    0
+}
+
+/// # Safety
+/// `qp` is a live soft QP; the out-pointers are writable.
+pub(crate) unsafe fn query_qp(
+    qp: *mut ffi::ibv_qp,
+    attr: *mut ffi::ibv_qp_attr,
+    init: *mut ffi::ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let raw = unsafe { &*qp };
+    let st = lock();
+    let Some(e) = st.qps.get(&raw.qp_num) else {
+        return libc::EINVAL;
+    };
+    let state = match e.core.state() {
+        QpState::Reset => ffi::ibv_qp_state::IBV_QPS_RESET,
+        QpState::Init => ffi::ibv_qp_state::IBV_QPS_INIT,
+        QpState::Rtr => ffi::ibv_qp_state::IBV_QPS_RTR,
+        QpState::Rts => ffi::ibv_qp_state::IBV_QPS_RTS,
+        QpState::Error => ffi::ibv_qp_state::IBV_QPS_ERR,
+    };
+    let mut a = e.attr;
+    a.qp_state = state;
+    a.cur_qp_state = state;
+    a.cap = e.caps;
+    let mut i: ffi::ibv_qp_init_attr = zeroed();
+    i.qp_context = raw.qp_context;
+    i.send_cq = raw.send_cq;
+    i.recv_cq = raw.recv_cq;
+    i.srq = raw.srq;
+    i.cap = e.caps;
+    i.qp_type = raw.qp_type;
+    i.sq_sig_all = c_int::from(e.core.config().sq_sig_all);
+    // SAFETY: the caller's contract.
+    unsafe {
+        *attr = a;
+        *init = i;
+    }
+    0
+}
+
+/// # Safety
+/// `pd` is a live soft PD; `attr` is a valid, writable attribute struct.
+pub(crate) unsafe fn create_srq(
+    pd: *mut ffi::ibv_pd,
+    attr: *mut ffi::ibv_srq_init_attr,
+) -> *mut ffi::ibv_srq {
+    // SAFETY: the caller's contract.
+    let a = unsafe { &mut *attr };
+    if a.attr.max_wr == 0 || a.attr.max_wr > MAX_QP_WR || a.attr.max_sge > MAX_SRQ_SGE {
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
+    let mut st = lock();
+    let handle = st.handle();
+    let mut raw: ffi::ibv_srq = zeroed();
+    // SAFETY: the caller's contract.
+    raw.context = unsafe { (*pd).context };
+    raw.srq_context = a.srq_context;
+    raw.pd = pd;
+    raw.handle = handle;
+    let ctx = raw.context.cast();
+    let srq = Box::into_raw(Box::new(SoftSrq { raw })).cast::<ffi::ibv_srq>();
+    st.srqs.insert(
+        handle,
+        SrqEntry {
+            core: Srq::new(handle, a.attr.max_wr),
+            raw: srq,
+            ctx,
+        },
+    );
+    srq
+}
+
+/// # Safety
+/// `srq` is a live soft SRQ that no QP uses any more.
+pub(crate) unsafe fn destroy_srq(srq: *mut ffi::ibv_srq) -> c_int {
+    // SAFETY: made by `create_srq`, freed once (the caller's contract).
+    let srq = unsafe { Box::from_raw(srq.cast::<SoftSrq>()) };
+    if let Some(s) = lock().srqs.remove(&srq.raw.handle) {
+        // SAFETY: the SRQ's context outlives it.
+        unsafe { forget_events(s.ctx, s.raw.cast()) };
+    }
+    0
+}
+
+/// # Safety
+/// `srq` is a live soft SRQ; `attr` is readable.
+pub(crate) unsafe fn modify_srq(
+    srq: *mut ffi::ibv_srq,
+    attr: *mut ffi::ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let (a, handle) = unsafe { (&*attr, (*srq).handle) };
+    if mask as u32 & ffi::ibv_srq_attr_mask::IBV_SRQ_MAX_WR.0 != 0 {
+        return libc::EOPNOTSUPP;
+    }
+    if mask as u32 & ffi::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 != 0 && a.srq_limit != 0 {
+        let mut st = lock();
+        let Some(s) = st.srqs.get_mut(&handle) else {
+            return libc::EINVAL;
+        };
+        if s.core.arm_limit(a.srq_limit).is_err() {
+            return libc::EINVAL;
+        }
+    }
+    0
+}
+
+/// # Safety
+/// `ctx` is a live soft context; `event` is writable.
+pub(crate) unsafe fn get_async_event(
+    ctx: *mut ffi::ibv_context,
+    event: *mut ffi::ibv_async_event,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let ctx = unsafe { &*ctx.cast::<SoftContext>() };
+    if !take_signal(ctx.raw.async_fd) {
+        set_errno(libc::EAGAIN);
+        return -1;
+    }
+    let Some(e) = ctx
+        .events
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .pop_front()
+    else {
+        set_errno(libc::EAGAIN);
+        return -1;
+    };
+    // SAFETY: the caller's contract.
+    unsafe { *event = e };
+    0
+}
+
+/// A verb the soft device does not have: null, with `errno` EOPNOTSUPP.
+pub(crate) fn unsupported_ptr<T>() -> *mut T {
+    set_errno(libc::EOPNOTSUPP);
+    std::ptr::null_mut()
+}
