@@ -1,10 +1,14 @@
 //! The device tests that run on the host against the software device `soft0` (no root, no
-//! VM): the same sources as the VM's run against rxe0, with `RSRDMA_TEST_DEVICE=soft0`. Each
-//! test is named: a test missing from a list runs only in the VM, for one of these reasons
-//! (what `soft0` does not do yet): rdma_cm (every `*_over_rdma_cm` test and most tests that
-//! use the default establishment), peers in another process (child-process tests, peer death
-//! by signal), UD and UC queue pairs and address handles (`PacketConn`, `ud_*`, `uc_*`),
-//! memory windows, and comparisons with `ibv_devinfo` and sysfs.
+//! VM): the same sources as the VM's run against rxe0, with `RSRDMA_TEST_DEVICE=soft0` and
+//! `RSRDMA_SOFT_DEVICE=1` (so the tools, in their own processes, find it; their peers
+//! reach each other through soft0's links between processes). Each test is named: a test
+//! missing from a list runs only in the VM, for one of these reasons (what `soft0` does not
+//! do yet): rdma_cm (every `*_over_rdma_cm` and `rdma_cm::` test, and most tests that use
+//! the default establishment), UD and UC queue pairs and address handles (`PacketConn`,
+//! `ud_*`, `uc_*`), memory windows, interoperation with C perftest (its tools need a
+//! libibverbs device), and comparisons with `ibv_devinfo` and sysfs.
+//! `failures::garbage_instead_of_a_version` passes alone but failed once in two full runs
+//! on a loaded host: left out until that is understood.
 
 /// (package, test target, tests run on `soft0`).
 pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
@@ -34,6 +38,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "queries::limits_are_checked_before_any_verb",
             "queries::the_default_gid_is_the_routable_ipv4_one",
             "queries::the_inline_limit_is_public_and_exact",
+            "queries::unknown_device_names_what_exists",
             "soundness::a_deregistered_region_is_never_written",
             "soundness::impossible_region_sizes_are_errors",
             "soundness::remotely_writable_regions_give_copies_not_references",
@@ -98,6 +103,59 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "shared_recv_is_a_listener_option",
             "shared_recv_pool_smaller_than_credits_delivers_everything_over_tcp_handshake",
             "shared_recv_rendezvous_is_only_through_windows",
+        ],
+    ),
+    (
+        "rsrdma-perftest",
+        "device",
+        &[
+            "atomics::different_atomic_types_between_rs_tools",
+            "failures::garbage_instead_of_an_endpoint",
+            "failures::gid_index_out_of_range_is_a_parser_error",
+            "failures::size_mismatch_between_two_rs_tools",
+            "failures::truncated_then_closed",
+            "failures::write_bw_client_killed_rs_server_survives",
+            "failures::write_bw_server_killed_rs_client_survives",
+            "interop::atomic_bw_rc::rs_client_rs_server",
+            "interop::atomic_lat_rc::rs_client_rs_server",
+            "interop::read_bw_rc::rs_client_rs_server",
+            "interop::read_lat_rc::rs_client_rs_server",
+            "interop::send_bw_rc::rs_client_rs_server",
+            "interop::send_lat_rc::rs_client_rs_server",
+            "interop::write_bw_rc::rs_client_rs_server",
+            "interop::write_lat_rc::rs_client_rs_server",
+            "latency_duration::atomic_lat_rs_client_rs_server",
+            "loopback::atomic_bw",
+            "loopback::atomic_lat",
+            "loopback::events_bidirectional_and_duration",
+            "loopback::multiple_qps_post_list_and_all_sizes",
+            "loopback::output_bandwidth_prints_only_the_value",
+            "loopback::probe_line_follows_the_table",
+            "loopback::read_bw",
+            "loopback::read_lat",
+            "loopback::send_bw",
+            "loopback::send_lat",
+            "loopback::write_bw",
+            "loopback::write_lat",
+        ],
+    ),
+    (
+        "rsrdma-perftest",
+        "rdmanet_device",
+        &[
+            "rdmanet_bad_zero_copy_flag_combinations_are_refused_before_any_connection",
+            "rdmanet_bw_large_messages_and_a_small_credit_window_with_adaptive_polling",
+            "rdmanet_bw_raw_json_names_the_pipeline",
+            "rdmanet_bw_raw_onebuf_on_one_end_only_is_refused",
+            "rdmanet_bw_raw_onebuf_single_posts",
+            "rdmanet_bw_raw_prints_perftests_table",
+            "rdmanet_bw_send_batch_over_the_tcp_handshake_with_busy_polling",
+            "rdmanet_bw_server_exits_1_within_5_s_when_the_client_is_killed",
+            "rdmanet_bw_server_with_a_shared_receive_pool_prints_its_memory",
+            "rdmanet_bw_zero_copy_1_mib_by_rendezvous_verified",
+            "rdmanet_lat_client_exits_1_within_5_s_when_the_tcp_handshake_server_is_killed",
+            "rdmanet_lat_over_the_tcp_handshake_with_busy_polling",
+            "rdmanet_raw_client_exits_1_within_5_s_when_the_server_is_killed",
         ],
     ),
 ];

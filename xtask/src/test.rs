@@ -133,7 +133,8 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         cmd.args(["--exact", "--test-threads", "4"])
             .args(tests.iter())
             .env("RSRDMA_TEST_DEVICE", "soft0")
-            .env("RSRDMA_TEST_IP", "127.0.0.1");
+            .env("RSRDMA_TEST_IP", "127.0.0.1")
+            .env("RSRDMA_SOFT_DEVICE", "1");
         let (ok, p, f) = run_counting(cmd)?;
         total_passed += p;
         total_failed += f;

@@ -3,7 +3,7 @@
 //! [`devices`] lists them; [`open`] opens one by name. A machine with no RDMA stack gives
 //! [`Error::Unsupported`] (libibverbs reports ENOSYS), never an empty list that hides why.
 //!
-//! The software device `soft0` (queue pairs within this process; see the guide) opens by name
+//! The software device `soft0` (queue pairs between processes of one machine; see the guide) opens by name
 //! anywhere, and is listed after the hardware ones when `RSRDMA_SOFT_DEVICE=1` (then a machine
 //! without an RDMA stack lists it alone).
 

@@ -8,13 +8,18 @@
 //! - a post runs the queue pair's core and then *pumps*: every packet any soft QP has to send
 //!   is handed to its destination QP (in this process), until none is left, and the
 //!   completions go to the QPs' CQs, which wake their completion channels when armed;
-//! - a timer thread does the same when an RNR retry is due;
+//! - a timer thread does the same when an RNR retry is due, and a thread per peer device
+//!   when its packets arrive;
 //! - a packet for a QP that no longer exists breaks its sender's link (`RETRY_EXC_ERR`), as a
 //!   peer that died would.
 //!
-//! What it does not do yet (and says so with `EOPNOTSUPP`): peers in other processes or on
-//! other hosts, UD and UC queue pairs, memory windows, address handles, rdma_cm.
+//! A QP whose peer lives in another process (its LID names another soft device's port) gets
+//! its packets there over a TCP connection between the two devices ([`link`]).
+//!
+//! What it does not do yet (and says so with `EOPNOTSUPP`): peers on other hosts, UD and UC
+//! queue pairs, memory windows, address handles, rdma_cm.
 
+mod link;
 pub(crate) mod verbs;
 
 use crate::ffi;
@@ -108,8 +113,8 @@ pub(crate) fn mark_opened() {
 }
 
 /// Whether the soft device is listed by [`crate::devices`]: with `RSRDMA_SOFT_DEVICE=1`.
-/// [`crate::open`]`("soft0")` opens it either way. Not listed by default yet: a program that
-/// takes the first device would get one that reaches no other process.
+/// [`crate::open`]`("soft0")` opens it either way. Not listed by default yet: it reaches no
+/// other host, and a program that takes the first device should not land on it unasked.
 pub(crate) fn listed() -> bool {
     std::env::var_os("RSRDMA_SOFT_DEVICE").is_some_and(|v| v == "1")
 }

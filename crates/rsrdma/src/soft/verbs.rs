@@ -3,6 +3,7 @@
 //! that are the first field of this module's `#[repr(C)]` objects.
 
 use super::device_ptr;
+use super::link::{Deliver, Links};
 use crate::ffi;
 use rsrdma_soft::{
     Access, Completion, Memory, MrTable, PostError, QpConfig, QpEvent, QpState, RcQp, RecvWr,
@@ -11,7 +12,7 @@ use rsrdma_soft::{
 use std::collections::{HashMap, VecDeque};
 use std::os::raw::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 // ----- limits (rxe's, from its rxe_param.h, where the core has no reason to differ) -------
@@ -110,6 +111,10 @@ struct Device {
     state: Mutex<State>,
     /// Wakes the timer thread when a pump may have changed what is due.
     timer: Condvar,
+    /// Other processes' soft devices (`None` if this one could not listen: then its QPs
+    /// reach only this process).
+    links: Option<Links>,
+    deliver: Arc<dyn Deliver>,
 }
 
 fn device() -> &'static Device {
@@ -118,6 +123,14 @@ fn device() -> &'static Device {
         let _ = std::thread::Builder::new()
             .name("rsrdma-soft0".into())
             .spawn(timer_thread);
+        let deliver: Arc<dyn Deliver> = Arc::new(FromPeers);
+        let links = match Links::start(deliver.clone()) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(error = %e, "soft0: no listener; QPs reach this process only");
+                None
+            }
+        };
         Device {
             state: Mutex::new(State {
                 mrs: MrTable::new(),
@@ -127,8 +140,54 @@ fn device() -> &'static Device {
                 next_handle: 1,
             }),
             timer: Condvar::new(),
+            links,
+            deliver,
         }
     })
+}
+
+/// This device's LID: the port it listens on (0 without a listener).
+fn own_lid() -> u16 {
+    device().links.as_ref().map_or(0, Links::port)
+}
+
+/// What arrives from other processes' soft devices.
+struct FromPeers;
+
+impl Deliver for FromPeers {
+    fn packet(&self, from: u16, bytes: &[u8]) {
+        let Ok(p) = rsrdma_soft::Packet::decode(bytes) else {
+            tracing::warn!(from, "soft0: a malformed packet from a peer device");
+            self.link_down(from);
+            return;
+        };
+        let mut st = lock();
+        let now = Instant::now();
+        let State { qps, srqs, mrs, .. } = &mut *st;
+        // Only a QP connected to that device takes its packets.
+        if let Some(d) = qps.get_mut(&p.dest_qpn).filter(|d| d.remote_lid() == from) {
+            let srq = d.srq.and_then(|h| srqs.get_mut(&h)).map(|s| &mut s.core);
+            d.core.handle_packet(p, mrs, &mut ProcessMemory, srq, now);
+        }
+        pump(&mut st, now);
+    }
+
+    fn link_down(&self, port: u16) {
+        let mut st = lock();
+        for e in st.qps.values_mut() {
+            if e.remote_lid() == port && e.core.state() != QpState::Error {
+                e.core.handle_link_down();
+            }
+        }
+        pump(&mut st, Instant::now());
+    }
+}
+
+impl QpEntry {
+    /// The LID of the device its peer QP lives on (set at RTR).
+    fn remote_lid(&self) -> u16 {
+        self.attr.ah_attr.dlid
+    }
 }
 
 fn lock() -> MutexGuard<'static, State> {
@@ -189,6 +248,20 @@ fn pump(st: &mut State, now: Instant) {
             while let Some(pkt) = st.qps.get_mut(&qpn).and_then(|e| e.core.poll_transmit()) {
                 moved = true;
                 let State { qps, srqs, mrs, .. } = &mut *st;
+                let remote = qps.get(&qpn).map_or(0, QpEntry::remote_lid);
+                if remote != 0 && remote != own_lid() {
+                    // The peer QP lives in another process.
+                    let dev = device();
+                    match &dev.links {
+                        Some(l) => l.send(remote, pkt.encode(), &dev.deliver),
+                        None => {
+                            if let Some(e) = qps.get_mut(&qpn) {
+                                e.core.handle_link_down();
+                            }
+                        }
+                    }
+                    continue;
+                }
                 match qps.get_mut(&pkt.dest_qpn) {
                     Some(d) => {
                         let srq = d.srq.and_then(|h| srqs.get_mut(&h)).map(|s| &mut s.core);
@@ -691,6 +764,7 @@ pub(crate) unsafe fn query_port(port: u8, attr: *mut ffi::ibv_port_attr) -> c_in
     p.gid_tbl_len = 2;
     p.max_msg_sz = 0x8000_0000;
     p.pkey_tbl_len = 1;
+    p.lid = own_lid();
     p.active_width = 1;
     p.active_speed = 1;
     p.phys_state = 5;

@@ -1,0 +1,181 @@
+//! Queue pairs in other processes: the soft device listens on a TCP port of the loopback
+//! address (the port's LID names it, so a [`crate::QpEndpoint`] says where a QP lives), and
+//! carries packets to another soft device over a connection it dials, one per peer device,
+//! each packet framed by its length (`u32`, little-endian). The connection a device dials
+//! is only written; the ones it accepts are only read, each by its own thread, which hands
+//! the packets to the destination QPs under the device lock, as a NIC executes what arrives
+//! with no work from the application. Writes go through a queue and a writer thread, never
+//! under the device lock: two devices that write to each other cannot block each other.
+//!
+//! A connection that ends (its process died, its socket reset) breaks the link of every QP
+//! that talks to that device: their oldest request completes with `RETRY_EXC_ERR`.
+//! Reliable, ordered streams need no retransmission, as `rsrdma-soft`'s packets assume.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
+
+/// The largest packet a peer may send: a message of up to 2 GiB plus its header.
+const MAX_FRAME: usize = (1 << 31) + 64;
+
+/// What the links hand to the device.
+pub(super) trait Deliver: Send + Sync + 'static {
+    /// A packet from the device listening on `from`.
+    fn packet(&self, from: u16, bytes: &[u8]);
+    /// The device listening on `port` cannot be reached any more.
+    fn link_down(&self, port: u16);
+}
+
+/// The device's listener and its connections to other devices.
+pub(super) struct Links {
+    port: u16,
+    out: Mutex<HashMap<u16, Arc<Outbound>>>,
+}
+
+/// Packets queued for one peer device, and its writer thread's state.
+struct Outbound {
+    queue: Mutex<OutQueue>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct OutQueue {
+    frames: VecDeque<Vec<u8>>,
+    /// The connection failed: what is queued is dropped.
+    dead: bool,
+}
+
+impl Links {
+    /// Listens on a port of the loopback address and starts accepting peers.
+    ///
+    /// # Errors
+    /// The listener's.
+    pub(super) fn start(deliver: Arc<dyn Deliver>) -> std::io::Result<Links> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let port = listener.local_addr()?.port();
+        std::thread::Builder::new()
+            .name("rsrdma-soft0-accept".into())
+            .spawn(move || accept_loop(&listener, &deliver))?;
+        Ok(Links {
+            port,
+            out: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The port this device listens on: its LID.
+    pub(super) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Queues `frame` (an encoded packet) for the device listening on `port`, dialling it
+    /// first if needed. Never blocks on the network.
+    pub(super) fn send(&self, port: u16, frame: Vec<u8>, deliver: &Arc<dyn Deliver>) {
+        let out = {
+            let mut map = self.out.lock().unwrap_or_else(|p| p.into_inner());
+            let existing = map.get(&port).filter(|o| !o.is_dead()).cloned();
+            match existing {
+                Some(o) => o,
+                None => {
+                    let o = Arc::new(Outbound {
+                        queue: Mutex::new(OutQueue::default()),
+                        ready: Condvar::new(),
+                    });
+                    map.insert(port, o.clone());
+                    let (w, d, me) = (o.clone(), deliver.clone(), self.port);
+                    let spawned = std::thread::Builder::new()
+                        .name("rsrdma-soft0-link".into())
+                        .spawn(move || write_loop(me, port, &w, &d));
+                    if spawned.is_err() {
+                        o.kill();
+                        deliver.link_down(port);
+                    }
+                    o
+                }
+            }
+        };
+        let mut q = out.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if !q.dead {
+            q.frames.push_back(frame);
+            out.ready.notify_one();
+        }
+    }
+}
+
+impl Outbound {
+    fn is_dead(&self) -> bool {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).dead
+    }
+
+    fn kill(&self) {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        q.dead = true;
+        q.frames.clear();
+    }
+}
+
+/// Dials the peer device, says which device this is, then writes what is queued.
+fn write_loop(me: u16, port: u16, out: &Outbound, deliver: &Arc<dyn Deliver>) {
+    let written = (|| -> std::io::Result<()> {
+        let mut s = TcpStream::connect(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))?;
+        s.set_nodelay(true)?;
+        s.write_all(&me.to_le_bytes())?;
+        loop {
+            let batch: Vec<Vec<u8>> = {
+                let mut q = out.queue.lock().unwrap_or_else(|p| p.into_inner());
+                while q.frames.is_empty() {
+                    q = out.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+                q.frames.drain(..).collect()
+            };
+            for f in &batch {
+                s.write_all(&(f.len() as u32).to_le_bytes())?;
+                s.write_all(f)?;
+            }
+        }
+    })();
+    if let Err(e) = written {
+        tracing::debug!(port, error = %e, "soft0: the link to a peer device ended");
+    }
+    out.kill();
+    deliver.link_down(port);
+}
+
+fn accept_loop(listener: &TcpListener, deliver: &Arc<dyn Deliver>) {
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else {
+            continue;
+        };
+        let d = deliver.clone();
+        let _ = std::thread::Builder::new()
+            .name("rsrdma-soft0-recv".into())
+            .spawn(move || read_loop(stream, &d));
+    }
+}
+
+/// Reads a peer device's packets and hands them over; its end breaks that peer's links.
+fn read_loop(mut s: TcpStream, deliver: &Arc<dyn Deliver>) {
+    let mut port = [0u8; 2];
+    if s.read_exact(&mut port).is_err() {
+        return;
+    }
+    let from = u16::from_le_bytes(port);
+    let mut buf = Vec::new();
+    loop {
+        let mut len = [0u8; 4];
+        if s.read_exact(&mut len).is_err() {
+            break;
+        }
+        let len = u32::from_le_bytes(len) as usize;
+        if len > MAX_FRAME {
+            tracing::warn!(from, len, "soft0: a peer device sent an oversized frame");
+            break;
+        }
+        buf.resize(len, 0);
+        if s.read_exact(&mut buf).is_err() {
+            break;
+        }
+        deliver.packet(from, &buf);
+    }
+    deliver.link_down(from);
+}
