@@ -11,7 +11,7 @@ use rsrdma_soft::{
 };
 use std::collections::{HashMap, VecDeque};
 use std::os::raw::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,8 @@ struct SoftMr {
 struct SoftCq {
     raw: ffi::ibv_cq,
     state: Mutex<CqState>,
+    /// A thread is polling it (checked in single-threaded mode: [`Exclusive`]).
+    busy: AtomicBool,
 }
 
 struct CqState {
@@ -67,11 +69,63 @@ struct SoftChannel {
 #[repr(C)]
 struct SoftQp {
     raw: ffi::ibv_qp,
+    /// A thread is posting to its send queue, or to its receive queue ([`Exclusive`]).
+    sq_busy: AtomicBool,
+    rq_busy: AtomicBool,
 }
 
 #[repr(C)]
 struct SoftSrq {
     raw: ffi::ibv_srq,
+    /// A thread is posting to it ([`Exclusive`]).
+    busy: AtomicBool,
+}
+
+/// Whether soft0 plays a provider without locks (`RSRDMA_SOFT_SINGLE_THREADED=1`, as
+/// `MLX5_SINGLE_THREADED=1` makes mlx5): it then checks that no two threads ever use one
+/// send queue, receive queue, SRQ or CQ at once, and aborts the process when they do, since
+/// such a provider would corrupt the queue. Each use holds the queue for [`WINDOW`], so that
+/// overlapping uses are caught, not only exactly simultaneous ones.
+fn single_threaded() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("RSRDMA_SOFT_SINGLE_THREADED").is_some_and(|v| v == "1"))
+}
+
+/// How long a checked use holds its queue in single-threaded mode.
+const WINDOW: Duration = Duration::from_micros(50);
+
+/// One thread's use of a queue, in single-threaded mode (nothing otherwise).
+struct Exclusive<'a>(Option<&'a AtomicBool>);
+
+impl<'a> Exclusive<'a> {
+    fn enter(busy: &'a AtomicBool, what: &str, num: u32) -> Exclusive<'a> {
+        if !single_threaded() {
+            return Exclusive(None);
+        }
+        if busy.swap(true, Ordering::AcqRel) {
+            // Straight to the stderr stream (a test harness's capture would die with the
+            // process).
+            let msg = format!(
+                "soft0 (single-threaded provider): two threads used {what} {num} at once; a \
+                 provider without locks would corrupt it\n"
+            );
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), msg.as_bytes());
+            std::process::abort();
+        }
+        let until = Instant::now() + WINDOW;
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        Exclusive(Some(busy))
+    }
+}
+
+impl Drop for Exclusive<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.0 {
+            b.store(false, Ordering::Release);
+        }
+    }
 }
 
 /// A queue pair's core and where its completions and events go.
@@ -555,9 +609,12 @@ unsafe extern "C" fn post_send(
     wr: *mut ffi::ibv_send_wr,
     bad: *mut *mut ffi::ibv_send_wr,
 ) -> c_int {
+    // SAFETY: `qp` is a live soft QP, the first field of its `SoftQp` (the caller's
+    // contract).
+    let soft = unsafe { &*qp.cast::<SoftQp>() };
+    let qpn = soft.raw.qp_num;
+    let _one = Exclusive::enter(&soft.sq_busy, "the send queue of QP", qpn);
     let mut st = lock();
-    // SAFETY: `qp` is a live soft QP (the caller's contract).
-    let qpn = unsafe { (*qp).qp_num };
     let mut w = wr;
     let mut rc = 0;
     while !w.is_null() {
@@ -591,9 +648,12 @@ unsafe extern "C" fn post_recv(
     wr: *mut ffi::ibv_recv_wr,
     bad: *mut *mut ffi::ibv_recv_wr,
 ) -> c_int {
+    // SAFETY: `qp` is a live soft QP, the first field of its `SoftQp` (the caller's
+    // contract).
+    let soft = unsafe { &*qp.cast::<SoftQp>() };
+    let qpn = soft.raw.qp_num;
+    let _one = Exclusive::enter(&soft.rq_busy, "the receive queue of QP", qpn);
     let mut st = lock();
-    // SAFETY: `qp` is a live soft QP (the caller's contract).
-    let qpn = unsafe { (*qp).qp_num };
     let mut w = wr;
     let mut rc = 0;
     while !w.is_null() {
@@ -626,9 +686,12 @@ unsafe extern "C" fn post_srq_recv(
     wr: *mut ffi::ibv_recv_wr,
     bad: *mut *mut ffi::ibv_recv_wr,
 ) -> c_int {
+    // SAFETY: `srq` is a live soft SRQ, the first field of its `SoftSrq` (the caller's
+    // contract).
+    let soft = unsafe { &*srq.cast::<SoftSrq>() };
+    let handle = soft.raw.handle;
+    let _one = Exclusive::enter(&soft.busy, "SRQ", handle);
     let mut st = lock();
-    // SAFETY: `srq` is a live soft SRQ (the caller's contract).
-    let handle = unsafe { (*srq).handle };
     let mut w = wr;
     let mut rc = 0;
     while !w.is_null() {
@@ -659,6 +722,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
     // SAFETY: `cq` is a live soft CQ, the first field of its `SoftCq` (the caller's
     // contract).
     let cq = unsafe { &*cq.cast::<SoftCq>() };
+    let _one = Exclusive::enter(&cq.busy, "CQ", cq.raw.handle);
     let mut st = cq.state.lock().unwrap_or_else(|p| p.into_inner());
     if st.overrun {
         return -libc::EOVERFLOW;
@@ -906,6 +970,7 @@ pub(crate) unsafe fn create_cq(
             armed: false,
             overrun: false,
         }),
+        busy: AtomicBool::new(false),
     });
     Box::into_raw(cq).cast()
 }
@@ -1064,7 +1129,12 @@ pub(crate) unsafe fn create_qp(
     raw.qp_num = qpn;
     raw.state = ffi::ibv_qp_state::IBV_QPS_RESET;
     raw.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
-    let qp = Box::into_raw(Box::new(SoftQp { raw })).cast::<ffi::ibv_qp>();
+    let qp = Box::into_raw(Box::new(SoftQp {
+        raw,
+        sq_busy: AtomicBool::new(false),
+        rq_busy: AtomicBool::new(false),
+    }))
+    .cast::<ffi::ibv_qp>();
     let mut saved: ffi::ibv_qp_attr = zeroed();
     saved.cap = *c;
     st.qps.insert(
@@ -1246,7 +1316,11 @@ pub(crate) unsafe fn create_srq(
     raw.pd = pd;
     raw.handle = handle;
     let ctx = raw.context.cast();
-    let srq = Box::into_raw(Box::new(SoftSrq { raw })).cast::<ffi::ibv_srq>();
+    let srq = Box::into_raw(Box::new(SoftSrq {
+        raw,
+        busy: AtomicBool::new(false),
+    }))
+    .cast::<ffi::ibv_srq>();
     st.srqs.insert(
         handle,
         SrqEntry {
