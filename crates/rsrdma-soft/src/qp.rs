@@ -564,14 +564,15 @@ impl RcQp {
         len: u32,
         imm: Option<u32>,
     ) {
-        self.cq.push_back(Completion {
+        push_recv(
+            &mut self.cq,
+            self.cfg.qp_num,
             wr_id,
             status,
             opcode,
-            byte_len: len,
+            len,
             imm,
-            qp_num: self.cfg.qp_num,
-        });
+        );
     }
 }
 
@@ -614,14 +615,7 @@ impl Responder<'_> {
         len: u32,
         imm: Option<u32>,
     ) {
-        self.cq.push_back(Completion {
-            wr_id,
-            status,
-            opcode,
-            byte_len: len,
-            imm,
-            qp_num: self.cfg.qp_num,
-        });
+        push_recv(self.cq, self.cfg.qp_num, wr_id, status, opcode, len, imm);
     }
 
     fn execute(&mut self, p: &Packet, mrs: &MrTable, mem: &mut dyn Memory) -> Answer {
@@ -747,6 +741,26 @@ impl Responder<'_> {
         }
         a
     }
+}
+
+/// A receive's completion, onto `cq`.
+fn push_recv(
+    cq: &mut VecDeque<Completion>,
+    qp_num: u32,
+    wr_id: u64,
+    status: Status,
+    opcode: WcOpcode,
+    len: u32,
+    imm: Option<u32>,
+) {
+    cq.push_back(Completion {
+        wr_id,
+        status,
+        opcode,
+        byte_len: len,
+        imm,
+        qp_num,
+    });
 }
 
 /// What the responder answers a request with.

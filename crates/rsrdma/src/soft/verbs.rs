@@ -653,32 +653,14 @@ unsafe extern "C" fn post_recv(
     let soft = unsafe { &*qp.cast::<SoftQp>() };
     let qpn = soft.raw.qp_num;
     let _one = Exclusive::enter(&soft.rq_busy, "the receive queue of QP", qpn);
-    let mut st = lock();
-    let mut w = wr;
-    let mut rc = 0;
-    while !w.is_null() {
-        // SAFETY: a valid request list (the caller's contract).
-        let r = unsafe { &*w };
-        let recv = RecvWr {
-            wr_id: r.wr_id,
-            // SAFETY: as above.
-            sges: unsafe { sges(r.sg_list, r.num_sge) },
-        };
-        let posted = match st.qps.get_mut(&qpn) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        post_recv_list(wr, bad, |st, recv| match st.qps.get_mut(&qpn) {
             Some(e) if recv.sges.len() as u32 > e.caps.max_recv_sge => Err(libc::EINVAL),
             Some(e) => e.core.post_recv(recv).map_err(post_errno),
             None => Err(libc::EINVAL),
-        };
-        if let Err(e) = posted {
-            // SAFETY: `bad` is writable (the caller's contract).
-            unsafe { *bad = w };
-            rc = e;
-            break;
-        }
-        w = r.next;
+        })
     }
-    pump(&mut st, Instant::now());
-    rc
 }
 
 unsafe extern "C" fn post_srq_recv(
@@ -691,6 +673,25 @@ unsafe extern "C" fn post_srq_recv(
     let soft = unsafe { &*srq.cast::<SoftSrq>() };
     let handle = soft.raw.handle;
     let _one = Exclusive::enter(&soft.busy, "SRQ", handle);
+    // SAFETY: the caller's contract.
+    unsafe {
+        post_recv_list(wr, bad, |st, recv| match st.srqs.get_mut(&handle) {
+            Some(s) => s.core.post_recv(recv).map_err(post_errno),
+            None => Err(libc::EINVAL),
+        })
+    }
+}
+
+/// Posts a list of receive requests with `post`, under the device lock: stops at the first
+/// refused one (named in `bad`), and pumps.
+///
+/// # Safety
+/// `wr` is a valid request list whose SGEs the caller vouches for; `bad` is writable.
+unsafe fn post_recv_list(
+    wr: *mut ffi::ibv_recv_wr,
+    bad: *mut *mut ffi::ibv_recv_wr,
+    mut post: impl FnMut(&mut State, RecvWr) -> Result<(), c_int>,
+) -> c_int {
     let mut st = lock();
     let mut w = wr;
     let mut rc = 0;
@@ -702,11 +703,7 @@ unsafe extern "C" fn post_srq_recv(
             // SAFETY: as above.
             sges: unsafe { sges(r.sg_list, r.num_sge) },
         };
-        let posted = match st.srqs.get_mut(&handle) {
-            Some(s) => s.core.post_recv(recv).map_err(post_errno),
-            None => Err(libc::EINVAL),
-        };
-        if let Err(e) = posted {
+        if let Err(e) = post(&mut st, recv) {
             // SAFETY: `bad` is writable (the caller's contract).
             unsafe { *bad = w };
             rc = e;
