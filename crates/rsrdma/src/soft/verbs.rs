@@ -366,7 +366,10 @@ fn pump(st: &mut State, now: Instant) {
             unsafe { push_event(s.ctx, a) };
         }
     }
-    device().timer.notify_one();
+    // The timer thread only needs to hear of a retry that is now due to run.
+    if st.qps.values().any(|e| e.core.poll_timeout().is_some()) {
+        device().timer.notify_one();
+    }
 }
 
 /// All-zero C data.
