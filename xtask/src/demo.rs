@@ -1,12 +1,17 @@
 //! `cargo xtask demo`: build the `rc_transfer` example (release), boot the soft-RoCE VM and run a
 //! real RC transfer between two processes in it: a server in the background, then the client.
 //! The example prints what it measured; the demo shows it and exits with its status.
+//!
+//! `cargo xtask demo --soft` runs the same two processes on this machine over the software
+//! device `soft0` instead: no VM, no root, no RDMA hardware (soft0 carries the packets between
+//! the two processes over loopback TCP; see the guide's software-device chapter).
 
 use crate::vm::{self, sh_quote, VmOpts};
 use anyhow::{anyhow, bail, Context, Result};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::Command;
-use std::time::Duration;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 // What the demo runs; change it here.
 const PACKAGE: &str = "rsrdma";
@@ -33,8 +38,11 @@ const CLIENT_ARGS: &[&str] = &[
 const SERVER_HEADSTART: &str = "1";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
-const USAGE: &str =
-    "usage: cargo xtask demo [--no-build] [--timeout SECS] [--mem MB] [--cpus N] [--verbose]";
+const USAGE: &str = "usage: cargo xtask demo [--soft] [--no-build] [--timeout SECS] [--mem MB] \
+                     [--cpus N] [--verbose]";
+
+/// The software device the `--soft` demo uses.
+const SOFT_DEVICE: &str = "soft0";
 
 pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     let mut opts = VmOpts {
@@ -42,6 +50,7 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         ..VmOpts::default()
     };
     let mut build = true;
+    let mut soft = false;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         if vm::parse_common_opt(arg, &mut it, &mut opts)? {
@@ -50,6 +59,8 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         match arg.as_str() {
             // Run what target/release/examples already holds.
             "--no-build" => build = false,
+            // On this machine over soft0: no VM, no root.
+            "--soft" => soft = true,
             "-h" | "--help" => {
                 eprintln!("{USAGE}");
                 return Ok(0);
@@ -59,7 +70,11 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     }
 
     // The build links libibverbs: install the development packages (and the VM's) first.
-    vm::ensure_packages(vm::HOST_PACKAGES)?;
+    vm::ensure_packages(if soft {
+        vm::BUILD_PACKAGES
+    } else {
+        vm::HOST_PACKAGES
+    })?;
     if build {
         let args = ["build", "--release", "-p", PACKAGE, "--example", EXAMPLE];
         eprintln!("[demo] cargo {}", args.join(" "));
@@ -75,6 +90,9 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     let exe = vm::target_dir()?.join("release/examples").join(EXAMPLE);
     if !exe.is_file() {
         return Err(anyhow!("{} does not exist", exe.display()));
+    }
+    if soft {
+        return run_on_soft(&exe, opts.timeout);
     }
 
     let quote_all = |args: &[&str]| {
@@ -115,4 +133,51 @@ exit $server_st
         )),
     );
     vm::run_in_vm(&opts, &script)
+}
+
+/// Runs the example's server and client as two processes of this machine over `soft0`, with the
+/// demo's timeout over both; returns the client's status, or the server's if the client passed.
+fn run_on_soft(exe: &Path, timeout: Duration) -> Result<i32> {
+    let common = ["--device", SOFT_DEVICE];
+    let deadline = Instant::now() + timeout;
+    eprintln!("[demo] server: {EXAMPLE} server {}", common.join(" "));
+    let mut server = Command::new(exe)
+        .arg("server")
+        .args(common)
+        .spawn()
+        .context("starting the server")?;
+    std::thread::sleep(Duration::from_secs(SERVER_HEADSTART.parse()?));
+    eprintln!(
+        "[demo] client: {EXAMPLE} client 127.0.0.1 {}",
+        common.join(" ")
+    );
+    let mut client = Command::new(exe)
+        .args(["client", "127.0.0.1"])
+        .args(common)
+        .spawn()
+        .context("starting the client")?;
+    let client_st = wait_until(&mut client, deadline, "client")?;
+    if client_st != 0 {
+        eprintln!("[demo] the client failed (exit status {client_st}); stopping the server");
+        let _ = server.kill();
+    }
+    let server_st = wait_until(&mut server, deadline, "server")?;
+    eprintln!("[demo] server exit status {server_st}, client exit status {client_st}");
+    Ok(if client_st != 0 { client_st } else { server_st })
+}
+
+/// Waits for `child` until `deadline`; kills it and fails past it. A child killed by a signal
+/// counts as status 128 + the signal, as a shell says.
+fn wait_until(child: &mut Child, deadline: Instant, what: &str) -> Result<i32> {
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok(st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0)));
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("the {what} did not finish within the demo's timeout");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -4,9 +4,9 @@
 //! reach each other through soft0's links between processes). Each test is named: a test
 //! missing from a list runs only in the VM, for one of these reasons (what `soft0` does not
 //! do yet): rdma_cm (every `*_over_rdma_cm` and `rdma_cm::` test, and most tests that use
-//! the default establishment), UD and UC queue pairs and address handles (`PacketConn`,
-//! `ud_*`, `uc_*`), memory windows, interoperation with C perftest (its tools need a
-//! libibverbs device), and comparisons with `ibv_devinfo` and sysfs.
+//! the default establishment), memory windows, interoperation with C perftest (its tools
+//! need a libibverbs device), and comparisons with `ibv_devinfo`, sysfs and the kernel's
+//! resource counts.
 //! `failures::garbage_instead_of_a_version` passes alone but failed once in two full runs
 //! on a loaded host: left out until that is understood.
 
@@ -27,6 +27,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "data::rc_send_recv_at_edge_sizes",
             "data::rdma_write_and_read_move_bytes_exactly",
             "data::transitions_are_checked_and_queryable",
+            "data::uc_send_and_rdma_write",
             "data::unsignaled_sends_with_every_nth_signaled",
             "data::wrong_rkey_ends_in_remote_access_error",
             "drops::children_keep_their_parents_alive",
@@ -44,6 +45,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "soundness::remotely_writable_regions_give_copies_not_references",
             "soundness::two_threads_post_and_poll_one_queue_pair",
             "ud_srq::srq_feeds_several_queue_pairs",
+            "ud_srq::ud_send_recv_with_grh_and_reply_by_wc",
             "windows::a_refused_deregistration_hands_the_region_back",
             "windows::a_window_never_grants_write_to_a_region_that_hands_out_safe_slices",
             "windows::a_window_serves_reads_through_its_qp_only_and_not_after_its_invalidation",
@@ -93,6 +95,22 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "framed_with_a_length_delimited_codec",
             "half_close_lets_the_peer_answer",
             "one_async_accept_loop_serves_a_good_client_through_a_flood",
+            "packet_conn_send_to_and_recv_from",
+        ],
+    ),
+    (
+        "rsrdma-net",
+        "packet_device",
+        &[
+            "a_read_timeout_is_clear_and_the_endpoint_stays_usable",
+            "a_registered_endpoint_disappears_when_its_lease_runs_out",
+            "a_wrong_secret_is_refused_and_the_right_one_works",
+            "many_threads_share_one_endpoint_in_event_mode",
+            "one_sender_reaches_three_receivers_found_through_the_registry",
+            "oversized_datagrams_and_short_buffers_are_clear_errors",
+            "ping_pong_replies_to_the_sender_in_every_poll_mode",
+            "qkeys_default_and_per_socket",
+            "ten_thousand_datagrams_in_flight_both_ways",
         ],
     ),
     (
@@ -121,7 +139,9 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "interop::read_bw_rc::rs_client_rs_server",
             "interop::read_lat_rc::rs_client_rs_server",
             "interop::send_bw_rc::rs_client_rs_server",
+            "interop::send_bw_ud::rs_client_rs_server",
             "interop::send_lat_rc::rs_client_rs_server",
+            "interop::send_lat_ud::rs_client_rs_server",
             "interop::write_bw_rc::rs_client_rs_server",
             "interop::write_lat_rc::rs_client_rs_server",
             "latency_duration::atomic_lat_rs_client_rs_server",
@@ -134,6 +154,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "loopback::read_bw",
             "loopback::read_lat",
             "loopback::send_bw",
+            "loopback::send_bw_ud",
             "loopback::send_lat",
             "loopback::write_bw",
             "loopback::write_lat",

@@ -31,6 +31,13 @@
 //! queue ([`Srq`], with its limit event); a QP on an SRQ reports LAST_WQE_REACHED when it
 //! goes to ERROR ([`QpEvent`]).
 //!
+//! An [`RcQp`] made with [`QpConfig::unreliable`] is unreliable-connected (UC): SENDs and
+//! WRITEs only, completed as they leave, with a responder that answers nothing and drops
+//! what it cannot execute. Unreliable-datagram queue pairs ([`UdQp`]) send SENDs to any QP whose Q_Key they carry,
+//! complete them as the wire takes them, and drop what cannot be delivered (wrong Q_Key, no
+//! receive, a receive too short, longer than the MTU), as rxe does; every receive gets a
+//! 40-byte GRH ([`grh`]) in front of the payload.
+//!
 //! Differences, on purpose: a message is one packet (the pipes carry any length, so there is
 //! no MTU to cut at and no PSN per MTU); every request is acknowledged (no coalescing yet);
 //! there is no go-back-N except after an RNR NAK (the pipes lose nothing); fences and
@@ -45,6 +52,7 @@ mod memory;
 mod mr;
 mod qp;
 mod srq;
+mod ud;
 mod wire;
 mod wr;
 
@@ -53,5 +61,6 @@ pub use memory::{Memory, VecMemory};
 pub use mr::{MrEntry, MrTable};
 pub use qp::{PostError, QpConfig, QpEvent, QpState, RcQp};
 pub use srq::Srq;
+pub use ud::{grh, UdDest, UdQp, UdSource, GRH_LEN};
 pub use wire::{Nak, Packet, PacketKind, WireError, HEADER_LEN};
 pub use wr::{Completion, RecvWr, SendOp, SendWr, Sge, Status, WcOpcode};

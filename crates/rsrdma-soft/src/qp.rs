@@ -35,6 +35,9 @@ pub struct QpConfig {
     /// It takes its receives from a shared receive queue (passed to
     /// [`RcQp::handle_packet`]), not from its own.
     pub uses_srq: bool,
+    /// Unreliable connected (UC) rather than reliable (RC): SENDs and WRITEs only, completed
+    /// as they leave; the responder answers nothing and drops what it cannot execute.
+    pub unreliable: bool,
 }
 
 /// A queue pair's state (`enum ibv_qp_state`, without the ones a soft device never uses).
@@ -206,7 +209,8 @@ impl RcQp {
     /// The link to the peer broke (its process died, its stream reset): the oldest request
     /// still waiting for an answer completes with `RETRY_EXC_ERR`, then the QP fails.
     pub fn handle_link_down(&mut self) {
-        if self.state == QpState::Error {
+        // A UC QP waits for nothing, so it never learns of it (as on a fabric).
+        if self.state == QpState::Error || self.cfg.unreliable {
             return;
         }
         if let Some(p) = self.sq.pop_front() {
@@ -270,6 +274,11 @@ impl RcQp {
             if data.len() > self.cfg.max_inline as usize {
                 return Err(PostError::Invalid("inline data over the QP's max_inline"));
             }
+        }
+        if self.cfg.unreliable && !moves_data {
+            return Err(PostError::Invalid(
+                "a UC queue pair has no READ and no atomics",
+            ));
         }
         let atomic = matches!(wr.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. });
         if atomic && (wr.sges.len() != 1 || wr.sges[0].len != 8) {
@@ -339,6 +348,14 @@ impl RcQp {
             kind,
             payload,
         };
+        if self.cfg.unreliable {
+            // Nothing comes back: the request is done once it leaves.
+            self.out.push_back(packet);
+            if signaled {
+                self.complete_send(&wr, Status::Success, 0);
+            }
+            return Ok(());
+        }
         if self.rnr.is_none() {
             self.out.push_back(packet.clone());
         }
@@ -425,6 +442,12 @@ impl RcQp {
     // ----- responder ---------------------------------------------------------------------
 
     fn on_request(&mut self, psn: u32, answer: Answer) {
+        if self.cfg.unreliable {
+            // UC answers nothing: what could not be executed (no receive, a bad key, a
+            // receive too short) is dropped, and the next message is taken.
+            self.expected_psn = self.expected_psn.wrapping_add(1);
+            return;
+        }
         match answer {
             Answer::Rnr => {
                 let timer_us =
@@ -540,6 +563,9 @@ impl RcQp {
                 byte_len: len,
                 imm: None,
                 qp_num: self.cfg.qp_num,
+                src_qp: 0,
+                slid: 0,
+                grh: false,
             });
         }
     }
@@ -553,6 +579,9 @@ impl RcQp {
             byte_len: len,
             imm: None,
             qp_num: self.cfg.qp_num,
+            src_qp: 0,
+            slid: 0,
+            grh: false,
         });
     }
 
@@ -760,6 +789,9 @@ fn push_recv(
         byte_len: len,
         imm,
         qp_num,
+        src_qp: 0,
+        slid: 0,
+        grh: false,
     });
 }
 
@@ -771,7 +803,7 @@ enum Answer {
 }
 
 /// The bytes of `sges`, in order.
-fn gather(sges: &[Sge], mem: &dyn Memory) -> Vec<u8> {
+pub(crate) fn gather(sges: &[Sge], mem: &dyn Memory) -> Vec<u8> {
     let total: usize = sges.iter().map(|s| s.len as usize).sum();
     let mut v = vec![0u8; total];
     let mut at = 0;
@@ -784,7 +816,7 @@ fn gather(sges: &[Sge], mem: &dyn Memory) -> Vec<u8> {
 }
 
 /// Spreads `data` over `sges`, in order (they hold at least `data.len()` bytes).
-fn scatter(sges: &[Sge], data: &[u8], mem: &mut dyn Memory) {
+pub(crate) fn scatter(sges: &[Sge], data: &[u8], mem: &mut dyn Memory) {
     let mut at = 0;
     for s in sges {
         if at == data.len() {

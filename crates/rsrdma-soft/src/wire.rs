@@ -3,19 +3,19 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 1 | kind: 1 SEND, 2 WRITE, 3 READ request, 4 READ response, 5 compare-and-swap, 6 fetch-and-add, 7 atomic response, 8 ACK, 9 NAK |
+//! | 0 | 1 | kind: 1 SEND, 2 WRITE, 3 READ request, 4 READ response, 5 compare-and-swap, 6 fetch-and-add, 7 atomic response, 8 ACK, 9 NAK, 10 UD datagram |
 //! | 1 | 1 | flags: bit 0 immediate data present |
 //! | 2 | 2 | NAK code (1 RNR, 2 invalid request, 3 remote access, 4 remote operation) |
 //! | 4 | 4 | destination QP number |
 //! | 8 | 4 | PSN: the request's (a response or ACK names the request it answers) |
 //! | 12 | 4 | payload length |
 //! | 16 | 4 | immediate data; a READ request's length; an RNR NAK's timer in µs |
-//! | 20 | 4 | remote key |
-//! | 24 | 8 | remote address; an atomic response's old value |
+//! | 20 | 4 | remote key; a datagram's Q_Key |
+//! | 24 | 8 | remote address; an atomic response's old value; a datagram's source QP |
 //! | 32 | 8 | compare (compare-and-swap) or add (fetch-and-add) |
 //! | 40 | 8 | swap (compare-and-swap) |
 //!
-//! then the payload (SEND, WRITE, READ response).
+//! then the payload (SEND, WRITE, READ response, datagram).
 
 /// The header's length.
 pub const HEADER_LEN: usize = 48;
@@ -93,9 +93,30 @@ pub enum PacketKind {
     Ack,
     /// The request was refused.
     Nak(Nak),
+    /// A UD datagram (its bytes are the payload): unacknowledged, dropped when it cannot be
+    /// delivered.
+    Datagram {
+        /// The sending QP.
+        src_qpn: u32,
+        /// The Q_Key it carries: the receiving QP takes it only if it equals its own.
+        qkey: u32,
+        /// Immediate data.
+        imm: Option<u32>,
+    },
 }
 
 impl PacketKind {
+    /// Whether packets of this kind carry bytes.
+    pub fn carries_payload(&self) -> bool {
+        matches!(
+            self,
+            PacketKind::Send { .. }
+                | PacketKind::Write { .. }
+                | PacketKind::ReadResponse
+                | PacketKind::Datagram { .. }
+        )
+    }
+
     /// Whether it asks something of the peer (rather than answering).
     pub fn is_request(&self) -> bool {
         matches!(
@@ -172,6 +193,16 @@ impl Packet {
                 };
                 (9, 0, code, timer, 0, 0, 0, 0)
             }
+            PacketKind::Datagram { src_qpn, qkey, imm } => (
+                10,
+                imm.is_some() as u8,
+                0,
+                imm.unwrap_or(0),
+                qkey,
+                u64::from(src_qpn),
+                0,
+                0,
+            ),
         };
         h[0] = kind;
         h[1] = flags;
@@ -241,12 +272,14 @@ impl Packet {
                 4 => Nak::RemoteOperation,
                 _ => return Err(WireError("NAK code")),
             }),
+            10 => PacketKind::Datagram {
+                src_qpn: u32::try_from(a).map_err(|_| WireError("source QP"))?,
+                qkey: rkey,
+                imm,
+            },
             _ => return Err(WireError("kind")),
         };
-        let carries = matches!(
-            kind,
-            PacketKind::Send { .. } | PacketKind::Write { .. } | PacketKind::ReadResponse
-        );
+        let carries = kind.carries_payload();
         if !carries && !payload.is_empty() {
             return Err(WireError("a payload on a kind that carries none"));
         }
@@ -268,11 +301,8 @@ mod tests {
         let imm = prop::option::of(any::<u32>());
         prop_oneof![
             imm.clone().prop_map(|imm| PacketKind::Send { imm }),
-            (any::<u64>(), any::<u32>(), imm).prop_map(|(addr, rkey, imm)| PacketKind::Write {
-                addr,
-                rkey,
-                imm
-            }),
+            (any::<u64>(), any::<u32>(), imm.clone())
+                .prop_map(|(addr, rkey, imm)| PacketKind::Write { addr, rkey, imm }),
             (any::<u64>(), any::<u32>(), any::<u32>())
                 .prop_map(|(addr, rkey, len)| PacketKind::ReadRequest { addr, rkey, len }),
             Just(PacketKind::ReadResponse),
@@ -292,6 +322,8 @@ mod tests {
             Just(PacketKind::Nak(Nak::InvalidRequest)),
             Just(PacketKind::Nak(Nak::RemoteAccess)),
             Just(PacketKind::Nak(Nak::RemoteOperation)),
+            (any::<u32>(), any::<u32>(), imm)
+                .prop_map(|(src_qpn, qkey, imm)| { PacketKind::Datagram { src_qpn, qkey, imm } }),
         ]
     }
 
@@ -303,10 +335,7 @@ mod tests {
             psn in any::<u32>(),
             payload in prop::collection::vec(any::<u8>(), 0..64),
         ) {
-            let carries = matches!(
-                k,
-                PacketKind::Send { .. } | PacketKind::Write { .. } | PacketKind::ReadResponse
-            );
+            let carries = k.carries_payload();
             let p = Packet { dest_qpn, psn, kind: k, payload: if carries { payload } else { Vec::new() } };
             prop_assert_eq!(Packet::decode(&p.encode()), Ok(p));
         }

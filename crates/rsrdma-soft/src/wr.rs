@@ -142,6 +142,12 @@ pub struct Completion {
     pub imm: Option<u32>,
     /// The QP it completed on.
     pub qp_num: u32,
+    /// A UD receive: the sender's QP number (0 otherwise).
+    pub src_qp: u32,
+    /// A UD receive: the sender's LID (0 otherwise).
+    pub slid: u16,
+    /// A UD receive: its first 40 bytes are a GRH.
+    pub grh: bool,
 }
 
 impl SendWr {

@@ -39,6 +39,7 @@ fn cfg(qp_num: u32, rnr_retry: u8) -> QpConfig {
         min_rnr_timer: Duration::from_micros(640),
         sq_sig_all: false,
         uses_srq: false,
+        unreliable: false,
     }
 }
 
@@ -887,4 +888,76 @@ proptest! {
         prop_assert_eq!(p.s[0].qp.state(), QpState::Rts);
         prop_assert_eq!(p.s[1].qp.state(), QpState::Rts);
     }
+}
+
+#[test]
+fn unreliable_connected_sends_and_writes_complete_as_they_leave_and_drop_what_fails() {
+    let uc = |n| QpConfig {
+        unreliable: true,
+        ..cfg(n, 0)
+    };
+    let mut p = Pair::with(uc(10), uc(20));
+    p.fill(0, BASE, b"first second third");
+    // No receive at the peer: the SEND completes at the sender and is dropped there (no
+    // RNR, no retry); the next one, with a receive, lands.
+    p.post_send(0, send(1, vec![p.sge(0, BASE, 5)], true))
+        .unwrap();
+    p.run();
+    assert_eq!(ids(&p.completions(0)), vec![(1, Status::Success)]);
+    assert!(p.completions(1).is_empty());
+    p.post_recv(1, 9, BASE + 1000, 64);
+    p.post_send(0, send(2, vec![p.sge(0, BASE + 6, 6)], true))
+        .unwrap();
+    p.run();
+    assert_eq!(ids(&p.completions(0)), vec![(2, Status::Success)]);
+    let r = p.completions(1);
+    assert_eq!((r[0].wr_id, r[0].byte_len), (9, 6));
+    assert_eq!(p.bytes(1, BASE + 1000, 6), b"second");
+    // A WRITE with a bad key is dropped at the responder; neither QP fails, and a good
+    // WRITE after it lands.
+    let write = |wr_id, rkey, addr| SendWr {
+        wr_id,
+        op: SendOp::Write {
+            remote_addr: addr,
+            rkey,
+            imm: None,
+        },
+        sges: vec![Sge {
+            addr: BASE + 13,
+            len: 5,
+            lkey: p.s[0].key,
+        }],
+        inline: None,
+        signaled: true,
+    };
+    let (bad, good) = (
+        write(3, p.s[1].key ^ 0x100, BASE + 2000),
+        write(4, p.s[1].key, BASE + 2000),
+    );
+    p.post_send(0, bad).unwrap();
+    p.post_send(0, good).unwrap();
+    p.run();
+    assert_eq!(
+        ids(&p.completions(0)),
+        vec![(3, Status::Success), (4, Status::Success)]
+    );
+    assert_eq!(p.bytes(1, BASE + 2000, 5), b"third");
+    assert_eq!(
+        (p.s[0].qp.state(), p.s[1].qp.state()),
+        (QpState::Rts, QpState::Rts)
+    );
+    // No READ, no atomics; a broken link goes unnoticed.
+    let read = SendWr {
+        wr_id: 5,
+        op: SendOp::Read {
+            remote_addr: BASE,
+            rkey: p.s[1].key,
+        },
+        sges: vec![p.sge(0, BASE, 8)],
+        inline: None,
+        signaled: true,
+    };
+    assert!(matches!(p.post_send(0, read), Err(PostError::Invalid(_))));
+    p.s[0].qp.handle_link_down();
+    assert_eq!(p.s[0].qp.state(), QpState::Rts);
 }

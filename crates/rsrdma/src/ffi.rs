@@ -422,19 +422,32 @@ pub unsafe fn rsrdma_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mut ibv_m
     )
 }
 
-/// `ibv_create_ah`: the soft device has no UD yet.
+/// `ibv_create_ah`.
 ///
 /// # Safety
 /// As the C function.
 pub unsafe fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     route!(
         (*pd).context,
-        safe soft::verbs::unsupported_ptr(),
+        soft::ah::create_ah(pd, attr),
         rsrdma_sys::ibv_create_ah(pd, attr)
     )
 }
 
-/// `ibv_create_ah_from_wc`: the soft device has no UD yet.
+/// `ibv_destroy_ah`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    route!(
+        (*ah).context,
+        soft::ah::destroy_ah(ah),
+        rsrdma_sys::ibv_destroy_ah(ah)
+    )
+}
+
+/// `ibv_create_ah_from_wc` (the soft device reads its own GRH; libibverbs' would query a
+/// context it does not know).
 ///
 /// # Safety
 /// As the C function.
@@ -446,7 +459,7 @@ pub unsafe fn ibv_create_ah_from_wc(
 ) -> *mut ibv_ah {
     route!(
         (*pd).context,
-        safe soft::verbs::unsupported_ptr(),
+        soft::ah::create_ah_from_wc(pd, wc, grh, port_num),
         rsrdma_sys::ibv_create_ah_from_wc(pd, wc, grh, port_num)
     )
 }

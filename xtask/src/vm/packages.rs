@@ -4,6 +4,9 @@ use super::say;
 use anyhow::{bail, Context, Result};
 use std::process::{Command, Stdio};
 
+/// What a build of the workspace needs on the host (rsrdma-sys links libibverbs and librdmacm).
+pub const BUILD_PACKAGES: &[&str] = &["libibverbs-dev", "librdmacm-dev"];
+
 /// Host packages the VM needs (qemu and the initramfs tools, plus the RDMA user space that the
 /// guest runs from the shared host root).
 pub const HOST_PACKAGES: &[&str] = &[

@@ -16,10 +16,15 @@
 //! A QP whose peer lives in another process (its LID names another soft device's port) gets
 //! its packets there over a TCP connection between the two devices ([`link`]).
 //!
-//! What it does not do yet (and says so with `EOPNOTSUPP`): peers on other hosts, UD and UC
-//! queue pairs, memory windows, address handles, rdma_cm.
+//! Queue pairs are connected (RC or UC) or unreliable-datagram ([`qp_core`]); a UD send goes
+//! where its address handle ([`ah`]) says, by LID or by GID.
+//!
+//! What it does not do yet (and says so with `EOPNOTSUPP`): peers on other hosts, memory
+//! windows, rdma_cm.
 
+pub(crate) mod ah;
 mod link;
+mod qp_core;
 pub(crate) mod verbs;
 
 use crate::ffi;

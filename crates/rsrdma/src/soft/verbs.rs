@@ -4,10 +4,11 @@
 
 use super::device_ptr;
 use super::link::{Deliver, Links};
+use super::qp_core::QpCore;
 use crate::ffi;
 use rsrdma_soft::{
-    Access, Completion, Memory, MrTable, PostError, QpConfig, QpEvent, QpState, RcQp, RecvWr,
-    SendOp, SendWr, Sge, Srq,
+    Access, Completion, Memory, MrTable, Packet, PacketKind, PostError, QpConfig, QpEvent, QpState,
+    RcQp, RecvWr, SendOp, SendWr, Sge, Srq, UdQp, UdSource,
 };
 use std::collections::{HashMap, VecDeque};
 use std::os::raw::{c_int, c_uint, c_void};
@@ -23,6 +24,8 @@ const MAX_INLINE: u32 = 400;
 const MAX_CQE: c_int = 0x8000;
 const MAX_SRQ_SGE: u32 = 27;
 const FIRST_QPN: u32 = 17;
+/// The largest UD payload: the port's MTU.
+const UD_MTU: u32 = 4096;
 
 // ----- the objects ------------------------------------------------------------------------
 
@@ -130,7 +133,7 @@ impl Drop for Exclusive<'_> {
 
 /// A queue pair's core and where its completions and events go.
 struct QpEntry {
-    core: RcQp,
+    core: QpCore,
     raw: *mut ffi::ibv_qp,
     ctx: *mut SoftContext,
     send_cq: *mut SoftCq,
@@ -201,7 +204,7 @@ fn device() -> &'static Device {
 }
 
 /// This device's LID: the port it listens on (0 without a listener).
-fn own_lid() -> u16 {
+pub(super) fn own_lid() -> u16 {
     device().links.as_ref().map_or(0, Links::port)
 }
 
@@ -217,12 +220,7 @@ impl Deliver for FromPeers {
         };
         let mut st = lock();
         let now = Instant::now();
-        let State { qps, srqs, mrs, .. } = &mut *st;
-        // Only a QP connected to that device takes its packets.
-        if let Some(d) = qps.get_mut(&p.dest_qpn).filter(|d| d.remote_lid() == from) {
-            let srq = d.srq.and_then(|h| srqs.get_mut(&h)).map(|s| &mut s.core);
-            d.core.handle_packet(p, mrs, &mut ProcessMemory, srq, now);
-        }
+        deliver(&mut st, p, from, now);
         pump(&mut st, now);
     }
 
@@ -290,44 +288,78 @@ impl Memory for ProcessMemory {
 
 // ----- progress -----------------------------------------------------------------------------
 
+/// Hands a packet that came from the device with LID `from` to its QP: a connected QP takes
+/// only its peer device's packets of its own transport, a UD QP only datagrams. Returns
+/// whether a QP took it. Under the lock.
+fn deliver(st: &mut State, p: Packet, from: u16, now: Instant) -> bool {
+    let State { qps, srqs, mrs, .. } = st;
+    let Some(d) = qps.get_mut(&p.dest_qpn) else {
+        return false;
+    };
+    let remote = d.remote_lid();
+    let srq = d.srq.and_then(|h| srqs.get_mut(&h)).map(|s| &mut s.core);
+    let datagram = matches!(p.kind, PacketKind::Datagram { .. });
+    match &mut d.core {
+        QpCore::Rc(q) if !datagram && (remote == from || is_own(remote) && is_own(from)) => {
+            q.handle_packet(p, mrs, &mut ProcessMemory, srq, now);
+        }
+        QpCore::Ud(q) if datagram => {
+            let src = UdSource {
+                lid: from,
+                gid: gid_of_lid(from),
+            };
+            q.handle_datagram(p, src, own_gid(), mrs, &mut ProcessMemory, srq);
+        }
+        _ => {}
+    }
+    true
+}
+
+/// Whether a LID names this device (0: "this process", as a QP connected without a LID).
+fn is_own(lid: u16) -> bool {
+    lid == 0 || lid == own_lid()
+}
+
+/// The next packet QP `qpn` has to send, and the LID of the device it goes to.
+fn transmit(st: &mut State, qpn: u32) -> Option<(u16, Packet)> {
+    let e = st.qps.get_mut(&qpn)?;
+    let remote = e.remote_lid();
+    match &mut e.core {
+        QpCore::Rc(q) => q.poll_transmit().map(|p| (remote, p)),
+        QpCore::Ud(q) => q.poll_transmit(),
+    }
+}
+
 /// Hands every packet to its destination until none is left, then delivers completions and
 /// events. Under the lock.
 fn pump(st: &mut State, now: Instant) {
-    let mut mem = ProcessMemory;
     let mut qpns: Vec<u32> = st.qps.keys().copied().collect();
     qpns.sort_unstable();
     loop {
         let mut moved = false;
         for &qpn in &qpns {
-            while let Some(pkt) = st.qps.get_mut(&qpn).and_then(|e| e.core.poll_transmit()) {
+            while let Some((to, pkt)) = transmit(st, qpn) {
                 moved = true;
-                let State { qps, srqs, mrs, .. } = &mut *st;
-                let remote = qps.get(&qpn).map_or(0, QpEntry::remote_lid);
-                if remote != 0 && remote != own_lid() {
-                    // The peer QP lives in another process.
+                let request = pkt.kind.is_request();
+                if !is_own(to) {
+                    // The destination lives in another process.
                     let dev = device();
                     match &dev.links {
-                        Some(l) => l.send(remote, pkt.encode(), &dev.deliver),
+                        Some(l) => l.send(to, pkt.encode(), &dev.deliver),
+                        // A datagram is simply lost; a connection breaks.
                         None => {
-                            if let Some(e) = qps.get_mut(&qpn) {
+                            if let Some(e) = st.qps.get_mut(&qpn) {
                                 e.core.handle_link_down();
                             }
                         }
                     }
                     continue;
                 }
-                match qps.get_mut(&pkt.dest_qpn) {
-                    Some(d) => {
-                        let srq = d.srq.and_then(|h| srqs.get_mut(&h)).map(|s| &mut s.core);
-                        d.core.handle_packet(pkt, mrs, &mut mem, srq, now);
+                // The peer QP is gone: as a peer that died, its sender's link breaks.
+                if !deliver(st, pkt, own_lid(), now) && request {
+                    if let Some(e) = st.qps.get_mut(&qpn) {
+                        e.core.handle_link_down();
                     }
-                    // The peer QP is gone: as a peer that died, its sender's link breaks.
-                    None if pkt.kind.is_request() => {
-                        if let Some(e) = qps.get_mut(&qpn) {
-                            e.core.handle_link_down();
-                        }
-                    }
-                    None => {}
                 }
             }
         }
@@ -373,7 +405,7 @@ fn pump(st: &mut State, now: Instant) {
 }
 
 /// All-zero C data.
-fn zeroed<T: Copy>() -> T {
+pub(super) fn zeroed<T: Copy>() -> T {
     // SAFETY: only used for the plain C structs of the bindings, for which all-zero is valid
     // (null pointers, `None` function pointers, zero integers and enum newtypes).
     unsafe { std::mem::zeroed() }
@@ -388,9 +420,14 @@ unsafe fn push_completion(cq: *mut SoftCq, c: &Completion) {
     wc.opcode = ffi::ibv_wc_opcode(c.opcode as u32);
     wc.byte_len = c.byte_len;
     wc.qp_num = c.qp_num;
+    wc.src_qp = c.src_qp;
+    wc.slid = c.slid;
     if let Some(imm) = c.imm {
         wc.__bindgen_anon_1.imm_data = imm;
-        wc.wc_flags = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+        wc.wc_flags |= ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+    }
+    if c.grh {
+        wc.wc_flags |= ffi::ibv_wc_flags::IBV_WC_GRH.0;
     }
     // SAFETY: the caller's contract.
     let cq = unsafe { &*cq };
@@ -469,7 +506,7 @@ fn new_eventfd() -> c_int {
     }
 }
 
-fn set_errno(e: c_int) {
+pub(super) fn set_errno(e: c_int) {
     // SAFETY: writing the calling thread's errno is always sound.
     unsafe { *libc::__errno_location() = e };
 }
@@ -631,7 +668,15 @@ unsafe extern "C" fn post_send(
             }
             // SAFETY: as above.
             let s = unsafe { send_wr(&*w) }?;
-            e.core.post_send(s, mrs, &ProcessMemory).map_err(post_errno)
+            match &mut e.core {
+                QpCore::Rc(q) => q.post_send(s, mrs, &ProcessMemory).map_err(post_errno),
+                QpCore::Ud(q) => {
+                    // SAFETY: as above; a UD request names a live AH (the caller's contract).
+                    let dest = unsafe { super::ah::ud_dest(&*w, q.qkey()) }?;
+                    q.post_send(s, dest, mrs, &ProcessMemory)
+                        .map_err(post_errno)
+                }
+            }
         });
         if let Err(e) = r {
             // SAFETY: `bad` is writable (the caller's contract).
@@ -838,13 +883,46 @@ pub(crate) unsafe fn query_port(port: u8, attr: *mut ffi::ibv_port_attr) -> c_in
     0
 }
 
-/// The GID table: a link-local RoCE v1 entry, then the IPv4-mapped loopback as RoCE v2 (the
-/// index rxe's own IPv4 address has in the test VM).
+/// The RoCE v2 GID of the device whose LID is `lid`: an IPv4-mapped loopback address that
+/// names the LID (`::ffff:127.0.<lid high>.<lid low>`, every one of them a loopback address),
+/// so that a GID alone (a UD address, an AH without a LID) says which process's device it
+/// is. A device without a listener (LID 0) is `::ffff:127.0.0.1`.
+pub(super) fn gid_of_lid(lid: u16) -> [u8; 16] {
+    let [hi, lo] = if lid == 0 { [0, 1] } else { lid.to_be_bytes() };
+    [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, hi, lo]
+}
+
+/// The LID a GID of [`gid_of_lid`]'s form (or this device's link-local GID) names; 0 (this
+/// device) for `::ffff:127.0.0.1` and for any other GID.
+pub(super) fn lid_of_gid(gid: &[u8; 16]) -> u16 {
+    let mapped = gid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] && gid[12..14] == [127, 0];
+    let link_local = gid[..14] == link_local_gid(0)[..14];
+    match u16::from_be_bytes([gid[14], gid[15]]) {
+        1 if mapped => 0,
+        lid if mapped || link_local => lid,
+        _ => 0,
+    }
+}
+
+/// The link-local RoCE v1 GID of the device whose LID is `lid`.
+fn link_local_gid(lid: u16) -> [u8; 16] {
+    let [hi, lo] = lid.to_be_bytes();
+    [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x50, 0xf7, 0, 0, 0, 0, hi, lo]
+}
+
+/// This device's RoCE v2 GID (index 1).
+pub(super) fn own_gid() -> [u8; 16] {
+    gid_of_lid(own_lid())
+}
+
+/// The GID table: a link-local RoCE v1 entry, then the RoCE v2 entry of an IPv4-mapped
+/// loopback address (the index rxe's own IPv4 address has in the test VM); both name the
+/// device's LID.
 fn gid_entry(index: u32) -> Option<ffi::ibv_gid_entry> {
     let mut e: ffi::ibv_gid_entry = zeroed();
     let bytes: [u8; 16] = match index {
-        0 => [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x50, 0xf7, 0, 0, 0, 0, 0, 1],
-        1 => [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1],
+        0 => link_local_gid(own_lid()),
+        1 => own_gid(),
         _ => return None,
     };
     e.gid.raw = bytes;
@@ -1075,7 +1153,9 @@ pub(crate) unsafe fn create_qp(
 ) -> *mut ffi::ibv_qp {
     // SAFETY: the caller's contract.
     let a = unsafe { &mut *attr };
-    if a.qp_type != ffi::ibv_qp_type::IBV_QPT_RC {
+    use ffi::ibv_qp_type as T;
+    let ud = a.qp_type == T::IBV_QPT_UD;
+    if ![T::IBV_QPT_RC, T::IBV_QPT_UC, T::IBV_QPT_UD].contains(&a.qp_type) {
         set_errno(libc::EOPNOTSUPP);
         return std::ptr::null_mut();
     }
@@ -1117,6 +1197,7 @@ pub(crate) unsafe fn create_qp(
         min_rnr_timer: rnr_timer(12),
         sq_sig_all: a.sq_sig_all != 0,
         uses_srq: srq_handle.is_some(),
+        unreliable: a.qp_type == ffi::ibv_qp_type::IBV_QPT_UC,
     };
     let mut raw: ffi::ibv_qp = zeroed();
     raw.context = ctx;
@@ -1128,7 +1209,7 @@ pub(crate) unsafe fn create_qp(
     raw.handle = handle;
     raw.qp_num = qpn;
     raw.state = ffi::ibv_qp_state::IBV_QPS_RESET;
-    raw.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
+    raw.qp_type = a.qp_type;
     let qp = Box::into_raw(Box::new(SoftQp {
         raw,
         sq_busy: AtomicBool::new(false),
@@ -1140,7 +1221,11 @@ pub(crate) unsafe fn create_qp(
     st.qps.insert(
         qpn,
         QpEntry {
-            core: RcQp::new(cfg),
+            core: if ud {
+                QpCore::Ud(UdQp::new(cfg, UD_MTU))
+            } else {
+                QpCore::Rc(RcQp::new(cfg))
+            },
             raw: qp,
             ctx: ctx.cast(),
             send_cq: a.send_cq.cast(),
@@ -1229,6 +1314,12 @@ pub(crate) unsafe fn modify_qp(
     if has(M::IBV_QP_AV) {
         saved.ah_attr = a.ah_attr;
     }
+    if has(M::IBV_QP_QKEY) {
+        saved.qkey = a.qkey;
+        if let QpCore::Ud(q) = &mut e.core {
+            q.set_qkey(a.qkey);
+        }
+    }
     if has(M::IBV_QP_STATE) {
         let to = a.qp_state;
         let r = match to {
@@ -1236,11 +1327,11 @@ pub(crate) unsafe fn modify_qp(
                 e.core.reset();
                 Ok(())
             }
-            S::IBV_QPS_INIT => e.core.to_init(),
-            S::IBV_QPS_RTR => e.core.to_rtr(e.attr.dest_qp_num, e.attr.rq_psn),
-            S::IBV_QPS_RTS => e.core.to_rts(e.attr.sq_psn),
+            S::IBV_QPS_INIT => e.core.move_to_init(),
+            S::IBV_QPS_RTR => e.core.move_to_rtr(e.attr.dest_qp_num, e.attr.rq_psn),
+            S::IBV_QPS_RTS => e.core.move_to_rts(e.attr.sq_psn),
             S::IBV_QPS_ERR => {
-                e.core.to_error();
+                e.core.move_to_error();
                 Ok(())
             }
             _ => return libc::EINVAL,
