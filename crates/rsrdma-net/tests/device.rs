@@ -216,6 +216,16 @@ fn barriers_and_settled_options() {
     t.join().unwrap();
 }
 
+/// Waits until `l` counted `n` failed peers: a bad peer the listener has not finished with
+/// yet has not opened, so the flood of silent sockets after it could shed it instead.
+fn wait_failed(l: &RawListener, n: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while l.counters().failed < n {
+        assert!(std::time::Instant::now() < deadline, "{:?}", l.counters());
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn authentication_and_bad_peers() {
     let secret = opts().secret(b"open sesame, 16+ bytes".to_vec());
@@ -231,7 +241,7 @@ fn authentication_and_bad_peers() {
         use std::io::Write;
         let mut t = std::net::TcpStream::connect(addr).unwrap();
         t.write_all(&[0xde; 64]).unwrap();
-        thread::sleep(Duration::from_millis(100));
+        wait_failed(&l, 1);
     }
     let e = RawConn::dial(addr, opts()).unwrap_err();
     assert!(
@@ -243,6 +253,7 @@ fn authentication_and_bad_peers() {
         matches!(e, NetError::Auth(_) | NetError::PeerAborted(_)),
         "{e}"
     );
+    wait_failed(&l, 3);
     let silent: Vec<_> = (0..100)
         .map(|_| std::net::TcpStream::connect(addr).unwrap())
         .collect();

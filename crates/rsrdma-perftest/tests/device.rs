@@ -175,21 +175,34 @@ fn wait_listening(port: u16, server: &mut Proc) {
 }
 
 /// Waits until an rdma_cm id listens on `port` (the `-R` servers open no TCP socket), as
-/// iproute2's `rdma resource show cm_id` lists them.
+/// iproute2's `rdma resource show cm_id` lists them; on soft0, whose CM listens on a TCP
+/// socket of the same port, as `/proc/net/tcp` lists it.
 fn wait_listening_cm(port: u16, server: &mut Proc) {
     let start = Instant::now();
     let want = format!("src-addr 0.0.0.0:{port} ");
     loop {
-        let out = Command::new("rdma")
-            .args(["resource", "show", "cm_id"])
-            .output()
-            .expect("iproute2's rdma tool");
-        let text = String::from_utf8_lossy(&out.stdout);
-        if text
-            .lines()
-            .any(|l| l.contains("state LISTEN") && format!("{l} ").contains(&want))
-        {
-            return;
+        if device() == "soft0" {
+            // `/proc/net/tcp`: local address `00000000:PORT` (hex), state 0A (LISTEN).
+            let local = format!("00000000:{port:04X}");
+            let text = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+            if text.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && f[1] == local && f[3] == "0A"
+            }) {
+                return;
+            }
+        } else {
+            let out = Command::new("rdma")
+                .args(["resource", "show", "cm_id"])
+                .output()
+                .expect("iproute2's rdma tool");
+            let text = String::from_utf8_lossy(&out.stdout);
+            if text
+                .lines()
+                .any(|l| l.contains("state LISTEN") && format!("{l} ").contains(&want))
+            {
+                return;
+            }
         }
         if let Some(Some(st)) = server.child.as_mut().map(|c| c.try_wait().ok().flatten()) {
             let se = server.err.take().map(|h| h.join().unwrap_or_default());

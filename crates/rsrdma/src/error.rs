@@ -11,8 +11,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The hint printed with [`Error::Unsupported`]: where to get an RDMA stack when this machine
 /// has none.
-pub const NO_RDMA_HINT: &str =
-    "no RDMA stack on this machine; run inside a soft-RoCE VM with `cargo xtask vm -- <command>`";
+pub const NO_RDMA_HINT: &str = "no RDMA stack on this machine; use the software device soft0 \
+                                (RSRDMA_SOFT_DEVICE=1, device \"soft0\"), or run inside a \
+                                soft-RoCE VM with `cargo xtask vm -- <command>`";
 
 /// The private data of an rdma_cm event: the bytes as they came (dereferences to them). Its
 /// `Debug` shows the bytes up to the zero padding the CM adds (a REJECTED event carries up to

@@ -464,8 +464,155 @@ pub unsafe fn ibv_create_ah_from_wc(
     )
 }
 
-/// `rdma_create_qp`: a QP of the soft device cannot be made through rdma_cm (the soft device
-/// has no CM yet).
+/// Routes an rdma_cm call on `$id` (an `rdma_cm_id` pointer) to the soft CM when the id is
+/// one of its ids, else to librdmacm.
+macro_rules! route_cm {
+    ($id:expr, $soft:expr, $c:expr) => {
+        if soft::cm::is_id($id) {
+            // SAFETY: a soft id, handed to the soft CM's implementation of the call, with the
+            // arguments the caller vouches for.
+            unsafe { $soft }
+        } else {
+            // SAFETY: the caller's contract, unchanged.
+            unsafe { $c }
+        }
+    };
+}
+
+/// `rdma_create_event_channel`: librdmacm's, or the soft CM's when it is forced
+/// (`RSRDMA_SOFT_CM=1`) or when librdmacm has no RDMA stack and the soft device is asked for
+/// (`RSRDMA_SOFT_DEVICE=1`; see `soft::cm`).
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_create_event_channel() -> *mut rdma_event_channel {
+    if soft::cm::forced() {
+        return soft::cm::create_event_channel();
+    }
+    // SAFETY: no preconditions.
+    let ch = unsafe { rsrdma_sys::rdma_create_event_channel() };
+    if ch.is_null() {
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        if soft::cm::takes_over(errno) {
+            return soft::cm::create_event_channel();
+        }
+        // SAFETY: restoring errno for the caller.
+        unsafe { *libc::__errno_location() = errno };
+    }
+    ch
+}
+
+/// `rdma_destroy_event_channel`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
+    if soft::cm::is_channel(channel) {
+        // SAFETY: a soft channel (the caller's contract covers the rest).
+        unsafe { soft::cm::destroy_event_channel(channel) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { rsrdma_sys::rdma_destroy_event_channel(channel) }
+    }
+}
+
+/// `rdma_create_id`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_create_id(
+    channel: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: rdma_port_space,
+) -> c_int {
+    if soft::cm::is_channel(channel) {
+        // SAFETY: a soft channel (the caller's contract covers the rest).
+        unsafe { soft::cm::create_id(channel, id, context, ps) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { rsrdma_sys::rdma_create_id(channel, id, context, ps) }
+    }
+}
+
+/// `rdma_destroy_id`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
+    route_cm!(
+        id,
+        soft::cm::destroy_id(id),
+        rsrdma_sys::rdma_destroy_id(id)
+    )
+}
+
+/// `rdma_migrate_id`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
+    route_cm!(
+        id,
+        soft::cm::migrate_id(id, channel),
+        rsrdma_sys::rdma_migrate_id(id, channel)
+    )
+}
+
+/// `rdma_bind_addr`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int {
+    route_cm!(
+        id,
+        soft::cm::bind_addr(id, addr),
+        rsrdma_sys::rdma_bind_addr(id, addr)
+    )
+}
+
+/// `rdma_listen`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
+    route_cm!(
+        id,
+        soft::cm::listen(id, backlog),
+        rsrdma_sys::rdma_listen(id, backlog)
+    )
+}
+
+/// `rdma_resolve_addr`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_resolve_addr(
+    id: *mut rdma_cm_id,
+    src: *mut sockaddr,
+    dst: *mut sockaddr,
+    timeout_ms: c_int,
+) -> c_int {
+    route_cm!(
+        id,
+        soft::cm::resolve_addr(id, src, dst, timeout_ms),
+        rsrdma_sys::rdma_resolve_addr(id, src, dst, timeout_ms)
+    )
+}
+
+/// `rdma_resolve_route`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int {
+    route_cm!(
+        id,
+        soft::cm::resolve_route(id, timeout_ms),
+        rsrdma_sys::rdma_resolve_route(id, timeout_ms)
+    )
+}
+
+/// `rdma_create_qp`. A soft PD goes with a soft id only.
 ///
 /// # Safety
 /// As the C function.
@@ -474,6 +621,17 @@ pub unsafe fn rdma_create_qp(
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
 ) -> c_int {
+    if soft::cm::is_id(id) {
+        // SAFETY: a soft id; a PD of another device is refused by the soft CM (it checks
+        // the PD is the soft device's below).
+        if pd.is_null() || !unsafe { soft::is_context((*pd).context) } {
+            // SAFETY: setting errno is always sound.
+            unsafe { *libc::__errno_location() = libc::EINVAL };
+            return -1;
+        }
+        // SAFETY: a soft id and a soft PD; the caller vouches for `attr`.
+        return unsafe { soft::cm::create_qp(id, pd, attr) };
+    }
     // SAFETY: a null `pd` means the id's own; otherwise the caller vouches for it.
     if !pd.is_null() && unsafe { soft::is_context((*pd).context) } {
         // SAFETY: setting errno is always sound.
@@ -482,4 +640,119 @@ pub unsafe fn rdma_create_qp(
     }
     // SAFETY: the caller's contract.
     unsafe { rsrdma_sys::rdma_create_qp(id, pd, attr) }
+}
+
+/// `rdma_destroy_qp`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_destroy_qp(id: *mut rdma_cm_id) {
+    route_cm!(
+        id,
+        soft::cm::destroy_qp(id),
+        rsrdma_sys::rdma_destroy_qp(id)
+    )
+}
+
+/// `rdma_connect`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+    route_cm!(
+        id,
+        soft::cm::connect(id, param),
+        rsrdma_sys::rdma_connect(id, param)
+    )
+}
+
+/// `rdma_accept`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+    route_cm!(
+        id,
+        soft::cm::accept(id, param),
+        rsrdma_sys::rdma_accept(id, param)
+    )
+}
+
+/// `rdma_reject`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+    route_cm!(
+        id,
+        soft::cm::reject(id, data, len),
+        rsrdma_sys::rdma_reject(id, data, len)
+    )
+}
+
+/// `rdma_disconnect`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+    route_cm!(
+        id,
+        soft::cm::disconnect(id),
+        rsrdma_sys::rdma_disconnect(id)
+    )
+}
+
+/// `rdma_get_cm_event`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_get_cm_event(
+    channel: *mut rdma_event_channel,
+    event: *mut *mut rdma_cm_event,
+) -> c_int {
+    if soft::cm::is_channel(channel) {
+        // SAFETY: a soft channel (the caller's contract covers the rest).
+        unsafe { soft::cm::get_cm_event(channel, event) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { rsrdma_sys::rdma_get_cm_event(channel, event) }
+    }
+}
+
+/// `rdma_ack_cm_event`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
+    if soft::cm::is_event(event) {
+        // SAFETY: a soft event (the caller's contract covers the rest).
+        unsafe { soft::cm::ack_cm_event(event) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { rsrdma_sys::rdma_ack_cm_event(event) }
+    }
+}
+
+/// `rdma_get_local_addr`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_get_local_addr(id: *mut rdma_cm_id) -> *mut sockaddr {
+    route_cm!(
+        id,
+        soft::cm::addr(id, false),
+        rsrdma_sys::rdma_get_local_addr(id)
+    )
+}
+
+/// `rdma_get_peer_addr`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_get_peer_addr(id: *mut rdma_cm_id) -> *mut sockaddr {
+    route_cm!(
+        id,
+        soft::cm::addr(id, true),
+        rsrdma_sys::rdma_get_peer_addr(id)
+    )
 }

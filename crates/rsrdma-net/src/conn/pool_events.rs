@@ -1,6 +1,6 @@
-//! A shared receive pool's device events: one thread per pool reads the asynchronous events
-//! of the pool's device context ([`rsrdma::Context::read_async_event`]), because the verbs
-//! API delivers some facts about an SRQ and its QPs only there:
+//! A shared receive pool's device events: one thread per device context reads its
+//! asynchronous events ([`rsrdma::Context::read_async_event`]) for every pool on it, because
+//! the verbs API delivers some facts about an SRQ and its QPs only there:
 //!
 //! - **LAST_WQE_REACHED** says that a QP in ERROR takes no more receives from the SRQ: once
 //!   its CQ is empty after the event, every pool slot it took has come back. A pooled
@@ -14,13 +14,17 @@
 //! - QP errors, port and device events are logged (the connections learn of a QP's error
 //!   from its completions).
 //!
-//! The thread holds the pool only weakly and ends within [`TICK`] of the pool's end. It
-//! reads every event of the context: with a protection domain shared with other users
-//! ([`crate::ConnOptions::pd`]), their events are logged here at DEBUG and not seen by them.
+//! One thread per context, not per pool: a context has one event queue, and rdma_cm gives
+//! every id of a process the same context of a device, so two pools (two listeners) on one
+//! device each reading the queue would take each other's events (a pool's SRQ limit event
+//! read and dropped by the other pool's thread). The thread holds its pools only weakly and
+//! ends within [`TICK`] of the last one's end. It reads every event of the context: with a
+//! protection domain shared with other users ([`crate::ConnOptions::pd`]), their events are
+//! logged here at DEBUG and not seen by them.
 
 use super::pool::RecvPool;
 use rsrdma::{AsyncElement, AsyncEventKind, Context};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -46,24 +50,48 @@ pub(crate) struct PoolEvents {
 }
 
 impl PoolEvents {
-    /// Starts the thread that reads `pool`'s device events, and arms the SRQ limit.
+    /// Arms `pool`'s SRQ limit and has its context's event thread (started if there is
+    /// none) serve it.
     pub(crate) fn start(pool: &Arc<RecvPool>) {
         let limit = low_mark(pool);
         if let Err(e) = pool.srq().arm_limit(limit) {
             tracing::debug!(error = %e, "rsrdma-net: the pool's SRQ limit cannot be armed");
         }
         let ctx = pool.pd().context().clone();
-        let weak = Arc::downgrade(pool);
-        let spawned = std::thread::Builder::new()
-            .name("rsrdma-pool-events".into())
-            .spawn(move || run(&ctx, &weak, limit));
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "rsrdma-net: no thread for the pool's device events");
+        let key = ctx.as_raw().map_or(0, |p| p as usize);
+        let watched = Watched {
+            pool: Arc::downgrade(pool),
+            limit,
+            rearm_at: None,
+            last_warning: None,
+        };
+        let mut readers = readers();
+        if let Some(r) = readers.get(&key) {
+            lock(&r.pools).push(watched);
+            return;
+        }
+        let reader = Arc::new(Reader {
+            pools: Mutex::new(vec![watched]),
+        });
+        let spawned = {
+            let reader = reader.clone();
+            std::thread::Builder::new()
+                .name("rsrdma-pool-events".into())
+                .spawn(move || run(&ctx, key, &reader))
+        };
+        match spawned {
+            Ok(_) => {
+                readers.insert(key, reader);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "rsrdma-net: no thread for the pool's device events")
+            }
         }
     }
 
-    /// Forgets an event of an earlier QP that had the same number; called before the QP
-    /// goes to ERROR.
+    /// Forgets an event of an earlier QP that had the same number; called when a pooled
+    /// connection's driver starts, before anything can move its QP to ERROR (forgetting at
+    /// the teardown would lose the event of a QP a disconnect or the peer already failed).
     pub(crate) fn forget(&self, qp_num: u32) {
         self.lock().remove(&qp_num);
     }
@@ -109,56 +137,103 @@ fn low_mark(pool: &RecvPool) -> u32 {
         .min(pool.srq().max_wr().saturating_sub(1))
 }
 
-/// The thread: reads events until the pool is gone (or the context fails).
-fn run(ctx: &Context, pool: &Weak<RecvPool>, limit: u32) {
-    let mut rearm_at: Option<Instant> = None;
-    let mut last_warning: Option<Instant> = None;
+/// The pools a context's event thread serves, by context.
+struct Reader {
+    pools: Mutex<Vec<Watched>>,
+}
+
+/// One pool a reader serves, with its SRQ limit's state.
+struct Watched {
+    pool: Weak<RecvPool>,
+    limit: u32,
+    rearm_at: Option<Instant>,
+    last_warning: Option<Instant>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The running readers, by the address of their context.
+fn readers() -> std::sync::MutexGuard<'static, HashMap<usize, Arc<Reader>>> {
+    static READERS: std::sync::OnceLock<Mutex<HashMap<usize, Arc<Reader>>>> =
+        std::sync::OnceLock::new();
+    lock(READERS.get_or_init(Default::default))
+}
+
+/// A context's event thread: reads events until its last pool is gone (or the context
+/// fails).
+fn run(ctx: &Context, key: usize, reader: &Reader) {
     loop {
         let event = ctx.wait_async_event(TICK);
-        let Some(pool) = pool.upgrade() else {
-            return;
-        };
-        let event = match event {
-            Ok(Some(ev)) => ev,
-            Ok(None) => {
-                if rearm_at.is_some_and(|t| Instant::now() >= t) {
-                    rearm_at = None;
-                    if let Err(e) = pool.srq().arm_limit(limit) {
+        {
+            // Under the readers' lock, so a pool starting now finds this reader alive or
+            // starts another.
+            let mut readers = readers();
+            let mut pools = lock(&reader.pools);
+            pools.retain(|w| w.pool.strong_count() > 0);
+            if pools.is_empty() || event.is_err() {
+                readers.remove(&key);
+                if let Err(e) = &event {
+                    tracing::warn!(error = %e, "rsrdma-net: reading the device's events failed");
+                }
+                return;
+            }
+        }
+        let mut pools = lock(&reader.pools);
+        let now = Instant::now();
+        for w in pools.iter_mut() {
+            if w.rearm_at.is_some_and(|t| now >= t) {
+                w.rearm_at = None;
+                if let Some(pool) = w.pool.upgrade() {
+                    if let Err(e) = pool.srq().arm_limit(w.limit) {
                         tracing::debug!(error = %e, "rsrdma-net: re-arming the SRQ limit failed");
                     }
                 }
-                continue;
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "rsrdma-net: reading the device's events failed");
-                return;
-            }
+        }
+        let Ok(Some(event)) = event else {
+            continue;
         };
-        let events = pool.events();
         match (event.kind, event.element) {
+            // QP numbers are the device's: every pool keeps it, the one whose connection it
+            // is takes it (the others forget it when a QP of that number starts).
             (AsyncEventKind::QpLastWqeReached, AsyncElement::Qp(n)) => {
-                events.raises_last_wqe.store(true, Ordering::Relaxed);
-                let mut seen = events.lock();
-                if seen.len() >= MAX_KEPT {
-                    seen.clear();
+                for pool in pools.iter().filter_map(|w| w.pool.upgrade()) {
+                    let events = pool.events();
+                    events.raises_last_wqe.store(true, Ordering::Relaxed);
+                    let mut seen = events.lock();
+                    if seen.len() >= MAX_KEPT {
+                        seen.clear();
+                    }
+                    seen.insert(n);
+                    events.arrived.notify_all();
                 }
-                seen.insert(n);
-                events.arrived.notify_all();
             }
-            (AsyncEventKind::SrqLimitReached, AsyncElement::Srq(h)) if h == pool.srq().handle() => {
-                let n = events.low.fetch_add(1, Ordering::Relaxed) + 1;
-                let now = Instant::now();
-                if !last_warning.is_some_and(|t| now.duration_since(t) < REARM_AFTER) {
-                    last_warning = Some(now);
+            (AsyncEventKind::SrqLimitReached, AsyncElement::Srq(h)) => {
+                let mine = pools.iter_mut().find_map(|w| {
+                    let pool = w.pool.upgrade()?;
+                    (pool.srq().handle() == h).then_some((w, pool))
+                });
+                let Some((w, pool)) = mine else {
+                    tracing::debug!(device = ctx.name(), ?event, "rsrdma-net: device event");
+                    continue;
+                };
+                let n = pool.events().low.fetch_add(1, Ordering::Relaxed) + 1;
+                if !w
+                    .last_warning
+                    .is_some_and(|t| now.duration_since(t) < REARM_AFTER)
+                {
+                    w.last_warning = Some(now);
                     tracing::warn!(
                         slots = pool.slots(),
-                        below = limit,
+                        below = w.limit,
                         times = n,
                         "rsrdma-net: the shared receive pool ran low; peers wait in RNR \
                          retries until slots come back (a larger SharedRecv pool avoids it)"
                     );
                 }
-                rearm_at = Some(now + REARM_AFTER);
+                w.rearm_at = Some(now + REARM_AFTER);
             }
             (
                 AsyncEventKind::QpFatal | AsyncEventKind::QpReqErr | AsyncEventKind::QpAccessErr,

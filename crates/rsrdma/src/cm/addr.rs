@@ -42,9 +42,20 @@ impl SockAddr {
     }
 }
 
+/// Writes `a` in C form into `out` (the soft device's CM fills its ids' addresses so).
+pub(crate) fn write_sockaddr(a: SocketAddr, out: &mut libc::sockaddr_storage) {
+    let at: *mut libc::sockaddr_storage = out;
+    match SockAddr::from(a) {
+        // SAFETY: a sockaddr_storage holds any sockaddr, suitably aligned.
+        SockAddr::V4(s) => unsafe { at.cast::<libc::sockaddr_in>().write(s) },
+        // SAFETY: as above.
+        SockAddr::V6(s) => unsafe { at.cast::<libc::sockaddr_in6>().write(s) },
+    }
+}
+
 /// # Safety
 /// `sa` must be null or point at a valid sockaddr of the family it names.
-pub(super) unsafe fn sockaddr_to_std(sa: *const ffi::sockaddr) -> Option<SocketAddr> {
+pub(crate) unsafe fn sockaddr_to_std(sa: *const ffi::sockaddr) -> Option<SocketAddr> {
     if sa.is_null() {
         return None;
     }

@@ -9,7 +9,8 @@
 use crate::error::{Error, Result};
 use crate::ffi;
 
-/// A device list from `rdma_get_devices`, holding a reference on every device in it.
+/// A device list from `rdma_get_devices`, holding a reference on every device in it (null
+/// for the soft device, whose CM context lives as long as the process).
 pub(super) struct DeviceListRef {
     list: *mut *mut ffi::ibv_context,
 }
@@ -27,6 +28,12 @@ impl DeviceListRef {
     /// [`Error::Verbs`] naming `rdma_get_devices` (ENODEV when `verbs` is not listed: the
     /// device was removed).
     pub(super) fn holding(verbs: *mut ffi::ibv_context) -> Result<DeviceListRef> {
+        // SAFETY: `verbs` is a live context (the id's).
+        if unsafe { crate::soft::is_context(verbs) } {
+            return Ok(DeviceListRef {
+                list: std::ptr::null_mut(),
+            });
+        }
         // SAFETY: no preconditions; a null count pointer is allowed.
         let list = unsafe { ffi::rdma_get_devices(std::ptr::null_mut()) };
         if list.is_null() {
@@ -61,6 +68,9 @@ impl DeviceListRef {
 
 impl Drop for DeviceListRef {
     fn drop(&mut self) {
+        if self.list.is_null() {
+            return;
+        }
         // SAFETY: the list came from rdma_get_devices and is freed once.
         unsafe { ffi::rdma_free_devices(self.list) }
     }

@@ -57,6 +57,7 @@ mod event;
 mod param;
 mod status;
 
+pub(crate) use addr::{sockaddr_to_std, write_sockaddr};
 pub use event::{CmEvent, CmEventType};
 pub use param::{ConnParam, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
 pub(crate) use status::explain as explain_status;
@@ -68,7 +69,7 @@ use crate::error::{Error, Result};
 use crate::ffi;
 use crate::pd::Pd;
 use crate::qp::{Qp, QpBuilder, QpType};
-use addr::{sockaddr_to_std, SockAddr};
+use addr::SockAddr;
 use devices::DeviceListRef;
 use event::Channel;
 use param::Depths;

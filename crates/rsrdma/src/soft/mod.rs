@@ -19,10 +19,13 @@
 //! Queue pairs are connected (RC or UC) or unreliable-datagram ([`qp_core`]); a UD send goes
 //! where its address handle ([`ah`]) says, by LID or by GID.
 //!
+//! Its connection manager ([`cm`]) plays librdmacm for soft ids.
+//!
 //! What it does not do yet (and says so with `EOPNOTSUPP`): peers on other hosts, memory
-//! windows, rdma_cm.
+//! windows.
 
 pub(crate) mod ah;
+pub(crate) mod cm;
 mod link;
 mod qp_core;
 pub(crate) mod verbs;

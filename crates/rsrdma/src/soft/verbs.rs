@@ -482,21 +482,21 @@ unsafe fn forget_events(ctx: *mut SoftContext, of: *mut c_void) {
 }
 
 /// Counts one on a semaphore eventfd.
-fn signal(fd: c_int) {
+pub(super) fn signal(fd: c_int) {
     let one: u64 = 1;
     // SAFETY: an 8-byte write from a valid u64 to an eventfd this module opened.
     let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
 }
 
 /// Takes one count off a semaphore eventfd (non-blocking); false when it is zero.
-fn take_signal(fd: c_int) -> bool {
+pub(super) fn take_signal(fd: c_int) -> bool {
     let mut v: u64 = 0;
     // SAFETY: an 8-byte read into a valid u64; the fd is non-blocking (rsrdma sets it, and
     // the module opens it so).
     unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) == 8 }
 }
 
-fn new_eventfd() -> c_int {
+pub(super) fn new_eventfd() -> c_int {
     // SAFETY: eventfd with constant flags.
     unsafe {
         libc::eventfd(

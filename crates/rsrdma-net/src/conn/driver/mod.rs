@@ -182,6 +182,12 @@ impl Driver {
         for _ in 0..recvs_posted {
             let _already_posted = core.poll_work();
         }
+        // A LAST_WQE_REACHED recorded for an earlier QP of this number is stale; one for this
+        // QP may come at any time from now on (a disconnect, the peer's death, a QP error all
+        // move it to ERROR before its teardown), and the teardown waits for it.
+        if let Some(pool) = core.memory_mut().pool() {
+            pool.events().forget(qp.qp_num());
+        }
         let windows = qp.pd().context().attr().has_type2_windows();
         Driver {
             core,

@@ -80,9 +80,6 @@ impl Driver {
         if let Liveness::Cm(id) = &self.liveness {
             let _ = id.disconnect();
         }
-        if let Some(pool) = self.core.memory_mut().pool() {
-            pool.events().forget(self.qp.qp_num());
-        }
         if let Err(e) = self.qp.to_error() {
             tracing::debug!(error = %e, "moving the QP to ERROR failed");
         }

@@ -1,0 +1,96 @@
+//! What two soft CMs send each other over a connection's TCP stream: frames of a tag, a
+//! 16-bit length and a body; a REQ and a REP carry an [`Endpoint`].
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::os::raw::c_int;
+
+/// Private data sizes of the TCP port space over InfiniBand/RoCE CM messages (what
+/// librdmacm delivers, zero-padded): a REQ's, a REP's, a REJ's.
+pub(super) const REQ_PRIVATE: usize = 56;
+pub(super) const REP_PRIVATE: usize = 196;
+pub(super) const REJ_PRIVATE: usize = 148;
+/// rxe's (the IB CM's) reject reasons: no listener on the service; the consumer refused.
+pub(super) const REJ_INVALID_SERVICE_ID: c_int = 8;
+pub(super) const REJ_CONSUMER: c_int = 28;
+/// Identifies a soft CM's REQ.
+pub(super) const MAGIC: &[u8; 4] = b"SCM1";
+
+// Frame tags.
+pub(super) const REQ: u8 = 1;
+pub(super) const REP: u8 = 2;
+pub(super) const REJ: u8 = 3;
+pub(super) const RTU: u8 = 4;
+pub(super) const DREQ: u8 = 5;
+
+/// One side's part of a REQ or a REP.
+#[derive(Clone)]
+pub(super) struct Endpoint {
+    pub(super) qpn: u32,
+    pub(super) lid: u16,
+    pub(super) psn: u32,
+    pub(super) responder_resources: u8,
+    pub(super) initiator_depth: u8,
+    pub(super) rnr_retry: u8,
+    pub(super) private: Vec<u8>,
+}
+
+impl Endpoint {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(20 + self.private.len());
+        b.extend_from_slice(MAGIC);
+        b.extend_from_slice(&self.qpn.to_le_bytes());
+        b.extend_from_slice(&self.lid.to_le_bytes());
+        b.extend_from_slice(&self.psn.to_le_bytes());
+        b.extend_from_slice(&[
+            self.responder_resources,
+            self.initiator_depth,
+            self.rnr_retry,
+        ]);
+        b.extend_from_slice(&self.private);
+        b
+    }
+
+    pub(super) fn decode(b: &[u8]) -> Option<Endpoint> {
+        if b.len() < 17 || &b[..4] != MAGIC {
+            return None;
+        }
+        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        Some(Endpoint {
+            qpn: u32_at(4),
+            lid: u16::from_le_bytes([b[8], b[9]]),
+            psn: u32_at(10),
+            responder_resources: b[14],
+            initiator_depth: b[15],
+            rnr_retry: b[16],
+            private: b[17..].to_vec(),
+        })
+    }
+}
+
+pub(super) fn write_frame(s: &mut TcpStream, tag: u8, body: &[u8]) -> std::io::Result<()> {
+    let len = u16::try_from(body.len()).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+    let mut f = Vec::with_capacity(3 + body.len());
+    f.push(tag);
+    f.extend_from_slice(&len.to_le_bytes());
+    f.extend_from_slice(body);
+    s.write_all(&f)
+}
+
+pub(super) fn padded(data: &[u8], size: usize) -> Vec<u8> {
+    let mut v = data[..data.len().min(size)].to_vec();
+    v.resize(size, 0);
+    v
+}
+
+/// Takes one whole frame off the front of `buf`.
+pub(super) fn take_frame(buf: &mut Vec<u8>) -> Option<(u8, Vec<u8>)> {
+    let len = usize::from(u16::from_le_bytes([*buf.get(1)?, *buf.get(2)?]));
+    if buf.len() < 3 + len {
+        return None;
+    }
+    let body = buf[3..3 + len].to_vec();
+    let tag = buf[0];
+    buf.drain(..3 + len);
+    Some((tag, body))
+}
