@@ -23,7 +23,8 @@ const USAGE: &str = "usage: cargo xtask bench perftest [--rounds N] [--quick] \
                      [--no-vm -d DEVICE -x GID_INDEX] [--timeout SECS]\n       \
                      cargo xtask bench rdmanet [--rounds N] [--quick] \
                      [--no-vm -d DEVICE -x GID_INDEX] [--timeout SECS]\n       \
-                     cargo xtask bench overhead [--rounds N] [--wrs N]";
+                     cargo xtask bench overhead [--rounds N] [--wrs N]\n       \
+                     cargo xtask bench soft [--rounds N] [--quick]";
 
 /// What a case measures.
 #[derive(Clone, Copy, PartialEq)]
@@ -216,6 +217,7 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         Some("perftest") => {}
         Some("overhead") => return crate::bench_overhead::main(root, &args[1..]),
         Some("rdmanet") => return crate::bench_rdmanet::main(root, &args[1..]),
+        Some("soft") => return crate::bench_soft::main(root, &args[1..]),
         _ => bail!("{USAGE}"),
     }
     let Some(a) = parse_args(&args[1..], USAGE)? else {
@@ -274,7 +276,13 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     let out_dir = a.out_dir(&target);
     let (script, runs) = script(&cases, a.rounds, &a.dev, &a.gid, a.host(), &out_dir);
     let status = run_script(&a, root, &script, &out_dir)?;
-    let table = report(&cases, &runs, &out_dir, a.rounds, a.no_vm, &a.dev)?;
+    let where_ = if a.no_vm {
+        format!("device {}", a.dev)
+    } else {
+        "soft-RoCE (rxe0) in a TCG VM: ratios only, not absolute speed".to_string()
+    };
+    let title = format!("rsrdma vs C perftest, {where_}");
+    let table = report(&cases, &runs, &out_dir, a.rounds, &title, &parse_metric)?;
     print!("{table}");
     std::fs::write(target.join("bench-perftest.txt"), &table)?;
     eprintln!(
@@ -396,24 +404,18 @@ pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
     })
 }
 
-fn report(
+/// The side-by-side table of `cases`: medians of A and B (each run's figure read from its
+/// client's output by `parse`) and their ratio.
+pub(crate) fn report(
     cases: &[Case],
     runs: &[Run],
     out: &Path,
     rounds: u32,
-    no_vm: bool,
-    dev: &str,
+    title: &str,
+    parse: &dyn Fn(&str, Metric) -> Option<f64>,
 ) -> Result<String> {
     let mut t = String::new();
-    let where_ = if no_vm {
-        format!("device {dev}")
-    } else {
-        "soft-RoCE (rxe0) in a TCG VM: ratios only, not absolute speed".to_string()
-    };
-    let _ = writeln!(
-        t,
-        "\nrsrdma vs C perftest, {where_}; medians of {rounds} alternating rounds\n"
-    );
+    let _ = writeln!(t, "\n{title}; medians of {rounds} alternating rounds\n");
     let _ = writeln!(
         t,
         "{:<32} {:<24} {:>12} {:<24} {:>12} {:>8}  target",
@@ -431,7 +433,7 @@ fn report(
             for r in runs.iter().filter(|r| r.case == ci && r.b == b) {
                 let path: PathBuf = out.join(format!("{}.client", r.stem));
                 let text = std::fs::read_to_string(&path).unwrap_or_default();
-                match parse_metric(&text, case.metric) {
+                match parse(&text, case.metric) {
                     Some(v) => vals.push(v),
                     None => errs.push(format!(
                         "{}: {}",

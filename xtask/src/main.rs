@@ -10,11 +10,14 @@
 //! - `bench rdmanet`: rsrdma-net's Conn against RawConn and rs_send_lat (A B A B …), medians,
 //!   ratios and targets; registered memory and CPU per GB.
 //! - `bench overhead`: rsrdma's post path against C on a do-nothing provider (no RDMA needed).
+//! - `bench soft`: the software device soft0 against UCX, libfabric and kernel TCP on this
+//!   host (no RDMA, no VM needed).
 //! - `docs`: build the user guide (docs/guide, mdBook) and check every link in it.
 
 mod bench;
 mod bench_overhead;
 mod bench_rdmanet;
+mod bench_soft;
 mod demo;
 mod docs;
 mod examples;
@@ -46,7 +49,7 @@ fn main() -> Result<()> {
         Some("docs") => std::process::exit(docs::main(&root, &args[1..])?),
         _ => {
             eprintln!(
-                "usage: cargo xtask <regen-bindings|vm|test|examples|demo|docs|bench perftest|rdmanet|overhead>"
+                "usage: cargo xtask <regen-bindings|vm|test|examples|demo|docs|bench perftest|rdmanet|overhead|soft>"
             );
             bail!("unknown command")
         }
