@@ -225,21 +225,12 @@ impl RcQp {
     /// [`PostError::State`] in RESET; [`PostError::Full`]; [`PostError::Invalid`] on a QP
     /// that receives from an SRQ.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
-        if self.cfg.uses_srq {
-            return Err(PostError::Invalid("the QP receives from an SRQ"));
-        }
-        match self.state {
-            QpState::Reset => return Err(PostError::State(self.state)),
-            QpState::Error => {
+        match admit_recv(&self.cfg, self.state, self.rq.len())? {
+            RecvAdmission::Queue => self.rq.push_back(wr),
+            RecvAdmission::Flush => {
                 self.complete_recv(wr.wr_id, Status::WrFlushErr, WcOpcode::Recv, 0, None);
-                return Ok(());
             }
-            _ => {}
         }
-        if self.rq.len() >= self.cfg.max_recv_wr as usize {
-            return Err(PostError::Full);
-        }
-        self.rq.push_back(wr);
         Ok(())
     }
 
@@ -769,6 +760,35 @@ impl Responder<'_> {
             }
         }
         a
+    }
+}
+
+/// What a receive posted on a QP's own queue becomes (the rule every transport shares).
+pub(crate) enum RecvAdmission {
+    /// Queued.
+    Queue,
+    /// Completed at once with `WR_FLUSH_ERR`: the QP is in ERROR.
+    Flush,
+}
+
+/// Admits a receive to the own queue of a QP in `state` holding `queued` receives.
+///
+/// # Errors
+/// [`PostError::State`] in RESET; [`PostError::Full`]; [`PostError::Invalid`] on a QP that
+/// receives from an SRQ.
+pub(crate) fn admit_recv(
+    cfg: &QpConfig,
+    state: QpState,
+    queued: usize,
+) -> Result<RecvAdmission, PostError> {
+    if cfg.uses_srq {
+        return Err(PostError::Invalid("the QP receives from an SRQ"));
+    }
+    match state {
+        QpState::Reset => Err(PostError::State(state)),
+        QpState::Error => Ok(RecvAdmission::Flush),
+        _ if queued >= cfg.max_recv_wr as usize => Err(PostError::Full),
+        _ => Ok(RecvAdmission::Queue),
     }
 }
 

@@ -11,7 +11,9 @@
 
 use crate::memory::Memory;
 use crate::mr::MrTable;
-use crate::qp::{gather, scatter, PostError, QpConfig, QpEvent, QpState};
+use crate::qp::{
+    admit_recv, gather, scatter, PostError, QpConfig, QpEvent, QpState, RecvAdmission,
+};
 use crate::srq::Srq;
 use crate::wire::{Packet, PacketKind};
 use crate::wr::{Completion, RecvWr, SendOp, SendWr, Status, WcOpcode};
@@ -167,21 +169,12 @@ impl UdQp {
     /// [`PostError::State`] in RESET; [`PostError::Full`]; [`PostError::Invalid`] on a QP
     /// that receives from an SRQ.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
-        if self.cfg.uses_srq {
-            return Err(PostError::Invalid("the QP receives from an SRQ"));
-        }
-        match self.state {
-            QpState::Reset => return Err(PostError::State(self.state)),
-            QpState::Error => {
+        match admit_recv(&self.cfg, self.state, self.rq.len())? {
+            RecvAdmission::Queue => self.rq.push_back(wr),
+            RecvAdmission::Flush => {
                 self.push(wr.wr_id, Status::WrFlushErr, WcOpcode::Recv, 0, None, None);
-                return Ok(());
             }
-            _ => {}
         }
-        if self.rq.len() >= self.cfg.max_recv_wr as usize {
-            return Err(PostError::Full);
-        }
-        self.rq.push_back(wr);
         Ok(())
     }
 
