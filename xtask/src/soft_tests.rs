@@ -13,6 +13,8 @@
 //! READ has landed by then, and the test says it tested nothing); a test that measures the
 //! whole process's CPU time (`an_idle_connection_uses_no_cpu`: this stage runs four tests at
 //! once).
+//! The differential test (`differential::*`) compares the device under test with soft0, so
+//! it runs in the VM only (here it would compare soft0 with itself).
 //! `failures::garbage_instead_of_a_version` passes alone but failed once in two full runs
 //! on a loaded host: left out until that is understood.
 

@@ -7,6 +7,7 @@ mod common;
 mod cm;
 mod cm_local;
 mod data;
+mod differential;
 mod drops;
 mod events;
 mod queries;
