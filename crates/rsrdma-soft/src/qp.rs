@@ -103,6 +103,9 @@ pub struct RcQp {
     rnr: Option<(u32, Instant)>,
     rnr_left: u8,
     events: VecDeque<QpEvent>,
+    /// Requests that need a receive which the responder refuses (RNR) as if none were
+    /// posted (fault injection: [`RcQp::refuse_receives`]).
+    refuse_recv: u32,
 }
 
 impl RcQp {
@@ -121,6 +124,7 @@ impl RcQp {
             rnr: None,
             rnr_left: cfg.rnr_retry,
             events: VecDeque::new(),
+            refuse_recv: 0,
         }
     }
 
@@ -217,6 +221,13 @@ impl RcQp {
             self.complete_send(&p.wr, Status::RetryExcErr, 0);
         }
         self.to_error();
+    }
+
+    /// Fault injection: the next `count` requests that need a receive here (SEND, WRITE with
+    /// immediate) find none, as if the application had not posted one yet: an RC responder
+    /// answers RNR (the requester retries after the timer), a UC one drops the message.
+    pub fn refuse_receives(&mut self, count: u32) {
+        self.refuse_recv = count;
     }
 
     /// Queues a receive.
@@ -416,6 +427,15 @@ impl RcQp {
                 if p.psn != self.expected_psn {
                     // After an RNR NAK the requester sends again from the refused PSN; what
                     // it had sent after it is dropped here and comes again.
+                    return;
+                }
+                let consumes = matches!(
+                    p.kind,
+                    PacketKind::Send { .. } | PacketKind::Write { imm: Some(_), .. }
+                );
+                if consumes && self.refuse_recv > 0 {
+                    self.refuse_recv -= 1;
+                    self.on_request(p.psn, Answer::Rnr);
                     return;
                 }
                 let mut responder = Responder {

@@ -961,3 +961,29 @@ fn unreliable_connected_sends_and_writes_complete_as_they_leave_and_drop_what_fa
     p.s[0].qp.handle_link_down();
     assert_eq!(p.s[0].qp.state(), QpState::Rts);
 }
+
+#[test]
+fn refused_receives_answer_rnr_and_the_requester_retries() {
+    // Retries left: the refused SEND goes again after the responder's timer and lands.
+    let mut p = Pair::new(7);
+    p.fill(0, BASE, b"abcdef");
+    p.post_recv(1, 5, BASE + 100, 16);
+    p.s[1].qp.refuse_receives(2);
+    let start = p.now;
+    p.post_send(0, send(1, vec![p.sge(0, BASE, 6)], true))
+        .unwrap();
+    p.run();
+    assert_eq!(ids(&p.completions(0)), vec![(1, Status::Success)]);
+    assert_eq!(ids(&p.completions(1)), vec![(5, Status::Success)]);
+    assert_eq!(p.bytes(1, BASE + 100, 6), b"abcdef");
+    // Two refusals: two RNR timers passed.
+    assert!(p.now.duration_since(start) >= Duration::from_micros(2 * 640));
+    // No retries left: the request fails with RNR_RETRY_EXC_ERR.
+    let mut p = Pair::new(1);
+    p.post_recv(1, 5, BASE + 100, 16);
+    p.s[1].qp.refuse_receives(2);
+    p.post_send(0, send(1, vec![p.sge(0, BASE, 6)], true))
+        .unwrap();
+    p.run();
+    assert_eq!(ids(&p.completions(0)), vec![(1, Status::RnrRetryExcErr)]);
+}

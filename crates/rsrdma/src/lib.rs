@@ -54,11 +54,14 @@
 //! CQ, so no waiter misses its wake-up. [`cm::CmId`] is `Send` but not `Sync`: librdmacm does
 //! not serialise calls on one id.
 //!
-//! # A second provider
+//! # The software device
 //!
-//! The public types expose no libibverbs type except through `as_raw()`, which returns an
-//! `Option`: a later pure-Rust software device can sit behind the same types (a private
-//! provider enum inside each handle) without changing this API.
+//! `soft0` is an RDMA device in this library (`open("soft0")`; listed by [`devices`] with
+//! `RSRDMA_SOFT_DEVICE=1`): RC, UC and UD queue pairs, SRQs, address handles and rdma_cm
+//! between processes of one host, behind the same types, with no kernel support. Its objects
+//! are C structs of libibverbs' layout, so the data path reaches them through the context's
+//! operation table as a hardware provider's; [`soft_faults`] breaks its queue pairs on
+//! purpose for tests. See the guide's software-device chapter.
 
 #![deny(missing_docs)]
 
@@ -87,6 +90,7 @@ mod setters;
 pub mod ffi;
 mod soft;
 pub use setters::IntoOption;
+pub use soft::faults as soft_faults;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
 pub use async_event::{AsyncElement, AsyncEvent, AsyncEventKind};

@@ -26,6 +26,7 @@
 
 pub(crate) mod ah;
 pub(crate) mod cm;
+pub mod faults;
 mod link;
 mod qp_core;
 pub(crate) mod verbs;

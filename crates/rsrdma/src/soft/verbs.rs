@@ -142,6 +142,10 @@ struct QpEntry {
     caps: ffi::ibv_qp_cap,
     /// What `ibv_modify_qp` set, for `ibv_query_qp`.
     attr: ffi::ibv_qp_attr,
+    /// Fault injection: completions reach the CQs only this long after they happened
+    /// (`faults::delay_completions`); those held meanwhile, in order, with their time.
+    delay: Duration,
+    held: VecDeque<(Instant, Completion)>,
 }
 
 struct SrqEntry {
@@ -369,14 +373,17 @@ fn pump(st: &mut State, now: Instant) {
     }
     for e in st.qps.values_mut() {
         while let Some(c) = e.core.poll_completion() {
-            let cq = if (c.opcode as u32) >= 128 {
-                e.recv_cq
+            if e.delay.is_zero() && e.held.is_empty() {
+                e.complete(&c);
             } else {
-                e.send_cq
-            };
-            // SAFETY: a QP's CQs outlive it (rsrdma's `Qp` holds them; destroy_qp removes
-            // the entry first).
-            unsafe { push_completion(cq, &c) };
+                // Behind those already held: a QP's completions keep their order.
+                e.held.push_back((now + e.delay, c));
+            }
+        }
+        while e.held.front().is_some_and(|(t, _)| *t <= now) {
+            if let Some((_, c)) = e.held.pop_front() {
+                e.complete(&c);
+            }
         }
         while let Some(ev) = e.core.poll_event() {
             if ev != QpEvent::LastWqeReached {
@@ -398,10 +405,90 @@ fn pump(st: &mut State, now: Instant) {
             unsafe { push_event(s.ctx, a) };
         }
     }
-    // The timer thread only needs to hear of a retry that is now due to run.
-    if st.qps.values().any(|e| e.core.poll_timeout().is_some()) {
+    // The timer thread only needs to hear of a retry or a held completion now due.
+    if st.qps.values().any(|e| e.next_due().is_some()) {
         device().timer.notify_one();
     }
+}
+
+impl QpEntry {
+    /// Hands a completion to the QP's send or receive CQ.
+    fn complete(&self, c: &Completion) {
+        let cq = if (c.opcode as u32) >= 128 {
+            self.recv_cq
+        } else {
+            self.send_cq
+        };
+        // SAFETY: a QP's CQs outlive it (rsrdma's `Qp` holds them; destroy_qp removes the
+        // entry first).
+        unsafe { push_completion(cq, c) };
+    }
+
+    /// When the timer thread must next act for this QP: an RNR retry, or a held completion.
+    fn next_due(&self) -> Option<Instant> {
+        let held = self.held.front().map(|(t, _)| *t);
+        match (self.core.poll_timeout(), held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+// ----- fault injection (`super::faults`) ----------------------------------------------------
+
+/// Runs `f` on QP `qp_num` under the device lock, then pumps; false when there is no such QP
+/// or `f` refuses.
+fn with_qp(qp_num: u32, f: impl FnOnce(&mut QpEntry) -> bool) -> bool {
+    let mut st = lock();
+    let Some(e) = st.qps.get_mut(&qp_num) else {
+        return false;
+    };
+    let done = f(e);
+    pump(&mut st, Instant::now());
+    done
+}
+
+/// QP `qp_num` fails as on a fatal error: ERROR, everything it holds flushes, and the
+/// context reports IBV_EVENT_QP_FATAL.
+pub(super) fn fail_qp(qp_num: u32) -> bool {
+    with_qp(qp_num, |e| {
+        e.core.move_to_error();
+        let mut a: ffi::ibv_async_event = zeroed();
+        a.event_type = ffi::ibv_event_type::IBV_EVENT_QP_FATAL;
+        a.element.qp = e.raw;
+        // SAFETY: the QP's context outlives it.
+        unsafe { push_event(e.ctx, a) };
+        true
+    })
+}
+
+/// QP `qp_num` loses its peer, as when the peer's host dies: its oldest request still
+/// waiting for an answer ends with RETRY_EXC_ERR, then it fails (a UC or UD QP never
+/// notices).
+pub(super) fn cut_link(qp_num: u32) -> bool {
+    with_qp(qp_num, |e| {
+        e.core.handle_link_down();
+        true
+    })
+}
+
+/// The next `count` requests that need a receive at QP `qp_num` find none (RC: RNR NAK).
+pub(super) fn refuse_receives(qp_num: u32, count: u32) -> bool {
+    with_qp(qp_num, |e| match &mut e.core {
+        QpCore::Rc(q) => {
+            q.refuse_receives(count);
+            true
+        }
+        QpCore::Ud(_) => false,
+    })
+}
+
+/// QP `qp_num`'s completions reach its CQs `delay` after they happen.
+pub(super) fn delay_completions(qp_num: u32, delay: Duration) -> bool {
+    with_qp(qp_num, |e| {
+        e.delay = delay;
+        true
+    })
 }
 
 /// All-zero C data.
@@ -517,7 +604,7 @@ fn timer_thread() {
     let mut st = dev.state.lock().unwrap_or_else(|p| p.into_inner());
     loop {
         let now = Instant::now();
-        let due = st.qps.values().filter_map(|e| e.core.poll_timeout()).min();
+        let due = st.qps.values().filter_map(QpEntry::next_due).min();
         match due {
             Some(t) if t <= now => {
                 for e in st.qps.values_mut() {
@@ -1233,6 +1320,8 @@ pub(crate) unsafe fn create_qp(
             srq: srq_handle,
             caps: *c,
             attr: saved,
+            delay: Duration::ZERO,
+            held: VecDeque::new(),
         },
     );
     qp

@@ -1,0 +1,174 @@
+//! Conn's failure paths reached on purpose and at once, with soft0's fault injection
+//! (`rsrdma::soft_faults`): a queue pair's fatal error, a link cut under a stream, receives
+//! refused (RNR) and completions held back. Both ends live in this process, over the TCP
+//! handshake, so no RDMA stack is needed; the tests run in the host's unit-test stage.
+
+use rsrdma::soft_faults;
+use rsrdma_net::{Conn, ConnOptions, Establish, Listener, NetError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn opts() -> ConnOptions {
+    ConnOptions::default()
+        .device("soft0")
+        .establish(Establish::Tcp)
+        .keepalive(Some(Duration::from_millis(100)))
+        .peer_timeout(Duration::from_millis(800))
+}
+
+/// A connected pair (client, server).
+fn pair(o: ConnOptions) -> (Conn, Conn) {
+    let l = Listener::bind("127.0.0.1:0", o.clone()).unwrap();
+    let addr = l.local_addr();
+    let server = thread::spawn(move || l.accept().unwrap());
+    let c = Conn::dial(addr, o).unwrap();
+    let s = server.join().unwrap();
+    for x in [&c, &s] {
+        x.set_read_timeout(Some(WAIT)).unwrap();
+        x.set_write_timeout(Some(WAIT)).unwrap();
+    }
+    (c, s)
+}
+
+fn msg(k: usize) -> Vec<u8> {
+    (0..100 + (k * 997) % 5000)
+        .map(|i| (i * 7 + k) as u8)
+        .collect()
+}
+
+#[test]
+fn a_fatal_queue_pair_error_fails_its_connection_and_the_peer_learns_within_its_timeout() {
+    let (c, s) = pair(opts());
+    c.send_msg(b"before").unwrap();
+    assert_eq!(s.recv_msg().unwrap().as_deref(), Some(&b"before"[..]));
+    soft_faults::fail_qp(c.info().local_qpn).unwrap();
+    // The failed side: its next operation fails at once, with no hang.
+    let t0 = Instant::now();
+    let e = c.send_msg(b"after").and_then(|()| c.recv_msg().map(drop));
+    assert!(e.is_err(), "an operation on a failed QP succeeded");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    // The peer hears nothing more: its peer timeout declares the other end dead.
+    let t0 = Instant::now();
+    let e = s.recv_msg().unwrap_err();
+    assert!(matches!(e, NetError::ConnFailed(_)), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn a_link_cut_under_a_stream_fails_the_sender_and_loses_nothing_it_reported_sent() {
+    let (c, s) = pair(opts());
+    let reader = thread::spawn(move || {
+        let mut got = Vec::new();
+        loop {
+            match s.recv_msg() {
+                Ok(Some(m)) => got.push(m),
+                Ok(None) | Err(_) => return got,
+            }
+        }
+    });
+    let mut sent = 0;
+    let mut failed = None;
+    for k in 0..2000 {
+        if k == 200 {
+            soft_faults::cut_link(c.info().local_qpn).unwrap();
+        }
+        match c.send_msg(&msg(k)) {
+            Ok(()) => sent += 1,
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let e = failed.expect("sends went on after the link was cut");
+    assert!(matches!(e, NetError::ConnFailed(_)), "{e}");
+    drop(c);
+    let got = reader.join().unwrap();
+    // What arrived is a prefix of what was sent, each message whole and in order; `Ok`
+    // promised delivery only for messages the peer's side took before the cut.
+    assert!(
+        got.len() <= sent,
+        "{} arrived, {sent} reported sent",
+        got.len()
+    );
+    for (k, m) in got.iter().enumerate() {
+        assert_eq!(m, &msg(k), "message {k}");
+    }
+    assert!(
+        got.len() >= 100,
+        "only {} of the first 200 arrived",
+        got.len()
+    );
+}
+
+#[test]
+fn refused_receives_are_retried_and_nothing_is_lost_or_reordered() {
+    // RNR waits hold the sender's later frames (keepalives too) behind the refused one: the
+    // default peer timeout, not the short one of the other tests.
+    let (c, s) = pair(opts().peer_timeout(Duration::from_secs(5)));
+    // The first SEND meets two RNR NAKs (the peer "had no receive" yet): within the
+    // connection's RNR retries, so it goes again after the timer, twice.
+    soft_faults::refuse_receives(s.info().local_qpn, 2).unwrap();
+    let writer = thread::spawn(move || {
+        for k in 0..100 {
+            c.send_msg(&msg(k)).unwrap();
+        }
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+        c
+    });
+    for k in 0..100 {
+        // Once more mid-stream (the first two were spent long before message 50 arrived).
+        if k == 50 {
+            soft_faults::refuse_receives(s.info().local_qpn, 2).unwrap();
+        }
+        assert_eq!(s.recv_msg().unwrap().unwrap(), msg(k), "message {k}");
+    }
+    assert_eq!(s.recv_msg().unwrap(), None);
+    let c = writer.join().unwrap();
+    s.close().unwrap();
+    c.close().unwrap();
+}
+
+#[test]
+fn a_peer_that_posts_no_receive_fails_the_connection_instead_of_hanging_it() {
+    let (c, s) = pair(opts());
+    // More refusals in a row than the connection retries (RNR_RETRY_EXC_ERR).
+    soft_faults::refuse_receives(s.info().local_qpn, 1000).unwrap();
+    let t0 = Instant::now();
+    let e = (0..1000)
+        .map(|k| c.send_msg(&msg(k)))
+        .find_map(Result::err)
+        .expect("every send succeeded against a peer that took none");
+    assert!(matches!(e, NetError::ConnFailed(_)), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    drop(s);
+}
+
+#[test]
+fn held_back_completions_delay_but_lose_or_reorder_nothing() {
+    let (c, s) = pair(opts());
+    // The server's completions (its receives, its credit returns) reach it 30 ms late.
+    soft_faults::delay_completions(s.info().local_qpn, Duration::from_millis(30)).unwrap();
+    let echo = thread::spawn(move || {
+        while let Some(m) = s.recv_msg().unwrap() {
+            s.send_msg(&m).unwrap();
+        }
+        s.close().unwrap();
+    });
+    for k in 0..40 {
+        c.send_msg(&msg(k)).unwrap();
+        assert_eq!(c.recv_msg().unwrap().unwrap(), msg(k), "message {k}");
+    }
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_eq!(c.recv_msg().unwrap(), None);
+    echo.join().unwrap();
+    c.close().unwrap();
+}
+
+#[test]
+fn faults_name_queue_pairs_of_soft0_only() {
+    let e = soft_faults::fail_qp(0xff_fff0).unwrap_err();
+    assert!(e.to_string().contains("no queue pair numbered"), "{e}");
+}
