@@ -101,4 +101,7 @@ mod guide {
     /// The establishment wire formats.
     #[doc = include_str!("../../../docs/guide/src/establishment.md")]
     pub struct Establishment;
+    /// Several NICs: where the devices are, and which to take.
+    #[doc = include_str!("../../../docs/guide/src/many-nics.md")]
+    pub struct ManyNics;
 }

@@ -20,7 +20,8 @@ pub struct PortInfo {
     pub gid_tbl_len: u32,
 }
 
-/// Opens `-d` or the first device, with perftest's messages.
+/// Opens `-d` (`auto`: the active device nearest to this CPU) or the first device, with
+/// perftest's messages.
 ///
 /// # Errors
 /// [`Error::Perftest`] with perftest's wording.
@@ -30,7 +31,25 @@ pub fn open_device(p: &Params) -> Result<Context> {
         tracing::debug!(%e, "no device list");
         Error::Perftest(none.into())
     })?;
-    let dev = match &p.device {
+    // `-d auto`: the active device nearest to the CPU this runs on (sysfs's topology); the
+    // first device when sysfs names none (the software device).
+    let auto = p.device.as_deref() == Some("auto");
+    let nearest = auto
+        .then(|| {
+            let devices = rsrdma::topology::topology().ok()?;
+            let name = rsrdma::topology::nearest(&devices, rsrdma::topology::current_numa_node())?
+                .name
+                .clone();
+            tracing::debug!(device = %name, "-d auto");
+            Some(name)
+        })
+        .flatten();
+    let wanted = if auto {
+        nearest.as_ref()
+    } else {
+        p.device.as_ref()
+    };
+    let dev = match wanted {
         Some(name) => list.find(name).ok_or_else(|| {
             Error::Perftest(format!(
                 "IB device {name} not found\n Unable to find the Infiniband/RoCE device"

@@ -80,6 +80,7 @@ pub mod mw;
 pub mod pd;
 pub mod qp;
 pub mod srq;
+pub mod topology;
 pub mod wc;
 pub mod wr;
 

@@ -60,7 +60,7 @@ const SHORT: &[(Only, &str, &str)] = &[
     (
         Only::All,
         "-d, --ib-dev=<dev>",
-        "Use IB device <dev> (default first device found)",
+        "Use IB device <dev> (default first device found; auto: the active device nearest to this CPU)",
     ),
     (
         Only::All,

@@ -302,3 +302,38 @@ fn unsupported_on_a_machine_with_rdma_names_no_vm() {
         assert!(text.contains(&format!("errno {errno}")), "{text}");
     }
 }
+
+/// Issue 23's topology on the real tree: sysfs describes the device under test as its port
+/// query does, and it is the nearest (and, over its netdev, the found) device.
+#[test]
+fn topology_describes_the_device_under_test() {
+    use rsrdma::topology::{by_netdev, current_numa_node, nearest, topology};
+    let name = device_name();
+    let all = topology().unwrap();
+    let dev = all
+        .iter()
+        .find(|d| d.name == name)
+        .unwrap_or_else(|| panic!("{name} not in {all:?}"));
+    let port = ctx().query_port(1).unwrap();
+    let p = &dev.ports[0];
+    assert_eq!(p.port, 1);
+    assert_eq!(p.link_layer, port.link_layer.to_string(), "{dev:?}");
+    assert_eq!(
+        p.state == "ACTIVE",
+        port.state == PortState::Active,
+        "{dev:?}"
+    );
+    assert!(p.rate_gbps.is_some_and(|g| g > 0.0), "{dev:?}");
+    // rxe: no PCI function, a parent netdev that is also its GIDs' netdev.
+    let parent = dev.parent.as_deref().expect("rxe has a parent netdev");
+    assert!(p.netdevs.iter().any(|n| n == parent), "{dev:?}");
+    assert_eq!(
+        by_netdev(&all, parent).map(|d| d.name.as_str()),
+        Some(name.as_str())
+    );
+    assert_eq!(
+        nearest(&all, current_numa_node()).map(|d| d.name.as_str()),
+        Some(name.as_str()),
+        "the VM's one device is the nearest"
+    );
+}

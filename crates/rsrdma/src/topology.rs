@@ -1,0 +1,395 @@
+//! Where the RDMA devices sit: NUMA node, PCI address, and per port the link layer, state,
+//! speed and the network devices behind it, read from sysfs (`/sys/class/infiniband`), so
+//! that a program on a machine with several NICs can take the one near its CPU or its
+//! memory ([`nearest`]) or the one holding an address ([`by_netdev`]).
+//!
+//! Everything here is read from files, without opening a device: a device that cannot be
+//! opened (no permission, a wedged provider) is still described. [`topology_at`] reads a tree
+//! rooted elsewhere (the tests read recorded trees).
+
+use crate::error::{Error, Result};
+use std::path::Path;
+
+/// One RDMA device as sysfs describes it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct DeviceTopology {
+    /// The device's name (`mlx5_0`, `rxe0`).
+    pub name: String,
+    /// Its NUMA node, where the platform says (`None` on one-node machines and for software
+    /// devices).
+    pub numa_node: Option<u32>,
+    /// Its PCI address (`0000:3b:00.0`), for devices on a PCI bus.
+    pub pci_address: Option<String>,
+    /// For a software device over a network device (rxe), that device (its `parent`).
+    pub parent: Option<String>,
+    /// Its ports.
+    pub ports: Vec<PortTopology>,
+}
+
+/// One port of a device.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct PortTopology {
+    /// The port number (from 1).
+    pub port: u8,
+    /// `InfiniBand` or `Ethernet` (RoCE).
+    pub link_layer: String,
+    /// The state's name (`ACTIVE`, `DOWN`, `INIT`, …).
+    pub state: String,
+    /// The active speed in Gb/s (`rate`'s figure: width × lane speed), when the port has one.
+    pub rate_gbps: Option<f64>,
+    /// The active width and speed's description (`4X EDR`, `1X`).
+    pub rate_text: Option<String>,
+    /// The network devices of its GIDs (RoCE), in GID-table order without repeats.
+    pub netdevs: Vec<String>,
+}
+
+impl DeviceTopology {
+    /// Whether any port is ACTIVE.
+    pub fn is_active(&self) -> bool {
+        self.ports.iter().any(|p| p.state == "ACTIVE")
+    }
+
+    /// The fastest active port's speed, in Gb/s.
+    pub fn best_rate_gbps(&self) -> Option<f64> {
+        self.ports
+            .iter()
+            .filter(|p| p.state == "ACTIVE")
+            .filter_map(|p| p.rate_gbps)
+            .reduce(f64::max)
+    }
+}
+
+/// The devices of this machine, by name (an empty list on a machine without RDMA; the
+/// software device, which has no sysfs entry, is not in it).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when sysfs's tree exists but cannot be listed.
+pub fn topology() -> Result<Vec<DeviceTopology>> {
+    topology_at(Path::new("/sys/class/infiniband"))
+}
+
+/// The devices described under `root` (a `/sys/class/infiniband`-shaped tree), by name.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when `root` exists but cannot be listed.
+pub fn topology_at(root: &Path) -> Result<Vec<DeviceTopology>> {
+    let entries = match std::fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(Error::InvalidArgument(format!(
+                "cannot list {}: {e}",
+                root.display()
+            )))
+        }
+    };
+    let mut out: Vec<DeviceTopology> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            Some(read_device(&root.join(&name), name))
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+fn read_trimmed(p: &Path) -> Option<String> {
+    let s = std::fs::read_to_string(p).ok()?;
+    let t = s.trim();
+    (!t.is_empty()).then(|| t.to_string())
+}
+
+fn read_device(dir: &Path, name: String) -> DeviceTopology {
+    // `device` links to the bus device (a PCI function's directory is named by its address);
+    // its `numa_node` is -1 where the platform has no affinity.
+    let numa_node = read_trimmed(&dir.join("device/numa_node"))
+        .and_then(|v| v.parse::<i64>().ok())
+        .and_then(|v| u32::try_from(v).ok());
+    let pci_address = std::fs::canonicalize(dir.join("device"))
+        .ok()
+        .and_then(|p| p.file_name()?.to_str().map(str::to_string))
+        .filter(|a| is_pci_address(a));
+    let parent = read_trimmed(&dir.join("parent"));
+    let mut ports: Vec<PortTopology> = std::fs::read_dir(dir.join("ports"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let port: u8 = e.file_name().to_str()?.parse().ok()?;
+            Some(read_port(&e.path(), port))
+        })
+        .collect();
+    ports.sort_by_key(|p| p.port);
+    DeviceTopology {
+        name,
+        numa_node,
+        pci_address,
+        parent,
+        ports,
+    }
+}
+
+fn read_port(dir: &Path, port: u8) -> PortTopology {
+    // `state` reads `4: ACTIVE`; `rate` reads `100 Gb/sec (4X EDR)`.
+    let state = read_trimmed(&dir.join("state"))
+        .map(|s| s.split_once(": ").map_or(s.clone(), |(_, n)| n.to_string()))
+        .unwrap_or_default();
+    let rate = read_trimmed(&dir.join("rate"));
+    let rate_gbps = rate
+        .as_deref()
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse().ok());
+    let rate_text = rate.as_deref().and_then(|r| {
+        let inner = r.split_once('(')?.1.strip_suffix(')')?;
+        Some(inner.to_string())
+    });
+    let mut ndevs: Vec<(u32, String)> = std::fs::read_dir(dir.join("gid_attrs/ndevs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let index: u32 = e.file_name().to_str()?.parse().ok()?;
+            Some((index, read_trimmed(&e.path())?))
+        })
+        .collect();
+    ndevs.sort();
+    let mut netdevs: Vec<String> = Vec::new();
+    for (_, n) in ndevs {
+        if !netdevs.contains(&n) {
+            netdevs.push(n);
+        }
+    }
+    PortTopology {
+        port,
+        link_layer: read_trimmed(&dir.join("link_layer")).unwrap_or_default(),
+        state,
+        rate_gbps,
+        rate_text,
+        netdevs,
+    }
+}
+
+/// `dddd:bb:dd.f` in hex.
+fn is_pci_address(a: &str) -> bool {
+    let b = a.as_bytes();
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && a.chars()
+            .enumerate()
+            .all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
+}
+
+/// The device to use from NUMA node `node` (see [`current_numa_node`]): an active device on
+/// that node, the fastest first; else an active device on no node or another node, the
+/// fastest first; `None` when no device is active.
+pub fn nearest(devices: &[DeviceTopology], node: Option<u32>) -> Option<&DeviceTopology> {
+    let rate = |d: &DeviceTopology| d.best_rate_gbps().unwrap_or(0.0);
+    let pick = |same: bool| {
+        devices
+            .iter()
+            .filter(|d| d.is_active())
+            .filter(|d| !same || (node.is_some() && d.numa_node == node))
+            .max_by(|a, b| {
+                rate(a)
+                    .total_cmp(&rate(b))
+                    .then_with(|| b.name.cmp(&a.name))
+            })
+    };
+    pick(true).or_else(|| pick(false))
+}
+
+/// The device whose port carries network device `netdev` (RoCE), or whose parent it is
+/// (rxe).
+pub fn by_netdev<'a>(devices: &'a [DeviceTopology], netdev: &str) -> Option<&'a DeviceTopology> {
+    devices.iter().find(|d| {
+        d.parent.as_deref() == Some(netdev)
+            || d.ports
+                .iter()
+                .any(|p| p.netdevs.iter().any(|n| n == netdev))
+    })
+}
+
+/// The NUMA node of the CPU this thread runs on now (`getcpu`), where the kernel says.
+pub fn current_numa_node() -> Option<u32> {
+    let (mut cpu, mut node) = (0u32, 0u32);
+    // SAFETY: getcpu writes two u32s through valid pointers; the third argument is unused
+    // (null).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_getcpu,
+            &mut cpu as *mut u32,
+            &mut node as *mut u32,
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    };
+    (rc == 0).then_some(node)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::path::PathBuf;
+
+    /// A scratch directory removed on drop.
+    struct Tree(PathBuf);
+
+    impl Tree {
+        fn new(tag: &str) -> Tree {
+            let p = std::env::temp_dir().join(format!(
+                "rsrdma-topology-{tag}-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            let _ = fs::remove_dir_all(&p);
+            fs::create_dir_all(&p).unwrap();
+            Tree(p)
+        }
+
+        fn file(&self, rel: &str, text: &str) {
+            let p = self.0.join(rel);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, format!("{text}\n")).unwrap();
+        }
+
+        fn link(&self, rel: &str, to: &str) {
+            let p = self.0.join(rel);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::os::unix::fs::symlink(self.0.join(to), p).unwrap();
+        }
+    }
+
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A device as sysfs lays it out: `class/<name>` linking its `device` to a PCI function.
+    fn nic(t: &Tree, name: &str, pci: &str, numa: i32, ports: &[(&str, &str, &str, &[&str])]) {
+        t.file(&format!("pci/{pci}/numa_node"), &numa.to_string());
+        t.link(&format!("class/{name}/device"), &format!("pci/{pci}"));
+        for (i, (ll, state, rate, ndevs)) in ports.iter().enumerate() {
+            let port = format!("class/{name}/ports/{}", i + 1);
+            t.file(&format!("{port}/link_layer"), ll);
+            t.file(&format!("{port}/state"), state);
+            t.file(&format!("{port}/rate"), rate);
+            for (g, n) in ndevs.iter().enumerate() {
+                t.file(&format!("{port}/gid_attrs/ndevs/{g}"), n);
+            }
+        }
+    }
+
+    #[test]
+    fn a_two_socket_server_with_four_nics() {
+        let t = Tree::new("two-socket");
+        let roce = |n: &'static str| -> &'static [&'static str] {
+            match n {
+                "a" => &["ens1f0np0", "ens1f0np0", "ens1f0np0"],
+                _ => &["ens2f0np0", "ens2f0np0"],
+            }
+        };
+        nic(
+            &t,
+            "mlx5_0",
+            "0000:3b:00.0",
+            0,
+            &[("Ethernet", "4: ACTIVE", "200 Gb/sec (4X HDR)", roce("a"))],
+        );
+        nic(
+            &t,
+            "mlx5_1",
+            "0000:5e:00.0",
+            0,
+            &[("Ethernet", "1: DOWN", "10 Gb/sec (4X SDR)", &[])],
+        );
+        nic(
+            &t,
+            "mlx5_2",
+            "0000:af:00.0",
+            1,
+            &[("Ethernet", "4: ACTIVE", "400 Gb/sec (4X NDR)", roce("b"))],
+        );
+        nic(
+            &t,
+            "mlx5_3",
+            "0000:d8:00.0",
+            1,
+            &[("InfiniBand", "4: ACTIVE", "100 Gb/sec (4X EDR)", &[])],
+        );
+        let d = topology_at(&t.0.join("class")).unwrap();
+        assert_eq!(
+            d.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
+            ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+        );
+        assert_eq!(d[0].numa_node, Some(0));
+        assert_eq!(d[2].numa_node, Some(1));
+        assert_eq!(d[2].pci_address.as_deref(), Some("0000:af:00.0"));
+        let p = &d[0].ports[0];
+        assert_eq!(
+            (
+                p.port,
+                p.link_layer.as_str(),
+                p.state.as_str(),
+                p.rate_gbps,
+                p.rate_text.as_deref()
+            ),
+            (1, "Ethernet", "ACTIVE", Some(200.0), Some("4X HDR"))
+        );
+        assert_eq!(p.netdevs, ["ens1f0np0"]);
+        assert_eq!(d[1].ports[0].state, "DOWN");
+        // Nearest: the fastest active device on the node; on a node with none, any.
+        assert_eq!(nearest(&d, Some(0)).unwrap().name, "mlx5_0");
+        assert_eq!(nearest(&d, Some(1)).unwrap().name, "mlx5_2");
+        assert_eq!(nearest(&d, Some(7)).unwrap().name, "mlx5_2");
+        assert_eq!(nearest(&d, None).unwrap().name, "mlx5_2");
+        assert_eq!(by_netdev(&d, "ens2f0np0").unwrap().name, "mlx5_2");
+        assert!(by_netdev(&d, "eth9").is_none());
+    }
+
+    #[test]
+    fn soft_roce_over_a_netdev_and_a_platform_without_numa() {
+        let t = Tree::new("rxe");
+        // rxe: no bus device, a parent netdev, one Ethernet port.
+        t.file("class/rxe0/parent", "eth0");
+        t.file("class/rxe0/ports/1/link_layer", "Ethernet");
+        t.file("class/rxe0/ports/1/state", "4: ACTIVE");
+        t.file("class/rxe0/ports/1/rate", "10 Gb/sec (1X QDR)");
+        t.file("class/rxe0/ports/1/gid_attrs/ndevs/0", "eth0");
+        t.file("class/rxe0/ports/1/gid_attrs/ndevs/1", "eth0");
+        // A NIC whose platform reports no node (-1).
+        nic(
+            &t,
+            "mlx4_0",
+            "0000:01:00.0",
+            -1,
+            &[("InfiniBand", "4: ACTIVE", "56 Gb/sec (4X FDR)", &[])],
+        );
+        let d = topology_at(&t.0.join("class")).unwrap();
+        let rxe = d.iter().find(|x| x.name == "rxe0").unwrap();
+        assert_eq!((rxe.numa_node, rxe.pci_address.as_deref()), (None, None));
+        assert_eq!(rxe.parent.as_deref(), Some("eth0"));
+        assert_eq!(rxe.ports[0].netdevs, ["eth0"]);
+        assert_eq!(by_netdev(&d, "eth0").unwrap().name, "rxe0");
+        let mlx4 = d.iter().find(|x| x.name == "mlx4_0").unwrap();
+        assert_eq!(mlx4.numa_node, None);
+        assert_eq!(nearest(&d, Some(0)).unwrap().name, "mlx4_0");
+    }
+
+    #[test]
+    fn no_tree_is_no_device() {
+        let t = Tree::new("empty");
+        assert!(topology_at(&t.0.join("absent")).unwrap().is_empty());
+        assert!(nearest(&[], Some(0)).is_none());
+    }
+
+    #[test]
+    fn this_threads_node_is_known_on_linux() {
+        assert!(current_numa_node().is_some());
+    }
+}
