@@ -1,7 +1,7 @@
 //! Where the RDMA devices sit: NUMA node, PCI address, and per port the link layer, state,
 //! speed and the network devices behind it, read from sysfs (`/sys/class/infiniband`), so
 //! that a program on a machine with several NICs can take the one near its CPU or its
-//! memory ([`nearest`]) or the one holding an address ([`by_netdev`]).
+//! memory ([`nearest`]) or the one holding an address ([`by_ip`], [`by_netdev`]).
 //!
 //! Everything here is read from files, without opening a device: a device that cannot be
 //! opened (no permission, a wedged provider) is still described. [`topology_at`] reads a tree
@@ -214,6 +214,63 @@ pub fn by_netdev<'a>(devices: &'a [DeviceTopology], netdev: &str) -> Option<&'a 
     })
 }
 
+/// The network interface that holds IP address `ip` on this machine (`getifaddrs`).
+pub fn netdev_of(ip: std::net::IpAddr) -> Option<String> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head through a valid pointer; freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut at = head;
+    while !at.is_null() {
+        // SAFETY: a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*at };
+        // SAFETY: a non-null address of the family it names (getifaddrs' contract).
+        let addr = unsafe { sockaddr_ip(ifa.ifa_addr) };
+        if addr == Some(ip) {
+            // SAFETY: the interface's name, a C string alive until freeifaddrs.
+            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+            found = Some(name.to_string_lossy().into_owned());
+            break;
+        }
+        at = ifa.ifa_next;
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    found
+}
+
+/// The IP address in `sa`.
+///
+/// # Safety
+/// `sa` is null or a valid sockaddr of the family it names.
+unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<std::net::IpAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's contract; the family decides the type read.
+    unsafe {
+        match i32::from((*sa).sa_family) {
+            libc::AF_INET => {
+                let s = &*sa.cast::<libc::sockaddr_in>();
+                Some(std::net::Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr)).into())
+            }
+            libc::AF_INET6 => {
+                let s = &*sa.cast::<libc::sockaddr_in6>();
+                Some(std::net::Ipv6Addr::from(s.sin6_addr.s6_addr).into())
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The device whose network interface holds IP address `ip` (RoCE: the address a peer
+/// dials; see [`netdev_of`] and [`by_netdev`]).
+pub fn by_ip(devices: &[DeviceTopology], ip: std::net::IpAddr) -> Option<&DeviceTopology> {
+    by_netdev(devices, &netdev_of(ip)?)
+}
+
 /// The NUMA node of the CPU this thread runs on now (`getcpu`), where the kernel says.
 pub fn current_numa_node() -> Option<u32> {
     let (mut cpu, mut node) = (0u32, 0u32);
@@ -386,6 +443,23 @@ mod tests {
         let t = Tree::new("empty");
         assert!(topology_at(&t.0.join("absent")).unwrap().is_empty());
         assert!(nearest(&[], Some(0)).is_none());
+    }
+
+    #[test]
+    fn the_loopback_address_is_on_lo_and_leads_to_no_device() {
+        let lo = netdev_of(std::net::Ipv4Addr::LOCALHOST.into());
+        assert_eq!(lo.as_deref(), Some("lo"));
+        assert!(netdev_of("192.0.2.77".parse().unwrap()).is_none());
+        let t = Tree::new("ip");
+        nic(
+            &t,
+            "mlx5_0",
+            "0000:3b:00.0",
+            0,
+            &[("Ethernet", "4: ACTIVE", "100 Gb/sec (4X EDR)", &["ens1"])],
+        );
+        let d = topology_at(&t.0.join("class")).unwrap();
+        assert!(by_ip(&d, std::net::Ipv4Addr::LOCALHOST.into()).is_none());
     }
 
     #[test]

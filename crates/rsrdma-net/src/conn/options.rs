@@ -93,7 +93,10 @@ pub struct ConnOptions {
     pub keepalive: Option<Duration>,
     /// Declare the peer dead after this long without hearing from it while this side could
     /// listen (a side that did not run for over two keepalive intervals probes the peer and
-    /// waits this long again). Default 5 s.
+    /// waits this long again). Default 5 s. Keep it above the RNR waits the peer's queue
+    /// pair may impose (its RNR timer × the retry count): frames queue behind a SEND waiting
+    /// out an RNR NAK, keepalives too, so a shorter timeout declares a live peer dead (seen
+    /// with soft0's fault injection, `rsrdma::soft_faults::refuse_receives`).
     pub peer_timeout: Duration,
     /// Limit for address resolution, the TCP connect and the whole handshake. Default 10 s.
     pub connect_timeout: Duration,

@@ -307,7 +307,7 @@ fn unsupported_on_a_machine_with_rdma_names_no_vm() {
 /// query does, and it is the nearest (and, over its netdev, the found) device.
 #[test]
 fn topology_describes_the_device_under_test() {
-    use rsrdma::topology::{by_netdev, current_numa_node, nearest, topology};
+    use rsrdma::topology::{by_ip, by_netdev, current_numa_node, nearest, topology};
     let name = device_name();
     let all = topology().unwrap();
     let dev = all
@@ -329,6 +329,15 @@ fn topology_describes_the_device_under_test() {
     assert!(p.netdevs.iter().any(|n| n == parent), "{dev:?}");
     assert_eq!(
         by_netdev(&all, parent).map(|d| d.name.as_str()),
+        Some(name.as_str())
+    );
+    // The device's IPv4 address (its RoCE v2 GID) leads back to it.
+    let gid = ctx().query_gid(1, gid_index().into()).unwrap().gid;
+    let ip = std::net::Ipv6Addr::from(gid.0)
+        .to_ipv4_mapped()
+        .expect("an IPv4-mapped GID");
+    assert_eq!(
+        by_ip(&all, ip.into()).map(|d| d.name.as_str()),
         Some(name.as_str())
     );
     assert_eq!(
