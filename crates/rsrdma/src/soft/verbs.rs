@@ -158,6 +158,9 @@ struct SrqEntry {
 struct State {
     mrs: MrTable,
     qps: HashMap<u32, QpEntry>,
+    /// The QP numbers in ascending order (numbers only grow), the order a pump serves them
+    /// in: kept here so a pump, on every post, neither allocates nor sorts.
+    order: Vec<u32>,
     srqs: HashMap<u32, SrqEntry>,
     next_qpn: u32,
     next_handle: u32,
@@ -196,6 +199,7 @@ fn device() -> &'static Device {
             state: Mutex::new(State {
                 mrs: MrTable::new(),
                 qps: HashMap::new(),
+                order: Vec::new(),
                 srqs: HashMap::new(),
                 next_qpn: FIRST_QPN,
                 next_handle: 1,
@@ -337,11 +341,11 @@ fn transmit(st: &mut State, qpn: u32) -> Option<(u16, Packet)> {
 /// Hands every packet to its destination until none is left, then delivers completions and
 /// events. Under the lock.
 fn pump(st: &mut State, now: Instant) {
-    let mut qpns: Vec<u32> = st.qps.keys().copied().collect();
-    qpns.sort_unstable();
     loop {
         let mut moved = false;
-        for &qpn in &qpns {
+        // Delivery creates and destroys no QP, so the order stays put meanwhile.
+        for i in 0..st.order.len() {
+            let qpn = st.order[i];
             while let Some((to, pkt)) = transmit(st, qpn) {
                 moved = true;
                 let request = pkt.kind.is_request();
@@ -493,8 +497,9 @@ pub(super) fn delay_completions(qp_num: u32, delay: Duration) -> bool {
 
 /// All-zero C data.
 pub(super) fn zeroed<T: Copy>() -> T {
-    // SAFETY: only used for the plain C structs of the bindings, for which all-zero is valid
-    // (null pointers, `None` function pointers, zero integers and enum newtypes).
+    // SAFETY: only used for the plain C structs of the bindings and libc's
+    // `sockaddr_storage`, for which all-zero is valid (null pointers, `None` function
+    // pointers, zero integers and enum newtypes).
     unsafe { std::mem::zeroed() }
 }
 
@@ -1305,6 +1310,7 @@ pub(crate) unsafe fn create_qp(
     .cast::<ffi::ibv_qp>();
     let mut saved: ffi::ibv_qp_attr = zeroed();
     saved.cap = *c;
+    st.order.push(qpn);
     st.qps.insert(
         qpn,
         QpEntry {
@@ -1332,7 +1338,9 @@ pub(crate) unsafe fn create_qp(
 pub(crate) unsafe fn destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
     // SAFETY: made by `create_qp`, freed once (the caller's contract).
     let qp = unsafe { Box::from_raw(qp.cast::<SoftQp>()) };
-    if let Some(e) = lock().qps.remove(&qp.raw.qp_num) {
+    let mut st = lock();
+    st.order.retain(|&n| n != qp.raw.qp_num);
+    if let Some(e) = st.qps.remove(&qp.raw.qp_num) {
         // SAFETY: the QP's context outlives it.
         unsafe { forget_events(e.ctx, e.raw.cast()) };
     }

@@ -375,7 +375,7 @@ unsafe fn std_addr(sa: *const ffi::sockaddr) -> Option<SocketAddr> {
 /// # Safety
 /// `id` is a live soft id.
 unsafe fn set_addr(id: *mut ffi::rdma_cm_id, src: bool, a: SocketAddr) {
-    let mut storage: libc::sockaddr_storage = zeroed_storage();
+    let mut storage: libc::sockaddr_storage = zeroed();
     crate::cm::write_sockaddr(a, &mut storage);
     // SAFETY: the caller's contract; both union members are a sockaddr_storage, written as
     // plain bytes.
@@ -390,11 +390,6 @@ unsafe fn set_addr(id: *mut ffi::rdma_cm_id, src: bool, a: SocketAddr) {
             .min(std::mem::size_of_val(&addr.__bindgen_anon_1));
         std::ptr::copy_nonoverlapping((&storage as *const libc::sockaddr_storage).cast(), dst, n);
     }
-}
-
-fn zeroed_storage() -> libc::sockaddr_storage {
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    unsafe { std::mem::zeroed() }
 }
 
 /// Binds the id to the device: `verbs` and port 1.
