@@ -7,10 +7,12 @@
 //! a libibverbs device); comparisons with `ibv_devinfo`, sysfs and the kernel's resource
 //! counts; addresses of the VM's subnet (`rdma_cm_unreachable_addresses_say_why`); the
 //! kernel's rdma_cm refusing a TCP dial (`dialing_on_the_other_path_*`: soft0's CM listens on
-//! a TCP socket, so the dial reaches it and fails in the handshake instead); a test that
-//! needs a READ still in flight when its future is dropped
-//! (`rendezvous_messages_reach_async_reads_and_cancelled_futures_lose_none`: on soft0 every
-//! READ has landed by then, and the test says it tested nothing); a test that measures the
+//! a TCP socket, so the dial reaches it and fails in the handshake instead); tests that
+//! need a READ still in flight when their future is dropped
+//! (`rendezvous_messages_reach_async_reads_and_cancelled_futures_lose_none`,
+//! `async_buffers_eager_and_rendezvous_with_cancelled_receives`: on soft0 the READ has
+//! mostly landed by then, and the test says it tested nothing; the second did so in 3 of 16
+//! runs alone, before and after the last change to soft0); a test that measures the
 //! whole process's CPU time (`an_idle_connection_uses_no_cpu`: this stage runs four tests at
 //! once).
 //! The differential test (`differential::*`) compares the device under test with soft0, so
@@ -139,7 +141,6 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "a_cancelled_recv_msg_loses_nothing",
             "a_cancelled_send_msg_sends_nothing",
             "an_async_listener_with_a_shared_receive_pool",
-            "async_buffers_eager_and_rendezvous_with_cancelled_receives",
             "busy_mode_echoes",
             "close_ends_a_pending_recv_on_another_task",
             "dropping_an_unclosed_conn_blocks_no_runtime_thread_and_loses_nothing",
