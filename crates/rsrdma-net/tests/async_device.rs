@@ -607,6 +607,9 @@ fn a_message_send_msg_accepted_goes_out_while_nobody_awaits_the_sender() {
                 .peer_timeout(Duration::from_secs(90))
         };
         let (c, s) = pair(o(), o()).await;
+        // Let both keepers run and go to sleep on their (far) timers first: the send must
+        // wake the sender's keeper itself.
+        tokio::time::sleep(Duration::from_millis(200)).await;
         // Far more than the receiver's slots hold: send_msg returns once the core holds
         // the rest, and nothing on this side awaits the connection afterwards.
         let m = pattern(6 << 20, 5);

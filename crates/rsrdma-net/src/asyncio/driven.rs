@@ -36,6 +36,11 @@ use tokio::time::Sleep;
 struct KeeperSlot {
     at: Option<Instant>,
     waker: Option<Waker>,
+    /// The keeper will look at the frames waiting to go out: its last step saw them and it
+    /// waits on the CQ, or it was woken for them and has not stepped since. Cleared before
+    /// each of its steps, so an operation that leaves frames waiting after that step either
+    /// finds it cleared (and wakes the keeper) or was seen by that step.
+    on_sends: bool,
 }
 
 /// A connection and what its poll functions wait on. Field order is drop order: the
@@ -188,7 +193,8 @@ impl Driven {
         Ok(ready)
     }
 
-    /// Wakes the others after a change, and the keeper when its deadline came forward.
+    /// Wakes the others after a change, and the keeper when its deadline came forward or
+    /// frames wait to go out that it does not know of.
     fn after_step<T>(&self, step: &Step<T>, me: &Waker, keeper: bool) {
         if step.changed {
             self.waiters.wake_others(me);
@@ -196,13 +202,20 @@ impl Driven {
         if keeper {
             return;
         }
-        if let Some(due) = step.deadline {
-            let mut k = lock(&self.keeper);
-            if !matches!(k.at, Some(at) if at <= due) {
-                k.at = Some(due);
-                if let Some(w) = k.waker.take() {
-                    w.wake();
-                }
+        let mut k = lock(&self.keeper);
+        let earlier = matches!(step.deadline, Some(due) if !matches!(k.at, Some(at) if at <= due));
+        // Frames left waiting (the rest of a message send_msg accepted) go out only if someone
+        // steps on the completions that free their credit: the keeper, since the caller may
+        // await nothing more. Without this wake a keeper asleep on a far timer left them
+        // until its next keepalive.
+        let sends = step.sends_waiting && !k.on_sends;
+        if earlier {
+            k.at = step.deadline;
+        }
+        if earlier || sends {
+            k.on_sends |= sends;
+            if let Some(w) = k.waker.take() {
+                w.wake();
             }
         }
     }
@@ -210,6 +223,7 @@ impl Driven {
     /// The keeper's poll: steps while a deadline has passed, then sleeps until the next.
     fn poll_keep(&self, cx: &mut Context<'_>, mut sleep: Pin<&mut Sleep>) -> Poll<()> {
         loop {
+            lock(&self.keeper).on_sends = false;
             let live = self.live_ready.swap(false, Ordering::AcqRel);
             let step = match self.conn().step_idle(live) {
                 Ok(s) => s,
@@ -223,6 +237,7 @@ impl Driven {
             {
                 let mut k = lock(&self.keeper);
                 k.at = step.deadline;
+                k.on_sends = step.sends_waiting;
                 if !k.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                     k.waker = Some(cx.waker().clone());
                 }
