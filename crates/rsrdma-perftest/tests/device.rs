@@ -868,8 +868,10 @@ mod failures {
         wait_listening(port, &mut s);
         let mut t = TcpStream::connect(("127.0.0.1", port)).unwrap();
         t.write_all(bytes).unwrap();
-        // End of input right away: the server must cope with what it got.
-        t.shutdown(std::net::Shutdown::Write).unwrap();
+        // End of input right away: the server must cope with what it got. A server quick
+        // enough to refuse the first bytes and close with the rest unread has reset the
+        // connection by now (shutdown then says ENOTCONN): that is not the test's failure.
+        let _ = t.shutdown(std::net::Shutdown::Write);
         t.set_read_timeout(Some(Duration::from_secs(5))).ok();
         let mut sink = Vec::new();
         let _ = t.read_to_end(&mut sink);
