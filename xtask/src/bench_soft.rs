@@ -33,7 +33,6 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     a.no_vm = true;
     a.dev = "soft0".into();
     a.gid = "1".into();
-    vm::ensure_packages(vm::BUILD_PACKAGES)?;
     vm::ensure_packages(PEER_PACKAGES)?;
     bench::cargo_build(
         root,

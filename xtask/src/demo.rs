@@ -69,12 +69,11 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         }
     }
 
-    // The build links libibverbs: install the development packages (and the VM's) first.
-    vm::ensure_packages(if soft {
-        vm::BUILD_PACKAGES
-    } else {
-        vm::HOST_PACKAGES
-    })?;
+    // On soft0 nothing is needed (rsrdma loads rdma-core only where it is installed); the VM
+    // needs its packages (and rdma-core's user space, which the guest runs from the host).
+    if !soft {
+        vm::ensure_packages(vm::HOST_PACKAGES)?;
+    }
     if build {
         let args = ["build", "--release", "-p", PACKAGE, "--example", EXAMPLE];
         eprintln!("[demo] cargo {}", args.join(" "));

@@ -21,6 +21,7 @@ mod bench_soft;
 mod demo;
 mod docs;
 mod examples;
+mod no_rdma_core;
 mod regen;
 mod soft_tests;
 mod test;

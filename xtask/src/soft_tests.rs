@@ -51,6 +51,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "events::try_event_takes_a_ready_event_without_blocking",
             "events::waiting_without_a_channel_is_an_error",
             "queries::limits_are_checked_before_any_verb",
+            "queries::rdma_core_loads_when_present_and_soft0_stands_alone_without_it",
             "queries::the_default_gid_is_the_routable_ipv4_one",
             "queries::the_inline_limit_is_public_and_exact",
             "queries::unknown_device_names_what_exists",

@@ -414,11 +414,11 @@ pub unsafe fn ibv_ack_async_event(event: *mut ibv_async_event) {
 ///
 /// # Safety
 /// As the C function.
-pub unsafe fn rsrdma_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mut ibv_mw {
+pub unsafe fn ibv_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mut ibv_mw {
     route!(
         (*pd).context,
         safe soft::verbs::unsupported_ptr(),
-        rsrdma_sys::rsrdma_alloc_mw(pd, type_)
+        rsrdma_sys::ibv_alloc_mw(pd, type_)
     )
 }
 

@@ -43,7 +43,7 @@ impl Mw {
     /// ([`crate::DeviceAttr::has_type2_windows`]); [`Error::Verbs`] naming `ibv_alloc_mw`.
     pub fn alloc_type2(pd: &Pd) -> Result<Mw> {
         // SAFETY: the PD is live.
-        let raw = unsafe { ffi::rsrdma_alloc_mw(pd.inner.raw, ffi::IBV_MW_TYPE_2) };
+        let raw = unsafe { ffi::ibv_alloc_mw(pd.inner.raw, ffi::IBV_MW_TYPE_2) };
         if raw.is_null() {
             return Err(Error::last_os("ibv_alloc_mw"));
         }
@@ -86,7 +86,7 @@ impl Mw {
 impl Drop for Mw {
     fn drop(&mut self) {
         // SAFETY: allocated by us, deallocated once.
-        let rc = unsafe { ffi::rsrdma_dealloc_mw(self.raw) };
+        let rc = unsafe { ffi::ibv_dealloc_mw(self.raw) };
         if rc != 0 {
             tracing::warn!(rc, "ibv_dealloc_mw failed");
         }

@@ -24,7 +24,7 @@ mod qemu;
 mod shares;
 mod stages;
 
-pub use packages::{ensure_packages, BUILD_PACKAGES, HOST_PACKAGES};
+pub use packages::{ensure_packages, HOST_PACKAGES};
 
 use anyhow::{anyhow, bail, Context, Result};
 use std::fs;

@@ -346,3 +346,22 @@ fn topology_describes_the_device_under_test() {
         "the VM's one device is the nearest"
     );
 }
+
+/// Issue 22: rdma-core is loaded when first called, not linked. With it hidden (the soft0
+/// stage of `cargo xtask test` runs in a mount namespace without its libraries and headers,
+/// and says so with `RSRDMA_EXPECT_NO_RDMA_CORE=1`) neither library loads and soft0 is the
+/// only device; with it (the VM), libibverbs loads and lists the device under test.
+#[test]
+fn rdma_core_loads_when_present_and_soft0_stands_alone_without_it() {
+    use rsrdma::ffi::dynamic::{ibverbs_loaded, rdmacm_loaded};
+    let list = rsrdma::devices().unwrap();
+    let names: Vec<String> = list.iter().map(|d| d.name().to_owned()).collect();
+    if std::env::var_os("RSRDMA_EXPECT_NO_RDMA_CORE").is_some_and(|v| v == "1") {
+        assert!(!ibverbs_loaded(), "libibverbs loaded though hidden");
+        assert!(!rdmacm_loaded(), "librdmacm loaded though hidden");
+        assert_eq!(names, ["soft0"]);
+    } else {
+        assert!(ibverbs_loaded() && rdmacm_loaded());
+        assert!(names.contains(&device_name()), "{names:?}");
+    }
+}

@@ -86,8 +86,9 @@ pub(crate) fn forced() -> bool {
 /// Whether a failure of librdmacm's `rdma_create_event_channel` with `errno` (no RDMA stack)
 /// hands the process to the soft CM: only when the soft device was asked for.
 pub(crate) fn takes_over(errno: c_int) -> bool {
-    *SELECTED
-        .get_or_init(|| matches!(errno, libc::ENODEV | libc::ENOENT) && super::listed() || forced())
+    *SELECTED.get_or_init(|| {
+        matches!(errno, libc::ENODEV | libc::ENOENT | libc::ENOSYS) && super::listed() || forced()
+    })
 }
 
 pub(crate) fn is_channel(ch: *mut ffi::rdma_event_channel) -> bool {

@@ -1,5 +1,6 @@
 /*
- * The C side of `cargo xtask bench overhead`: what a C program does to post work requests
+ * The C side of `cargo xtask bench overhead` (compiled by the bench at run time, through
+ * `rsrdma_sys::c_side`): what a C program does to post work requests
  * with libibverbs' static-inline verbs, compiled at -O2 like the shim. The Rust side makes the
  * same calls through rsrdma; both run against a do-nothing provider, so the difference is what
  * the Rust layer adds per work request.

@@ -1,5 +1,6 @@
 /*
- * Hand-written helpers that rsrdma-sys exports next to the generated inline wrappers.
+ * Compiled at test time (`tests/layout.rs`, through `rsrdma_sys::c_side`), where rdma-core's
+ * headers are installed: the crate itself builds no C.
  *
  * - Layout probes: sizes and offsets of the structs the hot path reads, as the C compiler sees
  *   them, so a test can catch committed bindings that drifted from the installed headers.
@@ -62,17 +63,4 @@ int rsrdma_layout_probe(int which, struct rsrdma_layout *out)
 	default:
 		return 0;
 	}
-}
-
-/* Memory windows: `ibv_alloc_mw` and `ibv_dealloc_mw` are `static inline` in verbs.h (calls
- * through the context's ops), so they are exported here. `ibv_alloc_mw` sets errno to
- * EOPNOTSUPP for a provider without memory windows. */
-struct ibv_mw *rsrdma_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
-{
-	return ibv_alloc_mw(pd, type);
-}
-
-int rsrdma_dealloc_mw(struct ibv_mw *mw)
-{
-	return ibv_dealloc_mw(mw);
 }

@@ -1,0 +1,221 @@
+//! The control-path verbs that `verbs.h` and `rdma_cma.h` define `static inline`, written in
+//! Rust with the headers' bodies (rdma-core 44): a call through the context's operation
+//! table, or a call of the exported function the inline wraps. Nothing here needs a C
+//! compiler or rdma-core's headers. The data-path ones are in [`crate::data_path`].
+
+use crate::dynamic_fns::{
+    _ibv_query_gid_ex, _ibv_query_gid_table, ibv_query_port, ibv_reg_mr, ibv_reg_mr_iova2,
+};
+use crate::{
+    _compat_ibv_port_attr, ibv_context, ibv_cq, ibv_gid_entry, ibv_mr, ibv_mw, ibv_mw_type, ibv_pd,
+    ibv_port_attr, rdma_cm_id, sockaddr, verbs_context,
+};
+use std::os::raw::{c_int, c_uint, c_void};
+
+/// `IBV_ACCESS_OPTIONAL_RANGE` (the kernel's `IB_UVERBS_ACCESS_OPTIONAL_RANGE`, bits 20 to
+/// 29: flags a device may ignore; bindgen does not carry the header's macro over).
+pub const IBV_ACCESS_OPTIONAL_RANGE: c_uint = ((1 << 29) << 1) - 1 & !((1 << 20) - 1);
+
+/// `verbs_get_ctx`: the extended context around `ctx`, when the provider has one.
+///
+/// # Safety
+/// `ctx` is a live context.
+unsafe fn verbs_get_ctx(ctx: *mut ibv_context) -> Option<*mut verbs_context> {
+    // SAFETY: the caller's live context.
+    if unsafe { (*ctx).abi_compat } != usize::MAX as *mut c_void {
+        return None;
+    }
+    // The header's container_of: `context` is the extended context's last field.
+    Some(
+        ctx.cast::<u8>()
+            .wrapping_sub(std::mem::offset_of!(verbs_context, context))
+            .cast(),
+    )
+}
+
+/// `___ibv_query_port` (what `ibv_query_port` means in C): the provider's extended query
+/// when it has one, else the exported compat call over a zeroed attribute.
+///
+/// # Safety
+/// As the C function: `context` is live, `port_attr` writable.
+pub unsafe fn ___ibv_query_port(
+    context: *mut ibv_context,
+    port_num: u8,
+    port_attr: *mut ibv_port_attr,
+) -> c_int {
+    // SAFETY: the caller's live context.
+    let vctx = unsafe { verbs_get_ctx(context) };
+    // The header's verbs_get_ctx_op: the extended context must be large enough to hold the
+    // entry (`sz` counts from the entry's offset to the end).
+    let op = vctx.and_then(|v| {
+        // SAFETY: an extended context is readable up to its `context` field.
+        let (sz, op) = unsafe { ((*v).sz, (*v).query_port) };
+        let needed =
+            std::mem::size_of::<verbs_context>() - std::mem::offset_of!(verbs_context, query_port);
+        (sz >= needed).then_some(op).flatten()
+    });
+    match op {
+        // SAFETY: the provider's entry, with the caller's arguments and the struct's size.
+        Some(f) => unsafe {
+            f(
+                context,
+                port_num,
+                port_attr,
+                std::mem::size_of::<ibv_port_attr>(),
+            )
+        },
+        None => {
+            // SAFETY: `port_attr` is writable; the compat struct is its prefix.
+            unsafe {
+                port_attr.write_bytes(0, 1);
+                ibv_query_port(context, port_num, port_attr.cast::<_compat_ibv_port_attr>())
+            }
+        }
+    }
+}
+
+/// `ibv_query_gid_ex`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_query_gid_ex(
+    context: *mut ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe {
+        _ibv_query_gid_ex(
+            context,
+            port_num,
+            gid_index,
+            entry,
+            flags,
+            std::mem::size_of::<ibv_gid_entry>(),
+        )
+    }
+}
+
+/// `ibv_query_gid_table`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_query_gid_table(
+    context: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+) -> isize {
+    // SAFETY: the caller's contract.
+    unsafe {
+        _ibv_query_gid_table(
+            context,
+            entries,
+            max_entries,
+            flags,
+            std::mem::size_of::<ibv_gid_entry>(),
+        )
+    }
+}
+
+/// `__ibv_reg_mr` (what the `ibv_reg_mr` macro calls): the old entry when the flags are
+/// known at compile time and need no optional range, else `ibv_reg_mr_iova2` with the
+/// address as the IOVA.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn __ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_uint,
+    is_access_const: c_int,
+) -> *mut ibv_mr {
+    if is_access_const != 0 && access & IBV_ACCESS_OPTIONAL_RANGE == 0 {
+        // SAFETY: the caller's contract.
+        unsafe { ibv_reg_mr(pd, addr, length, access as c_int) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { ibv_reg_mr_iova2(pd, addr, length, addr as u64, access) }
+    }
+}
+
+/// `ibv_alloc_mw`: null with errno EOPNOTSUPP for a provider without memory windows.
+///
+/// # Safety
+/// As the C function: `pd` is live.
+pub unsafe fn ibv_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mut ibv_mw {
+    // SAFETY: the caller's live PD, so its context and op table are readable.
+    match unsafe { (*(*pd).context).ops.alloc_mw } {
+        // SAFETY: the provider's entry with the caller's arguments.
+        Some(f) => unsafe { f(pd, type_) },
+        None => {
+            // SAFETY: errno is this thread's.
+            unsafe { *libc::__errno_location() = libc::EOPNOTSUPP };
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// `ibv_dealloc_mw` (EOPNOTSUPP where the header would call a null entry).
+///
+/// # Safety
+/// As the C function: `mw` is live.
+pub unsafe fn ibv_dealloc_mw(mw: *mut ibv_mw) -> c_int {
+    // SAFETY: as in `ibv_alloc_mw`.
+    match unsafe { (*(*mw).context).ops.dealloc_mw } {
+        // SAFETY: as in `ibv_alloc_mw`.
+        Some(f) => unsafe { f(mw) },
+        None => libc::EOPNOTSUPP,
+    }
+}
+
+/// `ibv_inc_rkey`: the key with its low 8 bits (the tag) incremented.
+pub fn ibv_inc_rkey(rkey: u32) -> u32 {
+    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
+}
+
+/// `ibv_req_notify_cq` (EOPNOTSUPP where the header would call a null entry).
+///
+/// # Safety
+/// As the C function: `cq` is live.
+pub unsafe fn ibv_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    // SAFETY: as in `ibv_alloc_mw`.
+    match unsafe { (*(*cq).context).ops.req_notify_cq } {
+        // SAFETY: as in `ibv_alloc_mw`.
+        Some(f) => unsafe { f(cq, solicited_only) },
+        None => libc::EOPNOTSUPP,
+    }
+}
+
+/// `rdma_get_local_addr`: the id's source address.
+///
+/// # Safety
+/// `id` is a live id.
+pub unsafe fn rdma_get_local_addr(id: *mut rdma_cm_id) -> *mut sockaddr {
+    // SAFETY: the caller's live id; the union's members all start at its address.
+    unsafe { std::ptr::addr_of_mut!((*id).route.addr.__bindgen_anon_1).cast() }
+}
+
+/// `rdma_get_peer_addr`: the id's destination address.
+///
+/// # Safety
+/// `id` is a live id.
+pub unsafe fn rdma_get_peer_addr(id: *mut rdma_cm_id) -> *mut sockaddr {
+    // SAFETY: as in `rdma_get_local_addr`.
+    unsafe { std::ptr::addr_of_mut!((*id).route.addr.__bindgen_anon_2).cast() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inc_rkey_wraps_the_tag_only() {
+        assert_eq!(ibv_inc_rkey(0x1234_56ff), 0x1234_5600);
+        assert_eq!(ibv_inc_rkey(0x1234_5601), 0x1234_5602);
+        assert_eq!(ibv_inc_rkey(u32::MAX), 0xffff_ff00);
+    }
+}
