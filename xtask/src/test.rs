@@ -190,6 +190,32 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     }
     steps.push((soft_step, soft_ok, started.elapsed()));
 
+    // The examples on soft0 too, as a user without RDMA runs them (rdma-core hidden as above).
+    let on_soft = examples::on_soft(examples::selected(filter.as_deref()));
+    if !on_soft.is_empty() {
+        banner("examples on soft0, on the host");
+        let started = Instant::now();
+        let ok = match examples::build(root, &on_soft)
+            .and_then(|exe_dir| examples::run_on_host(&on_soft, &exe_dir, hide))
+        {
+            Ok(output) => {
+                let (p, f) = examples::report(&on_soft, &output, vm_opts.verbose);
+                total_passed += p;
+                total_failed += f;
+                f == 0
+            }
+            Err(e) => {
+                eprintln!("[test] examples on soft0: {e:#}");
+                total_failed += 1;
+                false
+            }
+        };
+        if !ok {
+            eprintln!("[test] examples on soft0 FAILED");
+        }
+        steps.push(("examples (soft0)".into(), ok, started.elapsed()));
+    }
+
     if no_vm {
         eprintln!();
         let line = "*** SKIPPED the device tests (--no-vm): nothing ran against RDMA ***";
@@ -463,7 +489,7 @@ fn device_tests(
     let mut examples_built = true;
     if !selected.is_empty() {
         match examples::build(root, &selected) {
-            Ok(exe_dir) => script.push_str(&examples::script(&selected, &exe_dir)),
+            Ok(exe_dir) => script.push_str(&examples::script(&selected, &exe_dir, examples::VM)),
             Err(e) => {
                 eprintln!("[test] examples: {e:#}");
                 examples_built = false;

@@ -172,3 +172,89 @@ fn faults_name_queue_pairs_of_soft0_only() {
     let e = soft_faults::fail_qp(0xff_fff0).unwrap_err();
     assert!(e.to_string().contains("no queue pair numbered"), "{e}");
 }
+
+/// The child of the environment-variable tests: a pair in this process, under whatever
+/// `RSRDMA_SOFT_FAULTS` its parent set; streams until an operation fails and says when.
+#[test]
+#[ignore = "runs as the child of faults_from_the_environment_reach_every_queue_pair"]
+fn env_faults_child() {
+    let t0 = Instant::now();
+    let (c, s) = match Listener::bind("127.0.0.1:0", opts()) {
+        Ok(l) => {
+            let addr = l.local_addr();
+            let server = thread::spawn(move || l.accept());
+            match Conn::dial(addr, opts()) {
+                Ok(c) => (c, server.join().unwrap().unwrap()),
+                Err(e) => {
+                    println!("refused: {e}");
+                    return;
+                }
+            }
+        }
+        Err(e) => {
+            println!("refused: {e}");
+            return;
+        }
+    };
+    let reader = thread::spawn(move || while let Ok(Some(_)) = s.recv_msg() {});
+    let stream_for = std::env::var("CHILD_STREAM_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(WAIT, Duration::from_millis);
+    for k in 0.. {
+        if let Err(e) = c.send_msg(&msg(k)) {
+            println!("failed after {} ms: {e}", t0.elapsed().as_millis());
+            break;
+        }
+        if t0.elapsed() > stream_for {
+            println!("still sending");
+            break;
+        }
+    }
+    drop(c);
+    let _ = reader.join();
+}
+
+fn run_child(faults: &str) -> String {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "env_faults_child", "--ignored", "--nocapture"])
+        .env(rsrdma::soft_faults::ENV, faults)
+        .env("CHILD_STREAM_MS", "1500")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "the child failed:\n{text}");
+    text
+}
+
+#[test]
+fn faults_from_the_environment_reach_every_queue_pair() {
+    assert_eq!(rsrdma::soft_faults::ENV, "RSRDMA_SOFT_FAULTS");
+    // The peer vanishes 400 ms after the queue pairs were made: the stream fails then.
+    let out = run_child("cut_after=400ms");
+    let ms: u64 = out
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("failed after ")?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("the stream did not fail:\n{out}"));
+    assert!((300..10_000).contains(&ms), "failed after {ms} ms:\n{out}");
+    // A fatal error instead.
+    let out = run_child("fail_after=300ms");
+    assert!(out.contains("failed after "), "{out}");
+    // Completions held back and receives refused only slow it down.
+    let out = run_child("delay=1ms,refuse=2");
+    assert!(out.contains("still sending"), "{out}");
+    // A fault soft0 cannot read refuses the device: never silently left out.
+    let out = run_child("explode=1s");
+    assert!(
+        out.contains("refused: ")
+            && out.contains("RSRDMA_SOFT_FAULTS")
+            && out.contains("unknown fault"),
+        "{out}"
+    );
+}

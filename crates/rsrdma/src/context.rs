@@ -74,6 +74,12 @@ impl Context {
         // SAFETY: the device pointer is valid for the list's lifetime, which `device` borrows.
         let raw = unsafe { ffi::ibv_open_device(device.as_ptr()) };
         if raw.is_null() {
+            if crate::soft::is_device(device.as_ptr()) {
+                // The one reason soft0 refuses to open: its fault variable does not parse.
+                if let Err(e) = crate::soft::faults::from_env() {
+                    return Err(Error::InvalidArgument(format!("soft0: {e}")));
+                }
+            }
             return Err(Error::last_os("ibv_open_device"));
         }
         // SAFETY: `raw` is a freshly opened context that this call owns.

@@ -66,3 +66,187 @@ pub fn refuse_receives(qp_num: u32, count: u32) -> Result<()> {
 pub fn delay_completions(qp_num: u32, delay: Duration) -> Result<()> {
     done(super::verbs::delay_completions(qp_num, delay), qp_num, "")
 }
+
+/// Faults for every queue pair of a process, from the environment variable
+/// `RSRDMA_SOFT_FAULTS`, so that a program (a tool, a server) meets them without a line of
+/// code changed: comma-separated `key=value` items, durations as `500ms`, `2s`, `100us`:
+///
+/// - `delay=DURATION`: every queue pair's completions come `DURATION` late
+///   ([`delay_completions`]);
+/// - `refuse=N`: every connected queue pair finds no receive for its first `N` requests
+///   that need one ([`refuse_receives`]);
+/// - `fail_after=DURATION`: every queue pair fails `DURATION` after it was created
+///   ([`fail_qp`]);
+/// - `cut_after=DURATION`: every queue pair loses its peer `DURATION` after it was created
+///   ([`cut_link`]): the peer "vanishes".
+///
+/// A value soft0 cannot read makes opening it fail (`EINVAL`, the reason logged at ERROR
+/// through `tracing`): a fault asked for is never silently left out.
+pub const ENV: &str = "RSRDMA_SOFT_FAULTS";
+
+/// What [`ENV`] asks for.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EnvFaults {
+    delay: Option<Duration>,
+    refuse: u32,
+    fail_after: Option<Duration>,
+    cut_after: Option<Duration>,
+}
+
+/// Reads [`ENV`]'s value.
+pub(crate) fn parse(spec: &str) -> std::result::Result<EnvFaults, String> {
+    let mut f = EnvFaults::default();
+    for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| format!("{item:?} is not key=value"))?;
+        let value = value.trim();
+        match key.trim() {
+            "delay" => f.delay = Some(duration(value)?),
+            "refuse" => {
+                f.refuse = value
+                    .parse()
+                    .map_err(|_| format!("refuse={value:?}: not a count"))?
+            }
+            "fail_after" => f.fail_after = Some(duration(value)?),
+            "cut_after" => f.cut_after = Some(duration(value)?),
+            other => {
+                return Err(format!(
+                    "unknown fault {other:?} (known: delay, refuse, fail_after, cut_after)"
+                ))
+            }
+        }
+    }
+    Ok(f)
+}
+
+/// `500ms`, `2s`, `100us`.
+fn duration(v: &str) -> std::result::Result<Duration, String> {
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (n, unit) = v.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{v:?}: not a duration (500ms, 2s, 100us)"))?;
+    match unit {
+        "s" => Ok(Duration::from_secs(n)),
+        "ms" => Ok(Duration::from_millis(n)),
+        "us" => Ok(Duration::from_micros(n)),
+        _ => Err(format!("{v:?}: not a duration (500ms, 2s, 100us)")),
+    }
+}
+
+/// [`ENV`], read once per process.
+pub(crate) fn from_env() -> &'static std::result::Result<EnvFaults, String> {
+    static FAULTS: std::sync::OnceLock<std::result::Result<EnvFaults, String>> =
+        std::sync::OnceLock::new();
+    FAULTS.get_or_init(|| match std::env::var(ENV) {
+        Ok(spec) => parse(&spec).map_err(|e| format!("{ENV}={spec:?}: {e}")),
+        Err(_) => Ok(EnvFaults::default()),
+    })
+}
+
+/// Applies [`ENV`]'s faults to a queue pair just created (called without the device lock).
+pub(crate) fn on_create(qp_num: u32) {
+    let Ok(f) = from_env() else {
+        return;
+    };
+    if let Some(d) = f.delay {
+        super::verbs::delay_completions(qp_num, d);
+    }
+    if f.refuse > 0 {
+        super::verbs::refuse_receives(qp_num, f.refuse);
+    }
+    let now = std::time::Instant::now();
+    if let Some(d) = f.fail_after {
+        timers::at(now + d, qp_num, timers::Kind::Fail);
+    }
+    if let Some(d) = f.cut_after {
+        timers::at(now + d, qp_num, timers::Kind::Cut);
+    }
+}
+
+/// One thread for the process's timed faults (started with the first).
+mod timers {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+    use std::sync::{Mutex, OnceLock};
+    use std::time::Instant;
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    pub(super) enum Kind {
+        Fail,
+        Cut,
+    }
+
+    type Due = Reverse<(Instant, u32, Kind)>;
+
+    pub(super) fn at(when: Instant, qp_num: u32, kind: Kind) {
+        static TX: OnceLock<Mutex<Sender<Due>>> = OnceLock::new();
+        let tx = TX.get_or_init(|| {
+            let (tx, rx) = channel::<Due>();
+            let spawned = std::thread::Builder::new()
+                .name("rsrdma-soft-faults".into())
+                .spawn(move || {
+                    let mut heap: BinaryHeap<Due> = BinaryHeap::new();
+                    loop {
+                        let got = match heap.peek() {
+                            Some(Reverse((due, ..))) => {
+                                rx.recv_timeout(due.saturating_duration_since(Instant::now()))
+                            }
+                            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                        };
+                        match got {
+                            Ok(d) => heap.push(d),
+                            Err(RecvTimeoutError::Timeout) => {}
+                            Err(RecvTimeoutError::Disconnected) => return,
+                        }
+                        while heap
+                            .peek()
+                            .is_some_and(|Reverse((due, ..))| *due <= Instant::now())
+                        {
+                            let Some(Reverse((_, qp, kind))) = heap.pop() else {
+                                break;
+                            };
+                            // A queue pair destroyed meanwhile is simply not found.
+                            let _ = match kind {
+                                Kind::Fail => super::super::verbs::fail_qp(qp),
+                                Kind::Cut => super::super::verbs::cut_link(qp),
+                            };
+                        }
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "soft0: the fault timer thread did not start");
+            }
+            Mutex::new(tx)
+        });
+        let tx = tx.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _ = tx.send(Reverse((when, qp_num, kind)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_variable_reads_every_fault_and_refuses_the_rest() {
+        let f = parse("delay=5ms, refuse=3,fail_after=2s,cut_after=100us").unwrap();
+        assert_eq!(f.delay, Some(Duration::from_millis(5)));
+        assert_eq!(f.refuse, 3);
+        assert_eq!(f.fail_after, Some(Duration::from_secs(2)));
+        assert_eq!(f.cut_after, Some(Duration::from_micros(100)));
+        assert_eq!(parse("").unwrap(), EnvFaults::default());
+        for bad in [
+            "delay",
+            "delay=5",
+            "delay=5m",
+            "refuse=-1",
+            "explode=1s",
+            "cut_after=ms",
+        ] {
+            assert!(parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+}

@@ -42,6 +42,8 @@ struct Outbound {
 #[derive(Default)]
 struct OutQueue {
     frames: VecDeque<Vec<u8>>,
+    /// Frames the writer took and has not finished writing.
+    writing: usize,
     /// The connection failed: what is queued is dropped.
     dead: bool,
 }
@@ -97,7 +99,41 @@ impl Links {
         let mut q = out.queue.lock().unwrap_or_else(|p| p.into_inner());
         if !q.dead {
             q.frames.push_back(frame);
-            out.ready.notify_one();
+            // The writer and any flush waiting on this queue.
+            out.ready.notify_all();
+        }
+    }
+}
+
+impl Links {
+    /// Waits (up to `limit` in all) until every packet queued so far has been written to
+    /// its peer's socket or its link has died. A datagram or an acknowledgement completes,
+    /// on a NIC, once it is on the wire; here once it is queued, so a process that destroys
+    /// its queue pair and exits right after would lose what its writer threads had not
+    /// written yet: a UD reply, the last datagrams to a second peer. `destroy_qp` calls
+    /// this, without the device lock (a writer whose link fails takes it).
+    pub(super) fn flush(&self, limit: std::time::Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        let outs: Vec<Arc<Outbound>> = self
+            .out
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for o in outs {
+            let mut q = o.queue.lock().unwrap_or_else(|p| p.into_inner());
+            while !q.dead && (!q.frames.is_empty() || q.writing > 0) {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return;
+                }
+                q = o
+                    .ready
+                    .wait_timeout(q, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
         }
     }
 }
@@ -111,6 +147,8 @@ impl Outbound {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         q.dead = true;
         q.frames.clear();
+        q.writing = 0;
+        self.ready.notify_all();
     }
 }
 
@@ -126,12 +164,16 @@ fn write_loop(me: u16, port: u16, out: &Outbound, deliver: &Arc<dyn Deliver>) {
                 while q.frames.is_empty() {
                     q = out.ready.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
+                q.writing = q.frames.len();
                 q.frames.drain(..).collect()
             };
             for f in &batch {
                 s.write_all(&(f.len() as u32).to_le_bytes())?;
                 s.write_all(f)?;
             }
+            // Written: a flush waiting for them may go on.
+            out.queue.lock().unwrap_or_else(|p| p.into_inner()).writing = 0;
+            out.ready.notify_all();
         }
     })();
     if let Err(e) = written {

@@ -885,6 +885,11 @@ unsafe extern "C" fn req_notify_cq_op(cq: *mut ffi::ibv_cq, _solicited: c_int) -
 
 /// `ibv_open_device` of the soft device.
 pub(crate) fn open_device() -> *mut ffi::ibv_context {
+    if let Err(e) = super::faults::from_env() {
+        tracing::error!("soft0 cannot open: {e}");
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
     let _ = device();
     super::mark_opened();
     let fd = new_eventfd();
@@ -1330,14 +1335,24 @@ pub(crate) unsafe fn create_qp(
             held: VecDeque::new(),
         },
     );
+    drop(st);
+    super::faults::on_create(qpn);
     qp
 }
+
+/// The longest `destroy_qp` waits for the links to write what is queued.
+const LINK_FLUSH_LIMIT: Duration = Duration::from_secs(1);
 
 /// # Safety
 /// `qp` is a live soft QP.
 pub(crate) unsafe fn destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
     // SAFETY: made by `create_qp`, freed once (the caller's contract).
     let qp = unsafe { Box::from_raw(qp.cast::<SoftQp>()) };
+    // What this QP sent (a datagram, an acknowledgement) leaves the process first, as it
+    // would have left a NIC when it completed (see `Links::flush`).
+    if let Some(l) = &device().links {
+        l.flush(LINK_FLUSH_LIMIT);
+    }
     let mut st = lock();
     st.order.retain(|&n| n != qp.raw.qp_num);
     if let Some(e) = st.qps.remove(&qp.raw.qp_num) {

@@ -148,3 +148,83 @@ fn srq_feeds_several_queue_pairs() {
         assert_eq!(&snap(&dst)[off..off + 100], &snap(&src)[..100]);
     }
 }
+
+/// The child of `datagrams_sent_just_before_the_sender_exits_arrive`: sends `DATAGRAMS`
+/// datagrams to the QP that `UD_TARGET` ("GID-hex QPN") names, reaps their completions and
+/// exits at once (its objects dropped, nothing waited for).
+#[test]
+#[ignore = "runs as the child process of datagrams_sent_just_before_the_sender_exits_arrive"]
+fn ud_sender_child() {
+    let target = std::env::var("UD_TARGET").unwrap();
+    let (gid, qpn) = target.split_once(' ').unwrap();
+    let mut raw = [0u8; 16];
+    for (i, b) in raw.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&gid[2 * i..2 * i + 2], 16).unwrap();
+    }
+    let qpn: u32 = qpn.parse().unwrap();
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 64, None).unwrap();
+    let qp = ud_qp(&pd, &cq);
+    let mut src = Mr::new(&pd, 4096, AccessFlags::NONE).unwrap();
+    fill(&mut src, 3);
+    let ah = Ah::new(
+        &pd,
+        &AhAttr {
+            port_num: 1,
+            grh: Some(GlobalRoute::new(rsrdma::Gid(raw), gid_index())),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let sge = [src.sge(0, 64).unwrap()];
+    for i in 0..DATAGRAMS {
+        // SAFETY: the MR and the AH outlive the completions polled below.
+        unsafe { qp.post_send(&SendWr::send(i, &sge).ud(&ah, qpn, QKEY)) }.unwrap();
+        poll_ok(&cq);
+    }
+    println!("sent");
+}
+
+const DATAGRAMS: u64 = 20;
+
+/// A datagram completes on a NIC once it is on the wire: a sender that exits right after its
+/// completions loses none of them. (soft0 completed UD sends once queued to its link thread,
+/// and a process exiting at once lost what the thread had not written yet: a UD reply, the
+/// last datagrams to a second peer.)
+#[test]
+fn datagrams_sent_just_before_the_sender_exits_arrive() {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 64, None).unwrap();
+    let qp = ud_qp(&pd, &cq);
+    let dst = Mr::new(&pd, 64 * 1024, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..32u64 {
+        let sge = [dst.sge(i as usize * 1024, GRH + 64).unwrap()];
+        // SAFETY: the MR outlives the completions polled below.
+        unsafe { qp.post_recv(&RecvWr::new(i, &sge)) }.unwrap();
+    }
+    let gid = ctx.query_gid(1, gid_index().into()).unwrap().gid;
+    let hex: String = gid.0.iter().map(|b| format!("{b:02x}")).collect();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "ud_srq::ud_sender_child",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("UD_TARGET", format!("{hex} {}", qp.qp_num()))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("sent"),
+        "the child:\n{said}"
+    );
+    let got = poll_n(&cq, DATAGRAMS as usize);
+    for wc in &got {
+        wc.ok().unwrap_or_else(|e| panic!("a receive failed: {e}"));
+        assert_eq!(wc.byte_len() as usize, GRH + 64);
+    }
+    assert_quiet(&cq);
+}
