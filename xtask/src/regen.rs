@@ -92,6 +92,7 @@ const DYNAMIC_FUNCTIONS: &[&str] = &[
     "ibv_dealloc_pd",
     "ibv_reg_mr",
     "ibv_reg_mr_iova2",
+    "ibv_reg_dmabuf_mr",
     "ibv_dereg_mr",
     "ibv_create_comp_channel",
     "ibv_destroy_comp_channel",

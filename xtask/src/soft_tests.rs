@@ -50,6 +50,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "events::srq_limit_and_last_wqe_events_name_their_objects",
             "events::try_event_takes_a_ready_event_without_blocking",
             "events::waiting_without_a_channel_is_an_error",
+            "queries::dmabuf_registration_refuses_clearly_where_the_device_cannot",
             "queries::limits_are_checked_before_any_verb",
             "queries::rdma_core_loads_when_present_and_soft0_stands_alone_without_it",
             "queries::the_default_gid_is_the_routable_ipv4_one",

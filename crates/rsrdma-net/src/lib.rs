@@ -104,4 +104,7 @@ mod guide {
     /// Several NICs: where the devices are, and which to take.
     #[doc = include_str!("../../../docs/guide/src/many-nics.md")]
     pub struct ManyNics;
+    /// GPU memory: DMA-BUF regions.
+    #[doc = include_str!("../../../docs/guide/src/gpu-memory.md")]
+    pub struct GpuMemory;
 }

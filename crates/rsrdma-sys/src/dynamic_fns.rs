@@ -24,6 +24,7 @@ dynamic_functions! {
     ibverbs: fn ibv_dealloc_pd(pd: *mut ibv_pd) -> ::std::os::raw::c_int;
     ibverbs: fn ibv_reg_mr_iova2(pd: *mut ibv_pd, addr: *mut ::std::os::raw::c_void, length: usize, iova: u64, access: ::std::os::raw::c_uint) -> *mut ibv_mr;
     ibverbs: fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut ::std::os::raw::c_void, length: usize, access: ::std::os::raw::c_int) -> *mut ibv_mr;
+    ibverbs: fn ibv_reg_dmabuf_mr(pd: *mut ibv_pd, offset: u64, length: usize, iova: u64, fd: ::std::os::raw::c_int, access: ::std::os::raw::c_int) -> *mut ibv_mr;
     ibverbs: fn ibv_dereg_mr(mr: *mut ibv_mr) -> ::std::os::raw::c_int;
     ibverbs: fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel;
     ibverbs: fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> ::std::os::raw::c_int;

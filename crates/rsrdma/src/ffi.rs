@@ -188,6 +188,25 @@ pub unsafe fn __ibv_reg_mr(
     )
 }
 
+/// `ibv_reg_dmabuf_mr`: the soft device has no DMA-BUF import (EOPNOTSUPP).
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_reg_dmabuf_mr(
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
+) -> *mut ibv_mr {
+    route!(
+        (*pd).context,
+        safe soft::verbs::unsupported_ptr(),
+        rsrdma_sys::ibv_reg_dmabuf_mr(pd, offset, length, iova, fd, access)
+    )
+}
+
 /// `ibv_dereg_mr`.
 ///
 /// # Safety

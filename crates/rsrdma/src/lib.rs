@@ -74,6 +74,7 @@ pub mod cm;
 pub mod context;
 pub mod cq;
 pub mod device;
+pub mod dmabuf;
 pub mod error;
 pub mod mr;
 pub mod mw;
@@ -100,6 +101,7 @@ pub use context::{
 };
 pub use cq::{CompChannel, Cq};
 pub use device::{devices, open, Device, DeviceList};
+pub use dmabuf::DmabufMr;
 pub use error::{Error, PrivateData, Result};
 pub use mr::{AccessFlags, DeregFailed, Mr, RemoteMemory};
 pub use mw::Mw;

@@ -365,3 +365,40 @@ fn rdma_core_loads_when_present_and_soft0_stands_alone_without_it() {
         assert!(names.contains(&device_name()), "{names:?}");
     }
 }
+
+/// Issue 23: DMA-BUF registration (GPU memory). Bad arguments are refused before any call;
+/// a device that cannot import DMA-BUFs (rxe, soft0) says so as `Unsupported`, naming the
+/// call, whatever the descriptor. A memfd stands in for the DMA-BUF: neither device looks at
+/// it before refusing.
+#[test]
+fn dmabuf_registration_refuses_clearly_where_the_device_cannot() {
+    use rsrdma::{AccessFlags, DmabufMr, Error};
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    // SAFETY: a plain syscall with a NUL-terminated name; the fd is owned below.
+    let raw = unsafe { libc::memfd_create(c"dmabuf-stand-in".as_ptr(), 0) };
+    assert!(raw >= 0);
+    // SAFETY: a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let lw = AccessFlags::LOCAL_WRITE;
+    // SAFETY (every call below): nothing is registered, so no memory is reached.
+    let bad = [
+        unsafe { DmabufMr::register(&pd, fd.as_fd(), 0, 0, 0, lw) }.unwrap_err(),
+        unsafe { DmabufMr::register(&pd, fd.as_fd(), u64::MAX, 4096, 0, lw) }.unwrap_err(),
+        unsafe { DmabufMr::register(&pd, fd.as_fd(), 0, 4096, 0, AccessFlags::REMOTE_WRITE) }
+            .unwrap_err(),
+    ];
+    for e in bad {
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    }
+    let e = unsafe { DmabufMr::register(&pd, fd.as_fd(), 0, 4096, 0x10_0000, lw) }.unwrap_err();
+    match &e {
+        Error::Unsupported { op, .. } => assert_eq!(*op, "ibv_reg_dmabuf_mr"),
+        other => panic!(
+            "expected Unsupported from {}: {other:?} ({other})",
+            device_name()
+        ),
+    }
+    assert!(e.to_string().contains("ibv_reg_dmabuf_mr"), "{e}");
+}
