@@ -158,6 +158,16 @@ impl std::error::Error for WireError {}
 impl Packet {
     /// The packet's bytes: header, then payload.
     pub fn encode(&self) -> Vec<u8> {
+        let h = self.header();
+        let mut v = Vec::with_capacity(HEADER_LEN + self.payload.len());
+        v.extend_from_slice(&h);
+        v.extend_from_slice(&self.payload);
+        v
+    }
+
+    /// The packet's header, which the payload follows on the wire: a writer can send the two
+    /// without copying the payload into one buffer.
+    pub fn header(&self) -> [u8; HEADER_LEN] {
         let mut h = [0u8; HEADER_LEN];
         let (kind, flags, code, imm_or_len, rkey, a, b, c) = match self.kind {
             PacketKind::Send { imm } => {
@@ -215,10 +225,12 @@ impl Packet {
         h[24..32].copy_from_slice(&a.to_le_bytes());
         h[32..40].copy_from_slice(&b.to_le_bytes());
         h[40..48].copy_from_slice(&c.to_le_bytes());
-        let mut v = Vec::with_capacity(HEADER_LEN + self.payload.len());
-        v.extend_from_slice(&h);
-        v.extend_from_slice(&self.payload);
-        v
+        h
+    }
+
+    /// The payload length a header announces (to size the read of what follows it).
+    pub fn payload_len(header: &[u8; HEADER_LEN]) -> usize {
+        u32::from_le_bytes([header[12], header[13], header[14], header[15]]) as usize
     }
 
     /// Parses one packet (exactly `bytes`).
@@ -228,6 +240,17 @@ impl Packet {
     /// kind or NAK code, or a payload on a kind that carries none.
     pub fn decode(bytes: &[u8]) -> Result<Packet, WireError> {
         let h = bytes.get(..HEADER_LEN).ok_or(WireError("short header"))?;
+        let mut header = [0u8; HEADER_LEN];
+        header.copy_from_slice(h);
+        Packet::decode_parts(&header, bytes[HEADER_LEN..].to_vec())
+    }
+
+    /// Parses a packet read as its header and its payload (which becomes the packet's, not
+    /// copied).
+    ///
+    /// # Errors
+    /// As [`Packet::decode`].
+    pub fn decode_parts(h: &[u8; HEADER_LEN], payload: Vec<u8>) -> Result<Packet, WireError> {
         let u16_at = |o: usize| u16::from_le_bytes([h[o], h[o + 1]]);
         let u32_at = |o: usize| u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
         let u64_at = |o: usize| {
@@ -235,7 +258,6 @@ impl Packet {
             b.copy_from_slice(&h[o..o + 8]);
             u64::from_le_bytes(b)
         };
-        let payload = &bytes[HEADER_LEN..];
         if payload.len() != u32_at(12) as usize {
             return Err(WireError("payload length"));
         }
@@ -287,7 +309,7 @@ impl Packet {
             dest_qpn: u32_at(4),
             psn: u32_at(8),
             kind,
-            payload: payload.to_vec(),
+            payload,
         })
     }
 }

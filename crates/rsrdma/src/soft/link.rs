@@ -1,7 +1,9 @@
 //! Queue pairs in other processes: the soft device listens on a TCP port of the loopback
 //! address (the port's LID names it, so a [`crate::QpEndpoint`] says where a QP lives), and
-//! carries packets to another soft device over a connection it dials, one per peer device,
-//! each packet framed by its length (`u32`, little-endian). The connection a device dials
+//! carries packets to another soft device over a connection it dials, one per peer device:
+//! each packet's header then its payload (the header says the payload's length), written
+//! with one vectored write per batch so that no payload is copied into a frame first, and
+//! read into a buffer of the payload's own size, which the packet then owns. The connection a device dials
 //! is only written; the ones it accepts are only read, each by its own thread, which hands
 //! the packets to the destination QPs under the device lock, as a NIC executes what arrives
 //! with no work from the application. Writes go through a queue and a writer thread, never
@@ -11,18 +13,21 @@
 //! that talks to that device: their oldest request completes with `RETRY_EXC_ERR`.
 //! Reliable, ordered streams need no retransmission, as `rsrdma-soft`'s packets assume.
 
+use rsrdma_soft::{Packet, HEADER_LEN};
 use std::collections::{HashMap, VecDeque};
-use std::io::{Read, Write};
+use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex};
 
-/// The largest packet a peer may send: a message of up to 2 GiB plus its header.
-const MAX_FRAME: usize = (1 << 31) + 64;
+/// The largest payload a peer may send: a message of up to 2 GiB.
+const MAX_PAYLOAD: usize = 1 << 31;
+/// The most packets one vectored write carries (two slices each).
+const MAX_BATCH: usize = 256;
 
 /// What the links hand to the device.
 pub(super) trait Deliver: Send + Sync + 'static {
     /// A packet from the device listening on `from`.
-    fn packet(&self, from: u16, bytes: &[u8]);
+    fn packet(&self, from: u16, packet: Packet);
     /// The device listening on `port` cannot be reached any more.
     fn link_down(&self, port: u16);
 }
@@ -41,7 +46,7 @@ struct Outbound {
 
 #[derive(Default)]
 struct OutQueue {
-    frames: VecDeque<Vec<u8>>,
+    frames: VecDeque<Packet>,
     /// Frames the writer took and has not finished writing.
     writing: usize,
     /// The connection failed: what is queued is dropped.
@@ -70,9 +75,9 @@ impl Links {
         self.port
     }
 
-    /// Queues `frame` (an encoded packet) for the device listening on `port`, dialling it
-    /// first if needed. Never blocks on the network.
-    pub(super) fn send(&self, port: u16, frame: Vec<u8>, deliver: &Arc<dyn Deliver>) {
+    /// Queues `frame` for the device listening on `port`, dialling it first if needed.
+    /// Never blocks on the network.
+    pub(super) fn send(&self, port: u16, frame: Packet, deliver: &Arc<dyn Deliver>) {
         let out = {
             let mut map = self.out.lock().unwrap_or_else(|p| p.into_inner());
             let existing = map.get(&port).filter(|o| !o.is_dead()).cloned();
@@ -159,18 +164,24 @@ fn write_loop(me: u16, port: u16, out: &Outbound, deliver: &Arc<dyn Deliver>) {
         s.set_nodelay(true)?;
         s.write_all(&me.to_le_bytes())?;
         loop {
-            let batch: Vec<Vec<u8>> = {
+            let batch: Vec<Packet> = {
                 let mut q = out.queue.lock().unwrap_or_else(|p| p.into_inner());
                 while q.frames.is_empty() {
                     q = out.ready.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
-                q.writing = q.frames.len();
-                q.frames.drain(..).collect()
+                let n = q.frames.len().min(MAX_BATCH);
+                q.writing = n;
+                q.frames.drain(..n).collect()
             };
-            for f in &batch {
-                s.write_all(&(f.len() as u32).to_le_bytes())?;
-                s.write_all(f)?;
+            let headers: Vec<[u8; HEADER_LEN]> = batch.iter().map(Packet::header).collect();
+            let mut bufs: Vec<&[u8]> = Vec::with_capacity(2 * batch.len());
+            for (h, p) in headers.iter().zip(&batch) {
+                bufs.push(h);
+                if !p.payload.is_empty() {
+                    bufs.push(&p.payload);
+                }
             }
+            write_all_vectored(&mut s, &bufs)?;
             // Written: a flush waiting for them may go on.
             out.queue.lock().unwrap_or_else(|p| p.into_inner()).writing = 0;
             out.ready.notify_all();
@@ -195,29 +206,66 @@ fn accept_loop(listener: &TcpListener, deliver: &Arc<dyn Deliver>) {
     }
 }
 
+/// Writes every buffer, in order, with vectored writes (what the unstable
+/// `Write::write_all_vectored` does).
+fn write_all_vectored(s: &mut TcpStream, bufs: &[&[u8]]) -> std::io::Result<()> {
+    let (mut first, mut skip) = (0, 0);
+    while first < bufs.len() {
+        let slices: Vec<IoSlice<'_>> = std::iter::once(IoSlice::new(&bufs[first][skip..]))
+            .chain(bufs[first + 1..].iter().map(|b| IoSlice::new(b)))
+            .collect();
+        let mut n = match s.write_vectored(&slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        // Past what went: whole buffers, then into the next one.
+        while first < bufs.len() {
+            let left = bufs[first].len() - skip;
+            if n < left {
+                skip += n;
+                break;
+            }
+            n -= left;
+            first += 1;
+            skip = 0;
+        }
+    }
+    Ok(())
+}
+
 /// Reads a peer device's packets and hands them over; its end breaks that peer's links.
-fn read_loop(mut s: TcpStream, deliver: &Arc<dyn Deliver>) {
+fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>) {
+    // Small packets (acknowledgements, requests) come out of the buffer; a large payload is
+    // read past it, straight into the packet's own buffer.
+    let mut s = BufReader::with_capacity(64 * 1024, s);
     let mut port = [0u8; 2];
     if s.read_exact(&mut port).is_err() {
         return;
     }
     let from = u16::from_le_bytes(port);
-    let mut buf = Vec::new();
     loop {
-        let mut len = [0u8; 4];
-        if s.read_exact(&mut len).is_err() {
+        let mut header = [0u8; HEADER_LEN];
+        if s.read_exact(&mut header).is_err() {
             break;
         }
-        let len = u32::from_le_bytes(len) as usize;
-        if len > MAX_FRAME {
-            tracing::warn!(from, len, "soft0: a peer device sent an oversized frame");
+        let len = Packet::payload_len(&header);
+        if len > MAX_PAYLOAD {
+            tracing::warn!(from, len, "soft0: a peer device sent an oversized packet");
             break;
         }
-        buf.resize(len, 0);
-        if s.read_exact(&mut buf).is_err() {
+        let mut payload = vec![0u8; len];
+        if s.read_exact(&mut payload).is_err() {
             break;
         }
-        deliver.packet(from, &buf);
+        match Packet::decode_parts(&header, payload) {
+            Ok(p) => deliver.packet(from, p),
+            Err(e) => {
+                tracing::warn!(from, error = %e, "soft0: a malformed packet from a peer device");
+                break;
+            }
+        }
     }
     deliver.link_down(from);
 }

@@ -220,12 +220,7 @@ pub(super) fn own_lid() -> u16 {
 struct FromPeers;
 
 impl Deliver for FromPeers {
-    fn packet(&self, from: u16, bytes: &[u8]) {
-        let Ok(p) = rsrdma_soft::Packet::decode(bytes) else {
-            tracing::warn!(from, "soft0: a malformed packet from a peer device");
-            self.link_down(from);
-            return;
-        };
+    fn packet(&self, from: u16, p: rsrdma_soft::Packet) {
         let mut st = lock();
         let now = Instant::now();
         deliver(&mut st, p, from, now);
@@ -353,7 +348,7 @@ fn pump(st: &mut State, now: Instant) {
                     // The destination lives in another process.
                     let dev = device();
                     match &dev.links {
-                        Some(l) => l.send(to, pkt.encode(), &dev.deliver),
+                        Some(l) => l.send(to, pkt, &dev.deliver),
                         // A datagram is simply lost; a connection breaks.
                         None => {
                             if let Some(e) = st.qps.get_mut(&qpn) {
