@@ -20,11 +20,12 @@ use std::process::Command;
 use std::time::Duration;
 
 const USAGE: &str = "usage: cargo xtask bench perftest [--rounds N] [--quick] \
-                     [--no-vm -d DEVICE -x GID_INDEX] [--timeout SECS]\n       \
+                     [--no-vm -d DEVICE -x GID_INDEX] [--timeout SECS] [--sizes A,B,..] \
+                     [--svg FILE]\n       \
                      cargo xtask bench rdmanet [--rounds N] [--quick] \
-                     [--no-vm -d DEVICE -x GID_INDEX] [--timeout SECS]\n       \
+                     [--no-vm -d DEVICE -x GID_INDEX] [--timeout SECS] [--svg FILE]\n       \
                      cargo xtask bench overhead [--rounds N] [--wrs N]\n       \
-                     cargo xtask bench soft [--rounds N] [--quick]";
+                     cargo xtask bench soft [--rounds N] [--quick] [--sizes A,B,..] [--svg FILE]";
 
 /// What a case measures.
 #[derive(Clone, Copy, PartialEq)]
@@ -106,6 +107,10 @@ pub(crate) struct BenchArgs {
     pub(crate) dev: String,
     pub(crate) gid: String,
     pub(crate) opts: VmOpts,
+    /// `--svg PATH`: also write the results as a chart.
+    pub(crate) svg: Option<PathBuf>,
+    /// `--sizes A,B,..`: the message sizes of the size-swept rows (bench perftest, bench soft).
+    pub(crate) sizes: Option<Vec<u32>>,
 }
 
 impl BenchArgs {
@@ -148,6 +153,8 @@ pub(crate) fn parse_args(args: &[String], usage: &str) -> Result<Option<BenchArg
             timeout: Duration::from_secs(1800),
             ..VmOpts::default()
         },
+        svg: None,
+        sizes: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -165,6 +172,16 @@ pub(crate) fn parse_args(args: &[String], usage: &str) -> Result<Option<BenchArg
             "--no-vm" => a.no_vm = true,
             "-d" => a.dev = value()?,
             "-x" => a.gid = value()?,
+            "--svg" => a.svg = Some(PathBuf::from(value()?)),
+            "--sizes" => {
+                let v = value()?;
+                let sizes = v
+                    .split(',')
+                    .map(|x| x.trim().parse::<u32>().ok().filter(|n| *n > 0))
+                    .collect::<Option<Vec<u32>>>()
+                    .ok_or_else(|| anyhow!("--sizes takes sizes in bytes, as 4096,65536"))?;
+                a.sizes = Some(sizes);
+            }
             "-h" | "--help" => {
                 eprintln!("{usage}");
                 return Ok(None);
@@ -247,12 +264,30 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     // seconds there. On real NICs the iteration counts are perftest's defaults.
     let scale = |vm_iters: u32, nic_iters: u32| a.scale(vm_iters, nic_iters);
     let mut cases = Vec::new();
+    // With --sizes, every bandwidth and latency row at each size (for the chart).
+    let (bw_sizes, lat_sizes) = match &a.sizes {
+        Some(s) => (s.clone(), s.clone()),
+        None => (vec![65536, 1024], vec![2]),
+    };
+    // Iterations: the 64 KiB rows' count from 64 KiB up, the 1 KiB rows' below.
+    let bw_iters = |size: u32| {
+        if size < 65536 {
+            scale(4000, 100_000)
+        } else {
+            // As many bytes as the 64 KiB rows move, and at least 50 messages.
+            let by_bytes = |n: u32| (u64::from(n) * 65536 / u64::from(size)).max(50) as u32;
+            scale(by_bytes(500), by_bytes(5000))
+        }
+    };
     for op in ["send", "write", "read"] {
-        cases.push(perftest_case(op, "bw", 65536, scale(500, 5000), &bin));
-        cases.push(perftest_case(op, "bw", 1024, scale(4000, 100_000), &bin));
+        for &size in &bw_sizes {
+            cases.push(perftest_case(op, "bw", size, bw_iters(size), &bin));
+        }
     }
     for op in ["send", "write", "read"] {
-        cases.push(perftest_case(op, "lat", 2, scale(1000, 10_000), &bin));
+        for &size in &lat_sizes {
+            cases.push(perftest_case(op, "lat", size, scale(1000, 10_000), &bin));
+        }
     }
     // The atomics move 8 bytes each (perftest takes no other -s).
     cases.push(perftest_case("atomic", "bw", 8, scale(4000, 100_000), &bin));
@@ -283,6 +318,7 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     };
     let title = format!("rsrdma vs C perftest, {where_}");
     let table = report(&cases, &runs, &out_dir, a.rounds, &title, &parse_metric)?;
+    write_chart(&a, &cases, &runs, &out_dir, &title, &parse_metric)?;
     print!("{table}");
     std::fs::write(target.join("bench-perftest.txt"), &table)?;
     eprintln!(
@@ -404,6 +440,115 @@ pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
     })
 }
 
+/// The message size a case moves: the `-s N` of its B (else A) client command.
+pub(crate) fn case_size(case: &Case) -> Option<u32> {
+    [&case.b.2, &case.a.2].iter().find_map(|cmd| {
+        let mut words = cmd.split_whitespace();
+        while let Some(w) = words.next() {
+            if w == "-s" {
+                return words.next()?.parse().ok();
+            }
+        }
+        None
+    })
+}
+
+/// The chart of `cases` (`--svg`): per system (a case side's label), its medians against the
+/// message size, bandwidth and latency in two panels. Cases with no size are left out.
+pub(crate) fn chart(
+    cases: &[Case],
+    runs: &[Run],
+    out: &Path,
+    title: &str,
+    parse: &dyn Fn(&str, Metric) -> Option<f64>,
+) -> String {
+    use crate::svg::{Panel, Series};
+    let mut panels = [
+        Panel {
+            y_label: "bandwidth, Gb/s (higher is better)".into(),
+            series: Vec::new(),
+        },
+        Panel {
+            y_label: "latency, µs (lower is better)".into(),
+            series: Vec::new(),
+        },
+    ];
+    for (ci, case) in cases.iter().enumerate() {
+        let Some(size) = case_size(case) else {
+            continue;
+        };
+        let panel = &mut panels[usize::from(case.metric == Metric::Typical)];
+        for (b, label) in [(false, &case.a.0), (true, &case.b.0)] {
+            let Some(m) = median(side_values(ci, b, case.metric, runs, out, parse).0) else {
+                continue;
+            };
+            let i = match panel.series.iter().position(|se| &se.name == label) {
+                Some(i) => i,
+                None => {
+                    panel.series.push(Series {
+                        name: label.clone(),
+                        points: Vec::new(),
+                    });
+                    panel.series.len() - 1
+                }
+            };
+            let points = &mut panel.series[i].points;
+            // The same system at the same size twice (two cases share a side): the first.
+            if !points.iter().any(|(x, _)| *x == f64::from(size)) {
+                points.push((f64::from(size), m));
+            }
+        }
+    }
+    let kept: Vec<Panel> = panels
+        .into_iter()
+        .filter(|p| !p.series.is_empty())
+        .collect();
+    crate::svg::chart(title, &kept)
+}
+
+/// Writes [`chart`] to `path` when `--svg` asked for it.
+pub(crate) fn write_chart(
+    a: &BenchArgs,
+    cases: &[Case],
+    runs: &[Run],
+    out: &Path,
+    title: &str,
+    parse: &dyn Fn(&str, Metric) -> Option<f64>,
+) -> Result<()> {
+    if let Some(path) = &a.svg {
+        std::fs::write(path, chart(cases, runs, out, title, parse))
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("[bench] chart saved to {}", path.display());
+    }
+    Ok(())
+}
+
+/// One side's figures over its rounds, and the runs that gave none.
+fn side_values(
+    ci: usize,
+    b: bool,
+    metric: Metric,
+    runs: &[Run],
+    out: &Path,
+    parse: &dyn Fn(&str, Metric) -> Option<f64>,
+) -> (Vec<f64>, Vec<String>) {
+    let mut vals = Vec::new();
+    let mut errs = Vec::new();
+    for r in runs.iter().filter(|r| r.case == ci && r.b == b) {
+        let path: PathBuf = out.join(format!("{}.client", r.stem));
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        match parse(&text, metric) {
+            Some(v) => vals.push(v),
+            None => errs.push(format!(
+                "{}: {}",
+                r.stem,
+                text.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
+            )),
+        }
+    }
+    (vals, errs)
+}
+
 /// The side-by-side table of `cases`: medians of A and B (each run's figure read from its
 /// client's output by `parse`) and their ratio.
 pub(crate) fn report(
@@ -427,23 +572,7 @@ pub(crate) fn report(
         } else {
             "us"
         };
-        let collect = |b: bool| -> (Vec<f64>, Vec<String>) {
-            let mut vals = Vec::new();
-            let mut errs = Vec::new();
-            for r in runs.iter().filter(|r| r.case == ci && r.b == b) {
-                let path: PathBuf = out.join(format!("{}.client", r.stem));
-                let text = std::fs::read_to_string(&path).unwrap_or_default();
-                match parse(&text, case.metric) {
-                    Some(v) => vals.push(v),
-                    None => errs.push(format!(
-                        "{}: {}",
-                        r.stem,
-                        text.lines().rev().take(3).collect::<Vec<_>>().join(" | ")
-                    )),
-                }
-            }
-            (vals, errs)
-        };
+        let collect = |b: bool| side_values(ci, b, case.metric, runs, out, parse);
         let (va, ea) = collect(false);
         let (vb, eb) = collect(true);
         let (ma, mb) = (median(va), median(vb));

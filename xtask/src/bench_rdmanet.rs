@@ -159,6 +159,18 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         );
     }
     table += "\nratio = B/A (latency: B's one-way time over A's, below 1 is faster)\n";
+    let chart_value = |text: &str, m: Metric| match m {
+        Metric::Gbits => value(text, Measure::Gbits),
+        Metric::Typical => value(text, Measure::OneWayUs),
+    };
+    bench::write_chart(
+        &a,
+        &cases,
+        &runs,
+        &out_dir,
+        "Conn, RawConn and the tools (bench rdmanet)",
+        &chart_value,
+    )?;
     print!("{table}");
     let saved = target.join("bench-rdmanet.txt");
     std::fs::write(&saved, &table)?;

@@ -20,7 +20,8 @@ use crate::vm;
 use anyhow::Result;
 use std::path::Path;
 
-const USAGE: &str = "usage: cargo xtask bench soft [--rounds N] [--quick]";
+const USAGE: &str = "usage: cargo xtask bench soft [--rounds N] [--quick] [--sizes A,B,..] \
+                     [--svg FILE]";
 
 /// The peers' packages.
 const PEER_PACKAGES: &[&str] = &["ucx-utils", "libfabric-bin", "iperf3"];
@@ -40,7 +41,10 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     )?;
     let target = vm::target_dir()?;
     let bin = target.join("release");
-    let cases = cases(&a, &bin);
+    let cases = match &a.sizes {
+        Some(sizes) => sweep(&a, &bin, sizes),
+        None => cases(&a, &bin),
+    };
     let out_dir = a.out_dir(&target);
     let (script, runs) = bench::script(&cases, a.rounds, &a.dev, &a.gid, "127.0.0.1", &out_dir);
     // The tools find soft0 by listing the devices.
@@ -48,6 +52,7 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     let status = bench::run_script(&a, root, &script, &out_dir)?;
     let title = "soft0 against UCX, libfabric and kernel TCP on this host";
     let table = bench::report(&cases, &runs, &out_dir, a.rounds, title, &value)?;
+    bench::write_chart(&a, &cases, &runs, &out_dir, title, &value)?;
     print!("{table}");
     std::fs::write(target.join("bench-soft.txt"), &table)?;
     eprintln!(
@@ -65,6 +70,84 @@ fn ucx(label: &str, tls: &str, test: &str, size: u32, iters: u32) -> (String, St
         env.clone(),
         format!("{env} {{host}} -t {test} -s {size} -n {iters}"),
     )
+}
+
+/// `--sizes`: each system at each size, for the chart: the bandwidth rows (UCX put over
+/// shared memory and TCP, fi_pingpong over shm, iperf3, against rs_write_bw and rs_send_bw)
+/// and the latency row (UCX tag_lat against rs_send_lat). Iterations move about as many
+/// bytes at each size as the 64 KiB rows do.
+fn sweep(a: &BenchArgs, bin: &Path, sizes: &[u32]) -> Vec<Case> {
+    let q = |n: u64| if a.quick { n / 4 } else { n };
+    let count = |size: u32, bytes: u64, least: u64| {
+        q((bytes / u64::from(size)).clamp(least, 1_000_000)) as u32
+    };
+    let rs = |op: &str, kind: &str, size: u32, iters: u32| {
+        bench::perftest_case(op, kind, size, iters, bin).b
+    };
+    let mut v = Vec::new();
+    for &size in sizes {
+        let n = count(size, 20_000 * 65536, 2000);
+        let h = bench::human(size);
+        v.push(Case {
+            name: format!("{h} put, shared memory"),
+            metric: Metric::Gbits,
+            a: ucx(
+                "UCX ucp_put_bw posix",
+                "posix,self",
+                "ucp_put_bw",
+                size,
+                count(size, 200_000 * 65536, 20_000),
+            ),
+            b: rs("write", "bw", size, n),
+            target: "chart",
+        });
+        v.push(Case {
+            name: format!("{h} vs fi_pingpong shm"),
+            metric: Metric::Gbits,
+            a: (
+                "fi_pingpong -p shm".into(),
+                format!("fi_pingpong -p shm -e rdm -B {{port}} -S {size} -I {n}"),
+                format!("fi_pingpong -p shm -e rdm -P {{port}} -S {size} -I {n} {{host}}"),
+            ),
+            b: rs("send", "bw", size, n),
+            target: "chart",
+        });
+        v.push(Case {
+            name: format!("{h}, TCP"),
+            metric: Metric::Gbits,
+            a: (
+                "iperf3, one stream".into(),
+                "iperf3 -s -1 -p {port}".into(),
+                format!(
+                    "iperf3 -c {{host}} -p {{port}} -l {size} -t {}",
+                    if a.quick { 1 } else { 3 }
+                ),
+            ),
+            b: rs("send", "bw", size, n),
+            target: "chart",
+        });
+        v.push(Case {
+            name: format!("{h} put, TCP"),
+            metric: Metric::Gbits,
+            a: ucx("UCX ucp_put_bw tcp", "tcp", "ucp_put_bw", size, n),
+            b: rs("write", "bw", size, n),
+            target: "chart",
+        });
+        v.push(Case {
+            name: format!("{h} latency, one way"),
+            metric: Metric::Typical,
+            a: ucx(
+                "UCX tag_lat posix",
+                "posix,self",
+                "tag_lat",
+                size,
+                q(100_000) as u32,
+            ),
+            b: rs("send", "lat", size, q(2_000) as u32),
+            target: "chart",
+        });
+    }
+    v
 }
 
 fn cases(a: &BenchArgs, bin: &Path) -> Vec<Case> {

@@ -24,6 +24,7 @@ mod examples;
 mod no_rdma_core;
 mod regen;
 mod soft_tests;
+mod svg;
 mod test;
 mod vm;
 
