@@ -146,15 +146,7 @@ impl DmabufMr {
     /// # Errors
     /// [`Error::InvalidArgument`] when the range is outside the region or longer than 4 GiB.
     pub fn sge(&self, offset: usize, len: usize) -> Result<Sge> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len && len <= u32::MAX as usize => {
-                Ok(Sge::new(self.iova + offset as u64, len as u32, self.lkey()))
-            }
-            _ => Err(Error::InvalidArgument(format!(
-                "range {offset}+{len} is outside the {}-byte DMA-BUF region",
-                self.len
-            ))),
-        }
+        crate::mr::region_sge(self.iova, self.len, self.lkey(), offset, len)
     }
 
     /// The raw `ibv_mr`.

@@ -407,22 +407,31 @@ impl Mr {
     /// # Errors
     /// [`Error::InvalidArgument`] when the range is outside the region or longer than 4 GiB.
     pub fn sge(&self, offset: usize, len: usize) -> Result<Sge> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len && len <= u32::MAX as usize => Ok(Sge::new(
-                self.addr() + offset as u64,
-                len as u32,
-                self.lkey(),
-            )),
-            _ => Err(Error::InvalidArgument(format!(
-                "range {offset}+{len} is outside the {}-byte memory region",
-                self.len
-            ))),
-        }
+        region_sge(self.addr(), self.len, self.lkey(), offset, len)
     }
 
     /// The raw `ibv_mr`; `None` for a provider that is not libibverbs.
     pub fn as_raw(&self) -> Option<*mut ffi::ibv_mr> {
         Some(self.raw)
+    }
+}
+
+/// A scatter/gather entry for `len` bytes at `offset` in a region of `region_len` bytes whose
+/// first byte work requests name `base` (a host address, or a DMA-BUF region's iova).
+pub(crate) fn region_sge(
+    base: u64,
+    region_len: usize,
+    lkey: u32,
+    offset: usize,
+    len: usize,
+) -> Result<Sge> {
+    match offset.checked_add(len) {
+        Some(end) if end <= region_len && len <= u32::MAX as usize => {
+            Ok(Sge::new(base + offset as u64, len as u32, lkey))
+        }
+        _ => Err(Error::InvalidArgument(format!(
+            "range {offset}+{len} is outside the {region_len}-byte memory region"
+        ))),
     }
 }
 
