@@ -106,6 +106,7 @@ const DYNAMIC_FUNCTIONS: &[&str] = &[
     "ibv_query_srq",
     "ibv_destroy_srq",
     "ibv_create_qp",
+    "ibv_qp_to_qp_ex",
     "ibv_modify_qp",
     "ibv_query_qp",
     "ibv_destroy_qp",

@@ -6,6 +6,7 @@ use crate::dynamic::dynamic_functions;
 
 dynamic_functions! {
     ibverbs: fn ibv_wc_status_str(status: ibv_wc_status) -> *const ::std::os::raw::c_char;
+    ibverbs: fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex;
     ibverbs: fn ibv_get_device_list(num_devices: *mut ::std::os::raw::c_int) -> *mut *mut ibv_device;
     ibverbs: fn ibv_free_device_list(list: *mut *mut ibv_device);
     ibverbs: fn ibv_get_device_name(device: *mut ibv_device) -> *const ::std::os::raw::c_char;

@@ -190,6 +190,105 @@ pub unsafe fn ibv_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int
     }
 }
 
+/// `ibv_create_qp_ex`: the provider's extended create (`verbs_get_ctx_op`), or plain
+/// `ibv_create_qp` when only a PD is asked for; null with errno EOPNOTSUPP where the
+/// provider has none.
+///
+/// # Safety
+/// As the C function: `context` is live, `attr` valid and writable.
+pub unsafe fn ibv_create_qp_ex(
+    context: *mut ibv_context,
+    attr: *mut crate::ibv_qp_init_attr_ex,
+) -> *mut crate::ibv_qp {
+    // SAFETY: the caller's valid attribute.
+    let mask = unsafe { (*attr).comp_mask };
+    if mask == crate::ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0 {
+        // SAFETY: the extended attribute starts with the plain one (the header's cast).
+        return unsafe { crate::ibv_create_qp((*attr).pd, attr.cast()) };
+    }
+    // SAFETY: the caller's live context.
+    let vctx = unsafe { verbs_get_ctx(context) };
+    let op = vctx.and_then(|v| {
+        // SAFETY: an extended context is readable up to its `context` field.
+        let (sz, op) = unsafe { ((*v).sz, (*v).create_qp_ex) };
+        let needed = std::mem::size_of::<verbs_context>()
+            - std::mem::offset_of!(verbs_context, create_qp_ex);
+        (sz >= needed).then_some(op).flatten()
+    });
+    match op {
+        // SAFETY: the provider's entry with the caller's arguments.
+        Some(f) => unsafe { f(context, attr) },
+        None => {
+            // SAFETY: errno is this thread's.
+            unsafe { *libc::__errno_location() = libc::EOPNOTSUPP };
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Defines `ibv_wr_*` as a call of the `ibv_qp_ex` entry of the same name (the header's
+/// body); an entry the provider left null does nothing (the header would call null): the
+/// safe layer checks the entries it needs when it makes the QP.
+macro_rules! wr_ops {
+    ($($(#[$m:meta])* fn $name:ident => $field:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// As the C function: `qp` is a live extended QP between `ibv_wr_start` and
+        /// `ibv_wr_complete`/`ibv_wr_abort`.
+        #[inline]
+        pub unsafe fn $name(qp: *mut crate::ibv_qp_ex, $($arg: $ty),*) {
+            // SAFETY: the caller's live extended QP.
+            if let Some(f) = unsafe { (*qp).$field } {
+                // SAFETY: the provider's entry with the caller's arguments.
+                unsafe { f(qp, $($arg),*) }
+            }
+        }
+    )*};
+}
+
+wr_ops! {
+    /// `ibv_wr_start`: opens a batch.
+    fn ibv_wr_start => wr_start();
+    /// `ibv_wr_abort`: drops the batch's requests.
+    fn ibv_wr_abort => wr_abort();
+    /// `ibv_wr_send`.
+    fn ibv_wr_send => wr_send();
+    /// `ibv_wr_send_imm`.
+    fn ibv_wr_send_imm => wr_send_imm(imm_data: crate::__be32);
+    /// `ibv_wr_rdma_write`.
+    fn ibv_wr_rdma_write => wr_rdma_write(rkey: u32, remote_addr: u64);
+    /// `ibv_wr_rdma_write_imm`.
+    fn ibv_wr_rdma_write_imm => wr_rdma_write_imm(rkey: u32, remote_addr: u64, imm_data: crate::__be32);
+    /// `ibv_wr_rdma_read`.
+    fn ibv_wr_rdma_read => wr_rdma_read(rkey: u32, remote_addr: u64);
+    /// `ibv_wr_atomic_cmp_swp`.
+    fn ibv_wr_atomic_cmp_swp => wr_atomic_cmp_swp(rkey: u32, remote_addr: u64, compare: u64, swap: u64);
+    /// `ibv_wr_atomic_fetch_add`.
+    fn ibv_wr_atomic_fetch_add => wr_atomic_fetch_add(rkey: u32, remote_addr: u64, add: u64);
+    /// `ibv_wr_set_ud_addr`.
+    fn ibv_wr_set_ud_addr => wr_set_ud_addr(ah: *mut crate::ibv_ah, remote_qpn: u32, remote_qkey: u32);
+    /// `ibv_wr_set_sge_list`.
+    fn ibv_wr_set_sge_list => wr_set_sge_list(num_sge: usize, sg_list: *const crate::ibv_sge);
+    /// `ibv_wr_set_inline_data_list`.
+    fn ibv_wr_set_inline_data_list => wr_set_inline_data_list(num_buf: usize, buf_list: *const crate::ibv_data_buf);
+}
+
+/// `ibv_wr_complete`: posts the batch (0), or drops it and returns an errno value; EOPNOTSUPP
+/// where the provider has no entry.
+///
+/// # Safety
+/// As the C function: `qp` is a live extended QP after `ibv_wr_start`.
+#[inline]
+pub unsafe fn ibv_wr_complete(qp: *mut crate::ibv_qp_ex) -> c_int {
+    // SAFETY: the caller's live extended QP.
+    match unsafe { (*qp).wr_complete } {
+        // SAFETY: the provider's entry.
+        Some(f) => unsafe { f(qp) },
+        None => libc::EOPNOTSUPP,
+    }
+}
+
 /// `rdma_get_local_addr`: the id's source address.
 ///
 /// # Safety

@@ -325,6 +325,21 @@ pub unsafe fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mu
     )
 }
 
+/// `ibv_create_qp_ex`: the soft device has no extended QPs (EOPNOTSUPP).
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn ibv_create_qp_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    route!(
+        context,
+        safe soft::verbs::unsupported_ptr(),
+        rsrdma_sys::ibv_create_qp_ex(context, attr)
+    )
+}
+
 /// `ibv_destroy_qp`.
 ///
 /// # Safety

@@ -80,6 +80,7 @@ pub mod mr;
 pub mod mw;
 pub mod pd;
 pub mod qp;
+pub mod qp_ex;
 pub mod srq;
 pub mod topology;
 pub mod wc;
@@ -110,6 +111,7 @@ pub use qp::{
     ConnectOptions, InitAttr, Qp, QpBuilder, QpCaps, QpEndpoint, QpInfo, QpState, QpType, RtrAttr,
     RtsAttr,
 };
+pub use qp_ex::{SendOps, WrBatch};
 pub use srq::Srq;
 pub use wc::{Wc, WcOpcode, WcStatus};
 pub use wr::{RecvWr, SendWr, Sge};

@@ -618,6 +618,9 @@ struct QpInner {
     /// Set when rdma_cm created the QP on a connection id: destroyed through it, and the id
     /// is kept alive until then.
     cm_id: Option<Arc<crate::cm::CmIdInner>>,
+    /// The extended QP (`ibv_qp_to_qp_ex`) of one made by [`QpBuilder::build_ex`]; null
+    /// otherwise.
+    pub(crate) ex: *mut ffi::ibv_qp_ex,
 }
 
 // SAFETY: libibverbs serialises posting and modifying a QP internally (unless a provider is
@@ -684,8 +687,21 @@ impl Qp {
                 recv_cq: recv_cq.clone(),
                 srq: b.srq.clone(),
                 cm_id,
+                ex: std::ptr::null_mut(),
             }),
         }
+    }
+
+    /// Records the extended QP of a QP just made (`self` not yet shared).
+    pub(crate) fn set_ex(&mut self, ex: *mut ffi::ibv_qp_ex) {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.ex = ex;
+        }
+    }
+
+    /// The extended QP, where it was made as one.
+    pub(crate) fn ex(&self) -> *mut ffi::ibv_qp_ex {
+        self.inner.ex
     }
 
     pub(crate) fn check_inline_granted(&self, asked: u32) -> Result<()> {
@@ -1198,7 +1214,7 @@ impl Qp {
     }
 
     #[inline]
-    fn check_inline(&self, wr: &SendWr<'_>) -> Result<()> {
+    pub(crate) fn check_inline(&self, wr: &SendWr<'_>) -> Result<()> {
         if wr.is_inline() {
             let len = wr.payload_len();
             let max = self.inner.caps.max_inline_data;

@@ -382,17 +382,19 @@ fn dmabuf_registration_refuses_clearly_where_the_device_cannot() {
     // SAFETY: a fresh descriptor nobody else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     let lw = AccessFlags::LOCAL_WRITE;
-    // SAFETY (every call below): nothing is registered, so no memory is reached.
+    let register = |offset: u64, len: usize, access: AccessFlags| {
+        // SAFETY: the registrations below all fail, so no memory is ever reached.
+        unsafe { DmabufMr::register(&pd, fd.as_fd(), offset, len, 0x10_0000, access) }
+    };
     let bad = [
-        unsafe { DmabufMr::register(&pd, fd.as_fd(), 0, 0, 0, lw) }.unwrap_err(),
-        unsafe { DmabufMr::register(&pd, fd.as_fd(), u64::MAX, 4096, 0, lw) }.unwrap_err(),
-        unsafe { DmabufMr::register(&pd, fd.as_fd(), 0, 4096, 0, AccessFlags::REMOTE_WRITE) }
-            .unwrap_err(),
+        register(0, 0, lw).unwrap_err(),
+        register(u64::MAX, 4096, lw).unwrap_err(),
+        register(0, 4096, AccessFlags::REMOTE_WRITE).unwrap_err(),
     ];
     for e in bad {
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     }
-    let e = unsafe { DmabufMr::register(&pd, fd.as_fd(), 0, 4096, 0x10_0000, lw) }.unwrap_err();
+    let e = register(0, 4096, lw).unwrap_err();
     match &e {
         Error::Unsupported { op, .. } => assert_eq!(*op, "ibv_reg_dmabuf_mr"),
         other => panic!(
