@@ -15,6 +15,8 @@
 //! runs alone, before and after the last change to soft0); a test that measures the
 //! whole process's CPU time (`an_idle_connection_uses_no_cpu`: this stage runs four tests at
 //! once).
+//! `features::the_new_post_send_path_runs_every_kind_of_test` (tools) needs extended QPs,
+//! which soft0 does not have (its own device test checks that soft0 refuses them clearly).
 //! The differential test (`differential::*`) compares the device under test with soft0, so
 //! it runs in the VM only (here it would compare soft0 with itself).
 

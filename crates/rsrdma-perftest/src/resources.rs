@@ -4,7 +4,10 @@
 use crate::args::{Conn, Params};
 use crate::error::{Ctx, Error, Result};
 use crate::{Kind, Verb};
-use rsrdma::{AccessFlags, Ah, CompChannel, Context, Cq, Mr, Pd, Qp, QpBuilder, QpCaps, QpType};
+use rsrdma::{
+    AccessFlags, Ah, CompChannel, Context, Cq, Mr, Pd, Qp, QpBuilder, QpCaps, QpType, SendOps,
+    SendWr,
+};
 
 /// A run's verbs resources. Fields drop in order: QPs and AHs before the CQs and the memory.
 pub struct Res {
@@ -58,9 +61,49 @@ pub fn inc(x: usize, line: usize) -> usize {
 /// The failing verbs call, with perftest's wording.
 pub fn create(p: &Params, ctx: &Context, layout: Layout, out_reads: u32) -> Result<Res> {
     create_with(p, ctx, layout, out_reads, |_, b, pd, s, r| {
-        b.build(pd, s, r)
-            .map_err(|e| Error::rdma("Couldn't create QP", e))
+        if p.new_post_send {
+            b.build_ex(pd, s, r, send_ops(p.tool.verb))
+        } else {
+            b.build(pd, s, r)
+        }
+        .map_err(|e| Error::rdma("Couldn't create QP", e))
     })
+}
+
+/// What an extended QP of the tool posts (`--use_new_post_send`).
+fn send_ops(verb: Verb) -> SendOps {
+    match verb {
+        Verb::Send => SendOps::SEND | SendOps::SEND_WITH_IMM,
+        Verb::Write => SendOps::RDMA_WRITE | SendOps::RDMA_WRITE_WITH_IMM,
+        Verb::Read => SendOps::RDMA_READ,
+        Verb::Atomic => SendOps::ATOMIC_CMP_AND_SWP | SendOps::ATOMIC_FETCH_AND_ADD,
+    }
+}
+
+/// Posts `wrs` on `qp`: one `post_send` (one request) or `post_send_batch`, or, with
+/// `--use_new_post_send`, one `ibv_wr_*` batch.
+///
+/// # Safety
+/// As [`Qp::post_send`], for every request.
+///
+/// # Errors
+/// The post's.
+pub unsafe fn post(new_post_send: bool, qp: &Qp, wrs: &mut [SendWr<'_>]) -> rsrdma::Result<()> {
+    if new_post_send {
+        let mut batch = qp.wr_batch()?;
+        for wr in wrs.iter() {
+            // SAFETY: the caller's contract.
+            unsafe { batch.post(wr) }?;
+        }
+        return batch.complete();
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        match wrs {
+            [one] => qp.post_send(one),
+            many => qp.post_send_batch(many),
+        }
+    }
 }
 
 /// Makes QP `i` of a run from the builder, the PD and the send and receive CQs.

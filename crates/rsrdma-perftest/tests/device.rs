@@ -750,6 +750,45 @@ mod features {
         assert!(c.stdout.contains("Send Bidirectional BW Test"), "{ctx}");
     }
 
+    /// `--use_new_post_send` (ours, not perftest's): the QPs are made by `ibv_create_qp_ex` and
+    /// the requests posted in `ibv_wr_*` batches, on the client and on both sides; the runs
+    /// end as with the classic post. Inline is off (`-I 0`): rxe delivers inline data on this
+    /// path empty. VM only: soft0 has no extended QPs.
+    #[test]
+    fn the_new_post_send_path_runs_every_kind_of_test() {
+        // The server alternates between the two paths: each side meets the other's.
+        for (i, (tool, size)) in [
+            ("send_bw", 65536u64),
+            ("write_bw", 65536),
+            ("read_bw", 65536),
+            ("atomic_bw", 8),
+            ("send_lat", 2),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let lat = tool.ends_with("lat");
+            let mut base: Vec<&str> = vec!["-n", "48"];
+            if !tool.starts_with("read") && !tool.starts_with("atomic") {
+                base.extend(["-I", "0"]);
+            }
+            if !lat {
+                base.extend(["-l", "4"]);
+            }
+            let mut newer = base.clone();
+            newer.push("--use_new_post_send");
+            let server = if i % 2 == 0 { &base } else { &newer };
+            let (s, c) = pair(
+                (Side::Rs, tool, server),
+                (Side::Rs, tool, &newer),
+                Duration::from_secs(90),
+            );
+            let ctx = format!("{tool}\n{}\n{}", show("server", &s), show("client", &c));
+            assert_eq!((s.code, c.code), (Some(0), Some(0)), "{ctx}");
+            assert_eq!(result_lines(&c.stdout, size).len(), 1, "{ctx}");
+        }
+    }
+
     /// `-a` runs one handshake pair per size (send_bw) or none until the end (write_bw).
     #[test]
     fn all_sizes_against_ib() {

@@ -103,9 +103,12 @@ pub(super) struct Cli {
     pub pkey_index: Option<u16>,
     #[arg(long = "disable_pcie_relaxed")]
     pub disable_relaxed: bool,
-    // Accepted for compatibility, no effect (ibv_post_send is always used).
+    // Accepted for compatibility, no effect (ibv_post_send is the default here).
     #[arg(long = "use_old_post_send")]
     _old_post_send: bool,
+    // Not perftest's: post through the extended work-request API (ibv_wr_*).
+    #[arg(long = "use_new_post_send")]
+    pub new_post_send: bool,
     #[arg(long = "loopback")]
     pub loopback: bool,
     pub host: Option<String>,

@@ -209,7 +209,12 @@ const LONG: &[(Only, &str, &str)] = &[
     (
         Only::All,
         "--use_old_post_send",
-        "Accepted for compatibility (ibv_post_send is always used)",
+        "Accepted for compatibility (ibv_post_send is the default)",
+    ),
+    (
+        Only::All,
+        "--use_new_post_send",
+        "Post through the extended work-request API (ibv_wr_*; not with -R)",
     ),
     (
         Only::All,

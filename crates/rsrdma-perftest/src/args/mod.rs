@@ -168,6 +168,7 @@ fn params(
         histogram: cli.histogram || cli.unsorted,
         unsorted: cli.unsorted,
         relaxed_ordering: !(cli.disable_relaxed || write_lat),
+        new_post_send: cli.new_post_send,
         notes: moderation.notes,
     }
 }

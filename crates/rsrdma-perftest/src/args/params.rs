@@ -166,6 +166,9 @@ pub struct Params {
     pub unsorted: bool,
     /// PCIe relaxed ordering (off with `--disable_pcie_relaxed`, always off for write_lat).
     pub relaxed_ordering: bool,
+    /// `--use_new_post_send`: QPs made by `ibv_create_qp_ex`, requests posted through
+    /// `ibv_wr_*` batches (rsrdma's `Qp::wr_batch`).
+    pub new_post_send: bool,
     /// Lines perftest's parser prints before anything else (warnings, notes).
     pub notes: Vec<String>,
 }

@@ -46,6 +46,11 @@ pub(super) fn check_tool_flags(tool: Tool, cli: &Cli) -> Result<(), ParseOutcome
             "-C/-H/-U",
         ),
         (lat && cli.tx_depth.is_some(), "-t"),
+        // rdma_cm makes the QPs on its ids, the classic way.
+        (
+            cli.rdma_cm && cli.new_post_send,
+            "--use_new_post_send with -R",
+        ),
     ];
     match refused.iter().find(|(bad, _)| *bad) {
         Some((_, flag)) => Err(not_for(tool, flag)),

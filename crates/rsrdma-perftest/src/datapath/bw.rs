@@ -106,6 +106,8 @@ struct Plan {
     /// Requests per QP ring: a whole number of address cycles and of post lists, so a list is
     /// always one contiguous slice posted with one call.
     ring: usize,
+    /// `--use_new_post_send`.
+    new_post_send: bool,
 }
 
 impl Plan {
@@ -136,6 +138,7 @@ impl Plan {
             } else {
                 0
             },
+            new_post_send: p.new_post_send,
         }
     }
 
@@ -323,13 +326,7 @@ impl Run {
                 // the CPU never touches those areas during the run; UD address handles
                 // live in `res.ahs`. All completions are reaped before the run returns
                 // (duration mode: drained after it, else flushed when the QP is destroyed).
-                let r = unsafe {
-                    if plan.list == 1 {
-                        res.qps[i].post_send(&batch[0])
-                    } else {
-                        res.qps[i].post_send_batch(batch)
-                    }
-                };
+                let r = unsafe { crate::resources::post(plan.new_post_send, &res.qps[i], batch) };
                 if let Some(t0) = t0 {
                     self.probe.post_ns += self.clock.now().saturating_sub(t0);
                     self.probe.post_calls += 1;

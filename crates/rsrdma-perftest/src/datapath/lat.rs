@@ -123,7 +123,14 @@ fn post_and_wait(
     // the QP: Res drops its QPs first); the CPU does not touch that area while the request is
     // in flight (write_lat stores its counter before posting); the completion is reaped here
     // or, when the duration ends first, the QP is destroyed before the region.
-    unsafe { res.qps[0].post_send(wr) }.map_err(|e| Error::rdma(" Couldn't post send", e))?;
+    let r = if p.new_post_send {
+        // SAFETY: as above.
+        unsafe { crate::resources::post(true, &res.qps[0], &mut [*wr]) }
+    } else {
+        // SAFETY: as above.
+        unsafe { res.qps[0].post_send(wr) }
+    };
+    r.map_err(|e| Error::rdma(" Couldn't post send", e))?;
     pace.wait(&res.send_cq, p, oob, progress, || {
         format!(" scnt={progress}")
     })
