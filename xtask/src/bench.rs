@@ -292,6 +292,27 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     // The atomics move 8 bytes each (perftest takes no other -s).
     cases.push(perftest_case("atomic", "bw", 8, scale(4000, 100_000), &bin));
     cases.push(perftest_case("atomic", "lat", 8, scale(1000, 10_000), &bin));
+    // The extended work-request path against the classic post, both rs_send_bw, 1 KiB with
+    // post lists of 16 (where the posting cost shows).
+    // Iterations a multiple of the post list in every mode (--quick divides by 4).
+    let classic = perftest_case("send", "bw", 1024, scale(4096, 102_400), &bin).b;
+    let with_flag = |t: &str| t.replace(" -F ", " -l 16 -F ");
+    let newer = |t: &str| with_flag(t).replace(" -F ", " --use_new_post_send -F ");
+    cases.push(Case {
+        name: "ibv_wr_* vs ibv_post_send 1 KiB".into(),
+        metric: Metric::Gbits,
+        a: (
+            "rs_send_bw -l 16".into(),
+            with_flag(&classic.1),
+            with_flag(&classic.2),
+        ),
+        b: (
+            "rs_send_bw -l 16 --use_new_post_send".into(),
+            newer(&classic.1),
+            newer(&classic.2),
+        ),
+        target: "new/old (info)",
+    });
     let send = perftest_case("send", "bw", 65536, scale(500, 5000), &bin);
     cases.push(Case {
         name: "RawConn vs rs_send_bw 64 KiB".into(),
