@@ -289,6 +289,95 @@ pub unsafe fn ibv_wr_complete(qp: *mut crate::ibv_qp_ex) -> c_int {
     }
 }
 
+/// `ibv_create_cq_ex`: the provider's extended create (`verbs_get_ctx_op`); null with errno
+/// EOPNOTSUPP where it has none, EINVAL for an unknown `comp_mask` bit.
+///
+/// # Safety
+/// As the C function: `context` is live, `attr` valid.
+pub unsafe fn ibv_create_cq_ex(
+    context: *mut ibv_context,
+    attr: *mut crate::ibv_cq_init_attr_ex,
+) -> *mut crate::ibv_cq_ex {
+    // SAFETY: the caller's valid attribute.
+    if unsafe { (*attr).comp_mask }
+        & !(crate::IBV_CQ_INIT_ATTR_MASK_FLAGS | crate::IBV_CQ_INIT_ATTR_MASK_PD)
+        != 0
+    {
+        // SAFETY: errno is this thread's.
+        unsafe { *libc::__errno_location() = libc::EINVAL };
+        return std::ptr::null_mut();
+    }
+    // SAFETY: the caller's live context.
+    let vctx = unsafe { verbs_get_ctx(context) };
+    let op = vctx.and_then(|v| {
+        // SAFETY: an extended context is readable up to its `context` field.
+        let (sz, op) = unsafe { ((*v).sz, (*v).create_cq_ex) };
+        let needed = std::mem::size_of::<verbs_context>()
+            - std::mem::offset_of!(verbs_context, create_cq_ex);
+        (sz >= needed).then_some(op).flatten()
+    });
+    match op {
+        // SAFETY: the provider's entry with the caller's arguments.
+        Some(f) => unsafe { f(context, attr) },
+        None => {
+            // SAFETY: errno is this thread's.
+            unsafe { *libc::__errno_location() = libc::EOPNOTSUPP };
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// `ibv_cq_ex_to_cq`: the extended CQ as a plain one (it starts with the same fields).
+pub fn ibv_cq_ex_to_cq(cq: *mut crate::ibv_cq_ex) -> *mut crate::ibv_cq {
+    cq.cast()
+}
+
+/// Defines the extended CQ's poll calls: the `ibv_cq_ex` entry of the same name (the
+/// header's body), or `$missing` where the provider left it null.
+macro_rules! cq_ops {
+    ($($(#[$m:meta])* fn $name:ident => $field:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $missing:expr;)*) => {$(
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// As the C function: `cq` is a live extended CQ (the `read_*` calls between a
+        /// successful `ibv_start_poll` and `ibv_end_poll`).
+        #[inline]
+        pub unsafe fn $name(cq: *mut crate::ibv_cq_ex, $($arg: $ty),*) -> $ret {
+            // SAFETY: the caller's live extended CQ.
+            match unsafe { (*cq).$field } {
+                // SAFETY: the provider's entry with the caller's arguments.
+                Some(f) => unsafe { f(cq, $($arg),*) },
+                None => $missing,
+            }
+        }
+    )*};
+}
+
+cq_ops! {
+    /// `ibv_start_poll`: 0 with the first completion current, ENOENT when there is none.
+    fn ibv_start_poll => start_poll(attr: *mut crate::ibv_poll_cq_attr) -> c_int = libc::EOPNOTSUPP;
+    /// `ibv_next_poll`: 0 with the next completion current, ENOENT at the end.
+    fn ibv_next_poll => next_poll() -> c_int = libc::ENOENT;
+    /// `ibv_end_poll`.
+    fn ibv_end_poll => end_poll() -> () = ();
+    /// `ibv_wc_read_opcode`.
+    fn ibv_wc_read_opcode => read_opcode() -> crate::ibv_wc_opcode = crate::ibv_wc_opcode(0);
+    /// `ibv_wc_read_vendor_err`.
+    fn ibv_wc_read_vendor_err => read_vendor_err() -> u32 = 0;
+    /// `ibv_wc_read_byte_len`.
+    fn ibv_wc_read_byte_len => read_byte_len() -> u32 = 0;
+    /// `ibv_wc_read_imm_data`.
+    fn ibv_wc_read_imm_data => read_imm_data() -> crate::__be32 = 0;
+    /// `ibv_wc_read_qp_num`.
+    fn ibv_wc_read_qp_num => read_qp_num() -> u32 = 0;
+    /// `ibv_wc_read_src_qp`.
+    fn ibv_wc_read_src_qp => read_src_qp() -> u32 = 0;
+    /// `ibv_wc_read_wc_flags`.
+    fn ibv_wc_read_wc_flags => read_wc_flags() -> std::os::raw::c_uint = 0;
+    /// `ibv_wc_read_completion_ts`.
+    fn ibv_wc_read_completion_ts => read_completion_ts() -> u64 = 0;
+}
+
 /// `rdma_get_local_addr`: the id's source address.
 ///
 /// # Safety

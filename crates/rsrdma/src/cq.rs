@@ -65,6 +65,11 @@ impl Drop for ChannelInner {
 }
 
 impl CompChannel {
+    /// The raw channel, for a CQ being made on it.
+    pub(crate) fn raw(&self) -> *mut ffi::ibv_comp_channel {
+        self.inner.raw
+    }
+
     /// Creates a channel on `ctx`, with its fd set non-blocking.
     ///
     /// # Errors
@@ -264,6 +269,9 @@ pub(crate) struct CqInner {
     /// Events routed to this CQ and not yet taken by [`Cq::wait`]/[`Cq::try_event`].
     events: AtomicU32,
     pub(crate) ctx: Context,
+    /// The extended CQ of one made by [`Cq::new_ex`] (the same object as `raw`); null
+    /// otherwise.
+    pub(crate) ex: *mut ffi::ibv_cq_ex,
 }
 
 // SAFETY: libibverbs serialises polling and arming of a CQ internally (unless a provider is
@@ -301,6 +309,20 @@ impl Cq {
     /// [`Error::Limit`] above the device's `max_cqe` (checked before any verb);
     /// [`Error::InvalidArgument`] for 0; [`Error::Verbs`] naming `ibv_create_cq`.
     pub fn new(ctx: &Context, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
+        Cq::check_size(ctx, cqe)?;
+        let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.raw);
+        // SAFETY: the context is open; `ch` is null or a live channel of the same device that
+        // the CQ keeps alive (its clone is stored below).
+        let raw =
+            unsafe { ffi::ibv_create_cq(ctx.inner.raw, cqe as i32, std::ptr::null_mut(), ch, 0) };
+        if raw.is_null() {
+            return Err(Error::last_os("ibv_create_cq"));
+        }
+        Ok(Cq::created(raw, std::ptr::null_mut(), ctx, channel))
+    }
+
+    /// Checks a CQ's size against the device before any verb.
+    pub(crate) fn check_size(ctx: &Context, cqe: u32) -> Result<()> {
         if cqe == 0 {
             return Err(Error::InvalidArgument(
                 "a completion queue needs at least one entry".into(),
@@ -315,25 +337,29 @@ impl Cq {
                 source_of_limit: "device max_cqe",
             });
         }
-        let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.raw);
-        // SAFETY: the context is open; `ch` is null or a live channel of the same device that
-        // the CQ keeps alive (its clone is stored below).
-        let raw =
-            unsafe { ffi::ibv_create_cq(ctx.inner.raw, cqe as i32, std::ptr::null_mut(), ch, 0) };
-        if raw.is_null() {
-            return Err(Error::last_os("ibv_create_cq"));
-        }
+        Ok(())
+    }
+
+    /// Wraps a CQ just created (`ex`: its extended form, or null), routing `channel`'s events
+    /// to it.
+    pub(crate) fn created(
+        raw: *mut ffi::ibv_cq,
+        ex: *mut ffi::ibv_cq_ex,
+        ctx: &Context,
+        channel: Option<&CompChannel>,
+    ) -> Cq {
         let inner = Arc::new(CqInner {
             raw,
             channel: channel.cloned(),
             unacked: AtomicU32::new(0),
             events: AtomicU32::new(0),
             ctx: ctx.clone(),
+            ex,
         });
         if let Some(ch) = channel {
             lock(&ch.inner.cqs).insert(raw as usize, Arc::downgrade(&inner));
         }
-        Ok(Cq { inner })
+        Cq { inner }
     }
 
     /// Wraps a CQ of the bench's do-nothing provider ([`crate::bench_support`]).
@@ -349,6 +375,7 @@ impl Cq {
                 unacked: AtomicU32::new(0),
                 events: AtomicU32::new(0),
                 ctx: ctx.clone(),
+                ex: std::ptr::null_mut(),
             }),
         }
     }

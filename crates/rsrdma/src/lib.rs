@@ -73,6 +73,7 @@ pub mod bench_support;
 pub mod cm;
 pub mod context;
 pub mod cq;
+pub mod cq_ex;
 pub mod device;
 pub mod dmabuf;
 pub mod error;
@@ -101,6 +102,7 @@ pub use context::{
     AtomicCap, Context, DeviceAttr, Gid, GidEntry, GidType, LinkLayer, Mtu, PortAttr, PortState,
 };
 pub use cq::{CompChannel, Cq};
+pub use cq_ex::{WcEx, WcFields};
 pub use device::{devices, open, Device, DeviceList};
 pub use dmabuf::DmabufMr;
 pub use error::{Error, PrivateData, Result};

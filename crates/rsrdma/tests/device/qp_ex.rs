@@ -134,3 +134,79 @@ fn an_extended_qp_posts_a_batch_of_every_operation_and_an_aborted_batch_posts_no
     // A QP made the classic way has no batches.
     assert!(matches!(b.wr_batch(), Err(Error::InvalidArgument(_))));
 }
+
+#[test]
+fn an_extended_cq_hands_each_completion_with_the_fields_it_was_made_with() {
+    use rsrdma::WcFields;
+    let ctx = ctx();
+    let made = Cq::new_ex(&ctx, 64, None, WcFields::STANDARD);
+    if device_name() == "soft0" {
+        match made {
+            Err(Error::Unsupported { op, .. }) => assert_eq!(op, "ibv_create_cq_ex"),
+            other => panic!("soft0 made an extended CQ: {other:?}"),
+        }
+        return;
+    }
+    let (cq_a, cq_b) = (
+        made.unwrap(),
+        Cq::new_ex(&ctx, 64, None, WcFields::STANDARD).unwrap(),
+    );
+    let pd = Pd::new(&ctx).unwrap();
+    let a = Qp::builder(QpType::Rc).build(&pd, &cq_a, &cq_a).unwrap();
+    let b = Qp::builder(QpType::Rc).build(&pd, &cq_b, &cq_b).unwrap();
+    let opts = connect_opts(AccessFlags::LOCAL_WRITE);
+    let ea = a.endpoint(1, Some(gid_index()), 0x300).unwrap();
+    let eb = b.endpoint(1, Some(gid_index()), 0x400).unwrap();
+    a.connect(&opts, ea.psn, &eb).unwrap();
+    b.connect(&opts, eb.psn, &ea).unwrap();
+    let mut src = Mr::new(&pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = Mr::new(&pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    fill(&mut src, 3);
+    let s1 = [src.sge(0, 700).unwrap()];
+    let s2 = [src.sge(1000, 300).unwrap()];
+    let r1 = [dst.sge(0, 2048).unwrap()];
+    let r2 = [dst.sge(2048, 2048).unwrap()];
+    // SAFETY: the regions outlive the completions polled below.
+    unsafe {
+        b.post_recv(&RecvWr::new(10, &r1)).unwrap();
+        b.post_recv(&RecvWr::new(11, &r2)).unwrap();
+        a.post_send(&SendWr::send_with_imm(1, &s1, 0x1234)).unwrap();
+        a.post_send(&SendWr::send(2, &s2)).unwrap();
+    }
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while got.len() < 2 && std::time::Instant::now() < deadline {
+        cq_b.poll_ex(8, |w| {
+            got.push((
+                w.wr_id(),
+                w.status().0,
+                w.opcode(),
+                w.byte_len(),
+                w.imm_data(),
+                w.qp_num(),
+            ))
+        })
+        .unwrap();
+    }
+    assert_eq!(
+        got,
+        [
+            (10, 0, WcOpcode::RECV, 700, Some(0x1234), b.qp_num()),
+            (11, 0, WcOpcode::RECV, 300, None, b.qp_num()),
+        ]
+    );
+    let mut sent = Vec::new();
+    while sent.len() < 2 && std::time::Instant::now() < deadline {
+        cq_a.poll_ex(1, |w| sent.push((w.wr_id(), w.status().0)))
+            .unwrap();
+    }
+    assert_eq!(sent, [(1, 0), (2, 0)], "one at a time with max 1, in order");
+    assert_eq!(cq_a.poll_ex(8, |_| panic!("nothing left")).unwrap(), 0);
+    assert_eq!(&snap(&dst)[..700], &snap(&src)[..700]);
+    // A CQ made the classic way has no extended poll.
+    let plain = Cq::new(&ctx, 4, None).unwrap();
+    assert!(matches!(
+        plain.poll_ex(1, |_| ()),
+        Err(Error::InvalidArgument(_))
+    ));
+}
