@@ -92,7 +92,8 @@ impl Cq {
 
     /// Polls an extended CQ ([`Cq::new_ex`]): hands up to `max` completions, one at a time,
     /// to `each`, and returns how many there were (0 when the CQ is empty). Allocates
-    /// nothing.
+    /// nothing. `each` must not poll this CQ again: the provider holds the CQ for the whole
+    /// poll (a nested `ibv_start_poll` may deadlock in it).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a CQ not made by `new_ex`; [`Error::Verbs`] naming
