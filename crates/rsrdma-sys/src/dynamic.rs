@@ -105,8 +105,7 @@ impl Symbol {
             self.addr.store(addr, Ordering::Release);
         }
         if addr.is_null() {
-            // SAFETY: errno is this thread's.
-            unsafe { *libc::__errno_location() = libc::ENOSYS };
+            crate::inline::set_errno(libc::ENOSYS);
             return None;
         }
         Some(addr)

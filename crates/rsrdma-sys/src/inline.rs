@@ -33,6 +33,29 @@ unsafe fn verbs_get_ctx(ctx: *mut ibv_context) -> Option<*mut verbs_context> {
     )
 }
 
+/// The header's `verbs_get_ctx_op`: entry `$op` of the extended context around `$ctx`, when
+/// the provider has one large enough to hold it (`sz` counts from the entry's offset to the
+/// end). `$ctx` must be a live context.
+macro_rules! verbs_ctx_op {
+    ($ctx:expr, $op:ident) => {{
+        // SAFETY: the caller's live context.
+        let vctx = unsafe { verbs_get_ctx($ctx) };
+        vctx.and_then(|v| {
+            // SAFETY: an extended context is readable up to its `context` field.
+            let (sz, op) = unsafe { ((*v).sz, (*v).$op) };
+            let needed =
+                std::mem::size_of::<verbs_context>() - std::mem::offset_of!(verbs_context, $op);
+            (sz >= needed).then_some(op).flatten()
+        })
+    }};
+}
+
+/// Sets this thread's errno (what the header's bodies do before returning a failure).
+pub(crate) fn set_errno(e: c_int) {
+    // SAFETY: errno is this thread's.
+    unsafe { *libc::__errno_location() = e };
+}
+
 /// `___ibv_query_port` (what `ibv_query_port` means in C): the provider's extended query
 /// when it has one, else the exported compat call over a zeroed attribute.
 ///
@@ -43,18 +66,7 @@ pub unsafe fn ___ibv_query_port(
     port_num: u8,
     port_attr: *mut ibv_port_attr,
 ) -> c_int {
-    // SAFETY: the caller's live context.
-    let vctx = unsafe { verbs_get_ctx(context) };
-    // The header's verbs_get_ctx_op: the extended context must be large enough to hold the
-    // entry (`sz` counts from the entry's offset to the end).
-    let op = vctx.and_then(|v| {
-        // SAFETY: an extended context is readable up to its `context` field.
-        let (sz, op) = unsafe { ((*v).sz, (*v).query_port) };
-        let needed =
-            std::mem::size_of::<verbs_context>() - std::mem::offset_of!(verbs_context, query_port);
-        (sz >= needed).then_some(op).flatten()
-    });
-    match op {
+    match verbs_ctx_op!(context, query_port) {
         // SAFETY: the provider's entry, with the caller's arguments and the struct's size.
         Some(f) => unsafe {
             f(
@@ -152,8 +164,7 @@ pub unsafe fn ibv_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mut ibv_mw {
         // SAFETY: the provider's entry with the caller's arguments.
         Some(f) => unsafe { f(pd, type_) },
         None => {
-            // SAFETY: errno is this thread's.
-            unsafe { *libc::__errno_location() = libc::EOPNOTSUPP };
+            set_errno(libc::EOPNOTSUPP);
             std::ptr::null_mut()
         }
     }
@@ -206,21 +217,11 @@ pub unsafe fn ibv_create_qp_ex(
         // SAFETY: the extended attribute starts with the plain one (the header's cast).
         return unsafe { crate::ibv_create_qp((*attr).pd, attr.cast()) };
     }
-    // SAFETY: the caller's live context.
-    let vctx = unsafe { verbs_get_ctx(context) };
-    let op = vctx.and_then(|v| {
-        // SAFETY: an extended context is readable up to its `context` field.
-        let (sz, op) = unsafe { ((*v).sz, (*v).create_qp_ex) };
-        let needed = std::mem::size_of::<verbs_context>()
-            - std::mem::offset_of!(verbs_context, create_qp_ex);
-        (sz >= needed).then_some(op).flatten()
-    });
-    match op {
+    match verbs_ctx_op!(context, create_qp_ex) {
         // SAFETY: the provider's entry with the caller's arguments.
         Some(f) => unsafe { f(context, attr) },
         None => {
-            // SAFETY: errno is this thread's.
-            unsafe { *libc::__errno_location() = libc::EOPNOTSUPP };
+            set_errno(libc::EOPNOTSUPP);
             std::ptr::null_mut()
         }
     }
@@ -303,25 +304,14 @@ pub unsafe fn ibv_create_cq_ex(
         & !(crate::IBV_CQ_INIT_ATTR_MASK_FLAGS | crate::IBV_CQ_INIT_ATTR_MASK_PD)
         != 0
     {
-        // SAFETY: errno is this thread's.
-        unsafe { *libc::__errno_location() = libc::EINVAL };
+        set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
-    // SAFETY: the caller's live context.
-    let vctx = unsafe { verbs_get_ctx(context) };
-    let op = vctx.and_then(|v| {
-        // SAFETY: an extended context is readable up to its `context` field.
-        let (sz, op) = unsafe { ((*v).sz, (*v).create_cq_ex) };
-        let needed = std::mem::size_of::<verbs_context>()
-            - std::mem::offset_of!(verbs_context, create_cq_ex);
-        (sz >= needed).then_some(op).flatten()
-    });
-    match op {
+    match verbs_ctx_op!(context, create_cq_ex) {
         // SAFETY: the provider's entry with the caller's arguments.
         Some(f) => unsafe { f(context, attr) },
         None => {
-            // SAFETY: errno is this thread's.
-            unsafe { *libc::__errno_location() = libc::EOPNOTSUPP };
+            set_errno(libc::EOPNOTSUPP);
             std::ptr::null_mut()
         }
     }
