@@ -134,6 +134,29 @@ impl Waitable for rsrdma::Cq {
     }
 }
 
+/// The clocks a wait reads: the real ones ([`SystemClock`]), or a simulated one in the
+/// host tests of the operations, where a deadline can pass at the very moment a completion
+/// lands.
+pub(crate) trait Clock {
+    /// The precise time (the adaptive spin's length is measured with it).
+    fn now(&self) -> Instant;
+    /// The cheap, possibly late time deadlines are checked with ([`coarse_now`]).
+    fn coarse(&self) -> Instant;
+}
+
+/// `Instant::now` and [`coarse_now`].
+pub(crate) struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn coarse(&self) -> Instant {
+        coarse_now()
+    }
+}
+
 /// Runs `progress` (poll the CQ, feed the protocol, check the condition) until it returns
 /// true or `deadline` passes, waiting between calls as `mode` says. Returns false on the
 /// deadline. In the sleeping modes the CQ is armed and `progress` runs once more before each
@@ -154,22 +177,33 @@ pub fn wait_until(
     mode: PollMode,
     cq: &impl Waitable,
     deadline: Option<Instant>,
+    progress: impl FnMut() -> Result<bool>,
+) -> Result<bool> {
+    wait_until_on(&SystemClock, mode, cq, deadline, progress)
+}
+
+/// [`wait_until`] reading `clock`.
+pub(crate) fn wait_until_on(
+    clock: &impl Clock,
+    mode: PollMode,
+    cq: &impl Waitable,
+    deadline: Option<Instant>,
     mut progress: impl FnMut() -> Result<bool>,
 ) -> Result<bool> {
     let spin = mode.spin();
     let started = match spin {
-        Some(s) if !s.is_zero() => Some(Instant::now()),
+        Some(s) if !s.is_zero() => Some(clock.now()),
         _ => None,
     };
     loop {
         if progress()? {
             return Ok(true);
         }
-        if deadline.is_some_and(|d| coarse_now() >= d) {
+        if deadline.is_some_and(|d| clock.coarse() >= d) {
             return Ok(false);
         }
         let spun = match (spin, started) {
-            (Some(s), Some(t)) => t.elapsed() >= s,
+            (Some(s), Some(t)) => clock.now().saturating_duration_since(t) >= s,
             (Some(_), None) => true,
             (None, _) => false,
         };

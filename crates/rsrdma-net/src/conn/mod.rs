@@ -59,6 +59,7 @@ mod op_sim;
 mod options;
 mod pool;
 mod pool_events;
+mod read_hold;
 mod region;
 mod rendezvous;
 mod shared;
@@ -435,36 +436,34 @@ impl Conn {
         let shared = &*self.shared;
         let clock = StepClock::default();
         let mut take = Take::new(buf);
-        let mut step = |seen: &Cell<u64>, fresh| {
-            self.step_taking(op, seen, Some(clock.now(fresh)), &mut take, &mut attempt)
-        };
         let first_seen = Cell::new(0);
-        if let Some(v) = step(&first_seen, true)? {
-            return Ok(v);
-        }
-        let deadline = crate::deadline::deadline_within(timeout);
-        let waiter = Waiter::new(shared);
-        waiter.seen.set(first_seen.get());
-        let mut out = None;
-        let done = progress::wait_until(shared.mode, &waiter, deadline, || {
-            Ok(match step(&waiter.seen, waiter.slept.take())? {
-                Some(v) => {
-                    out = Some(v);
-                    true
-                }
-                None => false,
-            })
-        })?;
-        // A value is the caller's whatever `done` says: its attempt may have consumed
-        // something (a message, a side's ownership) to produce it.
-        let _ = done;
-        match out {
-            Some(v) => Ok(v),
-            None => Err(NetError::Timeout {
-                op,
-                millis: timeout.map_or(0, |t| t.as_millis() as u64),
-            }),
-        }
+        op::block_on(
+            &progress::SystemClock,
+            shared.mode,
+            op,
+            timeout,
+            || {
+                let waiter = Waiter::new(shared);
+                waiter.seen.set(first_seen.get());
+                waiter
+            },
+            |waiter| match waiter {
+                None => self.step_taking(
+                    op,
+                    &first_seen,
+                    Some(clock.now(true)),
+                    &mut take,
+                    &mut attempt,
+                ),
+                Some(w) => self.step_taking(
+                    op,
+                    &w.seen,
+                    Some(clock.now(w.slept.take())),
+                    &mut take,
+                    &mut attempt,
+                ),
+            },
+        )
     }
 
     /// One locked step of a blocking call: polls the CQ and fires due timers (when given the

@@ -14,7 +14,8 @@
 use super::driver::Driver;
 use super::sides::{Owners, Side};
 use super::Conn;
-use crate::error::Result;
+use crate::error::{NetError, Result};
+use crate::progress::{wait_until_on, Clock, PollMode, Waitable};
 use rsrdma_proto::{Conn as Core, SlotMemory};
 use std::time::Duration;
 
@@ -28,6 +29,8 @@ pub(crate) trait Link {
     fn owners(&mut self) -> &mut Owners;
     /// The peer left after its FIN: reads go on, sends fail.
     fn peer_gone(&self) -> bool;
+    /// The head message cannot be read any more: the peer left with its READ in flight.
+    fn read_stranded(&self) -> bool;
 }
 
 impl Link for Driver {
@@ -43,6 +46,10 @@ impl Link for Driver {
 
     fn peer_gone(&self) -> bool {
         Driver::peer_gone(self)
+    }
+
+    fn read_stranded(&self) -> bool {
+        Driver::read_stranded(self)
     }
 }
 
@@ -115,6 +122,38 @@ pub(super) fn give_up<L: Link, O: Op<L>>(
         *d.owners().flag(s) = false;
     }
     r
+}
+
+/// How a blocking call waits, for a real connection and a simulated one alike: one `step`
+/// before anything is set up (a call that succeeds at once makes no waiter and reads no
+/// clock), then steps under [`wait_until_on`] until one gives a value or `timeout` passes
+/// (`Timeout`). `step` gets the waiter once there is one (it carries what the last step saw).
+///
+/// A value is the caller's whatever the wait answers: the step that gave it may have
+/// consumed something to produce it (a message taken, a side freed), so it is never dropped
+/// for a timeout that passed at the same moment (F1).
+pub(crate) fn block_on<T, W: Waitable>(
+    clock: &impl Clock,
+    mode: PollMode,
+    op: &'static str,
+    timeout: Option<Duration>,
+    waiter: impl FnOnce() -> W,
+    mut step: impl FnMut(Option<&W>) -> Result<Option<T>>,
+) -> Result<T> {
+    if let Some(v) = step(None)? {
+        return Ok(v);
+    }
+    let deadline = timeout.map(|t| crate::deadline::deadline_from(clock.now(), t));
+    let waiter = waiter();
+    let mut out = None;
+    wait_until_on(clock, mode, &waiter, deadline, || {
+        out = step(Some(&waiter))?;
+        Ok(out.is_some())
+    })?;
+    out.ok_or(NetError::Timeout {
+        op,
+        millis: timeout.map_or(0, |t| t.as_millis().try_into().unwrap_or(u64::MAX)),
+    })
 }
 
 impl Conn {

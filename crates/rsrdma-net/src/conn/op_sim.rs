@@ -18,25 +18,41 @@
 //! DONE (as `send_lent` does) and then counts as sent; one that a broken link ends may or may
 //! not have arrived.
 //!
+//! Blocking calls: some operations run as `Conn`'s calls do, through [`op::block_on`] and
+//! `wait_until` in a random poll mode, under a simulated clock ([`SimClock`]) whose sleeps
+//! let the NIC work, run into the deadline, or both at once (a completion landing at the
+//! very moment the deadline passes).
+//!
+//! Concurrent close: one side begins to close at a random step while the other calls run,
+//! and tears down once its FIN completed or its linger ran out ([`CloseAt`]); from then on
+//! its calls end with `Closed`, what it exposed is gone, and what the peer sends it fails
+//! there, which after the FIN is the peer leaving (`peer_gone`), before it the connection's
+//! failure.
+//!
 //! Mutations this catches (each checked by hand when it was written, 3 runs of 300 cases):
 //! `send_unborrow` answering "kept" for a message never started (F2: an accepted message
 //! never arrives), `RecvInto::abandon` not handing the part back (a message arrives
-//! corrupted), a give-up that does not free its side (the side stays owned), and
-//! `Pull::abandon` not handing its READ over (F3: the receive side wedges). Not here: the
-//! wait itself (F1: `progress::wait_until`'s own tests), windows, slices as READ
-//! destinations and close, which the device tests cover.
+//! corrupted), a give-up that does not free its side (the side stays owned),
+//! `Pull::abandon` not handing its READ over (F3: the receive side wedges), `wait_until`
+//! looking again after its last look at the deadline succeeded (F1: the message taken is
+//! lost), a READ stranded by the peer's leaving that keeps its buffer busy for ever, and
+//! one whose buffer is freed before its work request completed. Not here: windows, slices
+//! as READ destinations and the async face's futures, which the device tests cover.
 
 use super::op::{self, Link, Op};
+use super::read_hold::ReadHold;
 use super::rendezvous::{Pull, Pulled, ReadLink, RecvStep};
 use super::sides::Owners;
 use super::transfer::{RecvInto, SendMsg, SliceRdv, SliceRendezvous};
 use crate::error::{from_core, NetError, Result};
+use crate::progress::{Clock, PollMode, Waitable};
 use proptest::prelude::*;
 use rsrdma_proto::{
     settle, Config, Conn as Core, Fatal, Step, VecSlots, Work, WrId, FEATURE_RENDEZVOUS,
 };
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Messages of at least this many bytes go by rendezvous.
 const THRESHOLD: usize = 3000;
@@ -60,30 +76,44 @@ struct SimSide {
     /// The receive buffer.
     buffer: Vec<u8>,
     /// A READ holds the buffer (from its start until its message is taken, or landed into
-    /// the core after its call gave up).
-    held: bool,
-    /// The call reading into the buffer gave up: the message's length, to move into the
-    /// core when the READ lands.
-    orphaned: Option<usize>,
+    /// the core after its call gave up), as the driver's.
+    hold: ReadHold<()>,
+    /// One past the last send-queue request completed (failed ones included), as the
+    /// driver's.
+    sends_done: u64,
+    /// A READ posted and not yet completed (the NIC may still write the buffer).
+    read_out: Option<WrId>,
+    /// The peer left after its FIN (its teardown after a close): reads go on, sends fail.
+    peer_gone: bool,
+    /// This side closed and tore down: its driver is gone, so its operations end with
+    /// `Closed` and abandon nothing (as `Conn::give_up_op` finds no driver).
+    detached: bool,
 }
 
 impl SimSide {
     /// As the driver's step does after completions: a READ whose call gave up landed, so
-    /// its message becomes the core's head and the buffer is free.
-    fn land_orphan(&mut self) {
-        let Some(len) = self.orphaned else {
-            return;
-        };
-        if !self.core.read_landed() {
-            return;
+    /// its message becomes the core's head, or the peer's leaving stranded it; either way
+    /// the buffer is free.
+    fn settle_read(&mut self) {
+        let SimSide {
+            hold,
+            core,
+            peer_gone,
+            sends_done,
+            buffer,
+            ..
+        } = self;
+        hold.settle(core, *peer_gone, *sends_done, |(), len| {
+            buffer[..len].to_vec()
+        });
+    }
+
+    /// A send-queue request completed (the driver counts every one, failed ones included).
+    fn sent_done(&mut self, wr_id: WrId) {
+        self.sends_done = self.sends_done.max(wr_id.0 + 1);
+        if self.read_out.is_some_and(|r| r.0 <= wr_id.0) {
+            self.read_out = None;
         }
-        self.orphaned = None;
-        self.held = false;
-        let msg = self.buffer[..len].to_vec();
-        assert!(
-            self.core.take_read_into_core(msg),
-            "a landed read did not match its message"
-        );
     }
 }
 
@@ -99,7 +129,11 @@ impl Link for SimSide {
     }
 
     fn peer_gone(&self) -> bool {
-        false
+        self.peer_gone
+    }
+
+    fn read_stranded(&self) -> bool {
+        self.hold.stranded()
     }
 }
 
@@ -142,18 +176,16 @@ impl ReadLink for SimSide {
     type Hold = ();
 
     fn hold_read(&mut self, (): ()) {
-        self.held = true;
+        self.hold.hold(());
     }
 
     fn end_read(&mut self) {
-        self.held = false;
+        self.hold.end();
     }
 
     fn orphan_buffer_read(&mut self, len: usize) {
-        if self.held {
-            self.orphaned = Some(len);
-            self.land_orphan();
-        }
+        self.hold.orphan(len);
+        self.settle_read();
     }
 }
 
@@ -209,8 +241,11 @@ impl SimPair {
                 exposed_msg: HashMap::new(),
                 next_rkey: 1,
                 buffer: vec![0; MAX_MESSAGE],
-                held: false,
-                orphaned: None,
+                hold: ReadHold::default(),
+                sends_done: 0,
+                read_out: None,
+                peer_gone: false,
+                detached: false,
             }
         };
         let mut p = SimPair {
@@ -224,8 +259,69 @@ impl SimPair {
         p
     }
 
+    /// Side `i` begins to close, as `Conn::begin_close` does while other calls run: FIN after
+    /// everything queued (and the rest of a message a call is sending).
+    fn begin_close(&mut self, i: usize) {
+        let s = &mut self.sides[i];
+        if s.core.error().is_none() && !s.peer_gone {
+            let _ = s.core.close();
+        }
+        self.post(i);
+    }
+
+    /// Whether side `i`'s close waited enough (`CloseWait`): its FIN completed, the peer
+    /// left, or the connection failed.
+    fn close_waited(&self, i: usize) -> bool {
+        let s = &self.sides[i];
+        s.core.error().is_some() || s.peer_gone || s.core.is_drained()
+    }
+
+    /// Side `i` tears down after its close (`Conn::finish_close`): what it exposed for
+    /// rendezvous is gone, and its QP with it, so nothing more moves either way; the peer
+    /// sees it leave after its FIN (`peer_gone`), or die.
+    fn detach(&mut self, i: usize) {
+        let s = &mut self.sides[i];
+        s.detached = true;
+        s.exposed.clear();
+        s.exposed_msg.clear();
+        // What it had posted is flushed; what the peer sends it from now on fails there.
+        self.wire[i].clear();
+        // The peer learns of it at once (rdma_cm's disconnect, or its keepalive): after our
+        // FIN as the peer leaving, before it as the connection's failure.
+        let peer = &mut self.sides[1 - i];
+        if peer.core.peer_closed() {
+            peer.peer_gone = true;
+            peer.settle_read();
+        } else if peer.core.error().is_none() {
+            peer.core.handle_fatal(Fatal::QpError);
+        }
+    }
+
+    /// Request `wr_id` of side `i` failed (its peer is gone), as the driver's completion
+    /// handling sees it: after the peer's FIN, its failures are its teardown (`peer_gone`),
+    /// otherwise the connection fails; once either holds, later failures are ignored.
+    fn fail_at(&mut self, i: usize, wr_id: WrId) {
+        const RETRY_EXC_ERR: u32 = 12;
+        let s = &mut self.sides[i];
+        s.sent_done(wr_id);
+        if s.peer_gone || s.core.error().is_some() {
+            s.settle_read();
+            return;
+        }
+        if s.core.peer_closed() {
+            s.peer_gone = true;
+            s.settle_read();
+            return;
+        }
+        s.core.handle_send_completion(wr_id, Err(RETRY_EXC_ERR));
+        while s.core.poll_event().is_some() {}
+    }
+
     /// Posts what side `i` queued, as the driver's `post_work` does.
     fn post(&mut self, i: usize) -> bool {
+        if self.sides[i].detached {
+            return false;
+        }
         let mut any = false;
         while let Some(w) = self.sides[i].core.poll_work() {
             any = true;
@@ -252,7 +348,11 @@ impl SimPair {
                         signaled,
                     });
                 }
-                read @ Work::PostRead { .. } => self.wire[i].push_back(Frame::Read(read)),
+                read @ Work::PostRead { wr_id, .. } => {
+                    self.sides[i].hold.posted(wr_id.0);
+                    self.sides[i].read_out = Some(wr_id);
+                    self.wire[i].push_back(Frame::Read(read));
+                }
                 other => panic!("the simulation posts no {other:?}"),
             }
         }
@@ -274,13 +374,22 @@ impl SimPair {
     /// Lands the oldest request from side `i`: a SEND in the other side's oldest posted
     /// receive, a READ in side `i`'s buffer from the other side's exposed memory.
     fn deliver(&mut self, i: usize) -> bool {
-        if self.broken {
+        if self.broken || self.sides[i].detached {
             self.wire[i].clear();
             return false;
         }
         let Some(f) = self.wire[i].pop_front() else {
             return false;
         };
+        if self.sides[1 - i].detached {
+            // The target's QP is gone: the request fails at the sender (after its retries).
+            let wr_id = match f {
+                Frame::Send { wr_id, .. } | Frame::Read(Work::PostRead { wr_id, .. }) => wr_id,
+                Frame::Read(other) => panic!("not a READ: {other:?}"),
+            };
+            self.fail_at(i, wr_id);
+            return true;
+        }
         match f {
             Frame::Send {
                 bytes,
@@ -297,6 +406,7 @@ impl SimPair {
                     .handle_recv_completion(slot, bytes.len() as u32, Ok(()), self.now);
                 while peer.core.poll_event().is_some() {}
                 if signaled {
+                    self.sides[i].sent_done(wr_id);
                     self.sides[i].core.handle_send_completion(wr_id, Ok(()));
                 }
             }
@@ -319,11 +429,12 @@ impl SimPair {
                     lkey, BUFFER_LKEY,
                     "a READ into memory that is not the buffer"
                 );
-                assert!(me.held, "a READ into a buffer nobody holds");
+                assert!(me.hold.is_held(), "a READ into a buffer nobody holds");
                 me.buffer[to..to + len].copy_from_slice(&bytes);
+                me.sent_done(wr_id);
                 me.core.handle_send_completion(wr_id, Ok(()));
                 while me.core.poll_event().is_some() {}
-                me.land_orphan();
+                me.settle_read();
             }
             Frame::Read(other) => panic!("not a READ: {other:?}"),
         }
@@ -363,11 +474,13 @@ fn act() -> impl Strategy<Value = Act> {
     ]
 }
 
-/// A running operation: how many more attempts it makes before it gives up.
+/// A running operation: how many more attempts it makes before it gives up, or (`wait`)
+/// the timeout of a blocking call that waits for it under the simulated clock.
 struct Running<O> {
     op: O,
     owned: bool,
     patience: u32,
+    wait: Option<Duration>,
 }
 
 /// The outcome of one attempt of a running operation.
@@ -391,6 +504,164 @@ fn step<L: Link, O: Op<L>>(d: &mut L, run: &mut Running<O>) -> Outcome<O::Out> {
             Outcome::Done(op::give_up(d, &mut run.op, run.owned, timeout))
         }
         Err(e) => Outcome::Done(op::give_up(d, &mut run.op, run.owned, Err(e))),
+    }
+}
+
+/// The choices of the simulated world while a call blocks (which poll mode, which timeout,
+/// what lands during a spin or a sleep, when the deadline passes), read in turn from a
+/// random script.
+struct Script {
+    bytes: Vec<u8>,
+    at: Cell<usize>,
+}
+
+impl Script {
+    fn new(bytes: &[u8]) -> Script {
+        Script {
+            bytes: if bytes.is_empty() {
+                vec![0]
+            } else {
+                bytes.to_vec()
+            },
+            at: Cell::new(0),
+        }
+    }
+
+    fn next(&self) -> u8 {
+        let k = self.at.get();
+        self.at.set(k + 1);
+        self.bytes[k % self.bytes.len()]
+    }
+
+    /// A blocking wait for the next operation, or none (it goes by attempts).
+    fn wait(&self) -> Option<Duration> {
+        let c = self.next();
+        (c % 2 == 0).then(|| Duration::from_micros(u64::from(c / 2) * 3))
+    }
+}
+
+/// How far the simulated clock moves at each reading, so that spinning loops end.
+const TICK: Duration = Duration::from_micros(1);
+
+/// The simulated clock: only readings and sleeps move it.
+struct SimClock(Cell<Instant>);
+
+impl Clock for SimClock {
+    fn now(&self) -> Instant {
+        let t = self.0.get() + TICK;
+        self.0.set(t);
+        t
+    }
+
+    fn coarse(&self) -> Instant {
+        self.now()
+    }
+}
+
+/// The NIC and the wire at work for a moment: a few posts and deliveries either way.
+fn nic_work(p: &mut SimPair, script: &Script) {
+    for _ in 0..=script.next() % 4 {
+        let c = script.next();
+        p.post(usize::from(c & 1));
+        p.deliver(usize::from(c >> 1 & 1));
+    }
+}
+
+/// What a blocking call sleeps on: a sleep lets the NIC work and ends before the deadline
+/// (an event), or the deadline passes with nothing landing, or, the edge where F1 lost
+/// messages, the deadline passes at the very moment a completion lands.
+struct SimWaiter<'a, 'p> {
+    pair: &'a RefCell<&'p mut SimPair>,
+    clock: &'a SimClock,
+    script: &'a Script,
+}
+
+impl Waitable for SimWaiter<'_, '_> {
+    fn arm(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn sleep(&self, deadline: Option<Instant>) -> Result<bool> {
+        let c = self.script.next() % 4;
+        if c != 1 {
+            nic_work(&mut self.pair.borrow_mut(), self.script);
+        }
+        match deadline {
+            Some(d) if c != 0 => {
+                self.clock.0.set(self.clock.0.get().max(d));
+                Ok(false)
+            }
+            _ => {
+                self.clock.0.set(self.clock.0.get() + TICK * 3);
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// Runs `run`'s operation on side `i` as a blocking call does ([`op::block_on`], then a
+/// give-up on an error or the timeout), under the simulated clock, in a poll mode the script
+/// picks; the NIC may work at any step and at any sleep.
+fn block_run<O: Op<SimSide>>(
+    p: &mut SimPair,
+    i: usize,
+    run: &mut Running<O>,
+    script: &Script,
+) -> Result<O::Out> {
+    let mode = match script.next() % 3 {
+        0 => PollMode::Busy,
+        1 => PollMode::Event,
+        _ => PollMode::Adaptive { spin: TICK * 5 },
+    };
+    let clock = SimClock(Cell::new(p.now));
+    let pair = RefCell::new(p);
+    let r = op::block_on(
+        &clock,
+        mode,
+        "sim",
+        run.wait,
+        || SimWaiter {
+            pair: &pair,
+            clock: &clock,
+            script,
+        },
+        |_| {
+            let mut p = pair.borrow_mut();
+            if script.next() % 3 == 0 {
+                nic_work(&mut p, script);
+            }
+            let r = op::attempt(&mut p.sides[i], &mut run.op, &mut run.owned);
+            p.post(i);
+            r
+        },
+    );
+    let p = pair.into_inner();
+    p.now = clock.0.get();
+    match r {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let r = op::give_up(&mut p.sides[i], &mut run.op, run.owned, Err(e));
+            run.owned = false;
+            p.post(i);
+            r
+        }
+    }
+}
+
+/// One attempt of `run` (a blocking one waits it out) on side `i`.
+fn advance<O: Op<SimSide>>(
+    p: &mut SimPair,
+    i: usize,
+    run: &mut Running<O>,
+    script: &Script,
+) -> Outcome<O::Out> {
+    if p.sides[i].detached {
+        return Outcome::Done(Err(NetError::Closed { op: "sim" }));
+    }
+    if run.wait.is_some() {
+        Outcome::Done(block_run(p, i, run, script))
+    } else {
+        step(&mut p.sides[i], run)
     }
 }
 
@@ -459,8 +730,36 @@ fn check_arrivals(msgs: &[Vec<u8>], sent: &[Sent], received: &[Vec<u8>], broken:
 /// Runs the messages `lens` from side 0 to side 1 under `acts` (repeated), the sends and
 /// receives giving up after their patience; then drains with unlimited patience and checks
 /// the invariants.
-fn run(lens: &[usize], patience: &[u32], acts: &[Act], break_at: Option<usize>) {
+///
+/// With `waits` (a script; empty: none), some sends, receives and pulls are blocking calls
+/// that wait under the simulated clock with a timeout ([`block_run`]).
+///
+/// With `close`, one side begins to close at a step while the other calls run, and tears
+/// down once its FIN went or its linger ran out.
+fn run(
+    lens: &[usize],
+    patience: &[u32],
+    acts: &[Act],
+    break_at: Option<usize>,
+    waits: &[u8],
+    close: Option<CloseAt>,
+) {
     let mut p = SimPair::new();
+    // The step at which the close began, once it has.
+    let mut close_began: Option<usize> = None;
+    // The close ran out of linger before its FIN went: what was in flight may be lost.
+    let mut close_cut = false;
+    let mut recv_eof = false;
+    // The running send began after its own side began to close.
+    let mut send_after_close = false;
+    let script = Script::new(waits);
+    let wait_for = |draining: bool| {
+        if waits.is_empty() || draining {
+            None
+        } else {
+            script.wait()
+        }
+    };
     let mut recv_failed = false;
     let msgs: Vec<Vec<u8>> = (0..lens.len())
         .map(|i| message(i as u64 + 1, lens[i]))
@@ -486,10 +785,30 @@ fn run(lens: &[usize], patience: &[u32], acts: &[Act], break_at: Option<usize>) 
         if break_at == Some(steps) {
             p.break_link();
         }
+        if let Some(c) = close {
+            if close_began.is_none() && steps == c.step {
+                p.begin_close(c.side);
+                close_began = Some(steps);
+            }
+            if let Some(began) = close_began {
+                if !p.sides[c.side].detached {
+                    let waited = p.close_waited(c.side);
+                    if waited || steps >= began + c.linger {
+                        close_cut |= !waited;
+                        p.detach(c.side);
+                    }
+                }
+            }
+        }
+        let closing = close_began.is_some();
+        assert!(
+            p.sides[1].read_out.is_none() || p.sides[1].hold.is_held() || p.sides[1].detached,
+            "the buffer was freed while a READ may still write it"
+        );
         assert!(
             steps < 200_000,
             "no progress (a wedge): sent {next_send} of {}, {sent:?}, received {}, wire {} {}, \
-             posted {} {}, owners {:?} {:?}, buffer held {} orphaned {:?}, counters {:?} / {:?}",
+             posted {} {}, owners {:?} {:?}, buffer {:?}, counters {:?} / {:?}",
             lens.len(),
             received.len(),
             p.wire[0].len(),
@@ -498,8 +817,7 @@ fn run(lens: &[usize], patience: &[u32], acts: &[Act], break_at: Option<usize>) 
             p.sides[1].posted.len(),
             p.sides[0].owners,
             p.sides[1].owners,
-            p.sides[1].held,
-            p.sides[1].orphaned,
+            p.sides[1].hold,
             p.sides[0].core.counters(),
             p.sides[1].core.counters(),
         );
@@ -527,10 +845,11 @@ fn run(lens: &[usize], patience: &[u32], acts: &[Act], break_at: Option<usize>) 
                         side.drop_send(msg, true);
                         sent.push(match r {
                             Ok(()) | Err(NetError::Timeout { .. }) => Sent::Accepted,
+                            Err(_) if closing => Sent::Uncertain,
                             Err(e) => panic!("send {next_send}: {e}"),
                         });
                         next_send += 1;
-                    } else if side.core.error().is_some() {
+                    } else if side.core.error().is_some() || side.detached || side.peer_gone {
                         side.drop_send(msg, false);
                         sent.push(Sent::Uncertain);
                         next_send += 1;
@@ -544,20 +863,32 @@ fn run(lens: &[usize], patience: &[u32], acts: &[Act], break_at: Option<usize>) 
                         op: SendMsg::with_threshold("sim send", &batches[next_send], THRESHOLD),
                         owned: false,
                         patience: patience_of.next().unwrap_or(0),
+                        wait: wait_for(false),
                     });
+                    send_after_close = close.is_some_and(|c| c.side == 0) && closing;
                 }
                 if let Some(run) = sending.as_mut() {
-                    if let Outcome::Done(r) = step(&mut p.sides[0], run) {
-                        assert!(!p.sides[0].owners.owned(super::sides::Side::Send));
+                    if let Outcome::Done(r) = advance(&mut p, 0, run, &script) {
+                        assert!(
+                            p.sides[0].detached
+                                || !p.sides[0].owners.owned(super::sides::Side::Send)
+                        );
                         if let Some(msg) = run.op.take_rts_out() {
                             grace = Some((msg, r));
                             sending = None;
                             continue;
                         }
                         sent.push(match r {
+                            Ok(()) if send_after_close => {
+                                panic!(
+                                    "send {next_send} began after its side closed, and succeeded"
+                                )
+                            }
                             Ok(()) => Sent::Accepted,
                             Err(NetError::Timeout { .. }) => Sent::Refused,
                             Err(NetError::ConnFailed(_)) if p.broken => Sent::Uncertain,
+                            // Closed under it, or begun after its side or the peer closed.
+                            Err(_) if closing => Sent::Uncertain,
                             Err(e) => panic!("send {next_send}: {e}"),
                         });
                         sending = None;
@@ -574,28 +905,34 @@ fn run(lens: &[usize], patience: &[u32], acts: &[Act], break_at: Option<usize>) 
                     }
                 };
                 match receiving.take() {
-                    Some(Receiving::Pulling(mut run)) => match step(&mut p.sides[1], &mut run) {
-                        Outcome::Pending => receiving = Some(Receiving::Pulling(run)),
-                        Outcome::Done(Ok(Pulled::Done(n))) => {
-                            received.push(p.sides[1].buffer[..n].to_vec());
+                    Some(Receiving::Pulling(mut run)) => {
+                        match advance(&mut p, 1, &mut run, &script) {
+                            Outcome::Pending => receiving = Some(Receiving::Pulling(run)),
+                            Outcome::Done(Ok(Pulled::Done(n))) => {
+                                received.push(p.sides[1].buffer[..n].to_vec());
+                            }
+                            Outcome::Done(Ok(Pulled::Retry)) => {}
+                            Outcome::Done(Err(NetError::Timeout { .. })) => {}
+                            Outcome::Done(Err(NetError::ConnFailed(_))) if p.broken => {
+                                recv_failed = true;
+                            }
+                            Outcome::Done(Err(_)) if closing => recv_failed = true,
+                            Outcome::Done(Err(e)) => panic!("pull: {e}"),
                         }
-                        Outcome::Done(Ok(Pulled::Retry)) => {}
-                        Outcome::Done(Err(NetError::Timeout { .. })) => {}
-                        Outcome::Done(Err(NetError::ConnFailed(_))) if p.broken => {
-                            recv_failed = true;
-                        }
-                        Outcome::Done(Err(e)) => panic!("pull: {e}"),
-                    },
+                    }
                     r => {
-                        let patience = match r {
-                            Some(Receiving::Into(left)) => left,
-                            _ => fresh(draining, &mut recv_patience),
+                        let (patience, wait) = match r {
+                            Some(Receiving::Into(left)) => (left, None),
+                            _ => (fresh(draining, &mut recv_patience), wait_for(draining)),
                         };
                         let side = &mut p.sides[1];
-                        if side.held {
+                        if side.hold.is_held() {
                             // `recv_buffer` first waits until its buffer is no longer in
                             // flight (a READ whose call gave up); a failure ends that wait.
-                            if side.core.error().is_some() {
+                            if side.core.error().is_some() || side.detached {
+                                // (A READ the peer's leaving strands keeps the buffer busy:
+                                // only a failure or this side's teardown ends the wait, as
+                                // `BufferIdle`'s.)
                                 recv_failed = true;
                             } else if patience > 0 {
                                 receiving = Some(Receiving::Into(patience - 1));
@@ -606,11 +943,12 @@ fn run(lens: &[usize], patience: &[u32], acts: &[Act], break_at: Option<usize>) 
                             op: RecvInto::new("sim recv", &mut recv_buf),
                             owned: side.owners.owned(super::sides::Side::Recv),
                             patience,
+                            wait,
                         };
                         // A receive lasts across steps only through the owners' record and
                         // its patience: its buffer is the same between attempts, as a
                         // blocked call's is.
-                        match step(side, &mut run) {
+                        match advance(&mut p, 1, &mut run, &script) {
                             Outcome::Pending => receiving = Some(Receiving::Into(run.patience)),
                             Outcome::Done(r) => {
                                 let got = match &r {
@@ -623,6 +961,7 @@ fn run(lens: &[usize], patience: &[u32], acts: &[Act], break_at: Option<usize>) 
                                 recv_buf.fill(0xee);
                                 match r {
                                     Ok(RecvStep::Got(Some(_))) => received.extend(got),
+                                    Ok(RecvStep::Got(None)) if closing => recv_eof = true,
                                     Ok(RecvStep::Got(None)) => {
                                         panic!("end of stream without a FIN")
                                     }
@@ -636,13 +975,18 @@ fn run(lens: &[usize], patience: &[u32], acts: &[Act], break_at: Option<usize>) 
                                             ),
                                             owned: false,
                                             patience: fresh(draining, &mut recv_patience),
+                                            wait: wait_for(draining),
                                         }));
                                     }
                                     Err(NetError::Timeout { .. }) => {}
                                     Err(NetError::ConnFailed(_)) if p.broken => recv_failed = true,
+                                    Err(_) if closing => recv_failed = true,
                                     Err(e) => panic!("receive: {e}"),
                                 }
-                                assert!(!p.sides[1].owners.owned(super::sides::Side::Recv));
+                                assert!(
+                                    p.sides[1].detached
+                                        || !p.sides[1].owners.owned(super::sides::Side::Recv)
+                                );
                             }
                         }
                     }
@@ -655,14 +999,16 @@ fn run(lens: &[usize], patience: &[u32], acts: &[Act], break_at: Option<usize>) 
                 p.deliver(i);
             }
         }
-        if draining && (received.len() >= accepted(&sent) || recv_failed) {
+        if draining && (received.len() >= accepted(&sent) || recv_failed || recv_eof) {
             // Everything accepted arrived: a receive still waiting gives up (a timeout), and
             // nothing else may still come.
             let timeout = || NetError::Timeout {
                 op: "sim",
                 millis: 0,
             };
+            let gone = p.sides[1].detached;
             match receiving.take() {
+                _ if gone => {}
                 Some(Receiving::Into(_)) => {
                     let mut op = RecvInto::new("sim recv", &mut recv_buf);
                     let owned = p.sides[1].owners.owned(super::sides::Side::Recv);
@@ -675,39 +1021,79 @@ fn run(lens: &[usize], patience: &[u32], acts: &[Act], break_at: Option<usize>) 
                 }
                 None => {}
             }
-            assert!(!p.sides[1].owners.owned(super::sides::Side::Recv));
+            assert!(gone || !p.sides[1].owners.owned(super::sides::Side::Recv));
             for _ in 0..50 {
                 p.post(0);
                 p.post(1);
                 p.deliver(0);
                 p.deliver(1);
             }
+            // Whatever was in flight landed or failed by now: the buffer is free again (a
+            // READ the peer's leaving stranded must not keep it busy for ever), unless the
+            // connection failed or this side tore down.
+            let side = &p.sides[1];
+            assert!(
+                !side.hold.is_held() || side.detached || side.core.error().is_some(),
+                "the receive buffer stays busy after everything landed ({:?}, peer gone {})",
+                side.hold,
+                side.peer_gone,
+            );
             let mut run = Running {
                 op: RecvInto::new("sim recv", &mut recv_buf),
                 owned: false,
                 patience: 0,
+                wait: None,
             };
-            match step(&mut p.sides[1], &mut run) {
+            match advance(&mut p, 1, &mut run, &script) {
                 Outcome::Done(Ok(RecvStep::Got(Some(n)))) => {
                     received.push(recv_buf[..n].to_vec());
                 }
-                Outcome::Done(Ok(RecvStep::Rendezvous(len))) => {
+                Outcome::Done(Ok(RecvStep::Rendezvous(len)))
+                    if !sent.contains(&Sent::Uncertain) =>
+                {
                     panic!("a rendezvous message of {len} B is still queued after the last accepted one")
                 }
+                Outcome::Done(Ok(RecvStep::Got(None))) => recv_eof = true,
                 _ => {}
             }
             break;
         }
     }
+    let sender_closed = close.is_some_and(|c| c.side == 0) && close_began.is_some();
+    let receiver_closed = close.is_some_and(|c| c.side == 1) && close_began.is_some();
     assert!(
-        !p.sides[0].owners.owned(super::sides::Side::Send),
+        p.sides[0].detached || !p.sides[0].owners.owned(super::sides::Side::Send),
         "send side left owned"
     );
     assert!(
-        !p.sides[1].owners.owned(super::sides::Side::Recv),
+        p.sides[1].detached || !p.sides[1].owners.owned(super::sides::Side::Recv),
         "receive side left owned"
     );
-    check_arrivals(&msgs, &sent, &received, p.broken);
+    for s in &p.sides {
+        assert!(
+            !s.detached || s.exposed.is_empty(),
+            "memory still exposed after teardown"
+        );
+    }
+    if sender_closed && !close_cut && !p.broken {
+        assert!(
+            recv_eof || recv_failed,
+            "the sender closed cleanly, and the receiver never saw the end of the stream"
+        );
+    }
+    // Data after the receiver closed is discarded by design; a close cut short by its
+    // linger, like a broken link, may lose what was in flight.
+    let lossy = p.broken || close_cut || receiver_closed;
+    check_arrivals(&msgs, &sent, &received, lossy);
+}
+
+/// A close that one side begins at `step`, tearing down once its FIN completed or after
+/// `linger` more steps, as `Conn::close` beside the other calls.
+#[derive(Debug, Clone, Copy)]
+struct CloseAt {
+    side: usize,
+    step: usize,
+    linger: usize,
 }
 
 proptest! {
@@ -730,7 +1116,47 @@ proptest! {
         acts in prop::collection::vec(act(), 8..64),
         break_at in prop::option::weighted(0.3, 1..400usize),
     ) {
-        run(&lens, &patience, &acts, break_at);
+        run(&lens, &patience, &acts, break_at, &[], None);
+    }
+
+    /// The same with blocking calls among the attempts: each waits as `Conn`'s calls do
+    /// (`op::block_on` over `wait_until`, in a random poll mode) under a simulated clock, with
+    /// a timeout, while the NIC works at random moments, and the deadline often passes at the
+    /// very moment a completion lands (where F1 lost a message and wedged a side).
+    #[test]
+    fn blocking_calls_under_a_simulated_clock_lose_and_wedge_nothing(
+        lens in prop::collection::vec(
+            prop_oneof![0..64usize, 64..600usize, 600..THRESHOLD, THRESHOLD..12_000],
+            1..12,
+        ),
+        patience in prop::collection::vec(prop_oneof![Just(0u32), 0..4u32, 0..40u32], 1..8),
+        acts in prop::collection::vec(act(), 8..64),
+        break_at in prop::option::weighted(0.2, 1..400usize),
+        waits in prop::collection::vec(any::<u8>(), 1..64),
+    ) {
+        run(&lens, &patience, &acts, break_at, &waits, None);
+    }
+
+    /// The same with a concurrent close: either side begins to close at a random step while
+    /// the other calls (blocking or by attempts) run, and tears down when its FIN completed
+    /// or its linger ran out. The calls end (`Ok`, `Timeout`, `Closed`, `PeerGone`), never
+    /// wedge; a send begun after its side closed never succeeds; after a clean close by the
+    /// sender every accepted message arrived, then the end of the stream; nothing stays
+    /// exposed after teardown.
+    #[test]
+    fn a_concurrent_close_loses_and_wedges_nothing(
+        lens in prop::collection::vec(
+            prop_oneof![0..64usize, 64..600usize, 600..THRESHOLD, THRESHOLD..12_000],
+            1..12,
+        ),
+        patience in prop::collection::vec(prop_oneof![Just(0u32), 0..4u32, 0..40u32], 1..8),
+        acts in prop::collection::vec(act(), 8..64),
+        waits in prop::collection::vec(any::<u8>(), 0..32),
+        side in 0..2usize,
+        step in 1..300usize,
+        linger in prop_oneof![0..20usize, 0..2000usize],
+    ) {
+        run(&lens, &patience, &acts, None, &waits, Some(CloseAt { side, step, linger }));
     }
 }
 
@@ -742,6 +1168,8 @@ fn a_message_waiting_behind_a_kept_rest_is_not_reported_sent() {
         &[2500, 2500, 100],
         &[0, 0, 50],
         &[Act::Send, Act::Post(0), Act::Send, Act::Send, Act::Send],
+        None,
+        &[],
         None,
     );
 }
@@ -761,6 +1189,8 @@ fn a_pull_that_gives_up_mid_read_leaves_the_message_for_the_next_read() {
             Act::Recv,
             Act::Recv,
         ],
+        None,
+        &[],
         None,
     );
 }

@@ -622,7 +622,7 @@ fn start_owned_read<T>(d: &mut Driver, op: &'static str, len: usize) -> Result<O
 
 /// A read that would block: the peer's leaving ends a READ that can no longer land.
 fn reading_from_gone_peer<T>(d: &mut Driver, op: &'static str) -> Result<Option<T>> {
-    if d.owned_read_stranded() {
+    if d.read_stranded() {
         return Err(NetError::PeerGone { op });
     }
     Ok(None)

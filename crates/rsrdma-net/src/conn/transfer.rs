@@ -350,6 +350,7 @@ impl<L: Link> Op<L> for RecvInto<'_> {
             Ok(Recv::Data(n)) => Ok(Some(RecvStep::Got(Some(n)))),
             Ok(Recv::Eof) => Ok(Some(RecvStep::Got(None))),
             Ok(Recv::NeedsRead { len }) => Ok(Some(RecvStep::Rendezvous(len))),
+            Ok(Recv::Blocked) if d.read_stranded() => Err(NetError::PeerGone { op: self.name }),
             Ok(Recv::Blocked) => Ok(None),
             Err(e) => Err(from_core(e)),
         }

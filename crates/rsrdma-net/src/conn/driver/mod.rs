@@ -50,6 +50,7 @@ mod rdv_memory;
 mod teardown;
 
 use super::buffer::InFlight;
+use super::read_hold::ReadHold;
 use super::sides::Owners;
 use super::slots::{Repost, Slots};
 use super::wr_id::{recv_wr_id, RECV_TAG};
@@ -117,10 +118,7 @@ pub(crate) struct Driver {
     /// windows.
     free_windows: Option<Vec<Mw>>,
     /// The buffer a READ is landing in.
-    read_hold: Option<InFlight>,
-    /// A READ into `read_hold` whose call gave up: its length, to move the message into the
-    /// core when it lands.
-    orphaned_read: Option<usize>,
+    read_hold: ReadHold<InFlight>,
     /// A rendezvous message being read into memory of the driver's own
     /// ([`Driver::start_owned_read`]): its registration, then the vector (drop order).
     owned_read: Option<OwnedRead>,
@@ -205,8 +203,7 @@ impl Driver {
             owners: Owners::default(),
             free_windows: windows.then(Vec::new),
             rdv_sends: VecDeque::new(),
-            read_hold: None,
-            orphaned_read: None,
+            read_hold: ReadHold::default(),
             owned_read: None,
         }
     }

@@ -292,6 +292,7 @@ impl Driver {
                         len,
                     } => {
                         let sge = Sge::new(local_addr, len, lkey);
+                        self.read_hold.posted(wr_id.0);
                         st.sends[ns] = [sge, sge];
                         st.send_meta[ns] = SendMeta {
                             wr_id: wr_id.0,

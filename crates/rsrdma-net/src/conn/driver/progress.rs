@@ -20,8 +20,13 @@ impl Driver {
         if changed && !self.rdv_sends.is_empty() {
             self.release_rendezvous();
         }
-        if changed && (self.owned_read.is_some() || self.orphaned_read.is_some()) {
+        if changed && self.owned_read.is_some() {
             self.land_owned_read();
+        }
+        if changed && self.read_hold.is_held() {
+            let (core, peer_gone, sends_done) = (&mut self.core, self.peer_gone, self.sends_done);
+            self.read_hold
+                .settle(core, peer_gone, sends_done, |h, len| h.landed(len).to_vec());
         }
         changed |= self.check_end(now);
         if !self.peer_gone {

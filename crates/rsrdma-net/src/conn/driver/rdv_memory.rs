@@ -129,17 +129,22 @@ impl Driver {
         self.peer_gone && self.owned_read.is_some() && !self.core.read_landed()
     }
 
+    /// The head message cannot be read any more: the peer left after its FIN with its READ
+    /// in flight (into the driver's vector, or into a buffer, which is free again).
+    pub(crate) fn read_stranded(&self) -> bool {
+        self.owned_read_stranded() || self.read_hold.stranded()
+    }
+
     /// The call reading into the held buffer gave up: when the READ lands, the message is
     /// copied into the core (as the head, for the next read) and the buffer freed.
     pub(crate) fn orphan_buffer_read(&mut self, len: usize) {
-        if self.read_hold.is_some() {
-            self.orphaned_read = Some(len);
-            self.land_owned_read();
-        }
+        self.read_hold.orphan(len);
+        let (core, peer_gone, sends_done) = (&mut self.core, self.peer_gone, self.sends_done);
+        self.read_hold
+            .settle(core, peer_gone, sends_done, |h, len| h.landed(len).to_vec());
     }
 
-    /// A READ into the driver's own vector (or into a buffer whose call gave up) landed: the
-    /// message becomes the core's head.
+    /// A READ into the driver's own vector landed: the message becomes the core's head.
     pub(super) fn land_owned_read(&mut self) -> bool {
         if !self.core.read_landed() {
             return false;
@@ -151,11 +156,6 @@ impl Driver {
                 return true;
             };
             vec
-        } else if let (Some(len), Some(hold)) = (self.orphaned_read, self.read_hold.as_ref()) {
-            let v = hold.landed(len).to_vec();
-            self.orphaned_read = None;
-            self.read_hold = None;
-            v
         } else {
             return false;
         };
@@ -262,12 +262,12 @@ impl Driver {
 
     /// Keeps the buffer a READ lands in until [`Driver::end_read`].
     pub(crate) fn hold_read(&mut self, hold: InFlight) {
-        self.read_hold = Some(hold);
+        self.read_hold.hold(hold);
     }
 
     /// The READ's message was taken: its buffer is free.
     pub(crate) fn end_read(&mut self) {
-        self.read_hold = None;
+        self.read_hold.end();
     }
 
     /// Releases rendezvous sends whose DONE arrived and lent sends whose last completion was
