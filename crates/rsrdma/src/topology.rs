@@ -1,7 +1,9 @@
 //! Where the RDMA devices sit: NUMA node, PCI address, and per port the link layer, state,
 //! speed and the network devices behind it, read from sysfs (`/sys/class/infiniband`), so
-//! that a program on a machine with several NICs can take the one near its CPU or its
-//! memory ([`nearest`]) or the one holding an address ([`by_ip`], [`by_netdev`]).
+//! that a program on a machine with several NICs can take the one near its CPU ([`nearest`]
+//! with [`current_numa_node`]), near its memory ([`nearest_to_memory`]), near a GPU or any
+//! other PCI device by PCI distance ([`nearest_to_pci`]), or the one holding an address
+//! ([`by_ip`], [`by_netdev`]).
 //!
 //! Everything here is read from files, without opening a device: a device that cannot be
 //! opened (no permission, a wedged provider) is still described. [`topology_at`] reads a tree
@@ -21,6 +23,9 @@ pub struct DeviceTopology {
     pub numa_node: Option<u32>,
     /// Its PCI address (`0000:3b:00.0`), for devices on a PCI bus.
     pub pci_address: Option<String>,
+    /// Where it sits in the PCI hierarchy: its host bridge (`pci0000:3a`), the bridges and
+    /// switch ports below it, and itself, from sysfs's device path; empty off PCI.
+    pub pci_path: Vec<String>,
     /// For a software device over a network device (rxe), that device (its `parent`).
     pub parent: Option<String>,
     /// Its ports.
@@ -43,6 +48,12 @@ pub struct PortTopology {
     pub rate_text: Option<String>,
     /// The network devices of its GIDs (RoCE), in GID-table order without repeats.
     pub netdevs: Vec<String>,
+    /// The MTU of its first network device in bytes (RoCE: the largest RDMA MTU that fits
+    /// below it is the port's active MTU); `None` without one (InfiniBand: ask the port).
+    pub netdev_mtu: Option<u32>,
+    /// The IP addresses its network devices hold now (`getifaddrs`): the addresses a peer
+    /// dials to reach this port (rdma_cm), IPv4 first.
+    pub addresses: Vec<std::net::IpAddr>,
 }
 
 impl DeviceTopology {
@@ -108,18 +119,19 @@ fn read_device(dir: &Path, name: String) -> DeviceTopology {
     let numa_node = read_trimmed(&dir.join("device/numa_node"))
         .and_then(|v| v.parse::<i64>().ok())
         .and_then(|v| u32::try_from(v).ok());
-    let pci_address = std::fs::canonicalize(dir.join("device"))
-        .ok()
-        .and_then(|p| p.file_name()?.to_str().map(str::to_string))
-        .filter(|a| is_pci_address(a));
+    let pci_path = pci_path_of_dir(&dir.join("device"));
+    let pci_address = pci_path.last().filter(|a| is_pci_address(a)).cloned();
     let parent = read_trimmed(&dir.join("parent"));
+    // `/sys/class/infiniband`'s sibling `/sys/class/net` holds the network devices.
+    let net = dir.parent().and_then(Path::parent).map(|c| c.join("net"));
+    let addrs = interface_addresses();
     let mut ports: Vec<PortTopology> = std::fs::read_dir(dir.join("ports"))
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| {
             let port: u8 = e.file_name().to_str()?.parse().ok()?;
-            Some(read_port(&e.path(), port))
+            Some(read_port(&e.path(), port, net.as_deref(), &addrs))
         })
         .collect();
     ports.sort_by_key(|p| p.port);
@@ -127,12 +139,56 @@ fn read_device(dir: &Path, name: String) -> DeviceTopology {
         name,
         numa_node,
         pci_address,
+        pci_path,
         parent,
         ports,
     }
 }
 
-fn read_port(dir: &Path, port: u8) -> PortTopology {
+/// The PCI hierarchy above and including the bus device `link` resolves to: the components
+/// of its canonical path from the host bridge (`pciDDDD:BB`) on.
+fn pci_path_of_dir(link: &Path) -> Vec<String> {
+    let Ok(real) = std::fs::canonicalize(link) else {
+        return Vec::new();
+    };
+    let parts: Vec<String> = real
+        .components()
+        .filter_map(|c| c.as_os_str().to_str().map(str::to_string))
+        .collect();
+    match parts.iter().rposition(|c| is_host_bridge(c)) {
+        Some(at) => parts[at..]
+            .iter()
+            .take_while(|c| is_host_bridge(c) || is_pci_address(c))
+            .cloned()
+            .collect(),
+        // A PCI function whose host bridge the path does not show: itself only.
+        None => parts
+            .last()
+            .filter(|c| is_pci_address(c))
+            .cloned()
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// `pciDDDD:BB`: a PCI host bridge's directory in sysfs.
+fn is_host_bridge(c: &str) -> bool {
+    c.strip_prefix("pci").is_some_and(|r| {
+        let b = r.as_bytes();
+        b.len() == 7
+            && b[4] == b':'
+            && r.chars()
+                .filter(|&c| c != ':')
+                .all(|c| c.is_ascii_hexdigit())
+    })
+}
+
+fn read_port(
+    dir: &Path,
+    port: u8,
+    net: Option<&Path>,
+    addrs: &[(String, std::net::IpAddr)],
+) -> PortTopology {
     // `state` reads `4: ACTIVE`; `rate` reads `100 Gb/sec (4X EDR)`.
     let state = read_trimmed(&dir.join("state"))
         .map(|s| s.split_once(": ").map_or(s.clone(), |(_, n)| n.to_string()))
@@ -162,6 +218,16 @@ fn read_port(dir: &Path, port: u8) -> PortTopology {
             netdevs.push(n);
         }
     }
+    let netdev_mtu = net
+        .zip(netdevs.first())
+        .and_then(|(net, n)| read_trimmed(&net.join(n).join("mtu")))
+        .and_then(|m| m.parse().ok());
+    let mut addresses: Vec<std::net::IpAddr> = addrs
+        .iter()
+        .filter(|(n, _)| netdevs.contains(n))
+        .map(|&(_, a)| a)
+        .collect();
+    addresses.sort_by_key(|a| a.is_ipv6());
     PortTopology {
         port,
         link_layer: read_trimmed(&dir.join("link_layer")).unwrap_or_default(),
@@ -169,6 +235,8 @@ fn read_port(dir: &Path, port: u8) -> PortTopology {
         rate_gbps,
         rate_text,
         netdevs,
+        netdev_mtu,
+        addresses,
     }
 }
 
@@ -216,29 +284,36 @@ pub fn by_netdev<'a>(devices: &'a [DeviceTopology], netdev: &str) -> Option<&'a 
 
 /// The network interface that holds IP address `ip` on this machine (`getifaddrs`).
 pub fn netdev_of(ip: std::net::IpAddr) -> Option<String> {
+    interface_addresses()
+        .into_iter()
+        .find(|&(_, a)| a == ip)
+        .map(|(n, _)| n)
+}
+
+/// Every IP address of this machine's interfaces, with the interface's name (`getifaddrs`;
+/// empty if it fails).
+fn interface_addresses() -> Vec<(String, std::net::IpAddr)> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a list head through a valid pointer; freed below.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return None;
+        return Vec::new();
     }
-    let mut found = None;
+    let mut out = Vec::new();
     let mut at = head;
     while !at.is_null() {
         // SAFETY: a node of the list getifaddrs returned, alive until freeifaddrs.
         let ifa = unsafe { &*at };
         // SAFETY: a non-null address of the family it names (getifaddrs' contract).
-        let addr = unsafe { sockaddr_ip(ifa.ifa_addr) };
-        if addr == Some(ip) {
+        if let Some(addr) = unsafe { sockaddr_ip(ifa.ifa_addr) } {
             // SAFETY: the interface's name, a C string alive until freeifaddrs.
             let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
-            found = Some(name.to_string_lossy().into_owned());
-            break;
+            out.push((name.to_string_lossy().into_owned(), addr));
         }
         at = ifa.ifa_next;
     }
     // SAFETY: the list getifaddrs returned, freed once.
     unsafe { libc::freeifaddrs(head) };
-    found
+    out
 }
 
 /// The IP address in `sa`.
@@ -269,6 +344,122 @@ unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<std::net::IpAddr> {
 /// dials; see [`netdev_of`] and [`by_netdev`]).
 pub fn by_ip(devices: &[DeviceTopology], ip: std::net::IpAddr) -> Option<&DeviceTopology> {
     by_netdev(devices, &netdev_of(ip)?)
+}
+
+/// How far a device sits from another PCI device (a GPU), from near to far, as NCCL ranks
+/// paths: below a common PCIe switch or bridge, under the same host bridge, on the same NUMA
+/// node, or across the machine's interconnect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PciDistance {
+    /// Both sit below a common bridge or switch under their host bridge: traffic between
+    /// them need not cross the CPU (`hops`: bridges between them along the tree).
+    Switch {
+        /// Links between the two along the PCI tree.
+        hops: u32,
+    },
+    /// Both under the same host bridge (root complex), on different root ports.
+    HostBridge,
+    /// Under different host bridges on the same NUMA node.
+    Node,
+    /// Across NUMA nodes, or where nothing tells.
+    System,
+}
+
+/// The distance between two PCI devices given by their paths ([`DeviceTopology::pci_path`],
+/// [`pci_path_of`]) and NUMA nodes.
+pub fn pci_distance(
+    a: &[String],
+    a_node: Option<u32>,
+    b: &[String],
+    b_node: Option<u32>,
+) -> PciDistance {
+    let common = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    if common >= 2 {
+        // A shared bridge below the host bridge.
+        let hops = (a.len() + b.len() - 2 * common) as u32;
+        PciDistance::Switch { hops }
+    } else if common == 1 {
+        PciDistance::HostBridge
+    } else if a_node.is_some() && a_node == b_node {
+        PciDistance::Node
+    } else {
+        PciDistance::System
+    }
+}
+
+/// The PCI path of the device at `pci_address` (`0000:3b:00.0`: a GPU, say) from
+/// `/sys/bus/pci/devices`, with its NUMA node; `None` when there is no such device.
+pub fn pci_device(pci_address: &str) -> Option<(Vec<String>, Option<u32>)> {
+    pci_device_at(Path::new("/sys/bus/pci/devices"), pci_address)
+}
+
+/// [`pci_device`] under `root` (a `/sys/bus/pci/devices`-shaped tree).
+pub fn pci_device_at(root: &Path, pci_address: &str) -> Option<(Vec<String>, Option<u32>)> {
+    if !is_pci_address(pci_address) {
+        return None;
+    }
+    let dir = root.join(pci_address);
+    let path = pci_path_of_dir(&dir);
+    if path.is_empty() {
+        return None;
+    }
+    let node = read_trimmed(&dir.join("numa_node"))
+        .and_then(|v| v.parse::<i64>().ok())
+        .and_then(|v| u32::try_from(v).ok());
+    Some((path, node))
+}
+
+/// The active device nearest to the PCI device with `path` and `node` (from [`pci_device`]):
+/// the smallest [`PciDistance`], then the fastest; `None` when no device is active.
+pub fn nearest_to_pci<'a>(
+    devices: &'a [DeviceTopology],
+    path: &[String],
+    node: Option<u32>,
+) -> Option<&'a DeviceTopology> {
+    devices.iter().filter(|d| d.is_active()).min_by(|a, b| {
+        let da = pci_distance(&a.pci_path, a.numa_node, path, node);
+        let db = pci_distance(&b.pci_path, b.numa_node, path, node);
+        let rate = |d: &DeviceTopology| d.best_rate_gbps().unwrap_or(0.0);
+        da.cmp(&db)
+            .then_with(|| rate(b).total_cmp(&rate(a)))
+            .then_with(|| a.name.cmp(&b.name))
+    })
+}
+
+/// The NUMA node of the memory at `addr` (the page holding it, `move_pages` asked without
+/// moving anything); `None` where the page is not present yet (never touched) or the
+/// kernel has no NUMA support.
+pub fn numa_node_of_memory(addr: *const u8) -> Option<u32> {
+    let page = [addr as *mut libc::c_void];
+    let mut status = [-1i32];
+    // SAFETY: move_pages with a null node list only reports each page's node into `status`
+    // (one entry for one page); it reads no memory at `addr` and moves nothing. Both arrays
+    // live across the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0,
+            1usize,
+            page.as_ptr(),
+            std::ptr::null::<i32>(),
+            status.as_mut_ptr(),
+            0,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    u32::try_from(status[0]).ok()
+}
+
+/// The active device nearest to the memory at `addr` (a registered region's start, say):
+/// [`nearest`] for the node that memory is on, or for this thread's node when the memory's
+/// is unknown.
+pub fn nearest_to_memory(devices: &[DeviceTopology], addr: *const u8) -> Option<&DeviceTopology> {
+    nearest(
+        devices,
+        numa_node_of_memory(addr).or_else(current_numa_node),
+    )
 }
 
 /// The NUMA node of the CPU this thread runs on now (`getcpu`), where the kernel says.
@@ -329,8 +520,13 @@ mod tests {
 
     /// A device as sysfs lays it out: `class/<name>` linking its `device` to a PCI function.
     fn nic(t: &Tree, name: &str, pci: &str, numa: i32, ports: &[(&str, &str, &str, &[&str])]) {
-        t.file(&format!("pci/{pci}/numa_node"), &numa.to_string());
-        t.link(&format!("class/{name}/device"), &format!("pci/{pci}"));
+        nic_at(t, name, &format!("pci/{pci}"), numa, ports);
+    }
+
+    /// [`nic`] with the PCI function at `path` under the tree (`devices/pci0000:3a/…`).
+    fn nic_at(t: &Tree, name: &str, path: &str, numa: i32, ports: &[(&str, &str, &str, &[&str])]) {
+        t.file(&format!("{path}/numa_node"), &numa.to_string());
+        t.link(&format!("class/{name}/device"), path);
         for (i, (ll, state, rate, ndevs)) in ports.iter().enumerate() {
             let port = format!("class/{name}/ports/{}", i + 1);
             t.file(&format!("{port}/link_layer"), ll);
@@ -407,6 +603,152 @@ mod tests {
         assert_eq!(nearest(&d, None).unwrap().name, "mlx5_2");
         assert_eq!(by_netdev(&d, "ens2f0np0").unwrap().name, "mlx5_2");
         assert!(by_netdev(&d, "eth9").is_none());
+    }
+
+    /// A GPU server: two host bridges per socket; on socket 0 a PCIe switch carries GPU 0
+    /// and mlx5_0, and mlx5_1 hangs off another root port of the same host bridge; socket 1
+    /// has mlx5_2 and GPU 1 under different host bridges. The PCI tree decides before the
+    /// rate: GPU 0 gets the 100 Gb/s NIC on its switch over the 400 Gb/s one beside it.
+    #[test]
+    fn a_gpu_server_chooses_the_nic_on_the_gpus_switch() {
+        let t = Tree::new("gpu-server");
+        let active = |rate: &'static str| [("Ethernet", "4: ACTIVE", rate, &[] as &[&str])];
+        let sw = "devices/pci0000:16/0000:16:02.0/0000:17:00.0/0000:18:08.0";
+        nic_at(
+            &t,
+            "mlx5_0",
+            &format!("{sw}/0000:1a:00.0"),
+            0,
+            &active("100 Gb/sec (4X EDR)"),
+        );
+        t.file(&format!("{sw}/0000:19:00.0/numa_node"), "0");
+        t.link("bus/0000:19:00.0", &format!("{sw}/0000:19:00.0"));
+        nic_at(
+            &t,
+            "mlx5_1",
+            "devices/pci0000:16/0000:16:03.0/0000:30:00.0",
+            0,
+            &active("400 Gb/sec (4X NDR)"),
+        );
+        nic_at(
+            &t,
+            "mlx5_2",
+            "devices/pci0000:97/0000:97:02.0/0000:98:00.0",
+            1,
+            &active("200 Gb/sec (4X HDR)"),
+        );
+        t.file(
+            "devices/pci0000:b0/0000:b0:02.0/0000:b1:00.0/numa_node",
+            "1",
+        );
+        t.link(
+            "bus/0000:b1:00.0",
+            "devices/pci0000:b0/0000:b0:02.0/0000:b1:00.0",
+        );
+        let d = topology_at(&t.0.join("class")).unwrap();
+        assert_eq!(
+            d[0].pci_path,
+            [
+                "pci0000:16",
+                "0000:16:02.0",
+                "0000:17:00.0",
+                "0000:18:08.0",
+                "0000:1a:00.0"
+            ]
+        );
+        assert_eq!(d[0].pci_address.as_deref(), Some("0000:1a:00.0"));
+        let bus = t.0.join("bus");
+        let (gpu0, node0) = pci_device_at(&bus, "0000:19:00.0").unwrap();
+        let (gpu1, node1) = pci_device_at(&bus, "0000:b1:00.0").unwrap();
+        assert_eq!((node0, node1), (Some(0), Some(1)));
+        assert!(pci_device_at(&bus, "0000:ff:00.0").is_none());
+        assert!(pci_device_at(&bus, "not-an-address").is_none());
+        assert_eq!(
+            pci_distance(&d[0].pci_path, d[0].numa_node, &gpu0, node0),
+            PciDistance::Switch { hops: 2 }
+        );
+        assert_eq!(
+            pci_distance(&d[1].pci_path, d[1].numa_node, &gpu0, node0),
+            PciDistance::HostBridge
+        );
+        assert_eq!(
+            pci_distance(&d[2].pci_path, d[2].numa_node, &gpu1, node1),
+            PciDistance::Node
+        );
+        assert_eq!(
+            pci_distance(&d[0].pci_path, d[0].numa_node, &gpu1, node1),
+            PciDistance::System
+        );
+        assert_eq!(nearest_to_pci(&d, &gpu0, node0).unwrap().name, "mlx5_0");
+        assert_eq!(nearest_to_pci(&d, &gpu1, node1).unwrap().name, "mlx5_2");
+        // A device with no PCI path and no node: the fastest active device.
+        assert_eq!(nearest_to_pci(&d, &[], None).unwrap().name, "mlx5_1");
+    }
+
+    /// A RoCE port's netdev MTU comes from `class/net`, beside `class/infiniband`.
+    #[test]
+    fn a_roce_port_reports_its_netdevs_mtu() {
+        let t = Tree::new("mtu");
+        t.file("class/infiniband/mlx5_0/ports/1/link_layer", "Ethernet");
+        t.file("class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE");
+        t.file(
+            "class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/0",
+            "ens1f0np0",
+        );
+        t.file("class/net/ens1f0np0/mtu", "9000");
+        let d = topology_at(&t.0.join("class/infiniband")).unwrap();
+        assert_eq!(d[0].ports[0].netdev_mtu, Some(9000));
+        // No netdev on this host has that name: no addresses.
+        assert!(d[0].ports[0].addresses.is_empty());
+    }
+
+    /// The memory's own node, where the kernel has NUMA: a page just touched is on one of
+    /// the nodes sysfs lists; a page never touched has none yet.
+    #[test]
+    fn memory_reports_the_node_it_is_on() {
+        let v = vec![1u8; 1 << 20];
+        let Some(node) = numa_node_of_memory(v.as_ptr()) else {
+            // Only a kernel without NUMA support answers nothing for a present page.
+            assert!(!Path::new("/sys/devices/system/node/node0").exists());
+            return;
+        };
+        assert!(
+            Path::new(&format!("/sys/devices/system/node/node{node}")).exists(),
+            "node {node}"
+        );
+        // SAFETY: an anonymous private mapping of one page, never touched, unmapped below.
+        let untouched = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(untouched, libc::MAP_FAILED);
+        assert_eq!(numa_node_of_memory(untouched.cast()), None);
+        // SAFETY: the mapping made above, unmapped once.
+        unsafe { libc::munmap(untouched, 4096) };
+        let d = [DeviceTopology {
+            name: "mlx5_0".into(),
+            numa_node: Some(node),
+            pci_address: None,
+            pci_path: Vec::new(),
+            parent: None,
+            ports: vec![PortTopology {
+                port: 1,
+                link_layer: "Ethernet".into(),
+                state: "ACTIVE".into(),
+                rate_gbps: Some(100.0),
+                rate_text: None,
+                netdevs: Vec::new(),
+                netdev_mtu: None,
+                addresses: Vec::new(),
+            }],
+        }];
+        assert_eq!(nearest_to_memory(&d, v.as_ptr()).unwrap().name, "mlx5_0");
     }
 
     #[test]
