@@ -69,6 +69,11 @@ pub struct RawOptions {
     /// Listener only: handshakes from one address that have not opened yet (peers that
     /// opened count only against [`RawOptions::max_handshakes`]). Default 16.
     pub max_handshakes_per_source: usize,
+    /// Post sends through the extended work-request API (`ibv_create_qp_ex`, `ibv_wr_*`,
+    /// [`rsrdma::Qp::wr_batch`]): each request written straight into the provider's queue,
+    /// as perftest does where it can. A device without it (soft0) fails the connection with
+    /// a clear `Unsupported` error, on both sides. Default off.
+    pub new_post_send: bool,
 }
 
 impl Default for RawOptions {
@@ -91,6 +96,7 @@ impl Default for RawOptions {
             opening_timeout: Duration::from_secs(3),
             max_handshakes: 64,
             max_handshakes_per_source: 16,
+            new_post_send: false,
         }
     }
 }
@@ -130,4 +136,6 @@ setters!(RawOptions {
     max_handshakes: usize,
     /// Sets [`RawOptions::max_handshakes_per_source`].
     max_handshakes_per_source: usize,
+    /// Sets [`RawOptions::new_post_send`].
+    new_post_send: bool,
 });

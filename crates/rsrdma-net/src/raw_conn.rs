@@ -25,7 +25,7 @@ use crate::options::{Completion, RawOptions};
 use crate::pipeline::{probe_enabled, Pipeline, RunStats};
 use rsrdma::{
     AccessFlags, CompChannel, ConnectOptions, Context, Cq, Mr, Mtu, Pd, Qp, QpCaps, QpEndpoint,
-    QpType, RecvWr, RemoteMemory, SendWr, Wc,
+    QpType, RecvWr, RemoteMemory, SendOps, SendWr, Wc,
 };
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
@@ -185,6 +185,8 @@ pub struct RawConn {
     peer_regions: Vec<RemoteMemory>,
     sync_step: u32,
     probe: bool,
+    /// Sends go through the extended work-request API ([`RawOptions::new_post_send`]).
+    new_post_send: bool,
 }
 
 impl std::fmt::Debug for RawConn {
@@ -253,6 +255,7 @@ impl RawConn {
             peer_regions: Vec::new(),
             sync_step: 1,
             probe: probe_enabled(),
+            new_post_send: opts.new_post_send,
         })
     }
 
@@ -267,9 +270,22 @@ impl RawConn {
             .max_send_sge(1u32)
             .max_recv_sge(1u32)
             .max_inline_data(opts.max_inline);
-        let qp = Qp::builder(opts.qp_type)
-            .caps(caps)
-            .build(&pd, &send_cq, &recv_cq)?;
+        let builder = Qp::builder(opts.qp_type).caps(caps);
+        let qp = if opts.new_post_send {
+            // What an RC (or UC) QP may post; UC has no READ or atomics.
+            let ops = match opts.qp_type {
+                QpType::Rc => SendOps::ALL,
+                _ => {
+                    SendOps::SEND
+                        | SendOps::SEND_WITH_IMM
+                        | SendOps::RDMA_WRITE
+                        | SendOps::RDMA_WRITE_WITH_IMM
+                }
+            };
+            builder.build_ex(&pd, &send_cq, &recv_cq, ops)?
+        } else {
+            builder.build(&pd, &send_cq, &recv_cq)?
+        };
         let psn = random_psn()?;
         let me = qp.endpoint(opts.port, gid_index, psn)?;
         let mtu = opts.mtu.or(port.active_mtu).unwrap_or(Mtu::Mtu1024);
@@ -416,22 +432,45 @@ impl RawConn {
     /// As [`rsrdma::Qp::post_send`].
     #[inline]
     pub unsafe fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        if self.new_post_send {
+            // SAFETY: the caller's contract is the QP's.
+            return unsafe { self.post_new(std::slice::from_ref(wr)) };
+        }
         // SAFETY: the caller's contract is the QP's.
         Ok(unsafe { self.qp.post_send(wr) }?)
     }
 
     /// Posts a list of send requests with one FFI call; on failure the error names the first
-    /// request not posted.
+    /// request not posted. With [`RawOptions::new_post_send`], one batch of the extended API
+    /// (one `ibv_wr_complete`): a request it refuses leaves the whole list unposted.
     ///
     /// # Safety
     /// As [`rsrdma::Qp::post_send_batch`].
     ///
     /// # Errors
-    /// As [`rsrdma::Qp::post_send_batch`].
+    /// As [`rsrdma::Qp::post_send_batch`] ([`rsrdma::WrBatch::post`] and
+    /// [`rsrdma::WrBatch::complete`] on the extended path).
     #[inline]
     pub unsafe fn post_send_batch(&self, wrs: &mut [SendWr<'_>]) -> Result<()> {
+        if self.new_post_send {
+            // SAFETY: the caller's contract is the QP's.
+            return unsafe { self.post_new(wrs) };
+        }
         // SAFETY: the caller's contract is the QP's.
         Ok(unsafe { self.qp.post_send_batch(wrs) }?)
+    }
+
+    /// Posts `wrs` as one batch of the extended API.
+    ///
+    /// # Safety
+    /// As [`rsrdma::WrBatch::post`], for each request.
+    unsafe fn post_new(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let mut batch = self.qp.wr_batch()?;
+        for wr in wrs {
+            // SAFETY: the caller's contract.
+            unsafe { batch.post(wr) }?;
+        }
+        Ok(batch.complete()?)
     }
 
     /// Posts one receive request.
@@ -542,7 +581,7 @@ impl RawConn {
                         let wr = make_wr(id).signaled(true);
                         stats.bytes += wr.payload_len();
                         // SAFETY: the caller vouches for every request make_wr builds.
-                        unsafe { self.qp.post_send(&wr) }?;
+                        unsafe { self.post_send(&wr) }?;
                         stats.post_calls += 1;
                     }
                 } else {
@@ -559,7 +598,7 @@ impl RawConn {
                             stats.bytes += slot.payload_len();
                         }
                         // SAFETY: as above.
-                        unsafe { self.qp.post_send_batch(&mut list[..n]) }?;
+                        unsafe { self.post_send_batch(&mut list[..n]) }?;
                         stats.post_calls += 1;
                     }
                 }

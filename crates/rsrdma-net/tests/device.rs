@@ -120,7 +120,7 @@ fn one_sided_write_and_read_byte_for_byte() {
         "the server's region holds exactly what was written"
     );
     assert!(
-        snap(&back) == &server_now[..],
+        snap(&back) == server_now[..],
         "the read brought back exactly the server's bytes"
     );
     let t = thread::spawn(move || s.close().unwrap());
@@ -191,7 +191,7 @@ fn send_pipelines_per_wr_and_batched_against_recv_drain() {
         assert_eq!(rst.completed, iters);
         assert_eq!(rst.bytes, iters * size as u64);
         assert!(
-            snap(&recv) == &expect[..],
+            snap(&recv) == expect[..],
             "every slot holds the last message sent into it"
         );
     }
@@ -419,7 +419,7 @@ fn shared_pd_client(addr: std::net::SocketAddr, i: u64, half: usize) {
     wcs[0].ok().unwrap();
     assert_eq!(wcs[0].byte_len() as usize, half);
     assert!(
-        snap(&inbox) == &pattern_bytes(half, (1 - i) as u8 + 1)[..],
+        snap(&inbox) == pattern_bytes(half, (1 - i) as u8 + 1)[..],
         "client {i} received the other client's half from the shared region"
     );
     c.sync().unwrap();
@@ -475,8 +475,114 @@ fn event_mode_receive_wakes_through_the_channel() {
     assert_eq!(n, 1);
     wcs[0].ok().unwrap();
     assert_eq!(wcs[0].byte_len() as usize, len);
-    assert!(snap(&inbox) == &pattern_bytes(len, 42)[..]);
+    assert!(snap(&inbox) == pattern_bytes(len, 42)[..]);
     s.sync().unwrap();
     s.close().unwrap();
     sender.join().unwrap();
+}
+
+/// Issue 23: `RawOptions::new_post_send` posts through the extended work-request API
+/// (`ibv_wr_*`): a pipeline of WRITEs (batched: one `ibv_wr_complete` per list) and one of
+/// READs (one request per batch) move a region byte for byte, and SENDs arrive. A device
+/// without extended QPs (soft0) refuses the connection clearly on both sides.
+#[test]
+fn the_extended_post_path_writes_reads_and_sends_byte_for_byte() {
+    use rsrdma::{Cq, Qp, QpType, SendOps};
+    let has_ex = {
+        let ctx = rsrdma::open(&device()).unwrap();
+        let pd = Pd::new(&ctx).unwrap();
+        let cq = Cq::new(&ctx, 4, None).unwrap();
+        let r = Qp::builder(QpType::Rc).build_ex(&pd, &cq, &cq, SendOps::SEND);
+        r.is_ok()
+    };
+    let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let server_opts = opts().remote_access(remote).new_post_send(true);
+    if !has_ex {
+        let l = RawListener::bind("127.0.0.1:0", server_opts).unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = thread::spawn(move || {
+            assert!(l.accept_timeout(Duration::from_secs(3)).is_err());
+            l.counters().failed
+        });
+        let e = RawConn::dial(addr, opts().new_post_send(true)).unwrap_err();
+        assert!(e.to_string().contains("ibv_create_qp_ex"), "{e}");
+        assert_eq!(t.join().unwrap(), 1, "the listener's side failed too");
+        return;
+    }
+    let (mut c, mut s) = connected(opts().new_post_send(true), server_opts);
+    let len = 64 * 1024;
+    let piece = 4096;
+    let mut exposed = s
+        .register_memory(len, AccessFlags::LOCAL_WRITE | remote)
+        .unwrap();
+    pattern(&mut exposed, 3);
+    let mut local = c.register_memory(len, AccessFlags::LOCAL_WRITE).unwrap();
+    pattern(&mut local, 91);
+    let inbox = s.register_memory(piece, AccessFlags::LOCAL_WRITE).unwrap();
+    let st = thread::spawn(move || {
+        s.exchange_memory(&[&exposed]).unwrap();
+        let sge = [inbox.sge(0, piece).unwrap()];
+        // SAFETY: `inbox` outlives the drain.
+        unsafe { s.recv_drain(4, 4, |id| RecvWr::new(id, &sge)) }.unwrap();
+        s.sync().unwrap(); // the client wrote and sent
+                           // The region stays registered (returned) for the client's READs.
+        (snap(&exposed), snap(&inbox), exposed, s)
+    });
+    let peer = c.exchange_memory(&[]).unwrap()[0];
+    let sges: Vec<_> = (0..len / piece)
+        .map(|i| [local.sge(i * piece, piece).unwrap()])
+        .collect();
+    let at = |i: usize| peer.addr_at((i * piece) as u64, piece as u64).unwrap();
+    // SAFETY: `local` outlives the pipelines, which reap every completion before returning.
+    let w = unsafe {
+        c.pipeline_batch(sges.len() as u64, 8, 4, |id| {
+            SendWr::rdma_write(id, &sges[id as usize], at(id as usize), peer.rkey)
+        })
+    }
+    .unwrap();
+    assert_eq!((w.completed, w.bytes), (16, len as u64));
+    // SENDs, one batch of the extended API.
+    let mut wrs: Vec<SendWr<'_>> = (0..4u64)
+        .map(|id| SendWr::send(100 + id, &sges[id as usize]).signaled(id == 3))
+        .collect();
+    // SAFETY: `local` outlives the completion reaped below.
+    unsafe { c.post_send_batch(&mut wrs) }.unwrap();
+    let mut wcs = [Wc::default(); 4];
+    let t0 = Instant::now();
+    let mut n = 0;
+    while n == 0 {
+        n = c.poll_send(&mut wcs).unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(20), "no send completion");
+    }
+    assert!(wcs[0].is_ok() && wcs[0].wr_id() == 103, "{:?}", wcs[0]);
+    c.sync().unwrap();
+    let (server_bytes, inbox_bytes, exposed, s) = st.join().unwrap();
+    assert!(
+        server_bytes == snap(&local),
+        "the region holds what was written"
+    );
+    assert!(
+        inbox_bytes == snap(&local)[3 * piece..4 * piece],
+        "the last SEND landed whole"
+    );
+    // READ it back, one request per batch.
+    let back = c.register_memory(len, AccessFlags::LOCAL_WRITE).unwrap();
+    let rsges: Vec<_> = (0..len / piece)
+        .map(|i| [back.sge(i * piece, piece).unwrap()])
+        .collect();
+    // SAFETY: as above.
+    unsafe {
+        c.pipeline(rsges.len() as u64, 8, |id| {
+            SendWr::rdma_read(id, &rsges[id as usize], at(id as usize), peer.rkey)
+        })
+    }
+    .unwrap();
+    assert!(
+        snap(&back) == server_bytes,
+        "the READs brought the region back"
+    );
+    drop(exposed);
+    let t = thread::spawn(move || s.close().unwrap());
+    c.close().unwrap();
+    t.join().unwrap();
 }
