@@ -343,7 +343,10 @@ fn topology_describes_the_device_under_test() {
     // The port lists that address and its netdev's MTU; rxe sits on no PCI function.
     assert!(p.addresses.contains(&ip.into()), "{dev:?}");
     assert!(p.netdev_mtu.is_some_and(|m| m >= 1024), "{dev:?}");
-    assert!(dev.pci_path.is_empty() && dev.pci_address.is_none(), "{dev:?}");
+    assert!(
+        dev.pci_path.is_empty() && dev.pci_address.is_none(),
+        "{dev:?}"
+    );
     assert_eq!(
         nearest(&all, current_numa_node()).map(|d| d.name.as_str()),
         Some(name.as_str()),
