@@ -17,10 +17,20 @@ impl Access {
     pub const REMOTE_READ: Access = Access(1 << 2);
     /// A peer may run atomics on it.
     pub const REMOTE_ATOMIC: Access = Access(1 << 3);
+    /// Memory windows may be bound to the region.
+    pub const MW_BIND: Access = Access(1 << 4);
+    /// A window's addresses count from its start, not the region's virtual addresses (which
+    /// soft0 does not do: a bind asking for it fails).
+    pub const ZERO_BASED: Access = Access(1 << 5);
 
     /// Whether every right of `other` is in `self`.
     pub fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
+    }
+
+    /// Whether any right of `other` is in `self`.
+    pub fn intersects(self, other: Access) -> bool {
+        self.0 & other.0 != 0
     }
 }
 

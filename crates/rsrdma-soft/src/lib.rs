@@ -31,6 +31,16 @@
 //! queue ([`Srq`], with its limit event); a QP on an SRQ reports LAST_WQE_REACHED when it
 //! goes to ERROR ([`QpEvent`]).
 //!
+//! Type-2 memory windows, in the same key space as the regions ([`MrTable`], whose docs
+//! restate rxe's rules): allocated free, bound by a bind request on a QP's send queue (done as
+//! it is posted, completed as `BIND_MW` after the requests before it; a bind that breaks a rule
+//! completes with `MW_BIND_ERR` and fails the QP), invalidated by a local invalidation
+//! (`LOCAL_INV`; a key that names no bound window: `LOC_QP_OP_ERR`, the QP fails) or by the
+//! peer's SEND with invalidate (RC; the receive's completion names the key). A window's key
+//! works only for requests arriving on the QP it was bound on, inside the window, for the rights
+//! it grants (else `REM_ACCESS_ERR` and the responder's QP goes to ERROR, as for a bad region
+//! key); a region with a bound window is not deregistered.
+//!
 //! An [`RcQp`] made with [`QpConfig::unreliable`] is unreliable-connected (UC): SENDs and
 //! WRITEs only, completed as they leave, with a responder that answers nothing and drops
 //! what it cannot execute. Unreliable-datagram queue pairs ([`UdQp`]) send SENDs to any QP whose Q_Key they carry,
@@ -43,6 +53,17 @@
 //! there is no go-back-N except after an RNR NAK (the pipes lose nothing); fences and
 //! `max_rd_atomic` are not enforced yet (requests execute in order at the responder, which
 //! gives what a fence promises on a reliable, ordered pipe).
+//!
+//! Windows, where soft0 differs from rxe: type 1 and zero-based windows are not there (their
+//! allocation fails with `EOPNOTSUPP`; a zero-based bind with `MW_BIND_ERR`); a request
+//! through a window must lie inside the window (rxe checks only that it lies inside the
+//! window's region); a bind needs the region to be of the QP's protection domain, a local
+//! invalidation the window to be, and a SEND with invalidate the window to be bound to the QP
+//! it arrives on (rxe checks none of these); a SEND with invalidate whose key names no such
+//! window gets an invalid-request NAK (the receive fails with `REM_INV_REQ_ERR` and the QP
+//! goes to ERROR, as on rxe, which however acknowledges the SEND: soft0 has no retransmission
+//! timer that would end the sender's next request); a bind is done when it is posted, not when
+//! the requester reaches it (the same, as requests before it are already on their way).
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -58,9 +79,9 @@ mod wr;
 
 pub use access::Access;
 pub use memory::{Memory, VecMemory};
-pub use mr::{MrEntry, MrTable};
+pub use mr::{DeregError, MrEntry, MrTable, MwBinding, MwEntry};
 pub use qp::{PostError, QpConfig, QpEvent, QpState, RcQp};
 pub use srq::Srq;
 pub use ud::{grh, UdDest, UdQp, UdSource, GRH_LEN};
 pub use wire::{Nak, Packet, PacketKind, WireError, HEADER_LEN};
-pub use wr::{Completion, RecvWr, SendOp, SendWr, Sge, Status, WcOpcode};
+pub use wr::{Bind, Completion, RecvWr, SendOp, SendWr, Sge, Status, WcOpcode};

@@ -76,12 +76,13 @@ pub enum QpEvent {
 }
 
 /// A send request in flight: its PSN, and its packet (kept until it is answered, for an
-/// RNR retry).
+/// RNR retry); a local operation (a bind, an invalidation) has none: it was done when it was
+/// posted and waits only to complete in order.
 #[derive(Debug)]
 struct Pending {
     wr: SendWr,
     psn: u32,
-    packet: Packet,
+    packet: Option<Packet>,
     signaled: bool,
 }
 
@@ -247,14 +248,18 @@ impl RcQp {
 
     /// Queues a send request and its packet. The local memory is checked and a SEND's or
     /// WRITE's bytes are gathered now (a bad local key completes the request with
-    /// `LOC_PROT_ERR` and fails the QP, as the NIC would when it executes it).
+    /// `LOC_PROT_ERR` and fails the QP, as the NIC would when it executes it). A window bind
+    /// or a local invalidation is done now, in `mrs` (later requests, and the peer's requests
+    /// that arrive after it, see it), and completes after the requests before it; one that
+    /// breaks a rule completes with `MW_BIND_ERR` or `LOC_QP_OP_ERR` and fails the QP, as
+    /// rxe's.
     ///
     /// # Errors
     /// [`PostError::State`] before RTS; [`PostError::Full`]; [`PostError::Invalid`].
     pub fn post_send(
         &mut self,
         wr: SendWr,
-        mrs: &MrTable,
+        mrs: &mut MrTable,
         mem: &dyn Memory,
     ) -> Result<(), PostError> {
         match self.state {
@@ -268,19 +273,34 @@ impl RcQp {
         if self.sq.len() >= self.cfg.max_send_wr as usize {
             return Err(PostError::Full);
         }
-        let moves_data = matches!(wr.op, SendOp::Send { .. } | SendOp::Write { .. });
+        let moves_data = matches!(
+            wr.op,
+            SendOp::Send { .. } | SendOp::SendWithInv { .. } | SendOp::Write { .. }
+        );
         if let Some(data) = &wr.inline {
             if !moves_data {
-                return Err(PostError::Invalid("inline data on a READ or an atomic"));
+                return Err(PostError::Invalid(
+                    "inline data on a READ, an atomic or a local operation",
+                ));
             }
             if data.len() > self.cfg.max_inline as usize {
                 return Err(PostError::Invalid("inline data over the QP's max_inline"));
             }
         }
-        if self.cfg.unreliable && !moves_data {
+        let local_op = matches!(wr.op, SendOp::BindMw(_) | SendOp::LocalInv { .. });
+        if self.cfg.unreliable && !(moves_data || local_op) {
             return Err(PostError::Invalid(
                 "a UC queue pair has no READ and no atomics",
             ));
+        }
+        if self.cfg.unreliable && matches!(wr.op, SendOp::SendWithInv { .. }) {
+            return Err(PostError::Invalid(
+                "a UC queue pair has no SEND with invalidate",
+            ));
+        }
+        if local_op {
+            self.local_op(wr, mrs);
+            return Ok(());
         }
         let atomic = matches!(wr.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. });
         if atomic && (wr.sges.len() != 1 || wr.sges[0].len != 8) {
@@ -309,6 +329,7 @@ impl RcQp {
         };
         let kind = match wr.op {
             SendOp::Send { imm } => PacketKind::Send { imm },
+            SendOp::SendWithInv { rkey } => PacketKind::SendInv { rkey },
             SendOp::Write {
                 remote_addr,
                 rkey,
@@ -343,6 +364,9 @@ impl RcQp {
                 rkey,
                 add,
             },
+            SendOp::BindMw(_) | SendOp::LocalInv { .. } => {
+                unreachable!("local operations return above")
+            }
         };
         let packet = Packet {
             dest_qpn: self.dest_qpn,
@@ -364,10 +388,47 @@ impl RcQp {
         self.sq.push_back(Pending {
             wr,
             psn,
-            packet,
+            packet: Some(packet),
             signaled,
         });
         Ok(())
+    }
+
+    /// Does a window bind or a local invalidation now; it completes in send-queue order.
+    fn local_op(&mut self, wr: SendWr, mrs: &mut MrTable) {
+        let (pd, qp_num) = (self.cfg.pd, self.cfg.qp_num);
+        let failed = match wr.op {
+            SendOp::BindMw(b) => mrs.bind(pd, qp_num, &b).err().map(|_| Status::MwBindErr),
+            SendOp::LocalInv { rkey } => {
+                (!mrs.invalidate(pd, None, rkey)).then_some(Status::LocQpOpErr)
+            }
+            _ => None,
+        };
+        if let Some(status) = failed {
+            self.complete_send(&wr, status, 0);
+            self.to_error();
+            return;
+        }
+        let signaled = wr.signaled || self.cfg.sq_sig_all;
+        // No PSN: nothing goes to the peer.
+        let psn = self.next_psn;
+        self.sq.push_back(Pending {
+            wr,
+            psn,
+            packet: None,
+            signaled,
+        });
+        self.complete_local_ops();
+    }
+
+    /// Completes the local operations at the head of the send queue: every request before
+    /// them has completed. (So the head is always a request waiting for the peer.)
+    fn complete_local_ops(&mut self) {
+        while self.sq.front().is_some_and(|h| h.packet.is_none()) {
+            if let Some(h) = self.sq.pop_front() {
+                self.succeed(&h, 0);
+            }
+        }
     }
 
     /// The next packet to send to the peer.
@@ -400,7 +461,7 @@ impl RcQp {
         }
         self.rnr = None;
         for p in self.sq.iter().filter(|p| not_after(from, p.psn)) {
-            self.out.push_back(p.packet.clone());
+            self.out.extend(p.packet.clone());
         }
     }
 
@@ -410,7 +471,7 @@ impl RcQp {
     pub fn handle_packet(
         &mut self,
         p: Packet,
-        mrs: &MrTable,
+        mrs: &mut MrTable,
         mem: &mut dyn Memory,
         srq: Option<&mut Srq>,
         now: Instant,
@@ -431,7 +492,9 @@ impl RcQp {
                 }
                 let consumes = matches!(
                     p.kind,
-                    PacketKind::Send { .. } | PacketKind::Write { imm: Some(_), .. }
+                    PacketKind::Send { .. }
+                        | PacketKind::SendInv { .. }
+                        | PacketKind::Write { imm: Some(_), .. }
                 );
                 if consumes && self.refuse_recv > 0 {
                     self.refuse_recv -= 1;
@@ -504,6 +567,7 @@ impl RcQp {
                     if let Some(h) = self.sq.pop_front() {
                         self.succeed(&h, 0);
                     }
+                    self.complete_local_ops();
                 }
                 self.rnr_left = self.cfg.rnr_retry;
             }
@@ -525,6 +589,7 @@ impl RcQp {
                     }
                 };
                 self.succeed(&h, len);
+                self.complete_local_ops();
                 self.rnr_left = self.cfg.rnr_retry;
             }
             PacketKind::Nak(Nak::Rnr { timer_us }) => {
@@ -573,6 +638,7 @@ impl RcQp {
                 opcode: h.wr.wc_opcode(),
                 byte_len: len,
                 imm: None,
+                invalidated_rkey: None,
                 qp_num: self.cfg.qp_num,
                 src_qp: 0,
                 slid: 0,
@@ -589,6 +655,7 @@ impl RcQp {
             opcode: wr.wc_opcode(),
             byte_len: len,
             imm: None,
+            invalidated_rkey: None,
             qp_num: self.cfg.qp_num,
             src_qp: 0,
             slid: 0,
@@ -658,14 +725,16 @@ impl Responder<'_> {
         push_recv(self.cq, self.cfg.qp_num, wr_id, status, opcode, len, imm);
     }
 
-    fn execute(&mut self, p: &Packet, mrs: &MrTable, mem: &mut dyn Memory) -> Answer {
-        let pd = self.cfg.pd;
-        let remote = |rkey, addr, len, need| match mrs.check_remote(pd, rkey, addr, len, need) {
-            Ok(()) => Ok(()),
-            Err(_) => Err(Answer::Nak(Nak::RemoteAccess)),
-        };
+    fn execute(&mut self, p: &Packet, mrs: &mut MrTable, mem: &mut dyn Memory) -> Answer {
+        let (pd, qp_num) = (self.cfg.pd, self.cfg.qp_num);
+        let remote =
+            |rkey, addr, len, need| match mrs.check_remote(pd, qp_num, rkey, addr, len, need) {
+                Ok(()) => Ok(()),
+                Err(_) => Err(Answer::Nak(Nak::RemoteAccess)),
+            };
         match p.kind {
-            PacketKind::Send { imm } => self.land_send(&p.payload, imm, mrs, mem),
+            PacketKind::Send { imm } => self.land_send(&p.payload, imm, None, mrs, mem),
+            PacketKind::SendInv { rkey } => self.land_send(&p.payload, None, Some(rkey), mrs, mem),
             PacketKind::Write { addr, rkey, imm } => {
                 if !self.cfg.access.contains(Access::REMOTE_WRITE) {
                     return Answer::Nak(Nak::InvalidRequest);
@@ -734,12 +803,14 @@ impl Responder<'_> {
         }
     }
 
-    /// A SEND takes the oldest receive.
+    /// A SEND takes the oldest receive; a SEND with invalidate then invalidates window `inv`,
+    /// which must be bound to this QP.
     fn land_send(
         &mut self,
         data: &[u8],
         imm: Option<u32>,
-        mrs: &MrTable,
+        inv: Option<u32>,
+        mrs: &mut MrTable,
         mem: &mut dyn Memory,
     ) -> Answer {
         let opcode = WcOpcode::Recv;
@@ -762,7 +833,19 @@ impl Responder<'_> {
             return Answer::Nak(Nak::RemoteOperation);
         }
         scatter(&r.sges, data, mem);
+        if let Some(rkey) = inv {
+            if !mrs.invalidate(pd, Some(self.cfg.qp_num), rkey) {
+                // rxe completes the receive with this status and fails the QP but still
+                // acknowledges the SEND; soft0 answers with a NAK, so the sender learns of it
+                // (soft0 has no retransmission timer to end its next request otherwise).
+                self.complete_recv(r.wr_id, Status::RemInvReqErr, opcode, 0, None);
+                return Answer::Nak(Nak::InvalidRequest);
+            }
+        }
         self.complete_recv(r.wr_id, Status::Success, opcode, data.len() as u32, imm);
+        if let Some(c) = self.cq.back_mut() {
+            c.invalidated_rkey = inv;
+        }
         Answer::Reply(PacketKind::Ack, Vec::new())
     }
 
@@ -828,6 +911,7 @@ fn push_recv(
         opcode,
         byte_len: len,
         imm,
+        invalidated_rkey: None,
         qp_num,
         src_qp: 0,
         slid: 0,

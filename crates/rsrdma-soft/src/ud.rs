@@ -356,6 +356,7 @@ impl UdQp {
             opcode,
             byte_len,
             imm,
+            invalidated_rkey: None,
             qp_num: self.cfg.qp_num,
             src_qp,
             slid,

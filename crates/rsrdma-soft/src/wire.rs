@@ -3,14 +3,14 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 1 | kind: 1 SEND, 2 WRITE, 3 READ request, 4 READ response, 5 compare-and-swap, 6 fetch-and-add, 7 atomic response, 8 ACK, 9 NAK, 10 UD datagram |
+//! | 0 | 1 | kind: 1 SEND, 2 WRITE, 3 READ request, 4 READ response, 5 compare-and-swap, 6 fetch-and-add, 7 atomic response, 8 ACK, 9 NAK, 10 UD datagram, 11 SEND with invalidate |
 //! | 1 | 1 | flags: bit 0 immediate data present |
 //! | 2 | 2 | NAK code (1 RNR, 2 invalid request, 3 remote access, 4 remote operation) |
 //! | 4 | 4 | destination QP number |
 //! | 8 | 4 | PSN: the request's (a response or ACK names the request it answers) |
 //! | 12 | 4 | payload length |
 //! | 16 | 4 | immediate data; a READ request's length; an RNR NAK's timer in µs |
-//! | 20 | 4 | remote key; a datagram's Q_Key |
+//! | 20 | 4 | remote key (the key to invalidate, for a SEND with invalidate); a datagram's Q_Key |
 //! | 24 | 8 | remote address; an atomic response's old value; a datagram's source QP |
 //! | 32 | 8 | compare (compare-and-swap) or add (fetch-and-add) |
 //! | 40 | 8 | swap (compare-and-swap) |
@@ -43,6 +43,12 @@ pub enum PacketKind {
     Send {
         /// Immediate data.
         imm: Option<u32>,
+    },
+    /// A SEND with invalidate (its bytes are the payload): the responder invalidates its
+    /// window `rkey` once the bytes landed.
+    SendInv {
+        /// The key to invalidate.
+        rkey: u32,
     },
     /// An RDMA WRITE (its bytes are the payload).
     Write {
@@ -111,6 +117,7 @@ impl PacketKind {
         matches!(
             self,
             PacketKind::Send { .. }
+                | PacketKind::SendInv { .. }
                 | PacketKind::Write { .. }
                 | PacketKind::ReadResponse
                 | PacketKind::Datagram { .. }
@@ -122,6 +129,7 @@ impl PacketKind {
         matches!(
             self,
             PacketKind::Send { .. }
+                | PacketKind::SendInv { .. }
                 | PacketKind::Write { .. }
                 | PacketKind::ReadRequest { .. }
                 | PacketKind::CompareSwap { .. }
@@ -173,6 +181,7 @@ impl Packet {
             PacketKind::Send { imm } => {
                 (1u8, imm.is_some() as u8, 0u16, imm.unwrap_or(0), 0, 0, 0, 0)
             }
+            PacketKind::SendInv { rkey } => (11, 0, 0, 0, rkey, 0, 0, 0),
             PacketKind::Write { addr, rkey, imm } => (
                 2,
                 imm.is_some() as u8,
@@ -299,6 +308,7 @@ impl Packet {
                 qkey: rkey,
                 imm,
             },
+            11 => PacketKind::SendInv { rkey },
             _ => return Err(WireError("kind")),
         };
         let carries = kind.carries_payload();
@@ -323,6 +333,7 @@ mod tests {
         let imm = prop::option::of(any::<u32>());
         prop_oneof![
             imm.clone().prop_map(|imm| PacketKind::Send { imm }),
+            any::<u32>().prop_map(|rkey| PacketKind::SendInv { rkey }),
             (any::<u64>(), any::<u32>(), imm.clone())
                 .prop_map(|(addr, rkey, imm)| PacketKind::Write { addr, rkey, imm }),
             (any::<u64>(), any::<u32>(), any::<u32>())

@@ -1,6 +1,8 @@
 //! Work requests and completions, as the core sees them: plain values, with libibverbs'
 //! numbers for statuses and opcodes so the device can write `ibv_wc` as they are.
 
+use crate::access::Access;
+
 /// A scatter/gather entry: `len` bytes at `addr`, in the region with key `lkey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sge {
@@ -12,6 +14,25 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+/// What a window bind asks for (`IBV_WR_BIND_MW`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bind {
+    /// The window's present key (`ibv_mw.rkey`: its last bind's, or the one it was allocated
+    /// with); it names the window and must be exactly its key.
+    pub mw_key: u32,
+    /// The key the window gets: only its low 8 bits (the tag) count, the index stays the
+    /// window's.
+    pub new_key: u32,
+    /// The local key of the region it is bound to.
+    pub mr_key: u32,
+    /// The first address it covers, in the region.
+    pub addr: u64,
+    /// How many bytes it covers (more than 0).
+    pub len: u64,
+    /// What it grants a peer (remote read, write, atomic).
+    pub access: Access,
+}
+
 /// What a send request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOp {
@@ -19,6 +40,12 @@ pub enum SendOp {
     Send {
         /// Immediate data, delivered with the peer's receive completion.
         imm: Option<u32>,
+    },
+    /// SEND with invalidate (RC only): consumes a receive at the peer and invalidates the
+    /// peer's window `rkey`, which must be bound to the receiving QP.
+    SendWithInv {
+        /// The key of the peer's window to invalidate.
+        rkey: u32,
     },
     /// RDMA WRITE into the peer's memory; with immediate data it also consumes a receive.
     Write {
@@ -56,6 +83,14 @@ pub enum SendOp {
         /// What to add.
         add: u64,
     },
+    /// Binds a type-2 window to a range of a local region, on this QP (a local operation:
+    /// nothing goes to the peer).
+    BindMw(Bind),
+    /// Invalidates the local window with key `rkey` (a local operation).
+    LocalInv {
+        /// The window's present key.
+        rkey: u32,
+    },
 }
 
 /// A send request.
@@ -90,10 +125,15 @@ pub enum Status {
     Success = 0,
     /// A received message was longer than the receive's buffers.
     LocLenErr = 1,
+    /// A local operation could not be done (an invalidation of a key that names no bound
+    /// window).
+    LocQpOpErr = 2,
     /// A local key, range or right was wrong.
     LocProtErr = 4,
     /// Flushed: the QP went to ERROR before this request ran.
     WrFlushErr = 5,
+    /// A window bind broke a rule (see [`crate::MrTable`]).
+    MwBindErr = 6,
     /// The peer refused the request (an access right missing on its QP, a misaligned atomic,
     /// a receive buffer too short).
     RemInvReqErr = 9,
@@ -121,6 +161,10 @@ pub enum WcOpcode {
     CompSwap = 3,
     /// A fetch-and-add.
     FetchAdd = 4,
+    /// A window bind.
+    BindMw = 5,
+    /// A local invalidation.
+    LocalInv = 6,
     /// A receive that took a SEND.
     Recv = 128,
     /// A receive that took an RDMA WRITE with immediate.
@@ -140,6 +184,8 @@ pub struct Completion {
     pub byte_len: u32,
     /// Immediate data that came with a receive.
     pub imm: Option<u32>,
+    /// The key a receive's SEND with invalidate invalidated.
+    pub invalidated_rkey: Option<u32>,
     /// The QP it completed on.
     pub qp_num: u32,
     /// A UD receive: the sender's QP number (0 otherwise).
@@ -154,11 +200,13 @@ impl SendWr {
     /// The completion opcode of this request.
     pub(crate) fn wc_opcode(&self) -> WcOpcode {
         match self.op {
-            SendOp::Send { .. } => WcOpcode::Send,
+            SendOp::Send { .. } | SendOp::SendWithInv { .. } => WcOpcode::Send,
             SendOp::Write { .. } => WcOpcode::RdmaWrite,
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::BindMw(_) => WcOpcode::BindMw,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         }
     }
 

@@ -3,8 +3,8 @@
 
 use proptest::prelude::*;
 use rsrdma_soft::{
-    Access, Completion, MrTable, Packet, PostError, QpConfig, QpEvent, QpState, RcQp, RecvWr,
-    SendOp, SendWr, Sge, Srq, Status, VecMemory, WcOpcode,
+    Access, Bind, Completion, DeregError, MrTable, Packet, PostError, QpConfig, QpEvent, QpState,
+    RcQp, RecvWr, SendOp, SendWr, Sge, Srq, Status, VecMemory, WcOpcode,
 };
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -80,7 +80,7 @@ impl Pair {
 
     fn post_send(&mut self, i: usize, wr: SendWr) -> Result<(), PostError> {
         let s = &mut self.s[i];
-        s.qp.post_send(wr, &s.mrs, &s.mem)
+        s.qp.post_send(wr, &mut s.mrs, &s.mem)
     }
 
     fn post_recv(&mut self, i: usize, wr_id: u64, addr: u64, len: u32) {
@@ -118,7 +118,7 @@ impl Pair {
         let peer = &mut self.s[1 - i];
         assert_eq!(p.dest_qpn, peer.qp.qp_num());
         peer.qp
-            .handle_packet(p, &peer.mrs, &mut peer.mem, None, now);
+            .handle_packet(p, &mut peer.mrs, &mut peer.mem, None, now);
         true
     }
 
@@ -589,9 +589,9 @@ fn local_errors_and_posting_rules() {
 
     // Refused at posting, with nothing queued.
     let mut q = RcQp::new(cfg(1, 0));
-    let (mrs, mem) = (MrTable::new(), VecMemory::new(0, 0));
+    let (mut mrs, mem) = (MrTable::new(), VecMemory::new(0, 0));
     assert_eq!(
-        q.post_send(send(1, Vec::new(), true), &mrs, &mem),
+        q.post_send(send(1, Vec::new(), true), &mut mrs, &mem),
         Err(PostError::State(QpState::Reset))
     );
     let r = RecvWr {
@@ -683,19 +683,19 @@ fn queue_pairs_share_an_srq_in_posting_order_with_its_limit_and_last_wqe_events(
             lkey: ka,
         }];
         qps[from]
-            .post_send(send(at, sges, false), &mrs_a, &mem_a)
+            .post_send(send(at, sges, false), &mut mrs_a, &mem_a)
             .unwrap();
         let p = qps[from].poll_transmit().unwrap();
         let to = from + 2;
         qps[to].handle_packet(
             Packet::decode(&p.encode()).unwrap(),
-            &mrs_b,
+            &mut mrs_b,
             &mut mem_b,
             Some(&mut srq),
             now,
         );
         let ack = qps[to].poll_transmit().unwrap();
-        qps[from].handle_packet(ack, &mrs_a, &mut mem_a, None, now);
+        qps[from].handle_packet(ack, &mut mrs_a, &mut mem_a, None, now);
     }
     let c21: Vec<u64> = std::iter::from_fn(|| qps[3].poll_completion())
         .map(|c| c.wr_id)
@@ -725,10 +725,10 @@ fn queue_pairs_share_an_srq_in_posting_order_with_its_limit_and_last_wqe_events(
             lkey: ka,
         }];
         qps[1]
-            .post_send(send(10 + k, sges, false), &mrs_a, &mem_a)
+            .post_send(send(10 + k, sges, false), &mut mrs_a, &mem_a)
             .unwrap();
         let p = qps[1].poll_transmit().unwrap();
-        qps[3].handle_packet(p, &mrs_b, &mut mem_b, Some(&mut srq), now);
+        qps[3].handle_packet(p, &mut mrs_b, &mut mem_b, Some(&mut srq), now);
         answers.push(qps[3].poll_transmit().unwrap().kind);
     }
     assert_eq!(answers[0], rsrdma_soft::PacketKind::Ack);
@@ -986,4 +986,371 @@ fn refused_receives_answer_rnr_and_the_requester_retries() {
         .unwrap();
     p.run();
     assert_eq!(ids(&p.completions(0)), vec![(1, Status::RnrRetryExcErr)]);
+}
+
+// ----- type-2 memory windows ------------------------------------------------------------------
+
+/// A bind request of window `mw_key` to `len` bytes at `addr` of region `mr_key`, under the
+/// next tag.
+fn bind_wr(wr_id: u64, mw_key: u32, mr_key: u32, addr: u64, len: u64, access: Access) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::BindMw(Bind {
+            mw_key,
+            new_key: mw_key.wrapping_add(1),
+            mr_key,
+            addr,
+            len,
+            access,
+        }),
+        sges: Vec::new(),
+        inline: None,
+        signaled: true,
+    }
+}
+
+/// The key a bind by [`bind_wr`] gives window `mw_key`.
+fn next_key(mw_key: u32) -> u32 {
+    (mw_key & !0xff) | (mw_key.wrapping_add(1) & 0xff)
+}
+
+fn local_inv(wr_id: u64, rkey: u32) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::LocalInv { rkey },
+        sges: Vec::new(),
+        inline: None,
+        signaled: true,
+    }
+}
+
+fn read(wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::Read { remote_addr, rkey },
+        sges: vec![sge],
+        inline: None,
+        signaled: true,
+    }
+}
+
+/// Side 1's region for windows (local write and MW_BIND, no remote right of its own) over
+/// its memory, and a free window.
+fn window_on_side_1(p: &mut Pair) -> (u32, u32) {
+    let mrs = &mut p.s[1].mrs;
+    let mr = mrs.register(1, BASE, MEM as u64, Access::LOCAL_WRITE | Access::MW_BIND);
+    (mr, mrs.alloc_window(1))
+}
+
+fn opcodes(c: &[Completion]) -> Vec<(u64, Status, WcOpcode)> {
+    c.iter().map(|c| (c.wr_id, c.status, c.opcode)).collect()
+}
+
+#[test]
+fn a_bound_window_serves_its_range_with_its_rights_until_it_is_invalidated() {
+    let mut p = Pair::new(0);
+    let (mr, mw) = window_on_side_1(&mut p);
+    p.fill(1, BASE + 4096, b"through the window");
+    // The region itself grants no remote read.
+    p.post_send(0, read(1, p.sge(0, BASE, 8), BASE + 4096, mr))
+        .unwrap();
+    p.run();
+    assert_eq!(ids(&p.completions(0)), [(1, Status::RemAccessErr)]);
+
+    let mut p = Pair::new(0);
+    let (mr, mw2) = window_on_side_1(&mut p);
+    assert_eq!(mw2, mw, "the same table, the same first keys");
+    p.fill(1, BASE + 4096, b"through the window");
+    p.post_send(
+        1,
+        bind_wr(7, mw, mr, BASE + 4096, 4096, Access::REMOTE_READ),
+    )
+    .unwrap();
+    p.run();
+    assert_eq!(
+        opcodes(&p.completions(1)),
+        [(7, Status::Success, WcOpcode::BindMw)]
+    );
+    let key = next_key(mw);
+    p.post_send(0, read(2, p.sge(0, BASE, 18), BASE + 4096, key))
+        .unwrap();
+    p.run();
+    assert_eq!(
+        opcodes(&p.completions(0)),
+        [(2, Status::Success, WcOpcode::RdmaRead)]
+    );
+    assert_eq!(p.bytes(0, BASE, 18), b"through the window");
+    // The window's key from before the bind does not work.
+    p.post_send(0, read(3, p.sge(0, BASE, 8), BASE + 4096, mw))
+        .unwrap();
+    p.run();
+    assert_eq!(ids(&p.completions(0)), [(3, Status::RemAccessErr)]);
+    assert_eq!(p.s[1].qp.state(), QpState::Error, "as for a bad region key");
+
+    // Outside the window (inside its region), and a right it does not grant.
+    for (addr, write) in [
+        (BASE + 4096 - 8, false),
+        (BASE + 8192 - 4, false),
+        (BASE + 4096, true),
+    ] {
+        let mut p = Pair::new(0);
+        let (mr, mw) = window_on_side_1(&mut p);
+        p.post_send(
+            1,
+            bind_wr(1, mw, mr, BASE + 4096, 4096, Access::REMOTE_READ),
+        )
+        .unwrap();
+        let key = next_key(mw);
+        let op = if write {
+            SendOp::Write {
+                remote_addr: addr,
+                rkey: key,
+                imm: None,
+            }
+        } else {
+            SendOp::Read {
+                remote_addr: addr,
+                rkey: key,
+            }
+        };
+        let wr = SendWr {
+            wr_id: 2,
+            op,
+            sges: vec![p.sge(0, BASE, 8)],
+            inline: None,
+            signaled: true,
+        };
+        p.post_send(0, wr).unwrap();
+        p.run();
+        assert_eq!(
+            ids(&p.completions(0)),
+            [(2, Status::RemAccessErr)],
+            "{addr:#x}"
+        );
+        assert_eq!(p.s[1].qp.state(), QpState::Error);
+    }
+
+    // Invalidated: the key is dead; the window may be bound again under a new tag.
+    let mut p = Pair::new(0);
+    let (mr, mw) = window_on_side_1(&mut p);
+    let key = next_key(mw);
+    p.post_send(1, bind_wr(1, mw, mr, BASE, 64, Access::REMOTE_READ))
+        .unwrap();
+    p.post_send(1, local_inv(2, key)).unwrap();
+    p.post_send(1, bind_wr(3, key, mr, BASE + 64, 64, Access::REMOTE_READ))
+        .unwrap();
+    p.run();
+    assert_eq!(
+        opcodes(&p.completions(1)),
+        [
+            (1, Status::Success, WcOpcode::BindMw),
+            (2, Status::Success, WcOpcode::LocalInv),
+            (3, Status::Success, WcOpcode::BindMw)
+        ]
+    );
+    let again = next_key(key);
+    p.post_send(0, read(4, p.sge(0, BASE, 8), BASE + 64, again))
+        .unwrap();
+    p.run();
+    assert_eq!(ids(&p.completions(0)), [(4, Status::Success)]);
+    p.post_send(0, read(5, p.sge(0, BASE, 8), BASE, key))
+        .unwrap();
+    p.run();
+    assert_eq!(
+        ids(&p.completions(0)),
+        [(5, Status::RemAccessErr)],
+        "no access after the invalidation"
+    );
+}
+
+#[test]
+fn a_window_works_only_through_the_qp_it_was_bound_on() {
+    // Requesters 10 and 11 on device a; responders 20 and 21 on device b, one domain.
+    let mut mrs_a = MrTable::new();
+    let mut mrs_b = MrTable::new();
+    let ka = mrs_a.register(1, BASE, MEM as u64, Access::LOCAL_WRITE);
+    let mr = mrs_b.register(1, BASE, MEM as u64, Access::LOCAL_WRITE | Access::MW_BIND);
+    let mw = mrs_b.alloc_window(1);
+    let (mut mem_a, mut mem_b) = (VecMemory::new(BASE, MEM), VecMemory::new(BASE, MEM));
+    mem_b.bytes[..4].copy_from_slice(b"mine");
+    let mut qps: Vec<RcQp> = [(10, 20), (11, 21), (20, 10), (21, 11)]
+        .into_iter()
+        .map(|(me, peer)| {
+            let mut q = RcQp::new(cfg(me, 0));
+            q.to_init().unwrap();
+            q.to_rtr(peer, 0).unwrap();
+            q.to_rts(0).unwrap();
+            q
+        })
+        .collect();
+    qps[2]
+        .post_send(
+            bind_wr(1, mw, mr, BASE, 64, Access::REMOTE_READ),
+            &mut mrs_b,
+            &mem_b,
+        )
+        .unwrap();
+    let c = qps[2].poll_completion().unwrap();
+    assert_eq!((c.status, c.opcode), (Status::Success, WcOpcode::BindMw));
+    let key = next_key(mw);
+    let now = Instant::now();
+    let mut exchange = |qps: &mut Vec<RcQp>, from: usize, mrs_a: &mut MrTable| {
+        let sge = Sge {
+            addr: BASE,
+            len: 4,
+            lkey: ka,
+        };
+        qps[from]
+            .post_send(read(9, sge, BASE, key), mrs_a, &mem_a)
+            .unwrap();
+        let req = qps[from].poll_transmit().unwrap();
+        qps[from + 2].handle_packet(req, &mut mrs_b, &mut mem_b, None, now);
+        let answer = qps[from + 2].poll_transmit().unwrap();
+        qps[from].handle_packet(answer, mrs_a, &mut mem_a, None, now);
+        qps[from].poll_completion().unwrap().status
+    };
+    // Through QP 21, on the same domain as the window: refused, and 21 fails.
+    assert_eq!(exchange(&mut qps, 1, &mut mrs_a), Status::RemAccessErr);
+    assert_eq!(qps[3].state(), QpState::Error);
+    // Through QP 20, the one it was bound on.
+    assert_eq!(exchange(&mut qps, 0, &mut mrs_a), Status::Success);
+    assert_eq!(qps[2].state(), QpState::Rts);
+}
+
+#[test]
+fn binds_and_invalidations_complete_in_send_queue_order_and_their_errors_fail_the_qp() {
+    // A bind posted behind a SEND that waits for its ACK completes after it.
+    let mut p = Pair::new(0);
+    let (mr, mw) = window_on_side_1(&mut p);
+    p.post_recv(0, 50, BASE + 100, 16);
+    p.post_send(1, send(1, vec![p.sge(1, BASE, 4)], true))
+        .unwrap();
+    p.post_send(1, bind_wr(2, mw, mr, BASE, 64, Access::REMOTE_READ))
+        .unwrap();
+    assert_eq!(
+        p.completions(1),
+        [],
+        "the bind waits for the SEND before it"
+    );
+    p.run();
+    assert_eq!(
+        opcodes(&p.completions(1)),
+        [
+            (1, Status::Success, WcOpcode::Send),
+            (2, Status::Success, WcOpcode::BindMw)
+        ]
+    );
+    // Unsignalled: no completion.
+    let key = next_key(mw);
+    let mut inv = local_inv(3, key);
+    inv.signaled = false;
+    p.post_send(1, inv).unwrap();
+    assert_eq!(p.completions(1), []);
+    assert_eq!(p.s[1].mrs.window(key).and_then(|w| w.binding), None);
+
+    // A bind that breaks a rule: MW_BIND_ERR (even unsignalled), the QP fails, the rest
+    // flushes.
+    let mut p = Pair::new(0);
+    let (_, mw) = window_on_side_1(&mut p);
+    let no_bind = p.s[1].key;
+    let mut bad = bind_wr(1, mw, no_bind, BASE, 64, Access::REMOTE_READ);
+    bad.signaled = false;
+    p.post_send(1, bad).unwrap();
+    p.post_send(1, send(2, Vec::new(), true)).unwrap();
+    assert_eq!(
+        opcodes(&p.completions(1)),
+        [
+            (1, Status::MwBindErr, WcOpcode::BindMw),
+            (2, Status::WrFlushErr, WcOpcode::Send)
+        ]
+    );
+    assert_eq!(p.s[1].qp.state(), QpState::Error);
+    assert_eq!(p.s[1].mrs.window(mw).and_then(|w| w.binding), None);
+
+    // An invalidation of a key that names no bound window (a free window's, nobody's, a
+    // region's): LOC_QP_OP_ERR, the QP fails.
+    for which in 0..3 {
+        let mut p = Pair::new(0);
+        let (_, mw) = window_on_side_1(&mut p);
+        let key = [mw, 0x1234_5678, p.s[1].key][which];
+        p.post_send(1, local_inv(1, key)).unwrap();
+        assert_eq!(
+            opcodes(&p.completions(1)),
+            [(1, Status::LocQpOpErr, WcOpcode::LocalInv)],
+            "{key:#x}"
+        );
+        assert_eq!(p.s[1].qp.state(), QpState::Error);
+    }
+}
+
+#[test]
+fn a_region_with_a_bound_window_is_not_deregistered() {
+    let mut p = Pair::new(0);
+    let (mr, mw) = window_on_side_1(&mut p);
+    p.post_send(1, bind_wr(1, mw, mr, BASE, 64, Access::REMOTE_READ))
+        .unwrap();
+    assert_eq!(p.s[1].mrs.deregister(mr), Err(DeregError::WindowsBound(1)));
+    assert!(p.s[1].mrs.dealloc_window(mw));
+    assert_eq!(p.s[1].mrs.deregister(mr), Ok(()));
+}
+
+#[test]
+fn a_send_with_invalidate_frees_the_peers_window_bound_to_its_qp() {
+    let mut p = Pair::new(0);
+    let (mr, mw) = window_on_side_1(&mut p);
+    p.post_send(1, bind_wr(1, mw, mr, BASE, 64, Access::REMOTE_READ))
+        .unwrap();
+    let key = next_key(mw);
+    p.fill(0, BASE, b"done");
+    p.post_recv(1, 40, BASE + 200, 16);
+    let inv = SendWr {
+        wr_id: 2,
+        op: SendOp::SendWithInv { rkey: key },
+        sges: vec![p.sge(0, BASE, 4)],
+        inline: None,
+        signaled: true,
+    };
+    p.post_send(0, inv.clone()).unwrap();
+    p.run();
+    assert_eq!(
+        opcodes(&p.completions(0)),
+        [(2, Status::Success, WcOpcode::Send)]
+    );
+    let r = p.completions(1);
+    assert_eq!(
+        opcodes(&r),
+        [
+            (1, Status::Success, WcOpcode::BindMw),
+            (40, Status::Success, WcOpcode::Recv)
+        ]
+    );
+    assert_eq!((r[1].byte_len, r[1].invalidated_rkey), (4, Some(key)));
+    assert_eq!(p.bytes(1, BASE + 200, 4), b"done");
+    assert_eq!(p.s[1].mrs.window(key).and_then(|w| w.binding), None);
+    // Again: no bound window has the key any more. The receive fails, the sender learns it.
+    p.post_recv(1, 41, BASE + 200, 16);
+    p.post_send(0, inv).unwrap();
+    p.run();
+    assert_eq!(ids(&p.completions(0)), [(2, Status::RemInvReqErr)]);
+    assert_eq!(ids(&p.completions(1)), [(41, Status::RemInvReqErr)]);
+    assert_eq!(p.s[1].qp.state(), QpState::Error);
+
+    // UC has none.
+    let (mut a, mut b) = (cfg(10, 0), cfg(20, 0));
+    a.unreliable = true;
+    b.unreliable = true;
+    let mut p = Pair::with(a, b);
+    let inv = SendWr {
+        wr_id: 1,
+        op: SendOp::SendWithInv { rkey: 1 },
+        sges: Vec::new(),
+        inline: None,
+        signaled: true,
+    };
+    assert!(matches!(p.post_send(0, inv), Err(PostError::Invalid(_))));
+    // But binds a window (done as it is posted).
+    let (mr, mw) = window_on_side_1(&mut p);
+    p.post_send(1, bind_wr(2, mw, mr, BASE, 64, Access::REMOTE_WRITE))
+        .unwrap();
+    assert_eq!(ids(&p.completions(1)), [(2, Status::Success)]);
 }

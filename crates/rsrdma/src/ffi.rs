@@ -444,18 +444,6 @@ pub unsafe fn ibv_ack_async_event(event: *mut ibv_async_event) {
     }
 }
 
-/// `ibv_alloc_mw` (type 1 or 2): the soft device has no memory windows.
-///
-/// # Safety
-/// As the C function.
-pub unsafe fn ibv_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mut ibv_mw {
-    route!(
-        (*pd).context,
-        safe soft::verbs::unsupported_ptr(),
-        rsrdma_sys::ibv_alloc_mw(pd, type_)
-    )
-}
-
 /// `ibv_create_ah`.
 ///
 /// # Safety

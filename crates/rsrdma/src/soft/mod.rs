@@ -21,8 +21,12 @@
 //!
 //! Its connection manager ([`cm`]) plays librdmacm for soft ids.
 //!
-//! What it does not do yet (and says so with `EOPNOTSUPP`): peers on other hosts, memory
-//! windows.
+//! Type-2 memory windows are allocated and deallocated through the context's `alloc_mw` and
+//! `dealloc_mw` (as libibverbs' inline `ibv_alloc_mw` calls them), bound and invalidated by
+//! work requests; their rules are `rsrdma_soft::MrTable`'s.
+//!
+//! What it does not do yet (and says so with `EOPNOTSUPP`): peers on other hosts, type-1
+//! memory windows.
 
 pub(crate) mod ah;
 pub(crate) mod cm;

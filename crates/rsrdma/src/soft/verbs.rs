@@ -7,8 +7,8 @@ use super::link::{Deliver, Links};
 use super::qp_core::QpCore;
 use crate::ffi;
 use rsrdma_soft::{
-    Access, Completion, Memory, MrTable, Packet, PacketKind, PostError, QpConfig, QpEvent, QpState,
-    RcQp, RecvWr, SendOp, SendWr, Sge, Srq, UdQp, UdSource,
+    Access, Bind, Completion, DeregError, Memory, MrTable, Packet, PacketKind, PostError, QpConfig,
+    QpEvent, QpState, RcQp, RecvWr, SendOp, SendWr, Sge, Srq, UdQp, UdSource,
 };
 use std::collections::{HashMap, VecDeque};
 use std::os::raw::{c_int, c_uint, c_void};
@@ -44,6 +44,13 @@ struct SoftPd {
 #[repr(C)]
 struct SoftMr {
     raw: ffi::ibv_mr,
+}
+
+/// A type-2 memory window: `raw.handle` is the key it was allocated with, which names it in
+/// the device's key table; `raw.rkey` is the application's (its last bind's key).
+#[repr(C)]
+struct SoftMw {
+    raw: ffi::ibv_mw,
 }
 
 #[repr(C)]
@@ -513,6 +520,10 @@ unsafe fn push_completion(cq: *mut SoftCq, c: &Completion) {
         wc.__bindgen_anon_1.imm_data = imm;
         wc.wc_flags |= ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
     }
+    if let Some(rkey) = c.invalidated_rkey {
+        wc.__bindgen_anon_1.invalidated_rkey = rkey;
+        wc.wc_flags |= ffi::ibv_wc_flags::IBV_WC_WITH_INV.0;
+    }
     if c.grh {
         wc.wc_flags |= ffi::ibv_wc_flags::IBV_WC_GRH.0;
     }
@@ -644,7 +655,8 @@ unsafe fn send_wr(w: &ffi::ibv_send_wr) -> Result<SendWr, c_int> {
     use ffi::ibv_wr_opcode as Op;
     // SAFETY: `sg_list` has `num_sge` entries (the caller's contract).
     let list = unsafe { sges(w.sg_list, w.num_sge) };
-    // SAFETY: the union members are read as the opcode says they were written.
+    // SAFETY: the union members are read as the opcode says they were written; a bind names
+    // a live window and, if any, a live region (the caller's contract).
     let op = unsafe {
         match w.opcode {
             Op::IBV_WR_SEND => SendOp::Send { imm: None },
@@ -672,6 +684,34 @@ unsafe fn send_wr(w: &ffi::ibv_send_wr) -> Result<SendWr, c_int> {
                 rkey: w.wr.atomic.rkey,
                 add: w.wr.atomic.compare_add,
             },
+            Op::IBV_WR_SEND_WITH_INV => SendOp::SendWithInv {
+                rkey: w.__bindgen_anon_1.invalidate_rkey,
+            },
+            Op::IBV_WR_LOCAL_INV => SendOp::LocalInv {
+                rkey: w.__bindgen_anon_1.invalidate_rkey,
+            },
+            Op::IBV_WR_BIND_MW => {
+                let b = &w.__bindgen_anon_2.bind_mw;
+                if b.mw.is_null() {
+                    return Err(libc::EINVAL);
+                }
+                let info = &b.bind_info;
+                SendOp::BindMw(Bind {
+                    // As rxe's provider: the window's present key is what `ibv_mw.rkey` says
+                    // (the application records each bind's key there).
+                    mw_key: (*b.mw).rkey,
+                    new_key: b.rkey,
+                    // No region: the bind fails (MW_BIND_ERR), as a type-2 bind must name one.
+                    mr_key: if info.mr.is_null() {
+                        0
+                    } else {
+                        (*info.mr).lkey
+                    },
+                    addr: info.addr,
+                    len: info.length,
+                    access: Access(info.mw_access_flags),
+                })
+            }
             _ => return Err(libc::EOPNOTSUPP),
         }
     };
@@ -898,6 +938,8 @@ pub(crate) fn open_device() -> *mut ffi::ibv_context {
     raw.ops.post_srq_recv = Some(post_srq_recv);
     raw.ops.poll_cq = Some(poll_cq);
     raw.ops.req_notify_cq = Some(req_notify_cq_op);
+    raw.ops.alloc_mw = Some(alloc_mw);
+    raw.ops.dealloc_mw = Some(dealloc_mw);
     raw.async_fd = fd;
     raw.cmd_fd = -1;
     raw.num_comp_vectors = 1;
@@ -941,6 +983,9 @@ pub(crate) unsafe fn query_device(attr: *mut ffi::ibv_device_attr) -> c_int {
     a.max_qp_init_rd_atom = 128;
     a.max_res_rd_atom = 0x2_0000;
     a.atomic_cap = ffi::ibv_atomic_cap::IBV_ATOMIC_HCA;
+    // Type-2B windows, as rxe's (its type-1 windows soft0 does not have).
+    a.device_cap_flags = ffi::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0;
+    a.max_mw = 0x4_0000;
     a.max_srq = 0x1_0000;
     a.max_srq_wr = MAX_QP_WR as c_int;
     a.max_srq_sge = MAX_SRQ_SGE as c_int;
@@ -1089,7 +1134,7 @@ pub(crate) unsafe fn reg_mr(
     // SAFETY: the caller's contract.
     let (ctx, pdh) = unsafe { ((*pd).context, (*pd).handle) };
     let basic = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-    let access = Access(access & (basic | Access::REMOTE_ATOMIC).0);
+    let access = Access(access & (basic | Access::REMOTE_ATOMIC | Access::MW_BIND).0);
     let key = lock().mrs.register(pdh, addr as u64, len as u64, access);
     let mr = Box::new(SoftMr {
         raw: ffi::ibv_mr {
@@ -1105,12 +1150,61 @@ pub(crate) unsafe fn reg_mr(
     Box::into_raw(mr).cast()
 }
 
+/// `ibv_dereg_mr`: `EINVAL` (the region stays registered) while a window is bound to it, as
+/// rxe (IBA 10.6.7.2.6).
+///
 /// # Safety
 /// `mr` is a live soft MR.
 pub(crate) unsafe fn dereg_mr(mr: *mut ffi::ibv_mr) -> c_int {
-    // SAFETY: made by `reg_mr`, freed once (the caller's contract).
-    let mr = unsafe { Box::from_raw(mr.cast::<SoftMr>()) };
-    lock().mrs.deregister(mr.raw.lkey);
+    // SAFETY: a live soft MR (the caller's contract).
+    let key = unsafe { (*mr).lkey };
+    if let Err(DeregError::WindowsBound(n)) = lock().mrs.deregister(key) {
+        tracing::debug!(
+            key,
+            windows = n,
+            "soft0: ibv_dereg_mr refused: windows are bound to the region"
+        );
+        return libc::EINVAL;
+    }
+    // SAFETY: made by `reg_mr`, freed once (the caller's contract); deregistered above.
+    drop(unsafe { Box::from_raw(mr.cast::<SoftMr>()) });
+    0
+}
+
+/// `ibv_alloc_mw` (the context's `alloc_mw`): a free type-2 window; type 1 is refused with
+/// `EOPNOTSUPP`.
+///
+/// # Safety
+/// `pd` is a live soft PD.
+unsafe extern "C" fn alloc_mw(pd: *mut ffi::ibv_pd, type_: ffi::ibv_mw_type) -> *mut ffi::ibv_mw {
+    if type_ != ffi::IBV_MW_TYPE_2 {
+        tracing::debug!(type_, "soft0: ibv_alloc_mw refused: type-2 windows only");
+        set_errno(libc::EOPNOTSUPP);
+        return std::ptr::null_mut();
+    }
+    // SAFETY: the caller's contract.
+    let (ctx, pdh) = unsafe { ((*pd).context, (*pd).handle) };
+    let key = lock().mrs.alloc_window(pdh);
+    let mw = Box::new(SoftMw {
+        raw: ffi::ibv_mw {
+            context: ctx,
+            pd,
+            rkey: key,
+            handle: key,
+            type_,
+        },
+    });
+    Box::into_raw(mw).cast()
+}
+
+/// `ibv_dealloc_mw` (the context's `dealloc_mw`): unbinds the window if it is bound.
+///
+/// # Safety
+/// `mw` is a live soft window.
+unsafe extern "C" fn dealloc_mw(mw: *mut ffi::ibv_mw) -> c_int {
+    // SAFETY: made by `alloc_mw`, freed once (the caller's contract).
+    let mw = unsafe { Box::from_raw(mw.cast::<SoftMw>()) };
+    lock().mrs.dealloc_window(mw.raw.handle);
     0
 }
 
