@@ -22,12 +22,14 @@ use std::collections::VecDeque;
 /// Bytes of the GRH in front of every UD receive.
 pub const GRH_LEN: usize = 40;
 
-/// Where a UD send goes: the destination's device (opaque to the core: the device routes by
-/// it), its QP number and the Q_Key the datagram carries.
+/// Where a UD send goes: the destination's device (its LID and GID, opaque to the core: the
+/// device routes by them), its QP number and the Q_Key the datagram carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UdDest {
     /// The LID of the destination's device.
     pub lid: u16,
+    /// The destination port's GID (with the LID, it names a device on another host).
+    pub gid: [u8; 16],
     /// The destination QP.
     pub qpn: u32,
     /// The Q_Key the datagram carries.
@@ -52,7 +54,7 @@ pub struct UdQp {
     /// The largest payload a datagram carries (the path MTU).
     mtu: u32,
     rq: VecDeque<RecvWr>,
-    out: VecDeque<(u16, Packet)>,
+    out: VecDeque<(UdDest, Packet)>,
     cq: VecDeque<Completion>,
     events: VecDeque<QpEvent>,
     /// Datagrams dropped at this QP (wrong Q_Key, no receive, too long).
@@ -237,7 +239,7 @@ impl UdQp {
                 },
                 payload,
             };
-            self.out.push_back((dest.lid, packet));
+            self.out.push_back((dest, packet));
         }
         if wr.signaled || self.cfg.sq_sig_all {
             self.push(wr.wr_id, Status::Success, WcOpcode::Send, 0, None, None);
@@ -245,8 +247,8 @@ impl UdQp {
         Ok(())
     }
 
-    /// The next datagram to send, with the LID of its destination's device.
-    pub fn poll_transmit(&mut self) -> Option<(u16, Packet)> {
+    /// The next datagram to send, with its destination.
+    pub fn poll_transmit(&mut self) -> Option<(UdDest, Packet)> {
         self.out.pop_front()
     }
 

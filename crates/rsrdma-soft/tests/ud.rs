@@ -89,8 +89,8 @@ impl Side {
 
 /// Carries what `from` sent to `to` (LID 1 is A's device, LID 2 B's).
 fn carry(from: &mut Side, from_lid: u16, from_gid: [u8; 16], to: &mut Side, to_gid: [u8; 16]) {
-    while let Some((lid, p)) = from.qp.poll_transmit() {
-        assert_ne!(lid, from_lid);
+    while let Some((dest, p)) = from.qp.poll_transmit() {
+        assert_ne!(dest.lid, from_lid);
         let p = Packet::decode(&p.encode()).unwrap();
         let src = UdSource {
             lid: from_lid,
@@ -104,6 +104,7 @@ fn carry(from: &mut Side, from_lid: u16, from_gid: [u8; 16], to: &mut Side, to_g
 fn to_b(qkey: u32) -> UdDest {
     UdDest {
         lid: 2,
+        gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
         qpn: 20,
         qkey,
     }
@@ -253,8 +254,8 @@ fn posting_rules_and_errors() {
     // Inline data needs no key; an unsignalled send completes with nothing.
     a.qp.post_send(send, to_b(QKEY), &a.mrs, &a.mem).unwrap();
     assert_eq!(a.qp.poll_completion(), None);
-    let (lid, p) = a.qp.poll_transmit().unwrap();
-    assert_eq!((lid, p.payload), (2, vec![1, 2, 3]));
+    let (dest, p) = a.qp.poll_transmit().unwrap();
+    assert_eq!((dest, p.payload), (to_b(QKEY), vec![1, 2, 3]));
     // A bad local key: LOC_PROT_ERR, and the QP fails, flushing its receives.
     a.recv(3, vec![a.sge(0, 64)]);
     let bad = Sge {

@@ -1,6 +1,6 @@
-//! The soft device's address handles: where a UD send goes. An AH names a device by its LID,
-//! or, without one, by its GID (every soft device's GID names its LID: see
-//! `verbs::gid_of_lid`); a UD request's AH, QP number and Q_Key become the core's
+//! The soft device's address handles: where a UD send goes. An AH names a device by its LID
+//! and GID (the GID's address names another host; on this host a GID alone names the LID:
+//! see `verbs::gid_of_lid`); a UD request's AH, QP number and Q_Key become the core's
 //! [`UdDest`].
 
 use super::verbs::{lid_of_gid, own_gid, set_errno, zeroed};
@@ -11,8 +11,9 @@ use std::os::raw::c_int;
 #[repr(C)]
 struct SoftAh {
     raw: ffi::ibv_ah,
-    /// The device the AH leads to.
+    /// The device the AH leads to: its LID and GID.
     lid: u16,
+    gid: [u8; 16],
 }
 
 /// `ibv_create_ah`.
@@ -29,11 +30,14 @@ pub(crate) unsafe fn create_ah(
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
+    let gid = if a.is_global != 0 {
+        // SAFETY: `raw` is the GID's plain bytes.
+        unsafe { a.grh.dgid.raw }
+    } else {
+        [0; 16]
+    };
     let lid = match (a.dlid, a.is_global != 0) {
-        (0, true) => {
-            // SAFETY: `raw` is the GID's plain bytes.
-            lid_of_gid(unsafe { &a.grh.dgid.raw })
-        }
+        (0, true) => lid_of_gid(&gid),
         (dlid, _) => dlid,
     };
     let ah = SoftAh {
@@ -43,6 +47,7 @@ pub(crate) unsafe fn create_ah(
             handle,
         },
         lid,
+        gid,
     };
     Box::into_raw(Box::new(ah)).cast()
 }
@@ -126,7 +131,10 @@ pub(super) unsafe fn ud_dest(w: &ffi::ibv_send_wr, own_qkey: u32) -> Result<UdDe
         return Err(libc::EINVAL);
     }
     // SAFETY: a live soft AH (the caller's contract), the first field of its `SoftAh`.
-    let lid = unsafe { (*ud.ah.cast::<SoftAh>()).lid };
+    let (lid, gid) = unsafe {
+        let ah = &*ud.ah.cast::<SoftAh>();
+        (ah.lid, ah.gid)
+    };
     let qkey = if ud.remote_qkey & 0x8000_0000 != 0 {
         own_qkey
     } else {
@@ -134,6 +142,7 @@ pub(super) unsafe fn ud_dest(w: &ffi::ibv_send_wr, own_qkey: u32) -> Result<UdDe
     };
     Ok(UdDest {
         lid,
+        gid,
         qpn: ud.remote_qpn,
         qkey,
     })

@@ -1,6 +1,8 @@
-//! Queue pairs in other processes: the soft device listens on a TCP port of the loopback
-//! address (the port's LID names it, so a [`crate::QpEndpoint`] says where a QP lives), and
-//! carries packets to another soft device over a connection it dials, one per peer device:
+//! Queue pairs in other processes, on this host or another: the soft device listens on a TCP
+//! port of its address (the loopback address, or the one `RSRDMA_SOFT_ADDR` names; the port
+//! is its LID and the address is in its GID, so a [`crate::QpEndpoint`] says where a QP
+//! lives), and carries packets to another soft device over a connection it dials, one per
+//! peer device (named by its address and port, which the dialer says first):
 //! each packet's header then its payload (the header says the payload's length), written
 //! with one vectored write per batch so that no payload is copied into a frame first, and
 //! read into a buffer of the payload's own size, which the packet then owns. The connection a device dials
@@ -16,7 +18,7 @@
 use rsrdma_soft::{Packet, HEADER_LEN};
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufReader, IoSlice, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex};
 
 /// The largest payload a peer may send: a message of up to 2 GiB.
@@ -27,15 +29,15 @@ const MAX_BATCH: usize = 256;
 /// What the links hand to the device.
 pub(super) trait Deliver: Send + Sync + 'static {
     /// A packet from the device listening on `from`.
-    fn packet(&self, from: u16, packet: Packet);
-    /// The device listening on `port` cannot be reached any more.
-    fn link_down(&self, port: u16);
+    fn packet(&self, from: SocketAddrV4, packet: Packet);
+    /// The device listening on `peer` cannot be reached any more.
+    fn link_down(&self, peer: SocketAddrV4);
 }
 
 /// The device's listener and its connections to other devices.
 pub(super) struct Links {
-    port: u16,
-    out: Mutex<HashMap<u16, Arc<Outbound>>>,
+    addr: SocketAddrV4,
+    out: Mutex<HashMap<SocketAddrV4, Arc<Outbound>>>,
 }
 
 /// Packets queued for one peer device, and its writer thread's state.
@@ -54,33 +56,33 @@ struct OutQueue {
 }
 
 impl Links {
-    /// Listens on a port of the loopback address and starts accepting peers.
+    /// Listens on a port of `ip` and starts accepting peers.
     ///
     /// # Errors
     /// The listener's.
-    pub(super) fn start(deliver: Arc<dyn Deliver>) -> std::io::Result<Links> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    pub(super) fn start(ip: Ipv4Addr, deliver: Arc<dyn Deliver>) -> std::io::Result<Links> {
+        let listener = TcpListener::bind((ip, 0))?;
         let port = listener.local_addr()?.port();
         std::thread::Builder::new()
             .name("rsrdma-soft0-accept".into())
             .spawn(move || accept_loop(&listener, &deliver))?;
         Ok(Links {
-            port,
+            addr: SocketAddrV4::new(ip, port),
             out: Mutex::new(HashMap::new()),
         })
     }
 
-    /// The port this device listens on: its LID.
-    pub(super) fn port(&self) -> u16 {
-        self.port
+    /// Where this device listens: its address, and its port (its LID).
+    pub(super) fn addr(&self) -> SocketAddrV4 {
+        self.addr
     }
 
-    /// Queues `frame` for the device listening on `port`, dialling it first if needed.
+    /// Queues `frame` for the device listening on `peer`, dialling it first if needed.
     /// Never blocks on the network.
-    pub(super) fn send(&self, port: u16, frame: Packet, deliver: &Arc<dyn Deliver>) {
+    pub(super) fn send(&self, peer: SocketAddrV4, frame: Packet, deliver: &Arc<dyn Deliver>) {
         let out = {
             let mut map = self.out.lock().unwrap_or_else(|p| p.into_inner());
-            let existing = map.get(&port).filter(|o| !o.is_dead()).cloned();
+            let existing = map.get(&peer).filter(|o| !o.is_dead()).cloned();
             match existing {
                 Some(o) => o,
                 None => {
@@ -88,14 +90,14 @@ impl Links {
                         queue: Mutex::new(OutQueue::default()),
                         ready: Condvar::new(),
                     });
-                    map.insert(port, o.clone());
-                    let (w, d, me) = (o.clone(), deliver.clone(), self.port);
+                    map.insert(peer, o.clone());
+                    let (w, d, me) = (o.clone(), deliver.clone(), self.addr);
                     let spawned = std::thread::Builder::new()
                         .name("rsrdma-soft0-link".into())
-                        .spawn(move || write_loop(me, port, &w, &d));
+                        .spawn(move || write_loop(me, peer, &w, &d));
                     if spawned.is_err() {
                         o.kill();
-                        deliver.link_down(port);
+                        deliver.link_down(peer);
                     }
                     o
                 }
@@ -157,12 +159,18 @@ impl Outbound {
     }
 }
 
+/// The dialer's first bytes: the address and port it listens on (which name it).
+const HELLO_LEN: usize = 6;
+
 /// Dials the peer device, says which device this is, then writes what is queued.
-fn write_loop(me: u16, port: u16, out: &Outbound, deliver: &Arc<dyn Deliver>) {
+fn write_loop(me: SocketAddrV4, peer: SocketAddrV4, out: &Outbound, deliver: &Arc<dyn Deliver>) {
     let written = (|| -> std::io::Result<()> {
-        let mut s = TcpStream::connect(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))?;
+        let mut s = TcpStream::connect(peer)?;
         s.set_nodelay(true)?;
-        s.write_all(&me.to_le_bytes())?;
+        let mut hello = [0u8; HELLO_LEN];
+        hello[..4].copy_from_slice(&me.ip().octets());
+        hello[4..].copy_from_slice(&me.port().to_le_bytes());
+        s.write_all(&hello)?;
         loop {
             let batch: Vec<Packet> = {
                 let mut q = out.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -188,10 +196,10 @@ fn write_loop(me: u16, port: u16, out: &Outbound, deliver: &Arc<dyn Deliver>) {
         }
     })();
     if let Err(e) = written {
-        tracing::debug!(port, error = %e, "soft0: the link to a peer device ended");
+        tracing::debug!(%peer, error = %e, "soft0: the link to a peer device ended");
     }
     out.kill();
-    deliver.link_down(port);
+    deliver.link_down(peer);
 }
 
 fn accept_loop(listener: &TcpListener, deliver: &Arc<dyn Deliver>) {
@@ -240,11 +248,12 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>) {
     // Small packets (acknowledgements, requests) come out of the buffer; a large payload is
     // read past it, straight into the packet's own buffer.
     let mut s = BufReader::with_capacity(64 * 1024, s);
-    let mut port = [0u8; 2];
-    if s.read_exact(&mut port).is_err() {
+    let mut hello = [0u8; HELLO_LEN];
+    if s.read_exact(&mut hello).is_err() {
         return;
     }
-    let from = u16::from_le_bytes(port);
+    let ip = Ipv4Addr::new(hello[0], hello[1], hello[2], hello[3]);
+    let from = SocketAddrV4::new(ip, u16::from_le_bytes([hello[4], hello[5]]));
     loop {
         let mut header = [0u8; HEADER_LEN];
         if s.read_exact(&mut header).is_err() {
@@ -252,7 +261,7 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>) {
         }
         let len = Packet::payload_len(&header);
         if len > MAX_PAYLOAD {
-            tracing::warn!(from, len, "soft0: a peer device sent an oversized packet");
+            tracing::warn!(%from, len, "soft0: a peer device sent an oversized packet");
             break;
         }
         let mut payload = vec![0u8; len];
@@ -262,7 +271,7 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>) {
         match Packet::decode_parts(&header, payload) {
             Ok(p) => deliver.packet(from, p),
             Err(e) => {
-                tracing::warn!(from, error = %e, "soft0: a malformed packet from a peer device");
+                tracing::warn!(%from, error = %e, "soft0: a malformed packet from a peer device");
                 break;
             }
         }

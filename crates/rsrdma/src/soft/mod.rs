@@ -25,8 +25,10 @@
 //! `dealloc_mw` (as libibverbs' inline `ibv_alloc_mw` calls them), bound and invalidated by
 //! work requests; their rules are `rsrdma_soft::MrTable`'s.
 //!
-//! What it does not do yet (and says so with `EOPNOTSUPP`): peers on other hosts, type-1
-//! memory windows.
+//! Peers on other hosts: with `RSRDMA_SOFT_ADDR` the device listens on that address of its
+//! host and names itself by it (its GID); see `link`.
+//!
+//! What it does not do yet (and says so with `EOPNOTSUPP`): type-1 memory windows.
 
 pub(crate) mod ah;
 pub(crate) mod cm;
@@ -126,8 +128,8 @@ pub(crate) fn mark_opened() {
 }
 
 /// Whether the soft device is listed by [`crate::devices`]: with `RSRDMA_SOFT_DEVICE=1`.
-/// [`crate::open`]`("soft0")` opens it either way. Not listed by default yet: it reaches no
-/// other host, and a program that takes the first device should not land on it unasked.
+/// [`crate::open`]`("soft0")` opens it either way. Not listed by default: a program that
+/// takes the first device should not land on a software device unasked.
 pub(crate) fn listed() -> bool {
     std::env::var_os("RSRDMA_SOFT_DEVICE").is_some_and(|v| v == "1")
 }

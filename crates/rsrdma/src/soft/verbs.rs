@@ -11,6 +11,7 @@ use rsrdma_soft::{
     QpEvent, QpState, RcQp, RecvWr, SendOp, SendWr, Sge, Srq, UdQp, UdSource,
 };
 use std::collections::{HashMap, VecDeque};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::raw::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
@@ -195,7 +196,9 @@ fn device() -> &'static Device {
             .name("rsrdma-soft0".into())
             .spawn(timer_thread);
         let deliver: Arc<dyn Deliver> = Arc::new(FromPeers);
-        let links = match Links::start(deliver.clone()) {
+        // `open_device` refused a bad address before the device was made.
+        let ip = configured_ip().unwrap_or(Ipv4Addr::LOCALHOST);
+        let links = match Links::start(ip, deliver.clone()) {
             Ok(l) => Some(l),
             Err(e) => {
                 tracing::warn!(error = %e, "soft0: no listener; QPs reach this process only");
@@ -218,26 +221,57 @@ fn device() -> &'static Device {
     })
 }
 
+/// The environment variable naming the IPv4 address soft0 listens on and names itself by
+/// (its GID), so that soft devices on other hosts reach it; unset: the loopback address, and
+/// only this host's processes.
+pub const SOFT_ADDR_ENV: &str = "RSRDMA_SOFT_ADDR";
+
+/// The address `RSRDMA_SOFT_ADDR` names (`None` when unset).
+///
+/// # Errors
+/// A text naming the variable when it is not an IPv4 address of this host's kind (not
+/// unspecified, not multicast or broadcast).
+pub(super) fn configured_ip() -> Result<Ipv4Addr, String> {
+    let Some(v) = std::env::var_os(SOFT_ADDR_ENV) else {
+        return Ok(Ipv4Addr::LOCALHOST);
+    };
+    let text = v.to_string_lossy();
+    match text.trim().parse::<Ipv4Addr>() {
+        Ok(ip) if !ip.is_unspecified() && !ip.is_multicast() && !ip.is_broadcast() => Ok(ip),
+        _ => Err(format!(
+            "{SOFT_ADDR_ENV}={text:?} is not an IPv4 address soft0 can listen on"
+        )),
+    }
+}
+
 /// This device's LID: the port it listens on (0 without a listener).
 pub(super) fn own_lid() -> u16 {
-    device().links.as_ref().map_or(0, Links::port)
+    own_addr().port()
+}
+
+/// Where this device listens (port 0 without a listener: it then reaches this process only).
+pub(super) fn own_addr() -> SocketAddrV4 {
+    device()
+        .links
+        .as_ref()
+        .map_or(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0), Links::addr)
 }
 
 /// What arrives from other processes' soft devices.
 struct FromPeers;
 
 impl Deliver for FromPeers {
-    fn packet(&self, from: u16, p: rsrdma_soft::Packet) {
+    fn packet(&self, from: SocketAddrV4, p: rsrdma_soft::Packet) {
         let mut st = lock();
         let now = Instant::now();
         deliver(&mut st, p, from, now);
         pump(&mut st, now);
     }
 
-    fn link_down(&self, port: u16) {
+    fn link_down(&self, peer: SocketAddrV4) {
         let mut st = lock();
         for e in st.qps.values_mut() {
-            if e.remote_lid() == port && e.core.state() != QpState::Error {
+            if e.remote() == peer && e.core.state() != QpState::Error {
                 e.core.handle_link_down();
             }
         }
@@ -246,9 +280,13 @@ impl Deliver for FromPeers {
 }
 
 impl QpEntry {
-    /// The LID of the device its peer QP lives on (set at RTR).
-    fn remote_lid(&self) -> u16 {
-        self.attr.ah_attr.dlid
+    /// Where the device its peer QP lives on listens (set at RTR: the LID, and the GID's
+    /// address).
+    fn remote(&self) -> SocketAddrV4 {
+        let a = &self.attr.ah_attr;
+        // SAFETY: `raw` is the GID's plain bytes.
+        let gid = (a.is_global != 0).then_some(unsafe { a.grh.dgid.raw });
+        peer_addr(gid.as_ref(), a.dlid)
     }
 }
 
@@ -298,15 +336,15 @@ impl Memory for ProcessMemory {
 
 // ----- progress -----------------------------------------------------------------------------
 
-/// Hands a packet that came from the device with LID `from` to its QP: a connected QP takes
-/// only its peer device's packets of its own transport, a UD QP only datagrams. Returns
-/// whether a QP took it. Under the lock.
-fn deliver(st: &mut State, p: Packet, from: u16, now: Instant) -> bool {
+/// Hands a packet that came from the device listening on `from` to its QP: a connected QP
+/// takes only its peer device's packets of its own transport, a UD QP only datagrams.
+/// Returns whether a QP took it. Under the lock.
+fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: Instant) -> bool {
     let State { qps, srqs, mrs, .. } = st;
     let Some(d) = qps.get_mut(&p.dest_qpn) else {
         return false;
     };
-    let remote = d.remote_lid();
+    let remote = d.remote();
     let srq = d.srq.and_then(|h| srqs.get_mut(&h)).map(|s| &mut s.core);
     let datagram = matches!(p.kind, PacketKind::Datagram { .. });
     match &mut d.core {
@@ -315,8 +353,8 @@ fn deliver(st: &mut State, p: Packet, from: u16, now: Instant) -> bool {
         }
         QpCore::Ud(q) if datagram => {
             let src = UdSource {
-                lid: from,
-                gid: gid_of_lid(from),
+                lid: from.port(),
+                gid: gid_of_addr(from),
             };
             q.handle_datagram(p, src, own_gid(), mrs, &mut ProcessMemory, srq);
         }
@@ -325,18 +363,24 @@ fn deliver(st: &mut State, p: Packet, from: u16, now: Instant) -> bool {
     true
 }
 
-/// Whether a LID names this device (0: "this process", as a QP connected without a LID).
-fn is_own(lid: u16) -> bool {
-    lid == 0 || lid == own_lid()
+/// Whether a device address names this device (port 0: "this process", as a QP connected
+/// without a LID).
+fn is_own(addr: SocketAddrV4) -> bool {
+    let own = own_addr();
+    addr.port() == 0
+        || addr.port() == own.port()
+            && (addr.ip() == own.ip() || addr.ip().is_loopback() && own.ip().is_loopback())
 }
 
-/// The next packet QP `qpn` has to send, and the LID of the device it goes to.
-fn transmit(st: &mut State, qpn: u32) -> Option<(u16, Packet)> {
+/// The next packet QP `qpn` has to send, and where the device it goes to listens.
+fn transmit(st: &mut State, qpn: u32) -> Option<(SocketAddrV4, Packet)> {
     let e = st.qps.get_mut(&qpn)?;
-    let remote = e.remote_lid();
+    let remote = e.remote();
     match &mut e.core {
         QpCore::Rc(q) => q.poll_transmit().map(|p| (remote, p)),
-        QpCore::Ud(q) => q.poll_transmit(),
+        QpCore::Ud(q) => q
+            .poll_transmit()
+            .map(|(to, p)| (peer_addr(Some(&to.gid), to.lid), p)),
     }
 }
 
@@ -366,7 +410,7 @@ fn pump(st: &mut State, now: Instant) {
                     continue;
                 }
                 // The peer QP is gone: as a peer that died, its sender's link breaks.
-                if !deliver(st, pkt, own_lid(), now) && request {
+                if !deliver(st, pkt, own_addr(), now) && request {
                     if let Some(e) = st.qps.get_mut(&qpn) {
                         e.core.handle_link_down();
                     }
@@ -925,6 +969,11 @@ pub(crate) fn open_device() -> *mut ffi::ibv_context {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
+    if let Err(e) = configured_ip() {
+        tracing::error!("soft0 cannot open: {e}");
+        set_errno(libc::EINVAL);
+        return std::ptr::null_mut();
+    }
     let _ = device();
     super::mark_opened();
     let fd = new_eventfd();
@@ -1047,9 +1096,43 @@ fn link_local_gid(lid: u16) -> [u8; 16] {
     [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x50, 0xf7, 0, 0, 0, 0, hi, lo]
 }
 
+/// The RoCE v2 GID of the device listening on `addr`: on the loopback address, the form of
+/// [`gid_of_lid`] (it names the LID); elsewhere the address itself, IPv4-mapped, as rxe's
+/// GID of an interface's address is (the LID then says the port).
+pub(super) fn gid_of_addr(addr: SocketAddrV4) -> [u8; 16] {
+    if addr.ip().is_loopback() {
+        return gid_of_lid(addr.port());
+    }
+    let mut g = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0];
+    g[12..].copy_from_slice(&addr.ip().octets());
+    g
+}
+
+/// Where the device named by `gid` (when the address has one) and `lid` listens: a GID that
+/// maps an IPv4 address outside the loopback range names that host, any other (or none) this
+/// host, at this device's own address when it has one there; the LID is the port (or, for a
+/// GID of [`gid_of_lid`]'s form, the LID it names when `lid` is 0).
+pub(super) fn peer_addr(gid: Option<&[u8; 16]>, lid: u16) -> SocketAddrV4 {
+    let remote_ip = gid
+        .filter(|g| g[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff])
+        .map(|g| Ipv4Addr::new(g[12], g[13], g[14], g[15]))
+        .filter(|ip| !ip.is_loopback() && !ip.is_unspecified());
+    let port = match (lid, gid) {
+        (0, Some(g)) if remote_ip.is_none() => lid_of_gid(g),
+        _ => lid,
+    };
+    let own = *own_addr().ip();
+    let ip = remote_ip.unwrap_or(if own.is_loopback() {
+        Ipv4Addr::LOCALHOST
+    } else {
+        own
+    });
+    SocketAddrV4::new(ip, port)
+}
+
 /// This device's RoCE v2 GID (index 1).
 pub(super) fn own_gid() -> [u8; 16] {
-    gid_of_lid(own_lid())
+    gid_of_addr(own_addr())
 }
 
 /// The GID table: a link-local RoCE v1 entry, then the RoCE v2 entry of an IPv4-mapped

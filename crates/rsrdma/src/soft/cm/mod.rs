@@ -21,13 +21,15 @@
 //! request rejects it, as the kernel's CM does. As librdmacm does, the queue-pair transitions happen in the calls
 //! and in `rdma_get_cm_event` (the active side's RTR/RTS when it takes ESTABLISHED; ERROR
 //! when an id takes DISCONNECTED), never on a thread of ours, so rsrdma's guard around the
-//! id's QP covers them. Only addresses of this host resolve (`ENETUNREACH` otherwise):
-//! `soft0` reaches no other host.
+//! id's QP covers them. A REQ and a REP carry the device's GID too: a soft device that
+//! listens on an address of its host (`RSRDMA_SOFT_ADDR`) is reached from other hosts by it,
+//! and their CMs connect to any address a route leads to (the unspecified address does not
+//! resolve: `ENETUNREACH`).
 
 mod connections;
 mod wire;
 
-use super::verbs::{self, gid_of_lid, own_lid, set_errno, zeroed};
+use super::verbs::{self, own_gid, own_lid, set_errno, zeroed};
 use crate::ffi;
 use connections::{watch, Conn};
 use std::collections::{HashSet, VecDeque};
@@ -483,12 +485,22 @@ pub(crate) unsafe fn resolve_addr(
         set_errno(libc::EAFNOSUPPORT);
         return -1;
     };
-    // Only addresses of this host: soft0 reaches no other (a local address can be bound).
-    if dst.ip().is_unspecified() || UdpSocket::bind((dst.ip(), 0)).is_err() {
+    if dst.ip().is_unspecified() {
         set_errno(libc::ENETUNREACH);
         return -1;
     }
-    let local = src.unwrap_or_else(|| SocketAddr::new(dst.ip(), 0));
+    // The local address is the one the route to `dst` leaves from (a UDP socket connected
+    // to it says, sending nothing): `dst` itself on this host.
+    let routed = UdpSocket::bind((if dst.is_ipv4() { "0.0.0.0" } else { "::" }, 0))
+        .and_then(|u| u.connect(dst).and_then(|()| u.local_addr()));
+    let local = match (src, routed) {
+        (Some(s), _) => s,
+        (None, Ok(r)) => SocketAddr::new(r.ip(), 0),
+        (None, Err(_)) => {
+            set_errno(libc::ENETUNREACH);
+            return -1;
+        }
+    };
     // SAFETY: the caller's contract.
     let s = unsafe { soft(id) };
     let mut st = lock(&s.shared.state);
@@ -599,7 +611,7 @@ unsafe fn connect_qp(qp: *mut ffi::ibv_qp, mine: &Endpoint, peer: &Endpoint) -> 
     a.ah_attr.dlid = peer.lid;
     a.ah_attr.port_num = 1;
     a.ah_attr.is_global = 1;
-    a.ah_attr.grh.dgid.raw = gid_of_lid(peer.lid);
+    a.ah_attr.grh.dgid.raw = peer.gid;
     a.ah_attr.grh.sgid_index = 1;
     a.ah_attr.grh.hop_limit = 1;
     // Reads and atomics only where this side serves them (as the kernel's CM sets).
@@ -669,6 +681,7 @@ unsafe fn endpoint(
     Endpoint {
         qpn,
         lid: own_lid(),
+        gid: own_gid(),
         psn,
         responder_resources: p.responder_resources,
         initiator_depth: p.initiator_depth,

@@ -14,7 +14,7 @@ pub(super) const REJ_PRIVATE: usize = 148;
 pub(super) const REJ_INVALID_SERVICE_ID: c_int = 8;
 pub(super) const REJ_CONSUMER: c_int = 28;
 /// Identifies a soft CM's REQ.
-pub(super) const MAGIC: &[u8; 4] = b"SCM1";
+pub(super) const MAGIC: &[u8; 4] = b"SCM2";
 
 // Frame tags.
 pub(super) const REQ: u8 = 1;
@@ -28,6 +28,8 @@ pub(super) const DREQ: u8 = 5;
 pub(super) struct Endpoint {
     pub(super) qpn: u32,
     pub(super) lid: u16,
+    /// The device's GID (with the LID, where its device listens: another host's address).
+    pub(super) gid: [u8; 16],
     pub(super) psn: u32,
     pub(super) responder_resources: u8,
     pub(super) initiator_depth: u8,
@@ -37,10 +39,11 @@ pub(super) struct Endpoint {
 
 impl Endpoint {
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(20 + self.private.len());
+        let mut b = Vec::with_capacity(36 + self.private.len());
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&self.qpn.to_le_bytes());
         b.extend_from_slice(&self.lid.to_le_bytes());
+        b.extend_from_slice(&self.gid);
         b.extend_from_slice(&self.psn.to_le_bytes());
         b.extend_from_slice(&[
             self.responder_resources,
@@ -52,18 +55,21 @@ impl Endpoint {
     }
 
     pub(super) fn decode(b: &[u8]) -> Option<Endpoint> {
-        if b.len() < 17 || &b[..4] != MAGIC {
+        if b.len() < 33 || &b[..4] != MAGIC {
             return None;
         }
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[10..26]);
         Some(Endpoint {
             qpn: u32_at(4),
             lid: u16::from_le_bytes([b[8], b[9]]),
-            psn: u32_at(10),
-            responder_resources: b[14],
-            initiator_depth: b[15],
-            rnr_retry: b[16],
-            private: b[17..].to_vec(),
+            gid,
+            psn: u32_at(26),
+            responder_resources: b[30],
+            initiator_depth: b[31],
+            rnr_retry: b[32],
+            private: b[33..].to_vec(),
         })
     }
 }
