@@ -4,11 +4,13 @@
 //! namespace's address (`RSRDMA_SOFT_ADDR`): a server echoes what a client sends over `Conn`,
 //! on both establishment paths (rdma_cm with soft0's CM, and the TCP handshake), with messages
 //! from a few bytes to past the rendezvous threshold (READs of the other host's memory
-//! through windows).
+//! through windows), and over `PacketConn` (UD datagrams, addressed by GID alone, replies to
+//! the sender's address from its completion).
 //!
 //! Needs root and iproute2 (`ip netns`), as CI has; elsewhere it says why it did not run,
 //! and under CI (`CI` set) that is a failure.
 
+use rsrdma_net::packet::{Addr, PacketConn, PacketOptions};
 use rsrdma_net::{Conn, ConnOptions, Establish, Listener};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -67,7 +69,10 @@ impl Hosts {
             eprintln!("SKIPPED soft0 between hosts: {why}");
             return None;
         }
-        let tag = std::process::id() % 100_000;
+        // Unique per test of this process too (the tests run in parallel).
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
+        let tag = std::process::id() % 100_000 * 10 + n;
         let h = Hosts {
             server: format!("rsrdma-s{tag}"),
             client: format!("rsrdma-c{tag}"),
@@ -194,6 +199,79 @@ fn conn_between_two_hosts_on_both_establishment_paths() {
         );
         assert_eq!(served.as_deref(), Some("6"), "{path}");
     }
+}
+
+/// Datagram sizes the UD client sends (and gets back).
+const DATAGRAMS: &[usize] = &[1, 100, 1000, 4000];
+
+#[test]
+fn datagrams_between_two_hosts_by_gid_alone() {
+    let Some(hosts) = Hosts::new() else {
+        return;
+    };
+    let mut server = hosts.run(&hosts.server, SERVER_IP, "helper_datagram_server", &[]);
+    let mut out = BufReader::new(server.stdout.take().unwrap());
+    let addr = line_with(&mut out, "ADDR ").expect("the server's address");
+    let client = hosts.run(
+        &hosts.client,
+        CLIENT_IP,
+        "helper_datagram_client",
+        &[("SOFT_HOSTS_SERVER", addr)],
+    );
+    let client = client.wait_with_output().unwrap();
+    let client_out = String::from_utf8_lossy(&client.stdout);
+    eprintln!("datagrams: the client said: {}", client_out.trim());
+    assert!(client.status.success(), "the client failed");
+    assert!(
+        client_out.contains(&format!("DATAGRAMS OK {}", DATAGRAMS.len())),
+        "{client_out}"
+    );
+    let echoed = line_with(&mut out, "ECHOED ");
+    assert!(server.wait().unwrap().success(), "the server failed");
+    assert_eq!(echoed, Some(DATAGRAMS.len().to_string()));
+}
+
+fn packet_opts() -> PacketOptions {
+    PacketOptions::default()
+        .device("soft0")
+        .read_timeout(Duration::from_secs(20))
+}
+
+/// Helper (run in the server's namespace): binds a UD endpoint, says its address, and sends
+/// each datagram back to its sender.
+#[test]
+#[ignore = "a helper process of datagrams_between_two_hosts_by_gid_alone"]
+fn helper_datagram_server() {
+    let p = PacketConn::bind(packet_opts()).unwrap();
+    println!("ADDR {}", p.local_addr());
+    let mut buf = vec![0u8; 8192];
+    for _ in DATAGRAMS {
+        let (n, from) = p.recv_from(&mut buf).unwrap();
+        p.send_to(&buf[..n], &from).unwrap();
+    }
+    p.flush(Duration::from_secs(5)).unwrap();
+    println!("ECHOED {}", DATAGRAMS.len());
+}
+
+/// Helper (run in the client's namespace): sends each datagram to the server's address (a
+/// GID of the other host and a QP number) and checks what comes back, and from where.
+#[test]
+#[ignore = "a helper process of datagrams_between_two_hosts_by_gid_alone"]
+fn helper_datagram_client() {
+    let server: Addr = std::env::var("SOFT_HOSTS_SERVER").unwrap().parse().unwrap();
+    let p = PacketConn::bind(packet_opts()).unwrap();
+    let mut buf = vec![0u8; 8192];
+    for (k, &len) in DATAGRAMS.iter().enumerate() {
+        let m = message(k, len);
+        p.send_to(&m, &server).unwrap();
+        let (n, from) = p.recv_from(&mut buf).unwrap();
+        assert!(
+            buf[..n] == m[..],
+            "datagram {k} of {len} B came back different"
+        );
+        assert_eq!(from, server, "the reply came from the server's address");
+    }
+    println!("DATAGRAMS OK {}", DATAGRAMS.len());
 }
 
 /// Helper (run by the test above in the server's namespace): accepts one connection, echoes

@@ -56,18 +56,18 @@ struct OutQueue {
 }
 
 impl Links {
-    /// Listens on a port of `ip` and starts accepting peers.
+    /// Listens on `at` (port 0: any free port) and starts accepting peers.
     ///
     /// # Errors
     /// The listener's.
-    pub(super) fn start(ip: Ipv4Addr, deliver: Arc<dyn Deliver>) -> std::io::Result<Links> {
-        let listener = TcpListener::bind((ip, 0))?;
+    pub(super) fn start(at: SocketAddrV4, deliver: Arc<dyn Deliver>) -> std::io::Result<Links> {
+        let listener = TcpListener::bind(at)?;
         let port = listener.local_addr()?.port();
         std::thread::Builder::new()
             .name("rsrdma-soft0-accept".into())
             .spawn(move || accept_loop(&listener, &deliver))?;
         Ok(Links {
-            addr: SocketAddrV4::new(ip, port),
+            addr: SocketAddrV4::new(*at.ip(), port),
             out: Mutex::new(HashMap::new()),
         })
     }

@@ -197,8 +197,8 @@ fn device() -> &'static Device {
             .spawn(timer_thread);
         let deliver: Arc<dyn Deliver> = Arc::new(FromPeers);
         // `open_device` refused a bad address before the device was made.
-        let ip = configured_ip().unwrap_or(Ipv4Addr::LOCALHOST);
-        let links = match Links::start(ip, deliver.clone()) {
+        let at = configured_addr().unwrap_or(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0));
+        let links = match Links::start(at, deliver.clone()) {
             Ok(l) => Some(l),
             Err(e) => {
                 tracing::warn!(error = %e, "soft0: no listener; QPs reach this process only");
@@ -221,25 +221,42 @@ fn device() -> &'static Device {
     })
 }
 
-/// The environment variable naming the IPv4 address soft0 listens on and names itself by
-/// (its GID), so that soft devices on other hosts reach it; unset: the loopback address, and
-/// only this host's processes.
+/// The environment variable naming the IPv4 address (and optionally the port) soft0
+/// listens on and names itself by (its GID), so that soft devices on other hosts reach it;
+/// unset: the loopback address, and only this host's processes.
 pub const SOFT_ADDR_ENV: &str = "RSRDMA_SOFT_ADDR";
 
-/// The address `RSRDMA_SOFT_ADDR` names (`None` when unset).
+/// The port a soft device listens on at an address of its host when `RSRDMA_SOFT_ADDR` names
+/// none: RoCE v2's UDP port number. A GID alone (an address handle without a LID, as a UD
+/// address is) then names the device, as it names a RoCE port.
+pub const SOFT_PORT: u16 = 4791;
+
+/// Where `RSRDMA_SOFT_ADDR` says to listen: `ip` (at [`SOFT_PORT`]; at any port on the
+/// loopback address) or `ip:port`; the loopback address at any port when unset.
 ///
 /// # Errors
-/// A text naming the variable when it is not an IPv4 address of this host's kind (not
-/// unspecified, not multicast or broadcast).
-pub(super) fn configured_ip() -> Result<Ipv4Addr, String> {
+/// A text naming the variable when it is not such an address (unspecified, multicast and
+/// broadcast addresses are refused).
+pub(super) fn configured_addr() -> Result<SocketAddrV4, String> {
     let Some(v) = std::env::var_os(SOFT_ADDR_ENV) else {
-        return Ok(Ipv4Addr::LOCALHOST);
+        return Ok(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0));
     };
     let text = v.to_string_lossy();
-    match text.trim().parse::<Ipv4Addr>() {
-        Ok(ip) if !ip.is_unspecified() && !ip.is_multicast() && !ip.is_broadcast() => Ok(ip),
+    let t = text.trim();
+    let parsed = t.parse::<SocketAddrV4>().ok().or_else(|| {
+        let ip = t.parse::<Ipv4Addr>().ok()?;
+        Some(SocketAddrV4::new(
+            ip,
+            if ip.is_loopback() { 0 } else { SOFT_PORT },
+        ))
+    });
+    match parsed {
+        Some(a) if !a.ip().is_unspecified() && !a.ip().is_multicast() && !a.ip().is_broadcast() => {
+            Ok(a)
+        }
         _ => Err(format!(
-            "{SOFT_ADDR_ENV}={text:?} is not an IPv4 address soft0 can listen on"
+            "{SOFT_ADDR_ENV}={text:?} is not an IPv4 address (or address:port) soft0 can \
+             listen on"
         )),
     }
 }
@@ -969,12 +986,22 @@ pub(crate) fn open_device() -> *mut ffi::ibv_context {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
-    if let Err(e) = configured_ip() {
+    if let Err(e) = configured_addr() {
         tracing::error!("soft0 cannot open: {e}");
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
-    let _ = device();
+    let dev = device();
+    if dev.links.is_none() && std::env::var_os(SOFT_ADDR_ENV).is_some() {
+        // Asked to be reachable there and cannot be (the port taken, an address not of this
+        // host): not a device that quietly reaches this process only.
+        tracing::error!(
+            "soft0 cannot open: it cannot listen where {SOFT_ADDR_ENV} says (see the warning \
+             before)"
+        );
+        set_errno(libc::EADDRNOTAVAIL);
+        return std::ptr::null_mut();
+    }
     super::mark_opened();
     let fd = new_eventfd();
     if fd < 0 {
@@ -1119,6 +1146,8 @@ pub(super) fn peer_addr(gid: Option<&[u8; 16]>, lid: u16) -> SocketAddrV4 {
         .filter(|ip| !ip.is_loopback() && !ip.is_unspecified());
     let port = match (lid, gid) {
         (0, Some(g)) if remote_ip.is_none() => lid_of_gid(g),
+        // A GID of another host without a LID: the device at its address's usual port.
+        (0, _) if remote_ip.is_some() => SOFT_PORT,
         _ => lid,
     };
     let own = *own_addr().ip();
