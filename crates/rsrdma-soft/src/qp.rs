@@ -372,7 +372,7 @@ impl RcQp {
             dest_qpn: self.dest_qpn,
             psn,
             kind,
-            payload,
+            payload: payload.into(),
         };
         if self.cfg.unreliable {
             // Nothing comes back: the request is done once it leaves.
@@ -548,7 +548,7 @@ impl RcQp {
             dest_qpn: self.dest_qpn,
             psn,
             kind,
-            payload,
+            payload: payload.into(),
         });
     }
 

@@ -237,7 +237,7 @@ impl UdQp {
                     qkey: dest.qkey,
                     imm,
                 },
-                payload,
+                payload: payload.into(),
             };
             self.out.push_back((dest, packet));
         }

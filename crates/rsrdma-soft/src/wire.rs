@@ -148,7 +148,46 @@ pub struct Packet {
     /// What it is.
     pub kind: PacketKind,
     /// Its bytes (SEND, WRITE, READ response).
-    pub payload: Vec<u8>,
+    pub payload: Payload,
+}
+
+/// A packet's bytes, shared rather than copied: a request kept for a retransmission after an
+/// RNR NAK and the copy on its way to the wire are one buffer (a clone costs a reference
+/// count, not the payload's length).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Payload(std::sync::Arc<Vec<u8>>);
+
+impl Payload {
+    /// The bytes, as a vector (copied only if another packet shares them).
+    pub fn into_vec(self) -> Vec<u8> {
+        std::sync::Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone())
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(v: Vec<u8>) -> Payload {
+        Payload(std::sync::Arc::new(v))
+    }
+}
+
+impl std::ops::Deref for Payload {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl PartialEq<Vec<u8>> for Payload {
+    fn eq(&self, other: &Vec<u8>) -> bool {
+        **self.0 == **other
+    }
+}
+
+impl PartialEq<[u8]> for Payload {
+    fn eq(&self, other: &[u8]) -> bool {
+        self.0[..] == *other
+    }
 }
 
 /// A packet that breaks the format.
@@ -319,7 +358,7 @@ impl Packet {
             dest_qpn: u32_at(4),
             psn: u32_at(8),
             kind,
-            payload,
+            payload: payload.into(),
         })
     }
 }
@@ -369,7 +408,7 @@ mod tests {
             payload in prop::collection::vec(any::<u8>(), 0..64),
         ) {
             let carries = k.carries_payload();
-            let p = Packet { dest_qpn, psn, kind: k, payload: if carries { payload } else { Vec::new() } };
+            let p = Packet { dest_qpn, psn, kind: k, payload: if carries { payload } else { Vec::new() }.into() };
             prop_assert_eq!(Packet::decode(&p.encode()), Ok(p));
         }
 
@@ -385,7 +424,7 @@ mod tests {
             dest_qpn: 1,
             psn: 2,
             kind: PacketKind::Send { imm: None },
-            payload: vec![1, 2, 3],
+            payload: vec![1, 2, 3].into(),
         };
         let mut b = p.encode();
         assert_eq!(
@@ -396,7 +435,7 @@ mod tests {
         assert_eq!(Packet::decode(&b), Err(WireError("payload length")));
         let mut ack = Packet {
             kind: PacketKind::Ack,
-            payload: Vec::new(),
+            payload: Vec::new().into(),
             ..p
         }
         .encode();

@@ -255,7 +255,7 @@ fn posting_rules_and_errors() {
     a.qp.post_send(send, to_b(QKEY), &a.mrs, &a.mem).unwrap();
     assert_eq!(a.qp.poll_completion(), None);
     let (dest, p) = a.qp.poll_transmit().unwrap();
-    assert_eq!((dest, p.payload), (to_b(QKEY), vec![1, 2, 3]));
+    assert_eq!((dest, p.payload.into_vec()), (to_b(QKEY), vec![1, 2, 3]));
     // A bad local key: LOC_PROT_ERR, and the QP fails, flushing its receives.
     a.recv(3, vec![a.sge(0, 64)]);
     let bad = Sge {

@@ -264,9 +264,11 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>) {
             tracing::warn!(%from, len, "soft0: a peer device sent an oversized packet");
             break;
         }
-        let mut payload = vec![0u8; len];
-        if s.read_exact(&mut payload).is_err() {
-            break;
+        // Read into the vector's spare capacity: no zeroing of what the read overwrites.
+        let mut payload = Vec::with_capacity(len);
+        match (&mut s).take(len as u64).read_to_end(&mut payload) {
+            Ok(n) if n == len => {}
+            _ => break,
         }
         match Packet::decode_parts(&header, payload) {
             Ok(p) => deliver.packet(from, p),
