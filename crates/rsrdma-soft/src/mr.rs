@@ -451,6 +451,15 @@ mod tests {
         (mr, t.alloc_window(1))
     }
 
+    /// A region and a window bound over 64 bytes of it for remote read on `QP`: (region
+    /// key, window handle, window key).
+    fn bound_window(t: &mut MrTable) -> (u32, u32, u32) {
+        let (mr, mw) = region_and_window(t);
+        let b = bind(mw, mw + 1, mr, 0x1000, 64, Access::REMOTE_READ);
+        let key = t.bind(1, QP, &b).unwrap();
+        (mr, mw, key)
+    }
+
     fn bind(mw_key: u32, new_key: u32, mr_key: u32, addr: u64, len: u64, access: Access) -> Bind {
         Bind {
             mw_key,
@@ -561,14 +570,7 @@ mod tests {
     #[test]
     fn invalidation_frees_the_window_and_kills_its_key() {
         let mut t = MrTable::new();
-        let (mr, mw) = region_and_window(&mut t);
-        let key = t
-            .bind(
-                1,
-                QP,
-                &bind(mw, mw + 1, mr, 0x1000, 64, Access::REMOTE_READ),
-            )
-            .unwrap();
+        let (mr, _, key) = bound_window(&mut t);
         assert!(!t.invalidate(1, None, key + 1), "not the present key");
         assert!(!t.invalidate(2, None, key), "another domain's QP");
         assert!(!t.invalidate(1, None, mr), "a region's key names no window");
@@ -594,14 +596,7 @@ mod tests {
     #[test]
     fn a_region_with_a_bound_window_stays_registered_until_the_window_goes() {
         let mut t = MrTable::new();
-        let (mr, mw) = region_and_window(&mut t);
-        let key = t
-            .bind(
-                1,
-                QP,
-                &bind(mw, mw + 1, mr, 0x1000, 64, Access::REMOTE_READ),
-            )
-            .unwrap();
+        let (mr, mw, key) = bound_window(&mut t);
         assert_eq!(t.deregister(mr), Err(DeregError::WindowsBound(1)));
         assert!(t.get(mr).is_some(), "still registered");
         assert_eq!(t.deregister(key), Err(DeregError::NoSuchRegion));
@@ -614,14 +609,7 @@ mod tests {
         assert!(!t.dealloc_window(mw));
         assert_eq!(t.deregister(mr), Ok(()));
         // Invalidation unbinds too.
-        let (mr, mw) = region_and_window(&mut t);
-        let key = t
-            .bind(
-                1,
-                QP,
-                &bind(mw, mw + 1, mr, 0x1000, 64, Access::REMOTE_READ),
-            )
-            .unwrap();
+        let (mr, _, key) = bound_window(&mut t);
         assert!(t.invalidate(1, None, key));
         assert_eq!(t.deregister(mr), Ok(()));
     }

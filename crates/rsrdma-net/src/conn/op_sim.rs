@@ -474,6 +474,20 @@ fn act() -> impl Strategy<Value = Act> {
     ]
 }
 
+/// Message sizes: inline, one frame, many fragments, past the credit window, rendezvous.
+fn sizes() -> impl Strategy<Value = Vec<usize>> {
+    prop::collection::vec(
+        prop_oneof![0..64usize, 64..600usize, 600..THRESHOLD, THRESHOLD..12_000],
+        1..12,
+    )
+}
+
+/// How many attempts each operation makes before it gives up (0: after the first that would
+/// block).
+fn patiences() -> impl Strategy<Value = Vec<u32>> {
+    prop::collection::vec(prop_oneof![Just(0u32), 0..4u32, 0..40u32], 1..8)
+}
+
 /// A running operation: how many more attempts it makes before it gives up, or (`wait`)
 /// the timeout of a blocking call that waits for it under the simulated clock.
 struct Running<O> {
@@ -1108,11 +1122,8 @@ proptest! {
     /// (0: give up after the first attempt that would block) and interleavings.
     #[test]
     fn operations_lose_duplicate_reorder_and_wedge_nothing(
-        lens in prop::collection::vec(
-            prop_oneof![0..64usize, 64..600usize, 600..THRESHOLD, THRESHOLD..12_000],
-            1..12,
-        ),
-        patience in prop::collection::vec(prop_oneof![Just(0u32), 0..4u32, 0..40u32], 1..8),
+        lens in sizes(),
+        patience in patiences(),
         acts in prop::collection::vec(act(), 8..64),
         break_at in prop::option::weighted(0.3, 1..400usize),
     ) {
@@ -1125,11 +1136,8 @@ proptest! {
     /// very moment a completion lands (where F1 lost a message and wedged a side).
     #[test]
     fn blocking_calls_under_a_simulated_clock_lose_and_wedge_nothing(
-        lens in prop::collection::vec(
-            prop_oneof![0..64usize, 64..600usize, 600..THRESHOLD, THRESHOLD..12_000],
-            1..12,
-        ),
-        patience in prop::collection::vec(prop_oneof![Just(0u32), 0..4u32, 0..40u32], 1..8),
+        lens in sizes(),
+        patience in patiences(),
         acts in prop::collection::vec(act(), 8..64),
         break_at in prop::option::weighted(0.2, 1..400usize),
         waits in prop::collection::vec(any::<u8>(), 1..64),
@@ -1145,11 +1153,8 @@ proptest! {
     /// exposed after teardown.
     #[test]
     fn a_concurrent_close_loses_and_wedges_nothing(
-        lens in prop::collection::vec(
-            prop_oneof![0..64usize, 64..600usize, 600..THRESHOLD, THRESHOLD..12_000],
-            1..12,
-        ),
-        patience in prop::collection::vec(prop_oneof![Just(0u32), 0..4u32, 0..40u32], 1..8),
+        lens in sizes(),
+        patience in patiences(),
         acts in prop::collection::vec(act(), 8..64),
         waits in prop::collection::vec(any::<u8>(), 0..32),
         side in 0..2usize,
