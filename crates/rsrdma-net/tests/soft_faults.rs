@@ -258,3 +258,28 @@ fn faults_from_the_environment_reach_every_queue_pair() {
         "{out}"
     );
 }
+
+/// F6: a device that reports a fatal error (`IBV_EVENT_DEVICE_FATAL`) fails the connections
+/// on it within about a keepalive interval, though its queues (here) go on working: the
+/// event is the only sign a dead device may give, and the connections read it without a
+/// thread. With default options, as a user runs; the reader waits with no traffic at all.
+#[test]
+fn a_fatal_device_event_fails_its_connections_promptly() {
+    let o = ConnOptions::default()
+        .device("soft0")
+        .establish(Establish::Tcp);
+    let (c, s) = pair(o);
+    c.send_msg(b"before").unwrap();
+    assert_eq!(s.recv_msg().unwrap().as_deref(), Some(&b"before"[..]));
+    soft_faults::fail_device(c.info().local_qpn).unwrap();
+    let t0 = Instant::now();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let e = c.recv_msg().unwrap_err();
+    assert!(matches!(e, NetError::ConnFailed(_)), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert!(c.send_msg(b"after").is_err());
+    // The peer's device is well: it learns that the other end is gone by its own means.
+    drop(c);
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    assert!(s.recv_msg().map_or(true, |m| m.is_none()));
+}

@@ -47,6 +47,7 @@ mod accept_queue;
 mod admission;
 mod buffer;
 mod close;
+mod device_events;
 mod driver;
 mod establish;
 mod fdwait;

@@ -154,6 +154,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Whether a pool's thread reads the event queue of the context with this key.
+pub(crate) fn has_reader(key: usize) -> bool {
+    readers().contains_key(&key)
+}
+
 /// The running readers, by the address of their context.
 fn readers() -> std::sync::MutexGuard<'static, HashMap<usize, Arc<Reader>>> {
     static READERS: std::sync::OnceLock<Mutex<HashMap<usize, Arc<Reader>>>> =
@@ -241,7 +246,12 @@ fn run(ctx: &Context, key: usize, reader: &Reader) {
             ) => {
                 tracing::warn!(qp_num = n, kind = ?event.kind, "rsrdma-net: a QP failed");
             }
-            (AsyncEventKind::PortErr | AsyncEventKind::DeviceFatal | AsyncEventKind::SrqErr, _) => {
+            // What the connections on this context look for (they leave the queue to us).
+            (
+                AsyncEventKind::PortErr | AsyncEventKind::PortActive | AsyncEventKind::DeviceFatal,
+                _,
+            ) => super::device_events::DeviceFacts::of(ctx).record(ctx.name(), &event),
+            (AsyncEventKind::SrqErr, _) => {
                 tracing::warn!(device = ctx.name(), ?event, "rsrdma-net: device event");
             }
             _ => tracing::debug!(device = ctx.name(), ?event, "rsrdma-net: device event"),

@@ -67,6 +67,19 @@ pub fn delay_completions(qp_num: u32, delay: Duration) -> Result<()> {
     done(super::verbs::delay_completions(qp_num, delay), qp_num, "")
 }
 
+/// The device reports a fatal error to the context that holds the queue pair: it gets
+/// `IBV_EVENT_DEVICE_FATAL` ([`crate::Context::read_async_event`]). Nothing else changes (the
+/// queues go on working), so a program that fails only because it read the event shows
+/// that it reads it: a real device's fatal error may stop completions for good, and the
+/// event is then the only sign. Other contexts of the process (other tests' connections)
+/// are not told.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when soft0 has no such queue pair.
+pub fn fail_device(qp_num: u32) -> Result<()> {
+    done(super::verbs::raise_device_fatal(qp_num), qp_num, "")
+}
+
 /// Faults for every queue pair of a process, from the environment variable
 /// `RSRDMA_SOFT_FAULTS`, so that a program (a tool, a server) meets them without a line of
 /// code changed: comma-separated `key=value` items, durations as `500ms`, `2s`, `100us`:

@@ -515,6 +515,20 @@ fn with_qp(qp_num: u32, f: impl FnOnce(&mut QpEntry) -> bool) -> bool {
     done
 }
 
+/// The context of QP `qp_num` reports IBV_EVENT_DEVICE_FATAL; nothing else changes. False
+/// when there is no such QP.
+pub(super) fn raise_device_fatal(qp_num: u32) -> bool {
+    let st = lock();
+    let Some(e) = st.qps.get(&qp_num) else {
+        return false;
+    };
+    let mut a: ffi::ibv_async_event = zeroed();
+    a.event_type = ffi::ibv_event_type::IBV_EVENT_DEVICE_FATAL;
+    // SAFETY: a QP's context outlives it.
+    unsafe { push_event(e.ctx, a) };
+    true
+}
+
 /// QP `qp_num` fails as on a fatal error: ERROR, everything it holds flushes, and the
 /// context reports IBV_EVENT_QP_FATAL.
 pub(super) fn fail_qp(qp_num: u32) -> bool {

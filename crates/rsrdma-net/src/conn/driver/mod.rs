@@ -50,6 +50,7 @@ mod rdv_memory;
 mod teardown;
 
 use super::buffer::InFlight;
+use super::device_events::{DeviceFacts, LOOK_EVERY};
 use super::read_hold::ReadHold;
 use super::sides::Owners;
 use super::slots::{Repost, Slots};
@@ -109,6 +110,10 @@ pub(crate) struct Driver {
     peer_gone: bool,
     /// A post failed or the transport broke: post nothing more.
     broken: bool,
+    /// What the device's event queue says (shared by its connections), and when this driver
+    /// looks next.
+    facts: std::sync::Arc<DeviceFacts>,
+    next_look: Option<Instant>,
     /// Which calls own the send side and the direct receive.
     owners: Owners,
     /// Rendezvous sends waiting for the peer's DONE and lent sends waiting for their last
@@ -187,6 +192,7 @@ impl Driver {
             pool.events().forget(qp.qp_num());
         }
         let windows = qp.pd().context().attr().has_type2_windows();
+        let facts = DeviceFacts::of(qp.pd().context());
         Driver {
             core,
             qp,
@@ -200,6 +206,8 @@ impl Driver {
             ended_at: None,
             peer_gone: false,
             broken: false,
+            facts,
+            next_look: None,
             owners: Owners::default(),
             free_windows: windows.then(Vec::new),
             rdv_sends: VecDeque::new(),

@@ -29,6 +29,7 @@ impl Driver {
                 .settle(core, peer_gone, sends_done, |h, len| h.landed(len).to_vec());
         }
         changed |= self.check_end(now);
+        changed |= self.look_at_device(now);
         if !self.peer_gone {
             if let Some(t) = self.core.poll_timeout() {
                 if now >= t {
@@ -46,6 +47,24 @@ impl Driver {
             changed = true;
         }
         changed
+    }
+
+    /// Now and then ([`LOOK_EVERY`]), what the device's event queue says: a device that
+    /// reported a fatal error fails the connection (its queues may never complete anything
+    /// again, so nothing else would tell). Returns whether it did.
+    fn look_at_device(&mut self, now: Instant) -> bool {
+        if self.next_look.is_some_and(|t| now < t) {
+            return false;
+        }
+        self.next_look = Some(now + LOOK_EVERY);
+        self.facts.poll(self.qp.pd().context());
+        if !self.facts.device_failed() || self.core.error().is_some() {
+            return false;
+        }
+        tracing::error!("rsrdma-net conn: its device failed");
+        self.broken = true;
+        self.core.handle_fatal(Fatal::Disconnected);
+        true
     }
 
     pub(super) fn poll_cq(&mut self, now: Instant, take: &mut Take<'_>) -> bool {
