@@ -11,6 +11,11 @@
 //! with no work from the application. Writes go through a queue and a writer thread, never
 //! under the device lock: two devices that write to each other cannot block each other.
 //!
+//! A connection whose hello names an address other than the one it comes from is refused
+//! (the dialer connects from its own device's address): a host cannot speak for another's
+//! device, though, as on a RoCE fabric, it can for its own (trust is the fabric's; keys and
+//! sequence numbers decide what a packet may do).
+//!
 //! A connection that ends (its process died, its socket reset) breaks the link of every QP
 //! that talks to that device: their oldest request completes with `RETRY_EXC_ERR`.
 //! Reliable, ordered streams need no retransmission, as `rsrdma-soft`'s packets assume.
@@ -165,7 +170,7 @@ const HELLO_LEN: usize = 6;
 /// Dials the peer device, says which device this is, then writes what is queued.
 fn write_loop(me: SocketAddrV4, peer: SocketAddrV4, out: &Outbound, deliver: &Arc<dyn Deliver>) {
     let written = (|| -> std::io::Result<()> {
-        let mut s = TcpStream::connect(peer)?;
+        let mut s = dial_from(me, peer)?;
         s.set_nodelay(true)?;
         let mut hello = [0u8; HELLO_LEN];
         hello[..4].copy_from_slice(&me.ip().octets());
@@ -200,6 +205,17 @@ fn write_loop(me: SocketAddrV4, peer: SocketAddrV4, out: &Outbound, deliver: &Ar
     }
     out.kill();
     deliver.link_down(peer);
+}
+
+/// Connects to `peer` from `me`'s address, so that the peer sees the connection come from
+/// the address the hello names (a host with several addresses would otherwise pick the
+/// route's).
+fn dial_from(me: SocketAddrV4, peer: SocketAddrV4) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    s.bind(&SocketAddrV4::new(*me.ip(), 0).into())?;
+    s.connect(&peer.into())?;
+    Ok(s.into())
 }
 
 fn accept_loop(listener: &TcpListener, deliver: &Arc<dyn Deliver>) {
@@ -245,6 +261,7 @@ fn write_all_vectored(s: &mut TcpStream, bufs: &[&[u8]]) -> std::io::Result<()> 
 
 /// Reads a peer device's packets and hands them over; its end breaks that peer's links.
 fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>) {
+    let came_from = s.peer_addr().ok();
     // Small packets (acknowledgements, requests) come out of the buffer; a large payload is
     // read past it, straight into the packet's own buffer.
     let mut s = BufReader::with_capacity(64 * 1024, s);
@@ -254,6 +271,20 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>) {
     }
     let ip = Ipv4Addr::new(hello[0], hello[1], hello[2], hello[3]);
     let from = SocketAddrV4::new(ip, u16::from_le_bytes([hello[4], hello[5]]));
+    let genuine = match came_from {
+        Some(std::net::SocketAddr::V4(a)) => {
+            a.ip() == from.ip() || a.ip().is_loopback() && from.ip().is_loopback()
+        }
+        _ => false,
+    };
+    if !genuine {
+        tracing::warn!(
+            %from,
+            came_from = ?came_from,
+            "soft0: a peer named a device at an address it does not come from; refused"
+        );
+        return;
+    }
     loop {
         let mut header = [0u8; HEADER_LEN];
         if s.read_exact(&mut header).is_err() {
@@ -279,4 +310,58 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>) {
         }
     }
     deliver.link_down(from);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rsrdma_soft::PacketKind;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// Hands what arrives to a channel.
+    struct Collect(Mutex<mpsc::Sender<(SocketAddrV4, Packet)>>);
+
+    impl Deliver for Collect {
+        fn packet(&self, from: SocketAddrV4, packet: Packet) {
+            let _ = self.0.lock().unwrap().send((from, packet));
+        }
+
+        fn link_down(&self, _: SocketAddrV4) {}
+    }
+
+    /// Connects to `links` from the loopback address, says `hello_from` is the device, and
+    /// sends one packet.
+    fn speak(links: &Links, hello_from: SocketAddrV4) {
+        let mut s = TcpStream::connect(links.addr()).unwrap();
+        let mut hello = [0u8; HELLO_LEN];
+        hello[..4].copy_from_slice(&hello_from.ip().octets());
+        hello[4..].copy_from_slice(&hello_from.port().to_le_bytes());
+        s.write_all(&hello).unwrap();
+        let p = Packet {
+            dest_qpn: 7,
+            psn: 1,
+            kind: PacketKind::Send { imm: None },
+            payload: vec![1, 2, 3].into(),
+        };
+        s.write_all(&p.encode()).unwrap();
+    }
+
+    #[test]
+    fn a_peer_speaks_only_for_a_device_at_the_address_it_comes_from() {
+        let (tx, rx) = mpsc::channel();
+        let deliver: Arc<dyn Deliver> = Arc::new(Collect(Mutex::new(tx)));
+        let links = Links::start(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0), deliver).unwrap();
+        // From the loopback address, naming another host's device: refused, nothing arrives.
+        speak(&links, SocketAddrV4::new(Ipv4Addr::new(10, 1, 2, 3), 4791));
+        assert!(rx.recv_timeout(Duration::from_millis(500)).is_err());
+        // Naming a device on this host (any loopback address): its packet arrives.
+        let me = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 5000);
+        speak(&links, me);
+        let (from, p) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            (from, p.dest_qpn, &p.payload[..]),
+            (me, 7, &[1u8, 2, 3][..])
+        );
+    }
 }
