@@ -40,19 +40,9 @@ impl WcFields {
     /// number and source QP.
     pub const STANDARD: WcFields =
         WcFields(Self::BYTE_LEN.0 | Self::IMM.0 | Self::QP_NUM.0 | Self::SRC_QP.0);
-
-    /// Whether every flag of `other` is in `self`.
-    pub fn contains(self, other: WcFields) -> bool {
-        self.0 & other.0 == other.0
-    }
 }
 
-impl std::ops::BitOr for WcFields {
-    type Output = WcFields;
-    fn bitor(self, rhs: WcFields) -> WcFields {
-        WcFields(self.0 | rhs.0)
-    }
-}
+crate::flags::flag_set!(WcFields, u64);
 
 impl Cq {
     /// Creates an extended CQ (`ibv_create_cq_ex`) whose completions carry `fields`, attached

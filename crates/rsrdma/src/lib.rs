@@ -87,6 +87,7 @@ pub mod topology;
 pub mod wc;
 pub mod wr;
 
+mod flags;
 mod gid_select;
 mod setters;
 

@@ -11,7 +11,6 @@ use crate::pd::Pd;
 use crate::wr::Sge;
 use std::alloc::Layout;
 use std::fmt;
-use std::ops::{BitOr, BitOrAssign};
 
 /// The page size registered buffers are aligned to.
 pub const PAGE_SIZE: usize = 4096;
@@ -44,16 +43,6 @@ impl AccessFlags {
     pub const RELAXED_ORDERING: AccessFlags =
         AccessFlags(ffi::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0);
 
-    /// The raw `IBV_ACCESS_*` bits.
-    pub fn bits(self) -> u32 {
-        self.0
-    }
-
-    /// True when every bit of `other` is set here.
-    pub fn contains(self, other: AccessFlags) -> bool {
-        self.0 & other.0 == other.0
-    }
-
     /// Rejects combinations the verbs API refuses, with a message that says why.
     pub(crate) fn validate(self) -> Result<()> {
         let needs_local_write = AccessFlags(Self::REMOTE_WRITE.0 | Self::REMOTE_ATOMIC.0);
@@ -72,18 +61,8 @@ impl Default for AccessFlags {
     }
 }
 
-impl BitOr for AccessFlags {
-    type Output = AccessFlags;
-    fn bitor(self, rhs: AccessFlags) -> AccessFlags {
-        AccessFlags(self.0 | rhs.0)
-    }
-}
-
-impl BitOrAssign for AccessFlags {
-    fn bitor_assign(&mut self, rhs: AccessFlags) {
-        self.0 |= rhs.0;
-    }
-}
+// The raw bits are `IBV_ACCESS_*`.
+crate::flags::flag_set!(AccessFlags, u32);
 
 impl fmt::Debug for AccessFlags {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -64,24 +64,9 @@ impl SendOps {
             | Self::ATOMIC_CMP_AND_SWP.0
             | Self::ATOMIC_FETCH_AND_ADD.0,
     );
-
-    /// The raw flags.
-    pub fn bits(self) -> u64 {
-        self.0
-    }
-
-    /// Whether every flag of `other` is in `self`.
-    pub fn contains(self, other: SendOps) -> bool {
-        self.0 & other.0 == other.0
-    }
 }
 
-impl std::ops::BitOr for SendOps {
-    type Output = SendOps;
-    fn bitor(self, rhs: SendOps) -> SendOps {
-        SendOps(self.0 | rhs.0)
-    }
-}
+crate::flags::flag_set!(SendOps, u64);
 
 impl QpBuilder {
     /// Makes the queue pair through `ibv_create_qp_ex`, able to post `ops` through

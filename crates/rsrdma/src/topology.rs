@@ -366,7 +366,7 @@ pub enum PciDistance {
 }
 
 /// The distance between two PCI devices given by their paths ([`DeviceTopology::pci_path`],
-/// [`pci_path_of`]) and NUMA nodes.
+/// [`pci_device`]) and NUMA nodes.
 pub fn pci_distance(
     a: &[String],
     a_node: Option<u32>,
