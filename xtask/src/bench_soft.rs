@@ -10,9 +10,10 @@
 //! - UCX `ucp_put_bw` over TCP (`UCX_TLS=tcp`) against `rs_send_bw`, 64 KiB.
 //!
 //! The peers come from Debian's packages (`ucx-utils`, `libfabric-bin`, `iperf3`), installed
-//! when missing. soft0 carries packets between processes over loopback TCP with a copy at
-//! each end (it has no shared-memory path yet), so the shared-memory rows show how far that
-//! is from a memcpy-class transport. Conn against RawConn on soft0 is
+//! when missing. soft0 carries packets between processes of one host through shared-memory
+//! rings (a copy in at the sender, a copy out at the receiver); the TCP rows turn those off
+//! (`RSRDMA_SOFT_SHM=0`), so that its processes talk over loopback TCP as soft devices on two
+//! hosts do. Conn against RawConn on soft0 is
 //! `RSRDMA_SOFT_DEVICE=1 cargo xtask bench rdmanet --no-vm -d soft0 -x 1`.
 
 use crate::bench::{self, BenchArgs, Case, Metric};
@@ -60,6 +61,16 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         target.join("bench-soft.txt").display()
     );
     Ok(status)
+}
+
+/// An rs tool pair with soft0's shared-memory links off (`RSRDMA_SOFT_SHM=0`): the two
+/// processes talk over loopback TCP, as soft devices of two hosts do.
+fn over_tcp((label, server, client): (String, String, String)) -> (String, String, String) {
+    (
+        format!("{label} (TCP)"),
+        format!("env RSRDMA_SOFT_SHM=0 {server}"),
+        format!("env RSRDMA_SOFT_SHM=0 {client}"),
+    )
 }
 
 /// A UCX `ucx_perftest` pair: the server waits for one client on `{port}`.
@@ -123,14 +134,14 @@ fn sweep(a: &BenchArgs, bin: &Path, sizes: &[u32]) -> Vec<Case> {
                     if a.quick { 1 } else { 3 }
                 ),
             ),
-            b: rs("send", "bw", size, n),
+            b: over_tcp(rs("send", "bw", size, n)),
             target: "chart",
         });
         v.push(Case {
             name: format!("{h} put, TCP"),
             metric: Metric::Gbits,
             a: ucx("UCX ucp_put_bw tcp", "tcp", "ucp_put_bw", size, n),
-            b: rs("write", "bw", size, n),
+            b: over_tcp(rs("write", "bw", size, n)),
             target: "chart",
         });
         v.push(Case {
@@ -205,14 +216,14 @@ fn cases(a: &BenchArgs, bin: &Path) -> Vec<Case> {
                     if a.quick { 1 } else { 3 }
                 ),
             ),
-            b: rs("send", "bw", 65536, n64k),
+            b: over_tcp(rs("send", "bw", 65536, n64k)),
             target: "soft0/iperf3 >= 0.8",
         },
         Case {
             name: "64 KiB put, TCP".into(),
             metric: Metric::Gbits,
             a: ucx("UCX ucp_put_bw tcp", "tcp", "ucp_put_bw", 65536, q(20_000)),
-            b: rs("send", "bw", 65536, n64k),
+            b: over_tcp(rs("send", "bw", 65536, n64k)),
             target: "soft0/UCX > 1",
         },
     ]

@@ -9,6 +9,20 @@
 pub trait Memory {
     /// Copies `out.len()` bytes at `addr` into `out`.
     fn read(&self, addr: u64, out: &mut [u8]);
+    /// An empty vector with room for `capacity` bytes, for a payload the core is about to
+    /// gather: a device that reuses the memory of payloads it is done with hands one out
+    /// here (the default allocates).
+    fn buffer(&self, capacity: usize) -> Vec<u8> {
+        Vec::with_capacity(capacity)
+    }
+    /// Appends the `len` bytes at `addr` to `out`. The default zeroes the room first and
+    /// reads into it; a device that copies from raw memory may fill the vector's spare
+    /// capacity instead (a payload is written once, not twice).
+    fn read_append(&self, addr: u64, len: usize, out: &mut Vec<u8>) {
+        let at = out.len();
+        out.resize(at + len, 0);
+        self.read(addr, &mut out[at..]);
+    }
     /// Copies `data` to `addr`.
     fn write(&mut self, addr: u64, data: &[u8]);
     /// The 8-byte word at `addr` (8-byte aligned), read and replaced by `f` of it as one

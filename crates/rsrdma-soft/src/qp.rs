@@ -773,9 +773,9 @@ impl Responder<'_> {
                         return a;
                     }
                 }
-                let mut data = vec![0u8; len as usize];
+                let mut data = Vec::with_capacity(len as usize);
                 if len > 0 {
-                    mem.read(addr, &mut data);
+                    mem.read_append(addr, len as usize, &mut data);
                 }
                 Answer::Reply(PacketKind::ReadResponse, data)
             }
@@ -929,12 +929,9 @@ enum Answer {
 /// The bytes of `sges`, in order.
 pub(crate) fn gather(sges: &[Sge], mem: &dyn Memory) -> Vec<u8> {
     let total: usize = sges.iter().map(|s| s.len as usize).sum();
-    let mut v = vec![0u8; total];
-    let mut at = 0;
+    let mut v = mem.buffer(total);
     for s in sges {
-        let n = s.len as usize;
-        mem.read(s.addr, &mut v[at..at + n]);
-        at += n;
+        mem.read_append(s.addr, s.len as usize, &mut v);
     }
     v
 }

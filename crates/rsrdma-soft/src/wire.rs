@@ -162,6 +162,20 @@ impl Payload {
     pub fn into_vec(self) -> Vec<u8> {
         std::sync::Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone())
     }
+
+    /// Whether another packet (or anything else) shares these bytes.
+    pub fn is_shared(&self) -> bool {
+        std::sync::Arc::strong_count(&self.0) > 1
+    }
+
+    /// The bytes, as a vector, if no other packet shares them (a device that made the
+    /// payload takes its memory back this way once the packet was handled).
+    ///
+    /// # Errors
+    /// The payload itself, when another packet still shares it.
+    pub fn try_into_vec(self) -> Result<Vec<u8>, Payload> {
+        std::sync::Arc::try_unwrap(self.0).map_err(Payload)
+    }
 }
 
 impl From<Vec<u8>> for Payload {

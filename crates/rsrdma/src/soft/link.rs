@@ -17,17 +17,32 @@
 //! sequence numbers decide what a packet may do).
 //!
 //! A connection that ends (its process died, its socket reset) breaks the link of every QP
-//! that talks to that device: their oldest request completes with `RETRY_EXC_ERR`.
+//! that talks to that device: their oldest request completes with `RETRY_EXC_ERR`. A writer
+//! whose connection fails leaves that to the reader of the same peer while one lives (for a
+//! second at most): the peer may have sent its last packets (a FIN) before it went, and they
+//! are delivered before its QPs break.
 //! Reliable, ordered streams need no retransmission, as `rsrdma-soft`'s packets assume.
+//!
+//! A peer device on the same host gets a shared-memory link instead ([`super::shm_link`]),
+//! unless `RSRDMA_SOFT_SHM=0`: the same packets, queues and writer thread, but a packet that
+//! fits into the ring's room goes there at once from the thread that sent it (no hand-off),
+//! and the peer's polls take it.
 
+use super::shm_link::{self, Inbound, ShmOut};
 use rsrdma_soft::{Packet, HEADER_LEN};
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 /// The largest payload a peer may send: a message of up to 2 GiB.
-const MAX_PAYLOAD: usize = 1 << 31;
+pub(super) const MAX_PAYLOAD: usize = 1 << 31;
+/// How long a writer whose connection failed waits for the reader of the same peer to end.
+const READER_GRACE: Duration = Duration::from_secs(1);
+/// How often an idle shared-memory writer looks whether its reader is gone.
+const IDLE_CHECK: Duration = Duration::from_millis(100);
 /// The most packets one vectored write carries (two slices each).
 const MAX_BATCH: usize = 256;
 
@@ -35,6 +50,12 @@ const MAX_BATCH: usize = 256;
 pub(super) trait Deliver: Send + Sync + 'static {
     /// A packet from the device listening on `from`.
     fn packet(&self, from: SocketAddrV4, packet: Packet);
+    /// Packets from the device listening on `from`, in order (the batch is left empty).
+    fn packets(&self, from: SocketAddrV4, batch: &mut Vec<Packet>) {
+        for p in batch.drain(..) {
+            self.packet(from, p);
+        }
+    }
     /// The device listening on `peer` cannot be reached any more.
     fn link_down(&self, peer: SocketAddrV4);
 }
@@ -43,12 +64,63 @@ pub(super) trait Deliver: Send + Sync + 'static {
 pub(super) struct Links {
     addr: SocketAddrV4,
     out: Mutex<HashMap<SocketAddrV4, Arc<Outbound>>>,
+    /// The shared-memory links other devices dialled, for the polls to drain.
+    inbound: Arc<RwLock<Vec<Arc<Inbound>>>>,
+    readers: Arc<Readers>,
+    /// Peers on this host are dialled over shared memory.
+    shm: bool,
+}
+
+/// How many reader threads each peer device has (TCP and shared memory), so that a writer
+/// whose connection failed can wait for them to deliver what they still hold.
+#[derive(Default)]
+struct Readers {
+    live: Mutex<HashMap<SocketAddrV4, usize>>,
+    changed: Condvar,
+}
+
+impl Readers {
+    fn reading(&self, peer: SocketAddrV4, starts: bool) {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let n = live.entry(peer).or_insert(0);
+        if starts {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                live.remove(&peer);
+            }
+        }
+        self.changed.notify_all();
+    }
+
+    /// Waits, up to `limit`, until no reader of `peer` lives.
+    fn wait_gone(&self, peer: SocketAddrV4, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        while live.contains_key(&peer) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            live = self
+                .changed
+                .wait_timeout(live, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
 }
 
 /// Packets queued for one peer device, and its writer thread's state.
 struct Outbound {
     queue: Mutex<OutQueue>,
     ready: Condvar,
+    /// The shared-memory link, once the writer set it up (`shm_ready` then says so).
+    shm: Mutex<Option<ShmOut>>,
+    shm_ready: AtomicBool,
+    /// Frames wait in the queue of a shared-memory link (for the polls to move them).
+    queued: AtomicBool,
 }
 
 #[derive(Default)]
@@ -58,23 +130,68 @@ struct OutQueue {
     writing: usize,
     /// The connection failed: what is queued is dropped.
     dead: bool,
+    /// Threads in [`Links::flush`], waiting for the queue to empty.
+    flushing: usize,
 }
 
 impl Links {
-    /// Listens on `at` (port 0: any free port) and starts accepting peers.
+    /// Listens on `at` (port 0: any free port) and starts accepting peers; with `shm`, also
+    /// on this device's Unix socket, and dials peers of this host over shared memory.
     ///
     /// # Errors
     /// The listener's.
-    pub(super) fn start(at: SocketAddrV4, deliver: Arc<dyn Deliver>) -> std::io::Result<Links> {
+    pub(super) fn start(
+        at: SocketAddrV4,
+        deliver: Arc<dyn Deliver>,
+        shm: bool,
+    ) -> std::io::Result<Links> {
         let listener = TcpListener::bind(at)?;
         let port = listener.local_addr()?.port();
+        let addr = SocketAddrV4::new(*at.ip(), port);
+        let readers = Arc::new(Readers::default());
+        let inbound = Arc::new(RwLock::new(Vec::new()));
+        if shm {
+            let r = readers.clone();
+            let reading = Arc::new(move |peer, starts| r.reading(peer, starts));
+            if let Err(e) = shm_link::listen(addr, inbound.clone(), deliver.clone(), reading) {
+                tracing::debug!(error = %e, "soft0: no shared-memory links; TCP only");
+            }
+        }
+        let r = readers.clone();
         std::thread::Builder::new()
             .name("rsrdma-soft0-accept".into())
-            .spawn(move || accept_loop(&listener, &deliver))?;
+            .spawn(move || accept_loop(&listener, &deliver, &r))?;
         Ok(Links {
-            addr: SocketAddrV4::new(*at.ip(), port),
+            addr,
             out: Mutex::new(HashMap::new()),
+            inbound,
+            readers,
+            shm,
         })
+    }
+
+    /// For a poll of the application's: moves what waits for room in the shared rings to
+    /// peers, and reads what the rings from peers carry now, never waiting for a thread
+    /// that is at either.
+    pub(super) fn progress(&self, deliver: &dyn Deliver) {
+        shm_link::polled();
+        if let Ok(map) = self.out.try_lock() {
+            for o in map.values() {
+                if o.queued.load(Ordering::Relaxed) {
+                    o.move_to_ring(&mut o.queue.lock().unwrap_or_else(|p| p.into_inner()));
+                }
+            }
+        }
+        let inbound = self.inbound.read().unwrap_or_else(|p| p.into_inner());
+        for i in inbound.iter() {
+            i.drain(deliver);
+        }
+    }
+
+    /// The application stopped polling: the readers of the shared-memory links go back to
+    /// being woken by their senders.
+    pub(super) fn poller_stopped(&self) {
+        shm_link::poller_stopped(&self.inbound.read().unwrap_or_else(|p| p.into_inner()));
     }
 
     /// Where this device listens: its address, and its port (its LID).
@@ -94,12 +211,16 @@ impl Links {
                     let o = Arc::new(Outbound {
                         queue: Mutex::new(OutQueue::default()),
                         ready: Condvar::new(),
+                        shm: Mutex::new(None),
+                        shm_ready: AtomicBool::new(false),
+                        queued: AtomicBool::new(false),
                     });
                     map.insert(peer, o.clone());
                     let (w, d, me) = (o.clone(), deliver.clone(), self.addr);
+                    let (r, shm) = (self.readers.clone(), self.shm);
                     let spawned = std::thread::Builder::new()
                         .name("rsrdma-soft0-link".into())
-                        .spawn(move || write_loop(me, peer, &w, &d));
+                        .spawn(move || write_loop(me, peer, shm, &w, &d, &r));
                     if spawned.is_err() {
                         o.kill();
                         deliver.link_down(peer);
@@ -109,9 +230,26 @@ impl Links {
             }
         };
         let mut q = out.queue.lock().unwrap_or_else(|p| p.into_inner());
-        if !q.dead {
-            q.frames.push_back(frame);
-            // The writer and any flush waiting on this queue.
+        if q.dead {
+            return;
+        }
+        // Straight into a shared ring with room, when nothing waits before it.
+        if out.move_to_ring(&mut q) {
+            if let Ok(mut shm) = out.shm.try_lock() {
+                if let Some(s) = shm.as_mut() {
+                    if s.try_push(&frame.header(), &frame.payload) {
+                        return;
+                    }
+                }
+            }
+        }
+        let was_empty = q.frames.is_empty();
+        q.frames.push_back(frame);
+        if out.shm_ready.load(Ordering::Relaxed) {
+            out.queued.store(true, Ordering::Relaxed);
+        }
+        // The writer waits only while the queue is empty.
+        if was_empty {
             out.ready.notify_all();
         }
     }
@@ -135,10 +273,11 @@ impl Links {
             .collect();
         for o in outs {
             let mut q = o.queue.lock().unwrap_or_else(|p| p.into_inner());
+            q.flushing += 1;
             while !q.dead && (!q.frames.is_empty() || q.writing > 0) {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 if left.is_zero() {
-                    return;
+                    break;
                 }
                 q = o
                     .ready
@@ -146,11 +285,41 @@ impl Links {
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
             }
+            q.flushing -= 1;
         }
     }
 }
 
 impl Outbound {
+    /// Moves queued frames into the shared ring while each fits whole, from the thread that
+    /// sends or polls (no hand-off to the writer); returns whether nothing waits any more,
+    /// so that a new frame may go straight into the ring. False on a TCP link.
+    fn move_to_ring(&self, q: &mut OutQueue) -> bool {
+        if q.writing > 0 || q.dead || !self.shm_ready.load(Ordering::Acquire) {
+            return false;
+        }
+        if q.frames.is_empty() {
+            return true;
+        }
+        let Ok(mut shm) = self.shm.try_lock() else {
+            return false;
+        };
+        let Some(s) = shm.as_mut() else {
+            return false;
+        };
+        while let Some(f) = q.frames.front() {
+            if !s.try_push(&f.header(), &f.payload) {
+                return false;
+            }
+            q.frames.pop_front();
+        }
+        self.queued.store(false, Ordering::Relaxed);
+        if q.flushing > 0 {
+            self.ready.notify_all();
+        }
+        true
+    }
+
     fn is_dead(&self) -> bool {
         self.queue.lock().unwrap_or_else(|p| p.into_inner()).dead
     }
@@ -167,9 +336,139 @@ impl Outbound {
 /// The dialer's first bytes: the address and port it listens on (which name it).
 const HELLO_LEN: usize = 6;
 
-/// Dials the peer device, says which device this is, then writes what is queued.
-fn write_loop(me: SocketAddrV4, peer: SocketAddrV4, out: &Outbound, deliver: &Arc<dyn Deliver>) {
-    let written = (|| -> std::io::Result<()> {
+/// Dials the peer device (over shared memory when it is on this host and takes it, else
+/// TCP), says which device this is, then writes what is queued.
+fn write_loop(
+    me: SocketAddrV4,
+    peer: SocketAddrV4,
+    shm: bool,
+    out: &Outbound,
+    deliver: &Arc<dyn Deliver>,
+    readers: &Readers,
+) {
+    let shm = (shm && shm_link::same_host(me, peer))
+        .then(|| {
+            ShmOut::dial(me, peer)
+                .inspect_err(|e| {
+                    tracing::debug!(%peer, error = %e, "soft0: no shared-memory link; TCP it is");
+                })
+                .ok()
+        })
+        .flatten();
+    let ended = match shm {
+        Some(s) => {
+            *out.shm.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
+            {
+                // Under the queue's lock: what was queued while the link was being set up
+                // is from now on the polls' to move, as what `send` queues after.
+                let q = out.queue.lock().unwrap_or_else(|p| p.into_inner());
+                out.shm_ready.store(true, Ordering::Release);
+                out.queued.store(!q.frames.is_empty(), Ordering::Relaxed);
+            }
+            shm_write_loop(out)
+        }
+        None => tcp_write_loop(me, peer, out),
+    };
+    if let Err(e) = ended {
+        tracing::debug!(%peer, error = %e, "soft0: the link to a peer device ended");
+    }
+    out.kill();
+    // What the peer sent before it went (its reader still holds it) goes first.
+    readers.wait_gone(peer, READER_GRACE);
+    deliver.link_down(peer);
+}
+
+/// Takes the next frames to write (waiting for them), or `None` once `gone` says the link
+/// is over (looked at every [`IDLE_CHECK`] while nothing is queued). While `leave` says so
+/// of what is queued, leaves it there and looks again a [`shm_link::NAP`] later.
+fn next_batch(
+    out: &Outbound,
+    gone: &dyn Fn() -> bool,
+    leave: &mut dyn FnMut(&OutQueue) -> bool,
+) -> Option<Vec<Packet>> {
+    let mut q = out.queue.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        if q.frames.is_empty() {
+            q = out
+                .ready
+                .wait_timeout(q, IDLE_CHECK)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            if q.frames.is_empty() && gone() {
+                return None;
+            }
+        } else if leave(&q) {
+            q = out
+                .ready
+                .wait_timeout(q, shm_link::NAP)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            // Polls cannot move frames into the ring of a peer that is gone.
+            if gone() {
+                return None;
+            }
+        } else {
+            break;
+        }
+    }
+    let n = q.frames.len().min(MAX_BATCH);
+    q.writing = n;
+    Some(q.frames.drain(..n).collect())
+}
+
+/// Marks the frames [`next_batch`] took as written: a flush waiting for them may go on.
+fn written(out: &Outbound) {
+    out.queue.lock().unwrap_or_else(|p| p.into_inner()).writing = 0;
+    out.ready.notify_all();
+}
+
+/// Writes what is queued into the shared ring, waiting for room as needed. While the
+/// application polls, its polls move the frames (a hand-off to this thread would cost a
+/// wake-up per frame): this thread steps in when the polls stop, and for a frame larger
+/// than the ring, which goes in pieces.
+fn shm_write_loop(out: &Outbound) -> std::io::Result<()> {
+    let gone = || {
+        out.shm
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map_or(true, ShmOut::hung_up)
+    };
+    let capacity = out
+        .shm
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .map_or(0, ShmOut::capacity);
+    let mut seen_polls = shm_link::polls();
+    loop {
+        let Some(batch) = next_batch(out, &gone, &mut |q| {
+            let polls = shm_link::polls();
+            let fits = q
+                .frames
+                .front()
+                .is_some_and(|f| HEADER_LEN + f.payload.len() <= capacity);
+            let polled = polls != seen_polls;
+            seen_polls = polls;
+            polled && fits
+        }) else {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        };
+        {
+            let mut shm = out.shm.lock().unwrap_or_else(|p| p.into_inner());
+            let s = shm.as_mut().ok_or(std::io::ErrorKind::BrokenPipe)?;
+            for p in &batch {
+                s.write_all(&p.header())?;
+                s.write_all(&p.payload)?;
+            }
+        }
+        written(out);
+    }
+}
+
+/// Dials the peer device over TCP and writes what is queued.
+fn tcp_write_loop(me: SocketAddrV4, peer: SocketAddrV4, out: &Outbound) -> std::io::Result<()> {
+    {
         let mut s = dial_from(me, peer)?;
         s.set_nodelay(true)?;
         let mut hello = [0u8; HELLO_LEN];
@@ -177,14 +476,8 @@ fn write_loop(me: SocketAddrV4, peer: SocketAddrV4, out: &Outbound, deliver: &Ar
         hello[4..].copy_from_slice(&me.port().to_le_bytes());
         s.write_all(&hello)?;
         loop {
-            let batch: Vec<Packet> = {
-                let mut q = out.queue.lock().unwrap_or_else(|p| p.into_inner());
-                while q.frames.is_empty() {
-                    q = out.ready.wait(q).unwrap_or_else(|p| p.into_inner());
-                }
-                let n = q.frames.len().min(MAX_BATCH);
-                q.writing = n;
-                q.frames.drain(..n).collect()
+            let Some(batch) = next_batch(out, &|| false, &mut |_| false) else {
+                continue;
             };
             let headers: Vec<[u8; HEADER_LEN]> = batch.iter().map(Packet::header).collect();
             let mut bufs: Vec<&[u8]> = Vec::with_capacity(2 * batch.len());
@@ -195,16 +488,9 @@ fn write_loop(me: SocketAddrV4, peer: SocketAddrV4, out: &Outbound, deliver: &Ar
                 }
             }
             write_all_vectored(&mut s, &bufs)?;
-            // Written: a flush waiting for them may go on.
-            out.queue.lock().unwrap_or_else(|p| p.into_inner()).writing = 0;
-            out.ready.notify_all();
+            written(out);
         }
-    })();
-    if let Err(e) = written {
-        tracing::debug!(%peer, error = %e, "soft0: the link to a peer device ended");
     }
-    out.kill();
-    deliver.link_down(peer);
 }
 
 /// Connects to `peer` from `me`'s address, so that the peer sees the connection come from
@@ -218,15 +504,15 @@ fn dial_from(me: SocketAddrV4, peer: SocketAddrV4) -> std::io::Result<TcpStream>
     Ok(s.into())
 }
 
-fn accept_loop(listener: &TcpListener, deliver: &Arc<dyn Deliver>) {
+fn accept_loop(listener: &TcpListener, deliver: &Arc<dyn Deliver>, readers: &Arc<Readers>) {
     for stream in listener.incoming() {
         let Ok(stream) = stream else {
             continue;
         };
-        let d = deliver.clone();
+        let (d, r) = (deliver.clone(), readers.clone());
         let _ = std::thread::Builder::new()
             .name("rsrdma-soft0-recv".into())
-            .spawn(move || read_loop(stream, &d));
+            .spawn(move || read_loop(stream, &d, &r));
     }
 }
 
@@ -260,7 +546,7 @@ fn write_all_vectored(s: &mut TcpStream, bufs: &[&[u8]]) -> std::io::Result<()> 
 }
 
 /// Reads a peer device's packets and hands them over; its end breaks that peer's links.
-fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>) {
+fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>, readers: &Readers) {
     let came_from = s.peer_addr().ok();
     // Small packets (acknowledgements, requests) come out of the buffer; a large payload is
     // read past it, straight into the packet's own buffer.
@@ -285,6 +571,7 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>) {
         );
         return;
     }
+    readers.reading(from, true);
     loop {
         let mut header = [0u8; HEADER_LEN];
         if s.read_exact(&mut header).is_err() {
@@ -309,6 +596,7 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>) {
             }
         }
     }
+    readers.reading(from, false);
     deliver.link_down(from);
 }
 
@@ -319,15 +607,165 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    /// Hands what arrives to a channel.
+    /// Hands what arrives to a channel (a link that goes down as a packet with no kind's
+    /// payload and `dest_qpn` `u32::MAX`).
     struct Collect(Mutex<mpsc::Sender<(SocketAddrV4, Packet)>>);
+
+    const DOWN: u32 = u32::MAX;
 
     impl Deliver for Collect {
         fn packet(&self, from: SocketAddrV4, packet: Packet) {
             let _ = self.0.lock().unwrap().send((from, packet));
         }
 
-        fn link_down(&self, _: SocketAddrV4) {}
+        fn link_down(&self, peer: SocketAddrV4) {
+            let _ = self
+                .0
+                .lock()
+                .unwrap()
+                .send((peer, packet(DOWN, Vec::new())));
+        }
+    }
+
+    fn packet(dest_qpn: u32, payload: Vec<u8>) -> Packet {
+        Packet {
+            dest_qpn,
+            psn: 1,
+            kind: PacketKind::Send { imm: None },
+            payload: payload.into(),
+        }
+    }
+
+    fn device(
+        shm: bool,
+    ) -> (
+        Links,
+        mpsc::Receiver<(SocketAddrV4, Packet)>,
+        Arc<dyn Deliver>,
+    ) {
+        let (tx, rx) = mpsc::channel();
+        let deliver: Arc<dyn Deliver> = Arc::new(Collect(Mutex::new(tx)));
+        let at = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0);
+        (Links::start(at, deliver.clone(), shm).unwrap(), rx, deliver)
+    }
+
+    /// Sizes from empty to three times a shared ring (which then goes in pieces).
+    fn sizes() -> Vec<usize> {
+        let cap = shm_link::RING_CAPACITY;
+        vec![
+            0,
+            1,
+            47,
+            4096,
+            65536,
+            70001,
+            cap - HEADER_LEN,
+            cap,
+            3 * cap + 5,
+            8,
+            0,
+        ]
+    }
+
+    fn bytes(i: usize, len: usize) -> Vec<u8> {
+        (0..len).map(|k| (k * 31 + i * 7) as u8).collect()
+    }
+
+    #[test]
+    fn packets_cross_between_two_devices_of_one_host_whole_and_in_order_over_either_pipe() {
+        for shm in [true, false] {
+            let (a, _, a_deliver) = device(shm);
+            let (b, b_rx, _) = device(shm);
+            for round in 0..3 {
+                for (i, len) in sizes().into_iter().enumerate() {
+                    a.send(
+                        b.addr(),
+                        packet(i as u32, bytes(i + round, len)),
+                        &a_deliver,
+                    );
+                }
+            }
+            for round in 0..3 {
+                for (i, len) in sizes().into_iter().enumerate() {
+                    let (from, p) = b_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+                    assert_eq!((from, p.dest_qpn), (a.addr(), i as u32), "shm {shm}");
+                    assert!(p.payload == bytes(i + round, len), "packet {i}, shm {shm}");
+                }
+            }
+            // The pipe was the one asked for: a shared ring read by B, or none.
+            let rings = b.inbound.read().unwrap().len();
+            assert_eq!(rings, usize::from(shm), "shm {shm}");
+        }
+    }
+
+    #[test]
+    fn frames_queued_while_a_shared_link_is_set_up_reach_the_peer_while_the_sender_polls() {
+        let (a, _, a_deliver) = device(true);
+        let (b, b_rx, _) = device(true);
+        let a = Arc::new(a);
+        let stop = Arc::new(AtomicBool::new(false));
+        // The application polls all along, so the writer leaves queued frames to the polls.
+        let poller = {
+            let (a, d, stop) = (a.clone(), a_deliver.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    a.progress(&*d);
+                    std::thread::yield_now();
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        // The frames queue before the link exists (the writer thread dials it), and no later
+        // send moves them.
+        for i in 0..3u32 {
+            a.send(b.addr(), packet(i, bytes(i as usize, 100)), &a_deliver);
+        }
+        for i in 0..3u32 {
+            let got = b_rx.recv_timeout(Duration::from_secs(5));
+            let (_, p) = got.unwrap_or_else(|_| panic!("frame {i} never arrived"));
+            assert_eq!(p.dest_qpn, i);
+        }
+        stop.store(true, Ordering::Relaxed);
+        poller.join().unwrap();
+    }
+
+    #[test]
+    fn a_peer_that_goes_breaks_its_shared_link_after_what_it_sent_arrives() {
+        let (b, b_rx, _) = device(true);
+        let me = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 7);
+        let mut out = ShmOut::dial(me, b.addr()).unwrap();
+        assert!(out.try_push(&packet(5, vec![9; 100]).header(), &[9; 100]));
+        drop(out);
+        let (from, p) = b_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!((from, p.dest_qpn, p.payload.len()), (me, 5, 100));
+        let (from, p) = b_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!((from, p.dest_qpn), (me, DOWN), "the link goes down");
+    }
+
+    #[test]
+    fn a_peer_that_breaks_the_ring_loses_its_link_and_nothing_else() {
+        let (b, b_rx, _) = device(true);
+        let me = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 8);
+        let out = ShmOut::dial(me, b.addr()).unwrap();
+        out.break_ring();
+        let (from, p) = b_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!((from, p.dest_qpn), (me, DOWN));
+        // The device still takes links from others.
+        let other = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9);
+        let mut out = ShmOut::dial(other, b.addr()).unwrap();
+        assert!(out.try_push(&packet(6, Vec::new()).header(), &[]));
+        let (from, p) = b_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!((from, p.dest_qpn), (other, 6));
+    }
+
+    #[test]
+    fn over_a_unix_socket_a_peer_speaks_only_for_a_device_of_this_host() {
+        let (b, b_rx, _) = device(true);
+        let elsewhere = SocketAddrV4::new(Ipv4Addr::new(10, 1, 2, 3), 4791);
+        let mut out = ShmOut::dial(elsewhere, b.addr()).unwrap();
+        // The set-up was refused: nothing it writes arrives.
+        let _ = out.try_push(&packet(5, Vec::new()).header(), &[]);
+        assert!(b_rx.recv_timeout(Duration::from_millis(500)).is_err());
     }
 
     /// Connects to `links` from the loopback address, says `hello_from` is the device, and
@@ -338,20 +776,15 @@ mod tests {
         hello[..4].copy_from_slice(&hello_from.ip().octets());
         hello[4..].copy_from_slice(&hello_from.port().to_le_bytes());
         s.write_all(&hello).unwrap();
-        let p = Packet {
-            dest_qpn: 7,
-            psn: 1,
-            kind: PacketKind::Send { imm: None },
-            payload: vec![1, 2, 3].into(),
-        };
-        s.write_all(&p.encode()).unwrap();
+        s.write_all(&packet(7, vec![1, 2, 3]).encode()).unwrap();
     }
 
     #[test]
     fn a_peer_speaks_only_for_a_device_at_the_address_it_comes_from() {
         let (tx, rx) = mpsc::channel();
         let deliver: Arc<dyn Deliver> = Arc::new(Collect(Mutex::new(tx)));
-        let links = Links::start(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0), deliver).unwrap();
+        let links =
+            Links::start(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0), deliver, false).unwrap();
         // From the loopback address, naming another host's device: refused, nothing arrives.
         speak(&links, SocketAddrV4::new(Ipv4Addr::new(10, 1, 2, 3), 4791));
         assert!(rx.recv_timeout(Duration::from_millis(500)).is_err());

@@ -14,7 +14,9 @@
 //!   peer that died would.
 //!
 //! A QP whose peer lives in another process (its LID names another soft device's port) gets
-//! its packets there over a TCP connection between the two devices ([`link`]).
+//! its packets there over a link between the two devices ([`link`]): a pair of shared-memory
+//! rings when the peer is on this host ([`shm_link`], [`ring`]; the application's polls read
+//! them), a TCP connection otherwise.
 //!
 //! Queue pairs are connected (RC or UC) or unreliable-datagram ([`qp_core`]); a UD send goes
 //! where its address handle ([`ah`]) says, by LID or by GID.
@@ -35,6 +37,8 @@ pub(crate) mod cm;
 pub mod faults;
 mod link;
 mod qp_core;
+mod ring;
+mod shm_link;
 pub(crate) mod verbs;
 
 use crate::ffi;

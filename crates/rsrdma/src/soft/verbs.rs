@@ -172,6 +172,43 @@ struct State {
     srqs: HashMap<u32, SrqEntry>,
     next_qpn: u32,
     next_handle: u32,
+    /// Large payloads handed to the links, oldest first: once nothing else holds one (its
+    /// request was acknowledged and the link wrote it), its memory goes to [`PAYLOADS`] for
+    /// the next request. Allocating and freeing a 64 KiB payload per request made the
+    /// allocator return and take back its pages each time: page faults were most of a
+    /// sender's time.
+    lent: VecDeque<rsrdma_soft::Payload>,
+}
+
+/// Payloads this long or longer are reused ([`State::lent`]).
+const REUSE_FROM: usize = 4096;
+/// The most payloads waiting to be reused, and the most kept for reuse.
+const MAX_LENT: usize = 1024;
+const MAX_SPARE: usize = 32;
+
+/// Payload memory for the next requests' gathers ([`ProcessMemory::buffer`]).
+static PAYLOADS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
+impl State {
+    /// Takes back the memory of the oldest lent payloads that nothing holds any more.
+    fn reclaim_payloads(&mut self) {
+        while self
+            .lent
+            .front()
+            .is_some_and(|p| !p.is_shared() || self.lent.len() > MAX_LENT)
+        {
+            let Some(p) = self.lent.pop_front() else {
+                break;
+            };
+            if let Ok(mut v) = p.try_into_vec() {
+                let mut spare = PAYLOADS.lock().unwrap_or_else(|p| p.into_inner());
+                if spare.len() < MAX_SPARE {
+                    v.clear();
+                    spare.push(v);
+                }
+            }
+        }
+    }
 }
 
 // SAFETY: the raw pointers in the state name objects of this module that live until their
@@ -198,7 +235,7 @@ fn device() -> &'static Device {
         let deliver: Arc<dyn Deliver> = Arc::new(FromPeers);
         // `open_device` refused a bad address before the device was made.
         let at = configured_addr().unwrap_or(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0));
-        let links = match Links::start(at, deliver.clone()) {
+        let links = match Links::start(at, deliver.clone(), super::shm_link::enabled()) {
             Ok(l) => Some(l),
             Err(e) => {
                 tracing::warn!(error = %e, "soft0: no listener; QPs reach this process only");
@@ -213,6 +250,7 @@ fn device() -> &'static Device {
                 srqs: HashMap::new(),
                 next_qpn: FIRST_QPN,
                 next_handle: 1,
+                lent: VecDeque::new(),
             }),
             timer: Condvar::new(),
             links,
@@ -285,6 +323,15 @@ impl Deliver for FromPeers {
         pump(&mut st, now);
     }
 
+    fn packets(&self, from: SocketAddrV4, batch: &mut Vec<rsrdma_soft::Packet>) {
+        let mut st = lock();
+        let now = Instant::now();
+        for p in batch.drain(..) {
+            deliver(&mut st, p, from, now);
+        }
+        pump(&mut st, now);
+    }
+
     fn link_down(&self, peer: SocketAddrV4) {
         let mut st = lock();
         for e in st.qps.values_mut() {
@@ -330,6 +377,27 @@ impl Memory for ProcessMemory {
     fn read(&self, addr: u64, out: &mut [u8]) {
         // SAFETY: see the type's docs: a checked range of a live registration.
         unsafe { std::ptr::copy(addr as *const u8, out.as_mut_ptr(), out.len()) }
+    }
+
+    fn buffer(&self, capacity: usize) -> Vec<u8> {
+        if capacity >= REUSE_FROM {
+            let spare = PAYLOADS.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            if let Some(mut v) = spare {
+                v.reserve(capacity);
+                return v;
+            }
+        }
+        Vec::with_capacity(capacity)
+    }
+
+    fn read_append(&self, addr: u64, len: usize, out: &mut Vec<u8>) {
+        out.reserve(len);
+        // SAFETY: as in `read`; the spare capacity holds at least `len` bytes, which the
+        // copy initialises before the length covers them.
+        unsafe {
+            std::ptr::copy(addr as *const u8, out.as_mut_ptr().add(out.len()), len);
+            out.set_len(out.len() + len);
+        }
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) {
@@ -404,6 +472,7 @@ fn transmit(st: &mut State, qpn: u32) -> Option<(SocketAddrV4, Packet)> {
 /// Hands every packet to its destination until none is left, then delivers completions and
 /// events. Under the lock.
 fn pump(st: &mut State, now: Instant) {
+    st.reclaim_payloads();
     loop {
         let mut moved = false;
         // Delivery creates and destroys no QP, so the order stays put meanwhile.
@@ -416,7 +485,12 @@ fn pump(st: &mut State, now: Instant) {
                     // The destination lives in another process.
                     let dev = device();
                     match &dev.links {
-                        Some(l) => l.send(to, pkt, &dev.deliver),
+                        Some(l) => {
+                            if pkt.payload.len() >= REUSE_FROM {
+                                st.lent.push_back(pkt.payload.clone());
+                            }
+                            l.send(to, pkt, &dev.deliver);
+                        }
                         // A datagram is simply lost; a connection breaks.
                         None => {
                             if let Some(e) = st.qps.get_mut(&qpn) {
@@ -970,6 +1044,12 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
     // contract).
     let cq = unsafe { &*cq.cast::<SoftCq>() };
     let _one = Exclusive::enter(&cq.busy, "CQ", cq.raw.handle);
+    // What peers on this host put in the shared rings is taken by the polls (before the CQ
+    // is locked: what it delivers may complete into this CQ).
+    let dev = device();
+    if let Some(l) = &dev.links {
+        l.progress(&*dev.deliver);
+    }
     let mut st = cq.state.lock().unwrap_or_else(|p| p.into_inner());
     if st.overrun {
         return -libc::EOVERFLOW;
@@ -1453,6 +1533,11 @@ pub(crate) unsafe fn req_notify_cq(cq: *mut ffi::ibv_cq) -> c_int {
     // SAFETY: the caller's contract.
     let cq = unsafe { &*cq.cast::<SoftCq>() };
     cq.state.lock().unwrap_or_else(|p| p.into_inner()).armed = true;
+    // The application is about to sleep rather than poll: the shared rings' readers must
+    // take what arrives now.
+    if let Some(l) = &device().links {
+        l.poller_stopped();
+    }
     0
 }
 

@@ -1,0 +1,683 @@
+//! Links between soft devices of one host over shared memory ([`super::ring`]) instead of
+//! loopback TCP: the dialer makes a ring and two eventfds and hands them over a Unix socket
+//! (in the abstract namespace, named by the device's address and port); the acceptor maps
+//! the ring and reads it. The Unix socket stays open as the link's life line: its end (the
+//! peer process died, or closed the link) breaks the link, as a TCP connection's end does.
+//!
+//! # Who reads
+//! A NIC executes what arrives with no work from the application; soft0 has no NIC, so
+//! something must run. Each accepted ring has a reader thread, which sleeps on the ring's
+//! "data" eventfd when it finds nothing. But a wake-up per packet (a system call by the
+//! sender, a context switch at the receiver) costs more than the packet, and on a machine
+//! with few cores a thread that spins beside an application that busy-polls takes turns
+//! with it. So the application's own `ibv_poll_cq` drains the rings too
+//! ([`Inbound::drain`], under a `try_lock`: the reader and the poller never wait for each
+//! other), and while the application polls, the reader naps without telling the sender it
+//! sleeps: the sender then makes no system call, and the packets are taken by the polls.
+//! When the polls stop (or the application arms a CQ for an event, [`poller_stopped`]), the
+//! reader says it sleeps again and the sender wakes it. A reader never naps longer than
+//! [`NAP`], so a packet that arrives just as the polls stop waits at most that long.
+
+use super::link::{Deliver, MAX_PAYLOAD};
+use super::ring::{Consumer, Producer};
+use rsrdma_soft::{Packet, Payload, HEADER_LEN};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+/// Each ring's capacity: large enough for a few 64 KiB messages in flight, small enough to
+/// stay in a core's cache.
+pub(super) const RING_CAPACITY: usize = 1 << 20;
+/// The environment variable that turns the shared-memory links off (`0`): soft devices of
+/// one host then talk over loopback TCP, as devices of two hosts do.
+pub const SHM_ENV: &str = "RSRDMA_SOFT_SHM";
+/// How long a reader looks at an empty ring before it sleeps (while the application does not
+/// poll).
+const SPIN: Duration = Duration::from_micros(50);
+/// The longest a reader naps while the application polls.
+pub(super) const NAP: Duration = Duration::from_millis(1);
+/// How long a waiting side sleeps at most before it looks again (the fds wake it sooner).
+const WAIT: Duration = Duration::from_millis(100);
+/// The dialer's first bytes: the address and port of its device.
+const HELLO_LEN: usize = 6;
+
+/// Counts the application's polls (`ibv_poll_cq` calls): a reader that sees it move knows
+/// someone polls, and naps.
+static POLLS: AtomicU64 = AtomicU64::new(0);
+/// Counts the times the application stopped polling ([`poller_stopped`]): a reader about to
+/// nap looks at it after saying it naps, so a stop is never missed.
+static STOPS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the shared-memory links are on (they are unless `RSRDMA_SOFT_SHM=0`).
+pub(super) fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os(SHM_ENV).map_or(true, |v| v != "0"))
+}
+
+/// The Unix socket name of the device at `addr`.
+fn socket_name(addr: SocketAddrV4) -> io::Result<SocketAddr> {
+    SocketAddr::from_abstract_name(format!("rsrdma-soft0-{addr}"))
+}
+
+/// Whether a device at `peer` lives on this host, as seen from the device at `me`.
+pub(super) fn same_host(me: SocketAddrV4, peer: SocketAddrV4) -> bool {
+    peer.ip().is_loopback() || peer.ip() == me.ip()
+}
+
+/// A non-blocking eventfd, as a counter.
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd with constant flags.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+fn signal(fd: BorrowedFd<'_>) {
+    let one: u64 = 1;
+    // SAFETY: an 8-byte write from a valid u64 to an eventfd.
+    let _ = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+fn clear(fd: BorrowedFd<'_>) {
+    let mut v: u64 = 0;
+    // SAFETY: an 8-byte read into a valid u64 from a non-blocking eventfd.
+    let _ = unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+}
+
+/// What [`wait`] saw.
+#[derive(Debug, PartialEq)]
+enum Woke {
+    /// One of the eventfds (or nothing, at the timeout).
+    Maybe,
+    /// The life line ended.
+    Hangup,
+}
+
+/// Sleeps until one of `fds` is readable, the life line `sock` ends, or `limit` passes.
+fn wait(fds: &[BorrowedFd<'_>], sock: BorrowedFd<'_>, limit: Duration) -> Woke {
+    let mut p = [libc::pollfd {
+        fd: 0,
+        events: 0,
+        revents: 0,
+    }; 4];
+    p[0] = libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    for (i, f) in fds.iter().enumerate().take(3) {
+        p[i + 1] = libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+    }
+    let n = 1 + fds.len().min(3);
+    let ms = limit.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: `p` holds `n` initialised pollfds.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), n as libc::nfds_t, ms) };
+    // The peer never writes on the life line: anything readable there is its end.
+    if r > 0 && p[0].revents != 0 {
+        Woke::Hangup
+    } else {
+        Woke::Maybe
+    }
+}
+
+/// Whether the life line `sock` ended (without waiting).
+fn hung_up(sock: BorrowedFd<'_>) -> bool {
+    wait(&[], sock, Duration::ZERO) == Woke::Hangup
+}
+
+// ----- the writing end ----------------------------------------------------------------------
+
+/// The dialer's end of a link: the ring it writes and the fds that wake its reader.
+pub(super) struct ShmOut {
+    ring: Producer,
+    /// Signalled when the reader sleeps and something was written.
+    data: OwnedFd,
+    /// Signalled by the reader when the writer waits for room.
+    room: OwnedFd,
+    sock: UnixStream,
+}
+
+impl ShmOut {
+    /// Dials the device at `peer` on this host as the device at `me`.
+    ///
+    /// # Errors
+    /// When the peer has no shared-memory listener (then TCP it is), or the set-up fails.
+    pub(super) fn dial(me: SocketAddrV4, peer: SocketAddrV4) -> io::Result<ShmOut> {
+        let sock = UnixStream::connect_addr(&socket_name(peer)?)?;
+        let ring = Producer::create(RING_CAPACITY)?;
+        let (data, room) = (eventfd()?, eventfd()?);
+        let mut hello = [0u8; HELLO_LEN];
+        hello[..4].copy_from_slice(&me.ip().octets());
+        hello[4..].copy_from_slice(&me.port().to_le_bytes());
+        send_with_fds(
+            &sock,
+            &hello,
+            &[ring.fd().as_fd(), data.as_fd(), room.as_fd()],
+        )?;
+        Ok(ShmOut {
+            ring,
+            data,
+            room,
+            sock,
+        })
+    }
+
+    /// Writes one packet whole if the ring has room for it now; never waits.
+    pub(super) fn try_push(&mut self, header: &[u8], payload: &[u8]) -> bool {
+        match self.ring.try_push(&[header, payload]) {
+            Ok(true) => {
+                if self.ring.consumer_sleeping() {
+                    signal(self.data.as_fd());
+                }
+                true
+            }
+            // A broken ring: the writer thread finds it too and ends the link.
+            Ok(false) | Err(_) => false,
+        }
+    }
+
+    /// Writes all of `data`, waiting for room as long as the reader lives.
+    ///
+    /// # Errors
+    /// The link ended (the peer went, or broke the ring).
+    pub(super) fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < data.len() {
+            let n = self.ring.push_some(&data[done..])?;
+            if n > 0 {
+                done += n;
+                if self.ring.consumer_sleeping() {
+                    signal(self.data.as_fd());
+                }
+                continue;
+            }
+            self.ring.set_waiting(true);
+            let woke = if self.ring.has_room(1)? {
+                Woke::Maybe
+            } else {
+                wait(&[self.room.as_fd()], self.sock.as_fd(), WAIT)
+            };
+            self.ring.set_waiting(false);
+            clear(self.room.as_fd());
+            if woke == Woke::Hangup {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The ring's capacity: a frame larger than it goes only in pieces.
+    pub(super) fn capacity(&self) -> usize {
+        self.ring.capacity()
+    }
+
+    /// Writes a position past what the ring holds, as a faulty peer might.
+    #[cfg(test)]
+    pub(super) fn break_ring(&self) {
+        self.ring.break_head();
+        signal(self.data.as_fd());
+    }
+
+    /// Whether the reader's end of the link is gone.
+    pub(super) fn hung_up(&self) -> bool {
+        hung_up(self.sock.as_fd())
+    }
+}
+
+// ----- the reading end ----------------------------------------------------------------------
+
+/// The acceptor's end of a link.
+pub(super) struct Inbound {
+    from: SocketAddrV4,
+    state: Mutex<Reading>,
+    data: OwnedFd,
+    room: OwnedFd,
+    /// Wakes the reader from a nap ([`poller_stopped`]).
+    wake: OwnedFd,
+    /// The reader naps (so a poller that stops should wake it).
+    napping: AtomicBool,
+    /// The link ended: nothing more is read.
+    over: AtomicBool,
+    sock: UnixStream,
+}
+
+/// A reader's progress through the stream.
+struct Reading {
+    ring: Consumer,
+    header: [u8; HEADER_LEN],
+    /// Bytes of `header` read.
+    header_got: usize,
+    /// The payload being read, and its length.
+    payload: Vec<u8>,
+    payload_len: usize,
+    /// Packets read and not handed over yet (kept to reuse its memory).
+    batch: Vec<Packet>,
+    /// The payloads handed over last, whose memory comes back once the device is done
+    /// with them (allocating and freeing a large payload per packet costs page faults as
+    /// the allocator returns and takes back its memory).
+    lent: Vec<Payload>,
+    /// Payload buffers to read the next packets into.
+    free: Vec<Vec<u8>>,
+}
+
+/// The most payload buffers kept for reuse.
+const MAX_FREE: usize = 8;
+
+impl Reading {
+    /// A buffer for a payload of `len` bytes, reused when one is free.
+    fn payload_buffer(&mut self, len: usize) -> Vec<u8> {
+        match self.free.pop() {
+            Some(mut v) => {
+                v.reserve(len);
+                v
+            }
+            None => Vec::with_capacity(len),
+        }
+    }
+
+    /// Takes back the memory of the payloads the device no longer holds.
+    fn reclaim(&mut self) {
+        for p in self.lent.drain(..) {
+            if let Ok(mut v) = p.try_into_vec() {
+                if self.free.len() < MAX_FREE && v.capacity() > 0 {
+                    v.clear();
+                    self.free.push(v);
+                }
+            }
+        }
+    }
+}
+
+/// The most packets handed over at once (the device lock is held meanwhile).
+const MAX_BATCH: usize = 64;
+/// Payloads this long or longer have their memory taken back for the next packets.
+const RECLAIM_FROM: usize = 4096;
+
+impl Inbound {
+    /// Reads what waits and hands it over; returns whether anything was read.
+    ///
+    /// # Errors
+    /// The peer broke the ring or sent a packet soft0 does not read: the link is over.
+    fn drain_locked(&self, r: &mut Reading, deliver: &dyn Deliver) -> io::Result<bool> {
+        let mut any = false;
+        loop {
+            if r.header_got < HEADER_LEN {
+                let n = r.ring.read(&mut r.header[r.header_got..])?;
+                r.header_got += n;
+                any |= n > 0;
+                if r.header_got < HEADER_LEN {
+                    break;
+                }
+                r.payload_len = Packet::payload_len(&r.header);
+                if r.payload_len > MAX_PAYLOAD {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "an oversized packet",
+                    ));
+                }
+                r.payload = r.payload_buffer(r.payload_len);
+            }
+            let want = r.payload_len - r.payload.len();
+            let n = r.ring.read_into_vec(&mut r.payload, want)?;
+            any |= n > 0;
+            if r.payload.len() < r.payload_len {
+                break;
+            }
+            let p = Packet::decode_parts(&r.header, std::mem::take(&mut r.payload))
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            r.header_got = 0;
+            r.batch.push(p);
+            if r.batch.len() == MAX_BATCH {
+                self.hand_over(r, deliver);
+            }
+        }
+        self.hand_over(r, deliver);
+        Ok(any)
+    }
+
+    fn hand_over(&self, r: &mut Reading, deliver: &dyn Deliver) {
+        // Read out of the ring: the writer may use that room again.
+        if r.ring.release() {
+            signal(self.room.as_fd());
+        }
+        if !r.batch.is_empty() {
+            let Reading { batch, lent, .. } = r;
+            lent.extend(
+                batch
+                    .iter()
+                    .filter(|p| p.payload.len() >= RECLAIM_FROM)
+                    .map(|p| p.payload.clone()),
+            );
+            deliver.packets(self.from, batch);
+            batch.clear();
+            r.reclaim();
+        }
+    }
+
+    /// Looks at the ring for a while before its reader sleeps (a wake-up costs the sender a
+    /// system call and the reader a context switch, more than a packet); returns whether
+    /// something came.
+    ///
+    /// # Errors
+    /// The peer broke the ring.
+    fn spin(&self, limit: Duration) -> io::Result<bool> {
+        let start = std::time::Instant::now();
+        let r = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            for _ in 0..64 {
+                if r.ring.available()? > 0 {
+                    return Ok(true);
+                }
+                std::hint::spin_loop();
+            }
+            if start.elapsed() >= limit {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// The peer went: what it wrote before is still in the ring, handed over first.
+    fn last_drain(&self, deliver: &dyn Deliver) -> io::Result<()> {
+        let mut r = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.drain_locked(&mut r, deliver).map(|_| ())
+    }
+
+    /// For a poller: reads what waits, unless the reader is at it.
+    pub(super) fn drain(&self, deliver: &dyn Deliver) {
+        if self.over.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(mut r) = self.state.try_lock() else {
+            return;
+        };
+        if r.ring.available().is_ok_and(|n| n == 0) {
+            return;
+        }
+        if self.drain_locked(&mut r, deliver).is_err() {
+            // The reader thread finds the same and ends the link.
+            signal(self.wake.as_fd());
+        }
+    }
+}
+
+/// Counts one poll of the application's (an `ibv_poll_cq` call).
+pub(super) fn polled() {
+    POLLS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How many polls the application made so far.
+pub(super) fn polls() -> u64 {
+    POLLS.load(Ordering::Relaxed)
+}
+
+/// The application stopped polling (it armed a CQ to sleep on its channel): the napping
+/// readers of `inbound` go back to sleeping where the sender wakes them.
+pub(super) fn poller_stopped(inbound: &[Arc<Inbound>]) {
+    STOPS.fetch_add(1, Ordering::SeqCst);
+    for i in inbound {
+        if i.napping.load(Ordering::SeqCst) {
+            signal(i.wake.as_fd());
+        }
+    }
+}
+
+/// Reads the link until it ends, then breaks it (after handing over all it carried).
+fn read_loop(i: &Inbound, deliver: &dyn Deliver) {
+    let mut seen_polls = POLLS.load(Ordering::Relaxed);
+    let ended: io::Result<()> = (|| loop {
+        let read = {
+            let mut r = i.state.lock().unwrap_or_else(|p| p.into_inner());
+            i.drain_locked(&mut r, deliver)?
+        };
+        if read {
+            continue;
+        }
+        let polls = POLLS.load(Ordering::Relaxed);
+        if polls != seen_polls {
+            // The application polls (and drains): nap, unannounced, unless it stopped
+            // (said after `napping`, so that either it sees the nap and wakes it, or the
+            // nap sees the stop).
+            seen_polls = polls;
+            let stops = STOPS.load(Ordering::SeqCst);
+            i.napping.store(true, Ordering::SeqCst);
+            let woke = if STOPS.load(Ordering::SeqCst) == stops {
+                wait(&[i.wake.as_fd()], i.sock.as_fd(), NAP)
+            } else {
+                Woke::Maybe
+            };
+            i.napping.store(false, Ordering::Relaxed);
+            clear(i.wake.as_fd());
+            if woke == Woke::Hangup {
+                return i.last_drain(deliver);
+            }
+            continue;
+        }
+        if i.spin(SPIN)? {
+            continue;
+        }
+        let waiting = {
+            let r = i.state.lock().unwrap_or_else(|p| p.into_inner());
+            r.ring.set_sleeping(true);
+            r.ring.available()?
+        };
+        let woke = if waiting > 0 {
+            Woke::Maybe
+        } else {
+            wait(&[i.data.as_fd(), i.wake.as_fd()], i.sock.as_fd(), WAIT)
+        };
+        i.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ring
+            .set_sleeping(false);
+        clear(i.data.as_fd());
+        clear(i.wake.as_fd());
+        if woke == Woke::Hangup {
+            return i.last_drain(deliver);
+        }
+    })();
+    if let Err(e) = ended {
+        tracing::warn!(from = %i.from, error = %e, "soft0: a peer device broke its shared ring");
+    }
+    i.over.store(true, Ordering::Relaxed);
+}
+
+// ----- accepting ----------------------------------------------------------------------------
+
+/// Listens for shared-memory links to the device at `me`; each accepted one is added to
+/// `inbound` while it lives, read by its own thread, and handed to `deliver`.
+/// `reading(from, true/false)` brackets each reader's life.
+///
+/// # Errors
+/// When the Unix socket cannot be bound (the device then takes TCP links only).
+pub(super) fn listen(
+    me: SocketAddrV4,
+    inbound: Arc<RwLock<Vec<Arc<Inbound>>>>,
+    deliver: Arc<dyn Deliver>,
+    reading: Arc<dyn Fn(SocketAddrV4, bool) + Send + Sync>,
+) -> io::Result<()> {
+    let listener = UnixListener::bind_addr(&socket_name(me)?)?;
+    std::thread::Builder::new()
+        .name("rsrdma-soft0-shm".into())
+        .spawn(move || {
+            for s in listener.incoming() {
+                let Ok(s) = s else {
+                    continue;
+                };
+                let (inbound, deliver, reading) =
+                    (inbound.clone(), deliver.clone(), reading.clone());
+                let _ = std::thread::Builder::new()
+                    .name("rsrdma-soft0-shmrecv".into())
+                    .spawn(move || serve(me, s, &inbound, &*deliver, &*reading));
+            }
+        })?;
+    Ok(())
+}
+
+/// Takes one link's set-up, then reads it until it ends.
+fn serve(
+    me: SocketAddrV4,
+    sock: UnixStream,
+    inbound: &RwLock<Vec<Arc<Inbound>>>,
+    deliver: &dyn Deliver,
+    reading: &(dyn Fn(SocketAddrV4, bool) + Send + Sync),
+) {
+    let i = match accept_one(me, sock) {
+        Ok(i) => Arc::new(i),
+        Err(e) => {
+            tracing::warn!(error = %e, "soft0: a shared-memory link was refused");
+            return;
+        }
+    };
+    let from = i.from;
+    reading(from, true);
+    inbound
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(i.clone());
+    read_loop(&i, deliver);
+    inbound
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|x| !Arc::ptr_eq(x, &i));
+    reading(from, false);
+    deliver.link_down(from);
+}
+
+fn accept_one(me: SocketAddrV4, sock: UnixStream) -> io::Result<Inbound> {
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+    let mut hello = [0u8; HELLO_LEN];
+    let mut fds = recv_with_fds(&sock, &mut hello)?;
+    if fds.len() != 3 {
+        return Err(bad("a set-up without its ring and eventfds"));
+    }
+    let ip = Ipv4Addr::new(hello[0], hello[1], hello[2], hello[3]);
+    let from = SocketAddrV4::new(ip, u16::from_le_bytes([hello[4], hello[5]]));
+    // Over a Unix socket, the peer is on this host: it may speak only for a device here.
+    if !same_host(me, from) {
+        return Err(bad("a peer on this host named a device of another host"));
+    }
+    let room = fds.pop().ok_or_else(|| bad("no eventfd"))?;
+    let data = fds.pop().ok_or_else(|| bad("no eventfd"))?;
+    let ring = Consumer::open(fds.pop().ok_or_else(|| bad("no ring"))?)?;
+    Ok(Inbound {
+        from,
+        state: Mutex::new(Reading {
+            ring,
+            header: [0; HEADER_LEN],
+            header_got: 0,
+            payload: Vec::new(),
+            payload_len: 0,
+            batch: Vec::with_capacity(MAX_BATCH),
+            lent: Vec::with_capacity(MAX_BATCH),
+            free: Vec::new(),
+        }),
+        data,
+        room,
+        wake: eventfd()?,
+        napping: AtomicBool::new(false),
+        over: AtomicBool::new(false),
+        sock,
+    })
+}
+
+// ----- descriptors over a Unix socket -------------------------------------------------------
+
+/// The most descriptors one message carries.
+const MAX_FDS: usize = 3;
+
+fn send_with_fds(sock: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    assert!(fds.len() <= MAX_FDS);
+    let raw: Vec<libc::c_int> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let fd_bytes = std::mem::size_of_val(raw.as_slice());
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
+    let mut control = vec![0u8; space];
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr().cast_mut().cast(),
+        iov_len: bytes.len(),
+    };
+    // SAFETY: all-zero is a valid msghdr.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    // SAFETY: `msg` names `control`, which has room for one header and the descriptors
+    // (CMSG_SPACE of their size); the macros stay inside it.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as usize;
+        std::ptr::copy_nonoverlapping(raw.as_ptr(), libc::CMSG_DATA(c).cast(), raw.len());
+    }
+    // SAFETY: `msg` and what it points at are valid for the call; the bytes are only read.
+    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != bytes.len() {
+        return Err(io::ErrorKind::WriteZero.into());
+    }
+    Ok(())
+}
+
+/// Receives exactly `buf.len()` bytes (in one message) and the descriptors they carry.
+fn recv_with_fds(sock: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>> {
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space =
+        unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<libc::c_int>()) as u32) } as usize;
+    let mut control = vec![0u8; space];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: all-zero is a valid msghdr.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    // SAFETY: `msg` names `buf` and `control`, valid for writes of their lengths.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled `control` up to `msg_controllen`; the macros walk only the
+    // headers it wrote, and each SCM_RIGHTS payload holds descriptors now ours.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<libc::c_int>();
+                let count = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<libc::c_int>();
+                for k in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(k))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if n as usize != buf.len() || msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a short or truncated set-up message",
+        ));
+    }
+    Ok(fds)
+}
