@@ -440,17 +440,14 @@ fn shm_write_loop(out: &Outbound) -> std::io::Result<()> {
         .unwrap_or_else(|p| p.into_inner())
         .as_ref()
         .map_or(0, ShmOut::capacity);
-    let mut seen_polls = shm_link::polls();
+    let mut watch = shm_link::PollWatch::new();
     loop {
         let Some(batch) = next_batch(out, &gone, &mut |q| {
-            let polls = shm_link::polls();
             let fits = q
                 .frames
                 .front()
                 .is_some_and(|f| HEADER_LEN + f.payload.len() <= capacity);
-            let polled = polls != seen_polls;
-            seen_polls = polls;
-            polled && fits
+            watch.busy_polling() && fits
         }) else {
             return Err(std::io::ErrorKind::BrokenPipe.into());
         };

@@ -10,13 +10,16 @@
 //! "data" eventfd when it finds nothing. But a wake-up per packet (a system call by the
 //! sender, a context switch at the receiver) costs more than the packet, and on a machine
 //! with few cores a thread that spins beside an application that busy-polls takes turns
-//! with it. So the application's own `ibv_poll_cq` drains the rings too
-//! ([`Inbound::drain`], under a `try_lock`: the reader and the poller never wait for each
-//! other), and while the application polls, the reader naps without telling the sender it
+//! with it (measured: a reader that spun 50 µs before sleeping halved Conn's message rate
+//! with adaptive polling, so it does not spin). So the application's own `ibv_poll_cq`
+//! drains the rings too ([`Inbound::drain`], under a `try_lock`: the reader and the poller
+//! never wait for each other), and while the application busy-polls (it polled since the
+//! reader last looked, and no CQ is armed), the reader naps without telling the sender it
 //! sleeps: the sender then makes no system call, and the packets are taken by the polls.
-//! When the polls stop (or the application arms a CQ for an event, [`poller_stopped`]), the
-//! reader says it sleeps again and the sender wakes it. A reader never naps longer than
-//! [`NAP`], so a packet that arrives just as the polls stop waits at most that long.
+//! A CQ armed for an event ([`cq_armed`], [`poller_stopped`]) wakes a napping reader, which
+//! then says it sleeps and is woken by the sender: an application that polls and then
+//! sleeps (as Conn's blocking calls do, while its progress thread waits on the armed CQ)
+//! gets its packets at once. A reader never naps longer than [`NAP`].
 
 use super::link::{Deliver, MAX_PAYLOAD};
 use super::ring::{Consumer, Producer};
@@ -36,9 +39,6 @@ pub(super) const RING_CAPACITY: usize = 1 << 20;
 /// The environment variable that turns the shared-memory links off (`0`): soft devices of
 /// one host then talk over loopback TCP, as devices of two hosts do.
 pub const SHM_ENV: &str = "RSRDMA_SOFT_SHM";
-/// How long a reader looks at an empty ring before it sleeps (while the application does not
-/// poll).
-const SPIN: Duration = Duration::from_micros(50);
 /// The longest a reader naps while the application polls.
 pub(super) const NAP: Duration = Duration::from_millis(1);
 /// How long a waiting side sleeps at most before it looks again (the fds wake it sooner).
@@ -49,9 +49,12 @@ const HELLO_LEN: usize = 6;
 /// Counts the application's polls (`ibv_poll_cq` calls): a reader that sees it move knows
 /// someone polls, and naps.
 static POLLS: AtomicU64 = AtomicU64::new(0);
-/// Counts the times the application stopped polling ([`poller_stopped`]): a reader about to
-/// nap looks at it after saying it naps, so a stop is never missed.
-static STOPS: AtomicU64 = AtomicU64::new(0);
+/// How many soft CQs are armed ([`cq_armed`], [`cq_fired`]): a thread waits, or is about to
+/// wait, for an event, so whatever polls now may stop at any moment: readers do not nap.
+/// (A poll is no promise of more polls: Conn's blocking call polls and then sleeps on a
+/// condition variable, while its progress thread sleeps on the armed CQ's channel.) A reader
+/// about to nap looks at it after saying it naps, so an arm is never missed.
+static ARMED: AtomicU64 = AtomicU64::new(0);
 
 /// Whether the shared-memory links are on (they are unless `RSRDMA_SOFT_SHM=0`).
 pub(super) fn enabled() -> bool {
@@ -366,28 +369,6 @@ impl Inbound {
         }
     }
 
-    /// Looks at the ring for a while before its reader sleeps (a wake-up costs the sender a
-    /// system call and the reader a context switch, more than a packet); returns whether
-    /// something came.
-    ///
-    /// # Errors
-    /// The peer broke the ring.
-    fn spin(&self, limit: Duration) -> io::Result<bool> {
-        let start = std::time::Instant::now();
-        let r = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            for _ in 0..64 {
-                if r.ring.available()? > 0 {
-                    return Ok(true);
-                }
-                std::hint::spin_loop();
-            }
-            if start.elapsed() >= limit {
-                return Ok(false);
-            }
-        }
-    }
-
     /// The peer went: what it wrote before is still in the ring, handed over first.
     fn last_drain(&self, deliver: &dyn Deliver) -> io::Result<()> {
         let mut r = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -417,15 +398,41 @@ pub(super) fn polled() {
     POLLS.fetch_add(1, Ordering::Relaxed);
 }
 
-/// How many polls the application made so far.
-pub(super) fn polls() -> u64 {
-    POLLS.load(Ordering::Relaxed)
+/// Whether the application busy-polls, as a thread that looks now and then sees it: it
+/// polled since the last look, and no CQ is armed (nobody waits for an event).
+pub(super) struct PollWatch {
+    polls: u64,
 }
 
-/// The application stopped polling (it armed a CQ to sleep on its channel): the napping
-/// readers of `inbound` go back to sleeping where the sender wakes them.
+impl PollWatch {
+    pub(super) fn new() -> PollWatch {
+        PollWatch {
+            polls: POLLS.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether the application polled since the last call, with no CQ armed now.
+    pub(super) fn busy_polling(&mut self) -> bool {
+        let polls = POLLS.load(Ordering::Relaxed);
+        let moved = polls != self.polls;
+        self.polls = polls;
+        moved && ARMED.load(Ordering::SeqCst) == 0
+    }
+}
+
+/// A soft CQ was armed (it was not).
+pub(super) fn cq_armed() {
+    ARMED.fetch_add(1, Ordering::SeqCst);
+}
+
+/// An armed soft CQ fired its event, or was destroyed.
+pub(super) fn cq_fired() {
+    ARMED.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// A CQ was armed ([`cq_armed`] first): the napping readers of `inbound` go back to
+/// sleeping where the sender wakes them.
 pub(super) fn poller_stopped(inbound: &[Arc<Inbound>]) {
-    STOPS.fetch_add(1, Ordering::SeqCst);
     for i in inbound {
         if i.napping.load(Ordering::SeqCst) {
             signal(i.wake.as_fd());
@@ -435,7 +442,7 @@ pub(super) fn poller_stopped(inbound: &[Arc<Inbound>]) {
 
 /// Reads the link until it ends, then breaks it (after handing over all it carried).
 fn read_loop(i: &Inbound, deliver: &dyn Deliver) {
-    let mut seen_polls = POLLS.load(Ordering::Relaxed);
+    let mut watch = PollWatch::new();
     let ended: io::Result<()> = (|| loop {
         let read = {
             let mut r = i.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -444,15 +451,12 @@ fn read_loop(i: &Inbound, deliver: &dyn Deliver) {
         if read {
             continue;
         }
-        let polls = POLLS.load(Ordering::Relaxed);
-        if polls != seen_polls {
-            // The application polls (and drains): nap, unannounced, unless it stopped
-            // (said after `napping`, so that either it sees the nap and wakes it, or the
-            // nap sees the stop).
-            seen_polls = polls;
-            let stops = STOPS.load(Ordering::SeqCst);
+        if watch.busy_polling() {
+            // The application polls (and drains): nap, unannounced, unless a CQ was armed
+            // meanwhile (looked at after `napping` is said, so that either the arm sees the
+            // nap and wakes it, or the nap sees the arm).
             i.napping.store(true, Ordering::SeqCst);
-            let woke = if STOPS.load(Ordering::SeqCst) == stops {
+            let woke = if ARMED.load(Ordering::SeqCst) == 0 {
                 wait(&[i.wake.as_fd()], i.sock.as_fd(), NAP)
             } else {
                 Woke::Maybe
@@ -462,9 +466,6 @@ fn read_loop(i: &Inbound, deliver: &dyn Deliver) {
             if woke == Woke::Hangup {
                 return i.last_drain(deliver);
             }
-            continue;
-        }
-        if i.spin(SPIN)? {
             continue;
         }
         let waiting = {

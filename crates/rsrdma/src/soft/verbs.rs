@@ -686,6 +686,7 @@ unsafe fn push_completion(cq: *mut SoftCq, c: &Completion) {
     st.wcs.push_back(wc);
     if st.armed {
         st.armed = false;
+        super::shm_link::cq_fired();
         let channel = cq.raw.channel.cast::<SoftChannel>();
         if !channel.is_null() {
             // SAFETY: a CQ's channel outlives it (rsrdma's `Cq` holds it).
@@ -1450,6 +1451,9 @@ pub(crate) unsafe fn create_cq(
 pub(crate) unsafe fn destroy_cq(cq: *mut ffi::ibv_cq) -> c_int {
     // SAFETY: made by `create_cq`, freed once (the caller's contract).
     let cq = unsafe { Box::from_raw(cq.cast::<SoftCq>()) };
+    if cq.state.lock().unwrap_or_else(|p| p.into_inner()).armed {
+        super::shm_link::cq_fired();
+    }
     let channel = cq.raw.channel.cast::<SoftChannel>();
     if !channel.is_null() {
         // SAFETY: the channel outlives its CQs.
@@ -1532,9 +1536,15 @@ pub(crate) fn ack_cq_events() {}
 pub(crate) unsafe fn req_notify_cq(cq: *mut ffi::ibv_cq) -> c_int {
     // SAFETY: the caller's contract.
     let cq = unsafe { &*cq.cast::<SoftCq>() };
-    cq.state.lock().unwrap_or_else(|p| p.into_inner()).armed = true;
-    // The application is about to sleep rather than poll: the shared rings' readers must
-    // take what arrives now.
+    {
+        let mut st = cq.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !st.armed {
+            st.armed = true;
+            super::shm_link::cq_armed();
+        }
+    }
+    // Someone is about to sleep rather than poll: the shared rings' readers must take what
+    // arrives now.
     if let Some(l) = &device().links {
         l.poller_stopped();
     }
