@@ -52,6 +52,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "events::srq_limit_and_last_wqe_events_name_their_objects",
             "events::try_event_takes_a_ready_event_without_blocking",
             "events::waiting_without_a_channel_is_an_error",
+            "processes::one_sided_requests_between_processes_land_in_the_targets_memory",
             "qp_ex::an_extended_cq_hands_each_completion_with_the_fields_it_was_made_with",
             "qp_ex::an_extended_qp_posts_a_batch_of_every_operation_and_an_aborted_batch_posts_nothing",
             "queries::dmabuf_registration_refuses_clearly_where_the_device_cannot",

@@ -69,6 +69,7 @@
 #![forbid(unsafe_code)]
 
 mod access;
+mod direct;
 mod memory;
 mod mr;
 mod qp;
@@ -78,6 +79,7 @@ mod wire;
 mod wr;
 
 pub use access::Access;
+pub use direct::{Direct, ResponderQp};
 pub use memory::{Memory, VecMemory};
 pub use mr::{DeregError, MrEntry, MrTable, MwBinding, MwEntry};
 pub use qp::{PostError, QpConfig, QpEvent, QpState, RcQp};

@@ -44,7 +44,7 @@ pub struct MrEntry {
 
 impl MrEntry {
     /// Whether `[addr, addr + len)` lies inside the region.
-    fn covers(&self, addr: u64, len: u64) -> bool {
+    pub fn covers(&self, addr: u64, len: u64) -> bool {
         covers(self.addr, self.len, addr, len)
     }
 }

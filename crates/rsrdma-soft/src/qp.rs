@@ -3,6 +3,7 @@
 //! executed in order after the key and access checks).
 
 use crate::access::Access;
+use crate::direct::Direct;
 use crate::memory::Memory;
 use crate::mr::MrTable;
 use crate::srq::Srq;
@@ -429,6 +430,114 @@ impl RcQp {
                 self.succeed(&h, 0);
             }
         }
+    }
+
+    /// [`RcQp::post_send`], but a WRITE (without immediate), READ or atomic that nothing of
+    /// this queue pair is ahead of is done at once through `direct`, if it says yes (see
+    /// [`crate::Direct`]'s module): it completes now, takes no PSN and sends no packet.
+    /// Anything else, or a refusal, takes the packet path. `mem` is written for a READ's or
+    /// an atomic's local result.
+    ///
+    /// # Errors
+    /// As [`RcQp::post_send`].
+    pub fn post_send_direct(
+        &mut self,
+        wr: SendWr,
+        mrs: &mut MrTable,
+        mem: &mut dyn Memory,
+        direct: &mut dyn Direct,
+    ) -> Result<(), PostError> {
+        if !self.may_go_direct(&wr, mrs) {
+            return self.post_send(wr, mrs, mem);
+        }
+        let signaled = wr.signaled || self.cfg.sq_sig_all;
+        let len = match wr.op {
+            SendOp::Write {
+                remote_addr, rkey, ..
+            } => {
+                let done = match &wr.inline {
+                    Some(d) => direct.write(rkey, remote_addr, d),
+                    None => direct.write_gather(rkey, remote_addr, &wr.sges, mem),
+                };
+                if !done {
+                    return self.post_send(wr, mrs, mem);
+                }
+                0
+            }
+            SendOp::Read { remote_addr, rkey } => {
+                if !direct.read_scatter(rkey, remote_addr, &wr.sges, mem) {
+                    return self.post_send(wr, mrs, mem);
+                }
+                wr.sge_len() as u32
+            }
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                let mut f = |w: u64| if w == compare { swap } else { w };
+                let Some(old) = direct.atomic(rkey, remote_addr, &mut f) else {
+                    return self.post_send(wr, mrs, mem);
+                };
+                scatter(&wr.sges, &old.to_le_bytes(), mem);
+                8
+            }
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                let mut f = |w: u64| w.wrapping_add(add);
+                let Some(old) = direct.atomic(rkey, remote_addr, &mut f) else {
+                    return self.post_send(wr, mrs, mem);
+                };
+                scatter(&wr.sges, &old.to_le_bytes(), mem);
+                8
+            }
+            _ => return self.post_send(wr, mrs, mem),
+        };
+        if signaled {
+            self.complete_send(&wr, Status::Success, len);
+        }
+        Ok(())
+    }
+
+    /// Whether `wr` may be done directly: a one-sided request that [`RcQp::post_send`] would
+    /// accept and send now, with its local checks passed, and nothing of this queue pair
+    /// ahead of it (so the responder would execute it next).
+    fn may_go_direct(&self, wr: &SendWr, mrs: &MrTable) -> bool {
+        let (one_sided, writes_local) = match wr.op {
+            SendOp::Write { imm: None, .. } => (true, false),
+            SendOp::Read { .. } => (!self.cfg.unreliable && wr.inline.is_none(), true),
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => (
+                !self.cfg.unreliable
+                    && wr.inline.is_none()
+                    && wr.sges.len() == 1
+                    && wr.sges[0].len == 8,
+                true,
+            ),
+            _ => (false, false),
+        };
+        one_sided
+            && self.state == QpState::Rts
+            && self.sq.is_empty()
+            && self.rnr.is_none()
+            && !self.out.iter().any(|p| p.kind.is_request())
+            && wr
+                .inline
+                .as_ref()
+                .map_or(true, |d| d.len() <= self.cfg.max_inline as usize)
+            && (wr.inline.is_some()
+                || wr
+                    .sges
+                    .iter()
+                    .all(|s| mrs.check_local(self.cfg.pd, s, writes_local).is_ok()))
+    }
+
+    /// The queue pair this one is connected to (set at RTR).
+    pub fn dest_qpn(&self) -> u32 {
+        self.dest_qpn
     }
 
     /// The next packet to send to the peer.

@@ -3,8 +3,9 @@
 
 use proptest::prelude::*;
 use rsrdma_soft::{
-    Access, Bind, Completion, DeregError, MrTable, Packet, PostError, QpConfig, QpEvent, QpState,
-    RcQp, RecvWr, SendOp, SendWr, Sge, Srq, Status, VecMemory, WcOpcode,
+    Access, Bind, Completion, DeregError, Direct, Memory, MrTable, Packet, PostError, QpConfig,
+    QpEvent, QpState, RcQp, RecvWr, ResponderQp, SendOp, SendWr, Sge, Srq, Status, VecMemory,
+    WcOpcode,
 };
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -25,6 +26,48 @@ struct Pair {
     /// Encoded packets from side `i` to the other.
     wire: [VecDeque<Vec<u8>>; 2],
     now: Instant,
+    /// Sends go through `post_send_direct`, with the other side's memory reachable.
+    direct: bool,
+}
+
+/// The other side's memory, as a device that reaches it directly sees it: the responder's
+/// checks by [`ResponderQp::allows`], then the memory itself.
+struct Reach<'a> {
+    from: u32,
+    responder: ResponderQp,
+    mrs: &'a MrTable,
+    mem: &'a mut VecMemory,
+}
+
+impl Reach<'_> {
+    fn allows(&self, rkey: u32, addr: u64, len: u64, right: Access) -> bool {
+        self.mrs
+            .get(rkey)
+            .is_some_and(|mr| self.responder.allows(self.from, mr, rkey, addr, len, right))
+    }
+}
+
+impl Direct for Reach<'_> {
+    fn write(&mut self, rkey: u32, addr: u64, data: &[u8]) -> bool {
+        let ok = self.allows(rkey, addr, data.len() as u64, Access::REMOTE_WRITE);
+        if ok {
+            self.mem.write(addr, data);
+        }
+        ok
+    }
+
+    fn read(&mut self, rkey: u32, addr: u64, len: usize, out: &mut Vec<u8>) -> bool {
+        let ok = self.allows(rkey, addr, len as u64, Access::REMOTE_READ);
+        if ok {
+            self.mem.read_append(addr, len, out);
+        }
+        ok
+    }
+
+    fn atomic(&mut self, rkey: u32, addr: u64, f: &mut dyn FnMut(u64) -> u64) -> Option<u64> {
+        self.allows(rkey, addr, 8, Access::REMOTE_ATOMIC)
+            .then(|| self.mem.atomic(addr, f))
+    }
 }
 
 fn cfg(qp_num: u32, rnr_retry: u8) -> QpConfig {
@@ -67,6 +110,7 @@ impl Pair {
             s: [side(a), side(b)],
             wire: [VecDeque::new(), VecDeque::new()],
             now: Instant::now(),
+            direct: false,
         };
         let (na, nb) = (a.qp_num, b.qp_num);
         for (i, dest) in [(0, nb), (1, na)] {
@@ -79,8 +123,32 @@ impl Pair {
     }
 
     fn post_send(&mut self, i: usize, wr: SendWr) -> Result<(), PostError> {
-        let s = &mut self.s[i];
-        s.qp.post_send(wr, &mut s.mrs, &s.mem)
+        if !self.direct {
+            let s = &mut self.s[i];
+            return s.qp.post_send(wr, &mut s.mrs, &s.mem);
+        }
+        let (a, b) = self.s.split_at_mut(1);
+        let (me, peer) = if i == 0 {
+            (&mut a[0], &mut b[0])
+        } else {
+            (&mut b[0], &mut a[0])
+        };
+        let cfg = *peer.qp.config();
+        let mut reach = Reach {
+            from: me.qp.qp_num(),
+            responder: ResponderQp {
+                qp_num: cfg.qp_num,
+                ready: matches!(peer.qp.state(), QpState::Rtr | QpState::Rts),
+                access: cfg.access,
+                pd: cfg.pd,
+                dest_qpn: peer.qp.dest_qpn(),
+                unreliable: cfg.unreliable,
+            },
+            mrs: &peer.mrs,
+            mem: &mut peer.mem,
+        };
+        me.qp
+            .post_send_direct(wr, &mut me.mrs, &mut me.mem, &mut reach)
     }
 
     fn post_recv(&mut self, i: usize, wr_id: u64, addr: u64, len: u32) {
@@ -782,8 +850,12 @@ proptest! {
     /// memory, every READ and every received message are what executing the program in order
     /// gives.
     #[test]
-    fn random_programs_give_what_executing_them_in_order_gives(ops in prop::collection::vec(op(), 1..80)) {
+    fn random_programs_give_what_executing_them_in_order_gives(
+        ops in prop::collection::vec(op(), 1..80),
+        direct in any::<bool>(),
+    ) {
         let mut p = Pair::new(7);
+        p.direct = direct;
         let rkey = p.s[1].key;
         // The reference: the target's memory region [0, 4300) and [8000, 8064) for atomics.
         let mut model = vec![0u8; 8064];
@@ -1353,4 +1425,123 @@ fn a_send_with_invalidate_frees_the_peers_window_bound_to_its_qp() {
     p.post_send(1, bind_wr(2, mw, mr, BASE, 64, Access::REMOTE_WRITE))
         .unwrap();
     assert_eq!(ids(&p.completions(1)), [(2, Status::Success)]);
+}
+
+/// A WRITE with immediate data, for the tests of the direct path.
+fn write_wr(wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, imm: Option<u32>) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::Write {
+            remote_addr,
+            rkey,
+            imm,
+        },
+        sges: vec![sge],
+        inline: None,
+        signaled: true,
+    }
+}
+
+#[test]
+fn direct_requests_complete_at_once_take_no_psn_and_leave_everything_else_to_packets() {
+    let mut p = Pair::new(0);
+    p.direct = true;
+    let rkey = p.s[1].key;
+    p.fill(0, BASE, b"direct!!");
+    p.fill(1, BASE + 104, &7u64.to_le_bytes());
+    // A WRITE, a READ and a fetch-and-add with nothing ahead: done at once, no packet.
+    p.post_send(0, write_wr(1, p.sge(0, BASE, 8), BASE + 4000, rkey, None))
+        .unwrap();
+    p.post_send(0, read(2, p.sge(0, BASE + 16, 8), BASE + 4000, rkey))
+        .unwrap();
+    let add = SendWr {
+        wr_id: 3,
+        op: SendOp::FetchAdd {
+            remote_addr: BASE + 104,
+            rkey,
+            add: 5,
+        },
+        sges: vec![p.sge(0, BASE + 24, 8)],
+        inline: None,
+        signaled: true,
+    };
+    p.post_send(0, add).unwrap();
+    assert!(!p.transmit(0), "no packet went");
+    assert_eq!(
+        opcodes(&p.completions(0)),
+        vec![
+            (1, Status::Success, WcOpcode::RdmaWrite),
+            (2, Status::Success, WcOpcode::RdmaRead),
+            (3, Status::Success, WcOpcode::FetchAdd),
+        ]
+    );
+    assert_eq!(p.bytes(1, BASE + 4000, 8), b"direct!!");
+    assert_eq!(p.bytes(0, BASE + 16, 8), b"direct!!");
+    assert_eq!(p.bytes(0, BASE + 24, 8), 7u64.to_le_bytes());
+    assert_eq!(p.bytes(1, BASE + 104, 8), 12u64.to_le_bytes());
+    // The responder heard of none of them: a SEND after them still carries the PSN it
+    // expects, and lands.
+    p.post_recv(1, 50, BASE + 5000, 64);
+    p.post_send(0, send(4, vec![p.sge(0, BASE, 8)], true))
+        .unwrap();
+    assert!(p.transmit(0), "a SEND goes as a packet");
+    // Behind the unanswered SEND, a WRITE goes as a packet too (in order).
+    p.post_send(0, write_wr(5, p.sge(0, BASE, 8), BASE + 4100, rkey, None))
+        .unwrap();
+    assert!(p.transmit(0), "the WRITE behind it went as a packet");
+    // So does a WRITE with immediate data (it needs the responder's receive).
+    p.run();
+    p.post_recv(1, 51, BASE + 5100, 64);
+    p.post_send(
+        0,
+        write_wr(6, p.sge(0, BASE, 8), BASE + 4200, rkey, Some(9)),
+    )
+    .unwrap();
+    assert!(p.transmit(0), "a WRITE with immediate went as a packet");
+    p.run();
+    assert_eq!(
+        ids(&p.completions(0)),
+        vec![
+            (4, Status::Success),
+            (5, Status::Success),
+            (6, Status::Success)
+        ]
+    );
+    assert_eq!(
+        ids(&p.completions(1)),
+        vec![(50, Status::Success), (51, Status::Success)]
+    );
+    assert_eq!(p.bytes(1, BASE + 5000, 8), b"direct!!");
+    assert_eq!(p.bytes(1, BASE + 4100, 8), b"direct!!");
+    // A bad key is not the direct path's to judge: the packet goes, and the responder fails
+    // it as ever (REM_ACCESS_ERR, both queue pairs to ERROR).
+    p.post_send(
+        0,
+        write_wr(7, p.sge(0, BASE, 8), BASE + 4000, rkey ^ 0x100, None),
+    )
+    .unwrap();
+    assert!(p.transmit(0), "a bad key went as a packet");
+    p.run();
+    assert_eq!(ids(&p.completions(0)), vec![(7, Status::RemAccessErr)]);
+    assert_eq!(p.s[1].qp.state(), QpState::Error);
+    // Once the requester failed, nothing goes direct: requests flush.
+    p.post_send(0, write_wr(8, p.sge(0, BASE, 8), BASE + 4300, rkey, None))
+        .unwrap();
+    assert_eq!(ids(&p.completions(0)), vec![(8, Status::WrFlushErr)]);
+    assert_eq!(p.bytes(1, BASE + 4300, 8), vec![0; 8]);
+}
+
+#[test]
+fn a_responder_without_the_right_or_not_ready_is_reached_through_packets() {
+    let mut b = cfg(20, 0);
+    b.access = Access::REMOTE_READ;
+    let mut p = Pair::with(cfg(10, 0), b);
+    p.direct = true;
+    let rkey = p.s[1].key;
+    // The responder grants no REMOTE_WRITE: the WRITE goes as a packet and fails there.
+    p.post_send(0, write_wr(1, p.sge(0, BASE, 8), BASE + 4000, rkey, None))
+        .unwrap();
+    assert!(p.transmit(0));
+    p.run();
+    assert_eq!(ids(&p.completions(0)), vec![(1, Status::RemInvReqErr)]);
 }

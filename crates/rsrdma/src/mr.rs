@@ -121,6 +121,9 @@ enum Backing {
     Owned(Layout),
     /// The caller's memory; never freed by us.
     Borrowed,
+    /// soft0's shared memory (peers of the host reach it directly); unmapped after
+    /// deregistration.
+    Shared(crate::soft::SharedAlloc),
 }
 
 /// A registered memory region (`ibv_mr`). Keeps its [`Pd`] alive.
@@ -172,6 +175,19 @@ impl Mr {
             });
         }
         let layout = page_layout(len)?;
+        if let Some(shared) = soft_shared(pd, len, access) {
+            // SAFETY: `shared` is a fresh mapping of at least `len` bytes that `Mr` owns and
+            // unmaps only after deregistering it.
+            let raw = unsafe { reg_mr(pd, shared.ptr(), len, access) }?;
+            return Ok(Mr {
+                raw,
+                ptr: shared.ptr(),
+                len,
+                access,
+                backing: Backing::Shared(shared),
+                pd: pd.clone(),
+            });
+        }
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
@@ -426,6 +442,22 @@ fn page_layout(len: usize) -> Result<Layout> {
         })
 }
 
+/// On soft0, memory a peer may reach (a remote right) comes from shared memory, so that peers
+/// of the host do their WRITEs, READs and atomics in it themselves (see the guide's software
+/// device chapter); `None` elsewhere, or when soft0 cannot share (it then falls back to the
+/// heap, and peers' requests take the packet path).
+fn soft_shared(pd: &Pd, len: usize, access: AccessFlags) -> Option<crate::soft::SharedAlloc> {
+    let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    // SAFETY: a live PD's context is a live context.
+    let soft = unsafe { crate::soft::is_context((*pd.inner.raw).context) };
+    if !soft || access.bits() & remote.bits() == 0 || !crate::soft::shares_memory() {
+        return None;
+    }
+    crate::soft::SharedAlloc::new(len)
+        .inspect_err(|e| tracing::debug!(error = %e, "soft0: no shared memory for a region"))
+        .ok()
+}
+
 /// Registers memory, through `__ibv_reg_mr` (what the `ibv_reg_mr` macro expands to).
 ///
 /// # Safety
@@ -496,9 +528,13 @@ impl Mr {
             }));
         }
         let this = std::mem::ManuallyDrop::new(self);
-        if let Backing::Owned(layout) = this.backing {
+        // SAFETY: `this` is never used again: its backing is read out exactly once.
+        match unsafe { std::ptr::read(&this.backing) } {
             // SAFETY: allocated in `Mr::new` with this layout; no registration remains.
-            unsafe { std::alloc::dealloc(this.ptr, layout) };
+            Backing::Owned(layout) => unsafe { std::alloc::dealloc(this.ptr, layout) },
+            // No registration remains: unmapped as it drops.
+            Backing::Shared(shared) => drop(shared),
+            Backing::Borrowed => {}
         }
         // SAFETY: `this` is never used again; its `Pd` handle is dropped exactly once here.
         drop(unsafe { std::ptr::read(&this.pd) });
@@ -519,6 +555,7 @@ impl Drop for Mr {
                 len = self.len,
                 "ibv_dereg_mr failed; leaking the buffer"
             );
+            std::mem::forget(std::mem::replace(&mut self.backing, Backing::Borrowed));
             return;
         }
         if let Backing::Owned(layout) = self.backing {

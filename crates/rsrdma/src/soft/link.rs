@@ -28,6 +28,7 @@
 //! fits into the ring's room goes there at once from the thread that sent it (no hand-off),
 //! and the peer's polls take it.
 
+use super::directory::{Directory, PeerDirect};
 use super::shm_link::{self, Inbound, ShmOut};
 use rsrdma_soft::{Packet, HEADER_LEN};
 use std::collections::{HashMap, VecDeque};
@@ -121,6 +122,9 @@ struct Outbound {
     shm_ready: AtomicBool,
     /// Frames wait in the queue of a shared-memory link (for the polls to move them).
     queued: AtomicBool,
+    /// The peer's directory, once a shared-memory link with it is set up and it shares its
+    /// memory: one-sided requests to it are then done directly.
+    direct: std::sync::OnceLock<Arc<PeerDirect>>,
 }
 
 #[derive(Default)]
@@ -144,6 +148,7 @@ impl Links {
         at: SocketAddrV4,
         deliver: Arc<dyn Deliver>,
         shm: bool,
+        directory: Option<Arc<Directory>>,
     ) -> std::io::Result<Links> {
         let listener = TcpListener::bind(at)?;
         let port = listener.local_addr()?.port();
@@ -153,7 +158,9 @@ impl Links {
         if shm {
             let r = readers.clone();
             let reading = Arc::new(move |peer, starts| r.reading(peer, starts));
-            if let Err(e) = shm_link::listen(addr, inbound.clone(), deliver.clone(), reading) {
+            let listened =
+                shm_link::listen(addr, inbound.clone(), deliver.clone(), reading, directory);
+            if let Err(e) = listened {
                 tracing::debug!(error = %e, "soft0: no shared-memory links; TCP only");
             }
         }
@@ -188,6 +195,14 @@ impl Links {
         }
     }
 
+    /// The directory of the device listening on `peer`, once a shared-memory link to it
+    /// is up and it shares its memory with this process.
+    pub(super) fn direct_peer(&self, peer: SocketAddrV4) -> Option<Arc<PeerDirect>> {
+        let map = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let o = map.get(&peer)?;
+        o.direct.get().cloned()
+    }
+
     /// The application stopped polling: the readers of the shared-memory links go back to
     /// being woken by their senders.
     pub(super) fn poller_stopped(&self) {
@@ -202,32 +217,9 @@ impl Links {
     /// Queues `frame` for the device listening on `peer`, dialling it first if needed.
     /// Never blocks on the network.
     pub(super) fn send(&self, peer: SocketAddrV4, frame: Packet, deliver: &Arc<dyn Deliver>) {
-        let out = {
-            let mut map = self.out.lock().unwrap_or_else(|p| p.into_inner());
-            let existing = map.get(&peer).filter(|o| !o.is_dead()).cloned();
-            match existing {
-                Some(o) => o,
-                None => {
-                    let o = Arc::new(Outbound {
-                        queue: Mutex::new(OutQueue::default()),
-                        ready: Condvar::new(),
-                        shm: Mutex::new(None),
-                        shm_ready: AtomicBool::new(false),
-                        queued: AtomicBool::new(false),
-                    });
-                    map.insert(peer, o.clone());
-                    let (w, d, me) = (o.clone(), deliver.clone(), self.addr);
-                    let (r, shm) = (self.readers.clone(), self.shm);
-                    let spawned = std::thread::Builder::new()
-                        .name("rsrdma-soft0-link".into())
-                        .spawn(move || write_loop(me, peer, shm, &w, &d, &r));
-                    if spawned.is_err() {
-                        o.kill();
-                        deliver.link_down(peer);
-                    }
-                    o
-                }
-            }
+        let Some(out) = self.outbound(peer, deliver) else {
+            deliver.link_down(peer);
+            return;
         };
         let mut q = out.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.dead {
@@ -256,6 +248,40 @@ impl Links {
 }
 
 impl Links {
+    /// Starts the link to the device listening on `peer` now, if there is none, so that it
+    /// is up (and, on this host, shares memory) by the time the first request goes: a queue
+    /// pair calls this as it is connected. Never blocks on the network.
+    pub(super) fn prepare(&self, peer: SocketAddrV4, deliver: &Arc<dyn Deliver>) {
+        let _ = self.outbound(peer, deliver);
+    }
+
+    /// The link to the device listening on `peer`, started if needed (`None` when its writer
+    /// thread cannot be started).
+    fn outbound(&self, peer: SocketAddrV4, deliver: &Arc<dyn Deliver>) -> Option<Arc<Outbound>> {
+        let mut map = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(o) = map.get(&peer).filter(|o| !o.is_dead()) {
+            return Some(o.clone());
+        }
+        let o = Arc::new(Outbound {
+            queue: Mutex::new(OutQueue::default()),
+            ready: Condvar::new(),
+            shm: Mutex::new(None),
+            shm_ready: AtomicBool::new(false),
+            queued: AtomicBool::new(false),
+            direct: std::sync::OnceLock::new(),
+        });
+        let (w, d, me) = (o.clone(), deliver.clone(), self.addr);
+        let (r, shm) = (self.readers.clone(), self.shm);
+        let spawned = std::thread::Builder::new()
+            .name("rsrdma-soft0-link".into())
+            .spawn(move || write_loop(me, peer, shm, &w, &d, &r));
+        if spawned.is_err() {
+            return None;
+        }
+        map.insert(peer, o.clone());
+        Some(o)
+    }
+
     /// Waits (up to `limit` in all) until every packet queued so far has been written to
     /// its peer's socket or its link has died. A datagram or an acknowledgement completes,
     /// on a NIC, once it is on the wire; here once it is queued, so a process that destroys
@@ -357,6 +383,9 @@ fn write_loop(
         .flatten();
     let ended = match shm {
         Some(s) => {
+            if let Some(d) = s.direct() {
+                let _ = out.direct.set(d);
+            }
             *out.shm.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
             {
                 // Under the queue's lock: what was queued while the link was being set up
@@ -643,7 +672,11 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         let deliver: Arc<dyn Deliver> = Arc::new(Collect(Mutex::new(tx)));
         let at = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0);
-        (Links::start(at, deliver.clone(), shm).unwrap(), rx, deliver)
+        (
+            Links::start(at, deliver.clone(), shm, None).unwrap(),
+            rx,
+            deliver,
+        )
     }
 
     /// Sizes from empty to three times a shared ring (which then goes in pieces).
@@ -759,9 +792,8 @@ mod tests {
     fn over_a_unix_socket_a_peer_speaks_only_for_a_device_of_this_host() {
         let (b, b_rx, _) = device(true);
         let elsewhere = SocketAddrV4::new(Ipv4Addr::new(10, 1, 2, 3), 4791);
-        let mut out = ShmOut::dial(elsewhere, b.addr()).unwrap();
-        // The set-up was refused: nothing it writes arrives.
-        let _ = out.try_push(&packet(5, Vec::new()).header(), &[]);
+        // The set-up is refused, and nothing arrives.
+        assert!(ShmOut::dial(elsewhere, b.addr()).is_err());
         assert!(b_rx.recv_timeout(Duration::from_millis(500)).is_err());
     }
 
@@ -780,8 +812,13 @@ mod tests {
     fn a_peer_speaks_only_for_a_device_at_the_address_it_comes_from() {
         let (tx, rx) = mpsc::channel();
         let deliver: Arc<dyn Deliver> = Arc::new(Collect(Mutex::new(tx)));
-        let links =
-            Links::start(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0), deliver, false).unwrap();
+        let links = Links::start(
+            SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+            deliver,
+            false,
+            None,
+        )
+        .unwrap();
         // From the loopback address, naming another host's device: refused, nothing arrives.
         speak(&links, SocketAddrV4::new(Ipv4Addr::new(10, 1, 2, 3), 4791));
         assert!(rx.recv_timeout(Duration::from_millis(500)).is_err());

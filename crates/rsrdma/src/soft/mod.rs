@@ -34,15 +34,24 @@
 
 pub(crate) mod ah;
 pub(crate) mod cm;
+mod directory;
 pub mod faults;
 mod link;
 mod qp_core;
 mod ring;
+mod shared_mem;
 mod shm_link;
 pub(crate) mod verbs;
 
 use crate::ffi;
+pub(crate) use shared_mem::SharedAlloc;
 use std::ffi::CStr;
+
+/// Whether soft0 shares memory with the processes of its host (its shared-memory links are
+/// on: unless `RSRDMA_SOFT_SHM=0`).
+pub(crate) fn shares_memory() -> bool {
+    shm_link::enabled()
+}
 
 /// The soft device's name.
 pub(crate) const DEVICE_NAME: &CStr = c"soft0";

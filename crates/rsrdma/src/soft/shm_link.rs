@@ -21,6 +21,7 @@
 //! sleeps (as Conn's blocking calls do, while its progress thread waits on the armed CQ)
 //! gets its packets at once. A reader never naps longer than [`NAP`].
 
+use super::directory::{Directory, DirectoryView, PeerDirect, PeerMemory};
 use super::link::{Deliver, MAX_PAYLOAD};
 use super::ring::{Consumer, Producer};
 use rsrdma_soft::{Packet, Payload, HEADER_LEN};
@@ -150,13 +151,19 @@ pub(super) struct ShmOut {
     /// Signalled by the reader when the writer waits for room.
     room: OwnedFd,
     sock: UnixStream,
+    /// The peer's directory, when it shares its memory with this process.
+    direct: Option<Arc<PeerDirect>>,
 }
+
+/// The acceptor's answer: it took the link.
+const ACCEPTED: u8 = 1;
 
 impl ShmOut {
     /// Dials the device at `peer` on this host as the device at `me`.
     ///
     /// # Errors
-    /// When the peer has no shared-memory listener (then TCP it is), or the set-up fails.
+    /// When the peer has no shared-memory listener (then TCP it is), refuses the link, or
+    /// the set-up fails.
     pub(super) fn dial(me: SocketAddrV4, peer: SocketAddrV4) -> io::Result<ShmOut> {
         let sock = UnixStream::connect_addr(&socket_name(peer)?)?;
         let ring = Producer::create(RING_CAPACITY)?;
@@ -169,12 +176,43 @@ impl ShmOut {
             &hello,
             &[ring.fd().as_fd(), data.as_fd(), room.as_fd()],
         )?;
+        let mut answer = [0u8; 1];
+        // A peer that never answers must not hold the link's writer for ever.
+        sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut fds = recv_with_fds(&sock, &mut answer)?;
+        sock.set_read_timeout(None)?;
+        if answer[0] != ACCEPTED {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                "the peer device refused the shared-memory link",
+            ));
+        }
+        // The peer's directory, if it gave one and is of this user (the kernel says who it
+        // is): its regions are then reached through its /proc/<pid>/fd.
+        let direct = match (fds.pop(), peer_cred(&sock)) {
+            (Some(fd), Some((pid, uid))) if uid == own_uid() => DirectoryView::open(fd)
+                .inspect_err(|e| tracing::debug!(error = %e, "soft0: a peer's directory"))
+                .ok()
+                .map(|view| {
+                    Arc::new(PeerDirect {
+                        view,
+                        memory: Mutex::new(PeerMemory::new(pid)),
+                    })
+                }),
+            _ => None,
+        };
         Ok(ShmOut {
             ring,
             data,
             room,
             sock,
+            direct,
         })
+    }
+
+    /// The peer's directory, when it shares its memory with this process.
+    pub(super) fn direct(&self) -> Option<Arc<PeerDirect>> {
+        self.direct.clone()
     }
 
     /// Writes one packet whole if the ring has room for it now; never waits.
@@ -508,6 +546,7 @@ pub(super) fn listen(
     inbound: Arc<RwLock<Vec<Arc<Inbound>>>>,
     deliver: Arc<dyn Deliver>,
     reading: Arc<dyn Fn(SocketAddrV4, bool) + Send + Sync>,
+    directory: Option<Arc<Directory>>,
 ) -> io::Result<()> {
     let listener = UnixListener::bind_addr(&socket_name(me)?)?;
     std::thread::Builder::new()
@@ -519,9 +558,12 @@ pub(super) fn listen(
                 };
                 let (inbound, deliver, reading) =
                     (inbound.clone(), deliver.clone(), reading.clone());
+                let directory = directory.clone();
                 let _ = std::thread::Builder::new()
                     .name("rsrdma-soft0-shmrecv".into())
-                    .spawn(move || serve(me, s, &inbound, &*deliver, &*reading));
+                    .spawn(move || {
+                        serve(me, s, &inbound, &*deliver, &*reading, directory.as_deref());
+                    });
             }
         })?;
     Ok(())
@@ -534,8 +576,9 @@ fn serve(
     inbound: &RwLock<Vec<Arc<Inbound>>>,
     deliver: &dyn Deliver,
     reading: &(dyn Fn(SocketAddrV4, bool) + Send + Sync),
+    directory: Option<&Directory>,
 ) {
-    let i = match accept_one(me, sock) {
+    let i = match accept_one(me, sock, directory) {
         Ok(i) => Arc::new(i),
         Err(e) => {
             tracing::warn!(error = %e, "soft0: a shared-memory link was refused");
@@ -557,7 +600,11 @@ fn serve(
     deliver.link_down(from);
 }
 
-fn accept_one(me: SocketAddrV4, sock: UnixStream) -> io::Result<Inbound> {
+fn accept_one(
+    me: SocketAddrV4,
+    sock: UnixStream,
+    directory: Option<&Directory>,
+) -> io::Result<Inbound> {
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
     let mut hello = [0u8; HELLO_LEN];
     let mut fds = recv_with_fds(&sock, &mut hello)?;
@@ -573,6 +620,15 @@ fn accept_one(me: SocketAddrV4, sock: UnixStream) -> io::Result<Inbound> {
     let room = fds.pop().ok_or_else(|| bad("no eventfd"))?;
     let data = fds.pop().ok_or_else(|| bad("no eventfd"))?;
     let ring = Consumer::open(fds.pop().ok_or_else(|| bad("no ring"))?)?;
+    // Taken: the directory goes to a peer of this user only (one that may read this
+    // process's /proc/<pid>/fd anyway).
+    let same_user = peer_cred(&sock).is_some_and(|(_, uid)| uid == own_uid());
+    let dir: Vec<BorrowedFd<'_>> = directory
+        .filter(|_| same_user)
+        .map(|d| d.fd().as_fd())
+        .into_iter()
+        .collect();
+    send_with_fds(&sock, &[ACCEPTED], &dir)?;
     Ok(Inbound {
         from,
         state: Mutex::new(Reading {
@@ -595,6 +651,32 @@ fn accept_one(me: SocketAddrV4, sock: UnixStream) -> io::Result<Inbound> {
 }
 
 // ----- descriptors over a Unix socket -------------------------------------------------------
+
+/// The process at the other end of `sock`, as the kernel knows it: (pid, uid).
+fn peer_cred(sock: &UnixStream) -> Option<(u32, u32)> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a writable ucred and `len` its size.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && cred.pid > 0).then_some((cred.pid as u32, cred.uid))
+}
+
+fn own_uid() -> u32 {
+    // SAFETY: getuid has no preconditions.
+    unsafe { libc::getuid() }
+}
 
 /// The most descriptors one message carries.
 const MAX_FDS: usize = 3;

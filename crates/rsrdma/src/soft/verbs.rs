@@ -3,6 +3,7 @@
 //! that are the first field of this module's `#[repr(C)]` objects.
 
 use super::device_ptr;
+use super::directory::{Directory, PeerDirect, SharedQp, SharedRegion};
 use super::link::{Deliver, Links};
 use super::qp_core::QpCore;
 use crate::ffi;
@@ -154,6 +155,8 @@ struct QpEntry {
     /// (`faults::delay_completions`); those held meanwhile, in order, with their time.
     delay: Duration,
     held: VecDeque<(Instant, Completion)>,
+    /// What the device's directory says of it (connected queue pairs only).
+    published: Option<SharedQp>,
 }
 
 struct SrqEntry {
@@ -224,6 +227,9 @@ struct Device {
     /// reach only this process).
     links: Option<Links>,
     deliver: Arc<dyn Deliver>,
+    /// What peers of this host that share memory with it read of its queue pairs and
+    /// regions (with shared-memory links only).
+    directory: Option<Arc<Directory>>,
 }
 
 fn device() -> &'static Device {
@@ -235,7 +241,18 @@ fn device() -> &'static Device {
         let deliver: Arc<dyn Deliver> = Arc::new(FromPeers);
         // `open_device` refused a bad address before the device was made.
         let at = configured_addr().unwrap_or(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0));
-        let links = match Links::start(at, deliver.clone(), super::shm_link::enabled()) {
+        let shm = super::shm_link::enabled();
+        let directory = shm
+            .then(|| {
+                Directory::create()
+                    .inspect_err(|e| {
+                        tracing::debug!(error = %e, "soft0: no directory; no direct requests");
+                    })
+                    .ok()
+                    .map(Arc::new)
+            })
+            .flatten();
+        let links = match Links::start(at, deliver.clone(), shm, directory.clone()) {
             Ok(l) => Some(l),
             Err(e) => {
                 tracing::warn!(error = %e, "soft0: no listener; QPs reach this process only");
@@ -255,6 +272,7 @@ fn device() -> &'static Device {
             timer: Condvar::new(),
             links,
             deliver,
+            directory,
         }
     })
 }
@@ -344,6 +362,30 @@ impl Deliver for FromPeers {
 }
 
 impl QpEntry {
+    /// Says in the device's directory what a peer reaching this queue pair's memory directly
+    /// must check, when that changed (its state, rights, domain, peer).
+    fn publish(&mut self) {
+        let (Some(dir), QpCore::Rc(q)) = (&device().directory, &self.core) else {
+            return;
+        };
+        let cfg = q.config();
+        let now = SharedQp {
+            responder: rsrdma_soft::ResponderQp {
+                qp_num: cfg.qp_num,
+                ready: matches!(q.state(), QpState::Rtr | QpState::Rts),
+                access: cfg.access,
+                pd: cfg.pd,
+                dest_qpn: q.dest_qpn(),
+                unreliable: cfg.unreliable,
+            },
+            peer: self.remote(),
+        };
+        if self.published != Some(now) {
+            dir.publish_qp(cfg.qp_num, Some(&now));
+            self.published = Some(now);
+        }
+    }
+
     /// Where the device its peer QP lives on listens (set at RTR: the LID, and the GID's
     /// address).
     fn remote(&self) -> SocketAddrV4 {
@@ -413,6 +455,134 @@ impl Memory for ProcessMemory {
         loop {
             match word.compare_exchange(old, f(old), Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(v) => return v,
+                Err(v) => old = v,
+            }
+        }
+    }
+}
+
+// ----- requests done in a peer's memory ------------------------------------------------------
+
+/// The device at `remote`, when it lives in another process of this host and shares its
+/// memory with this one.
+fn direct_peer(remote: SocketAddrV4) -> Option<Arc<PeerDirect>> {
+    if is_own(remote) {
+        return None;
+    }
+    device().links.as_ref()?.direct_peer(remote)
+}
+
+/// A peer device's memory, reached directly by queue pair `from`, connected to `dest_qpn`
+/// there: the responder's checks are made on what the peer's directory says.
+struct Reach<'a> {
+    peer: &'a PeerDirect,
+    from: u32,
+    dest_qpn: u32,
+}
+
+impl Reach<'_> {
+    /// Where `len` bytes at `addr` through `rkey` are in this process, if the responder
+    /// would allow `right` on them now.
+    fn at(&self, rkey: u32, addr: u64, len: u64, right: Access) -> Option<*mut u8> {
+        let qp = self.peer.view.qp(self.dest_qpn)?;
+        // The responder is connected to this very queue pair, on this device.
+        let own = own_addr();
+        let here = qp.peer.port() == own.port()
+            && (qp.peer.ip() == own.ip() || qp.peer.ip().is_loopback() && own.ip().is_loopback());
+        if !here {
+            return None;
+        }
+        let r = self.peer.view.region(rkey)?;
+        if !qp
+            .responder
+            .allows(self.from, &r.mr, rkey, addr, len, right)
+        {
+            return None;
+        }
+        self.peer
+            .memory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .at(&r, addr, len)
+    }
+}
+
+impl rsrdma_soft::Direct for Reach<'_> {
+    fn write(&mut self, rkey: u32, addr: u64, data: &[u8]) -> bool {
+        let Some(to) = self.at(rkey, addr, data.len() as u64, Access::REMOTE_WRITE) else {
+            return false;
+        };
+        // SAFETY: `to..to + len` lies in a live shared mapping of the peer's region (checked
+        // against its file's size), which cannot overlap `data` (this process's own memory);
+        // the peer's CPU may touch it meanwhile, as it may while a NIC writes.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), to, data.len()) };
+        true
+    }
+
+    fn write_gather(&mut self, rkey: u32, addr: u64, sges: &[Sge], _local: &dyn Memory) -> bool {
+        let len: u64 = sges.iter().map(|s| u64::from(s.len)).sum();
+        let Some(mut to) = self.at(rkey, addr, len, Access::REMOTE_WRITE) else {
+            return false;
+        };
+        for s in sges {
+            // SAFETY: the SGE lies in a registered region of this process (the core checked
+            // its key and range: `ProcessMemory`'s contract), and `to..to + len` in a live
+            // shared mapping of the peer's region, which is no memory of this process's
+            // regions (each is a mapping of its own); one copy, as a NIC's DMA.
+            unsafe {
+                std::ptr::copy_nonoverlapping(s.addr as *const u8, to, s.len as usize);
+                to = to.add(s.len as usize);
+            }
+        }
+        true
+    }
+
+    fn read_scatter(
+        &mut self,
+        rkey: u32,
+        addr: u64,
+        sges: &[Sge],
+        _local: &mut dyn Memory,
+    ) -> bool {
+        let len: u64 = sges.iter().map(|s| u64::from(s.len)).sum();
+        let Some(mut from) = self.at(rkey, addr, len, Access::REMOTE_READ) else {
+            return false;
+        };
+        for s in sges {
+            // SAFETY: as in `write_gather`, the other way (the core checked the SGE for local
+            // write).
+            unsafe {
+                std::ptr::copy_nonoverlapping(from, s.addr as *mut u8, s.len as usize);
+                from = from.add(s.len as usize);
+            }
+        }
+        true
+    }
+
+    fn read(&mut self, rkey: u32, addr: u64, len: usize, out: &mut Vec<u8>) -> bool {
+        let Some(from) = self.at(rkey, addr, len as u64, Access::REMOTE_READ) else {
+            return false;
+        };
+        out.reserve(len);
+        // SAFETY: as in `write`, the other way; the spare capacity holds `len` bytes, which
+        // the copy initialises before the length covers them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(from, out.as_mut_ptr().add(out.len()), len);
+            out.set_len(out.len() + len);
+        }
+        true
+    }
+
+    fn atomic(&mut self, rkey: u32, addr: u64, f: &mut dyn FnMut(u64) -> u64) -> Option<u64> {
+        let at = self.at(rkey, addr, 8, Access::REMOTE_ATOMIC)?;
+        // SAFETY: an 8-byte aligned word (`allows` checked the address, and the mapping is
+        // page aligned at the same offset as the peer's) in a live shared mapping, which both
+        // processes touch only atomically as atomics.
+        let word = unsafe { AtomicU64::from_ptr(at.cast::<u64>()) };
+        let mut old = word.load(Ordering::SeqCst);
+        loop {
+            match word.compare_exchange(old, f(old), Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(v) => return Some(v),
                 Err(v) => old = v,
             }
         }
@@ -513,6 +683,7 @@ fn pump(st: &mut State, now: Instant) {
         }
     }
     for e in st.qps.values_mut() {
+        e.publish();
         while let Some(c) = e.core.poll_completion() {
             if e.delay.is_zero() && e.held.is_empty() {
                 e.complete(&c);
@@ -945,8 +1116,20 @@ unsafe extern "C" fn post_send(
             }
             // SAFETY: as above.
             let s = unsafe { send_wr(&*w) }?;
+            let remote = e.remote();
             match &mut e.core {
-                QpCore::Rc(q) => q.post_send(s, mrs, &ProcessMemory).map_err(post_errno),
+                QpCore::Rc(q) => match direct_peer(remote) {
+                    Some(peer) => {
+                        let mut reach = Reach {
+                            peer: &peer,
+                            from: q.qp_num(),
+                            dest_qpn: q.dest_qpn(),
+                        };
+                        q.post_send_direct(s, mrs, &mut ProcessMemory, &mut reach)
+                            .map_err(post_errno)
+                    }
+                    None => q.post_send(s, mrs, &ProcessMemory).map_err(post_errno),
+                },
                 QpCore::Ud(q) => {
                     // SAFETY: as above; a UD request names a live AH (the caller's contract).
                     let dest = unsafe { super::ah::ud_dest(&*w, q.qkey()) }?;
@@ -1343,6 +1526,25 @@ pub(crate) unsafe fn reg_mr(
     let basic = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let access = Access(access & (basic | Access::REMOTE_ATOMIC | Access::MW_BIND).0);
     let key = lock().mrs.register(pdh, addr as u64, len as u64, access);
+    // Memory peers of this host can map: they may do their requests in it themselves.
+    let remote = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    if let (Some(dir), true) = (&device().directory, access.0 & remote.0 != 0) {
+        if let Some((fd_no, inode, offset)) = super::shared_mem::lookup(addr as u64, len as u64) {
+            let mr = rsrdma_soft::MrEntry {
+                pd: pdh,
+                addr: addr as u64,
+                len: len as u64,
+                access,
+                key,
+            };
+            dir.publish_region(&SharedRegion {
+                mr,
+                fd_no,
+                inode,
+                offset,
+            });
+        }
+    }
     let mr = Box::new(SoftMr {
         raw: ffi::ibv_mr {
             context: ctx,
@@ -1372,6 +1574,9 @@ pub(crate) unsafe fn dereg_mr(mr: *mut ffi::ibv_mr) -> c_int {
             "soft0: ibv_dereg_mr refused: windows are bound to the region"
         );
         return libc::EINVAL;
+    }
+    if let Some(dir) = &device().directory {
+        dir.withdraw_region(key);
     }
     // SAFETY: made by `reg_mr`, freed once (the caller's contract); deregistered above.
     drop(unsafe { Box::from_raw(mr.cast::<SoftMr>()) });
@@ -1643,6 +1848,7 @@ pub(crate) unsafe fn create_qp(
             attr: saved,
             delay: Duration::ZERO,
             held: VecDeque::new(),
+            published: None,
         },
     );
     drop(st);
@@ -1666,6 +1872,9 @@ pub(crate) unsafe fn destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
     let mut st = lock();
     st.order.retain(|&n| n != qp.raw.qp_num);
     if let Some(e) = st.qps.remove(&qp.raw.qp_num) {
+        if let (Some(dir), Some(_)) = (&device().directory, e.published) {
+            dir.publish_qp(qp.raw.qp_num, None);
+        }
         // SAFETY: the QP's context outlives it.
         unsafe { forget_events(e.ctx, e.raw.cast()) };
     }
@@ -1750,7 +1959,17 @@ pub(crate) unsafe fn modify_qp(
                 Ok(())
             }
             S::IBV_QPS_INIT => e.core.move_to_init(),
-            S::IBV_QPS_RTR => e.core.move_to_rtr(e.attr.dest_qp_num, e.attr.rq_psn),
+            S::IBV_QPS_RTR => {
+                // The link to the peer's device goes up now, not with the first request: on
+                // this host it then shares memory before the first one-sided request (a
+                // request behind one that went as a packet cannot go directly).
+                let remote = e.remote();
+                let dev = device();
+                if let (Some(l), false) = (&dev.links, is_own(remote)) {
+                    l.prepare(remote, &dev.deliver);
+                }
+                e.core.move_to_rtr(e.attr.dest_qp_num, e.attr.rq_psn)
+            }
             S::IBV_QPS_RTS => e.core.move_to_rts(e.attr.sq_psn),
             S::IBV_QPS_ERR => {
                 e.core.move_to_error();
@@ -1764,6 +1983,9 @@ pub(crate) unsafe fn modify_qp(
         // SAFETY: the caller's contract; the state field is the QP's own.
         unsafe { (*qp).state = to };
         pump(&mut st, Instant::now());
+    }
+    if let Some(e) = st.qps.get_mut(&qpn) {
+        e.publish();
     }
     0
 }

@@ -10,6 +10,7 @@ mod data;
 mod differential;
 mod drops;
 mod events;
+mod processes;
 mod qp_ex;
 mod queries;
 mod soundness;

@@ -1,0 +1,291 @@
+//! One-sided requests between two processes: the target's memory must see every WRITE and
+//! atomic, and the initiator must read what the target holds. On soft0 between processes of
+//! one host these are done by the initiator in the target's shared memory (the direct path);
+//! on a NIC, by the NIC. Either way the bytes are checked in the target's own process.
+
+use crate::common::{connect_opts, ctx, gid_index, poll_n, poll_ok};
+use rsrdma::{
+    AccessFlags, Cq, Gid, Mr, Pd, Qp, QpCaps, QpEndpoint, QpType, SendWr, WcOpcode, WcStatus,
+};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+const CHILD_ENV: &str = "RSRDMA_TEST_ONE_SIDED_CHILD";
+const LEN: usize = 8192;
+/// The target word of the atomics.
+const WORD: usize = 4096;
+
+fn pattern(i: usize) -> u8 {
+    (i * 7 % 251) as u8
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn endpoint_words(e: &QpEndpoint) -> String {
+    format!("{} {} {} {}", e.qp_num, e.psn, e.lid, hex(e.gid.as_bytes()))
+}
+
+fn parse_endpoint(w: &[&str]) -> QpEndpoint {
+    let gid: [u8; 16] = unhex(w[3]).try_into().unwrap();
+    QpEndpoint {
+        qp_num: w[0].parse().unwrap(),
+        psn: w[1].parse().unwrap(),
+        lid: w[2].parse().unwrap(),
+        gid: Gid(gid),
+    }
+}
+
+fn access() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC
+}
+
+/// The target, run only as the child of
+/// `one_sided_requests_between_processes_land_in_the_targets_memory`: a region with every
+/// remote right, shown to the parent on request.
+#[test]
+#[ignore = "runs as the child process of one_sided_requests_between_processes_land_in_the_targets_memory"]
+fn one_sided_target_child() {
+    assert!(
+        std::env::var_os(CHILD_ENV).is_some(),
+        "run by the parent test"
+    );
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 16, None).unwrap();
+    let qp = Qp::builder(QpType::Rc)
+        .caps(QpCaps::default())
+        .build(&pd, &cq, &cq)
+        .unwrap();
+    let mut mr = Some(Mr::new(&pd, LEN, access()).unwrap());
+    let bytes: Vec<u8> = (0..LEN).map(pattern).collect();
+    let m = mr.as_mut().unwrap();
+    m.write_at(0, &bytes).unwrap();
+    m.write_at(WORD, &100u64.to_ne_bytes()).unwrap();
+    let me = qp.endpoint(1, Some(gid_index()), 0x3000).unwrap();
+    let r = m.remote();
+    println!("TARGET {} {} {}", endpoint_words(&me), r.addr, r.rkey);
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        let line = line.unwrap();
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.first().copied() {
+            Some("CONNECT") => {
+                let peer = parse_endpoint(&w[1..]);
+                qp.connect(&connect_opts(access()), me.psn, &peer).unwrap();
+                println!("CONNECTED");
+            }
+            Some("SHOW") => {
+                let (at, len) = (w[1].parse().unwrap(), w[2].parse().unwrap());
+                let mut b = vec![0u8; len];
+                mr.as_ref().unwrap().read_at(at, &mut b).unwrap();
+                println!("BYTES {}", hex(&b));
+            }
+            Some("DEREG") => {
+                mr = None;
+                println!("DEREGISTERED");
+            }
+            _ => break,
+        }
+        std::io::stdout().flush().unwrap();
+    }
+    drop(mr);
+}
+
+/// The parent's end of the child's pipes.
+struct Child {
+    proc: std::process::Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Child {
+    /// The words of the next line that has `tag` (libtest prints its own text first).
+    fn expect(&mut self, tag: &str) -> Vec<String> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                self.out.read_line(&mut line).unwrap() > 0,
+                "the child exited before {tag}"
+            );
+            if let Some(at) = line.find(tag) {
+                return line[at + tag.len()..]
+                    .split_whitespace()
+                    .map(String::from)
+                    .collect();
+            }
+        }
+    }
+
+    fn say(&mut self, line: &str) {
+        let stdin = self.proc.stdin.as_mut().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn show(&mut self, at: usize, len: usize) -> Vec<u8> {
+        self.say(&format!("SHOW {at} {len}"));
+        unhex(&self.expect("BYTES ")[0])
+    }
+}
+
+#[test]
+fn one_sided_requests_between_processes_land_in_the_targets_memory() {
+    let mut proc = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "processes::one_sided_target_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(proc.stdout.take().unwrap());
+    let mut child = Child { proc, out };
+    let t = child.expect("TARGET ");
+    let w: Vec<&str> = t.iter().map(String::as_str).collect();
+    let target = parse_endpoint(&w[..4]);
+    let (raddr, rkey): (u64, u32) = (w[4].parse().unwrap(), w[5].parse().unwrap());
+
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 16, None).unwrap();
+    let qp = Qp::builder(QpType::Rc)
+        .caps(QpCaps::default())
+        .build(&pd, &cq, &cq)
+        .unwrap();
+    let me = qp.endpoint(1, Some(gid_index()), 0x4000).unwrap();
+    qp.connect(&connect_opts(AccessFlags::LOCAL_WRITE), me.psn, &target)
+        .unwrap();
+    child.say(&format!("CONNECT {}", endpoint_words(&me)));
+    child.expect("CONNECTED");
+
+    let mut local = Mr::new(&pd, LEN, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut want: Vec<u8> = (0..LEN).map(pattern).collect();
+    want[WORD..WORD + 8].copy_from_slice(&100u64.to_ne_bytes());
+
+    // A WRITE lands in the target's memory, exactly where it was sent.
+    let data: Vec<u8> = (0..3000).map(|i| (i % 13) as u8 + 1).collect();
+    local.write_at(0, &data).unwrap();
+    let sge = [local.sge(0, data.len()).unwrap()];
+    // SAFETY: `local` outlives the completion polled below, untouched meanwhile.
+    unsafe {
+        qp.post_send(&SendWr::rdma_write(1, &sge, raddr + 100, rkey))
+            .unwrap()
+    };
+    assert_eq!(poll_ok(&cq).opcode(), WcOpcode::RDMA_WRITE);
+    want[100..3100].copy_from_slice(&data);
+    assert_eq!(
+        child.show(96, 3008),
+        want[96..3104],
+        "the WRITE as the target sees it"
+    );
+
+    // An unsignaled WRITE, then a signaled one: one completion, both land.
+    local.write_at(4000, &[0xaa; 16]).unwrap();
+    local.write_at(4016, &[0xbb; 16]).unwrap();
+    let s1 = [local.sge(4000, 16).unwrap()];
+    let s2 = [local.sge(4016, 16).unwrap()];
+    // SAFETY: as above.
+    unsafe {
+        qp.post_send(&SendWr::rdma_write(2, &s1, raddr + 5000, rkey).signaled(false))
+            .unwrap();
+        qp.post_send(&SendWr::rdma_write(3, &s2, raddr + 5016, rkey))
+            .unwrap();
+    }
+    assert_eq!(poll_ok(&cq).wr_id(), 3);
+    want[5000..5016].fill(0xaa);
+    want[5016..5032].fill(0xbb);
+
+    // A READ of the whole region gives what the target holds.
+    let sge = [local.sge(0, LEN).unwrap()];
+    // SAFETY: as above.
+    unsafe {
+        qp.post_send(&SendWr::rdma_read(4, &sge, raddr, rkey))
+            .unwrap()
+    };
+    let wc = poll_ok(&cq);
+    assert_eq!(
+        (wc.opcode(), wc.byte_len() as usize),
+        (WcOpcode::RDMA_READ, LEN)
+    );
+    let mut got = vec![0u8; LEN];
+    local.read_at(0, &mut got).unwrap();
+    assert_eq!(got, want, "the READ");
+
+    // Atomics on the target's word.
+    let old = |mr: &Mr| {
+        let mut b = [0u8; 8];
+        mr.read_at(0, &mut b).unwrap();
+        u64::from_ne_bytes(b)
+    };
+    let sge = [local.sge(0, 8).unwrap()];
+    // SAFETY: as above.
+    unsafe {
+        qp.post_send(&SendWr::atomic_fetch_add(
+            5,
+            &sge,
+            raddr + WORD as u64,
+            rkey,
+            23,
+        ))
+        .unwrap()
+    };
+    assert_eq!(poll_ok(&cq).opcode(), WcOpcode::FETCH_ADD);
+    assert_eq!(old(&local), 100);
+    // SAFETY: as above.
+    unsafe {
+        qp.post_send(&SendWr::atomic_cmp_swap(
+            6,
+            &sge,
+            raddr + WORD as u64,
+            rkey,
+            123,
+            999,
+        ))
+        .unwrap()
+    };
+    assert_eq!(poll_ok(&cq).opcode(), WcOpcode::COMP_SWAP);
+    assert_eq!(old(&local), 123);
+    assert_eq!(child.show(WORD, 8), 999u64.to_ne_bytes(), "the atomics");
+    assert_eq!(
+        child.show(4990, 48)[10..42],
+        want[5000..5032],
+        "both WRITEs"
+    );
+
+    // Once the target deregistered its region, its key reaches nothing: the WRITE fails
+    // with a remote access error (and the queue pair with it).
+    child.say("DEREG");
+    child.expect("DEREGISTERED");
+    let sge = [local.sge(0, 8).unwrap()];
+    // SAFETY: as above.
+    unsafe {
+        qp.post_send(&SendWr::rdma_write(7, &sge, raddr, rkey))
+            .unwrap()
+    };
+    let wc = poll_n(&cq, 1).remove(0);
+    assert_eq!(
+        (wc.wr_id(), wc.status()),
+        (7, WcStatus::REM_ACCESS_ERR),
+        "a WRITE through a deregistered region's key"
+    );
+    child.say("QUIT");
+    let status = child.proc.wait().unwrap();
+    assert!(status.success(), "the target child failed: {status}");
+}
