@@ -14,7 +14,10 @@
 //!   packets to send ([`RcQp::poll_transmit`]) and completions ([`RcQp::poll_completion`]);
 //! - memory is reached through [`Memory`], after the keys and access rights were checked
 //!   against the device's [`MrTable`]: the device implements it over the process's own
-//!   registered memory, the tests over a vector.
+//!   registered memory, the tests over a vector;
+//! - where the device reaches the responder's memory itself ([`Direct`]), a one-sided request
+//!   with nothing ahead of it is done at once by the requester
+//!   ([`RcQp::post_send_direct`]), after the responder's checks ([`ResponderQp::allows`]).
 //!
 //! # What it does (and where it differs from rxe)
 //! SEND, SEND with immediate, RDMA WRITE (with immediate, which consumes a receive), RDMA

@@ -152,7 +152,9 @@ unsafe impl Sync for Mr {}
 
 impl Mr {
     /// Allocates `len` bytes of zeroed, page-aligned memory and registers it in `pd` with
-    /// `access`.
+    /// `access`. On the software device `soft0`, memory with a remote right is a shared
+    /// mapping (a memfd), so that processes of the same host and user do their one-sided
+    /// requests in it themselves (see the guide's software device chapter).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero length or an access combination the verbs refuse;

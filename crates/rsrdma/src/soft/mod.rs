@@ -21,6 +21,11 @@
 //! Queue pairs are connected (RC or UC) or unreliable-datagram ([`qp_core`]); a UD send goes
 //! where its address handle ([`ah`]) says, by LID or by GID.
 //!
+//! A peer device of this host that runs as the same user does one-sided requests in this
+//! process's regions itself: `Mr::new` puts a region with a remote right in shared memory
+//! ([`shared_mem`]) and the device publishes it, with its queue pairs, in a directory
+//! ([`directory`]).
+//!
 //! Its connection manager ([`cm`]) plays librdmacm for soft ids.
 //!
 //! Type-2 memory windows are allocated and deallocated through the context's `alloc_mw` and
