@@ -29,6 +29,7 @@
 //! and the peer's polls take it.
 
 use super::directory::{Directory, PeerDirect};
+use super::recycle::Recycler;
 use super::shm_link::{self, Inbound, ShmOut};
 use rsrdma_soft::{Packet, HEADER_LEN};
 use std::collections::{HashMap, VecDeque};
@@ -598,6 +599,7 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>, readers: &Readers) {
         return;
     }
     readers.reading(from, true);
+    let mut recycle = Recycler::default();
     loop {
         let mut header = [0u8; HEADER_LEN];
         if s.read_exact(&mut header).is_err() {
@@ -609,13 +611,17 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>, readers: &Readers) {
             break;
         }
         // Read into the vector's spare capacity: no zeroing of what the read overwrites.
-        let mut payload = Vec::with_capacity(len);
+        let mut payload = recycle.buffer(len);
         match (&mut s).take(len as u64).read_to_end(&mut payload) {
             Ok(n) if n == len => {}
             _ => break,
         }
         match Packet::decode_parts(&header, payload) {
-            Ok(p) => deliver.packet(from, p),
+            Ok(p) => {
+                recycle.lend(&p.payload);
+                deliver.packet(from, p);
+                recycle.reclaim();
+            }
             Err(e) => {
                 tracing::warn!(%from, error = %e, "soft0: a malformed packet from a peer device");
                 break;

@@ -43,6 +43,7 @@ mod directory;
 pub mod faults;
 mod link;
 mod qp_core;
+mod recycle;
 mod ring;
 mod shared_mem;
 mod shm_link;

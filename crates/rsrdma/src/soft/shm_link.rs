@@ -23,8 +23,9 @@
 
 use super::directory::{Directory, DirectoryView, PeerDirect, PeerMemory};
 use super::link::{Deliver, MAX_PAYLOAD};
+use super::recycle::Recycler;
 use super::ring::{Consumer, Producer};
-use rsrdma_soft::{Packet, Payload, HEADER_LEN};
+use rsrdma_soft::{Packet, HEADER_LEN};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -305,46 +306,12 @@ struct Reading {
     payload_len: usize,
     /// Packets read and not handed over yet (kept to reuse its memory).
     batch: Vec<Packet>,
-    /// The payloads handed over last, whose memory comes back once the device is done
-    /// with them (allocating and freeing a large payload per packet costs page faults as
-    /// the allocator returns and takes back its memory).
-    lent: Vec<Payload>,
-    /// Payload buffers to read the next packets into.
-    free: Vec<Vec<u8>>,
-}
-
-/// The most payload buffers kept for reuse.
-const MAX_FREE: usize = 8;
-
-impl Reading {
-    /// A buffer for a payload of `len` bytes, reused when one is free.
-    fn payload_buffer(&mut self, len: usize) -> Vec<u8> {
-        match self.free.pop() {
-            Some(mut v) => {
-                v.reserve(len);
-                v
-            }
-            None => Vec::with_capacity(len),
-        }
-    }
-
-    /// Takes back the memory of the payloads the device no longer holds.
-    fn reclaim(&mut self) {
-        for p in self.lent.drain(..) {
-            if let Ok(mut v) = p.try_into_vec() {
-                if self.free.len() < MAX_FREE && v.capacity() > 0 {
-                    v.clear();
-                    self.free.push(v);
-                }
-            }
-        }
-    }
+    /// Payload memory taken back from the packets handed over.
+    recycle: Recycler,
 }
 
 /// The most packets handed over at once (the device lock is held meanwhile).
 const MAX_BATCH: usize = 64;
-/// Payloads this long or longer have their memory taken back for the next packets.
-const RECLAIM_FROM: usize = 4096;
 
 impl Inbound {
     /// Reads what waits and hands it over; returns whether anything was read.
@@ -368,7 +335,7 @@ impl Inbound {
                         "an oversized packet",
                     ));
                 }
-                r.payload = r.payload_buffer(r.payload_len);
+                r.payload = r.recycle.buffer(r.payload_len);
             }
             let want = r.payload_len - r.payload.len();
             let n = r.ring.read_into_vec(&mut r.payload, want)?;
@@ -394,16 +361,12 @@ impl Inbound {
             signal(self.room.as_fd());
         }
         if !r.batch.is_empty() {
-            let Reading { batch, lent, .. } = r;
-            lent.extend(
-                batch
-                    .iter()
-                    .filter(|p| p.payload.len() >= RECLAIM_FROM)
-                    .map(|p| p.payload.clone()),
-            );
-            deliver.packets(self.from, batch);
-            batch.clear();
-            r.reclaim();
+            for p in &r.batch {
+                r.recycle.lend(&p.payload);
+            }
+            deliver.packets(self.from, &mut r.batch);
+            r.batch.clear();
+            r.recycle.reclaim();
         }
     }
 
@@ -638,8 +601,7 @@ fn accept_one(
             payload: Vec::new(),
             payload_len: 0,
             batch: Vec::with_capacity(MAX_BATCH),
-            lent: Vec::with_capacity(MAX_BATCH),
-            free: Vec::new(),
+            recycle: Recycler::default(),
         }),
         data,
         room,
