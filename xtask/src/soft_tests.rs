@@ -265,3 +265,39 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         ],
     ),
 ];
+
+/// Device tests whose peers live in two processes, run a second time with soft0's
+/// shared-memory links off (`RSRDMA_SOFT_SHM=0`), so that the links soft devices of two hosts
+/// use (TCP) are tested between processes too, and the packet path of one-sided requests
+/// (which the direct path replaces between processes of one host).
+pub(crate) const SOFT_TESTS_OVER_TCP: &[(&str, &str, &[&str])] = &[
+    (
+        "rsrdma",
+        "device",
+        &[
+            "cm::rdma_cm_connect_accept_between_processes",
+            "processes::one_sided_requests_between_processes_land_in_the_targets_memory",
+            "ud_srq::datagrams_sent_just_before_the_sender_exits_arrive",
+        ],
+    ),
+    (
+        "rsrdma-perftest",
+        "device",
+        &[
+            "atomics::different_atomic_types_between_rs_tools",
+            "failures::write_bw_server_killed_rs_client_survives",
+            "interop::read_bw_rc::rs_client_rs_server",
+            "interop::send_bw_rc::rs_client_rs_server",
+            "interop::write_bw_rc::rs_client_rs_server",
+        ],
+    ),
+    (
+        "rsrdma-perftest",
+        "rdmanet_device",
+        &[
+            "rdmanet_bw_send_msg_over_rdma_cm_with_event_polling",
+            "rdmanet_bw_zero_copy_1_mib_by_rendezvous_verified",
+            "rdmanet_lat_over_the_tcp_handshake_with_busy_polling",
+        ],
+    ),
+];

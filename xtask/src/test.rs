@@ -157,13 +157,21 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         eprintln!("[test] rsrdma-sys did not build without rdma-core");
     }
     let mut soft_ok = built;
-    for (pkg, target, tests) in crate::soft_tests::SOFT_TESTS.iter().filter(|_| built) {
+    let lists = [
+        (crate::soft_tests::SOFT_TESTS, "1"),
+        (crate::soft_tests::SOFT_TESTS_OVER_TCP, "0"),
+    ];
+    let runs = lists
+        .iter()
+        .flat_map(|(list, shm)| list.iter().map(move |t| (t, *shm)));
+    for ((pkg, target, tests), shm) in runs.filter(|_| built) {
         let mut cmd = cargo(&["test", "-p", pkg, "--all-features", "--test", target, "--"]);
         cmd.args(["--exact", "--test-threads", "4"])
             .args(tests.iter())
             .env("RSRDMA_TEST_DEVICE", "soft0")
             .env("RSRDMA_TEST_IP", "127.0.0.1")
-            .env("RSRDMA_SOFT_DEVICE", "1");
+            .env("RSRDMA_SOFT_DEVICE", "1")
+            .env("RSRDMA_SOFT_SHM", shm);
         if hide {
             cmd.env("RSRDMA_EXPECT_NO_RDMA_CORE", "1");
             cmd = crate::no_rdma_core::wrap(&cmd)?;
@@ -175,7 +183,7 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         let ran_all = p + f == tests.len() as u64;
         if !ran_all {
             eprintln!(
-                "[test] {pkg}/{target} on soft0: {} of {} named tests ran",
+                "[test] {pkg}/{target} on soft0 (RSRDMA_SOFT_SHM={shm}): {} of {} named tests ran",
                 p + f,
                 tests.len()
             );

@@ -405,3 +405,92 @@ pub(super) struct PeerDirect {
     pub(super) view: DirectoryView,
     pub(super) memory: std::sync::Mutex<PeerMemory>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::soft::SharedAlloc;
+
+    fn region(key: u32, fd_no: i32, inode: u64) -> SharedRegion {
+        SharedRegion {
+            mr: MrEntry {
+                pd: 3,
+                addr: 0x10_0000,
+                len: 8192,
+                access: Access::REMOTE_WRITE | Access::REMOTE_READ,
+                key,
+            },
+            fd_no,
+            inode,
+            offset: 0,
+        }
+    }
+
+    #[test]
+    fn a_peer_reads_what_the_owner_publishes_and_cannot_write_the_directory() {
+        let dir = Directory::create().unwrap();
+        let view = DirectoryView::open(dir.fd().try_clone().unwrap()).unwrap();
+        let key = (5 + 1) << 8 | 7;
+        assert_eq!(view.region(key), None);
+        dir.publish_region(&region(key, 12, 345));
+        assert_eq!(view.region(key), Some(region(key, 12, 345)));
+        // Another generation of the same slot is another key: not this region.
+        assert_eq!(view.region(key + 1), None);
+        dir.withdraw_region(key);
+        assert_eq!(view.region(key), None);
+        let q = SharedQp {
+            responder: ResponderQp {
+                qp_num: 4100,
+                ready: true,
+                access: Access::REMOTE_READ,
+                pd: 3,
+                dest_qpn: 17,
+                unreliable: false,
+            },
+            peer: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 40000),
+        };
+        dir.publish_qp(4100, Some(&q));
+        assert_eq!(view.qp(4100), Some(q));
+        // The slot's other queue pair number is not this one.
+        assert_eq!(view.qp(4100 - QP_SLOTS as u32), None);
+        dir.publish_qp(4100, None);
+        assert_eq!(view.qp(4100), None);
+        // Sealed: nobody maps it writable any more (the owner's mapping stays so).
+        let fd = dir.fd().try_clone().unwrap();
+        let e = Map::new(&fd, LEN, true)
+            .err()
+            .expect("a writable mapping is refused");
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+    }
+
+    #[test]
+    fn a_peers_region_is_mapped_by_its_inode_and_only_inside_its_file() {
+        let alloc = SharedAlloc::new(8192).unwrap();
+        let addr = alloc.ptr() as u64;
+        let (fd_no, inode, offset) = crate::soft::shared_mem::lookup(addr, 8192).unwrap();
+        assert_eq!(offset, 0);
+        let mut r = region(1 << 8, fd_no, inode);
+        r.mr.addr = addr;
+        // This very process plays the peer, through its own /proc/<pid>/fd.
+        let mut peer = PeerMemory::new(std::process::id());
+        let at = peer.at(&r, addr + 100, 8).unwrap();
+        // SAFETY: 8 bytes inside the mapping `at` points into.
+        unsafe { std::ptr::copy_nonoverlapping(b"through!".as_ptr(), at, 8) };
+        let mut seen = [0u8; 8];
+        // SAFETY: the allocation is 8192 bytes long and alive.
+        unsafe { std::ptr::copy_nonoverlapping(alloc.ptr().add(100), seen.as_mut_ptr(), 8) };
+        assert_eq!(
+            &seen, b"through!",
+            "the same memory, seen from both mappings"
+        );
+        // Past the file's end: refused, whatever the directory says of the region's length.
+        r.mr.len = 1 << 20;
+        assert!(peer.at(&r, addr + 8190, 8).is_none());
+        // Another file under the same descriptor number is not mapped.
+        let mut other = region(2 << 8, fd_no, inode + 1);
+        other.mr.addr = addr;
+        assert!(PeerMemory::new(std::process::id())
+            .at(&other, addr, 8)
+            .is_none());
+    }
+}
