@@ -5,8 +5,10 @@
 //! # When, exactly
 //! Only where the outcome is the one the packet would have had, so that a program cannot tell
 //! the difference (apart from time): [`crate::RcQp::post_send_direct`] goes direct only for a
-//! request with nothing of its own queue pair ahead of it (no request unanswered, none waiting
-//! to leave, no RNR back-off), which the responder would therefore execute next; and the
+//! request of a reliable-connected queue pair with nothing of its own ahead of it (no request
+//! unanswered, none waiting to leave, no RNR back-off), which the responder would therefore
+//! execute next (not on UC: its requests complete as they leave, so one may still be on its
+//! way when nothing of the queue pair is left to say so); and the
 //! device says yes ([`Direct`]) only after the checks the responder makes
 //! ([`ResponderQp::allows`]: its state and rights, the key, domain, range and rights of the
 //! region). Anything else (a window's key, a zero-length or misaligned request, a key the

@@ -509,17 +509,17 @@ impl RcQp {
     fn may_go_direct(&self, wr: &SendWr, mrs: &MrTable) -> bool {
         let (one_sided, writes_local) = match wr.op {
             SendOp::Write { imm: None, .. } => (true, false),
-            SendOp::Read { .. } => (!self.cfg.unreliable && wr.inline.is_none(), true),
+            SendOp::Read { .. } => (wr.inline.is_none(), true),
             SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => (
-                !self.cfg.unreliable
-                    && wr.inline.is_none()
-                    && wr.sges.len() == 1
-                    && wr.sges[0].len == 8,
+                wr.inline.is_none() && wr.sges.len() == 1 && wr.sges[0].len == 8,
                 true,
             ),
             _ => (false, false),
         };
+        // Not on UC: its requests complete as they leave, so an earlier one may still be on
+        // its way (in the device's link) when nothing of the queue pair is left here.
         one_sided
+            && !self.cfg.unreliable
             && self.state == QpState::Rts
             && self.sq.is_empty()
             && self.rnr.is_none()

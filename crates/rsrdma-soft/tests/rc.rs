@@ -1545,3 +1545,22 @@ fn a_responder_without_the_right_or_not_ready_is_reached_through_packets() {
     p.run();
     assert_eq!(ids(&p.completions(0)), vec![(1, Status::RemInvReqErr)]);
 }
+
+#[test]
+fn an_unreliable_connected_queue_pair_never_goes_direct() {
+    let uc = |n| QpConfig {
+        unreliable: true,
+        ..cfg(n, 0)
+    };
+    let mut p = Pair::with(uc(10), uc(20));
+    p.direct = true;
+    let rkey = p.s[1].key;
+    // Its WRITEs complete as they leave: one still on its way leaves no trace in the queue
+    // pair, so a later one must not overtake it by going direct.
+    p.post_send(0, write_wr(1, p.sge(0, BASE, 8), BASE + 4000, rkey, None))
+        .unwrap();
+    assert!(p.transmit(0), "the WRITE went as a packet");
+    p.post_send(0, write_wr(2, p.sge(0, BASE, 8), BASE + 4100, rkey, None))
+        .unwrap();
+    assert!(p.transmit(0), "and so did the next");
+}

@@ -17,11 +17,12 @@
 //! trusts it with that process's memory (ptrace). Others use the packet path, with the
 //! responder's checks.
 
+use super::memfd;
 use rsrdma_soft::{Access, MrEntry, ResponderQp};
 use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// "rsrdmaD1" in ASCII.
@@ -38,54 +39,13 @@ const LEN: usize = HEADER + (REGION_SLOTS + QP_SLOTS) * ENTRY;
 /// How often a reader tries an entry that is being written before it gives up.
 const TRIES: usize = 16;
 
-/// A mapping of a directory memfd.
-struct Map {
-    base: *mut u8,
-    len: usize,
-}
-
-// SAFETY: shared memory reached only through atomics; the pointer is valid while `Map` is.
-unsafe impl Send for Map {}
-// SAFETY: as above.
-unsafe impl Sync for Map {}
-
-impl Map {
-    fn new(fd: &OwnedFd, len: usize, writable: bool) -> io::Result<Map> {
-        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
-        // SAFETY: a fresh shared mapping of a file we hold, at an address the kernel picks.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Map {
-            base: base.cast(),
-            len,
-        })
-    }
-
-    fn word(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off % 8 == 0 && off + 8 <= self.len);
-        // SAFETY: `off` is 8-byte aligned and inside the mapping (page aligned, `len` bytes),
-        // which lives as long as `self`; the memory is only ever accessed atomically. A
-        // read-only mapping is only loaded from.
-        unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
-    }
-}
-
-impl Drop for Map {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, not used after this.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
+/// The 8-byte word at `off` of a directory mapping.
+fn word(map: &memfd::Mapping, off: usize) -> &AtomicU64 {
+    assert!(off % 8 == 0 && off + 8 <= map.len());
+    // SAFETY: `off` is 8-byte aligned and inside the mapping (page aligned, `len` bytes),
+    // which lives as long as the borrow; the memory is only ever accessed atomically. A
+    // read-only mapping is only loaded from.
+    unsafe { AtomicU64::from_ptr(map.base().add(off).cast()) }
 }
 
 fn region_at(index: usize) -> usize {
@@ -118,7 +78,7 @@ pub(super) struct SharedQp {
 
 /// The owner's side: written under the device lock.
 pub(super) struct Directory {
-    map: Map,
+    map: memfd::Mapping,
     fd: OwnedFd,
 }
 
@@ -128,39 +88,15 @@ impl Directory {
     /// # Errors
     /// `memfd_create`'s, `ftruncate`'s, `mmap`'s or `fcntl`'s.
     pub(super) fn create() -> io::Result<Directory> {
-        // SAFETY: a NUL-terminated name and constant flags.
-        let raw = unsafe {
-            libc::memfd_create(
-                c"rsrdma-soft0-directory".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a descriptor just opened, owned by nothing else.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: a plain call on our own descriptor.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), LEN as libc::off_t) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let map = Map::new(&fd, LEN, true)?;
-        map.word(0).store(MAGIC, Ordering::Release);
+        let fd = memfd::create(
+            c"rsrdma-soft0-directory",
+            LEN,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+        )?;
+        let map = memfd::Mapping::new(&fd, LEN, true)?;
+        word(&map, 0).store(MAGIC, Ordering::Release);
         // From now on nobody maps it writable (this mapping stays so).
-        // SAFETY: a plain call on our own descriptor.
-        let sealed = unsafe {
-            libc::fcntl(
-                fd.as_raw_fd(),
-                libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK
-                    | libc::F_SEAL_GROW
-                    | libc::F_SEAL_FUTURE_WRITE
-                    | libc::F_SEAL_SEAL,
-            )
-        };
-        if sealed != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        memfd::add_seals(&fd, libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL)?;
         Ok(Directory { map, fd })
     }
 
@@ -170,12 +106,12 @@ impl Directory {
     }
 
     fn write(&self, at: usize, words: [u64; 7]) {
-        let seq = self.map.word(at);
+        let seq = word(&self.map, at);
         let s = seq.load(Ordering::Relaxed);
         seq.store(s.wrapping_add(1) | 1, Ordering::Relaxed);
         fence(Ordering::Release);
         for (i, w) in words.iter().enumerate() {
-            self.map.word(at + 8 * (i + 1)).store(*w, Ordering::Relaxed);
+            word(&self.map, at + 8 * (i + 1)).store(*w, Ordering::Relaxed);
         }
         seq.store((s | 1).wrapping_add(1), Ordering::Release);
     }
@@ -236,7 +172,7 @@ fn slot_of(key: u32) -> Option<usize> {
 
 /// A peer's side: read-only.
 pub(super) struct DirectoryView {
-    map: Map,
+    map: memfd::Mapping,
 }
 
 impl DirectoryView {
@@ -245,32 +181,20 @@ impl DirectoryView {
     /// # Errors
     /// `InvalidData` when it is not a directory of this version; `fstat`'s or `mmap`'s.
     pub(super) fn open(fd: OwnedFd) -> io::Result<DirectoryView> {
-        // SAFETY: a plain call on a descriptor we own, into a zeroed stat buffer.
-        let size = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            st.st_size
-        };
-        if usize::try_from(size).ok() != Some(LEN) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "not a soft0 directory",
-            ));
+        let bad = || io::Error::new(io::ErrorKind::InvalidData, "not a soft0 directory");
+        let (_, size) = memfd::sealed_size(&fd)?;
+        if size != LEN {
+            return Err(bad());
         }
-        let map = Map::new(&fd, LEN, false)?;
-        if map.word(0).load(Ordering::Acquire) != MAGIC {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "not a soft0 directory",
-            ));
+        let map = memfd::Mapping::new(&fd, LEN, false)?;
+        if word(&map, 0).load(Ordering::Acquire) != MAGIC {
+            return Err(bad());
         }
         Ok(DirectoryView { map })
     }
 
     fn read(&self, at: usize) -> Option<[u64; 7]> {
-        let seq = self.map.word(at);
+        let seq = word(&self.map, at);
         for _ in 0..TRIES {
             let s1 = seq.load(Ordering::Acquire);
             if s1 & 1 == 1 {
@@ -279,7 +203,7 @@ impl DirectoryView {
             }
             let mut w = [0u64; 7];
             for (i, x) in w.iter_mut().enumerate() {
-                *x = self.map.word(at + 8 * (i + 1)).load(Ordering::Relaxed);
+                *x = word(&self.map, at + 8 * (i + 1)).load(Ordering::Relaxed);
             }
             fence(Ordering::Acquire);
             if seq.load(Ordering::Relaxed) == s1 {
@@ -335,7 +259,7 @@ const MAX_MAPS: usize = 256;
 /// A peer's regions, mapped from its `/proc/<pid>/fd`, by descriptor number and inode.
 pub(super) struct PeerMemory {
     pid: u32,
-    maps: HashMap<(i32, u64), Map>,
+    maps: HashMap<(i32, u64), memfd::Mapping>,
 }
 
 impl PeerMemory {
@@ -363,14 +287,14 @@ impl PeerMemory {
         let m = self.maps.get(&key)?;
         let off = r.offset.checked_add(addr.checked_sub(r.mr.addr)?)?;
         let end = off.checked_add(len)?;
-        if end > m.len as u64 {
+        if end > m.len() as u64 {
             return None;
         }
-        // SAFETY: `off + len <= m.len`: inside the mapping.
-        Some(unsafe { m.base.add(off as usize) })
+        // SAFETY: `off + len <= m.len()`: inside the mapping.
+        Some(unsafe { m.base().add(off as usize) })
     }
 
-    fn map(&self, r: &SharedRegion) -> Option<Map> {
+    fn map(&self, r: &SharedRegion) -> Option<memfd::Mapping> {
         let path = format!("/proc/{}/fd/{}\0", self.pid, r.fd_no);
         // SAFETY: a NUL-terminated path and constant flags.
         let raw = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
@@ -384,18 +308,13 @@ impl PeerMemory {
         }
         // SAFETY: a descriptor just opened, owned by nothing else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: a plain call on our own descriptor, into a zeroed stat buffer.
-        let (ino, size) = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
-                return None;
-            }
-            (st.st_ino, st.st_size)
-        };
-        if ino != r.inode {
+        // Sealed against shrinking (so a memfd, and one a mapping of which stays backed),
+        // and the file the directory names, not another that took its descriptor number.
+        let (inode, size) = memfd::sealed_size(&fd).ok()?;
+        if inode != r.inode || size == 0 {
             return None;
         }
-        Map::new(&fd, usize::try_from(size).ok().filter(|&s| s > 0)?, true).ok()
+        memfd::Mapping::new(&fd, size, true).ok()
     }
 }
 
@@ -457,7 +376,7 @@ mod tests {
         assert_eq!(view.qp(4100), None);
         // Sealed: nobody maps it writable any more (the owner's mapping stays so).
         let fd = dir.fd().try_clone().unwrap();
-        let e = Map::new(&fd, LEN, true)
+        let e = memfd::Mapping::new(&fd, LEN, true)
             .err()
             .expect("a writable mapping is refused");
         assert_eq!(e.raw_os_error(), Some(libc::EPERM));

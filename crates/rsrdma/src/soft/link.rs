@@ -200,7 +200,7 @@ impl Links {
     /// is up and it shares its memory with this process.
     pub(super) fn direct_peer(&self, peer: SocketAddrV4) -> Option<Arc<PeerDirect>> {
         let map = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let o = map.get(&peer)?;
+        let o = map.get(&peer).filter(|o| !o.is_dead())?;
         o.direct.get().cloned()
     }
 
@@ -217,21 +217,27 @@ impl Links {
 
     /// Queues `frame` for the device listening on `peer`, dialling it first if needed.
     /// Never blocks on the network.
-    pub(super) fn send(&self, peer: SocketAddrV4, frame: Packet, deliver: &Arc<dyn Deliver>) {
+    /// Returns false when no link can be started (no thread): the caller breaks its QP's
+    /// link itself (it holds the device lock, which `Deliver::link_down` takes).
+    pub(super) fn send(
+        &self,
+        peer: SocketAddrV4,
+        frame: Packet,
+        deliver: &Arc<dyn Deliver>,
+    ) -> bool {
         let Some(out) = self.outbound(peer, deliver) else {
-            deliver.link_down(peer);
-            return;
+            return false;
         };
         let mut q = out.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.dead {
-            return;
+            return true;
         }
         // Straight into a shared ring with room, when nothing waits before it.
         if out.move_to_ring(&mut q) {
             if let Ok(mut shm) = out.shm.try_lock() {
                 if let Some(s) = shm.as_mut() {
                     if s.try_push(&frame.header(), &frame.payload) {
-                        return;
+                        return true;
                     }
                 }
             }
@@ -245,6 +251,7 @@ impl Links {
         if was_empty {
             out.ready.notify_all();
         }
+        true
     }
 }
 
@@ -462,7 +469,7 @@ fn shm_write_loop(out: &Outbound) -> std::io::Result<()> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
-            .map_or(true, ShmOut::hung_up)
+            .map_or(true, ShmOut::is_over)
     };
     let capacity = out
         .shm
@@ -792,6 +799,19 @@ mod tests {
         assert!(out.try_push(&packet(6, Vec::new()).header(), &[]));
         let (from, p) = b_rx.recv_timeout(Duration::from_secs(5)).unwrap();
         assert_eq!((from, p.dest_qpn), (other, 6));
+    }
+
+    #[test]
+    fn a_reader_that_breaks_the_ring_ends_the_link_even_while_the_sender_polls() {
+        let (b, _, _) = device(true);
+        let me = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 10);
+        let mut out = ShmOut::dial(me, b.addr()).unwrap();
+        assert!(!out.is_over());
+        out.break_tail();
+        // A push finds the bad position: nothing goes, and the link says it is over (the
+        // writer thread ends it, whoever moves the frames).
+        assert!(!out.try_push(&packet(1, Vec::new()).header(), &[]));
+        assert!(out.is_over());
     }
 
     #[test]

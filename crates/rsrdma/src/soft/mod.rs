@@ -42,6 +42,7 @@ pub(crate) mod cm;
 mod directory;
 pub mod faults;
 mod link;
+mod memfd;
 mod qp_core;
 mod recycle;
 mod ring;

@@ -36,8 +36,9 @@
 //! fences, so a sleeper is never left with work waiting (the two-flag handshake of a
 //! futex-based queue).
 
+use super::memfd;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// "rsrdmaR1" in ASCII.
@@ -68,53 +69,22 @@ impl From<Corrupt> for io::Error {
 
 /// A mapping of a ring's memfd.
 struct Mapping {
-    base: *mut u8,
-    len: usize,
+    map: memfd::Mapping,
     capacity: usize,
     fd: OwnedFd,
 }
 
-// SAFETY: the mapping is plain shared memory, reached only through atomics and raw-pointer
-// copies; it may be used from any thread (each side's own state is behind `&mut`).
-unsafe impl Send for Mapping {}
-// SAFETY: as above: `&Mapping` gives only atomics and the fd.
-unsafe impl Sync for Mapping {}
-
 impl Mapping {
-    /// Maps `fd`, of `len` bytes.
-    fn map(fd: OwnedFd, len: usize, capacity: usize) -> io::Result<Mapping> {
-        // SAFETY: a fresh shared mapping of a file we own, at an address the kernel picks.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Mapping {
-            base: base.cast(),
-            len,
-            capacity,
-            fd,
-        })
-    }
-
     fn u64_at(&self, off: usize) -> &AtomicU64 {
         // SAFETY: `off` is one of the header's 8-byte aligned fields, inside the mapping
         // (page aligned, at least a page long), which lives as long as `self`; the memory is
         // only ever accessed atomically (by both processes).
-        unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
+        unsafe { AtomicU64::from_ptr(self.map.base().add(off).cast()) }
     }
 
     fn u32_at(&self, off: usize) -> &AtomicU32 {
         // SAFETY: as in `u64_at`.
-        unsafe { AtomicU32::from_ptr(self.base.add(off).cast()) }
+        unsafe { AtomicU32::from_ptr(self.map.base().add(off).cast()) }
     }
 
     fn head(&self) -> &AtomicU64 {
@@ -129,14 +99,7 @@ impl Mapping {
     fn data(&self, pos: u64) -> *mut u8 {
         let i = (pos as usize) & (self.capacity - 1);
         // SAFETY: `i < capacity` and the data area is `capacity` bytes after the header.
-        unsafe { self.base.add(HEADER + i) }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, not used after this.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
+        unsafe { self.map.base().add(HEADER + i) }
     }
 }
 
@@ -162,31 +125,13 @@ impl Producer {
     pub(super) fn create(capacity: usize) -> io::Result<Producer> {
         assert!(capacity.is_power_of_two() && (MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity));
         let len = HEADER + capacity;
-        // SAFETY: a NUL-terminated name and constant flags.
-        let raw = unsafe {
-            libc::memfd_create(
-                c"rsrdma-soft0-ring".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        let fd = memfd::create(c"rsrdma-soft0-ring", len, seals)?;
+        let map = Mapping {
+            map: memfd::Mapping::new(&fd, len, true)?,
+            capacity,
+            fd,
         };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a descriptor just opened, owned by nothing else.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: plain calls on our own descriptor.
-        let sized = unsafe {
-            libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) == 0
-                && libc::fcntl(
-                    fd.as_raw_fd(),
-                    libc::F_ADD_SEALS,
-                    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-                ) == 0
-        };
-        if !sized {
-            return Err(io::Error::last_os_error());
-        }
-        let map = Mapping::map(fd, len, capacity)?;
         map.u64_at(0).store(MAGIC, Ordering::Relaxed);
         map.u32_at(8).store(VERSION, Ordering::Relaxed);
         map.u32_at(12).store(capacity as u32, Ordering::Relaxed);
@@ -204,6 +149,12 @@ impl Producer {
         self.map
             .head()
             .store(self.head + 2 * self.map.capacity as u64, Ordering::Release);
+    }
+
+    /// Publishes a tail ahead of what was written, as a faulty consumer might.
+    #[cfg(test)]
+    pub(super) fn break_tail(&self) {
+        self.map.tail().store(self.head + 1, Ordering::Release);
     }
 
     /// The memfd, to hand to the consumer.
@@ -301,23 +252,16 @@ impl Consumer {
     /// `mmap`'s errors.
     pub(super) fn open(fd: OwnedFd) -> io::Result<Consumer> {
         let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
-        // SAFETY: plain calls on a descriptor we own, into a zeroed stat buffer.
-        let (size, seals) = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            (st.st_size, libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS))
-        };
-        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(bad("the shared ring is not sealed against shrinking"));
-        }
-        let len = usize::try_from(size).map_err(|_| bad("the shared ring has a bad size"))?;
+        let (_, len) = memfd::sealed_size(&fd)?;
         let capacity = len.saturating_sub(HEADER);
         if !capacity.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
             return Err(bad("the shared ring has a bad size"));
         }
-        let map = Mapping::map(fd, len, capacity)?;
+        let map = Mapping {
+            map: memfd::Mapping::new(&fd, len, true)?,
+            capacity,
+            fd,
+        };
         let magic = map.u64_at(0).load(Ordering::Acquire);
         let version = map.u32_at(8).load(Ordering::Relaxed);
         let said = map.u32_at(12).load(Ordering::Relaxed) as usize;
@@ -412,6 +356,7 @@ impl Consumer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::FromRawFd;
 
     fn pair(capacity: usize) -> (Producer, Consumer) {
         let p = Producer::create(capacity).unwrap();

@@ -5,9 +5,10 @@
 //! it and does WRITEs, READs and atomics itself. Memory the caller registers
 //! ([`crate::Mr::register`]) is not shared: requests to it take the packet path.
 
+use super::memfd;
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Mutex;
 
 /// Shared allocations by first address: (length, descriptor number, inode).
@@ -15,100 +16,47 @@ static ALLOCS: Mutex<BTreeMap<u64, (u64, i32, u64)>> = Mutex::new(BTreeMap::new(
 
 /// A zeroed, page-aligned allocation in a memfd, mapped shared in this process.
 pub(crate) struct SharedAlloc {
-    ptr: *mut u8,
-    len: usize,
+    map: memfd::Mapping,
     _fd: OwnedFd,
 }
-
-// SAFETY: plain memory owned by this value; who may touch it is the region's business.
-unsafe impl Send for SharedAlloc {}
-// SAFETY: as above.
-unsafe impl Sync for SharedAlloc {}
 
 impl SharedAlloc {
     /// At least `len` bytes (a whole number of pages).
     ///
     /// # Errors
-    /// `memfd_create`'s, `ftruncate`'s, `fcntl`'s or `mmap`'s; `InvalidInput` for a length
-    /// past the address space.
+    /// `memfd_create`'s, `ftruncate`'s, `fcntl`'s, `fstat`'s or `mmap`'s; `InvalidInput` for a
+    /// length past the address space.
     pub(crate) fn new(len: usize) -> io::Result<SharedAlloc> {
         let size = len
             .checked_next_multiple_of(4096)
-            .filter(|&s| s > 0 && i64::try_from(s).is_ok())
-            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: a NUL-terminated name and constant flags.
-        let raw = unsafe {
-            libc::memfd_create(
-                c"rsrdma-soft0-region".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a descriptor just opened, owned by nothing else.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            .filter(|&s| s > 0)
+            .ok_or(io::ErrorKind::InvalidInput)?;
         // Sealed against shrinking: a peer's mapping never turns into SIGBUS.
-        // SAFETY: plain calls on our own descriptor.
-        let ok = unsafe {
-            libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) == 0
-                && libc::fcntl(
-                    fd.as_raw_fd(),
-                    libc::F_ADD_SEALS,
-                    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-                ) == 0
-        };
-        if !ok {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a plain call on our own descriptor, into a zeroed stat buffer.
-        let inode = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            st.st_ino
-        };
-        // SAFETY: a fresh shared mapping of our own file, at an address the kernel picks.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        let fd = memfd::create(c"rsrdma-soft0-region", size, seals)?;
+        let (inode, _) = memfd::stat(&fd)?;
+        let map = memfd::Mapping::new(&fd, size, true)?;
         ALLOCS
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(ptr as u64, (size as u64, fd.as_raw_fd(), inode));
-        Ok(SharedAlloc {
-            ptr: ptr.cast(),
-            len: size,
-            _fd: fd,
-        })
+            .insert(map.base() as u64, (size as u64, fd.as_raw_fd(), inode));
+        Ok(SharedAlloc { map, _fd: fd })
     }
 
     /// Its first byte.
     pub(crate) fn ptr(&self) -> *mut u8 {
-        self.ptr
+        self.map.base()
     }
 }
 
 impl Drop for SharedAlloc {
     fn drop(&mut self) {
+        // Forgotten first; the mapping goes as the fields drop (the region was deregistered
+        // before: `Mr` drops its backing only after `ibv_dereg_mr` succeeded).
         ALLOCS
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&(self.ptr as u64));
-        // SAFETY: the mapping made in `new`, not used after this (its region was
-        // deregistered first: `Mr` drops its backing only after `ibv_dereg_mr` succeeded).
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+            .remove(&(self.map.base() as u64));
     }
 }
 

@@ -154,6 +154,8 @@ pub(super) struct ShmOut {
     sock: UnixStream,
     /// The peer's directory, when it shares its memory with this process.
     direct: Option<Arc<PeerDirect>>,
+    /// The peer broke the ring's positions: the link is over.
+    broken: bool,
 }
 
 /// The acceptor's answer: it took the link.
@@ -167,6 +169,14 @@ impl ShmOut {
     /// the set-up fails.
     pub(super) fn dial(me: SocketAddrV4, peer: SocketAddrV4) -> io::Result<ShmOut> {
         let sock = UnixStream::connect_addr(&socket_name(peer)?)?;
+        // Whoever holds the name gets the ring and all that goes through it: a process of
+        // this user only (the kernel says who it is); others are reached over TCP.
+        if !peer_cred(&sock).is_some_and(|(_, uid)| uid == own_uid()) {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "the device's socket belongs to another user",
+            ));
+        }
         let ring = Producer::create(RING_CAPACITY)?;
         let (data, room) = (eventfd()?, eventfd()?);
         let mut hello = [0u8; HELLO_LEN];
@@ -188,10 +198,10 @@ impl ShmOut {
                 "the peer device refused the shared-memory link",
             ));
         }
-        // The peer's directory, if it gave one and is of this user (the kernel says who it
-        // is): its regions are then reached through its /proc/<pid>/fd.
+        // The peer's directory, if it gave one: its regions are then reached through its
+        // /proc/<pid>/fd (the kernel says which process it is).
         let direct = match (fds.pop(), peer_cred(&sock)) {
-            (Some(fd), Some((pid, uid))) if uid == own_uid() => DirectoryView::open(fd)
+            (Some(fd), Some((pid, _))) => DirectoryView::open(fd)
                 .inspect_err(|e| tracing::debug!(error = %e, "soft0: a peer's directory"))
                 .ok()
                 .map(|view| {
@@ -208,6 +218,7 @@ impl ShmOut {
             room,
             sock,
             direct,
+            broken: false,
         })
     }
 
@@ -225,8 +236,12 @@ impl ShmOut {
                 }
                 true
             }
-            // A broken ring: the writer thread finds it too and ends the link.
-            Ok(false) | Err(_) => false,
+            Ok(false) => false,
+            // A broken ring: the writer thread sees it (`is_over`) and ends the link.
+            Err(_) => {
+                self.broken = true;
+                false
+            }
         }
     }
 
@@ -272,9 +287,15 @@ impl ShmOut {
         signal(self.data.as_fd());
     }
 
-    /// Whether the reader's end of the link is gone.
-    pub(super) fn hung_up(&self) -> bool {
-        hung_up(self.sock.as_fd())
+    /// Publishes a consumer's position past what was written, as a faulty reader might.
+    #[cfg(test)]
+    pub(super) fn break_tail(&self) {
+        self.ring.break_tail();
+    }
+
+    /// Whether the link is over: the reader's end is gone, or the peer broke the ring.
+    pub(super) fn is_over(&self) -> bool {
+        self.broken || hung_up(self.sock.as_fd())
     }
 }
 
@@ -569,8 +590,17 @@ fn accept_one(
     directory: Option<&Directory>,
 ) -> io::Result<Inbound> {
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+    // Shared-memory links join processes of one user only (others talk over TCP).
+    if !peer_cred(&sock).is_some_and(|(_, uid)| uid == own_uid()) {
+        return Err(bad(
+            "a process of another user dialled; it talks over TCP instead",
+        ));
+    }
+    // A dialer that says nothing must not hold this thread for ever.
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut hello = [0u8; HELLO_LEN];
     let mut fds = recv_with_fds(&sock, &mut hello)?;
+    sock.set_read_timeout(None)?;
     if fds.len() != 3 {
         return Err(bad("a set-up without its ring and eventfds"));
     }
@@ -580,17 +610,12 @@ fn accept_one(
     if !same_host(me, from) {
         return Err(bad("a peer on this host named a device of another host"));
     }
-    let room = fds.pop().ok_or_else(|| bad("no eventfd"))?;
-    let data = fds.pop().ok_or_else(|| bad("no eventfd"))?;
+    let room = checked_eventfd(fds.pop().ok_or_else(|| bad("no eventfd"))?)?;
+    let data = checked_eventfd(fds.pop().ok_or_else(|| bad("no eventfd"))?)?;
     let ring = Consumer::open(fds.pop().ok_or_else(|| bad("no ring"))?)?;
-    // Taken: the directory goes to a peer of this user only (one that may read this
-    // process's /proc/<pid>/fd anyway).
-    let same_user = peer_cred(&sock).is_some_and(|(_, uid)| uid == own_uid());
-    let dir: Vec<BorrowedFd<'_>> = directory
-        .filter(|_| same_user)
-        .map(|d| d.fd().as_fd())
-        .into_iter()
-        .collect();
+    // Taken: the directory goes with the answer (to a peer of this user, which may read
+    // this process's /proc/<pid>/fd anyway).
+    let dir: Vec<BorrowedFd<'_>> = directory.map(|d| d.fd().as_fd()).into_iter().collect();
     send_with_fds(&sock, &[ACCEPTED], &dir)?;
     Ok(Inbound {
         from,
@@ -633,6 +658,27 @@ fn peer_cred(sock: &UnixStream) -> Option<(u32, u32)> {
         )
     };
     (rc == 0 && cred.pid > 0).then_some((cred.pid as u32, cred.uid))
+}
+
+/// `fd` if it is an eventfd, made non-blocking: what a peer hands over as one may be
+/// anything (a pipe would block the thread that signals or clears it).
+fn checked_eventfd(fd: OwnedFd) -> io::Result<OwnedFd> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    if link.as_os_str() != "anon_inode:[eventfd]" {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a peer handed over something else than an eventfd",
+        ));
+    }
+    // SAFETY: plain calls on a descriptor we own.
+    let ok = unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
+    };
+    if !ok {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
 }
 
 fn own_uid() -> u32 {
@@ -725,4 +771,48 @@ fn recv_with_fds(sock: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>> 
         ));
     }
     Ok(fds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::FromRawFd;
+
+    struct Nothing;
+
+    impl Deliver for Nothing {
+        fn packet(&self, _: SocketAddrV4, _: Packet) {}
+        fn link_down(&self, _: SocketAddrV4) {}
+    }
+
+    #[test]
+    fn a_peer_that_hands_over_something_else_than_eventfds_is_refused() {
+        let me = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 7001);
+        let reading: Arc<dyn Fn(SocketAddrV4, bool) + Send + Sync> = Arc::new(|_, _| {});
+        listen(me, Arc::default(), Arc::new(Nothing), reading, None).unwrap();
+        let sock = UnixStream::connect_addr(&socket_name(me).unwrap()).unwrap();
+        let ring = Producer::create(4096).unwrap();
+        let mut pipe = [0; 2];
+        // SAFETY: `pipe` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        // SAFETY: descriptors just opened, owned by nothing else.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1])) };
+        let hello = [127, 0, 0, 1, 0x5a, 0x1b];
+        send_with_fds(&sock, &hello, &[ring.fd().as_fd(), r.as_fd(), w.as_fd()]).unwrap();
+        // A blocking pipe would hang the thread that clears or signals it: no answer, the
+        // socket closes.
+        let mut answer = [0u8; 1];
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert!(
+            recv_with_fds(&sock, &mut answer).is_err(),
+            "the set-up was refused"
+        );
+        // The same with real eventfds is taken.
+        let sock = UnixStream::connect_addr(&socket_name(me).unwrap()).unwrap();
+        let (d, e) = (eventfd().unwrap(), eventfd().unwrap());
+        send_with_fds(&sock, &hello, &[ring.fd().as_fd(), d.as_fd(), e.as_fd()]).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        recv_with_fds(&sock, &mut answer).unwrap();
+        assert_eq!(answer[0], ACCEPTED);
+    }
 }

@@ -481,9 +481,17 @@ struct Reach<'a> {
 }
 
 impl Reach<'_> {
-    /// Where `len` bytes at `addr` through `rkey` are in this process, if the responder
-    /// would allow `right` on them now.
-    fn at(&self, rkey: u32, addr: u64, len: u64, right: Access) -> Option<*mut u8> {
+    /// Runs `f` on where `len` bytes at `addr` through `rkey` are in this process, if the
+    /// responder would allow `right` on them now; `None` else. The peer's mappings are held
+    /// while `f` runs (a mapping dropped from the cache meanwhile would be unmapped).
+    fn with<T>(
+        &self,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        right: Access,
+        f: impl FnOnce(*mut u8) -> T,
+    ) -> Option<T> {
         let qp = self.peer.view.qp(self.dest_qpn)?;
         // The responder is connected to this very queue pair, on this device.
         let own = own_addr();
@@ -499,42 +507,38 @@ impl Reach<'_> {
         {
             return None;
         }
-        self.peer
-            .memory
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .at(&r, addr, len)
+        let mut memory = self.peer.memory.lock().unwrap_or_else(|p| p.into_inner());
+        let at = memory.at(&r, addr, len)?;
+        Some(f(at))
     }
 }
 
 impl rsrdma_soft::Direct for Reach<'_> {
     fn write(&mut self, rkey: u32, addr: u64, data: &[u8]) -> bool {
-        let Some(to) = self.at(rkey, addr, data.len() as u64, Access::REMOTE_WRITE) else {
-            return false;
-        };
-        // SAFETY: `to..to + len` lies in a live shared mapping of the peer's region (checked
-        // against its file's size), which cannot overlap `data` (this process's own memory);
-        // the peer's CPU may touch it meanwhile, as it may while a NIC writes.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), to, data.len()) };
-        true
+        self.with(rkey, addr, data.len() as u64, Access::REMOTE_WRITE, |to| {
+            // SAFETY: `to..to + len` lies in a shared mapping of the peer's region, held
+            // while this runs and checked against its file's size; it cannot overlap `data`
+            // (this process's own memory, no mapping of a peer's file); the peer's CPU may
+            // touch it meanwhile, as it may while a NIC writes.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), to, data.len()) };
+        })
+        .is_some()
     }
 
     fn write_gather(&mut self, rkey: u32, addr: u64, sges: &[Sge], _local: &dyn Memory) -> bool {
         let len: u64 = sges.iter().map(|s| u64::from(s.len)).sum();
-        let Some(mut to) = self.at(rkey, addr, len, Access::REMOTE_WRITE) else {
-            return false;
-        };
-        for s in sges {
-            // SAFETY: the SGE lies in a registered region of this process (the core checked
-            // its key and range: `ProcessMemory`'s contract), and `to..to + len` in a live
-            // shared mapping of the peer's region, which is no memory of this process's
-            // regions (each is a mapping of its own); one copy, as a NIC's DMA.
-            unsafe {
-                std::ptr::copy_nonoverlapping(s.addr as *const u8, to, s.len as usize);
-                to = to.add(s.len as usize);
+        self.with(rkey, addr, len, Access::REMOTE_WRITE, |mut to| {
+            for s in sges {
+                // SAFETY: the SGE lies in a registered region of this process (the core
+                // checked its key and range: `ProcessMemory`'s contract); `to..to + len` as in
+                // `write`. One copy, as a NIC's DMA.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(s.addr as *const u8, to, s.len as usize);
+                    to = to.add(s.len as usize);
+                }
             }
-        }
-        true
+        })
+        .is_some()
     }
 
     fn read_scatter(
@@ -545,47 +549,52 @@ impl rsrdma_soft::Direct for Reach<'_> {
         _local: &mut dyn Memory,
     ) -> bool {
         let len: u64 = sges.iter().map(|s| u64::from(s.len)).sum();
-        let Some(mut from) = self.at(rkey, addr, len, Access::REMOTE_READ) else {
-            return false;
-        };
-        for s in sges {
-            // SAFETY: as in `write_gather`, the other way (the core checked the SGE for local
-            // write).
-            unsafe {
-                std::ptr::copy_nonoverlapping(from, s.addr as *mut u8, s.len as usize);
-                from = from.add(s.len as usize);
+        self.with(rkey, addr, len, Access::REMOTE_READ, |mut from| {
+            for s in sges {
+                // SAFETY: as in `write_gather`, the other way (the core checked the SGE for
+                // local write).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(from, s.addr as *mut u8, s.len as usize);
+                    from = from.add(s.len as usize);
+                }
             }
-        }
-        true
+        })
+        .is_some()
     }
 
     fn read(&mut self, rkey: u32, addr: u64, len: usize, out: &mut Vec<u8>) -> bool {
-        let Some(from) = self.at(rkey, addr, len as u64, Access::REMOTE_READ) else {
-            return false;
-        };
-        out.reserve(len);
-        // SAFETY: as in `write`, the other way; the spare capacity holds `len` bytes, which
-        // the copy initialises before the length covers them.
-        unsafe {
-            std::ptr::copy_nonoverlapping(from, out.as_mut_ptr().add(out.len()), len);
-            out.set_len(out.len() + len);
-        }
-        true
+        self.with(rkey, addr, len as u64, Access::REMOTE_READ, |from| {
+            out.reserve(len);
+            // SAFETY: as in `write`, the other way; the spare capacity holds `len` bytes,
+            // which the copy initialises before the length covers them.
+            unsafe {
+                std::ptr::copy_nonoverlapping(from, out.as_mut_ptr().add(out.len()), len);
+                out.set_len(out.len() + len);
+            }
+        })
+        .is_some()
     }
 
     fn atomic(&mut self, rkey: u32, addr: u64, f: &mut dyn FnMut(u64) -> u64) -> Option<u64> {
-        let at = self.at(rkey, addr, 8, Access::REMOTE_ATOMIC)?;
-        // SAFETY: an 8-byte aligned word (`allows` checked the address, and the mapping is
-        // page aligned at the same offset as the peer's) in a live shared mapping, which both
-        // processes touch only atomically as atomics.
-        let word = unsafe { AtomicU64::from_ptr(at.cast::<u64>()) };
-        let mut old = word.load(Ordering::SeqCst);
-        loop {
-            match word.compare_exchange(old, f(old), Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(v) => return Some(v),
-                Err(v) => old = v,
+        self.with(rkey, addr, 8, Access::REMOTE_ATOMIC, |at| {
+            // A directory that lies about a region's offset could make the word misaligned
+            // here even where the peer's address is aligned: refuse it (the packet path then
+            // lets the responder judge).
+            if at as usize % 8 != 0 {
+                return None;
             }
-        }
+            // SAFETY: an 8-byte aligned word (checked above) in a held shared mapping, which
+            // both processes touch only atomically as atomics.
+            let word = unsafe { AtomicU64::from_ptr(at.cast::<u64>()) };
+            let mut old = word.load(Ordering::SeqCst);
+            loop {
+                match word.compare_exchange(old, f(old), Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) => return Some(v),
+                    Err(v) => old = v,
+                }
+            }
+        })
+        .flatten()
     }
 }
 
@@ -659,7 +668,11 @@ fn pump(st: &mut State, now: Instant) {
                             if pkt.payload.len() >= REUSE_FROM {
                                 st.lent.push_back(pkt.payload.clone());
                             }
-                            l.send(to, pkt, &dev.deliver);
+                            if !l.send(to, pkt, &dev.deliver) {
+                                if let Some(e) = st.qps.get_mut(&qpn) {
+                                    e.core.handle_link_down();
+                                }
+                            }
                         }
                         // A datagram is simply lost; a connection breaks.
                         None => {
@@ -1248,9 +1261,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
         k += 1;
     }
     drop(st);
-    if k == 0 {
-        empty_poll();
-    }
+    empty_poll(k == 0);
     k
 }
 
@@ -1258,18 +1269,19 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
 /// run.
 const EMPTY_POLLS_BEFORE_YIELD: u32 = 64;
 
-/// Counts an empty poll of this thread; after [`EMPTY_POLLS_BEFORE_YIELD`] in a row, yields the
+/// Counts a poll of this thread (`empty`: it found nothing); after [`EMPTY_POLLS_BEFORE_YIELD`]
+/// empty ones in a row, yields the
 /// core. soft0's NIC is threads of this process (a link's writer and reader) that an
 /// application busy-polling on a core they share would otherwise starve: on a 2-core machine,
 /// two busy-polling `rs_send_bw`s left their link threads a fraction of the CPU (64 KiB over
 /// TCP links: 1.29-1.35 GB/s without the yield, 2.5-2.9 with it; over the rings 4.2-4.8
 /// against 14.9-19.0; latency and `rs_write_bw` unchanged).
-fn empty_poll() {
+fn empty_poll(empty: bool) {
     thread_local! {
         static EMPTY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
     }
     let n = EMPTY.with(|c| {
-        let n = c.get() + 1;
+        let n = if empty { c.get() + 1 } else { 0 };
         c.set(if n >= EMPTY_POLLS_BEFORE_YIELD { 0 } else { n });
         n
     });
@@ -1553,7 +1565,10 @@ pub(crate) unsafe fn reg_mr(
     let (ctx, pdh) = unsafe { ((*pd).context, (*pd).handle) };
     let basic = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let access = Access(access & (basic | Access::REMOTE_ATOMIC | Access::MW_BIND).0);
-    let key = lock().mrs.register(pdh, addr as u64, len as u64, access);
+    // Registered and published under one hold of the device lock: a deregistration that
+    // frees the same slot cannot withdraw this entry, nor write it half.
+    let mut st = lock();
+    let key = st.mrs.register(pdh, addr as u64, len as u64, access);
     // Memory peers of this host can map: they may do their requests in it themselves.
     let remote = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     if let (Some(dir), true) = (&device().directory, access.0 & remote.0 != 0) {
@@ -1573,6 +1588,7 @@ pub(crate) unsafe fn reg_mr(
             });
         }
     }
+    drop(st);
     let mr = Box::new(SoftMr {
         raw: ffi::ibv_mr {
             context: ctx,
@@ -1595,7 +1611,8 @@ pub(crate) unsafe fn reg_mr(
 pub(crate) unsafe fn dereg_mr(mr: *mut ffi::ibv_mr) -> c_int {
     // SAFETY: a live soft MR (the caller's contract).
     let key = unsafe { (*mr).lkey };
-    if let Err(DeregError::WindowsBound(n)) = lock().mrs.deregister(key) {
+    let mut st = lock();
+    if let Err(DeregError::WindowsBound(n)) = st.mrs.deregister(key) {
         tracing::debug!(
             key,
             windows = n,
@@ -1603,9 +1620,11 @@ pub(crate) unsafe fn dereg_mr(mr: *mut ffi::ibv_mr) -> c_int {
         );
         return libc::EINVAL;
     }
+    // Under the same hold of the lock as the deregistration (see `reg_mr`).
     if let Some(dir) = &device().directory {
         dir.withdraw_region(key);
     }
+    drop(st);
     // SAFETY: made by `reg_mr`, freed once (the caller's contract); deregistered above.
     drop(unsafe { Box::from_raw(mr.cast::<SoftMr>()) });
     0

@@ -5,7 +5,8 @@
 
 use crate::common::{connect_opts, ctx, gid_index, poll_n, poll_ok};
 use rsrdma::{
-    AccessFlags, Cq, Gid, Mr, Pd, Qp, QpCaps, QpEndpoint, QpType, SendWr, WcOpcode, WcStatus,
+    AccessFlags, Context, Cq, Gid, Mr, Pd, Qp, QpCaps, QpEndpoint, QpType, SendWr, WcOpcode,
+    WcStatus,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -51,6 +52,18 @@ fn access() -> AccessFlags {
         | AccessFlags::REMOTE_ATOMIC
 }
 
+/// A reliable-connected queue pair on the device under test, with its domain and one CQ.
+fn rc_qp() -> (Context, Pd, Cq, Qp) {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 16, None).unwrap();
+    let qp = Qp::builder(QpType::Rc)
+        .caps(QpCaps::default())
+        .build(&pd, &cq, &cq)
+        .unwrap();
+    (ctx, pd, cq, qp)
+}
+
 /// The target, run only as the child of
 /// `one_sided_requests_between_processes_land_in_the_targets_memory`: a region with every
 /// remote right, shown to the parent on request.
@@ -61,13 +74,7 @@ fn one_sided_target_child() {
         std::env::var_os(CHILD_ENV).is_some(),
         "run by the parent test"
     );
-    let ctx = ctx();
-    let pd = Pd::new(&ctx).unwrap();
-    let cq = Cq::new(&ctx, 16, None).unwrap();
-    let qp = Qp::builder(QpType::Rc)
-        .caps(QpCaps::default())
-        .build(&pd, &cq, &cq)
-        .unwrap();
+    let (_ctx, pd, _cq, qp) = rc_qp();
     let mut mr = Some(Mr::new(&pd, LEN, access()).unwrap());
     let bytes: Vec<u8> = (0..LEN).map(pattern).collect();
     let m = mr.as_mut().unwrap();
@@ -162,13 +169,7 @@ fn one_sided_requests_between_processes_land_in_the_targets_memory() {
     let target = parse_endpoint(&w[..4]);
     let (raddr, rkey): (u64, u32) = (w[4].parse().unwrap(), w[5].parse().unwrap());
 
-    let ctx = ctx();
-    let pd = Pd::new(&ctx).unwrap();
-    let cq = Cq::new(&ctx, 16, None).unwrap();
-    let qp = Qp::builder(QpType::Rc)
-        .caps(QpCaps::default())
-        .build(&pd, &cq, &cq)
-        .unwrap();
+    let (_ctx, pd, cq, qp) = rc_qp();
     let me = qp.endpoint(1, Some(gid_index()), 0x4000).unwrap();
     qp.connect(&connect_opts(AccessFlags::LOCAL_WRITE), me.psn, &target)
         .unwrap();
