@@ -152,6 +152,12 @@ impl MrTable {
         MrTable::default()
     }
 
+    /// The slot index a key names (keys are `(index + 1) << 8 | generation`; a slot holds
+    /// one region or window at a time, each new one with the next generation).
+    pub fn slot_of(key: u32) -> Option<usize> {
+        Some((key >> 8).checked_sub(1)? as usize)
+    }
+
     /// A free slot and the key its next object gets.
     fn take_slot(&mut self) -> (usize, u32) {
         let index = self.free.pop().unwrap_or_else(|| {
@@ -219,7 +225,7 @@ impl MrTable {
 
     /// Deallocates the window allocated as `handle`, unbinding it; `false` if there is none.
     pub fn dealloc_window(&mut self, handle: u32) -> bool {
-        let Some(index) = slot_of(handle) else {
+        let Some(index) = Self::slot_of(handle) else {
             return false;
         };
         let binding = match self.slots.get(index) {
@@ -244,7 +250,7 @@ impl MrTable {
 
     /// The slot index of the object whose present key is exactly `key`.
     fn index(&self, key: u32) -> Option<usize> {
-        let index = slot_of(key)?;
+        let index = Self::slot_of(key)?;
         let present = match self.slots.get(index)?.as_ref()? {
             Slot::Region { mr, .. } => mr.key,
             Slot::Window(w) => w.key,
@@ -383,11 +389,6 @@ impl MrTable {
         }
         Ok(())
     }
-}
-
-/// The slot index a key names.
-fn slot_of(key: u32) -> Option<usize> {
-    Some((key >> 8).checked_sub(1)? as usize)
 }
 
 #[cfg(test)]

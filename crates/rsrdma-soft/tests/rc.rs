@@ -86,6 +86,14 @@ fn cfg(qp_num: u32, rnr_retry: u8) -> QpConfig {
     }
 }
 
+/// An unreliable-connected queue pair's settings.
+fn uc_cfg(qp_num: u32) -> QpConfig {
+    QpConfig {
+        unreliable: true,
+        ..cfg(qp_num, 0)
+    }
+}
+
 impl Pair {
     fn new(rnr_retry: u8) -> Pair {
         Pair::with(cfg(10, rnr_retry), cfg(20, rnr_retry))
@@ -964,11 +972,7 @@ proptest! {
 
 #[test]
 fn unreliable_connected_sends_and_writes_complete_as_they_leave_and_drop_what_fails() {
-    let uc = |n| QpConfig {
-        unreliable: true,
-        ..cfg(n, 0)
-    };
-    let mut p = Pair::with(uc(10), uc(20));
+    let mut p = Pair::with(uc_cfg(10), uc_cfg(20));
     p.fill(0, BASE, b"first second third");
     // No receive at the peer: the SEND completes at the sender and is dropped there (no
     // RNR, no retry); the next one, with a receive, lands.
@@ -1548,11 +1552,7 @@ fn a_responder_without_the_right_or_not_ready_is_reached_through_packets() {
 
 #[test]
 fn an_unreliable_connected_queue_pair_never_goes_direct() {
-    let uc = |n| QpConfig {
-        unreliable: true,
-        ..cfg(n, 0)
-    };
-    let mut p = Pair::with(uc(10), uc(20));
+    let mut p = Pair::with(uc_cfg(10), uc_cfg(20));
     p.direct = true;
     let rkey = p.s[1].key;
     // Its WRITEs complete as they leave: one still on its way leaves no trace in the queue

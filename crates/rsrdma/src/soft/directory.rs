@@ -18,7 +18,7 @@
 //! responder's checks.
 
 use super::memfd;
-use rsrdma_soft::{Access, MrEntry, ResponderQp};
+use rsrdma_soft::{Access, MrEntry, MrTable, ResponderQp};
 use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -164,10 +164,9 @@ impl Directory {
     }
 }
 
-/// The slot index a region key names (keys are `(index + 1) << 8 | generation`).
+/// The directory slot of a region key: its region table slot, when below [`REGION_SLOTS`].
 fn slot_of(key: u32) -> Option<usize> {
-    let index = (key >> 8).checked_sub(1)? as usize;
-    (index < REGION_SLOTS).then_some(index)
+    MrTable::slot_of(key).filter(|&i| i < REGION_SLOTS)
 }
 
 /// A peer's side: read-only.

@@ -98,19 +98,10 @@ impl Readers {
 
     /// Waits, up to `limit`, until no reader of `peer` lives.
     fn wait_gone(&self, peer: SocketAddrV4, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        while live.contains_key(&peer) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            live = self
-                .changed
-                .wait_timeout(live, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = self
+            .changed
+            .wait_timeout_while(live, limit, |l| l.contains_key(&peer));
     }
 }
 
@@ -297,7 +288,7 @@ impl Links {
     /// written yet: a UD reply, the last datagrams to a second peer. `destroy_qp` calls
     /// this, without the device lock (a writer whose link fails takes it).
     pub(super) fn flush(&self, limit: std::time::Duration) {
-        let deadline = std::time::Instant::now() + limit;
+        let deadline = Instant::now() + limit;
         let outs: Vec<Arc<Outbound>> = self
             .out
             .lock()
@@ -308,17 +299,14 @@ impl Links {
         for o in outs {
             let mut q = o.queue.lock().unwrap_or_else(|p| p.into_inner());
             q.flushing += 1;
-            while !q.dead && (!q.frames.is_empty() || q.writing > 0) {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                q = o
-                    .ready
-                    .wait_timeout(q, left)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut q = o
+                .ready
+                .wait_timeout_while(q, left, |q| {
+                    !q.dead && (!q.frames.is_empty() || q.writing > 0)
+                })
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
             q.flushing -= 1;
         }
     }
@@ -368,7 +356,21 @@ impl Outbound {
 }
 
 /// The dialer's first bytes: the address and port it listens on (which name it).
-const HELLO_LEN: usize = 6;
+pub(super) const HELLO_LEN: usize = 6;
+
+/// The hello of the device at `me`: its address, then its port (little-endian).
+pub(super) fn hello(me: SocketAddrV4) -> [u8; HELLO_LEN] {
+    let mut h = [0u8; HELLO_LEN];
+    h[..4].copy_from_slice(&me.ip().octets());
+    h[4..].copy_from_slice(&me.port().to_le_bytes());
+    h
+}
+
+/// The device a hello names.
+pub(super) fn hello_device(h: &[u8; HELLO_LEN]) -> SocketAddrV4 {
+    let ip = Ipv4Addr::new(h[0], h[1], h[2], h[3]);
+    SocketAddrV4::new(ip, u16::from_le_bytes([h[4], h[5]]))
+}
 
 /// Dials the peer device (over shared memory when it is on this host and takes it, else
 /// TCP), says which device this is, then writes what is queued.
@@ -390,8 +392,8 @@ fn write_loop(
         })
         .flatten();
     let ended = match shm {
-        Some(s) => {
-            if let Some(d) = s.direct() {
+        Some(mut s) => {
+            if let Some(d) = s.take_direct() {
                 let _ = out.direct.set(d);
             }
             *out.shm.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
@@ -505,10 +507,7 @@ fn tcp_write_loop(me: SocketAddrV4, peer: SocketAddrV4, out: &Outbound) -> std::
     {
         let mut s = dial_from(me, peer)?;
         s.set_nodelay(true)?;
-        let mut hello = [0u8; HELLO_LEN];
-        hello[..4].copy_from_slice(&me.ip().octets());
-        hello[4..].copy_from_slice(&me.port().to_le_bytes());
-        s.write_all(&hello)?;
+        s.write_all(&hello(me))?;
         loop {
             let Some(batch) = next_batch(out, &|| false, &mut |_| false) else {
                 continue;
@@ -589,8 +588,7 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>, readers: &Readers) {
     if s.read_exact(&mut hello).is_err() {
         return;
     }
-    let ip = Ipv4Addr::new(hello[0], hello[1], hello[2], hello[3]);
-    let from = SocketAddrV4::new(ip, u16::from_le_bytes([hello[4], hello[5]]));
+    let from = hello_device(&hello);
     let genuine = match came_from {
         Some(std::net::SocketAddr::V4(a)) => {
             a.ip() == from.ip() || a.ip().is_loopback() && from.ip().is_loopback()
@@ -827,10 +825,7 @@ mod tests {
     /// sends one packet.
     fn speak(links: &Links, hello_from: SocketAddrV4) {
         let mut s = TcpStream::connect(links.addr()).unwrap();
-        let mut hello = [0u8; HELLO_LEN];
-        hello[..4].copy_from_slice(&hello_from.ip().octets());
-        hello[4..].copy_from_slice(&hello_from.port().to_le_bytes());
-        s.write_all(&hello).unwrap();
+        s.write_all(&hello(hello_from)).unwrap();
         s.write_all(&packet(7, vec![1, 2, 3]).encode()).unwrap();
     }
 

@@ -95,11 +95,13 @@ impl Mapping {
         self.u64_at(OFF_TAIL)
     }
 
-    /// The data byte that stream position `pos` lives at.
-    fn data(&self, pos: u64) -> *mut u8 {
+    /// Where stream position `pos` lives in the data area, and how many of `want` bytes
+    /// from there lie before the area's end (the rest wraps to its start).
+    fn span(&self, pos: u64, want: usize) -> (*mut u8, usize) {
         let i = (pos as usize) & (self.capacity - 1);
         // SAFETY: `i < capacity` and the data area is `capacity` bytes after the header.
-        unsafe { self.map.base().add(HEADER + i) }
+        let at = unsafe { self.map.base().add(HEADER + i) };
+        (at, want.min(self.capacity - i))
     }
 }
 
@@ -176,9 +178,7 @@ impl Producer {
     fn copy_in(&mut self, data: &[u8]) {
         let mut done = 0;
         while done < data.len() {
-            let at = self.map.data(self.head);
-            let to_end = self.map.capacity - ((self.head as usize) & (self.map.capacity - 1));
-            let n = (data.len() - done).min(to_end);
+            let (at, n) = self.map.span(self.head, data.len() - done);
             // SAFETY: `at..at + n` lies inside the data area (`n` stops at its end), which
             // the consumer does not read until `head` is published past it; `data` is the
             // caller's own memory, which cannot overlap the mapping's.
@@ -318,9 +318,7 @@ impl Consumer {
         let n = len.min(self.available()?);
         let mut done = 0;
         while done < n {
-            let at = self.map.data(self.tail);
-            let to_end = self.map.capacity - ((self.tail as usize) & (self.map.capacity - 1));
-            let k = (n - done).min(to_end);
+            let (at, k) = self.map.span(self.tail, n - done);
             // SAFETY: `at..at + k` lies inside the data area, published by the producer (it
             // does not write there again until `tail` passes it); `out` is the caller's, for
             // `len >= n` bytes.

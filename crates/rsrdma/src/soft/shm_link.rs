@@ -22,12 +22,13 @@
 //! gets its packets at once. A reader never naps longer than [`NAP`].
 
 use super::directory::{Directory, DirectoryView, PeerDirect, PeerMemory};
-use super::link::{Deliver, MAX_PAYLOAD};
+use super::link::{hello, hello_device, Deliver, HELLO_LEN, MAX_PAYLOAD};
 use super::recycle::Recycler;
 use super::ring::{Consumer, Producer};
+use super::verbs::signal;
 use rsrdma_soft::{Packet, HEADER_LEN};
 use std::io;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::SocketAddrV4;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
@@ -45,8 +46,6 @@ pub const SHM_ENV: &str = "RSRDMA_SOFT_SHM";
 pub(super) const NAP: Duration = Duration::from_millis(1);
 /// How long a waiting side sleeps at most before it looks again (the fds wake it sooner).
 const WAIT: Duration = Duration::from_millis(100);
-/// The dialer's first bytes: the address and port of its device.
-const HELLO_LEN: usize = 6;
 
 /// Counts the application's polls (`ibv_poll_cq` calls): a reader that sees it move knows
 /// someone polls, and naps.
@@ -83,12 +82,6 @@ fn eventfd() -> io::Result<OwnedFd> {
     }
     // SAFETY: a descriptor just opened, owned by nothing else.
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
-}
-
-fn signal(fd: BorrowedFd<'_>) {
-    let one: u64 = 1;
-    // SAFETY: an 8-byte write from a valid u64 to an eventfd.
-    let _ = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
 }
 
 fn clear(fd: BorrowedFd<'_>) {
@@ -179,12 +172,9 @@ impl ShmOut {
         }
         let ring = Producer::create(RING_CAPACITY)?;
         let (data, room) = (eventfd()?, eventfd()?);
-        let mut hello = [0u8; HELLO_LEN];
-        hello[..4].copy_from_slice(&me.ip().octets());
-        hello[4..].copy_from_slice(&me.port().to_le_bytes());
         send_with_fds(
             &sock,
-            &hello,
+            &hello(me),
             &[ring.fd().as_fd(), data.as_fd(), room.as_fd()],
         )?;
         let mut answer = [0u8; 1];
@@ -222,9 +212,10 @@ impl ShmOut {
         })
     }
 
-    /// The peer's directory, when it shares its memory with this process.
-    pub(super) fn direct(&self) -> Option<Arc<PeerDirect>> {
-        self.direct.clone()
+    /// The peer's directory, when it shares its memory with this process (taken once, by
+    /// whoever keeps the link).
+    pub(super) fn take_direct(&mut self) -> Option<Arc<PeerDirect>> {
+        self.direct.take()
     }
 
     /// Writes one packet whole if the ring has room for it now; never waits.
@@ -232,7 +223,7 @@ impl ShmOut {
         match self.ring.try_push(&[header, payload]) {
             Ok(true) => {
                 if self.ring.consumer_sleeping() {
-                    signal(self.data.as_fd());
+                    signal(self.data.as_raw_fd());
                 }
                 true
             }
@@ -256,7 +247,7 @@ impl ShmOut {
             if n > 0 {
                 done += n;
                 if self.ring.consumer_sleeping() {
-                    signal(self.data.as_fd());
+                    signal(self.data.as_raw_fd());
                 }
                 continue;
             }
@@ -284,7 +275,7 @@ impl ShmOut {
     #[cfg(test)]
     pub(super) fn break_ring(&self) {
         self.ring.break_head();
-        signal(self.data.as_fd());
+        signal(self.data.as_raw_fd());
     }
 
     /// Publishes a consumer's position past what was written, as a faulty reader might.
@@ -379,7 +370,7 @@ impl Inbound {
     fn hand_over(&self, r: &mut Reading, deliver: &dyn Deliver) {
         // Read out of the ring: the writer may use that room again.
         if r.ring.release() {
-            signal(self.room.as_fd());
+            signal(self.room.as_raw_fd());
         }
         if !r.batch.is_empty() {
             for p in &r.batch {
@@ -410,7 +401,7 @@ impl Inbound {
         }
         if self.drain_locked(&mut r, deliver).is_err() {
             // The reader thread finds the same and ends the link.
-            signal(self.wake.as_fd());
+            signal(self.wake.as_raw_fd());
         }
     }
 }
@@ -457,7 +448,7 @@ pub(super) fn cq_fired() {
 pub(super) fn poller_stopped(inbound: &[Arc<Inbound>]) {
     for i in inbound {
         if i.napping.load(Ordering::SeqCst) {
-            signal(i.wake.as_fd());
+            signal(i.wake.as_raw_fd());
         }
     }
 }
@@ -604,8 +595,7 @@ fn accept_one(
     if fds.len() != 3 {
         return Err(bad("a set-up without its ring and eventfds"));
     }
-    let ip = Ipv4Addr::new(hello[0], hello[1], hello[2], hello[3]);
-    let from = SocketAddrV4::new(ip, u16::from_le_bytes([hello[4], hello[5]]));
+    let from = hello_device(&hello);
     // Over a Unix socket, the peer is on this host: it may speak only for a device here.
     if !same_host(me, from) {
         return Err(bad("a peer on this host named a device of another host"));
@@ -776,6 +766,7 @@ fn recv_with_fds(sock: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
     use std::os::fd::FromRawFd;
 
     struct Nothing;

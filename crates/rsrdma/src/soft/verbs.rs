@@ -372,7 +372,7 @@ impl QpEntry {
         let now = SharedQp {
             responder: rsrdma_soft::ResponderQp {
                 qp_num: cfg.qp_num,
-                ready: matches!(q.state(), QpState::Rtr | QpState::Rts),
+                ready: self.ready(),
                 access: cfg.access,
                 pd: cfg.pd,
                 dest_qpn: q.dest_qpn(),
@@ -383,6 +383,23 @@ impl QpEntry {
         if self.published != Some(now) {
             dir.publish_qp(cfg.qp_num, Some(&now));
             self.published = Some(now);
+        }
+    }
+
+    /// Whether it executes what arrives (RTR or RTS).
+    fn ready(&self) -> bool {
+        matches!(self.core.state(), QpState::Rtr | QpState::Rts)
+    }
+
+    /// After a pump: its state is all that changes outside `ibv_modify_qp` (an error, a
+    /// broken link), so only a change of readiness is published again (a pump runs on every
+    /// post and poll: it computes nothing else).
+    fn republish_state(&mut self) {
+        if self
+            .published
+            .is_some_and(|p| p.responder.ready != self.ready())
+        {
+            self.publish();
         }
     }
 
@@ -493,11 +510,9 @@ impl Reach<'_> {
         f: impl FnOnce(*mut u8) -> T,
     ) -> Option<T> {
         let qp = self.peer.view.qp(self.dest_qpn)?;
-        // The responder is connected to this very queue pair, on this device.
-        let own = own_addr();
-        let here = qp.peer.port() == own.port()
-            && (qp.peer.ip() == own.ip() || qp.peer.ip().is_loopback() && own.ip().is_loopback());
-        if !here {
+        // The responder is connected to this very queue pair, on this device (port 0 would
+        // be the peer's own process).
+        if qp.peer.port() == 0 || !is_own(qp.peer) {
             return None;
         }
         let r = self.peer.view.region(rkey)?;
@@ -696,7 +711,7 @@ fn pump(st: &mut State, now: Instant) {
         }
     }
     for e in st.qps.values_mut() {
-        e.publish();
+        e.republish_state();
         while let Some(c) = e.core.poll_completion() {
             if e.delay.is_zero() && e.held.is_empty() {
                 e.complete(&c);
@@ -916,7 +931,8 @@ unsafe fn forget_events(ctx: *mut SoftContext, of: *mut c_void) {
 /// Counts one on a semaphore eventfd.
 pub(super) fn signal(fd: c_int) {
     let one: u64 = 1;
-    // SAFETY: an 8-byte write from a valid u64 to an eventfd this module opened.
+    // SAFETY: an 8-byte write from a valid u64 (to an eventfd of this module's or of a
+    // shared-memory link's).
     let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
 }
 
@@ -1129,9 +1145,18 @@ unsafe extern "C" fn post_send(
             }
             // SAFETY: as above.
             let s = unsafe { send_wr(&*w) }?;
-            let remote = e.remote();
+            // Only a one-sided request may be done directly: the others need no look-up of
+            // the peer's device.
+            let one_sided = matches!(
+                s.op,
+                SendOp::Write { imm: None, .. }
+                    | SendOp::Read { .. }
+                    | SendOp::CompareSwap { .. }
+                    | SendOp::FetchAdd { .. }
+            );
+            let peer = one_sided.then(|| direct_peer(e.remote())).flatten();
             match &mut e.core {
-                QpCore::Rc(q) => match direct_peer(remote) {
+                QpCore::Rc(q) => match peer {
                     Some(peer) => {
                         let mut reach = Reach {
                             peer: &peer,
