@@ -576,14 +576,15 @@ impl RcQp {
 
     /// A packet from the peer: a request to execute (its answer is queued), or an answer to
     /// one of ours (its request completes, in order). `srq`: the shared receive queue of a QP
-    /// that uses one (`None` otherwise: its own queue is used).
+    /// that uses one (`None` otherwise: its own queue is used). `now` is read only when a
+    /// timer starts (an RNR NAK): a device pays for no clock on the common path.
     pub fn handle_packet(
         &mut self,
         p: Packet,
         mrs: &mut MrTable,
         mem: &mut dyn Memory,
         srq: Option<&mut Srq>,
-        now: Instant,
+        now: impl FnOnce() -> Instant,
     ) {
         if matches!(self.state, QpState::Reset | QpState::Init | QpState::Error) {
             return;
@@ -663,7 +664,7 @@ impl RcQp {
 
     // ----- requester ---------------------------------------------------------------------
 
-    fn on_answer(&mut self, p: Packet, mem: &mut dyn Memory, now: Instant) {
+    fn on_answer(&mut self, p: Packet, mem: &mut dyn Memory, now: impl FnOnce() -> Instant) {
         let Some(head) = self.sq.front() else {
             return;
         };
@@ -719,7 +720,7 @@ impl RcQp {
                 // Requests queued after the refused one go again after the timer (answers to
                 // the peer's requests still go now).
                 self.out.retain(|q| !q.kind.is_request());
-                self.rnr = Some((p.psn, now + Duration::from_micros(u64::from(timer_us))));
+                self.rnr = Some((p.psn, now() + Duration::from_micros(u64::from(timer_us))));
             }
             PacketKind::Nak(n) => {
                 if head.psn != p.psn {

@@ -194,7 +194,7 @@ impl Pair {
         let peer = &mut self.s[1 - i];
         assert_eq!(p.dest_qpn, peer.qp.qp_num());
         peer.qp
-            .handle_packet(p, &mut peer.mrs, &mut peer.mem, None, now);
+            .handle_packet(p, &mut peer.mrs, &mut peer.mem, None, || now);
         true
     }
 
@@ -768,10 +768,10 @@ fn queue_pairs_share_an_srq_in_posting_order_with_its_limit_and_last_wqe_events(
             &mut mrs_b,
             &mut mem_b,
             Some(&mut srq),
-            now,
+            || now,
         );
         let ack = qps[to].poll_transmit().unwrap();
-        qps[from].handle_packet(ack, &mut mrs_a, &mut mem_a, None, now);
+        qps[from].handle_packet(ack, &mut mrs_a, &mut mem_a, None, || now);
     }
     let c21: Vec<u64> = std::iter::from_fn(|| qps[3].poll_completion())
         .map(|c| c.wr_id)
@@ -804,7 +804,7 @@ fn queue_pairs_share_an_srq_in_posting_order_with_its_limit_and_last_wqe_events(
             .post_send(send(10 + k, sges, false), &mut mrs_a, &mem_a)
             .unwrap();
         let p = qps[1].poll_transmit().unwrap();
-        qps[3].handle_packet(p, &mut mrs_b, &mut mem_b, Some(&mut srq), now);
+        qps[3].handle_packet(p, &mut mrs_b, &mut mem_b, Some(&mut srq), || now);
         answers.push(qps[3].poll_transmit().unwrap().kind);
     }
     assert_eq!(answers[0], rsrdma_soft::PacketKind::Ack);
@@ -1280,9 +1280,9 @@ fn a_window_works_only_through_the_qp_it_was_bound_on() {
             .post_send(read(9, sge, BASE, key), mrs_a, &mem_a)
             .unwrap();
         let req = qps[from].poll_transmit().unwrap();
-        qps[from + 2].handle_packet(req, &mut mrs_b, &mut mem_b, None, now);
+        qps[from + 2].handle_packet(req, &mut mrs_b, &mut mem_b, None, || now);
         let answer = qps[from + 2].poll_transmit().unwrap();
-        qps[from].handle_packet(answer, mrs_a, &mut mem_a, None, now);
+        qps[from].handle_packet(answer, mrs_a, &mut mem_a, None, || now);
         qps[from].poll_completion().unwrap().status
     };
     // Through QP 21, on the same domain as the window: refused, and 21 fails.

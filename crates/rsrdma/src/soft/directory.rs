@@ -17,9 +17,9 @@
 //! trusts it with that process's memory (ptrace). Others use the packet path, with the
 //! responder's checks.
 
+use super::fast_hash::FastMap;
 use super::memfd;
 use rsrdma_soft::{Access, MrEntry, MrTable, ResponderQp};
-use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -258,14 +258,14 @@ const MAX_MAPS: usize = 256;
 /// A peer's regions, mapped from its `/proc/<pid>/fd`, by descriptor number and inode.
 pub(super) struct PeerMemory {
     pid: u32,
-    maps: HashMap<(i32, u64), memfd::Mapping>,
+    maps: FastMap<(i32, u64), memfd::Mapping>,
 }
 
 impl PeerMemory {
     pub(super) fn new(pid: u32) -> PeerMemory {
         PeerMemory {
             pid,
-            maps: HashMap::new(),
+            maps: FastMap::default(),
         }
     }
 
@@ -274,16 +274,20 @@ impl PeerMemory {
     /// (a directory that lies).
     pub(super) fn at(&mut self, r: &SharedRegion, addr: u64, len: u64) -> Option<*mut u8> {
         let key = (r.fd_no, r.inode);
-        if !self.maps.contains_key(&key) {
-            let m = self.map(r)?;
-            // A mapping keeps its memfd alive after the peer freed the region: past a bound,
-            // start afresh (the live regions are mapped again as they are used).
-            if self.maps.len() >= MAX_MAPS {
-                self.maps.clear();
-            }
-            self.maps.insert(key, m);
+        if let Some(m) = self.maps.get(&key) {
+            return Self::inside(m, r, addr, len);
         }
-        let m = self.maps.get(&key)?;
+        let m = self.map(r)?;
+        // A mapping keeps its memfd alive after the peer freed the region: past a bound,
+        // start afresh (the live regions are mapped again as they are used).
+        if self.maps.len() >= MAX_MAPS {
+            self.maps.clear();
+        }
+        Self::inside(self.maps.entry(key).or_insert(m), r, addr, len)
+    }
+
+    /// The address of `len` bytes at `addr` of region `r` in its mapping `m`, if inside.
+    fn inside(m: &memfd::Mapping, r: &SharedRegion, addr: u64, len: u64) -> Option<*mut u8> {
         let off = r.offset.checked_add(addr.checked_sub(r.mr.addr)?)?;
         let end = off.checked_add(len)?;
         if end > m.len() as u64 {

@@ -29,13 +29,14 @@
 //! and the peer's polls take it.
 
 use super::directory::{Directory, PeerDirect};
+use super::fast_hash::FastMap;
 use super::recycle::Recycler;
 use super::shm_link::{self, Inbound, ShmOut};
 use rsrdma_soft::{Packet, HEADER_LEN};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -65,7 +66,7 @@ pub(super) trait Deliver: Send + Sync + 'static {
 /// The device's listener and its connections to other devices.
 pub(super) struct Links {
     addr: SocketAddrV4,
-    out: Mutex<HashMap<SocketAddrV4, Arc<Outbound>>>,
+    out: Mutex<FastMap<SocketAddrV4, Arc<Outbound>>>,
     /// The shared-memory links other devices dialled, for the polls to drain.
     inbound: Arc<RwLock<Vec<Arc<Inbound>>>>,
     readers: Arc<Readers>,
@@ -77,7 +78,7 @@ pub(super) struct Links {
 /// whose connection failed can wait for them to deliver what they still hold.
 #[derive(Default)]
 struct Readers {
-    live: Mutex<HashMap<SocketAddrV4, usize>>,
+    live: Mutex<FastMap<SocketAddrV4, usize>>,
     changed: Condvar,
 }
 
@@ -105,6 +106,9 @@ impl Readers {
     }
 }
 
+/// How many shared-memory links have frames waiting for the polls to move them.
+static QUEUED_LINKS: AtomicUsize = AtomicUsize::new(0);
+
 /// Packets queued for one peer device, and its writer thread's state.
 struct Outbound {
     queue: Mutex<OutQueue>,
@@ -112,8 +116,12 @@ struct Outbound {
     /// The shared-memory link, once the writer set it up (`shm_ready` then says so).
     shm: Mutex<Option<ShmOut>>,
     shm_ready: AtomicBool,
-    /// Frames wait in the queue of a shared-memory link (for the polls to move them).
+    /// Frames wait in the queue of a shared-memory link (for the polls to move them):
+    /// counted in [`QUEUED_LINKS`] while set ([`Outbound::set_queued`]).
     queued: AtomicBool,
+    /// The connection failed (what `OutQueue::dead` says, readable without the lock: every
+    /// packet and one-sided request looks).
+    dead: AtomicBool,
     /// The peer's directory, once a shared-memory link with it is set up and it shares its
     /// memory: one-sided requests to it are then done directly.
     direct: std::sync::OnceLock<Arc<PeerDirect>>,
@@ -162,7 +170,7 @@ impl Links {
             .spawn(move || accept_loop(&listener, &deliver, &r))?;
         Ok(Links {
             addr,
-            out: Mutex::new(HashMap::new()),
+            out: Mutex::new(FastMap::default()),
             inbound,
             readers,
             shm,
@@ -174,10 +182,13 @@ impl Links {
     /// that is at either.
     pub(super) fn progress(&self, deliver: &dyn Deliver) {
         shm_link::polled();
-        if let Ok(map) = self.out.try_lock() {
-            for o in map.values() {
-                if o.queued.load(Ordering::Relaxed) {
-                    o.move_to_ring(&mut o.queue.lock().unwrap_or_else(|p| p.into_inner()));
+        // Most polls find no frame waiting for room: they take no lock for it.
+        if QUEUED_LINKS.load(Ordering::Relaxed) > 0 {
+            if let Ok(map) = self.out.try_lock() {
+                for o in map.values() {
+                    if o.queued.load(Ordering::Relaxed) {
+                        o.move_to_ring(&mut o.queue.lock().unwrap_or_else(|p| p.into_inner()));
+                    }
                 }
             }
         }
@@ -185,14 +196,6 @@ impl Links {
         for i in inbound.iter() {
             i.drain(deliver);
         }
-    }
-
-    /// The directory of the device listening on `peer`, once a shared-memory link to it
-    /// is up and it shares its memory with this process.
-    pub(super) fn direct_peer(&self, peer: SocketAddrV4) -> Option<Arc<PeerDirect>> {
-        let map = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let o = map.get(&peer).filter(|o| !o.is_dead())?;
-        o.direct.get().cloned()
     }
 
     /// The application stopped polling: the readers of the shared-memory links go back to
@@ -216,9 +219,15 @@ impl Links {
         frame: Packet,
         deliver: &Arc<dyn Deliver>,
     ) -> bool {
-        let Some(out) = self.outbound(peer, deliver) else {
-            return false;
-        };
+        match self.route(peer, deliver) {
+            Some(r) => Links::send_on(&r, frame),
+            None => false,
+        }
+    }
+
+    /// Queues `frame` on `route` (as [`Links::send`], for a sender that keeps its route).
+    pub(super) fn send_on(route: &Route, frame: Packet) -> bool {
+        let out = &route.0;
         let mut q = out.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.dead {
             return true;
@@ -236,13 +245,37 @@ impl Links {
         let was_empty = q.frames.is_empty();
         q.frames.push_back(frame);
         if out.shm_ready.load(Ordering::Relaxed) {
-            out.queued.store(true, Ordering::Relaxed);
+            out.set_queued(true);
         }
         // The writer waits only while the queue is empty.
         if was_empty {
             out.ready.notify_all();
         }
         true
+    }
+
+    /// The link to the device listening on `peer`, started if needed (`None` when no thread
+    /// can be started for it).
+    pub(super) fn route(&self, peer: SocketAddrV4, deliver: &Arc<dyn Deliver>) -> Option<Route> {
+        self.outbound(peer, deliver).map(Route)
+    }
+}
+
+/// The link to one peer device, kept by a connected queue pair so that its packets and
+/// one-sided requests look up no map (the map's lock and an `Arc` count per packet were a
+/// fifth of a small message's cost). Once its link died it is stale: ask [`Links::route`]
+/// again (which dials anew).
+#[derive(Clone)]
+pub(super) struct Route(Arc<Outbound>);
+
+impl Route {
+    pub(super) fn is_dead(&self) -> bool {
+        self.0.is_dead()
+    }
+
+    /// The peer's directory, once the link shares memory with it.
+    pub(super) fn direct(&self) -> Option<&Arc<PeerDirect>> {
+        self.0.direct.get()
     }
 }
 
@@ -267,6 +300,7 @@ impl Links {
             shm: Mutex::new(None),
             shm_ready: AtomicBool::new(false),
             queued: AtomicBool::new(false),
+            dead: AtomicBool::new(false),
             direct: std::sync::OnceLock::new(),
         });
         let (w, d, me) = (o.clone(), deliver.clone(), self.addr);
@@ -335,7 +369,7 @@ impl Outbound {
             }
             q.frames.pop_front();
         }
-        self.queued.store(false, Ordering::Relaxed);
+        self.set_queued(false);
         if q.flushing > 0 {
             self.ready.notify_all();
         }
@@ -343,12 +377,28 @@ impl Outbound {
     }
 
     fn is_dead(&self) -> bool {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner()).dead
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Says whether frames wait for the polls, keeping [`QUEUED_LINKS`] the count of links
+    /// where they do.
+    fn set_queued(&self, queued: bool) {
+        if self.queued.load(Ordering::Relaxed) != queued
+            && self.queued.swap(queued, Ordering::Relaxed) != queued
+        {
+            if queued {
+                QUEUED_LINKS.fetch_add(1, Ordering::Relaxed);
+            } else {
+                QUEUED_LINKS.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 
     fn kill(&self) {
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         q.dead = true;
+        self.dead.store(true, Ordering::Release);
+        self.set_queued(false);
         q.frames.clear();
         q.writing = 0;
         self.ready.notify_all();
@@ -402,7 +452,7 @@ fn write_loop(
                 // is from now on the polls' to move, as what `send` queues after.
                 let q = out.queue.lock().unwrap_or_else(|p| p.into_inner());
                 out.shm_ready.store(true, Ordering::Release);
-                out.queued.store(!q.frames.is_empty(), Ordering::Relaxed);
+                out.set_queued(!q.frames.is_empty());
             }
             shm_write_loop(out)
         }

@@ -40,6 +40,7 @@
 pub(crate) mod ah;
 pub(crate) mod cm;
 mod directory;
+mod fast_hash;
 pub mod faults;
 mod link;
 mod memfd;

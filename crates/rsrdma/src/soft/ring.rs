@@ -40,6 +40,7 @@ use super::memfd;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// "rsrdmaR1" in ASCII.
 const MAGIC: u64 = 0x3152_616d_6472_7372;
@@ -105,6 +106,20 @@ impl Mapping {
     }
 }
 
+/// Whether a ring may hold bytes, asked by a poller that does not hold its consumer: an
+/// empty ring is then passed over with no lock taken (most polls find every ring empty).
+pub(super) struct Peek(Arc<Mapping>);
+
+impl Peek {
+    /// Whether the producer published bytes past what the consumer last released. A hint
+    /// only (the peer can write both positions): the consumer, under its lock, decides. At
+    /// rest (no read under way) the released position is the consumer's own, so an empty
+    /// ring says false.
+    pub(super) fn maybe_ready(&self) -> bool {
+        self.0.head().load(Ordering::Acquire) != self.0.tail().load(Ordering::Relaxed)
+    }
+}
+
 /// The writing end of a ring.
 pub(super) struct Producer {
     map: Mapping,
@@ -114,7 +129,7 @@ pub(super) struct Producer {
 
 /// The reading end of a ring.
 pub(super) struct Consumer {
-    map: Mapping,
+    map: Arc<Mapping>,
     /// Bytes read so far.
     tail: u64,
 }
@@ -269,7 +284,15 @@ impl Consumer {
             return Err(bad("not a shared ring of this version"));
         }
         let tail = map.tail().load(Ordering::Relaxed);
-        Ok(Consumer { map, tail })
+        Ok(Consumer {
+            map: Arc::new(map),
+            tail,
+        })
+    }
+
+    /// A look at the ring that needs no hold of its consumer ([`Peek::maybe_ready`]).
+    pub(super) fn peek(&self) -> Peek {
+        Peek(self.map.clone())
     }
 
     /// Bytes waiting to be read.

@@ -24,7 +24,7 @@
 use super::directory::{Directory, DirectoryView, PeerDirect, PeerMemory};
 use super::link::{hello, hello_device, Deliver, HELLO_LEN, MAX_PAYLOAD};
 use super::recycle::Recycler;
-use super::ring::{Consumer, Producer};
+use super::ring::{Consumer, Peek, Producer};
 use super::verbs::signal;
 use rsrdma_soft::{Packet, HEADER_LEN};
 use std::io;
@@ -305,6 +305,8 @@ pub(super) struct Inbound {
     /// The link ended: nothing more is read.
     over: AtomicBool,
     sock: UnixStream,
+    /// A look at the ring for the polls, without the reader's lock.
+    peek: Peek,
 }
 
 /// A reader's progress through the stream.
@@ -390,7 +392,7 @@ impl Inbound {
 
     /// For a poller: reads what waits, unless the reader is at it.
     pub(super) fn drain(&self, deliver: &dyn Deliver) {
-        if self.over.load(Ordering::Relaxed) {
+        if self.over.load(Ordering::Relaxed) || !self.peek.maybe_ready() {
             return;
         }
         let Ok(mut r) = self.state.try_lock() else {
@@ -406,9 +408,14 @@ impl Inbound {
     }
 }
 
-/// Counts one poll of the application's (an `ibv_poll_cq` call).
+/// Counts one poll of the application's (an `ibv_poll_cq` call). Not an atomic increment
+/// (a locked instruction on every poll): pollers racing may count one poll for two, and a
+/// watcher only asks whether the count moved.
 pub(super) fn polled() {
-    POLLS.fetch_add(1, Ordering::Relaxed);
+    POLLS.store(
+        POLLS.load(Ordering::Relaxed).wrapping_add(1),
+        Ordering::Relaxed,
+    );
 }
 
 /// Whether the application busy-polls, as a thread that looks now and then sees it: it
@@ -603,6 +610,7 @@ fn accept_one(
     let room = checked_eventfd(fds.pop().ok_or_else(|| bad("no eventfd"))?)?;
     let data = checked_eventfd(fds.pop().ok_or_else(|| bad("no eventfd"))?)?;
     let ring = Consumer::open(fds.pop().ok_or_else(|| bad("no ring"))?)?;
+    let peek = ring.peek();
     // Taken: the directory goes with the answer (to a peer of this user, which may read
     // this process's /proc/<pid>/fd anyway).
     let dir: Vec<BorrowedFd<'_>> = directory.map(|d| d.fd().as_fd()).into_iter().collect();
@@ -624,6 +632,7 @@ fn accept_one(
         napping: AtomicBool::new(false),
         over: AtomicBool::new(false),
         sock,
+        peek,
     })
 }
 

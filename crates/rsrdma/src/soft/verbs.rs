@@ -4,14 +4,15 @@
 
 use super::device_ptr;
 use super::directory::{Directory, PeerDirect, SharedQp, SharedRegion};
-use super::link::{Deliver, Links};
+use super::fast_hash::FastMap;
+use super::link::{Deliver, Links, Route};
 use super::qp_core::QpCore;
 use crate::ffi;
 use rsrdma_soft::{
     Access, Bind, Completion, DeregError, Memory, MrTable, Packet, PacketKind, PostError, QpConfig,
     QpEvent, QpState, RcQp, RecvWr, SendOp, SendWr, Sge, Srq, UdQp, UdSource,
 };
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::raw::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -59,6 +60,9 @@ struct SoftMw {
 struct SoftCq {
     raw: ffi::ibv_cq,
     state: Mutex<CqState>,
+    /// It holds completions or is overrun (set and cleared under `state`'s lock): a poll
+    /// that finds it clear takes no lock (most polls of a busy-polling thread find nothing).
+    pending: AtomicBool,
     /// A thread is polling it (checked in single-threaded mode: [`Exclusive`]).
     busy: AtomicBool,
 }
@@ -151,6 +155,10 @@ struct QpEntry {
     caps: ffi::ibv_qp_cap,
     /// What `ibv_modify_qp` set, for `ibv_query_qp`.
     attr: ffi::ibv_qp_attr,
+    /// Where the peer's device listens: [`QpEntry::peer_of`] the address vector in `attr`.
+    remote: SocketAddrV4,
+    /// The link to that device, once a packet or a request went there ([`route_to`]).
+    route: Option<Route>,
     /// Fault injection: completions reach the CQs only this long after they happened
     /// (`faults::delay_completions`); those held meanwhile, in order, with their time.
     delay: Duration,
@@ -168,11 +176,11 @@ struct SrqEntry {
 /// Everything the device's queue pairs share, under one lock.
 struct State {
     mrs: MrTable,
-    qps: HashMap<u32, QpEntry>,
+    qps: FastMap<u32, QpEntry>,
     /// The QP numbers in ascending order (numbers only grow), the order a pump serves them
     /// in: kept here so a pump, on every post, neither allocates nor sorts.
     order: Vec<u32>,
-    srqs: HashMap<u32, SrqEntry>,
+    srqs: FastMap<u32, SrqEntry>,
     next_qpn: u32,
     next_handle: u32,
     /// Large payloads handed to the links, oldest first: once nothing else holds one (its
@@ -262,9 +270,9 @@ fn device() -> &'static Device {
         Device {
             state: Mutex::new(State {
                 mrs: MrTable::new(),
-                qps: HashMap::new(),
+                qps: FastMap::default(),
                 order: Vec::new(),
-                srqs: HashMap::new(),
+                srqs: FastMap::default(),
                 next_qpn: FIRST_QPN,
                 next_handle: 1,
                 lent: VecDeque::new(),
@@ -336,18 +344,18 @@ struct FromPeers;
 impl Deliver for FromPeers {
     fn packet(&self, from: SocketAddrV4, p: rsrdma_soft::Packet) {
         let mut st = lock();
-        let now = Instant::now();
-        deliver(&mut st, p, from, now);
-        pump(&mut st, now);
+        let mut now = LazyNow::default();
+        deliver(&mut st, p, from, &mut now);
+        pump(&mut st, &mut now);
     }
 
     fn packets(&self, from: SocketAddrV4, batch: &mut Vec<rsrdma_soft::Packet>) {
         let mut st = lock();
-        let now = Instant::now();
+        let mut now = LazyNow::default();
         for p in batch.drain(..) {
-            deliver(&mut st, p, from, now);
+            deliver(&mut st, p, from, &mut now);
         }
-        pump(&mut st, now);
+        pump(&mut st, &mut now);
     }
 
     fn link_down(&self, peer: SocketAddrV4) {
@@ -357,7 +365,7 @@ impl Deliver for FromPeers {
                 e.core.handle_link_down();
             }
         }
-        pump(&mut st, Instant::now());
+        pump(&mut st, &mut LazyNow::default());
     }
 }
 
@@ -406,7 +414,13 @@ impl QpEntry {
     /// Where the device its peer QP lives on listens (set at RTR: the LID, and the GID's
     /// address).
     fn remote(&self) -> SocketAddrV4 {
-        let a = &self.attr.ah_attr;
+        self.remote
+    }
+
+    /// The peer's device address, from the address vector `ibv_modify_qp` set (computed once
+    /// there: every packet looks it up).
+    fn peer_of(attr: &ffi::ibv_qp_attr) -> SocketAddrV4 {
+        let a = &attr.ah_attr;
         // SAFETY: `raw` is the GID's plain bytes.
         let gid = (a.is_global != 0).then_some(unsafe { a.grh.dgid.raw });
         peer_addr(gid.as_ref(), a.dlid)
@@ -480,13 +494,23 @@ impl Memory for ProcessMemory {
 
 // ----- requests done in a peer's memory ------------------------------------------------------
 
-/// The device at `remote`, when it lives in another process of this host and shares its
-/// memory with this one.
-fn direct_peer(remote: SocketAddrV4) -> Option<Arc<PeerDirect>> {
+/// The link a connected queue pair keeps to its peer's device at `remote` (another
+/// process's), made again when it died; `None` for a peer of this process or when no link
+/// can be started.
+fn route_to<'a>(
+    route: &'a mut Option<Route>,
+    remote: SocketAddrV4,
+    links: &Links,
+    deliver: &Arc<dyn Deliver>,
+) -> Option<&'a Route> {
     if is_own(remote) {
         return None;
     }
-    device().links.as_ref()?.direct_peer(remote)
+    let live = route.as_ref().is_some_and(|r| !r.is_dead());
+    if !live {
+        *route = links.route(remote, deliver);
+    }
+    route.as_ref()
 }
 
 /// A peer device's memory, reached directly by queue pair `from`, connected to `dest_qpn`
@@ -615,10 +639,22 @@ impl rsrdma_soft::Direct for Reach<'_> {
 
 // ----- progress -----------------------------------------------------------------------------
 
+/// The time, read once at most and only when something needs it (a held completion, an RNR
+/// timer): a clock read in every post and every delivery was a twentieth of a latency
+/// test's time.
+#[derive(Default)]
+struct LazyNow(Option<Instant>);
+
+impl LazyNow {
+    fn get(&mut self) -> Instant {
+        *self.0.get_or_insert_with(Instant::now)
+    }
+}
+
 /// Hands a packet that came from the device listening on `from` to its QP: a connected QP
 /// takes only its peer device's packets of its own transport, a UD QP only datagrams.
 /// Returns whether a QP took it. Under the lock.
-fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: Instant) -> bool {
+fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) -> bool {
     let State { qps, srqs, mrs, .. } = st;
     let Some(d) = qps.get_mut(&p.dest_qpn) else {
         return false;
@@ -628,7 +664,7 @@ fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: Instant) -> bool 
     let datagram = matches!(p.kind, PacketKind::Datagram { .. });
     match &mut d.core {
         QpCore::Rc(q) if !datagram && (remote == from || is_own(remote) && is_own(from)) => {
-            q.handle_packet(p, mrs, &mut ProcessMemory, srq, now);
+            q.handle_packet(p, mrs, &mut ProcessMemory, srq, || now.get());
         }
         QpCore::Ud(q) if datagram => {
             let src = UdSource {
@@ -665,7 +701,7 @@ fn transmit(st: &mut State, qpn: u32) -> Option<(SocketAddrV4, Packet)> {
 
 /// Hands every packet to its destination until none is left, then delivers completions and
 /// events. Under the lock.
-fn pump(st: &mut State, now: Instant) {
+fn pump(st: &mut State, now: &mut LazyNow) {
     st.reclaim_payloads();
     loop {
         let mut moved = false;
@@ -683,7 +719,15 @@ fn pump(st: &mut State, now: Instant) {
                             if pkt.payload.len() >= REUSE_FROM {
                                 st.lent.push_back(pkt.payload.clone());
                             }
-                            if !l.send(to, pkt, &dev.deliver) {
+                            // A connected QP's packets take the link it keeps.
+                            let sent = match st.qps.get_mut(&qpn) {
+                                Some(e) if e.remote == to => {
+                                    route_to(&mut e.route, to, l, &dev.deliver)
+                                        .is_some_and(|r| Links::send_on(r, pkt))
+                                }
+                                _ => l.send(to, pkt, &dev.deliver),
+                            };
+                            if !sent {
                                 if let Some(e) = st.qps.get_mut(&qpn) {
                                     e.core.handle_link_down();
                                 }
@@ -717,10 +761,10 @@ fn pump(st: &mut State, now: Instant) {
                 e.complete(&c);
             } else {
                 // Behind those already held: a QP's completions keep their order.
-                e.held.push_back((now + e.delay, c));
+                e.held.push_back((now.get() + e.delay, c));
             }
         }
-        while e.held.front().is_some_and(|(t, _)| *t <= now) {
+        while e.held.front().is_some_and(|(t, _)| *t <= now.get()) {
             if let Some((_, c)) = e.held.pop_front() {
                 e.complete(&c);
             }
@@ -784,7 +828,7 @@ fn with_qp(qp_num: u32, f: impl FnOnce(&mut QpEntry) -> bool) -> bool {
         return false;
     };
     let done = f(e);
-    pump(&mut st, Instant::now());
+    pump(&mut st, &mut LazyNow::default());
     done
 }
 
@@ -880,9 +924,11 @@ unsafe fn push_completion(cq: *mut SoftCq, c: &Completion) {
     let mut st = cq.state.lock().unwrap_or_else(|p| p.into_inner());
     if st.wcs.len() >= st.capacity {
         st.overrun = true;
+        cq.pending.store(true, Ordering::Release);
         return;
     }
     st.wcs.push_back(wc);
+    cq.pending.store(true, Ordering::Release);
     if st.armed {
         st.armed = false;
         super::shm_link::cq_fired();
@@ -971,7 +1017,7 @@ fn timer_thread() {
                 for e in st.qps.values_mut() {
                     e.core.handle_timeout(now);
                 }
-                pump(&mut st, now);
+                pump(&mut st, &mut LazyNow(Some(now)));
             }
             Some(t) => {
                 st = dev
@@ -1154,12 +1200,18 @@ unsafe extern "C" fn post_send(
                     | SendOp::CompareSwap { .. }
                     | SendOp::FetchAdd { .. }
             );
-            let peer = one_sided.then(|| direct_peer(e.remote())).flatten();
+            let dev = device();
+            let peer = match (&dev.links, one_sided) {
+                (Some(l), true) => {
+                    route_to(&mut e.route, e.remote, l, &dev.deliver).and_then(Route::direct)
+                }
+                _ => None,
+            };
             match &mut e.core {
                 QpCore::Rc(q) => match peer {
                     Some(peer) => {
                         let mut reach = Reach {
-                            peer: &peer,
+                            peer,
                             from: q.qp_num(),
                             dest_qpn: q.dest_qpn(),
                         };
@@ -1185,7 +1237,7 @@ unsafe extern "C" fn post_send(
         // SAFETY: as above.
         w = unsafe { (*w).next };
     }
-    pump(&mut st, Instant::now());
+    pump(&mut st, &mut LazyNow::default());
     rc
 }
 
@@ -1257,7 +1309,7 @@ unsafe fn post_recv_list(
         }
         w = r.next;
     }
-    pump(&mut st, Instant::now());
+    pump(&mut st, &mut LazyNow::default());
     rc
 }
 
@@ -1272,6 +1324,10 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
     if let Some(l) = &dev.links {
         l.progress(&*dev.deliver);
     }
+    if !cq.pending.load(Ordering::Acquire) {
+        empty_poll(true);
+        return 0;
+    }
     let mut st = cq.state.lock().unwrap_or_else(|p| p.into_inner());
     if st.overrun {
         return -libc::EOVERFLOW;
@@ -1284,6 +1340,9 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
         // SAFETY: `wc` has room for `n` completions (the caller's contract).
         unsafe { *wc.add(k as usize) = w };
         k += 1;
+    }
+    if st.wcs.is_empty() {
+        cq.pending.store(false, Ordering::Relaxed);
     }
     drop(st);
     empty_poll(k == 0);
@@ -1718,6 +1777,7 @@ pub(crate) unsafe fn create_cq(
             armed: false,
             overrun: false,
         }),
+        pending: AtomicBool::new(false),
         busy: AtomicBool::new(false),
     });
     Box::into_raw(cq).cast()
@@ -1918,6 +1978,8 @@ pub(crate) unsafe fn create_qp(
             srq: srq_handle,
             caps: *c,
             attr: saved,
+            remote: QpEntry::peer_of(&saved),
+            route: None,
             delay: Duration::ZERO,
             held: VecDeque::new(),
             published: None,
@@ -2023,6 +2085,10 @@ pub(crate) unsafe fn modify_qp(
             q.set_qkey(a.qkey);
         }
     }
+    if has(M::IBV_QP_AV) {
+        e.remote = QpEntry::peer_of(&e.attr);
+        e.route = None;
+    }
     if has(M::IBV_QP_STATE) {
         let to = a.qp_state;
         let r = match to {
@@ -2054,7 +2120,7 @@ pub(crate) unsafe fn modify_qp(
         }
         // SAFETY: the caller's contract; the state field is the QP's own.
         unsafe { (*qp).state = to };
-        pump(&mut st, Instant::now());
+        pump(&mut st, &mut LazyNow::default());
     }
     if let Some(e) = st.qps.get_mut(&qpn) {
         e.publish();
