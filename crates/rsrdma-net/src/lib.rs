@@ -45,11 +45,14 @@ pub use conn::{
     Buffer, BufferPool, Conn, ConnInfo, ConnOptions, Establish, Listener, ListenerCounters,
     RecvMemory, RendezvousMode, SharedRecv,
 };
+pub mod rails;
+pub use rails::{RailConn, RailListener, RailOptions};
 /// Types of the crates below that this crate's public signatures name, so that a user can
 /// name them without depending on those crates: the protocol core's counters, negotiated
 /// parameters and errors ([`ConnInfo::settled`], [`Conn::counters`], [`NetError::ConnFailed`]),
 /// and the verbs types the options and RawConn take.
 pub use rsrdma::{AccessFlags, Mtu, Pd, QpType, RemoteMemory};
+pub use rsrdma_proto::rails::RailCounters;
 pub use rsrdma_proto::{Counters, ProtoError, Settled};
 
 // The async layer on tokio (feature `tokio`): AsyncConn, AsyncListener, AsyncPacketConn.

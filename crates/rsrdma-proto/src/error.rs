@@ -119,6 +119,18 @@ pub enum ProtoError {
         frame: u8,
     },
 
+    /// The peer sent a stripe of a striped connection that breaks the format or the
+    /// agreement (`rails`).
+    #[error("malformed stripe from the peer: {reason}")]
+    BadStripe {
+        /// Which rule failed.
+        reason: &'static str,
+    },
+
+    /// Every rail of a striped connection failed.
+    #[error("every rail of the connection failed")]
+    AllRailsFailed,
+
     /// The peer aborted the connection.
     #[error("the peer aborted the connection (code {code})")]
     PeerAborted {

@@ -101,6 +101,7 @@ pub mod error;
 pub mod frame;
 pub mod memory;
 pub mod params;
+pub mod rails;
 mod seq;
 mod sq;
 pub mod step;

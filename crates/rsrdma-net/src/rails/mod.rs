@@ -1,0 +1,648 @@
+//! Striped connections: one message stream over several [`Conn`]s ("rails": queue pairs on
+//! one device, or on several devices), that goes on when rails fail.
+//!
+//! [`RailConn::dial`] opens `rails` connections to a [`RailListener`], each with its own
+//! options (so each may name its device: one rail per NIC), and says on each which connection
+//! and which rail it is; the listener groups them and answers once every rail joined. Messages
+//! then go as stripes ([`rsrdma_proto::rails`], the protocol core): a message larger than a
+//! stripe is cut and its stripes go on whichever rail takes them first, small messages spread
+//! over the rails, and the receiver puts them back in order. Each end keeps what it sent until
+//! the other confirms it read it, so when a rail fails (its queue pair errors, its peer stops
+//! answering) what it carried goes again on the others and nothing is lost or duplicated; the
+//! connection fails only when every rail failed. [`RailConn::counters`] and `tracing` report
+//! lost rails.
+//!
+//! This first form runs over whole `Conn`s: each rail has its own credits, keepalive and
+//! failure detection, and a thread reads each rail. Both ends must be striped connections:
+//! a plain `Conn` at the other end is refused with a clear error (its first message is not a
+//! rail hello). The wire format is section 9 of `docs/conn-protocol.md`.
+
+mod hello;
+
+use crate::conn::{Conn, ConnOptions, Listener};
+use crate::error::{NetError, Result};
+use hello::Hello;
+use rsrdma_proto::rails::{RailCounters, Rails, RailsConfig, MAX_RAILS};
+use rsrdma_proto::{ProtoError, Step};
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How a striped connection is made and what it proposes.
+#[derive(Debug, Clone)]
+pub struct RailOptions {
+    /// One entry per rail: its connection's options (its device, establishment path, poll
+    /// mode...). At least 1, at most 16.
+    pub rails: Vec<ConnOptions>,
+    /// The most bytes of a message one stripe carries. Default 64 KiB. Keep it below the
+    /// rails' rendezvous threshold: a stripe is one message on its rail.
+    pub stripe_size: u32,
+    /// The most bytes sent and not confirmed read by the peer (its memory for messages that
+    /// arrived ahead of its reader is bounded by it). Default 8 MiB.
+    pub window: usize,
+    /// The largest message. Default 16 MiB.
+    pub max_message: u32,
+    /// How long a rail's hello, and the whole set of rails, may take. Default 10 s.
+    pub join_timeout: Duration,
+}
+
+impl RailOptions {
+    /// `rails` rails, each with `conn`'s options.
+    pub fn new(conn: ConnOptions, rails: usize) -> RailOptions {
+        RailOptions {
+            rails: vec![conn; rails],
+            stripe_size: 64 * 1024,
+            window: 8 << 20,
+            max_message: 16 << 20,
+            join_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// One rail per device named, each with `conn`'s other options.
+    pub fn on_devices<S: Into<String>>(
+        conn: ConnOptions,
+        devices: impl IntoIterator<Item = S>,
+    ) -> RailOptions {
+        let rails: Vec<ConnOptions> = devices
+            .into_iter()
+            .map(|d| ConnOptions {
+                device: Some(d.into()),
+                ..conn.clone()
+            })
+            .collect();
+        RailOptions {
+            rails,
+            ..RailOptions::new(conn, 0)
+        }
+    }
+
+    fn config(&self) -> Result<RailsConfig> {
+        let n = self.rails.len();
+        if n == 0 || n > MAX_RAILS {
+            return Err(NetError::InvalidArgument(format!(
+                "a striped connection has 1 to {MAX_RAILS} rails, not {n}"
+            )));
+        }
+        if self.stripe_size == 0 || self.window == 0 || self.window > u32::MAX as usize {
+            return Err(NetError::InvalidArgument(
+                "stripe_size and window are at least 1, window at most 4 GiB".into(),
+            ));
+        }
+        Ok(RailsConfig {
+            rails: n,
+            stripe_size: self.stripe_size,
+            window: self.window,
+            max_message: self.max_message,
+        })
+    }
+}
+
+/// What both ends share of a striped connection.
+struct Shared {
+    rails: Vec<Conn>,
+    /// How long `close` waits for the peer to confirm what was sent (the first rail's
+    /// `linger`).
+    linger: Duration,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+struct State {
+    core: Rails,
+    /// Per rail: the peer closed it, or it failed.
+    over: Vec<bool>,
+    /// The connection failed (every rail failed, or the peer broke the protocol).
+    fatal: Option<ProtoError>,
+    /// `close` ran (rail failures from then on are its own doing).
+    closing: bool,
+    /// Where the next stripe goes first (round robin over the rails).
+    next_rail: usize,
+    read_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
+}
+
+/// A striped connection (see the module docs).
+pub struct RailConn {
+    shared: Arc<Shared>,
+    readers: Vec<JoinHandle<()>>,
+    peer: SocketAddr,
+}
+
+impl std::fmt::Debug for RailConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RailConn")
+            .field("rails", &self.shared.rails.len())
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+impl RailConn {
+    /// Opens the rails to the [`RailListener`] at `addr`, one per entry of `opts.rails`, and
+    /// waits for the listener's answer.
+    ///
+    /// # Errors
+    /// A rail's [`Conn::dial`] error; [`NetError::Unexpected`] when the other end is no
+    /// striped connection; [`NetError::Timeout`] when it does not answer in time.
+    pub fn dial(addr: impl ToSocketAddrs, opts: RailOptions) -> Result<RailConn> {
+        let cfg = opts.config()?;
+        let addr = addr
+            .to_socket_addrs()
+            .map_err(|e| NetError::io("resolve the listener's address", e))?
+            .next()
+            .ok_or_else(|| NetError::InvalidArgument("no address to dial".into()))?;
+        let id = random_id()?;
+        let mut rails = Vec::with_capacity(cfg.rails);
+        for (i, o) in opts.rails.iter().enumerate() {
+            let c = Conn::dial(addr, o.clone())?;
+            let hello = Hello {
+                id,
+                rail: i as u8,
+                cfg,
+            };
+            c.send_msg(&hello.encode(false))?;
+            rails.push(c);
+        }
+        rails[0].set_read_timeout(Some(opts.join_timeout))?;
+        let answer = rails[0].recv_msg().map_err(|e| match e {
+            NetError::Timeout { millis, .. } => NetError::Timeout {
+                op: "the listener's answer to a striped connection",
+                millis,
+            },
+            e => e,
+        })?;
+        rails[0].set_read_timeout(None)?;
+        let answer = answer.ok_or(NetError::PeerClosed("the striped connection's set-up"))?;
+        let settled = Hello::decode(&answer, true).map_err(|why| NetError::Unexpected {
+            expected: "a striped connection's answer",
+            got: why,
+        })?;
+        if settled.id != id || settled.cfg.rails != cfg.rails {
+            return Err(NetError::Unexpected {
+                expected: "an answer for this connection and its rails",
+                got: "an answer for another connection or rail count",
+            });
+        }
+        RailConn::start(rails, settled.cfg, addr, opts.rails[0].linger)
+    }
+
+    fn start(
+        rails: Vec<Conn>,
+        cfg: RailsConfig,
+        peer: SocketAddr,
+        linger: Duration,
+    ) -> Result<RailConn> {
+        let n = rails.len();
+        let shared = Arc::new(Shared {
+            rails,
+            linger,
+            state: Mutex::new(State {
+                core: Rails::new(cfg).map_err(NetError::ConnFailed)?,
+                over: vec![false; n],
+                fatal: None,
+                closing: false,
+                next_rail: 0,
+                read_timeout: None,
+                write_timeout: None,
+            }),
+            changed: Condvar::new(),
+        });
+        let mut readers = Vec::with_capacity(n);
+        for rail in 0..n {
+            let s = shared.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("rsrdma-rail{rail}"))
+                .spawn(move || s.read_rail(rail))
+                .map_err(|e| NetError::io("start a rail's reader thread", e))?;
+            readers.push(t);
+        }
+        Ok(RailConn {
+            shared,
+            readers,
+            peer,
+        })
+    }
+
+    /// Sends one message (copied: kept until the peer confirms it read it). Blocks while the
+    /// window is full, up to the write timeout.
+    ///
+    /// # Errors
+    /// [`NetError::MessageTooLarge`]; [`NetError::Timeout`]; [`NetError::ConnFailed`] once
+    /// every rail failed; [`NetError::Closed`] after `close`.
+    pub fn send_msg(&self, msg: &[u8]) -> Result<()> {
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        let deadline = st.write_timeout.map(|t| Instant::now() + t);
+        loop {
+            if st.closing {
+                return Err(NetError::Closed { op: "send_msg" });
+            }
+            if let Some(e) = &st.fatal {
+                return Err(NetError::ConnFailed(e.clone()));
+            }
+            match st.core.send(msg) {
+                Ok(Step::Done(_)) => break,
+                Ok(Step::Blocked) => st = sh.wait(st, deadline, "send_msg")?,
+                Err(ProtoError::TooLarge { len, max }) => {
+                    return Err(NetError::MessageTooLarge { len, max })
+                }
+                Err(e) => return Err(NetError::ConnFailed(e)),
+            }
+        }
+        drop(st);
+        sh.pump();
+        Ok(())
+    }
+
+    /// The next message, in the order sent; `None` once the peer closed and everything it
+    /// sent was read. Blocks up to the read timeout.
+    ///
+    /// # Errors
+    /// [`NetError::Timeout`]; [`NetError::ConnFailed`] once every rail failed (or the peer
+    /// broke the protocol); [`NetError::Closed`] after `close`.
+    pub fn recv_msg(&self) -> Result<Option<Vec<u8>>> {
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        let deadline = st.read_timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(m) = st.core.recv() {
+                let confirm = st.core.wants_to_send();
+                drop(st);
+                if confirm {
+                    sh.pump();
+                }
+                return Ok(Some(m));
+            }
+            if st.closing {
+                return Err(NetError::Closed { op: "recv_msg" });
+            }
+            if let Some(e) = &st.fatal {
+                return Err(NetError::ConnFailed(e.clone()));
+            }
+            if st.over.iter().all(|o| *o) {
+                return Ok(None);
+            }
+            st = sh.wait(st, deadline, "recv_msg")?;
+        }
+    }
+
+    /// Limits how long `recv_msg` waits (`None`: for ever).
+    ///
+    /// # Errors
+    /// Never today; kept for the same shape as [`Conn::set_read_timeout`].
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> Result<()> {
+        self.shared.lock().read_timeout = t;
+        Ok(())
+    }
+
+    /// Limits how long `send_msg` waits for the window (`None`: for ever).
+    ///
+    /// # Errors
+    /// Never today; kept for the same shape as [`Conn::set_write_timeout`].
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> Result<()> {
+        self.shared.lock().write_timeout = t;
+        Ok(())
+    }
+
+    /// Rails still up.
+    pub fn live_rails(&self) -> usize {
+        self.shared.lock().core.live_rails()
+    }
+
+    /// Rails it was made with.
+    pub fn rails(&self) -> usize {
+        self.shared.rails.len()
+    }
+
+    /// What the striping did: rails lost, stripes sent again, duplicates dropped.
+    pub fn counters(&self) -> RailCounters {
+        self.shared.lock().core.counters()
+    }
+
+    /// Rail `rail`'s connection (its info and counters; fault injection in tests).
+    pub fn rail(&self, rail: usize) -> Option<&Conn> {
+        self.shared.rails.get(rail)
+    }
+
+    /// The peer's address (the listener's, on the dialing side).
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Waits until the peer confirmed every message sent (up to `linger`, the first rail's
+    /// option), then closes every rail and joins their readers.
+    ///
+    /// # Errors
+    /// [`NetError::Timeout`] when messages were still unconfirmed after the linger (the
+    /// rails are closed all the same); [`NetError::ConnFailed`] when every rail had failed.
+    pub fn close(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        let sh = self.shared.clone();
+        let linger = sh.linger;
+        let deadline = Instant::now() + linger;
+        let mut result = Ok(());
+        {
+            let mut st = sh.lock();
+            while st.core.unconfirmed() > 0 && st.fatal.is_none() && !st.closing {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    result = Err(NetError::Timeout {
+                        op: "close (messages not confirmed by the peer)",
+                        millis: linger.as_millis() as u64,
+                    });
+                    break;
+                }
+                st = sh
+                    .changed
+                    .wait_timeout(st, left.min(Duration::from_millis(50)))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            if let (Some(e), true) = (&st.fatal, result.is_ok()) {
+                if st.core.unconfirmed() > 0 {
+                    result = Err(NetError::ConnFailed(e.clone()));
+                }
+            }
+            st.closing = true;
+        }
+        sh.changed.notify_all();
+        for c in &sh.rails {
+            let _ = c.close();
+        }
+        for t in self.readers.drain(..) {
+            let _ = t.join();
+        }
+        result
+    }
+}
+
+impl Drop for RailConn {
+    fn drop(&mut self) {
+        if !self.readers.is_empty() {
+            let _ = self.shutdown();
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for a change, up to `deadline`.
+    fn wait<'a>(
+        &self,
+        st: MutexGuard<'a, State>,
+        deadline: Option<Instant>,
+        op: &'static str,
+    ) -> Result<MutexGuard<'a, State>> {
+        match deadline {
+            None => Ok(self.changed.wait(st).unwrap_or_else(|p| p.into_inner())),
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(NetError::Timeout { op, millis: 0 });
+                }
+                Ok(self
+                    .changed
+                    .wait_timeout(st, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0)
+            }
+        }
+    }
+
+    /// Sends what the core has to send, a stripe at a time, on the rails in turn.
+    fn pump(&self) {
+        let mut buf = Vec::new();
+        loop {
+            let mut st = self.lock();
+            if st.closing || st.fatal.is_some() {
+                return;
+            }
+            let n = self.rails.len();
+            let start = st.next_rail;
+            let mut chosen = None;
+            for k in 0..n {
+                let rail = (start + k) % n;
+                if st.over[rail] {
+                    continue;
+                }
+                if let Some(s) = st.core.next_stripe(rail) {
+                    buf.clear();
+                    buf.extend_from_slice(&s.header);
+                    buf.extend_from_slice(s.data);
+                    chosen = Some(rail);
+                    break;
+                }
+            }
+            let Some(rail) = chosen else {
+                return;
+            };
+            st.next_rail = (rail + 1) % n;
+            drop(st);
+            if let Err(e) = self.rails[rail].send_msg(&buf) {
+                self.rail_failed(rail, &e);
+            }
+        }
+    }
+
+    /// Rail `rail` failed (`why`): what it carried goes again on the others.
+    fn rail_failed(&self, rail: usize, why: &NetError) {
+        let mut st = self.lock();
+        if st.closing || st.over[rail] {
+            return;
+        }
+        st.over[rail] = true;
+        tracing::warn!(rail, error = %why, "striped connection: a rail failed");
+        if let Err(e) = st.core.rail_failed(rail) {
+            tracing::warn!("striped connection: every rail failed");
+            st.fatal = Some(e);
+        }
+        let resend = st.core.wants_to_send();
+        drop(st);
+        self.changed.notify_all();
+        if resend {
+            self.pump();
+        }
+    }
+
+    /// A rail's reader thread: hands every stripe to the core until the rail ends.
+    fn read_rail(&self, rail: usize) {
+        loop {
+            match self.rails[rail].recv_msg() {
+                Ok(Some(m)) => {
+                    let mut st = self.lock();
+                    if let Err(e) = st.core.handle_stripe(&m) {
+                        tracing::warn!(rail, error = %e, "striped connection: a bad stripe");
+                        st.fatal = Some(e);
+                    }
+                    // A confirmation may have opened the window, a message may be whole.
+                    drop(st);
+                    self.changed.notify_all();
+                }
+                Ok(None) => {
+                    self.lock().over[rail] = true;
+                    self.changed.notify_all();
+                    return;
+                }
+                Err(e) => {
+                    self.rail_failed(rail, &e);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Accepts striped connections: groups the rails that join by the connection they name.
+pub struct RailListener {
+    listener: Listener,
+    /// Rails of connections not complete yet, by connection id, with when the first came.
+    joining: Mutex<HashMap<u64, Joining>>,
+    opts: RailOptions,
+}
+
+struct Joining {
+    since: Instant,
+    cfg: RailsConfig,
+    rails: Vec<Option<Conn>>,
+}
+
+impl RailListener {
+    /// Listens at `addr` with the first rail's connection options (every rail of every
+    /// connection arrives at this one address). `opts` bounds what dialers may propose:
+    /// the settled stripe size, window and message cap are the smaller of both.
+    ///
+    /// # Errors
+    /// As [`Listener::bind`].
+    pub fn bind(addr: impl ToSocketAddrs, opts: RailOptions) -> Result<RailListener> {
+        opts.config()?;
+        let listener = Listener::bind(addr, opts.rails[0].clone())?;
+        Ok(RailListener {
+            listener,
+            joining: Mutex::new(HashMap::new()),
+            opts,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr()
+    }
+
+    /// Accepts rails until one connection has all of its rails, answers it, and returns it.
+    /// A rail whose first message is no rail hello (a plain `Conn`, or one too slow to say)
+    /// is closed and skipped.
+    ///
+    /// # Errors
+    /// As [`Listener::accept`].
+    pub fn accept(&self) -> Result<RailConn> {
+        loop {
+            let c = self.listener.accept()?;
+            if let Some(done) = self.join(c) {
+                return done;
+            }
+        }
+    }
+
+    /// As `accept`, giving up after `timeout`.
+    ///
+    /// # Errors
+    /// [`NetError::Timeout`]; as [`Listener::accept`].
+    pub fn accept_timeout(&self, timeout: Duration) -> Result<RailConn> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let c = self.listener.accept_timeout(left).map_err(|e| match e {
+                NetError::Timeout { .. } => NetError::Timeout {
+                    op: "accept a striped connection",
+                    millis: timeout.as_millis() as u64,
+                },
+                e => e,
+            })?;
+            if let Some(done) = self.join(c) {
+                return done;
+            }
+        }
+    }
+
+    /// Reads a new rail's hello and files it; the connection once its last rail joined.
+    fn join(&self, c: Conn) -> Option<Result<RailConn>> {
+        let peer = c.peer_addr();
+        let hello = c
+            .set_read_timeout(Some(self.opts.join_timeout))
+            .and_then(|()| c.recv_msg());
+        let hello = match hello {
+            Ok(Some(m)) => Hello::decode(&m, false),
+            Ok(None) => Err("the peer closed before its hello"),
+            Err(_) => Err("no hello in time"),
+        };
+        let h = match hello {
+            Ok(h) => h,
+            Err(why) => {
+                tracing::warn!(%peer, why, "striped listener: a rail refused");
+                let _ = c.close();
+                return None;
+            }
+        };
+        let _ = c.set_read_timeout(None);
+        let mine = self.opts.config().ok()?;
+        let cfg = RailsConfig {
+            rails: h.cfg.rails,
+            stripe_size: h.cfg.stripe_size.min(mine.stripe_size),
+            window: h.cfg.window.min(mine.window),
+            max_message: h.cfg.max_message.min(mine.max_message),
+        };
+        let mut joining = self.joining.lock().unwrap_or_else(|p| p.into_inner());
+        let limit = self.opts.join_timeout;
+        joining.retain(|_, j| j.since.elapsed() < limit);
+        let j = joining.entry(h.id).or_insert_with(|| Joining {
+            since: Instant::now(),
+            cfg,
+            rails: (0..h.cfg.rails).map(|_| None).collect(),
+        });
+        if j.cfg.rails != h.cfg.rails || j.rails[usize::from(h.rail)].is_some() {
+            tracing::warn!(%peer, "striped listener: a rail that does not fit its connection");
+            let _ = c.close();
+            return None;
+        }
+        j.rails[usize::from(h.rail)] = Some(c);
+        if j.rails.iter().any(Option::is_none) {
+            return None;
+        }
+        let j = joining.remove(&h.id)?;
+        drop(joining);
+        let rails: Vec<Conn> = j.rails.into_iter().flatten().collect();
+        let answer = Hello {
+            id: h.id,
+            rail: 0,
+            cfg: j.cfg,
+        };
+        if let Err(e) = rails[0].send_msg(&answer.encode(true)) {
+            return Some(Err(e));
+        }
+        let peer = rails[0].peer_addr();
+        Some(RailConn::start(
+            rails,
+            j.cfg,
+            peer,
+            self.opts.rails[0].linger,
+        ))
+    }
+}
+
+/// 8 random bytes from the kernel: a connection's id among those joining a listener.
+fn random_id() -> Result<u64> {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| NetError::io("read /dev/urandom", e))?;
+    Ok(u64::from_le_bytes(b))
+}

@@ -1,0 +1,200 @@
+//! Striped connections (`RailConn`, `RailListener`) on a real device, with every rail a queue
+//! pair of the device under test (rails on one device): messages of 0 B to 1 MiB striped over
+//! the rails and put back in order, checked byte for byte, both rails carrying; a rail forced
+//! to ERROR in the middle of a transfer, which then finishes whole on the other rail; a plain
+//! `Conn` at either end refused clearly. Every wait is bounded.
+
+use rsrdma_net::{Conn, ConnOptions, Establish, Listener, NetError, RailConn, RailListener};
+use rsrdma_net::{RailOptions, Result};
+use std::thread;
+use std::time::Duration;
+
+mod support;
+use support::{listen_addr, opts, pattern};
+
+/// Options whose rails notice a dead peer within about a second.
+fn quick(path: Establish) -> ConnOptions {
+    let mut o = opts(path);
+    o.keepalive = Some(Duration::from_millis(200));
+    o.peer_timeout = Duration::from_secs(1);
+    o
+}
+
+fn rails(path: Establish, n: usize) -> RailOptions {
+    let mut r = RailOptions::new(quick(path), n);
+    r.stripe_size = 16 * 1024;
+    r.window = 1 << 20;
+    r
+}
+
+/// (dialer, acceptor).
+fn pair(path: Establish, n: usize) -> (RailConn, RailConn) {
+    let o = rails(path, n);
+    let l = RailListener::bind(listen_addr(&o.rails[0]), o.clone()).unwrap();
+    let addr = l.local_addr();
+    let t = thread::spawn(move || l.accept_timeout(Duration::from_secs(20)));
+    let c = RailConn::dial(addr, o).unwrap();
+    (c, t.join().unwrap().unwrap())
+}
+
+fn sizes() -> Vec<usize> {
+    let mut v = vec![
+        0,
+        1,
+        100,
+        16 * 1024 - 1,
+        16 * 1024,
+        16 * 1024 + 1,
+        100_000,
+        1 << 20,
+    ];
+    v.extend((0..60).map(|i| (i * 7919) % 70_000));
+    v
+}
+
+/// Receives `count` messages and checks each against the pattern of its number.
+fn check_all(s: &RailConn, sizes: &[usize]) -> Result<()> {
+    for (i, &len) in sizes.iter().enumerate() {
+        let m = s.recv_msg()?.expect("a message, not the end of the stream");
+        assert_eq!(m.len(), len, "message {i}: its length");
+        assert!(m == pattern(len, i as u64), "message {i} differs");
+    }
+    Ok(())
+}
+
+fn striped_messages_arrive_whole_and_in_order(path: Establish) {
+    let (c, s) = pair(path, 2);
+    assert_eq!((c.rails(), s.rails()), (2, 2));
+    let sizes = sizes();
+    let expect = sizes.clone();
+    let reader = thread::spawn(move || {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        check_all(&s, &expect).unwrap();
+        assert_eq!(
+            s.recv_msg().unwrap(),
+            None,
+            "the end of the stream after close"
+        );
+        s
+    });
+    c.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+    for (i, &len) in sizes.iter().enumerate() {
+        c.send_msg(&pattern(len, i as u64)).unwrap();
+    }
+    // Both rails carried stripes.
+    for r in 0..2 {
+        let sent = c.rail(r).unwrap().counters().unwrap().messages_sent;
+        assert!(
+            sent > 1,
+            "rail {r} carried {sent} messages (the hello is one)"
+        );
+    }
+    c.close().unwrap();
+    let s = reader.join().unwrap();
+    assert_eq!(s.counters().rails_failed, 0);
+    s.close().unwrap();
+}
+
+#[test]
+fn striped_messages_arrive_whole_and_in_order_over_rdma_cm() {
+    striped_messages_arrive_whole_and_in_order(Establish::Cm);
+}
+
+#[test]
+fn striped_messages_arrive_whole_and_in_order_over_tcp_handshake() {
+    striped_messages_arrive_whole_and_in_order(Establish::Tcp);
+}
+
+#[test]
+fn a_rail_that_fails_mid_transfer_loses_nothing() {
+    let (c, s) = pair(Establish::Tcp, 2);
+    let count = 400;
+    let len = 48 * 1024;
+    let reader = thread::spawn(move || {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        for i in 0..count {
+            let m = s.recv_msg().unwrap().expect("a message");
+            assert!(m == pattern(len, i), "message {i} differs");
+        }
+        assert_eq!(
+            s.recv_msg().unwrap(),
+            None,
+            "the end of the stream after close"
+        );
+        s
+    });
+    c.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+    for i in 0..count {
+        if i == count / 3 {
+            // Rail 1's queue pair breaks, as a failing NIC's would; what it carried and the
+            // peer did not confirm goes again on rail 0.
+            c.rail(1).unwrap().inject_qp_error().unwrap();
+        }
+        c.send_msg(&pattern(len, i)).unwrap();
+    }
+    c.close().unwrap();
+    let s = reader.join().unwrap();
+    assert_eq!(s.live_rails(), 1, "the acceptor noticed the lost rail");
+    assert_eq!(s.counters().rails_failed, 1);
+    s.close().unwrap();
+}
+
+#[test]
+fn a_lost_rail_is_counted_on_the_side_that_lost_it() {
+    let (c, s) = pair(Establish::Tcp, 3);
+    c.rail(2).unwrap().inject_qp_error().unwrap();
+    c.send_msg(b"after the failure").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(s.recv_msg().unwrap().unwrap(), b"after the failure");
+    // The dialer's reader of rail 2 sees its connection fail.
+    for _ in 0..100 {
+        if c.live_rails() == 2 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(c.live_rails(), 2);
+    assert_eq!(c.counters().rails_failed, 1);
+    c.close().unwrap();
+    s.close().unwrap();
+}
+
+#[test]
+fn a_plain_conn_at_either_end_is_refused_clearly() {
+    // A plain Conn dialling a striped listener: skipped, and closed.
+    let mut o = rails(Establish::Tcp, 2);
+    o.join_timeout = Duration::from_millis(500);
+    let l = RailListener::bind(listen_addr(&o.rails[0]), o.clone()).unwrap();
+    let addr = l.local_addr();
+    let plain = thread::spawn(move || {
+        let plain = Conn::dial(addr, quick(Establish::Tcp)).unwrap();
+        plain.send_msg(b"not a hello").unwrap();
+        plain
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        // The listener closes it: the end of the stream or a failure, never a message.
+        assert!(
+            !matches!(plain.recv_msg(), Ok(Some(_))),
+            "the listener closed it"
+        );
+    });
+    match l.accept_timeout(Duration::from_secs(2)) {
+        Err(NetError::Timeout { .. }) => {}
+        r => panic!("a plain Conn made a striped connection: {r:?}"),
+    }
+    plain.join().unwrap();
+    // A striped connection dialling a plain listener: no answer, a clear timeout.
+    let plain_l = Listener::bind(listen_addr(&o.rails[0]), quick(Establish::Tcp)).unwrap();
+    let addr = plain_l.local_addr();
+    let t = thread::spawn(move || {
+        let a = plain_l.accept_timeout(Duration::from_secs(10)).unwrap();
+        let b = plain_l.accept_timeout(Duration::from_secs(10)).unwrap();
+        thread::sleep(Duration::from_secs(1));
+        drop((a, b));
+    });
+    match RailConn::dial(addr, o) {
+        Err(NetError::Timeout { op, .. }) => assert!(op.contains("striped"), "{op}"),
+        r => panic!("a plain listener answered a striped dial: {r:?}"),
+    }
+    t.join().unwrap();
+}

@@ -1,0 +1,547 @@
+//! Rails: one connection striped over several reliable, ordered channels ("rails": queue
+//! pairs on one device or on several), with failover. The wire format is section 9 of
+//! `docs/conn-protocol.md`.
+//!
+//! A rail delivers whole rail messages in order, or fails. What a failed rail carried last
+//! may or may not have arrived (an RC request flushed with an error may have landed before
+//! the error), so no rail's word is taken for delivery: the sender keeps every message until
+//! the receiver says it handed it to its application, as a cumulative count that every stripe
+//! going the other way carries (and an ACK stripe, when nothing goes that way). When a rail
+//! fails, the stripes it carried that are not confirmed go again on the others, and the
+//! receiver drops what it already has. Messages keep their order (a sequence number across
+//! rails) and their boundaries (each stripe names its message's length and its offset in it);
+//! a message larger than a stripe is cut into stripes that go on whichever rail asks first,
+//! so free rails share a large message and small messages spread over the rails.
+//!
+//! The count that confirms delivery is also the flow control: the sender keeps at most a
+//! window of bytes (and [`MAX_PENDING`] messages) unconfirmed, so the receiver never holds
+//! more than that waiting for its application, however the rails reorder stripes.
+//!
+//! No I/O, no clock, no `unsafe`: a driver asks [`Rails::next_stripe`] what a rail with room
+//! carries next and hands every rail message that arrives to [`Rails::handle_stripe`].
+
+use crate::error::ProtoError;
+use crate::step::Step;
+use std::collections::VecDeque;
+
+/// Bytes of a stripe's header.
+pub const STRIPE_HEADER_LEN: usize = 32;
+/// The most rails one connection stripes over.
+pub const MAX_RAILS: usize = 16;
+/// The most messages a sender keeps unconfirmed (and so a receiver holds ahead of its
+/// application).
+pub const MAX_PENDING: usize = 4096;
+/// A receiver confirms at the latest after this many messages, or a quarter of the window,
+/// or as soon as its application has read everything that arrived.
+const ACK_EVERY: u64 = 64;
+
+const KIND_DATA: u8 = 1;
+const KIND_ACK: u8 = 2;
+
+/// What both ends of a striped connection agreed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RailsConfig {
+    /// How many rails (1 ..= [`MAX_RAILS`]).
+    pub rails: usize,
+    /// The most data bytes one stripe carries (at least 1).
+    pub stripe_size: u32,
+    /// The most bytes a sender keeps unconfirmed; a larger message goes alone.
+    pub window: usize,
+    /// The largest message either side accepts.
+    pub max_message: u32,
+}
+
+impl RailsConfig {
+    fn check(&self) -> Result<(), ProtoError> {
+        let bad = |reason| Err(ProtoError::BadParams { reason });
+        if self.rails == 0 || self.rails > MAX_RAILS {
+            return bad("rails: between 1 and 16");
+        }
+        if self.stripe_size == 0 || self.window == 0 {
+            return bad("rails: the stripe size and the window are at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// A stripe's header (32 bytes, little-endian).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StripeHeader {
+    /// A stripe of a message's data, or only a confirmation.
+    pub data: bool,
+    /// DATA: where the bytes go in the message.
+    pub offset: u32,
+    /// DATA: the message's sequence number (the first message is 0).
+    pub seq: u64,
+    /// Messages the sender of this stripe has handed to its application, cumulative.
+    pub ack: u64,
+    /// DATA: the message's length.
+    pub total: u32,
+    /// DATA: the data bytes after the header.
+    pub len: u32,
+}
+
+impl StripeHeader {
+    /// The header's bytes.
+    pub fn encode(&self) -> [u8; STRIPE_HEADER_LEN] {
+        let mut b = [0u8; STRIPE_HEADER_LEN];
+        b[0] = if self.data { KIND_DATA } else { KIND_ACK };
+        b[4..8].copy_from_slice(&self.offset.to_le_bytes());
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.ack.to_le_bytes());
+        b[24..28].copy_from_slice(&self.total.to_le_bytes());
+        b[28..32].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Reads the header of a rail message, checking what the header alone can tell: the
+    /// kind, the zero fields, and that the data length is what follows it.
+    ///
+    /// # Errors
+    /// [`ProtoError::BadStripe`] naming the broken rule.
+    pub fn decode(msg: &[u8]) -> Result<StripeHeader, ProtoError> {
+        let bad = |reason| Err(ProtoError::BadStripe { reason });
+        if msg.len() < STRIPE_HEADER_LEN {
+            return bad("shorter than its header");
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([msg[i], msg[i + 1], msg[i + 2], msg[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&msg[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        if msg[1] != 0 || msg[2] != 0 || msg[3] != 0 {
+            return bad("flags and reserved bytes are not zero");
+        }
+        let h = StripeHeader {
+            data: msg[0] == KIND_DATA,
+            offset: u32_at(4),
+            seq: u64_at(8),
+            ack: u64_at(16),
+            total: u32_at(24),
+            len: u32_at(28),
+        };
+        match msg[0] {
+            KIND_DATA => {}
+            KIND_ACK if h.offset == 0 && h.seq == 0 && h.total == 0 && h.len == 0 => {}
+            KIND_ACK => return bad("an ACK stripe with data fields set"),
+            _ => return bad("unknown kind"),
+        }
+        if h.len as usize != msg.len() - STRIPE_HEADER_LEN {
+            return bad("its length is not what follows the header");
+        }
+        Ok(h)
+    }
+}
+
+/// What [`Rails::next_stripe`] gives a rail to carry: one rail message, the header then the
+/// data (which may be empty).
+#[derive(Debug, PartialEq, Eq)]
+pub struct StripeOut<'a> {
+    /// The stripe's header.
+    pub header: [u8; STRIPE_HEADER_LEN],
+    /// The bytes that follow it.
+    pub data: &'a [u8],
+}
+
+/// What a striped connection has done, for its counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RailCounters {
+    /// Rails that failed.
+    pub rails_failed: u32,
+    /// Data stripes sent again after their rail failed.
+    pub stripes_resent: u64,
+    /// Data stripes (or parts of them) that arrived a second time and were dropped.
+    pub stripes_duplicate: u64,
+    /// ACK stripes sent (confirmations that found no data stripe to ride on).
+    pub acks_sent: u64,
+}
+
+/// A stripe to send: a part of an unconfirmed message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Stripe {
+    seq: u64,
+    offset: u32,
+    len: u32,
+}
+
+/// A message arriving, in pieces that may come on any rail in any order.
+#[derive(Debug)]
+struct Incoming {
+    data: Vec<u8>,
+    /// The byte ranges already here: sorted, disjoint, not touching.
+    have: Vec<(u32, u32)>,
+    got: u32,
+}
+
+impl Incoming {
+    fn complete(&self) -> bool {
+        self.got as usize == self.data.len()
+    }
+
+    /// Copies the parts of `bytes` (at `offset`) not here yet; returns how many bytes were
+    /// here already.
+    fn land(&mut self, offset: u32, bytes: &[u8]) -> u32 {
+        let end = offset + bytes.len() as u32;
+        let mut at = offset;
+        let mut dup = 0;
+        let mut i = 0;
+        // Walk the gaps of `have` that overlap [offset, end) and fill them.
+        while at < end {
+            while i < self.have.len() && self.have[i].1 <= at {
+                i += 1;
+            }
+            let next_have = self.have.get(i).copied();
+            match next_have {
+                Some((s, e)) if s <= at => {
+                    let skip = e.min(end) - at;
+                    dup += skip;
+                    at += skip;
+                }
+                _ => {
+                    let gap_end = next_have.map_or(end, |(s, _)| s.min(end));
+                    let (from, to) = ((at - offset) as usize, (gap_end - offset) as usize);
+                    self.data[at as usize..gap_end as usize].copy_from_slice(&bytes[from..to]);
+                    self.got += gap_end - at;
+                    self.have.insert(i, (at, gap_end));
+                    at = gap_end;
+                }
+            }
+        }
+        self.merge();
+        dup
+    }
+
+    fn merge(&mut self) {
+        let mut out: Vec<(u32, u32)> = Vec::with_capacity(self.have.len());
+        for &(s, e) in &self.have {
+            match out.last_mut() {
+                Some(last) if last.1 >= s => last.1 = last.1.max(e),
+                _ => out.push((s, e)),
+            }
+        }
+        self.have = out;
+    }
+}
+
+/// Both directions of one striped connection: what this side sends (kept until confirmed)
+/// and what it receives (put back in order).
+#[derive(Debug)]
+pub struct Rails {
+    cfg: RailsConfig,
+    failed: Vec<bool>,
+    // ----- sending
+    /// Messages sent and not confirmed, oldest first; the first is message `confirmed`.
+    out: VecDeque<Vec<u8>>,
+    confirmed: u64,
+    out_bytes: usize,
+    /// Stripes to send, in (message, offset) order.
+    queue: VecDeque<Stripe>,
+    /// Per rail: stripes it carried that are not confirmed.
+    carried: Vec<VecDeque<Stripe>>,
+    // ----- receiving
+    /// Messages handed to the application (the next one to hand over is this one).
+    delivered: u64,
+    /// Messages from `delivered` on; `None` where nothing of one arrived yet.
+    pending: VecDeque<Option<Incoming>>,
+    pending_bytes: usize,
+    /// The confirmation last sent, and whether it may have been lost with a rail.
+    ack_sent: u64,
+    ack_lost: bool,
+    bytes_since_ack: usize,
+    counters: RailCounters,
+}
+
+impl Rails {
+    /// A striped connection over `cfg.rails` rails, all up.
+    ///
+    /// # Errors
+    /// [`ProtoError::BadParams`] for a configuration out of range.
+    pub fn new(cfg: RailsConfig) -> Result<Rails, ProtoError> {
+        cfg.check()?;
+        Ok(Rails {
+            cfg,
+            failed: vec![false; cfg.rails],
+            out: VecDeque::new(),
+            confirmed: 0,
+            out_bytes: 0,
+            queue: VecDeque::new(),
+            carried: (0..cfg.rails).map(|_| VecDeque::new()).collect(),
+            delivered: 0,
+            pending: VecDeque::new(),
+            pending_bytes: 0,
+            ack_sent: 0,
+            ack_lost: false,
+            bytes_since_ack: 0,
+            counters: RailCounters::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RailsConfig {
+        &self.cfg
+    }
+
+    /// Rails still up.
+    pub fn live_rails(&self) -> usize {
+        self.failed.iter().filter(|f| !**f).count()
+    }
+
+    /// Whether rail `rail` failed.
+    pub fn is_failed(&self, rail: usize) -> bool {
+        self.failed.get(rail).copied().unwrap_or(true)
+    }
+
+    /// What it has done.
+    pub fn counters(&self) -> RailCounters {
+        self.counters
+    }
+
+    // ----- sending ----------------------------------------------------------------------
+
+    /// Takes a message to send (a copy, kept until the peer confirms it); gives its sequence
+    /// number, or [`Step::Blocked`] while the window is full (confirmations open it).
+    ///
+    /// # Errors
+    /// [`ProtoError::TooLarge`] over the agreed maximum (nothing changes);
+    /// [`ProtoError::AllRailsFailed`] once no rail is up.
+    pub fn send(&mut self, msg: &[u8]) -> Result<Step<u64>, ProtoError> {
+        if self.live_rails() == 0 {
+            return Err(ProtoError::AllRailsFailed);
+        }
+        if msg.len() > self.cfg.max_message as usize {
+            return Err(ProtoError::TooLarge {
+                len: msg.len(),
+                max: self.cfg.max_message,
+            });
+        }
+        let full = self.out_bytes + msg.len() > self.cfg.window || self.out.len() >= MAX_PENDING;
+        if full && !self.out.is_empty() {
+            return Ok(Step::Blocked);
+        }
+        let seq = self.confirmed + self.out.len() as u64;
+        let stripe = self.cfg.stripe_size as usize;
+        let mut offset = 0;
+        loop {
+            let len = (msg.len() - offset).min(stripe);
+            self.queue.push_back(Stripe {
+                seq,
+                offset: offset as u32,
+                len: len as u32,
+            });
+            offset += len;
+            if offset >= msg.len() {
+                break;
+            }
+        }
+        self.out_bytes += msg.len();
+        self.out.push_back(msg.to_vec());
+        Ok(Step::Done(seq))
+    }
+
+    /// Whether a rail should be asked for a stripe: data waits, or a confirmation is due.
+    pub fn wants_to_send(&self) -> bool {
+        !self.queue.is_empty() || self.ack_due()
+    }
+
+    /// Messages sent and not confirmed yet.
+    pub fn unconfirmed(&self) -> usize {
+        self.out.len()
+    }
+
+    /// The next rail message for rail `rail`, which has room for one: the next stripe of
+    /// data, or a confirmation when one is due and no data waits; `None` when nothing is due
+    /// or the rail failed. The stripe counts as carried by that rail from now on.
+    pub fn next_stripe(&mut self, rail: usize) -> Option<StripeOut<'_>> {
+        if self.is_failed(rail) {
+            return None;
+        }
+        let Some(s) = self.queue.pop_front() else {
+            if !self.ack_due() {
+                return None;
+            }
+            self.counters.acks_sent += 1;
+            let header = self.header_with_ack(StripeHeader {
+                data: false,
+                offset: 0,
+                seq: 0,
+                ack: 0,
+                total: 0,
+                len: 0,
+            });
+            return Some(StripeOut { header, data: &[] });
+        };
+        self.carried[rail].push_back(s);
+        let msg = &self.out[(s.seq - self.confirmed) as usize];
+        let header = StripeHeader {
+            data: true,
+            offset: s.offset,
+            seq: s.seq,
+            ack: 0,
+            total: msg.len() as u32,
+            len: s.len,
+        };
+        let header = self.header_with_ack(header);
+        let msg = &self.out[(s.seq - self.confirmed) as usize];
+        let data = &msg[s.offset as usize..(s.offset + s.len) as usize];
+        Some(StripeOut { header, data })
+    }
+
+    fn header_with_ack(&mut self, mut h: StripeHeader) -> [u8; STRIPE_HEADER_LEN] {
+        h.ack = self.delivered;
+        self.ack_sent = self.delivered;
+        self.ack_lost = false;
+        self.bytes_since_ack = 0;
+        h.encode()
+    }
+
+    /// Rail `rail` failed: what it carried that is not confirmed goes again on the others.
+    ///
+    /// # Errors
+    /// [`ProtoError::AllRailsFailed`] when it was the last rail up.
+    pub fn rail_failed(&mut self, rail: usize) -> Result<(), ProtoError> {
+        if rail >= self.failed.len() {
+            return Ok(());
+        }
+        if !self.failed[rail] {
+            self.failed[rail] = true;
+            self.counters.rails_failed += 1;
+            let lost = std::mem::take(&mut self.carried[rail]);
+            self.counters.stripes_resent += lost.len() as u64;
+            if !lost.is_empty() {
+                let mut all: Vec<Stripe> = self.queue.drain(..).chain(lost).collect();
+                all.sort_unstable();
+                self.queue = all.into();
+            }
+            // A confirmation it carried may be lost with it.
+            self.ack_lost = true;
+        }
+        if self.live_rails() == 0 {
+            return Err(ProtoError::AllRailsFailed);
+        }
+        Ok(())
+    }
+
+    fn handle_ack(&mut self, ack: u64) -> Result<(), ProtoError> {
+        // Confirmations ride on every rail: an older one may come after a newer one.
+        if ack <= self.confirmed {
+            return Ok(());
+        }
+        let sent = self.confirmed + self.out.len() as u64;
+        if ack > sent {
+            return Err(ProtoError::BadStripe {
+                reason: "it confirms a message never sent",
+            });
+        }
+        while self.confirmed < ack {
+            if let Some(m) = self.out.pop_front() {
+                self.out_bytes -= m.len();
+            }
+            self.confirmed += 1;
+        }
+        for c in &mut self.carried {
+            c.retain(|s| s.seq >= ack);
+        }
+        // Stripes queued again after a failure whose message arrived after all (the rail
+        // delivered them before it died). The queue is in message order.
+        while self.queue.front().is_some_and(|s| s.seq < ack) {
+            self.queue.pop_front();
+        }
+        Ok(())
+    }
+
+    // ----- receiving --------------------------------------------------------------------
+
+    fn ack_due(&self) -> bool {
+        if self.delivered == self.ack_sent {
+            return self.ack_lost && self.delivered > 0;
+        }
+        let caught_up = !self
+            .pending
+            .front()
+            .is_some_and(|m| m.as_ref().is_some_and(Incoming::complete));
+        caught_up
+            || self.ack_lost
+            || self.delivered - self.ack_sent >= ACK_EVERY
+            || self.bytes_since_ack >= self.cfg.window / 4
+    }
+
+    /// A rail message that arrived on a rail (any rail: stripes are not bound to one).
+    ///
+    /// # Errors
+    /// [`ProtoError::BadStripe`] for a stripe that breaks the format or the agreement; the
+    /// connection should then fail.
+    pub fn handle_stripe(&mut self, msg: &[u8]) -> Result<(), ProtoError> {
+        let h = StripeHeader::decode(msg)?;
+        self.handle_ack(h.ack)?;
+        if !h.data {
+            return Ok(());
+        }
+        let bad = |reason| Err(ProtoError::BadStripe { reason });
+        if h.total > self.cfg.max_message {
+            return bad("its message is over the agreed maximum");
+        }
+        if u64::from(h.offset) + u64::from(h.len) > u64::from(h.total) {
+            return bad("it reaches past its message's end");
+        }
+        if h.len == 0 && h.total != 0 {
+            return bad("an empty stripe of a message that is not empty");
+        }
+        if h.seq < self.delivered {
+            self.counters.stripes_duplicate += 1;
+            return Ok(());
+        }
+        let idx = h.seq - self.delivered;
+        if idx >= MAX_PENDING as u64 {
+            return bad("its message is too far ahead");
+        }
+        let idx = idx as usize;
+        while self.pending.len() <= idx {
+            self.pending.push_back(None);
+        }
+        let limit = self.cfg.window + self.cfg.max_message as usize;
+        let entry = &mut self.pending[idx];
+        let fresh = entry.is_none();
+        let m = match entry {
+            Some(m) => {
+                if m.data.len() != h.total as usize {
+                    return bad("its message's length differs from an earlier stripe's");
+                }
+                m
+            }
+            None => {
+                if self.pending_bytes + h.total as usize > limit {
+                    return bad("more bytes ahead of the application than the window");
+                }
+                self.pending_bytes += h.total as usize;
+                entry.insert(Incoming {
+                    data: vec![0; h.total as usize],
+                    have: Vec::new(),
+                    got: 0,
+                })
+            }
+        };
+        let data = &msg[STRIPE_HEADER_LEN..];
+        if !fresh && m.complete() || m.land(h.offset, data) > 0 {
+            self.counters.stripes_duplicate += 1;
+        }
+        Ok(())
+    }
+
+    /// The next message in order, once all of it arrived.
+    pub fn recv(&mut self) -> Option<Vec<u8>> {
+        if !self.pending.front()?.as_ref()?.complete() {
+            return None;
+        }
+        let m = self.pending.pop_front()??;
+        self.delivered += 1;
+        self.pending_bytes -= m.data.len();
+        self.bytes_since_ack += m.data.len();
+        Some(m.data)
+    }
+
+    /// Messages handed to the application so far.
+    pub fn delivered(&self) -> u64 {
+        self.delivered
+    }
+}
