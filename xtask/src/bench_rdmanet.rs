@@ -18,6 +18,8 @@
 //!
 //! - 64 KiB both ways: rdma-core's rsocket (`rstream -S 65536 -C N`) against
 //!   `rs_rdmanet_bw --both-ways --poll adaptive` (Conn with its defaults), Gb/s both ways.
+//! - 64 KiB over a striped connection: 1 rail against 2 rails on the one device
+//!   (`rs_rdmanet_bw --rails N`, [`rails_row`]): the cost of striping, not a speed-up.
 //!
 //! The stream, latency and zero-copy rows busy-poll on both sides, as RawConn and perftest
 //! always do: they compare the work per message, not two ways of waiting (in the TCG VM an
@@ -33,7 +35,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 const USAGE: &str = "usage: cargo xtask bench rdmanet [--rounds N] [--quick] \
-                     [--case stream|rate|latency|zerocopy|rsocket]... \
+                     [--case stream|rate|latency|zerocopy|rsocket|rails]... \
                      [--no-vm -d DEVICE -x GID_INDEX --host DEVICE_IP] [--timeout SECS]\n\
                      Conn (rsrdma-net) against RawConn and rs_send_lat, medians of alternating \
                      rounds (5 by default) in the soft-RoCE VM.\n\
@@ -218,7 +220,7 @@ fn take_cases(args: &[String]) -> Result<(Vec<&'static str>, Vec<String>)> {
 }
 
 /// The `--case` names of the measured rows, in table order.
-const ROW_KEYS: [&str; 5] = ["stream", "rate", "latency", "zerocopy", "rsocket"];
+const ROW_KEYS: [&str; 6] = ["stream", "rate", "latency", "zerocopy", "rsocket", "rails"];
 
 /// `None` without the async example; else the features it requires (comma-separated).
 fn async_example_features(root: &Path) -> Result<Option<String>> {
@@ -325,7 +327,30 @@ fn rows(a: &BenchArgs, bin: &str) -> Vec<Row> {
         },
         zerocopy_row(a, bin),
         rsocket_row(a, bin),
+        rails_row(a, bin),
     ]
+}
+
+/// A striped connection over 1 rail against 2 rails (`rs_rdmanet_bw --rails N`, 64 KiB
+/// messages, timed until the server confirmed reading every one). Where every rail is a queue
+/// pair of the same device (the VM has one), this shows what striping costs and that it
+/// works, not a speed-up: 2 rails share one link. With a NIC per rail, run it with
+/// `--no-vm` and the rails on different devices to see the sum of their links.
+fn rails_row(a: &BenchArgs, bin: &str) -> Row {
+    let bw = format!("{bin}/rs_rdmanet_bw");
+    let client = format!("-s 65536 -n {}", a.scale(500, 20_000));
+    Row {
+        key: ROW_KEYS[5],
+        case: Case {
+            name: "64 KiB, 2 rails on one device".into(),
+            metric: Metric::Gbits,
+            a: tool("RailConn, 1 rail", &bw, "--rails 1", &client),
+            b: tool("RailConn, 2 rails", &bw, "--rails 2", &client),
+            target: "2 rails/1 >= 0.8 (one device: cost, not speed-up)",
+        },
+        measure: Measure::Gbits,
+        bound: 0.8,
+    }
 }
 
 /// rdma-core's rsocket (`rstream -S 65536 -C N`: the client sends N messages of 64 KiB, the
@@ -584,9 +609,15 @@ fn value(text: &str, m: Measure) -> Option<f64> {
 /// rounded too coarsely for soft-RoCE).
 fn conn_gbits(text: &str) -> Option<f64> {
     let line = text.lines().find(|l| {
-        ["SendMsg: ", "SendBatch(", "SendBuffer(", "BothWays: "]
-            .iter()
-            .any(|p| l.starts_with(p))
+        [
+            "SendMsg: ",
+            "SendBatch(",
+            "SendBuffer(",
+            "BothWays: ",
+            "Rails(",
+        ]
+        .iter()
+        .any(|p| l.starts_with(p))
     })?;
     let w: Vec<&str> = line.split_whitespace().collect();
     if w.get(1) != Some(&"sent") || w.get(3) != Some(&"x") || w.get(6) != Some(&"in") {

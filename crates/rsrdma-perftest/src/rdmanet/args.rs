@@ -156,6 +156,12 @@ struct BwCli {
     /// counts both directions
     #[arg(long = "both-ways", conflicts_with_all = ["raw", "zero_copy", "batch"])]
     both_ways: bool,
+    /// Both ends: a striped connection (RailConn) over N rails, each a Conn on the device;
+    /// the client's rate counts until every message is confirmed read
+    #[arg(long = "rails", value_name = "N",
+          conflicts_with_all = ["raw", "zero_copy", "batch", "both_ways"],
+          value_parser = clap::value_parser!(u32).range(1..=16))]
+    rails: Option<u32>,
     #[command(flatten)]
     zc: ZeroCopyCli,
     /// --zero-copy client: registered buffers of -s bytes in flight (a ring)
@@ -269,6 +275,8 @@ pub struct BwArgs {
     pub zc: ZeroCopy,
     /// `--both-ways`: rstream's burst each way.
     pub both_ways: bool,
+    /// `--rails N`: a striped connection over N rails (`None`: one `Conn`).
+    pub rails: Option<u32>,
 }
 
 /// `rs_rdmanet_lat`'s checked command line.
@@ -339,6 +347,7 @@ pub fn parse_bw(args: &[String]) -> Result<BwArgs, clap::Error> {
         raw,
         zc,
         both_ways: cli.both_ways,
+        rails: cli.rails,
     })
 }
 

@@ -175,6 +175,7 @@ pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<Json> {
                 SendMode::Batch(_) => "send_batch",
                 SendMode::Buffers(_) => "send_buffer",
                 SendMode::BothWays => "both_ways",
+                SendMode::Rails(_) => "rails",
             },
         )
         .int("batch", u64::from(a.batch))

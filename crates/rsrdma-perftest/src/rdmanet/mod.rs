@@ -22,6 +22,7 @@ pub mod conn_bw;
 pub mod cpu;
 pub mod lat;
 pub mod net;
+pub mod rails;
 pub mod raw;
 pub mod text;
 pub mod zerocopy;
@@ -57,6 +58,8 @@ pub fn run_bw(a: &args::BwArgs, o: &mut Out<'_>) -> Result<Json> {
     match (&a.raw, &a.common.target) {
         (Some(r), Some(t)) => raw::client(a, r, t, o),
         (Some(r), None) => raw::server(a, r, o),
+        (None, Some(t)) if a.rails.is_some() => rails::client(a, t, o),
+        (None, None) if a.rails.is_some() => rails::server(a, o),
         (None, Some(t)) => conn_bw::client(a, t, o),
         (None, None) => conn_bw::server(a, o),
     }

@@ -18,6 +18,8 @@ pub enum SendMode {
     Buffers(u32),
     /// `--both-ways`: `send_msg` per message, then as many back (the count is both ways).
     BothWays,
+    /// `--rails N`: `RailConn::send_msg` per message, timed until every one is confirmed.
+    Rails(u32),
 }
 
 /// `SendMsg: sent N x S bytes in D: X Gb/s, Y Mpps` (or `SendBatch(b): …`).
@@ -27,6 +29,7 @@ pub fn send_line(mode: SendMode, count: u64, size: u64, elapsed: Duration) -> St
         SendMode::Batch(b) => format!("SendBatch({b})"),
         SendMode::Buffers(n) => format!("SendBuffer({n})"),
         SendMode::BothWays => "BothWays".to_string(),
+        SendMode::Rails(n) => format!("Rails({n})"),
     };
     let secs = elapsed.as_secs_f64();
     let (gbits, mpps) = if secs > 0.0 {
