@@ -114,7 +114,7 @@ pub use frame::{FrameType, Header, HEADER_LEN};
 pub use memory::{SlotMemory, VecSlots};
 pub use params::{
     settle, Config, Params, Settled, CONTROL_RESERVE, DEFAULT_RDV_THRESHOLD, DEFAULT_SLOT_SIZE,
-    FEATURE_RENDEZVOUS, PARAMS_LEN,
+    FEATURE_RAILS, FEATURE_RENDEZVOUS, PARAMS_LEN,
 };
 pub use step::{Recv, Step};
 pub use work::{Counters, Event, LentPayload, Work, WrId};

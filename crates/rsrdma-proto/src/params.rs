@@ -35,8 +35,13 @@ pub const VERSION_MINOR: u8 = 1;
 /// Feature bit of rendezvous: RTS/DONE frames, the receiver pulling large messages with
 /// RDMA READ. Settled only when both sides offer it.
 pub const FEATURE_RENDEZVOUS: u32 = 1 << 0;
+/// Feature bit of striped connections: this connection may be a rail of one (section 9 of
+/// the protocol; `rails`). The core does nothing with it: the layer above reads the settled
+/// bit to know whether the peer speaks stripes, and talks to a peer without it as one plain
+/// connection.
+pub const FEATURE_RAILS: u32 = 1 << 1;
 /// Features this version implements.
-pub const FEATURES_KNOWN: u32 = FEATURE_RENDEZVOUS;
+pub const FEATURES_KNOWN: u32 = FEATURE_RENDEZVOUS | FEATURE_RAILS;
 /// Default rendezvous threshold (256 KiB): below it a copy through the slots is cheaper than
 /// registering the message and a round trip for RTS/READ/DONE.
 pub const DEFAULT_RDV_THRESHOLD: u32 = 256 * 1024;

@@ -134,14 +134,14 @@ impl StripeHeader {
     }
 }
 
-/// What [`Rails::next_stripe`] gives a rail to carry: one rail message, the header then the
-/// data (which may be empty).
-#[derive(Debug, PartialEq, Eq)]
-pub struct StripeOut<'a> {
-    /// The stripe's header.
-    pub header: [u8; STRIPE_HEADER_LEN],
-    /// The bytes that follow it.
-    pub data: &'a [u8],
+/// A message kept until confirmed, stored as its stripes, each with room for its header
+/// before its bytes: a stripe is handed out as one slice, its header written in place (one
+/// rail message, with no gathering of header and bytes).
+#[derive(Debug)]
+struct Outgoing {
+    /// Stripe `k` at `k * (STRIPE_HEADER_LEN + stripe_size)`: its header, then its bytes.
+    bytes: Vec<u8>,
+    len: usize,
 }
 
 /// What a striped connection has done, for its counters.
@@ -224,6 +224,19 @@ impl Incoming {
     }
 }
 
+/// An empty vector with room for `len` bytes: a spare one with enough capacity, else a new
+/// one.
+fn spare_for(spare: &mut Vec<Vec<u8>>, spare_bytes: &mut usize, len: usize) -> Vec<u8> {
+    match spare.iter().rposition(|v| v.capacity() >= len) {
+        Some(i) => {
+            let v = spare.swap_remove(i);
+            *spare_bytes -= v.capacity();
+            v
+        }
+        None => Vec::with_capacity(len),
+    }
+}
+
 /// Both directions of one striped connection: what this side sends (kept until confirmed)
 /// and what it receives (put back in order).
 #[derive(Debug)]
@@ -232,7 +245,7 @@ pub struct Rails {
     failed: Vec<bool>,
     // ----- sending
     /// Messages sent and not confirmed, oldest first; the first is message `confirmed`.
-    out: VecDeque<Vec<u8>>,
+    out: VecDeque<Outgoing>,
     confirmed: u64,
     out_bytes: usize,
     /// Stripes to send, in (message, offset) order.
@@ -248,6 +261,13 @@ pub struct Rails {
     /// The confirmation last sent, and whether it may have been lost with a rail.
     ack_sent: u64,
     ack_lost: bool,
+    /// An ACK stripe's bytes, as [`Rails::next_stripe`] lends them.
+    ack_stripe: [u8; STRIPE_HEADER_LEN],
+    /// Memory of confirmed and read messages, for the next ones: a fresh vector per message
+    /// made the allocator hand pages back and fault them in again, most of a receiver's time
+    /// at 64 KiB. At most a window's worth of capacity ([`Rails::keep_spare`]).
+    spare: Vec<Vec<u8>>,
+    spare_bytes: usize,
     bytes_since_ack: usize,
     counters: RailCounters,
 }
@@ -272,6 +292,9 @@ impl Rails {
             pending_bytes: 0,
             ack_sent: 0,
             ack_lost: false,
+            ack_stripe: [0; STRIPE_HEADER_LEN],
+            spare: Vec::new(),
+            spare_bytes: 0,
             bytes_since_ack: 0,
             counters: RailCounters::default(),
         })
@@ -321,6 +344,12 @@ impl Rails {
         }
         let seq = self.confirmed + self.out.len() as u64;
         let stripe = self.cfg.stripe_size as usize;
+        let stripes = msg.len().div_ceil(stripe).max(1);
+        let mut bytes = spare_for(
+            &mut self.spare,
+            &mut self.spare_bytes,
+            stripes * STRIPE_HEADER_LEN + msg.len(),
+        );
         let mut offset = 0;
         loop {
             let len = (msg.len() - offset).min(stripe);
@@ -329,13 +358,18 @@ impl Rails {
                 offset: offset as u32,
                 len: len as u32,
             });
+            bytes.extend_from_slice(&[0; STRIPE_HEADER_LEN]);
+            bytes.extend_from_slice(&msg[offset..offset + len]);
             offset += len;
             if offset >= msg.len() {
                 break;
             }
         }
         self.out_bytes += msg.len();
-        self.out.push_back(msg.to_vec());
+        self.out.push_back(Outgoing {
+            bytes,
+            len: msg.len(),
+        });
         Ok(Step::Done(seq))
     }
 
@@ -350,9 +384,10 @@ impl Rails {
     }
 
     /// The next rail message for rail `rail`, which has room for one: the next stripe of
-    /// data, or a confirmation when one is due and no data waits; `None` when nothing is due
-    /// or the rail failed. The stripe counts as carried by that rail from now on.
-    pub fn next_stripe(&mut self, rail: usize) -> Option<StripeOut<'_>> {
+    /// data (its 32-byte header, then its bytes), or a confirmation when one is due and no
+    /// data waits; `None` when nothing is due or the rail failed. The stripe counts as
+    /// carried by that rail from now on.
+    pub fn next_stripe(&mut self, rail: usize) -> Option<&[u8]> {
         if self.is_failed(rail) {
             return None;
         }
@@ -361,7 +396,7 @@ impl Rails {
                 return None;
             }
             self.counters.acks_sent += 1;
-            let header = self.header_with_ack(StripeHeader {
+            self.ack_stripe = self.header_with_ack(StripeHeader {
                 data: false,
                 offset: 0,
                 seq: 0,
@@ -369,22 +404,24 @@ impl Rails {
                 total: 0,
                 len: 0,
             });
-            return Some(StripeOut { header, data: &[] });
+            return Some(&self.ack_stripe);
         };
         self.carried[rail].push_back(s);
-        let msg = &self.out[(s.seq - self.confirmed) as usize];
-        let header = StripeHeader {
+        let total = self.out[(s.seq - self.confirmed) as usize].len;
+        let header = self.header_with_ack(StripeHeader {
             data: true,
             offset: s.offset,
             seq: s.seq,
             ack: 0,
-            total: msg.len() as u32,
+            total: total as u32,
             len: s.len,
-        };
-        let header = self.header_with_ack(header);
-        let msg = &self.out[(s.seq - self.confirmed) as usize];
-        let data = &msg[s.offset as usize..(s.offset + s.len) as usize];
-        Some(StripeOut { header, data })
+        });
+        let at = (s.offset / self.cfg.stripe_size) as usize
+            * (STRIPE_HEADER_LEN + self.cfg.stripe_size as usize);
+        let msg = &mut self.out[(s.seq - self.confirmed) as usize];
+        let end = at + STRIPE_HEADER_LEN + s.len as usize;
+        msg.bytes[at..at + STRIPE_HEADER_LEN].copy_from_slice(&header);
+        Some(&msg.bytes[at..end])
     }
 
     fn header_with_ack(&mut self, mut h: StripeHeader) -> [u8; STRIPE_HEADER_LEN] {
@@ -435,7 +472,8 @@ impl Rails {
         }
         while self.confirmed < ack {
             if let Some(m) = self.out.pop_front() {
-                self.out_bytes -= m.len();
+                self.out_bytes -= m.len;
+                self.keep_spare(m.bytes);
             }
             self.confirmed += 1;
         }
@@ -514,8 +552,22 @@ impl Rails {
                     return bad("more bytes ahead of the application than the window");
                 }
                 self.pending_bytes += h.total as usize;
+                let data = &msg[STRIPE_HEADER_LEN..];
+                if h.offset == 0 && h.len == h.total {
+                    // A whole message in one stripe (the common case): one copy, no zeroing.
+                    let mut v = spare_for(&mut self.spare, &mut self.spare_bytes, data.len());
+                    v.extend_from_slice(data);
+                    *entry = Some(Incoming {
+                        data: v,
+                        have: vec![(0, h.total)],
+                        got: h.total,
+                    });
+                    return Ok(());
+                }
+                let mut v = spare_for(&mut self.spare, &mut self.spare_bytes, h.total as usize);
+                v.resize(h.total as usize, 0);
                 entry.insert(Incoming {
-                    data: vec![0; h.total as usize],
+                    data: v,
                     have: Vec::new(),
                     got: 0,
                 })
@@ -538,6 +590,39 @@ impl Rails {
         self.pending_bytes -= m.data.len();
         self.bytes_since_ack += m.data.len();
         Some(m.data)
+    }
+
+    /// The next message in order, once all of it arrived, copied into `buf`: its length;
+    /// `Ok(None)` when none is whole yet. Its memory serves later messages.
+    ///
+    /// # Errors
+    /// [`ProtoError::ShortBuffer`] when `buf` is shorter than the message (which stays).
+    pub fn recv_into(&mut self, buf: &mut [u8]) -> Result<Option<usize>, ProtoError> {
+        let Some(Some(m)) = self.pending.front() else {
+            return Ok(None);
+        };
+        if !m.complete() {
+            return Ok(None);
+        }
+        let n = m.data.len();
+        if buf.len() < n {
+            return Err(ProtoError::ShortBuffer { needed: n });
+        }
+        let Some(data) = self.recv() else {
+            return Ok(None);
+        };
+        buf[..n].copy_from_slice(&data);
+        self.keep_spare(data);
+        Ok(Some(n))
+    }
+
+    /// Keeps `v`'s memory for a later message, within a window's worth of capacity.
+    fn keep_spare(&mut self, mut v: Vec<u8>) {
+        if self.spare_bytes + v.capacity() <= self.cfg.window && self.spare.len() < 64 {
+            v.clear();
+            self.spare_bytes += v.capacity();
+            self.spare.push(v);
+        }
     }
 
     /// Messages handed to the application so far.

@@ -130,6 +130,12 @@ pub struct ConnOptions {
     /// valid hello, or no proof with a secret); a new peer past it sheds that source's oldest
     /// one. Peers that opened count only against [`ConnOptions::max_handshakes`]. Default 16.
     pub max_handshakes_per_source: usize,
+    /// Offer to be a rail of a striped connection (feature bit 1 of the protocol): set by
+    /// [`crate::RailConn`] and [`crate::RailListener`] on the connections they make. A peer
+    /// that does not offer it is a plain `Conn`, which a striped end then talks to as one
+    /// plain connection. Default false.
+    #[doc(hidden)]
+    pub offer_rails: bool,
 }
 
 impl Default for ConnOptions {
@@ -158,6 +164,7 @@ impl Default for ConnOptions {
             opening_timeout: Duration::from_secs(3),
             max_handshakes: 64,
             max_handshakes_per_source: 16,
+            offer_rails: false,
         }
     }
 }
@@ -223,10 +230,16 @@ impl ConnOptions {
             .with_max_message(self.max_message)
             .with_keepalive(self.keepalive)
             .with_peer_timeout(self.peer_timeout)
-            .with_features(match self.rendezvous {
-                Some(_) => rsrdma_proto::FEATURE_RENDEZVOUS,
-                None => 0,
-            })
+            .with_features(
+                match self.rendezvous {
+                    Some(_) => rsrdma_proto::FEATURE_RENDEZVOUS,
+                    None => 0,
+                } | if self.offer_rails {
+                    rsrdma_proto::FEATURE_RAILS
+                } else {
+                    0
+                },
+            )
             .with_rdv_threshold(
                 self.rendezvous
                     .unwrap_or(rsrdma_proto::DEFAULT_RDV_THRESHOLD),

@@ -13,16 +13,17 @@
 //! lost rails.
 //!
 //! This first form runs over whole `Conn`s: each rail has its own credits, keepalive and
-//! failure detection, and a thread reads each rail. Both ends must be striped connections:
-//! a plain `Conn` at the other end is refused with a clear error (its first message is not a
-//! rail hello). The wire format is section 9 of `docs/conn-protocol.md`.
+//! failure detection, and a thread reads each rail. Each rail's handshake offers the rails
+//! feature: a plain `Conn` at the other end does not, and the striped end then talks to it
+//! over that one connection, as a plain connection ([`RailConn::is_striped`] says false). The
+//! wire format is section 9 of `docs/conn-protocol.md`.
 
 mod hello;
 
 use crate::conn::{Conn, ConnOptions, Listener};
 use crate::error::{NetError, Result};
 use hello::Hello;
-use rsrdma_proto::rails::{RailCounters, Rails, RailsConfig, MAX_RAILS};
+use rsrdma_proto::rails::{RailCounters, Rails, RailsConfig, MAX_RAILS, STRIPE_HEADER_LEN};
 use rsrdma_proto::{ProtoError, Step};
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -125,17 +126,39 @@ struct State {
 
 /// A striped connection (see the module docs).
 pub struct RailConn {
-    shared: Arc<Shared>,
-    readers: Vec<JoinHandle<()>>,
+    inner: Inner,
     peer: SocketAddr,
+}
+
+enum Inner {
+    /// The peer is a plain `Conn`: one connection, no stripes.
+    Plain(Box<Conn>),
+    Striped {
+        shared: Arc<Shared>,
+        readers: Vec<JoinHandle<()>>,
+    },
 }
 
 impl std::fmt::Debug for RailConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RailConn")
-            .field("rails", &self.shared.rails.len())
+            .field("rails", &self.rails())
+            .field("striped", &self.is_striped())
             .field("peer", &self.peer)
             .finish()
+    }
+}
+
+/// Whether the two ends of `c` settled the rails feature (the peer is a striped end too).
+fn speaks_rails(c: &Conn) -> bool {
+    c.info().settled.features & rsrdma_proto::FEATURE_RAILS != 0
+}
+
+/// `o` offering the rails feature.
+fn offering(o: &ConnOptions) -> ConnOptions {
+    ConnOptions {
+        offer_rails: true,
+        ..o.clone()
     }
 }
 
@@ -156,7 +179,14 @@ impl RailConn {
         let id = random_id()?;
         let mut rails = Vec::with_capacity(cfg.rails);
         for (i, o) in opts.rails.iter().enumerate() {
-            let c = Conn::dial(addr, o.clone())?;
+            let c = Conn::dial(addr, offering(o))?;
+            if i == 0 && !speaks_rails(&c) {
+                // A plain listener: one plain connection.
+                return Ok(RailConn {
+                    inner: Inner::Plain(Box::new(c)),
+                    peer: addr,
+                });
+            }
             let hello = Hello {
                 id,
                 rail: i as u8,
@@ -219,10 +249,21 @@ impl RailConn {
             readers.push(t);
         }
         Ok(RailConn {
-            shared,
-            readers,
+            inner: Inner::Striped { shared, readers },
             peer,
         })
+    }
+
+    /// Whether the peer is a striped end too (else this is one plain connection).
+    pub fn is_striped(&self) -> bool {
+        matches!(self.inner, Inner::Striped { .. })
+    }
+
+    fn striped(&self) -> std::result::Result<&Arc<Shared>, &Conn> {
+        match &self.inner {
+            Inner::Striped { shared, .. } => Ok(shared),
+            Inner::Plain(c) => Err(c),
+        }
     }
 
     /// Sends one message (copied: kept until the peer confirms it read it). Blocks while the
@@ -232,7 +273,10 @@ impl RailConn {
     /// [`NetError::MessageTooLarge`]; [`NetError::Timeout`]; [`NetError::ConnFailed`] once
     /// every rail failed; [`NetError::Closed`] after `close`.
     pub fn send_msg(&self, msg: &[u8]) -> Result<()> {
-        let sh = &self.shared;
+        let sh = match self.striped() {
+            Ok(sh) => sh,
+            Err(c) => return c.send_msg(msg),
+        };
         let mut st = sh.lock();
         let deadline = st.write_timeout.map(|t| Instant::now() + t);
         loop {
@@ -263,7 +307,10 @@ impl RailConn {
     /// [`NetError::Timeout`]; [`NetError::ConnFailed`] once every rail failed (or the peer
     /// broke the protocol); [`NetError::Closed`] after `close`.
     pub fn recv_msg(&self) -> Result<Option<Vec<u8>>> {
-        let sh = &self.shared;
+        let sh = match self.striped() {
+            Ok(sh) => sh,
+            Err(c) => return c.recv_msg(),
+        };
         let mut st = sh.lock();
         let deadline = st.read_timeout.map(|t| Instant::now() + t);
         loop {
@@ -288,42 +335,104 @@ impl RailConn {
         }
     }
 
+    /// Copies the next message into `buf` (its memory then serves later messages: no
+    /// allocation per message); its length, or `None` at the end of the stream.
+    ///
+    /// # Errors
+    /// [`NetError::ShortBuffer`] when `buf` is too short (the message stays); as `recv_msg`.
+    pub fn recv_msg_into(&self, buf: &mut [u8]) -> Result<Option<usize>> {
+        let sh = match self.striped() {
+            Ok(sh) => sh,
+            Err(c) => return c.recv_msg_into(buf),
+        };
+        let mut st = sh.lock();
+        let deadline = st.read_timeout.map(|t| Instant::now() + t);
+        loop {
+            match st.core.recv_into(buf) {
+                Ok(Some(n)) => {
+                    let confirm = st.core.wants_to_send();
+                    drop(st);
+                    if confirm {
+                        sh.pump();
+                    }
+                    return Ok(Some(n));
+                }
+                Ok(None) => {}
+                Err(ProtoError::ShortBuffer { needed }) => {
+                    return Err(NetError::ShortBuffer { needed })
+                }
+                Err(e) => return Err(NetError::ConnFailed(e)),
+            }
+            if st.closing {
+                return Err(NetError::Closed {
+                    op: "recv_msg_into",
+                });
+            }
+            if let Some(e) = &st.fatal {
+                return Err(NetError::ConnFailed(e.clone()));
+            }
+            if st.over.iter().all(|o| *o) {
+                return Ok(None);
+            }
+            st = sh.wait(st, deadline, "recv_msg_into")?;
+        }
+    }
+
     /// Limits how long `recv_msg` waits (`None`: for ever).
     ///
     /// # Errors
-    /// Never today; kept for the same shape as [`Conn::set_read_timeout`].
+    /// As [`Conn::set_read_timeout`].
     pub fn set_read_timeout(&self, t: Option<Duration>) -> Result<()> {
-        self.shared.lock().read_timeout = t;
+        match self.striped() {
+            Ok(sh) => sh.lock().read_timeout = t,
+            Err(c) => c.set_read_timeout(t)?,
+        }
         Ok(())
     }
 
     /// Limits how long `send_msg` waits for the window (`None`: for ever).
     ///
     /// # Errors
-    /// Never today; kept for the same shape as [`Conn::set_write_timeout`].
+    /// As [`Conn::set_write_timeout`].
     pub fn set_write_timeout(&self, t: Option<Duration>) -> Result<()> {
-        self.shared.lock().write_timeout = t;
+        match self.striped() {
+            Ok(sh) => sh.lock().write_timeout = t,
+            Err(c) => c.set_write_timeout(t)?,
+        }
         Ok(())
     }
 
-    /// Rails still up.
+    /// Rails still up (a plain connection counts as one).
     pub fn live_rails(&self) -> usize {
-        self.shared.lock().core.live_rails()
+        match self.striped() {
+            Ok(sh) => sh.lock().core.live_rails(),
+            Err(_) => 1,
+        }
     }
 
-    /// Rails it was made with.
+    /// Rails it was made with (1 with a plain peer).
     pub fn rails(&self) -> usize {
-        self.shared.rails.len()
+        match self.striped() {
+            Ok(sh) => sh.rails.len(),
+            Err(_) => 1,
+        }
     }
 
-    /// What the striping did: rails lost, stripes sent again, duplicates dropped.
+    /// What the striping did: rails lost, stripes sent again, duplicates dropped (all zero
+    /// with a plain peer).
     pub fn counters(&self) -> RailCounters {
-        self.shared.lock().core.counters()
+        match self.striped() {
+            Ok(sh) => sh.lock().core.counters(),
+            Err(_) => RailCounters::default(),
+        }
     }
 
     /// Rail `rail`'s connection (its info and counters; fault injection in tests).
     pub fn rail(&self, rail: usize) -> Option<&Conn> {
-        self.shared.rails.get(rail)
+        match self.striped() {
+            Ok(sh) => sh.rails.get(rail),
+            Err(c) => (rail == 0).then_some(c),
+        }
     }
 
     /// The peer's address (the listener's, on the dialing side).
@@ -338,11 +447,18 @@ impl RailConn {
     /// [`NetError::Timeout`] when messages were still unconfirmed after the linger (the
     /// rails are closed all the same); [`NetError::ConnFailed`] when every rail had failed.
     pub fn close(mut self) -> Result<()> {
-        self.shutdown()
+        match &self.inner {
+            Inner::Plain(c) => c.close(),
+            Inner::Striped { .. } => self.shutdown(),
+        }
     }
 
     fn shutdown(&mut self) -> Result<()> {
-        let sh = self.shared.clone();
+        let Inner::Striped { shared, readers } = &mut self.inner else {
+            return Ok(());
+        };
+        let sh = shared.clone();
+        let readers = std::mem::take(readers);
         let linger = sh.linger;
         let deadline = Instant::now() + linger;
         let mut result = Ok(());
@@ -374,7 +490,7 @@ impl RailConn {
         for c in &sh.rails {
             let _ = c.close();
         }
-        for t in self.readers.drain(..) {
+        for t in readers {
             let _ = t.join();
         }
         result
@@ -383,7 +499,9 @@ impl RailConn {
 
 impl Drop for RailConn {
     fn drop(&mut self) {
-        if !self.readers.is_empty() {
+        // A plain connection's own drop lingers; the rails' readers are joined here (a
+        // second call after `close` finds none).
+        if matches!(&self.inner, Inner::Striped { readers, .. } if !readers.is_empty()) {
             let _ = self.shutdown();
         }
     }
@@ -433,10 +551,11 @@ impl Shared {
                 if st.over[rail] {
                     continue;
                 }
+                // Copied out: the rail's send may wait for credits, and the state's lock is
+                // not held meanwhile (this rail's peer may be waiting for it to read).
                 if let Some(s) = st.core.next_stripe(rail) {
                     buf.clear();
-                    buf.extend_from_slice(&s.header);
-                    buf.extend_from_slice(s.data);
+                    buf.extend_from_slice(s);
                     chosen = Some(rail);
                     break;
                 }
@@ -474,11 +593,15 @@ impl Shared {
 
     /// A rail's reader thread: hands every stripe to the core until the rail ends.
     fn read_rail(&self, rail: usize) {
+        // One buffer for every stripe of the rail (it grows to the largest).
+        let mut buf = vec![0u8; STRIPE_HEADER_LEN];
         loop {
-            match self.rails[rail].recv_msg() {
-                Ok(Some(m)) => {
+            match self.rails[rail].recv_msg_into(&mut buf) {
+                Err(NetError::ShortBuffer { needed }) => buf.resize(needed, 0),
+                Ok(Some(n)) => {
+                    let m = &buf[..n];
                     let mut st = self.lock();
-                    if let Err(e) = st.core.handle_stripe(&m) {
+                    if let Err(e) = st.core.handle_stripe(m) {
                         tracing::warn!(rail, error = %e, "striped connection: a bad stripe");
                         st.fatal = Some(e);
                     }
@@ -523,7 +646,7 @@ impl RailListener {
     /// As [`Listener::bind`].
     pub fn bind(addr: impl ToSocketAddrs, opts: RailOptions) -> Result<RailListener> {
         opts.config()?;
-        let listener = Listener::bind(addr, opts.rails[0].clone())?;
+        let listener = Listener::bind(addr, offering(&opts.rails[0]))?;
         Ok(RailListener {
             listener,
             joining: Mutex::new(HashMap::new()),
@@ -536,9 +659,10 @@ impl RailListener {
         self.listener.local_addr()
     }
 
-    /// Accepts rails until one connection has all of its rails, answers it, and returns it.
-    /// A rail whose first message is no rail hello (a plain `Conn`, or one too slow to say)
-    /// is closed and skipped.
+    /// Accepts rails until one connection has all of its rails, answers it, and returns it;
+    /// a plain `Conn` (one that does not offer rails) is returned at once as one plain
+    /// connection. A rail whose first message is no rail hello (or comes too late) is closed
+    /// and skipped.
     ///
     /// # Errors
     /// As [`Listener::accept`].
@@ -572,9 +696,16 @@ impl RailListener {
         }
     }
 
-    /// Reads a new rail's hello and files it; the connection once its last rail joined.
+    /// Reads a new rail's hello and files it; the connection once its last rail joined (or at
+    /// once, as one plain connection, for a peer that does not offer rails).
     fn join(&self, c: Conn) -> Option<Result<RailConn>> {
         let peer = c.peer_addr();
+        if !speaks_rails(&c) {
+            return Some(Ok(RailConn {
+                inner: Inner::Plain(Box::new(c)),
+                peer,
+            }));
+        }
         let hello = c
             .set_read_timeout(Some(self.opts.join_timeout))
             .and_then(|()| c.recv_msg());

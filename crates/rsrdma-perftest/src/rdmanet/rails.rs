@@ -10,7 +10,7 @@ use super::net::{conn_options, establish_name, net_error};
 use super::text::{cpu_line, json_rates, listening_line, received_line, send_line, Json, SendMode};
 use crate::error::Result;
 use crate::out::Out;
-use rsrdma_net::{RailConn, RailListener, RailOptions};
+use rsrdma_net::{NetError, RailConn, RailListener, RailOptions};
 use std::time::Instant;
 
 fn options(a: &BwArgs) -> RailOptions {
@@ -33,12 +33,22 @@ pub fn server(a: &BwArgs, o: &mut Out<'_>) -> Result<Json> {
     let conn = l.accept().map_err(|e| net_error("accept", e))?;
     let cpu = process_cpu();
     let (mut messages, mut bytes) = (0u64, 0u64);
-    while let Some(m) = conn
-        .recv_msg()
-        .map_err(|e| net_error(&format!("recv_msg (after {messages} messages)"), e))?
-    {
-        messages += 1;
-        bytes += m.len() as u64;
+    let mut buf = vec![0u8; a.size.max(1) as usize];
+    loop {
+        match conn.recv_msg_into(&mut buf) {
+            Ok(Some(n)) => {
+                messages += 1;
+                bytes += n as u64;
+            }
+            Ok(None) => break,
+            Err(NetError::ShortBuffer { needed }) => buf.resize(needed, 0),
+            Err(e) => {
+                return Err(net_error(
+                    &format!("recv_msg_into (after {messages} messages)"),
+                    e,
+                ))
+            }
+        }
     }
     let cpu = process_cpu().saturating_sub(cpu);
     o.text(&received_line(messages, bytes));
