@@ -332,9 +332,9 @@ fn rows(a: &BenchArgs, bin: &str) -> Vec<Row> {
 }
 
 /// A striped connection over 1 rail against 2 rails (`rs_rdmanet_bw --rails N`, 64 KiB
-/// messages, timed until the server confirmed reading every one). Where every rail is a queue
-/// pair of the same device (the VM has one), this shows what striping costs and that it
-/// works, not a speed-up: 2 rails share one link. With a NIC per rail, run it with
+/// messages, timed until the server confirmed reading every one). Every rail is a queue pair
+/// of the same device: this shows what striping costs and that it works, not a speed-up (2
+/// rails share one link, and in the VM one emulated CPU does all of rxe's work). With a NIC per rail, run it with
 /// `--no-vm` and the rails on different devices to see the sum of their links.
 fn rails_row(a: &BenchArgs, bin: &str) -> Row {
     let bw = format!("{bin}/rs_rdmanet_bw");

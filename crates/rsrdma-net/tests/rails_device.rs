@@ -206,3 +206,95 @@ fn a_plain_conn_at_either_end_gets_one_plain_rail() {
     c.close().unwrap();
     t.join().unwrap();
 }
+
+/// Runs `ip link set NETDEV up|down` (the test runs as root in the VM).
+fn link(netdev: &str, state: &str) {
+    let ok = std::process::Command::new("ip")
+        .args(["link", "set", netdev, state])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "ip link set {netdev} {state}");
+}
+
+/// Brings the second link back up, however the test ends, and waits for its port.
+struct LinkBack(String, String);
+
+impl Drop for LinkBack {
+    fn drop(&mut self) {
+        link(&self.0, "up");
+        let state = format!("/sys/class/infiniband/{}/ports/1/state", self.1);
+        for _ in 0..100 {
+            if std::fs::read_to_string(&state).is_ok_and(|s| s.contains("ACTIVE")) {
+                return;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Two devices on two links (the VM's rxe0 and rxe1), one rail on each, found by address
+/// on the rdma_cm path; the second link is taken down a third of the way through a
+/// transfer, which finishes whole on the first. The VM only (soft0 is one device).
+#[test]
+fn rails_on_two_devices_survive_a_link_taken_down() {
+    let device2 = std::env::var("RSRDMA_TEST_DEVICE2").unwrap_or_else(|_| "rxe1".into());
+    let ip2 = std::env::var("RSRDMA_TEST_IP2").unwrap_or_else(|_| "10.78.0.1".into());
+    let netdev2 = std::env::var("RSRDMA_TEST_NETDEV2").unwrap_or_else(|_| "veth2".into());
+    let mut o = RailOptions::new(quick(Establish::Cm), 2);
+    for r in &mut o.rails {
+        // The address picks each rail's device.
+        r.device = None;
+        r.gid_index = None;
+    }
+    o.stripe_size = 16 * 1024;
+    o.window = 1 << 20;
+    let l = RailListener::bind("0.0.0.0:0", o.clone()).unwrap();
+    let port = l.local_addr().port();
+    o.addrs = vec![
+        format!("{}:{port}", support::ip()).parse().unwrap(),
+        format!("{ip2}:{port}").parse().unwrap(),
+    ];
+    let t = thread::spawn(move || l.accept_timeout(Duration::from_secs(20)));
+    let c = RailConn::dial(o.addrs[0], o).unwrap();
+    let s = t.join().unwrap().unwrap();
+    assert!(c.is_striped());
+    assert_eq!(c.rail(0).unwrap().info().device, support::device());
+    assert_eq!(c.rail(1).unwrap().info().device, device2);
+    assert_eq!(s.rail(1).unwrap().info().device, device2);
+    let count = 300;
+    let len = 40 * 1024;
+    let reader = thread::spawn(move || {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        for i in 0..count {
+            let m = s.recv_msg().unwrap().expect("a message");
+            assert!(m == pattern(len, i), "message {i} differs");
+        }
+        assert_eq!(
+            s.recv_msg().unwrap(),
+            None,
+            "the end of the stream after close"
+        );
+        s
+    });
+    let _back = LinkBack(netdev2.clone(), device2.clone());
+    c.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+    for i in 0..count {
+        if i == count / 3 {
+            link(&netdev2, "down");
+        }
+        c.send_msg(&pattern(len, i)).unwrap();
+    }
+    // Both ends take the rail on the downed port out.
+    for _ in 0..100 {
+        if c.live_rails() == 1 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(c.live_rails(), 1, "the dialer took the rail out");
+    assert_eq!(c.counters().rails_failed, 1);
+    c.close().unwrap();
+    let s = reader.join().unwrap();
+    assert_eq!(s.live_rails(), 1, "the acceptor took the rail out");
+    s.close().unwrap();
+}

@@ -283,3 +283,44 @@ fn a_fatal_device_event_fails_its_connections_promptly() {
     s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
     assert!(s.recv_msg().map_or(true, |m| m.is_none()));
 }
+
+#[test]
+fn a_rails_port_going_down_takes_the_rail_out_and_a_plain_conn_waits() {
+    use rsrdma_net::{RailConn, RailListener, RailOptions};
+    // A plain connection whose port goes down only logs it: its queues still work here.
+    let (c, s) = pair(opts());
+    soft_faults::port_down(c.info().local_qpn).unwrap();
+    thread::sleep(Duration::from_millis(600));
+    c.send_msg(b"still here").unwrap();
+    assert_eq!(s.recv_msg().unwrap().as_deref(), Some(&b"still here"[..]));
+    soft_faults::port_up(c.info().local_qpn).unwrap();
+    // A striped connection takes the rail on that port out at once; its stripes go on.
+    let o = RailOptions::new(opts(), 2);
+    let l = RailListener::bind("127.0.0.1:0", o.clone()).unwrap();
+    let addr = l.local_addr();
+    let server = thread::spawn(move || l.accept().unwrap());
+    let rc = RailConn::dial(addr, o).unwrap();
+    let rs = server.join().unwrap();
+    rs.set_read_timeout(Some(WAIT)).unwrap();
+    let rail1 = rc.rail(1).unwrap().info().local_qpn;
+    let t0 = Instant::now();
+    soft_faults::port_down(rail1).unwrap();
+    for k in 0..200 {
+        rc.send_msg(&msg(k)).unwrap();
+        assert!(rs.recv_msg().unwrap().unwrap() == msg(k), "message {k}");
+        if rc.live_rails() == 1 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(rc.live_rails(), 1, "the rail on the downed port is out");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    for k in 200..260 {
+        rc.send_msg(&msg(k)).unwrap();
+        assert!(rs.recv_msg().unwrap().unwrap() == msg(k), "message {k}");
+    }
+    assert_eq!(rc.counters().rails_failed, 1);
+    rc.close().unwrap();
+    assert_eq!(rs.recv_msg().unwrap(), None);
+    rs.close().unwrap();
+}

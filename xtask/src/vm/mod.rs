@@ -36,6 +36,11 @@ use std::time::Duration;
 pub const GUEST_DEVICE: &str = "rxe0";
 pub const GUEST_GID_INDEX: &str = "1";
 pub const GUEST_IP: &str = "10.77.0.1";
+/// A second device on a second link, for striped connections over two NICs (its link is
+/// taken down by the test of a rail's failover).
+pub const GUEST_DEVICE2: &str = "rxe1";
+pub const GUEST_IP2: &str = "10.78.0.1";
+pub const GUEST_NETDEV2: &str = "veth2";
 
 /// Exit status reported when the time limit kills the VM (as `timeout(1)` does).
 pub const TIMEOUT_STATUS: i32 = 124;

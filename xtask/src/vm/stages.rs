@@ -5,7 +5,10 @@
 
 use super::console::Markers;
 use super::shares::Share;
-use super::{sh_quote, GUEST_DEVICE, GUEST_GID_INDEX, GUEST_IP, MSIZE};
+use super::{
+    sh_quote, GUEST_DEVICE, GUEST_DEVICE2, GUEST_GID_INDEX, GUEST_IP, GUEST_IP2, GUEST_NETDEV2,
+    MSIZE,
+};
 use std::io::IsTerminal;
 use std::path::Path;
 
@@ -38,6 +41,9 @@ fn guest_env() -> Vec<(String, String)> {
         ("RSRDMA_TEST_DEVICE", GUEST_DEVICE),
         ("RSRDMA_TEST_GID_INDEX", GUEST_GID_INDEX),
         ("RSRDMA_TEST_IP", GUEST_IP),
+        ("RSRDMA_TEST_DEVICE2", GUEST_DEVICE2),
+        ("RSRDMA_TEST_IP2", GUEST_IP2),
+        ("RSRDMA_TEST_NETDEV2", GUEST_NETDEV2),
     ] {
         if !env.iter().any(|(name, _)| name == k) {
             env.push((k.into(), v.into()));
@@ -147,20 +153,32 @@ link set veth0 up
 link set veth1 up
 END
 note "veth up"
+# A second device on a second link (striped connections over two NICs).
+ip -batch - <<'END' || setup_fail "creating {GUEST_NETDEV2}/veth3"
+link add {GUEST_NETDEV2} type veth peer name veth3
+addr add {GUEST_IP2}/24 dev {GUEST_NETDEV2}
+link set {GUEST_NETDEV2} up
+link set veth3 up
+END
 rdma link add {GUEST_DEVICE} type rxe netdev veth0 || setup_fail "rdma link add {GUEST_DEVICE} type rxe netdev veth0"
-port=/sys/class/infiniband/{GUEST_DEVICE}/ports/1
-i=0
-while :; do
-    read state < $port/state
-    read gid < $port/gids/{GUEST_GID_INDEX}
-    case "$state $gid" in
-        *ACTIVE*ffff:*) break ;;
-    esac
-    i=$((i+1))
-    [ $i -le {ACTIVE_WAIT_TENTHS} ] || setup_fail "{GUEST_DEVICE} port 1 not ACTIVE with an IPv4 GID at index {GUEST_GID_INDEX} after {wait_secs} s: $state, $gid"
-    sleep 0.1
-done
-note "{GUEST_DEVICE} active"
+rdma link add {GUEST_DEVICE2} type rxe netdev {GUEST_NETDEV2} || setup_fail "rdma link add {GUEST_DEVICE2} type rxe netdev {GUEST_NETDEV2}"
+wait_active() {{
+    port=/sys/class/infiniband/$1/ports/1
+    i=0
+    while :; do
+        read state < $port/state
+        read gid < $port/gids/{GUEST_GID_INDEX}
+        case "$state $gid" in
+            *ACTIVE*ffff:*) break ;;
+        esac
+        i=$((i+1))
+        [ $i -le {ACTIVE_WAIT_TENTHS} ] || setup_fail "$1 port 1 not ACTIVE with an IPv4 GID at index {GUEST_GID_INDEX} after {wait_secs} s: $state, $gid"
+        sleep 0.1
+    done
+    note "$1 active"
+}}
+wait_active {GUEST_DEVICE}
+wait_active {GUEST_DEVICE2}
 cd {cwd} || setup_fail "working directory "{cwd}" is not visible in the guest"
 printf '%s\n' {begin}
 env -i {env} \

@@ -1,9 +1,11 @@
 //! What only a device's asynchronous event queue says about it, for every connection on it
 //! (F6): that the device failed (`IBV_EVENT_DEVICE_FATAL`: its queues may never complete
-//! anything again, so no completion would tell). Ports going down and coming back are logged
-//! (a single-rail connection's requests then fail by themselves once their retries run out;
-//! a port that comes back in time loses nothing). A queue pair's own error reaches its
-//! connection through its completions (the flush), so QP events are only logged too.
+//! anything again, so no completion would tell), and which ports are down. A plain
+//! connection only logs a port going down (its requests then fail by themselves once their
+//! retries run out; a port that comes back in time loses nothing); a rail of a striped
+//! connection is taken out at once (its stripes go on the other rails). A queue pair's own
+//! error reaches its connection through its completions (the flush), so QP events are only
+//! logged.
 //!
 //! No thread: a connection's driver looks now and then, from its own steps
 //! ([`DeviceFacts::poll`], at most every [`LOOK_EVERY`]), taking what waits on the queue
@@ -15,7 +17,7 @@
 
 use rsrdma::{AsyncElement, AsyncEvent, AsyncEventKind, Context};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -26,6 +28,8 @@ pub(crate) const LOOK_EVERY: Duration = Duration::from_millis(100);
 #[derive(Debug, Default)]
 pub(crate) struct DeviceFacts {
     failed: AtomicBool,
+    /// Bit `p`: port `p` went down and has not come back (ports 1 to 63).
+    ports_down: AtomicU64,
     /// Held by the one connection reading the queue now (the others skip their look).
     reading: Mutex<()>,
 }
@@ -67,9 +71,11 @@ impl DeviceFacts {
             }
             (AsyncEventKind::PortErr, AsyncElement::Port(p)) => {
                 tracing::warn!(device, port = p, "rsrdma-net: a port went down");
+                self.ports_down.fetch_or(port_bit(p), Ordering::AcqRel);
             }
             (AsyncEventKind::PortActive, AsyncElement::Port(p)) => {
                 tracing::info!(device, port = p, "rsrdma-net: a port is active");
+                self.ports_down.fetch_and(!port_bit(p), Ordering::AcqRel);
             }
             _ => tracing::debug!(device, ?event, "rsrdma-net: device event"),
         }
@@ -100,6 +106,16 @@ impl DeviceFacts {
     pub(crate) fn device_failed(&self) -> bool {
         self.failed.load(Ordering::Acquire)
     }
+
+    /// Whether port `port` went down and has not come back.
+    pub(crate) fn port_down(&self, port: u8) -> bool {
+        self.ports_down.load(Ordering::Acquire) & port_bit(port) != 0
+    }
+}
+
+/// Port `p`'s bit (none past 63).
+fn port_bit(p: u8) -> u64 {
+    1u64.checked_shl(u32::from(p)).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -119,5 +135,18 @@ mod tests {
         assert!(!f.device_failed());
         f.record("d", &ev(AsyncEventKind::DeviceFatal, AsyncElement::Device));
         assert!(f.device_failed());
+    }
+
+    #[test]
+    fn a_port_is_down_from_its_error_until_it_is_active_again() {
+        let f = DeviceFacts::default();
+        assert!(!f.port_down(1));
+        f.record("d", &ev(AsyncEventKind::PortErr, AsyncElement::Port(1)));
+        assert!(f.port_down(1));
+        assert!(!f.port_down(2));
+        f.record("d", &ev(AsyncEventKind::PortActive, AsyncElement::Port(1)));
+        assert!(!f.port_down(1));
+        f.record("d", &ev(AsyncEventKind::PortErr, AsyncElement::Port(200)));
+        assert!(!f.port_down(200), "past 63: not tracked");
     }
 }

@@ -47,6 +47,12 @@ pub struct RailOptions {
     pub max_message: u32,
     /// How long a rail's hello, and the whole set of rails, may take. Default 10 s.
     pub join_timeout: Duration,
+    /// Where each rail dials, by rail: an address of the listener's host on the network of
+    /// that rail's NIC (on the rdma_cm path the address picks the device, so rails on
+    /// several NICs name one address each, and the listener binds the unspecified
+    /// address). Rails past its end (all of them, when it is empty) dial the address given
+    /// to [`RailConn::dial`]. Default empty.
+    pub addrs: Vec<SocketAddr>,
 }
 
 impl RailOptions {
@@ -58,6 +64,7 @@ impl RailOptions {
             window: 8 << 20,
             max_message: 16 << 20,
             join_timeout: Duration::from_secs(10),
+            addrs: Vec::new(),
         }
     }
 
@@ -179,7 +186,7 @@ impl RailConn {
         let id = random_id()?;
         let mut rails = Vec::with_capacity(cfg.rails);
         for (i, o) in opts.rails.iter().enumerate() {
-            let c = Conn::dial(addr, offering(o))?;
+            let c = Conn::dial(opts.addrs.get(i).copied().unwrap_or(addr), offering(o))?;
             if i == 0 && !speaks_rails(&c) {
                 // A plain listener: one plain connection.
                 return Ok(RailConn {

@@ -80,6 +80,25 @@ pub fn fail_device(qp_num: u32) -> Result<()> {
     done(super::verbs::raise_device_fatal(qp_num), qp_num, "")
 }
 
+/// The port (1) of the context that holds the queue pair goes down, as its context's event
+/// queue says (`IBV_EVENT_PORT_ERR`); nothing else changes: the queues go on working, as a
+/// real port's would until their retries run out. [`port_up`] says it is active again.
+/// Other contexts are not told.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when soft0 has no such queue pair.
+pub fn port_down(qp_num: u32) -> Result<()> {
+    done(super::verbs::raise_port_event(qp_num, false), qp_num, "")
+}
+
+/// The port of the queue pair's context is active again (`IBV_EVENT_PORT_ACTIVE`).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when soft0 has no such queue pair.
+pub fn port_up(qp_num: u32) -> Result<()> {
+    done(super::verbs::raise_port_event(qp_num, true), qp_num, "")
+}
+
 /// Faults for every queue pair of a process, from the environment variable
 /// `RSRDMA_SOFT_FAULTS`, so that a program (a tool, a server) meets them without a line of
 /// code changed: comma-separated `key=value` items, durations as `500ms`, `2s`, `100us`:

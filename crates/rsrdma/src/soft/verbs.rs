@@ -846,6 +846,25 @@ pub(super) fn raise_device_fatal(qp_num: u32) -> bool {
     true
 }
 
+/// The context of QP `qp_num` reports its port (1) going down (`up`: active again); nothing
+/// else changes. False when there is no such QP.
+pub(super) fn raise_port_event(qp_num: u32, up: bool) -> bool {
+    let st = lock();
+    let Some(e) = st.qps.get(&qp_num) else {
+        return false;
+    };
+    let mut a: ffi::ibv_async_event = zeroed();
+    a.event_type = if up {
+        ffi::ibv_event_type::IBV_EVENT_PORT_ACTIVE
+    } else {
+        ffi::ibv_event_type::IBV_EVENT_PORT_ERR
+    };
+    a.element.port_num = 1;
+    // SAFETY: a QP's context outlives it.
+    unsafe { push_event(e.ctx, a) };
+    true
+}
+
 /// QP `qp_num` fails as on a fatal error: ERROR, everything it holds flushes, and the
 /// context reports IBV_EVENT_QP_FATAL.
 pub(super) fn fail_qp(qp_num: u32) -> bool {

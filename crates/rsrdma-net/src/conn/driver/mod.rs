@@ -113,6 +113,9 @@ pub(crate) struct Driver {
     /// What the device's event queue says (shared by its connections), and when this driver
     /// looks next.
     facts: std::sync::Arc<DeviceFacts>,
+    /// A rail of a striped connection (the rails feature settled): its port, whose going
+    /// down fails it at once ([`Driver::set_rail_port`]).
+    rail_port: Option<u8>,
     next_look: Option<Instant>,
     /// Which calls own the send side and the direct receive.
     owners: Owners,
@@ -172,6 +175,13 @@ impl<'a> Take<'a> {
 }
 
 impl Driver {
+    /// Makes this connection a rail of a striped connection on port `port`: the port going
+    /// down fails it at once, so that its stripes go on the other rails (a plain
+    /// connection waits for its requests' retries instead, and survives a short flap).
+    pub(crate) fn set_rail_port(&mut self, port: u8) {
+        self.rail_port = Some(port);
+    }
+
     /// Takes over an established connection. `recvs_posted` receives (slots
     /// `0..recvs_posted`) were posted before the peer could send; the core queued a
     /// `PostRecv` for each of them, which are dropped here.
@@ -207,6 +217,7 @@ impl Driver {
             peer_gone: false,
             broken: false,
             facts,
+            rail_port: None,
             next_look: None,
             owners: Owners::default(),
             free_windows: windows.then(Vec::new),

@@ -58,10 +58,17 @@ impl Driver {
         }
         self.next_look = Some(now + LOOK_EVERY);
         self.facts.poll(self.qp.pd().context());
-        if !self.facts.device_failed() || self.core.error().is_some() {
+        if self.core.error().is_some() {
             return false;
         }
-        tracing::error!("rsrdma-net conn: its device failed");
+        if self.facts.device_failed() {
+            tracing::error!("rsrdma-net conn: its device failed");
+        } else if let Some(port) = self.rail_port.filter(|p| self.facts.port_down(*p)) {
+            // A rail is taken out at once: its stripes go on the other rails.
+            tracing::warn!(port, "rsrdma-net conn: a rail's port went down");
+        } else {
+            return false;
+        }
         self.broken = true;
         self.core.handle_fatal(Fatal::Disconnected);
         true

@@ -241,8 +241,12 @@ impl Local {
         )?;
         let cq = self.cq.clone();
         drop(self.pd);
+        let mut driver = Driver::new(core, qp, self.cq, liveness, recvs_posted);
+        if settled.features & rsrdma_proto::FEATURE_RAILS != 0 {
+            driver.set_rail_port(info.port);
+        }
         Ok(Established {
-            driver: Driver::new(core, qp, self.cq, liveness, recvs_posted),
+            driver,
             cq,
             info,
             local_addr: addrs.0,
