@@ -106,24 +106,27 @@ fn striped_messages_arrive_whole_and_in_order_over_tcp_handshake() {
     striped_messages_arrive_whole_and_in_order(Establish::Tcp);
 }
 
-#[test]
-fn a_rail_that_fails_mid_transfer_loses_nothing() {
-    let (c, s) = pair(Establish::Tcp, 2);
-    let count = 400;
-    let len = 48 * 1024;
-    let reader = thread::spawn(move || {
+/// A thread that reads `count` messages of `len` bytes, each checked against the pattern of
+/// its number, then the end of the stream; it gives the connection back.
+fn read_patterns(s: RailConn, count: u64, len: usize) -> thread::JoinHandle<RailConn> {
+    thread::spawn(move || {
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         for i in 0..count {
             let m = s.recv_msg().unwrap().expect("a message");
             assert!(m == pattern(len, i), "message {i} differs");
         }
-        assert_eq!(
-            s.recv_msg().unwrap(),
-            None,
-            "the end of the stream after close"
-        );
+        let end = s.recv_msg().unwrap();
+        assert_eq!(end, None, "the end of the stream after close");
         s
-    });
+    })
+}
+
+#[test]
+fn a_rail_that_fails_mid_transfer_loses_nothing() {
+    let (c, s) = pair(Establish::Tcp, 2);
+    let count = 400;
+    let len = 48 * 1024;
+    let reader = read_patterns(s, count, len);
     c.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
     for i in 0..count {
         if i == count / 3 {
@@ -207,6 +210,36 @@ fn a_plain_conn_at_either_end_gets_one_plain_rail() {
     t.join().unwrap();
 }
 
+#[test]
+fn a_silent_rail_does_not_hold_up_a_good_client() {
+    let o = rails(Establish::Tcp, 2);
+    let l = RailListener::bind(listen_addr(&o.rails[0]), o.clone()).unwrap();
+    let addr = l.local_addr();
+    // A peer that offers rails and never says which connection it belongs to.
+    let mut silent = quick(Establish::Tcp);
+    silent.offer_rails = true;
+    let t0 = std::time::Instant::now();
+    let quiet = thread::spawn(move || Conn::dial(addr, silent).unwrap());
+    let good = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(300));
+        let c = RailConn::dial(addr, o).unwrap();
+        c.send_msg(b"on time").unwrap();
+        c
+    });
+    let s = l.accept_timeout(Duration::from_secs(20)).unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "the good client waited {:?} behind a silent one (join_timeout 10 s)",
+        t0.elapsed()
+    );
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(s.recv_msg().unwrap().unwrap(), b"on time");
+    let c = good.join().unwrap();
+    c.close().unwrap();
+    s.close().unwrap();
+    drop(quiet.join().unwrap());
+}
+
 /// Runs `ip link set NETDEV up|down` (the test runs as root in the VM).
 fn link(netdev: &str, state: &str) {
     let ok = std::process::Command::new("ip")
@@ -263,19 +296,7 @@ fn rails_on_two_devices_survive_a_link_taken_down() {
     assert_eq!(s.rail(1).unwrap().info().device, device2);
     let count = 300;
     let len = 40 * 1024;
-    let reader = thread::spawn(move || {
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        for i in 0..count {
-            let m = s.recv_msg().unwrap().expect("a message");
-            assert!(m == pattern(len, i), "message {i} differs");
-        }
-        assert_eq!(
-            s.recv_msg().unwrap(),
-            None,
-            "the end of the stream after close"
-        );
-        s
-    });
+    let reader = read_patterns(s, count, len);
     let _back = LinkBack(netdev2.clone(), device2.clone());
     c.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
     for i in 0..count {

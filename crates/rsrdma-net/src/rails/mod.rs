@@ -631,11 +631,26 @@ impl Shared {
 }
 
 /// Accepts striped connections: groups the rails that join by the connection they name.
+///
+/// A rail's hello is read on a thread of its own (for at most `join_timeout`), so a silent
+/// or slow peer never holds up the accept of others.
 pub struct RailListener {
     listener: Listener,
-    /// Rails of connections not complete yet, by connection id, with when the first came.
-    joining: Mutex<HashMap<u64, Joining>>,
+    joins: Arc<Joins>,
     opts: RailOptions,
+}
+
+/// Rails joining, and connections ready to be accepted.
+struct Joins {
+    state: Mutex<JoinState>,
+}
+
+#[derive(Default)]
+struct JoinState {
+    /// Rails of connections not complete yet, by connection id.
+    joining: HashMap<u64, Joining>,
+    /// Connections complete (or plain), oldest first.
+    ready: std::collections::VecDeque<Result<RailConn>>,
 }
 
 struct Joining {
@@ -644,10 +659,15 @@ struct Joining {
     rails: Vec<Option<Conn>>,
 }
 
+/// How often an accept waiting on the listener looks whether a hello thread finished a
+/// connection.
+const ACCEPT_SLICE: Duration = Duration::from_millis(50);
+
 impl RailListener {
     /// Listens at `addr` with the first rail's connection options (every rail of every
-    /// connection arrives at this one address). `opts` bounds what dialers may propose:
-    /// the settled stripe size, window and message cap are the smaller of both.
+    /// connection arrives at this one address, or at the address of its NIC when `addr` is
+    /// the unspecified one). `opts` bounds what dialers may propose: the settled stripe
+    /// size, window and message cap are the smaller of both.
     ///
     /// # Errors
     /// As [`Listener::bind`].
@@ -656,7 +676,9 @@ impl RailListener {
         let listener = Listener::bind(addr, offering(&opts.rails[0]))?;
         Ok(RailListener {
             listener,
-            joining: Mutex::new(HashMap::new()),
+            joins: Arc::new(Joins {
+                state: Mutex::new(JoinState::default()),
+            }),
             opts,
         })
     }
@@ -666,20 +688,15 @@ impl RailListener {
         self.listener.local_addr()
     }
 
-    /// Accepts rails until one connection has all of its rails, answers it, and returns it;
-    /// a plain `Conn` (one that does not offer rails) is returned at once as one plain
-    /// connection. A rail whose first message is no rail hello (or comes too late) is closed
+    /// The next connection whose rails have all joined (answered, and returned), or the
+    /// next plain `Conn` (one that does not offer rails), as one plain connection. A rail
+    /// whose first message is no rail hello, or comes later than `join_timeout`, is closed
     /// and skipped.
     ///
     /// # Errors
     /// As [`Listener::accept`].
     pub fn accept(&self) -> Result<RailConn> {
-        loop {
-            let c = self.listener.accept()?;
-            if let Some(done) = self.join(c) {
-                return done;
-            }
-        }
+        self.accept_until(None)
     }
 
     /// As `accept`, giving up after `timeout`.
@@ -687,34 +704,65 @@ impl RailListener {
     /// # Errors
     /// [`NetError::Timeout`]; as [`Listener::accept`].
     pub fn accept_timeout(&self, timeout: Duration) -> Result<RailConn> {
-        let deadline = Instant::now() + timeout;
+        self.accept_until(Some((crate::deadline::deadline_after(timeout), timeout)))
+    }
+
+    fn accept_until(&self, deadline: Option<(Instant, Duration)>) -> Result<RailConn> {
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let c = self.listener.accept_timeout(left).map_err(|e| match e {
-                NetError::Timeout { .. } => NetError::Timeout {
-                    op: "accept a striped connection",
-                    millis: timeout.as_millis() as u64,
-                },
-                e => e,
-            })?;
-            if let Some(done) = self.join(c) {
+            if let Some(done) = self.joins.lock().ready.pop_front() {
                 return done;
+            }
+            let mut slice = ACCEPT_SLICE;
+            if let Some((d, limit)) = deadline {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(NetError::Timeout {
+                        op: "accept a striped connection",
+                        millis: limit.as_millis() as u64,
+                    });
+                }
+                slice = slice.min(left);
+            }
+            match self.listener.accept_timeout(slice) {
+                Ok(c) => self.start_join(c),
+                Err(NetError::Timeout { .. }) => {}
+                Err(e) => return Err(e),
             }
         }
     }
 
-    /// Reads a new rail's hello and files it; the connection once its last rail joined (or at
-    /// once, as one plain connection, for a peer that does not offer rails).
-    fn join(&self, c: Conn) -> Option<Result<RailConn>> {
-        let peer = c.peer_addr();
+    /// Files a new connection: a plain one is ready at once; a rail's hello is read on a
+    /// thread of its own.
+    fn start_join(&self, c: Conn) {
         if !speaks_rails(&c) {
-            return Some(Ok(RailConn {
+            let peer = c.peer_addr();
+            self.joins.lock().ready.push_back(Ok(RailConn {
                 inner: Inner::Plain(Box::new(c)),
                 peer,
             }));
+            return;
         }
+        let (joins, opts) = (self.joins.clone(), self.opts.clone());
+        let spawned = std::thread::Builder::new()
+            .name("rsrdma-rail-join".into())
+            .spawn(move || joins.join(c, &opts));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "striped listener: no thread to read a rail's hello");
+        }
+    }
+}
+
+impl Joins {
+    fn lock(&self) -> MutexGuard<'_, JoinState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads a new rail's hello and files it; once its connection's last rail joined,
+    /// answers it and makes it ready.
+    fn join(&self, c: Conn, opts: &RailOptions) {
+        let peer = c.peer_addr();
         let hello = c
-            .set_read_timeout(Some(self.opts.join_timeout))
+            .set_read_timeout(Some(opts.join_timeout))
             .and_then(|()| c.recv_msg());
         let hello = match hello {
             Ok(Some(m)) => Hello::decode(&m, false),
@@ -726,52 +774,55 @@ impl RailListener {
             Err(why) => {
                 tracing::warn!(%peer, why, "striped listener: a rail refused");
                 let _ = c.close();
-                return None;
+                return;
             }
         };
         let _ = c.set_read_timeout(None);
-        let mine = self.opts.config().ok()?;
+        let Ok(mine) = opts.config() else {
+            return;
+        };
         let cfg = RailsConfig {
             rails: h.cfg.rails,
             stripe_size: h.cfg.stripe_size.min(mine.stripe_size),
             window: h.cfg.window.min(mine.window),
             max_message: h.cfg.max_message.min(mine.max_message),
         };
-        let mut joining = self.joining.lock().unwrap_or_else(|p| p.into_inner());
-        let limit = self.opts.join_timeout;
-        joining.retain(|_, j| j.since.elapsed() < limit);
-        let j = joining.entry(h.id).or_insert_with(|| Joining {
+        let mut st = self.lock();
+        let limit = opts.join_timeout;
+        st.joining.retain(|_, j| j.since.elapsed() < limit);
+        let j = st.joining.entry(h.id).or_insert_with(|| Joining {
             since: Instant::now(),
             cfg,
             rails: (0..h.cfg.rails).map(|_| None).collect(),
         });
         if j.cfg.rails != h.cfg.rails || j.rails[usize::from(h.rail)].is_some() {
+            drop(st);
             tracing::warn!(%peer, "striped listener: a rail that does not fit its connection");
             let _ = c.close();
-            return None;
+            return;
         }
         j.rails[usize::from(h.rail)] = Some(c);
         if j.rails.iter().any(Option::is_none) {
-            return None;
+            return;
         }
-        let j = joining.remove(&h.id)?;
-        drop(joining);
+        let Some(j) = st.joining.remove(&h.id) else {
+            return;
+        };
+        drop(st);
         let rails: Vec<Conn> = j.rails.into_iter().flatten().collect();
         let answer = Hello {
             id: h.id,
             rail: 0,
             cfg: j.cfg,
         };
-        if let Err(e) = rails[0].send_msg(&answer.encode(true)) {
-            return Some(Err(e));
-        }
-        let peer = rails[0].peer_addr();
-        Some(RailConn::start(
-            rails,
-            j.cfg,
-            peer,
-            self.opts.rails[0].linger,
-        ))
+        let done = match rails[0].send_msg(&answer.encode(true)) {
+            Ok(()) => {
+                let peer = rails[0].peer_addr();
+                RailConn::start(rails, j.cfg, peer, opts.rails[0].linger)
+            }
+            Err(e) => Err(e),
+        };
+        self.lock().ready.push_back(done);
     }
 }
 
