@@ -151,6 +151,14 @@ impl<'list> Device<'list> {
         u64::from_be(unsafe { ffi::ibv_get_device_guid(self.raw) })
     }
 
+    /// Where the device sits and what its ports are (NUMA node, PCI address and path, per
+    /// port link layer, state, speed, network devices, MTU and addresses), from sysfs, as
+    /// [`crate::topology::topology`] lists them; `None` for a device sysfs does not describe
+    /// (the software device `soft0`).
+    pub fn topology(&self) -> Option<crate::topology::DeviceTopology> {
+        crate::topology::of_device(self.name())
+    }
+
     pub(crate) fn as_ptr(&self) -> *mut ffi::ibv_device {
         self.raw
     }

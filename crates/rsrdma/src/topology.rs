@@ -81,6 +81,19 @@ pub fn topology() -> Result<Vec<DeviceTopology>> {
     topology_at(Path::new("/sys/class/infiniband"))
 }
 
+/// The device named `name`, as sysfs describes it (`None` when sysfs has no such device).
+pub(crate) fn of_device(name: &str) -> Option<DeviceTopology> {
+    of_device_at(Path::new("/sys/class/infiniband"), name)
+}
+
+fn of_device_at(root: &Path, name: &str) -> Option<DeviceTopology> {
+    if name.is_empty() || name.contains('/') || name.starts_with('.') {
+        return None;
+    }
+    let dir = root.join(name);
+    dir.is_dir().then(|| read_device(&dir, name.to_string()))
+}
+
 /// The devices described under `root` (a `/sys/class/infiniband`-shaped tree), by name.
 ///
 /// # Errors
@@ -700,6 +713,23 @@ mod tests {
         assert_eq!(d[0].ports[0].netdev_mtu, Some(9000));
         // No netdev on this host has that name: no addresses.
         assert!(d[0].ports[0].addresses.is_empty());
+    }
+
+    /// One device by name reads as in the whole list; a name sysfs lacks (or a path) is none.
+    #[test]
+    fn one_device_by_name_reads_as_in_the_list() {
+        let t = Tree::new("byname");
+        t.file("class/infiniband/mlx5_0/ports/1/link_layer", "Ethernet");
+        t.file("class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE");
+        t.file("class/infiniband/mlx5_1/ports/1/link_layer", "InfiniBand");
+        t.file("class/infiniband/mlx5_1/ports/1/state", "1: DOWN");
+        let root = t.0.join("class/infiniband");
+        let all = topology_at(&root).unwrap();
+        assert_eq!(of_device_at(&root, "mlx5_1").as_ref(), all.get(1));
+        assert_eq!(of_device_at(&root, "mlx5_0").as_ref(), all.first());
+        assert_eq!(of_device_at(&root, "soft0"), None);
+        assert_eq!(of_device_at(&root, "../infiniband"), None);
+        assert_eq!(of_device_at(&root, ""), None);
     }
 
     /// The memory's own node, where the kernel has NUMA: a page just touched is on one of

@@ -314,6 +314,10 @@ fn topology_describes_the_device_under_test() {
         .iter()
         .find(|d| d.name == name)
         .unwrap_or_else(|| panic!("{name} not in {all:?}"));
+    // The device list's entry reports the same.
+    let list = rsrdma::devices().unwrap();
+    let entry = list.find(&name).expect("the device under test is listed");
+    assert_eq!(entry.topology().as_ref(), Some(dev));
     let port = ctx().query_port(1).unwrap();
     let p = &dev.ports[0];
     assert_eq!(p.port, 1);
@@ -350,7 +354,7 @@ fn topology_describes_the_device_under_test() {
     assert_eq!(
         nearest(&all, current_numa_node()).map(|d| d.name.as_str()),
         Some(name.as_str()),
-        "the VM's one device is the nearest"
+        "the VM's devices have no NUMA node: the first is the nearest"
     );
 }
 
@@ -363,6 +367,10 @@ fn rdma_core_loads_when_present_and_soft0_stands_alone_without_it() {
     use rsrdma::ffi::dynamic::{ibverbs_loaded, rdmacm_loaded};
     let list = rsrdma::devices().unwrap();
     let names: Vec<String> = list.iter().map(|d| d.name().to_owned()).collect();
+    // sysfs does not describe the software device.
+    if let Some(soft) = list.find("soft0") {
+        assert_eq!(soft.topology(), None);
+    }
     if std::env::var_os("RSRDMA_EXPECT_NO_RDMA_CORE").is_some_and(|v| v == "1") {
         assert!(!ibverbs_loaded(), "libibverbs loaded though hidden");
         assert!(!rdmacm_loaded(), "librdmacm loaded though hidden");
