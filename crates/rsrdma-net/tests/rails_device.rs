@@ -211,6 +211,23 @@ fn a_plain_conn_at_either_end_gets_one_plain_rail() {
 }
 
 #[test]
+fn huge_timeouts_mean_no_limit_and_never_panic() {
+    let (c, s) = pair(Establish::Tcp, 2);
+    for x in [&c, &s] {
+        x.set_read_timeout(Some(Duration::MAX)).unwrap();
+        x.set_write_timeout(Some(Duration::MAX)).unwrap();
+    }
+    c.send_msg(b"no limit").unwrap();
+    assert_eq!(s.recv_msg().unwrap().unwrap(), b"no limit");
+    let mut buf = [0u8; 16];
+    s.send_msg(b"back").unwrap();
+    assert_eq!(c.recv_msg_into(&mut buf).unwrap(), Some(4));
+    assert_eq!(&buf[..4], b"back");
+    c.close().unwrap();
+    s.close().unwrap();
+}
+
+#[test]
 fn a_silent_rail_does_not_hold_up_a_good_client() {
     let o = rails(Establish::Tcp, 2);
     let l = RailListener::bind(listen_addr(&o.rails[0]), o.clone()).unwrap();

@@ -52,7 +52,12 @@ pub struct RailsConfig {
 }
 
 impl RailsConfig {
-    fn check(&self) -> Result<(), ProtoError> {
+    /// Checks the ranges (what a proposal on the wire and a local configuration must both
+    /// meet).
+    ///
+    /// # Errors
+    /// [`ProtoError::BadParams`] naming the rule.
+    pub fn check(&self) -> Result<(), ProtoError> {
         let bad = |reason| Err(ProtoError::BadParams { reason });
         if self.rails == 0 || self.rails > MAX_RAILS {
             return bad("rails: between 1 and 16");

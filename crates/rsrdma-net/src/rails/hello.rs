@@ -1,7 +1,8 @@
 //! The first message on each rail of a striped connection: which connection and which rail it
 //! is, and what the dialer proposes (`docs/conn-protocol.md`, section 9).
 
-use rsrdma_proto::rails::{RailsConfig, MAX_RAILS};
+use rsrdma_proto::rails::RailsConfig;
+use rsrdma_proto::ProtoError;
 
 /// Bytes of a hello.
 pub(super) const HELLO_LEN: usize = 32;
@@ -59,11 +60,11 @@ impl Hello {
                 max_message: u32_at(24),
             },
         };
-        if h.cfg.rails == 0 || h.cfg.rails > MAX_RAILS || usize::from(h.rail) >= h.cfg.rails {
-            return Err("a rail count or index out of range");
+        if let Err(ProtoError::BadParams { reason }) = h.cfg.check() {
+            return Err(reason);
         }
-        if h.cfg.stripe_size == 0 || h.cfg.window == 0 {
-            return Err("a zero stripe size or window");
+        if usize::from(h.rail) >= h.cfg.rails {
+            return Err("a rail index past the rail count");
         }
         Ok(h)
     }

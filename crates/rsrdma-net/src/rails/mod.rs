@@ -23,7 +23,7 @@ mod hello;
 use crate::conn::{Conn, ConnOptions, Listener};
 use crate::error::{NetError, Result};
 use hello::Hello;
-use rsrdma_proto::rails::{RailCounters, Rails, RailsConfig, MAX_RAILS, STRIPE_HEADER_LEN};
+use rsrdma_proto::rails::{RailCounters, Rails, RailsConfig, STRIPE_HEADER_LEN};
 use rsrdma_proto::{ProtoError, Step};
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -87,22 +87,38 @@ impl RailOptions {
     }
 
     fn config(&self) -> Result<RailsConfig> {
-        let n = self.rails.len();
-        if n == 0 || n > MAX_RAILS {
-            return Err(NetError::InvalidArgument(format!(
-                "a striped connection has 1 to {MAX_RAILS} rails, not {n}"
-            )));
-        }
-        if self.stripe_size == 0 || self.window == 0 || self.window > u32::MAX as usize {
-            return Err(NetError::InvalidArgument(
-                "stripe_size and window are at least 1, window at most 4 GiB".into(),
-            ));
-        }
-        Ok(RailsConfig {
-            rails: n,
+        let cfg = RailsConfig {
+            rails: self.rails.len(),
             stripe_size: self.stripe_size,
             window: self.window,
             max_message: self.max_message,
+        };
+        cfg.check().map_err(|e| {
+            NetError::InvalidArgument(format!("RailOptions, {} rails: {e}", self.rails.len()))
+        })?;
+        // The hello carries the window in 32 bits.
+        if self.window > u32::MAX as usize {
+            return Err(NetError::InvalidArgument(
+                "RailOptions: a window of at most 4 GiB".into(),
+            ));
+        }
+        Ok(cfg)
+    }
+}
+
+/// When a wait ends (clamped: `Duration::MAX` means no practical limit), and the limit the
+/// caller gave, for its time-out error.
+#[derive(Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    limit: Duration,
+}
+
+impl Deadline {
+    fn within(limit: Option<Duration>) -> Option<Deadline> {
+        limit.map(|limit| Deadline {
+            at: crate::deadline::deadline_after(limit),
+            limit,
         })
     }
 }
@@ -285,7 +301,7 @@ impl RailConn {
             Err(c) => return c.send_msg(msg),
         };
         let mut st = sh.lock();
-        let deadline = st.write_timeout.map(|t| Instant::now() + t);
+        let deadline = Deadline::within(st.write_timeout);
         loop {
             if st.closing {
                 return Err(NetError::Closed { op: "send_msg" });
@@ -314,31 +330,9 @@ impl RailConn {
     /// [`NetError::Timeout`]; [`NetError::ConnFailed`] once every rail failed (or the peer
     /// broke the protocol); [`NetError::Closed`] after `close`.
     pub fn recv_msg(&self) -> Result<Option<Vec<u8>>> {
-        let sh = match self.striped() {
-            Ok(sh) => sh,
-            Err(c) => return c.recv_msg(),
-        };
-        let mut st = sh.lock();
-        let deadline = st.read_timeout.map(|t| Instant::now() + t);
-        loop {
-            if let Some(m) = st.core.recv() {
-                let confirm = st.core.wants_to_send();
-                drop(st);
-                if confirm {
-                    sh.pump();
-                }
-                return Ok(Some(m));
-            }
-            if st.closing {
-                return Err(NetError::Closed { op: "recv_msg" });
-            }
-            if let Some(e) = &st.fatal {
-                return Err(NetError::ConnFailed(e.clone()));
-            }
-            if st.over.iter().all(|o| *o) {
-                return Ok(None);
-            }
-            st = sh.wait(st, deadline, "recv_msg")?;
+        match self.striped() {
+            Ok(sh) => sh.recv("recv_msg", |core| Ok(core.recv())),
+            Err(c) => c.recv_msg(),
         }
     }
 
@@ -348,40 +342,9 @@ impl RailConn {
     /// # Errors
     /// [`NetError::ShortBuffer`] when `buf` is too short (the message stays); as `recv_msg`.
     pub fn recv_msg_into(&self, buf: &mut [u8]) -> Result<Option<usize>> {
-        let sh = match self.striped() {
-            Ok(sh) => sh,
-            Err(c) => return c.recv_msg_into(buf),
-        };
-        let mut st = sh.lock();
-        let deadline = st.read_timeout.map(|t| Instant::now() + t);
-        loop {
-            match st.core.recv_into(buf) {
-                Ok(Some(n)) => {
-                    let confirm = st.core.wants_to_send();
-                    drop(st);
-                    if confirm {
-                        sh.pump();
-                    }
-                    return Ok(Some(n));
-                }
-                Ok(None) => {}
-                Err(ProtoError::ShortBuffer { needed }) => {
-                    return Err(NetError::ShortBuffer { needed })
-                }
-                Err(e) => return Err(NetError::ConnFailed(e)),
-            }
-            if st.closing {
-                return Err(NetError::Closed {
-                    op: "recv_msg_into",
-                });
-            }
-            if let Some(e) = &st.fatal {
-                return Err(NetError::ConnFailed(e.clone()));
-            }
-            if st.over.iter().all(|o| *o) {
-                return Ok(None);
-            }
-            st = sh.wait(st, deadline, "recv_msg_into")?;
+        match self.striped() {
+            Ok(sh) => sh.recv("recv_msg_into", |core| core.recv_into(buf)),
+            Err(c) => c.recv_msg_into(buf),
         }
     }
 
@@ -466,25 +429,19 @@ impl RailConn {
         };
         let sh = shared.clone();
         let readers = std::mem::take(readers);
-        let linger = sh.linger;
-        let deadline = Instant::now() + linger;
+        let deadline = Deadline::within(Some(sh.linger));
         let mut result = Ok(());
         {
             let mut st = sh.lock();
             while st.core.unconfirmed() > 0 && st.fatal.is_none() && !st.closing {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    result = Err(NetError::Timeout {
-                        op: "close (messages not confirmed by the peer)",
-                        millis: linger.as_millis() as u64,
-                    });
-                    break;
+                match sh.wait(st, deadline, "close (messages not confirmed by the peer)") {
+                    Ok(next) => st = next,
+                    Err(e) => {
+                        result = Err(e);
+                        st = sh.lock();
+                        break;
+                    }
                 }
-                st = sh
-                    .changed
-                    .wait_timeout(st, left.min(Duration::from_millis(50)))
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
             }
             if let (Some(e), true) = (&st.fatal, result.is_ok()) {
                 if st.core.unconfirmed() > 0 {
@@ -519,19 +476,22 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Waits for a change, up to `deadline`.
+    /// Waits for a change, up to `deadline` (`op` names the call in its time-out).
     fn wait<'a>(
         &self,
         st: MutexGuard<'a, State>,
-        deadline: Option<Instant>,
+        deadline: Option<Deadline>,
         op: &'static str,
     ) -> Result<MutexGuard<'a, State>> {
         match deadline {
             None => Ok(self.changed.wait(st).unwrap_or_else(|p| p.into_inner())),
             Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
+                let left = d.at.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Err(NetError::Timeout { op, millis: 0 });
+                    return Err(NetError::Timeout {
+                        op,
+                        millis: u64::try_from(d.limit.as_millis()).unwrap_or(u64::MAX),
+                    });
                 }
                 Ok(self
                     .changed
@@ -539,6 +499,45 @@ impl Shared {
                     .unwrap_or_else(|p| p.into_inner())
                     .0)
             }
+        }
+    }
+
+    /// A read: the next message `take` gets from the core, waiting up to the read timeout;
+    /// `None` once every rail ended and nothing whole is left.
+    fn recv<T>(
+        &self,
+        op: &'static str,
+        mut take: impl FnMut(&mut Rails) -> std::result::Result<Option<T>, ProtoError>,
+    ) -> Result<Option<T>> {
+        let mut st = self.lock();
+        let deadline = Deadline::within(st.read_timeout);
+        loop {
+            match take(&mut st.core) {
+                Ok(Some(m)) => {
+                    // Reading may make a confirmation due.
+                    let confirm = st.core.wants_to_send();
+                    drop(st);
+                    if confirm {
+                        self.pump();
+                    }
+                    return Ok(Some(m));
+                }
+                Ok(None) => {}
+                Err(ProtoError::ShortBuffer { needed }) => {
+                    return Err(NetError::ShortBuffer { needed })
+                }
+                Err(e) => return Err(NetError::ConnFailed(e)),
+            }
+            if st.closing {
+                return Err(NetError::Closed { op });
+            }
+            if let Some(e) = &st.fatal {
+                return Err(NetError::ConnFailed(e.clone()));
+            }
+            if st.over.iter().all(|o| *o) {
+                return Ok(None);
+            }
+            st = self.wait(st, deadline, op)?;
         }
     }
 

@@ -835,31 +835,35 @@ fn with_qp(qp_num: u32, f: impl FnOnce(&mut QpEntry) -> bool) -> bool {
 /// The context of QP `qp_num` reports IBV_EVENT_DEVICE_FATAL; nothing else changes. False
 /// when there is no such QP.
 pub(super) fn raise_device_fatal(qp_num: u32) -> bool {
-    let st = lock();
-    let Some(e) = st.qps.get(&qp_num) else {
-        return false;
-    };
-    let mut a: ffi::ibv_async_event = zeroed();
-    a.event_type = ffi::ibv_event_type::IBV_EVENT_DEVICE_FATAL;
-    // SAFETY: a QP's context outlives it.
-    unsafe { push_event(e.ctx, a) };
-    true
+    raise_event(qp_num, ffi::ibv_event_type::IBV_EVENT_DEVICE_FATAL, None)
 }
 
 /// The context of QP `qp_num` reports its port (1) going down (`up`: active again); nothing
 /// else changes. False when there is no such QP.
 pub(super) fn raise_port_event(qp_num: u32, up: bool) -> bool {
+    raise_event(
+        qp_num,
+        if up {
+            ffi::ibv_event_type::IBV_EVENT_PORT_ACTIVE
+        } else {
+            ffi::ibv_event_type::IBV_EVENT_PORT_ERR
+        },
+        Some(1),
+    )
+}
+
+/// The context of QP `qp_num` reports `event_type` (of `port`, for a port's event). False
+/// when there is no such QP.
+fn raise_event(qp_num: u32, event_type: ffi::ibv_event_type, port: Option<c_int>) -> bool {
     let st = lock();
     let Some(e) = st.qps.get(&qp_num) else {
         return false;
     };
     let mut a: ffi::ibv_async_event = zeroed();
-    a.event_type = if up {
-        ffi::ibv_event_type::IBV_EVENT_PORT_ACTIVE
-    } else {
-        ffi::ibv_event_type::IBV_EVENT_PORT_ERR
-    };
-    a.element.port_num = 1;
+    a.event_type = event_type;
+    if let Some(p) = port {
+        a.element.port_num = p;
+    }
     // SAFETY: a QP's context outlives it.
     unsafe { push_event(e.ctx, a) };
     true
