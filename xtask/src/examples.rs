@@ -90,8 +90,6 @@ pub struct Example {
     pub package: &'static str,
     /// The example target.
     pub example: &'static str,
-    /// Features it needs.
-    pub features: &'static [&'static str],
     /// Shell run first, in the example's scratch directory.
     pub setup: &'static str,
     pub procs: &'static [Proc],
@@ -373,7 +371,6 @@ pub const EXAMPLES: &[Example] = &[
     },
     Example {
         name: "async-echo",
-        features: &["tokio"],
         procs: &[
             server("-l {ip}:{port} --clients 2"),
             fg("client1", "{ip}:{port} -n 50"),
@@ -453,7 +450,6 @@ pub const EXAMPLES: &[Example] = &[
     },
     Example {
         name: "async_vs_blocking",
-        features: &["tokio"],
         procs: &[fg("run", "{ip} 200 3")],
         check: |o| o.has("run", "async/blocking"),
         ..net("async_vs_blocking")
@@ -477,7 +473,6 @@ pub const EXAMPLES: &[Example] = &[
     },
     Example {
         name: "post_overhead",
-        features: &["bench-support"],
         // callgrind (the instruction counts where the CPU has no counters) is far too slow
         // under the VM's emulation.
         procs: &[fg("run", "--rounds 1 --wrs 20000 --no-callgrind")],
@@ -492,7 +487,6 @@ const fn net(example: &'static str) -> Example {
         name: example,
         package: "rsrdma-net",
         example,
-        features: &[],
         setup: "",
         procs: &[],
         check: |_| Ok(()),
@@ -592,40 +586,30 @@ pub fn selected(filter: Option<&str>) -> Vec<&'static Example> {
         .collect()
 }
 
-/// Builds the examples' targets (debug, as the tests), returning the directory of the
-/// executables.
+/// Builds the examples' targets (debug, as the tests) as the unit stage's `cargo test`
+/// does (see `build.rs`: nothing is compiled again after it), returning the directory of the
+/// executables, `target/debug/examples`.
 pub fn build(root: &Path, examples: &[&Example]) -> Result<PathBuf> {
-    let mut packages: Vec<&str> = examples.iter().map(|e| e.package).collect();
-    packages.sort_unstable();
-    packages.dedup();
-    for package in packages {
-        let of_pkg: Vec<&&Example> = examples.iter().filter(|e| e.package == package).collect();
-        let mut cmd = Command::new(vm::cargo());
-        cmd.args(["build", "-p", package]).current_dir(root);
-        let mut targets: Vec<&str> = of_pkg
-            .iter()
-            .flat_map(|e| {
-                std::iter::once(e.example).chain(e.procs.iter().filter_map(|p| p.program))
-            })
-            .collect();
-        targets.sort_unstable();
-        targets.dedup();
-        for t in targets {
-            cmd.args(["--example", t]);
-        }
-        let mut features: Vec<&str> = of_pkg.iter().flat_map(|e| e.features).copied().collect();
-        features.sort_unstable();
-        features.dedup();
-        if !features.is_empty() {
-            cmd.args(["--features", &features.join(",")]);
-        }
-        eprintln!("[examples] cargo build -p {package} (examples)");
-        let status = cmd.status().context("running cargo build")?;
-        if !status.success() {
-            bail!("building the examples of {package} failed");
+    eprintln!(
+        "[examples] cargo test --no-run --workspace --all-features (examples among its targets)"
+    );
+    let built = crate::build::with_unit_selection(root, &[], false)?;
+    let metadata = vm::cargo_metadata()?;
+    let dir = vm::target_dir()?.join("debug").join("examples");
+    for e in examples {
+        let manifest_dir = crate::build::manifest_dir_of(&metadata, e.package)?;
+        for target in std::iter::once(e.example).chain(e.procs.iter().filter_map(|p| p.program)) {
+            let exe = &crate::build::find(&built, &manifest_dir, "example", target)?.exe;
+            if *exe != dir.join(target) {
+                bail!(
+                    "cargo built example {target} at {}, not in {}",
+                    exe.display(),
+                    dir.display()
+                );
+            }
         }
     }
-    Ok(vm::target_dir()?.join("debug").join("examples"))
+    Ok(dir)
 }
 
 const BEGIN: &str = "[ex] ==> ";

@@ -18,6 +18,7 @@ mod bench;
 mod bench_overhead;
 mod bench_rdmanet;
 mod bench_soft;
+mod build;
 mod demo;
 mod docs;
 mod examples;

@@ -161,13 +161,31 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         (crate::soft_tests::SOFT_TESTS, "1"),
         (crate::soft_tests::SOFT_TESTS_OVER_TCP, "0"),
     ];
-    let runs = lists
+    let runs: Vec<_> = lists
         .iter()
-        .flat_map(|(list, shm)| list.iter().map(move |t| (t, *shm)));
-    for ((pkg, target, tests), shm) in runs.filter(|_| built) {
-        let mut cmd = cargo(&["test", "-p", pkg, "--all-features", "--test", target, "--"]);
+        .flat_map(|(list, shm)| list.iter().map(move |t| (t, *shm)))
+        .collect();
+    // One build of every target (see build.rs), in the namespace as the runs.
+    let targets: Vec<&str> = runs.iter().map(|((_, target, _), _)| *target).collect();
+    let soft_built = if built {
+        crate::build::with_unit_selection(root, &targets, hide)
+            .inspect_err(|e| eprintln!("[test] building the device tests: {e:#}"))
+            .ok()
+    } else {
+        None
+    };
+    soft_ok &= soft_built.is_some();
+    let metadata = vm::cargo_metadata()?;
+    let built = soft_built.unwrap_or_default();
+    for ((pkg, target, tests), shm) in runs.iter().filter(|_| !built.is_empty()) {
+        let dir = crate::build::manifest_dir_of(&metadata, pkg)?;
+        let exe = &crate::build::find(&built, &dir, "test", target)?.exe;
+        eprintln!("[test] ==> {pkg}/{target} on soft0 (RSRDMA_SOFT_SHM={shm})");
+        let mut cmd = Command::new(exe);
         cmd.args(["--exact", "--test-threads", "4"])
             .args(tests.iter())
+            .current_dir(&dir)
+            .env("CARGO_MANIFEST_DIR", &dir)
             .env("RSRDMA_TEST_DEVICE", "soft0")
             .env("RSRDMA_TEST_IP", "127.0.0.1")
             .env("RSRDMA_SOFT_DEVICE", "1")
@@ -292,8 +310,6 @@ struct DeviceTarget {
     package: String,
     name: String,
     manifest_dir: PathBuf,
-    /// The target's `required-features`: it is built with them turned on.
-    required_features: Vec<String>,
 }
 
 impl DeviceTarget {
@@ -317,74 +333,11 @@ fn discover(metadata: &serde_json::Value) -> Vec<DeviceTarget> {
                     package: pkg["name"].as_str().unwrap_or_default().to_string(),
                     name: target["name"].as_str().unwrap_or_default().to_string(),
                     manifest_dir: manifest.parent().unwrap_or(Path::new("/")).to_path_buf(),
-                    required_features: target["required-features"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|f| f.as_str().map(String::from))
-                        .collect(),
                 });
             }
         }
     }
     found
-}
-
-/// Builds one package's device-test targets, returning each target's executable.
-fn build(root: &Path, package: &str, targets: &[&DeviceTarget]) -> Result<Vec<PathBuf>> {
-    let mut cmd = Command::new(vm::cargo());
-    cmd.args([
-        "test",
-        "--no-run",
-        "--message-format=json-render-diagnostics",
-        "-p",
-        package,
-    ]);
-    for t in targets {
-        cmd.args(["--test", &t.name]);
-    }
-    let features = features_of(targets);
-    if !features.is_empty() {
-        cmd.args(["--features", &features.join(",")]);
-    }
-    let out = cmd
-        .current_dir(root)
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running cargo test --no-run")?;
-    if !out.status.success() {
-        bail!("building the device tests of {package} failed");
-    }
-    let mut exes = Vec::new();
-    for t in targets {
-        let exe = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|m| m["reason"] == "compiler-artifact")
-            .filter(|m| m["target"]["name"] == t.name.as_str())
-            .filter(|m| {
-                m["target"]["kind"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|k| k == "test")
-            })
-            .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-            .ok_or_else(|| anyhow!("cargo reported no executable for {}", t.label()))?;
-        exes.push(exe);
-    }
-    Ok(exes)
-}
-
-/// Every feature some of `targets` require, once each, in order.
-fn features_of(targets: &[&DeviceTarget]) -> Vec<String> {
-    let mut all: Vec<String> = Vec::new();
-    for f in targets.iter().flat_map(|t| &t.required_features) {
-        if !all.contains(f) {
-            all.push(f.clone());
-        }
-    }
-    all
 }
 
 /// What one test binary did in the guest.
@@ -457,13 +410,13 @@ fn device_tests(
     let labels: Vec<String> = targets.iter().map(DeviceTarget::label).collect();
     eprintln!("[test] device test targets: {}", labels.join(", "));
 
-    let mut packages: Vec<&str> = targets.iter().map(|t| t.package.as_str()).collect();
-    packages.dedup();
+    // One build of every target (see build.rs).
+    let names: Vec<&str> = targets.iter().map(|t| t.name.as_str()).collect();
+    let built = crate::build::with_unit_selection(root, &names, false)?;
     let mut runs: Vec<(&DeviceTarget, PathBuf)> = Vec::new();
-    for package in packages {
-        let of_pkg: Vec<&DeviceTarget> = targets.iter().filter(|t| t.package == package).collect();
-        let exes = build(root, package, &of_pkg)?;
-        runs.extend(of_pkg.into_iter().zip(exes));
+    for t in &targets {
+        let exe = crate::build::find(&built, &t.manifest_dir, "test", &t.name)?;
+        runs.push((t, exe.exe.clone()));
     }
 
     let mut script = String::from(
@@ -652,27 +605,5 @@ test result: FAILED. 2 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].label(), "rsrdma/device");
         assert_eq!(found[0].manifest_dir, PathBuf::from("/w/crates/rsrdma"));
-        assert!(found[0].required_features.is_empty());
-    }
-
-    #[test]
-    fn device_targets_are_built_with_their_required_features() {
-        let metadata = serde_json::json!({"packages": [{
-            "name": "rsrdma-net",
-            "manifest_path": "/w/crates/rsrdma-net/Cargo.toml",
-            "targets": [
-                {"name": "conn_device", "kind": ["test"], "test": false},
-                {"name": "async_device", "kind": ["test"], "test": false,
-                 "required-features": ["tokio"]},
-                {"name": "more", "kind": ["test"], "test": false,
-                 "required-features": ["tokio", "extra"]}
-            ]
-        }]});
-        let found = discover(&metadata);
-        assert_eq!(found.len(), 3);
-        assert_eq!(found[1].required_features, vec!["tokio".to_string()]);
-        let refs: Vec<&DeviceTarget> = found.iter().collect();
-        assert_eq!(features_of(&refs), vec!["tokio", "extra"]);
-        assert!(features_of(&refs[..1]).is_empty());
     }
 }
