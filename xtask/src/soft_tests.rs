@@ -182,9 +182,12 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "a_plain_conn_at_either_end_gets_one_plain_rail",
             "a_rail_that_fails_mid_transfer_loses_nothing",
             "a_silent_rail_does_not_hold_up_a_good_client",
+            "accept_with_a_zero_timeout_takes_clients_already_waiting",
             "huge_timeouts_mean_no_limit_and_never_panic",
+            "options_that_cannot_work_are_refused_before_anything_is_dialed",
             "striped_messages_arrive_whole_and_in_order_over_rdma_cm",
             "striped_messages_arrive_whole_and_in_order_over_tcp_handshake",
+            "the_peer_closing_ends_reads_after_its_messages_and_fails_sends",
         ],
     ),
     (

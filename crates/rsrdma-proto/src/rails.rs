@@ -154,7 +154,7 @@ struct Outgoing {
 pub struct RailCounters {
     /// Rails that failed.
     pub rails_failed: u32,
-    /// Data stripes sent again after their rail failed.
+    /// Data stripes sent again after their rail failed (or the peer closed it).
     pub stripes_resent: u64,
     /// Data stripes (or parts of them) that arrived a second time and were dropped.
     pub stripes_duplicate: u64,
@@ -442,12 +442,25 @@ impl Rails {
     /// # Errors
     /// [`ProtoError::AllRailsFailed`] when it was the last rail up.
     pub fn rail_failed(&mut self, rail: usize) -> Result<(), ProtoError> {
+        self.rail_down(rail, true)
+    }
+
+    /// The peer closed rail `rail` (an orderly end, not counted as a failure): as
+    /// [`Rails::rail_failed`], what it carried that is not confirmed goes again on the others.
+    ///
+    /// # Errors
+    /// [`ProtoError::AllRailsFailed`] when it was the last rail up.
+    pub fn rail_closed(&mut self, rail: usize) -> Result<(), ProtoError> {
+        self.rail_down(rail, false)
+    }
+
+    fn rail_down(&mut self, rail: usize, failed: bool) -> Result<(), ProtoError> {
         if rail >= self.failed.len() {
             return Ok(());
         }
         if !self.failed[rail] {
             self.failed[rail] = true;
-            self.counters.rails_failed += 1;
+            self.counters.rails_failed += u32::from(failed);
             let lost = std::mem::take(&mut self.carried[rail]);
             self.counters.stripes_resent += lost.len() as u64;
             if !lost.is_empty() {
@@ -628,6 +641,13 @@ impl Rails {
             self.spare_bytes += v.capacity();
             self.spare.push(v);
         }
+    }
+
+    /// Whether stripes of a message not handed over yet are held (a message partly
+    /// arrived, or whole behind one that did not): at the end of the stream, one was cut
+    /// short.
+    pub fn receiving(&self) -> bool {
+        !self.pending.is_empty()
     }
 
     /// Messages handed to the application so far.

@@ -328,6 +328,31 @@ fn a_failed_rails_unconfirmed_stripes_go_again_and_the_copies_are_dropped() {
 }
 
 #[test]
+fn a_rail_the_peer_closed_resends_like_a_failed_one_but_is_no_failure() {
+    let (mut a, mut b) = two(2);
+    assert_eq!(a.send(b"12345678").unwrap(), Step::Done(0));
+    let on0 = carry(&mut a, 0);
+    let on1 = carry(&mut a, 1);
+    a.rail_closed(1).unwrap();
+    assert_eq!(
+        carry(&mut a, 0),
+        on1,
+        "rail 1's stripe goes again on rail 0"
+    );
+    assert_eq!(a.counters().rails_failed, 0);
+    assert_eq!(a.counters().stripes_resent, 1);
+    assert_eq!(a.live_rails(), 1);
+    // Half a message held is a cut stream; whole and read, nothing is held.
+    b.handle_stripe(&on0).unwrap();
+    assert!(b.recv().is_none());
+    assert!(b.receiving(), "half a message arrived");
+    b.handle_stripe(&on1).unwrap();
+    assert_eq!(b.recv().unwrap(), b"12345678");
+    assert!(!b.receiving());
+    assert_eq!(a.rail_closed(0), Err(ProtoError::AllRailsFailed));
+}
+
+#[test]
 fn the_window_blocks_the_sender_until_the_receiver_reads() {
     let (mut a, mut b) = two(1);
     assert_eq!(a.send(&[1; 40]).unwrap(), Step::Done(0));

@@ -832,7 +832,7 @@ pub(crate) fn tcp_connect_error(addr: SocketAddr, e: std::io::Error) -> NetError
     NetError::io("connect", e)
 }
 
-fn check_timeout(t: Option<Duration>) -> Result<()> {
+pub(crate) fn check_timeout(t: Option<Duration>) -> Result<()> {
     if t.is_some_and(|t| t.is_zero()) {
         return Err(NetError::InvalidArgument(
             "a zero timeout is not allowed (use None to block)".into(),

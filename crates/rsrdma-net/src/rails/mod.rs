@@ -40,8 +40,9 @@ pub struct RailOptions {
     /// The most bytes of a message one stripe carries. Default 64 KiB. Keep it below the
     /// rails' rendezvous threshold: a stripe is one message on its rail.
     pub stripe_size: u32,
-    /// The most bytes sent and not confirmed read by the peer (its memory for messages that
-    /// arrived ahead of its reader is bounded by it). Default 8 MiB.
+    /// The most bytes sent and not confirmed read by the peer (a message larger than the
+    /// window goes alone). The peer holds at most `window + max_message` bytes of messages
+    /// that arrived ahead of its reader. Default 8 MiB.
     pub window: usize,
     /// The largest message. Default 16 MiB.
     pub max_message: u32,
@@ -102,8 +103,43 @@ impl RailOptions {
                 "RailOptions: a window of at most 4 GiB".into(),
             ));
         }
+        if self.join_timeout.is_zero() {
+            return Err(NetError::InvalidArgument(
+                "RailOptions: join_timeout must not be zero".into(),
+            ));
+        }
+        // A stripe is one message on its rail.
+        if let Some((i, o)) = self
+            .rails
+            .iter()
+            .enumerate()
+            .find(|(_, o)| !fits_rail(self.stripe_size, o.max_message))
+        {
+            return Err(NetError::InvalidArgument(format!(
+                "RailOptions: a stripe of {} bytes and its {STRIPE_HEADER_LEN}-byte header do not \
+                 fit rail {i}'s max_message ({})",
+                self.stripe_size, o.max_message
+            )));
+        }
         Ok(cfg)
     }
+}
+
+/// Whether a stripe of `stripe_size` bytes, with its header, is one message of at most
+/// `max_message` bytes.
+fn fits_rail(stripe_size: u32, max_message: u32) -> bool {
+    u64::from(stripe_size) + STRIPE_HEADER_LEN as u64 <= u64::from(max_message)
+}
+
+/// The largest stripe every rail of `rails` carries as one message (each rail's settled
+/// `max_message`, less the header).
+fn stripe_limit(rails: &[Conn]) -> u32 {
+    rails
+        .iter()
+        .map(|c| c.info().settled.max_message)
+        .min()
+        .unwrap_or(0)
+        .saturating_sub(STRIPE_HEADER_LEN as u32)
 }
 
 /// When a wait ends (clamped: `Duration::MAX` means no practical limit), and the limit the
@@ -139,6 +175,9 @@ struct State {
     over: Vec<bool>,
     /// The connection failed (every rail failed, or the peer broke the protocol).
     fatal: Option<ProtoError>,
+    /// Every rail is over and the last one ended with the peer's close: what arrived whole
+    /// is still read, but nothing sent from now on reaches anyone.
+    peer_closed: bool,
     /// `close` ran (rail failures from then on are its own doing).
     closing: bool,
     /// Where the next stripe goes first (round robin over the rails).
@@ -238,6 +277,12 @@ impl RailConn {
                 got: "an answer for another connection or rail count",
             });
         }
+        if settled.cfg.stripe_size > stripe_limit(&rails) {
+            return Err(NetError::Unexpected {
+                expected: "a stripe size every rail carries as one message",
+                got: "a larger one",
+            });
+        }
         RailConn::start(rails, settled.cfg, addr, opts.rails[0].linger)
     }
 
@@ -255,6 +300,7 @@ impl RailConn {
                 core: Rails::new(cfg).map_err(NetError::ConnFailed)?,
                 over: vec![false; n],
                 fatal: None,
+                peer_closed: false,
                 closing: false,
                 next_rail: 0,
                 read_timeout: None,
@@ -265,11 +311,23 @@ impl RailConn {
         let mut readers = Vec::with_capacity(n);
         for rail in 0..n {
             let s = shared.clone();
-            let t = std::thread::Builder::new()
+            match std::thread::Builder::new()
                 .name(format!("rsrdma-rail{rail}"))
                 .spawn(move || s.read_rail(rail))
-                .map_err(|e| NetError::io("start a rail's reader thread", e))?;
-            readers.push(t);
+            {
+                Ok(t) => readers.push(t),
+                Err(e) => {
+                    // The readers started end with their rails.
+                    shared.lock().closing = true;
+                    for c in &shared.rails {
+                        let _ = c.close();
+                    }
+                    for t in readers {
+                        let _ = t.join();
+                    }
+                    return Err(NetError::io("start a rail's reader thread", e));
+                }
+            }
         }
         Ok(RailConn {
             inner: Inner::Striped { shared, readers },
@@ -294,7 +352,8 @@ impl RailConn {
     ///
     /// # Errors
     /// [`NetError::MessageTooLarge`]; [`NetError::Timeout`]; [`NetError::ConnFailed`] once
-    /// every rail failed; [`NetError::Closed`] after `close`.
+    /// every rail failed; [`NetError::PeerGone`] once the peer closed; [`NetError::Closed`]
+    /// after `close`.
     pub fn send_msg(&self, msg: &[u8]) -> Result<()> {
         let sh = match self.striped() {
             Ok(sh) => sh,
@@ -308,6 +367,9 @@ impl RailConn {
             }
             if let Some(e) = &st.fatal {
                 return Err(NetError::ConnFailed(e.clone()));
+            }
+            if st.peer_closed {
+                return Err(NetError::PeerGone { op: "send_msg" });
             }
             match st.core.send(msg) {
                 Ok(Step::Done(_)) => break,
@@ -328,7 +390,8 @@ impl RailConn {
     ///
     /// # Errors
     /// [`NetError::Timeout`]; [`NetError::ConnFailed`] once every rail failed (or the peer
-    /// broke the protocol); [`NetError::Closed`] after `close`.
+    /// broke the protocol); [`NetError::PeerClosed`] when the peer closed with a message
+    /// only partly delivered; [`NetError::Closed`] after `close`.
     pub fn recv_msg(&self) -> Result<Option<Vec<u8>>> {
         match self.striped() {
             Ok(sh) => sh.recv("recv_msg", |core| Ok(core.recv())),
@@ -351,8 +414,9 @@ impl RailConn {
     /// Limits how long `recv_msg` waits (`None`: for ever).
     ///
     /// # Errors
-    /// As [`Conn::set_read_timeout`].
+    /// As [`Conn::set_read_timeout`]: [`NetError::InvalidArgument`] for a zero duration.
     pub fn set_read_timeout(&self, t: Option<Duration>) -> Result<()> {
+        crate::conn::check_timeout(t)?;
         match self.striped() {
             Ok(sh) => sh.lock().read_timeout = t,
             Err(c) => c.set_read_timeout(t)?,
@@ -363,8 +427,9 @@ impl RailConn {
     /// Limits how long `send_msg` waits for the window (`None`: for ever).
     ///
     /// # Errors
-    /// As [`Conn::set_write_timeout`].
+    /// As [`Conn::set_write_timeout`]: [`NetError::InvalidArgument`] for a zero duration.
     pub fn set_write_timeout(&self, t: Option<Duration>) -> Result<()> {
+        crate::conn::check_timeout(t)?;
         match self.striped() {
             Ok(sh) => sh.lock().write_timeout = t,
             Err(c) => c.set_write_timeout(t)?,
@@ -414,8 +479,9 @@ impl RailConn {
     /// option), then closes every rail and joins their readers.
     ///
     /// # Errors
-    /// [`NetError::Timeout`] when messages were still unconfirmed after the linger (the
-    /// rails are closed all the same); [`NetError::ConnFailed`] when every rail had failed.
+    /// Only when messages were still unconfirmed (the rails are closed all the same):
+    /// [`NetError::Timeout`] after the linger; [`NetError::ConnFailed`] when every rail had
+    /// failed; [`NetError::PeerGone`] when the peer had closed.
     pub fn close(mut self) -> Result<()> {
         match &self.inner {
             Inner::Plain(c) => c.close(),
@@ -433,7 +499,8 @@ impl RailConn {
         let mut result = Ok(());
         {
             let mut st = sh.lock();
-            while st.core.unconfirmed() > 0 && st.fatal.is_none() && !st.closing {
+            while st.core.unconfirmed() > 0 && st.fatal.is_none() && !st.peer_closed && !st.closing
+            {
                 match sh.wait(st, deadline, "close (messages not confirmed by the peer)") {
                     Ok(next) => st = next,
                     Err(e) => {
@@ -443,9 +510,11 @@ impl RailConn {
                     }
                 }
             }
-            if let (Some(e), true) = (&st.fatal, result.is_ok()) {
-                if st.core.unconfirmed() > 0 {
+            if result.is_ok() && st.core.unconfirmed() > 0 {
+                if let Some(e) = &st.fatal {
                     result = Err(NetError::ConnFailed(e.clone()));
+                } else if st.peer_closed {
+                    result = Err(NetError::PeerGone { op: "close" });
                 }
             }
             st.closing = true;
@@ -535,6 +604,10 @@ impl Shared {
                 return Err(NetError::ConnFailed(e.clone()));
             }
             if st.over.iter().all(|o| *o) {
+                // The peer closed: its stream ends here, unless it cut a message short.
+                if st.core.receiving() {
+                    return Err(NetError::PeerClosed("a striped message"));
+                }
                 return Ok(None);
             }
             st = self.wait(st, deadline, op)?;
@@ -571,8 +644,11 @@ impl Shared {
             };
             st.next_rail = (rail + 1) % n;
             drop(st);
-            if let Err(e) = self.rails[rail].send_msg(&buf) {
-                self.rail_failed(rail, &e);
+            match self.rails[rail].send_msg(&buf) {
+                Ok(()) => {}
+                // The peer closed this rail (its reader finds the end of it too).
+                Err(NetError::PeerGone { .. }) => self.rail_ended(rail),
+                Err(e) => self.rail_failed(rail, &e),
             }
         }
     }
@@ -590,6 +666,27 @@ impl Shared {
             st.fatal = Some(e);
         }
         let resend = st.core.wants_to_send();
+        drop(st);
+        self.changed.notify_all();
+        if resend {
+            self.pump();
+        }
+    }
+
+    /// The peer closed rail `rail` (its reader read the end of it). What the rail carried and
+    /// is not confirmed goes again on the others (it may have arrived: the peer drops
+    /// duplicates); once every rail is over the peer is gone for sending, and the reads end
+    /// after what arrived whole.
+    fn rail_ended(&self, rail: usize) {
+        let mut st = self.lock();
+        if st.over[rail] {
+            return;
+        }
+        st.over[rail] = true;
+        if !st.closing && st.core.rail_closed(rail).is_err() {
+            st.peer_closed = true;
+        }
+        let resend = !st.closing && st.core.wants_to_send();
         drop(st);
         self.changed.notify_all();
         if resend {
@@ -616,8 +713,7 @@ impl Shared {
                     self.changed.notify_all();
                 }
                 Ok(None) => {
-                    self.lock().over[rail] = true;
-                    self.changed.notify_all();
+                    self.rail_ended(rail);
                     return;
                 }
                 Err(e) => {
@@ -639,6 +735,15 @@ pub struct RailListener {
     opts: RailOptions,
 }
 
+impl std::fmt::Debug for RailListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RailListener")
+            .field("local_addr", &self.local_addr())
+            .field("rails", &self.opts.rails.len())
+            .finish()
+    }
+}
+
 /// Rails joining, and connections ready to be accepted.
 struct Joins {
     state: Mutex<JoinState>,
@@ -649,7 +754,7 @@ struct JoinState {
     /// Rails of connections not complete yet, by connection id.
     joining: HashMap<u64, Joining>,
     /// Connections complete (or plain), oldest first.
-    ready: std::collections::VecDeque<Result<RailConn>>,
+    ready: std::collections::VecDeque<RailConn>,
 }
 
 struct Joining {
@@ -709,23 +814,30 @@ impl RailListener {
     fn accept_until(&self, deadline: Option<(Instant, Duration)>) -> Result<RailConn> {
         loop {
             if let Some(done) = self.joins.lock().ready.pop_front() {
-                return done;
+                return Ok(done);
             }
-            let mut slice = ACCEPT_SLICE;
-            if let Some((d, limit)) = deadline {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(NetError::Timeout {
-                        op: "accept a striped connection",
-                        millis: limit.as_millis() as u64,
-                    });
-                }
-                slice = slice.min(left);
-            }
-            match self.listener.accept_timeout(slice) {
+            self.joins.expire(self.opts.join_timeout);
+            // One look at the listener even when the time is up (a zero timeout takes the
+            // peers already waiting, as `Listener::accept_timeout` does).
+            let left = deadline.map(|(d, _)| d.saturating_duration_since(Instant::now()));
+            match self
+                .listener
+                .accept_timeout(left.map_or(ACCEPT_SLICE, |l| l.min(ACCEPT_SLICE)))
+            {
                 Ok(c) => self.start_join(c),
                 Err(NetError::Timeout { .. }) => {}
                 Err(e) => return Err(e),
+            }
+            if let Some((d, limit)) = deadline {
+                if Instant::now() >= d {
+                    if let Some(done) = self.joins.lock().ready.pop_front() {
+                        return Ok(done);
+                    }
+                    return Err(NetError::Timeout {
+                        op: "accept a striped connection",
+                        millis: u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+                    });
+                }
             }
         }
     }
@@ -735,10 +847,10 @@ impl RailListener {
     fn start_join(&self, c: Conn) {
         if !speaks_rails(&c) {
             let peer = c.peer_addr();
-            self.joins.lock().ready.push_back(Ok(RailConn {
+            self.joins.lock().ready.push_back(RailConn {
                 inner: Inner::Plain(Box::new(c)),
                 peer,
-            }));
+            });
             return;
         }
         let (joins, opts) = (self.joins.clone(), self.opts.clone());
@@ -754,6 +866,27 @@ impl RailListener {
 impl Joins {
     fn lock(&self) -> MutexGuard<'_, JoinState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Drops the connections whose rails did not all join within `limit` (their rails are
+    /// closed outside the lock: a close may linger).
+    fn expire(&self, limit: Duration) {
+        let expired: Vec<Joining> = {
+            let mut st = self.lock();
+            let ids: Vec<u64> = st
+                .joining
+                .iter()
+                .filter(|(_, j)| j.since.elapsed() >= limit)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter().filter_map(|id| st.joining.remove(id)).collect()
+        };
+        if !expired.is_empty() {
+            tracing::warn!(
+                count = expired.len(),
+                "striped listener: connections whose rails did not all join in time"
+            );
+        }
     }
 
     /// Reads a new rail's hello and files it; once its connection's last rail joined,
@@ -786,9 +919,8 @@ impl Joins {
             window: h.cfg.window.min(mine.window),
             max_message: h.cfg.max_message.min(mine.max_message),
         };
+        self.expire(opts.join_timeout);
         let mut st = self.lock();
-        let limit = opts.join_timeout;
-        st.joining.retain(|_, j| j.since.elapsed() < limit);
         let j = st.joining.entry(h.id).or_insert_with(|| Joining {
             since: Instant::now(),
             cfg,
@@ -809,19 +941,31 @@ impl Joins {
         };
         drop(st);
         let rails: Vec<Conn> = j.rails.into_iter().flatten().collect();
+        // A stripe is one message on every rail (each settled its own `max_message`).
+        let cfg = RailsConfig {
+            stripe_size: j.cfg.stripe_size.min(stripe_limit(&rails)),
+            ..j.cfg
+        };
         let answer = Hello {
             id: h.id,
             rail: 0,
-            cfg: j.cfg,
+            cfg,
         };
-        let done = match rails[0].send_msg(&answer.encode(true)) {
-            Ok(()) => {
+        // A client that fails here is its own trouble: logged, never an accept's error.
+        let done = cfg
+            .check()
+            .map_err(NetError::ConnFailed)
+            .and_then(|()| rails[0].send_msg(&answer.encode(true)))
+            .and_then(|()| {
                 let peer = rails[0].peer_addr();
-                RailConn::start(rails, j.cfg, peer, opts.rails[0].linger)
+                RailConn::start(rails, cfg, peer, opts.rails[0].linger)
+            });
+        match done {
+            Ok(c) => self.lock().ready.push_back(c),
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "striped listener: a client's set-up failed")
             }
-            Err(e) => Err(e),
-        };
-        self.lock().ready.push_back(done);
+        }
     }
 }
 
