@@ -69,8 +69,15 @@ fn threads_named(name: &str) -> usize {
         .count()
 }
 
+/// The process's threads, less soft0's own (its timer, listeners and CM start with the
+/// first use of the device, in whichever test comes first: a count taken before them would
+/// see them as new).
 fn thread_count() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| !c.starts_with("rsrdma-soft"))
+        .count()
 }
 
 #[test]
@@ -1072,5 +1079,135 @@ fn one_async_accept_loop_serves_a_good_client_through_a_flood() {
         server.abort();
         c.close().await.unwrap();
         s.close().await.unwrap();
+    });
+}
+
+/// Options whose connections declare a silent peer dead within a second.
+fn quick(path: Establish) -> ConnOptions {
+    let mut o = opts(path);
+    o.keepalive = Some(Duration::from_millis(200));
+    o.peer_timeout = Duration::from_secs(1);
+    o
+}
+
+#[test]
+fn a_connection_waiting_for_its_accept_answers_keepalives() {
+    run(async move {
+        let l = listen(quick(Establish::Tcp));
+        let addr = l.local_addr();
+        // Two clients dial before the first accept: it starts both handshakes and returns
+        // one; the other connection then waits, established, for the next accept, three
+        // peer timeouts long.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let clients: Vec<_> = (0..2u8)
+            .map(|i| {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let c = AsyncConn::dial(addr, quick(Establish::Tcp)).await.unwrap();
+                    tx.send(()).unwrap();
+                    // Still alive after the wait: the peer answered every keepalive.
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    c.send_msg(&[i]).await.unwrap();
+                    c
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let first = l.accept().await.unwrap();
+        // Both handshakes are done: the second connection is parked in the listener.
+        for _ in 0..2 {
+            timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .expect("a client never got through its dial");
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let second = l.accept().await.unwrap();
+        let mut got = Vec::new();
+        for c in [&first, &second] {
+            let m = timeout(Duration::from_secs(10), c.recv_msg())
+                .await
+                .expect("a message within 10 s")
+                .expect("the connection is alive");
+            got.push(m.expect("a message")[0]);
+        }
+        got.sort_unstable();
+        assert_eq!(got, [0, 1]);
+        for c in clients {
+            c.await.unwrap().close().await.unwrap();
+        }
+        first.close().await.unwrap();
+        second.close().await.unwrap();
+    });
+}
+
+#[test]
+fn async_recv_buffer_refuses_another_connections_buffer_and_the_connection_goes_on() {
+    run(async {
+        let (c, s) = pair(opts(Establish::Tcp), opts(Establish::Tcp)).await;
+        // Large enough to go by rendezvous (a READ into the buffer) with the defaults.
+        let big = pattern(1 << 20, 5);
+        s.send_msg(&big).await.unwrap();
+        let mut foreign = s.alloc_buffer(2 << 20).unwrap();
+        let e = timeout(Duration::from_secs(10), c.recv_buffer(&mut foreign))
+            .await
+            .expect("an answer within 10 s")
+            .unwrap_err();
+        assert!(matches!(e, NetError::BadBuffer { .. }), "{e}");
+        let m = timeout(Duration::from_secs(10), c.recv_msg())
+            .await
+            .unwrap();
+        assert!(
+            m.unwrap().unwrap() == big,
+            "the message after the refused buffer"
+        );
+        c.close().await.unwrap();
+        s.close().await.unwrap();
+    });
+}
+
+/// A reader and a writer task on each end of one connection, on a multi-thread runtime, no
+/// keepalive to rescue a lost wake-up: every message arrives, in order.
+#[test]
+fn full_duplex_tasks_on_a_multi_thread_runtime() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut o = opts(Establish::Tcp);
+        o.keepalive = None;
+        let (c, s) = pair(o.clone(), o).await;
+        let (c, s) = (Arc::new(c), Arc::new(s));
+        const N: u64 = 3000;
+        let mut tasks = Vec::new();
+        for (me, seed) in [(c.clone(), 1u64), (s.clone(), 2)] {
+            let tx = me.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..N {
+                    tx.send_msg(&pattern(1 + (i as usize * 131) % 3000, seed + i))
+                        .await
+                        .unwrap();
+                }
+            }));
+            let peer_seed = 3 - seed;
+            tasks.push(tokio::spawn(async move {
+                for i in 0..N {
+                    let m = me.recv_msg().await.unwrap().unwrap();
+                    assert!(
+                        m == pattern(1 + (i as usize * 131) % 3000, peer_seed + i),
+                        "message {i}"
+                    );
+                }
+            }));
+        }
+        for t in tasks {
+            timeout(Duration::from_secs(60), t)
+                .await
+                .expect("a task stalled (a lost wake-up?)")
+                .unwrap();
+        }
+        Arc::try_unwrap(c).unwrap().close().await.unwrap();
+        Arc::try_unwrap(s).unwrap().close().await.unwrap();
     });
 }

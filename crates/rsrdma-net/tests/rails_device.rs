@@ -140,7 +140,11 @@ fn a_rail_that_fails_mid_transfer_loses_nothing() {
     let s = reader.join().unwrap();
     // The acceptor noticed the lost rail; the other ended with the dialer's close (no
     // failure: not counted).
-    assert_eq!(s.counters().rails_failed, 1, "the acceptor noticed the lost rail");
+    assert_eq!(
+        s.counters().rails_failed,
+        1,
+        "the acceptor noticed the lost rail"
+    );
     assert_eq!(s.live_rails(), 0, "every rail over after the peer's close");
     s.close().unwrap();
 }
@@ -468,6 +472,10 @@ fn rails_on_two_devices_survive_a_link_taken_down() {
     c.close().unwrap();
     let s = reader.join().unwrap();
     // The rail on the downed port failed; the other ended with the dialer's close.
-    assert_eq!(s.counters().rails_failed, 1, "the acceptor took the rail out");
+    assert_eq!(
+        s.counters().rails_failed,
+        1,
+        "the acceptor took the rail out"
+    );
     s.close().unwrap();
 }

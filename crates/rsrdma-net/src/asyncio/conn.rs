@@ -231,6 +231,9 @@ pub(super) async fn send_buffer(d: &Driven, buf: &Buffer, len: usize) -> Result<
 
 pub(super) async fn recv_buffer(d: &Driven, buf: &mut Buffer) -> Result<Option<usize>> {
     const OP: &str = "recv_buffer";
+    // As the blocking face: a buffer of another protection domain is refused here, before a
+    // READ into it could break the connection with a protection error.
+    buf.check_for(OP, &d.conn().pd(OP)?, 0)?;
     loop {
         // A READ of an earlier, dropped call may still be landing in the buffer: wait for it.
         OpFuture::new(d, BufferIdle { name: OP, buf }).await?;

@@ -115,6 +115,18 @@ impl Driven {
             .expect("the connection is taken only by Driven's drop")
     }
 
+    /// An operation gave up (its future was dropped, or it failed): what it handed back (its
+    /// side, a partly read message, the rest of a send) may let the other waiting tasks go
+    /// on, and frames it left to send go out only when someone steps on the completions that
+    /// free their credit. So every waiter and the keeper are woken (the blocking face's
+    /// condition variable alone was).
+    pub(crate) fn gave_up(&self) {
+        self.waiters.wake_all();
+        if let Some(w) = lock(&self.keeper).waker.take() {
+            w.wake();
+        }
+    }
+
     /// Runs `op` (one step of the connection) until it gives a value; see the module docs.
     pub(crate) fn poll_op<T>(
         &self,
@@ -122,6 +134,7 @@ impl Driven {
         mut op: impl FnMut(&Conn, bool) -> Result<Step<T>>,
     ) -> Poll<Result<T>> {
         loop {
+            let wakes_before = self.waiters.wakes();
             let live = self.live_ready.swap(false, Ordering::AcqRel);
             let step = match op(self.conn(), live) {
                 Ok(s) => s,
@@ -144,6 +157,12 @@ impl Driven {
                 return Poll::Pending;
             }
             self.waiters.register(cx.waker());
+            // Another task's progress between this step and the registration woke only the
+            // tasks already registered: step again rather than sleep through it (this step's
+            // own wake-up of the others counts one).
+            if self.waiters.wakes() - wakes_before > u64::from(step.changed) {
+                continue;
+            }
             match self.poll_fds(step.live_fd.is_some()) {
                 Ok(true) => continue,
                 Ok(false) => return Poll::Pending,

@@ -61,16 +61,17 @@ pub struct AsyncListener {
 #[derive(Debug)]
 struct Finished {
     ticket: Ticket,
-    result: Result<Conn>,
+    /// Started already: its keeper answers the peer's keepalives while it waits here.
+    result: Result<AsyncConn>,
 }
 
 impl AsyncListener {
-    /// Listens on `addr` (port 0 picks a free one), as [`crate::Listener::bind`]. Call it
-    /// inside a tokio runtime with IO enabled.
+    /// Listens on `addr` (port 0 picks a free one), as [`crate::Listener::bind`], a shared
+    /// receive pool ([`ConnOptions::shared_recv`]) included. Call it inside a tokio runtime
+    /// with IO and time enabled.
     ///
     /// # Errors
-    /// As [`crate::Listener::bind`]; [`NetError::Io`] when the reactor refuses the fd;
-    /// [`NetError::InvalidArgument`] for [`ConnOptions::shared_recv`] (blocking listeners only).
+    /// As [`crate::Listener::bind`]; [`NetError::Io`] when the reactor refuses the fd.
     pub fn bind(addr: impl ToSocketAddrs, opts: ConnOptions) -> Result<AsyncListener> {
         opts.check()?;
         let addr = addr
@@ -155,17 +156,11 @@ impl AsyncListener {
             };
             match next {
                 Either::Left(Some(Finished { ticket, result })) => {
-                    let peer = ticket.peer();
-                    let Some(conn) = self.admission.outcome(ticket, result) else {
+                    let Some(c) = self.admission.outcome(ticket, result) else {
                         continue;
                     };
-                    match AsyncConn::start(conn, &self.opts) {
-                        Ok(c) => {
-                            self.admission.accepted();
-                            return Ok(c);
-                        }
-                        Err(e) => self.admission.failed(peer, &e),
-                    }
+                    self.admission.accepted();
+                    return Ok(c);
                 }
                 // The sender lives in `self`.
                 Either::Left(None) => unreachable!("the listener holds a sender"),
@@ -194,6 +189,7 @@ impl AsyncListener {
             return;
         };
         let (opts, pools, report) = (self.opts.clone(), self.recv.clone(), self.report.clone());
+        let runtime = tokio::runtime::Handle::current();
         // The task is not awaited: its report wakes `accept`, and a listener dropped
         // meanwhile drops the connection on the blocking pool.
         drop(tokio::task::spawn_blocking(move || {
@@ -208,6 +204,14 @@ impl AsyncListener {
                     Conn::accept_tcp_threadless(stream, &opts, &pools, ticket.opened())
                 }
             };
+            // Started at once, not when an `accept` takes it: a connection waiting for its
+            // accept (behind an earlier one, or a timed-out accept) answers its peer's
+            // keepalives, where one left idle was declared dead after `peer_timeout`. A
+            // start that fails drops the connection here, on the blocking pool.
+            let result = result.and_then(|c| {
+                let _in_runtime = runtime.enter();
+                AsyncConn::start(c, &opts)
+            });
             let _ = report.send(Finished { ticket, result });
         }));
     }

@@ -47,6 +47,7 @@ impl<O: Op + Unpin> Future for OpFuture<'_, O> {
                 this.done = true;
                 let r = d.conn().give_up_op(&mut this.op, this.owned, Err(e));
                 this.owned = false;
+                d.gave_up();
                 Poll::Ready(r)
             }
         }
@@ -60,6 +61,7 @@ impl<O: Op> Drop for OpFuture<'_, O> {
                 op: "a dropped future",
             });
             let _ = self.d.conn().give_up_op(&mut self.op, self.owned, dropped);
+            self.d.gave_up();
         }
     }
 }

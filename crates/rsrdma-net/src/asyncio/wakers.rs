@@ -10,6 +10,7 @@
 //! whether it can go on. Registering is deduplicated per task (`Waker::will_wake`), and the
 //! list keeps its capacity, so steady waiting does not allocate.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Wake, Waker};
 
@@ -17,6 +18,8 @@ use std::task::{Wake, Waker};
 #[derive(Debug, Default)]
 pub(crate) struct WakerSet {
     list: Mutex<Vec<Waker>>,
+    /// How many times the set woke its waiters (see [`WakerSet::wakes`]).
+    wakes: AtomicU64,
 }
 
 impl WakerSet {
@@ -35,18 +38,30 @@ impl WakerSet {
     /// Wakes and removes every waiter.
     pub(crate) fn wake_all(&self) {
         // Waking only schedules the task; no waker runs our code, so holding the lock is safe.
-        self.lock().drain(..).for_each(Waker::wake);
+        let mut list = self.lock();
+        list.drain(..).for_each(Waker::wake);
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many wake-ups the set sent so far (each counted under the list's lock, after its
+    /// wakers ran). A task that stepped, then registered, compares it with the count before
+    /// its step: a wake-up in between (another task's progress, sent before this one was in
+    /// the list) means it must step again instead of sleeping.
+    pub(crate) fn wakes(&self) -> u64 {
+        self.wakes.load(Ordering::SeqCst)
     }
 
     /// Wakes and removes every waiter but `me` (who is running already).
     pub(crate) fn wake_others(&self, me: &Waker) {
-        self.lock().retain(|w| {
+        let mut list = self.lock();
+        list.retain(|w| {
             if w.will_wake(me) {
                 return true;
             }
             w.wake_by_ref();
             false
         });
+        self.wakes.fetch_add(1, Ordering::SeqCst);
     }
 
     /// How many waiters are registered.

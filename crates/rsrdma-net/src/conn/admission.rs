@@ -83,12 +83,6 @@ impl Ticket {
     pub(crate) fn opened(&self) -> &AtomicBool {
         &self.opened
     }
-
-    /// The peer's address.
-    #[cfg(feature = "tokio")]
-    pub(crate) fn peer(&self) -> Option<SocketAddr> {
-        self.peer
-    }
 }
 
 impl Drop for Ticket {
