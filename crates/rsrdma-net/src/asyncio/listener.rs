@@ -194,12 +194,8 @@ impl AsyncListener {
         // meanwhile drops the connection on the blocking pool.
         drop(tokio::task::spawn_blocking(move || {
             let result = match peer {
-                Incoming::Cm(req) => {
-                    ticket
-                        .opened()
-                        .store(true, std::sync::atomic::Ordering::Release);
-                    Conn::accept_cm_threadless(req, &opts, &pools)
-                }
+                // Its ticket says it opened from the start (`Admission::start_incoming`).
+                Incoming::Cm(req) => Conn::accept_cm_threadless(req, &opts, &pools),
                 Incoming::Tcp(stream, _) => {
                     Conn::accept_tcp_threadless(stream, &opts, &pools, ticket.opened())
                 }

@@ -128,6 +128,17 @@ impl Admission {
         socket: Option<&TcpStream>,
         waiting: usize,
     ) -> Option<Ticket> {
+        self.start_entry(peer, socket, waiting, false)
+    }
+
+    /// [`Admission::start`], for a peer that opened already (`opened`) or not yet.
+    fn start_entry(
+        self: &Arc<Self>,
+        peer: Option<SocketAddr>,
+        socket: Option<&TcpStream>,
+        waiting: usize,
+        opened: bool,
+    ) -> Option<Ticket> {
         let source = peer.map(|p| p.ip());
         let mut t = self.lock();
         loop {
@@ -165,7 +176,7 @@ impl Admission {
         }
         let id = t.next_id;
         t.next_id += 1;
-        let opened = Arc::new(AtomicBool::new(false));
+        let opened = Arc::new(AtomicBool::new(opened));
         let shed = Arc::new(AtomicBool::new(false));
         t.running.push(Entry {
             id,
@@ -191,7 +202,10 @@ impl Admission {
         waiting: usize,
     ) -> Option<Ticket> {
         match peer {
-            Incoming::Cm(req) => self.start(req.id.peer_addr(), None, waiting),
+            // The connect request carried the peer's announcement: it opened, from the start.
+            // (Marked later, on the handshake's thread, it could be shed meanwhile: shedding
+            // stops nothing of an rdma_cm handshake, which then went past the bounds.)
+            Incoming::Cm(req) => self.start_entry(req.id.peer_addr(), None, waiting, true),
             Incoming::Tcp(s, addr) => self.start(Some(*addr), Some(s), waiting),
         }
     }
@@ -299,6 +313,19 @@ mod tests {
         assert!(held.iter().all(|t| !t.shed.load(Ordering::Acquire)));
         assert_eq!(a.counters().shed, 0);
         assert!(!a.has_room(0), "the total still bounds them");
+    }
+
+    #[test]
+    fn a_peer_that_opened_from_the_start_is_never_shed() {
+        let a = Admission::with_limits(2, 16);
+        let peer: SocketAddr = "10.0.0.1:1".parse().unwrap();
+        let _cm = a.start_entry(Some(peer), None, 0, true).unwrap();
+        let _tcp = a.start(Some(peer), None, 0).unwrap();
+        // Full: the unopened one goes, the opened one stays.
+        let _next = a.start(Some(peer), None, 0).unwrap();
+        assert!(!_cm.shed.load(Ordering::Acquire));
+        assert!(_tcp.shed.load(Ordering::Acquire));
+        assert_eq!(a.counters().shed, 1);
     }
 
     #[test]

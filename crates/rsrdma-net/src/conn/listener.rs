@@ -246,11 +246,8 @@ fn handshake(
     ticket: &Ticket,
 ) -> Result<Conn> {
     match peer {
+        // Its ticket says it opened from the start (`Admission::start_incoming`).
         Incoming::Cm(req) => {
-            // The connect request carried the peer's announcement: it has opened.
-            ticket
-                .opened()
-                .store(true, std::sync::atomic::Ordering::Release);
             establish::cm::accept(req, opts, recv).and_then(|est| Conn::start(est, opts))
         }
         Incoming::Tcp(stream, _) => establish::tcp::establish(
