@@ -157,6 +157,11 @@ impl Deadline {
             limit,
         })
     }
+
+    /// The caller's limit, for a time-out's message.
+    fn millis(&self) -> u64 {
+        u64::try_from(self.limit.as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 /// What both ends share of a striped connection.
@@ -559,7 +564,7 @@ impl Shared {
                 if left.is_zero() {
                     return Err(NetError::Timeout {
                         op,
-                        millis: u64::try_from(d.limit.as_millis()).unwrap_or(u64::MAX),
+                        millis: d.millis(),
                     });
                 }
                 Ok(self
@@ -647,46 +652,43 @@ impl Shared {
             match self.rails[rail].send_msg(&buf) {
                 Ok(()) => {}
                 // The peer closed this rail (its reader finds the end of it too).
-                Err(NetError::PeerGone { .. }) => self.rail_ended(rail),
-                Err(e) => self.rail_failed(rail, &e),
+                Err(NetError::PeerGone { .. }) => self.rail_down(rail, None),
+                Err(e) => self.rail_down(rail, Some(&e)),
             }
         }
     }
 
-    /// Rail `rail` failed (`why`): what it carried goes again on the others.
-    fn rail_failed(&self, rail: usize, why: &NetError) {
-        let mut st = self.lock();
-        if st.closing || st.over[rail] {
-            return;
-        }
-        st.over[rail] = true;
-        tracing::warn!(rail, error = %why, "striped connection: a rail failed");
-        if let Err(e) = st.core.rail_failed(rail) {
-            tracing::warn!("striped connection: every rail failed");
-            st.fatal = Some(e);
-        }
-        let resend = st.core.wants_to_send();
-        drop(st);
-        self.changed.notify_all();
-        if resend {
-            self.pump();
-        }
-    }
-
-    /// The peer closed rail `rail` (its reader read the end of it). What the rail carried and
-    /// is not confirmed goes again on the others (it may have arrived: the peer drops
-    /// duplicates); once every rail is over the peer is gone for sending, and the reads end
-    /// after what arrived whole.
-    fn rail_ended(&self, rail: usize) {
+    /// Rail `rail` is over: it failed (`Some(why)`), or the peer closed it (`None`, its
+    /// reader read the end of it, or a send found the peer gone). What it carried and is not
+    /// confirmed goes again on the others (it may have arrived: the peer drops duplicates).
+    /// Once every rail is over, a failure fails the connection, while the peer's close only
+    /// ends it for sending: reads end after what arrived whole. During `close` a rail's end
+    /// is close's own doing, and only marked.
+    fn rail_down(&self, rail: usize, failure: Option<&NetError>) {
         let mut st = self.lock();
         if st.over[rail] {
             return;
         }
         st.over[rail] = true;
-        if !st.closing && st.core.rail_closed(rail).is_err() {
-            st.peer_closed = true;
+        if st.closing {
+            return;
         }
-        let resend = !st.closing && st.core.wants_to_send();
+        let last = match failure {
+            Some(why) => {
+                tracing::warn!(rail, error = %why, "striped connection: a rail failed");
+                st.core.rail_failed(rail)
+            }
+            None => st.core.rail_closed(rail),
+        };
+        if let Err(e) = last {
+            if failure.is_some() {
+                tracing::warn!("striped connection: every rail failed");
+                st.fatal = Some(e);
+            } else {
+                st.peer_closed = true;
+            }
+        }
+        let resend = st.core.wants_to_send();
         drop(st);
         self.changed.notify_all();
         if resend {
@@ -713,11 +715,11 @@ impl Shared {
                     self.changed.notify_all();
                 }
                 Ok(None) => {
-                    self.rail_ended(rail);
+                    self.rail_down(rail, None);
                     return;
                 }
                 Err(e) => {
-                    self.rail_failed(rail, &e);
+                    self.rail_down(rail, Some(&e));
                     return;
                 }
             }
@@ -808,10 +810,10 @@ impl RailListener {
     /// # Errors
     /// [`NetError::Timeout`]; as [`Listener::accept`].
     pub fn accept_timeout(&self, timeout: Duration) -> Result<RailConn> {
-        self.accept_until(Some((crate::deadline::deadline_after(timeout), timeout)))
+        self.accept_until(Deadline::within(Some(timeout)))
     }
 
-    fn accept_until(&self, deadline: Option<(Instant, Duration)>) -> Result<RailConn> {
+    fn accept_until(&self, deadline: Option<Deadline>) -> Result<RailConn> {
         loop {
             if let Some(done) = self.joins.lock().ready.pop_front() {
                 return Ok(done);
@@ -819,7 +821,7 @@ impl RailListener {
             self.joins.expire(self.opts.join_timeout);
             // One look at the listener even when the time is up (a zero timeout takes the
             // peers already waiting, as `Listener::accept_timeout` does).
-            let left = deadline.map(|(d, _)| d.saturating_duration_since(Instant::now()));
+            let left = deadline.map(|d| d.at.saturating_duration_since(Instant::now()));
             match self
                 .listener
                 .accept_timeout(left.map_or(ACCEPT_SLICE, |l| l.min(ACCEPT_SLICE)))
@@ -828,14 +830,14 @@ impl RailListener {
                 Err(NetError::Timeout { .. }) => {}
                 Err(e) => return Err(e),
             }
-            if let Some((d, limit)) = deadline {
-                if Instant::now() >= d {
+            if let Some(d) = deadline {
+                if Instant::now() >= d.at {
                     if let Some(done) = self.joins.lock().ready.pop_front() {
                         return Ok(done);
                     }
                     return Err(NetError::Timeout {
                         op: "accept a striped connection",
-                        millis: u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+                        millis: d.millis(),
                     });
                 }
             }
