@@ -13,21 +13,39 @@ use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// The names of the workspace's integration tests that `cargo test` runs (all but those
-/// declared with `test = false`).
-fn unit_tests(metadata: &serde_json::Value) -> Vec<&str> {
+/// The workspace's integration-test targets in `cargo metadata`, each with its package:
+/// those `cargo test` runs, and the device tests (declared with `test = false`).
+pub fn integration_tests(
+    metadata: &serde_json::Value,
+) -> impl Iterator<Item = (&serde_json::Value, &serde_json::Value)> {
     metadata["packages"]
         .as_array()
         .into_iter()
         .flatten()
-        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
-        .filter(|t| {
+        .flat_map(|p| {
+            p["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(move |t| (p, t))
+        })
+        .filter(|(_, t)| {
             t["kind"]
                 .as_array()
                 .is_some_and(|k| k.iter().any(|k| k == "test"))
         })
-        .filter(|t| t["test"] != serde_json::Value::Bool(false))
-        .filter_map(|t| t["name"].as_str())
+}
+
+/// Whether `cargo test` runs integration-test target `t` (it is not declared `test = false`).
+pub fn runs_in_cargo_test(t: &serde_json::Value) -> bool {
+    t["test"] != serde_json::Value::Bool(false)
+}
+
+/// The names of the workspace's integration tests that `cargo test` runs.
+fn unit_tests(metadata: &serde_json::Value) -> Vec<&str> {
+    integration_tests(metadata)
+        .filter(|(_, t)| runs_in_cargo_test(t))
+        .filter_map(|(_, t)| t["name"].as_str())
         .collect()
 }
 
@@ -46,10 +64,12 @@ pub struct Artifact {
 /// Builds the unit stage's selection plus the test targets `tests` (targets declared with
 /// `test = false`, which `cargo test` leaves out) with `cargo test --no-run`, and returns every
 /// executable cargo reported (the examples among them, built as programs, at
-/// `target/debug/examples/NAME`, only when `tests` is empty). With `hide_rdma_core`, cargo runs in the namespace where
-/// rdma-core's libraries and headers are hidden (`no_rdma_core.rs`).
+/// `target/debug/examples/NAME`, only when `tests` is empty). `metadata` is the workspace's
+/// `cargo metadata`. With `hide_rdma_core`, cargo runs in the namespace where rdma-core's
+/// libraries and headers are hidden (`no_rdma_core.rs`).
 pub fn with_unit_selection(
     root: &Path,
+    metadata: &serde_json::Value,
     tests: &[&str],
     hide_rdma_core: bool,
 ) -> Result<Vec<Artifact>> {
@@ -67,8 +87,7 @@ pub fn with_unit_selection(
         // not with `--tests` (it overrides every `--test NAME`) nor `--examples` (it builds
         // them as tests; they bring no dependency the tests do not).
         cmd.args(["--lib", "--bins"]);
-        let metadata = vm::cargo_metadata()?;
-        let mut names: Vec<&str> = unit_tests(&metadata);
+        let mut names: Vec<&str> = unit_tests(metadata);
         names.extend_from_slice(tests);
         names.sort_unstable();
         names.dedup();

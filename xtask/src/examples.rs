@@ -593,8 +593,8 @@ pub fn build(root: &Path, examples: &[&Example]) -> Result<PathBuf> {
     eprintln!(
         "[examples] cargo test --no-run --workspace --all-features (examples among its targets)"
     );
-    let built = crate::build::with_unit_selection(root, &[], false)?;
     let metadata = vm::cargo_metadata()?;
+    let built = crate::build::with_unit_selection(root, &metadata, &[], false)?;
     let dir = vm::target_dir()?.join("debug").join("examples");
     for e in examples {
         let manifest_dir = crate::build::manifest_dir_of(&metadata, e.package)?;

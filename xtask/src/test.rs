@@ -167,15 +167,15 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         .collect();
     // One build of every target (see build.rs), in the namespace as the runs.
     let targets: Vec<&str> = runs.iter().map(|((_, target, _), _)| *target).collect();
+    let metadata = vm::cargo_metadata()?;
     let soft_built = if built {
-        crate::build::with_unit_selection(root, &targets, hide)
+        crate::build::with_unit_selection(root, &metadata, &targets, hide)
             .inspect_err(|e| eprintln!("[test] building the device tests: {e:#}"))
             .ok()
     } else {
         None
     };
     soft_ok &= soft_built.is_some();
-    let metadata = vm::cargo_metadata()?;
     let built = soft_built.unwrap_or_default();
     for ((pkg, target, tests), shm) in runs.iter().filter(|_| !built.is_empty()) {
         let dir = crate::build::manifest_dir_of(&metadata, pkg)?;
@@ -319,25 +319,17 @@ impl DeviceTarget {
 }
 
 fn discover(metadata: &serde_json::Value) -> Vec<DeviceTarget> {
-    let mut found = Vec::new();
-    for pkg in metadata["packages"].as_array().into_iter().flatten() {
-        let manifest = PathBuf::from(pkg["manifest_path"].as_str().unwrap_or_default());
-        for target in pkg["targets"].as_array().into_iter().flatten() {
-            let is_test = target["kind"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|k| k == "test");
-            if is_test && target["test"] == serde_json::Value::Bool(false) {
-                found.push(DeviceTarget {
-                    package: pkg["name"].as_str().unwrap_or_default().to_string(),
-                    name: target["name"].as_str().unwrap_or_default().to_string(),
-                    manifest_dir: manifest.parent().unwrap_or(Path::new("/")).to_path_buf(),
-                });
+    crate::build::integration_tests(metadata)
+        .filter(|(_, t)| !crate::build::runs_in_cargo_test(t))
+        .map(|(pkg, t)| {
+            let manifest = Path::new(pkg["manifest_path"].as_str().unwrap_or_default());
+            DeviceTarget {
+                package: pkg["name"].as_str().unwrap_or_default().to_string(),
+                name: t["name"].as_str().unwrap_or_default().to_string(),
+                manifest_dir: manifest.parent().unwrap_or(Path::new("/")).to_path_buf(),
             }
-        }
-    }
-    found
+        })
+        .collect()
 }
 
 /// What one test binary did in the guest.
@@ -412,7 +404,7 @@ fn device_tests(
 
     // One build of every target (see build.rs).
     let names: Vec<&str> = targets.iter().map(|t| t.name.as_str()).collect();
-    let built = crate::build::with_unit_selection(root, &names, false)?;
+    let built = crate::build::with_unit_selection(root, &metadata, &names, false)?;
     let mut runs: Vec<(&DeviceTarget, PathBuf)> = Vec::new();
     for t in &targets {
         let exe = crate::build::find(&built, &t.manifest_dir, "test", &t.name)?;
