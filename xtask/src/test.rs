@@ -411,13 +411,21 @@ fn device_tests(
         runs.push((t, exe.exe.clone()));
     }
 
-    let mut script = String::from(
+    // `RSRDMA_TEST_REPORT_TIME=1` on the host makes libtest print each test's time in the
+    // guest (an unstable libtest option, hence RUSTC_BOOTSTRAP): where the VM stage's minutes go.
+    let report_time = std::env::var_os("RSRDMA_TEST_REPORT_TIME").is_some_and(|v| v == "1");
+    let mut script = String::from(if report_time {
+        "export RUSTC_BOOTSTRAP=1; times='-Z unstable-options --report-time'\n"
+    } else {
+        "times=\n"
+    });
+    script.push_str(
         "failed=0\n\
          : \"${RUST_BACKTRACE:=1}\"; export RUST_BACKTRACE\n\
          run() {\n\
          \x20   label=$1; dir=$2; exe=$3; shift 3\n\
          \x20   echo \"[test] ==> $label\"\n\
-         \x20   (cd \"$dir\" && CARGO_MANIFEST_DIR=\"$dir\" exec \"$exe\" --test-threads=1 \"$@\")\n\
+         \x20   (cd \"$dir\" && CARGO_MANIFEST_DIR=\"$dir\" exec \"$exe\" --test-threads=1 $times \"$@\")\n\
          \x20   st=$?\n\
          \x20   echo \"[test] <== $label $st\"\n\
          \x20   [ $st -eq 0 ] || failed=1\n\

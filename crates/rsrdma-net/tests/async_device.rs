@@ -1211,3 +1211,173 @@ fn full_duplex_tasks_on_a_multi_thread_runtime() {
         Arc::try_unwrap(s).unwrap().close().await.unwrap();
     });
 }
+
+/// Runs `body` on the runtime `build` makes, on a thread of its own, failing the test if it
+/// has not ended within 60 s of real time: the runtime may have no timer, or a paused clock,
+/// so the limit cannot be tokio's.
+fn run_on<F: Future<Output = ()>>(
+    build: impl FnOnce() -> tokio::runtime::Runtime + Send + 'static,
+    body: impl FnOnce() -> F + Send + 'static,
+) {
+    let (done, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        build().block_on(body());
+        let _ = done.send(());
+    });
+    match ended.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("the body hung"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("the body panicked"),
+    }
+}
+
+/// Keepalives while nobody awaits, messages, and a close with its linger, on a runtime with
+/// no timer at all (`enable_io` alone: tokio panicked in the keeper and in `close`), then on
+/// one whose clock is paused (the keeper slept on a clock that stood still: no keepalive in
+/// 1.5 s of real time). The connections keep time on the monotonic clock, whatever the
+/// runtime's clock does.
+#[test]
+fn connections_run_on_a_runtime_without_timers_and_on_a_paused_clock() {
+    async fn talk_idle_and_close() {
+        let o = || {
+            opts(Establish::Tcp)
+                .keepalive(Duration::from_millis(100))
+                .peer_timeout(Duration::from_millis(600))
+        };
+        let (c, s) = pair(o(), o()).await;
+        c.send_msg(b"one").await.unwrap();
+        assert_eq!(s.recv_msg().await.unwrap().unwrap(), b"one");
+        // Two peer timeouts of real time with no task awaiting either end: only the keepers
+        // run (a blocking-pool thread sleeps; the runtime has no timer to sleep on).
+        tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_millis(1500)))
+            .await
+            .unwrap();
+        c.send_msg(b"two").await.unwrap();
+        assert_eq!(s.recv_msg().await.unwrap().unwrap(), b"two");
+        let counters = c.counters().unwrap();
+        assert!(
+            counters.frames_received > 5,
+            "PINGs and PONGs went: {counters:?}"
+        );
+        c.close().await.unwrap();
+        assert_eq!(s.recv_msg().await.unwrap(), None);
+        s.close().await.unwrap();
+    }
+    run_on(
+        || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_io()
+                .build()
+                .unwrap()
+        },
+        talk_idle_and_close,
+    );
+    run_on(
+        || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap()
+        },
+        talk_idle_and_close,
+    );
+}
+
+const FDS_CHILD_ENV: &str = "RSRDMA_ASYNC_FDS_CHILD";
+
+/// The listener of `an_async_listener_out_of_descriptors_waits_and_then_accepts`, run only
+/// as a child process, as `conn_child_listener_out_of_descriptors` in conn_device.
+#[test]
+#[ignore = "runs as the child process of an_async_listener_out_of_descriptors_waits_and_then_accepts"]
+fn async_child_listener_out_of_descriptors() {
+    assert!(std::env::var(FDS_CHILD_ENV).is_ok());
+    run(async {
+        let l = listen(opts(Establish::Tcp));
+        let fds = support::fill_descriptor_table();
+        println!("listening {}", l.local_addr());
+        let freed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let freer = {
+            let freed = freed.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(700));
+                drop(fds);
+                freed.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        let s = timeout(Duration::from_secs(20), l.accept())
+            .await
+            .unwrap()
+            .unwrap();
+        // The premise: no accept could succeed before the table was freed.
+        assert!(freed.load(std::sync::atomic::Ordering::SeqCst));
+        let m = s.recv_msg().await.unwrap().unwrap();
+        s.send_msg(&m).await.unwrap();
+        s.close().await.unwrap();
+        freer.join().unwrap();
+    });
+}
+
+/// Running out of descriptors (EMFILE) is a condition that passes: `AsyncListener::accept`
+/// waits it out and then accepts the peer that waited, instead of returning the error.
+#[test]
+fn an_async_listener_out_of_descriptors_waits_and_then_accepts() {
+    let (mut child, addr) =
+        support::spawn_listening_child("async_child_listener_out_of_descriptors", FDS_CHILD_ENV);
+    run(async {
+        let c = AsyncConn::dial(addr, opts(Establish::Tcp)).await.unwrap();
+        c.send_msg(b"after EMFILE").await.unwrap();
+        let m = timeout(Duration::from_secs(20), c.recv_msg())
+            .await
+            .unwrap();
+        assert_eq!(m.unwrap().unwrap(), b"after EMFILE");
+        drop(c);
+    });
+    assert!(child.wait().unwrap().success(), "the child listener failed");
+}
+
+/// An async close that finds another one running waits for its end and says what it said
+/// (it returned `Ok` as soon as the other's teardown began). The peer is a stopped child
+/// process: its slots fill, no credit comes back, and the rest of a message cancelled
+/// half-way stays queued, so our FIN cannot go (as in conn_device's twin).
+#[test]
+fn an_async_close_racing_another_waits_for_its_end_and_says_the_same() {
+    run(async {
+        let linger = Duration::from_millis(600);
+        let server = opts(Establish::Tcp).linger(linger).rendezvous(None);
+        let (s, mut child) = child_peer(Establish::Tcp, server).await;
+        signal(&child, libc::SIGSTOP);
+        let msg = pattern(1 << 20, 1);
+        let mut sent = 0;
+        while timeout(Duration::from_millis(100), s.send_msg(&msg))
+            .await
+            .is_ok()
+        {
+            sent += 1;
+            assert!(sent < 10_000, "the stopped peer's slots never filled");
+        }
+        let t0 = Instant::now();
+        let first = async {
+            let r = s.close().await;
+            (r, t0.elapsed())
+        };
+        let second = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let r = s.close().await;
+            (r, t0.elapsed())
+        };
+        let ((first, first_took), (second, second_took)) = tokio::join!(first, second);
+        signal(&child, libc::SIGKILL);
+        child.wait().unwrap();
+        assert!(matches!(first, Err(NetError::Timeout { .. })), "{first:?}");
+        assert!(
+            matches!(second, Err(NetError::Timeout { .. })),
+            "{second:?}"
+        );
+        assert!(first_took >= linger, "{first_took:?}");
+        assert!(
+            second_took >= linger,
+            "the second close returned after {second_took:?}"
+        );
+    });
+}

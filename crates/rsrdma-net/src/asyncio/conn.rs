@@ -39,7 +39,7 @@ impl AsyncConn {
     ///
     /// # Errors
     /// As [`Conn::dial`](crate::Conn::dial); [`NetError::Io`] naming `resolve address`, or
-    /// the registration with the reactor (no tokio runtime with IO and time enabled).
+    /// the registration with the reactor (no tokio runtime with IO enabled).
     pub async fn dial(
         addr: impl tokio::net::ToSocketAddrs,
         opts: ConnOptions,
@@ -155,8 +155,9 @@ impl AsyncConn {
     /// Closes: FIN after everything queued, then waits (up to [`ConnOptions::linger`]) for
     /// its delivery, then releases the queue pair and memory (after reaping the flush, which
     /// is bounded and quick). Other tasks' pending calls end with [`NetError::Closed`].
-    /// Idempotent. Cancel-safe: a close dropped half-way is finished by the next `close` or
-    /// by the drop.
+    /// Idempotent: a close that finds another one running (another task's) waits for its
+    /// teardown and returns what it returned. Cancel-safe: a close dropped half-way is
+    /// finished by the next `close` or by the drop.
     ///
     /// # Errors
     /// As [`Conn::close`](crate::Conn::close).

@@ -9,13 +9,15 @@
 //!
 //! The keeper task runs the steps that are due by time alone (keepalive PINGs, the
 //! dead-peer timeout, the grace after the transport ended) while nobody awaits anything. It
-//! sleeps on a tokio timer until the driver's next deadline; a step that brings the deadline
+//! sleeps on a timerfd (see `timer.rs`: not tokio's timer, whose clock may be paused) until
+//! the driver's next deadline or a close's linger end; a step that brings the deadline
 //! forward wakes it. While frames wait to go out (the rest of a message `send_msg`
 //! accepted, a control frame) it also waits on the CQ like an operation does: `send_msg`
 //! returns once the core holds the message, and the caller may await nothing afterwards.
 //! It holds only a weak reference and ends with the connection.
 
 use super::op_future::OpFuture;
+use super::timer::Timer;
 use super::wakers::WakerSet;
 use super::watch::Watch;
 use crate::conn::{CloseStart, CloseWait, Step};
@@ -29,7 +31,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
-use tokio::time::Sleep;
 
 /// What the keeper sleeps until, and how to wake it early.
 #[derive(Debug, Default)]
@@ -41,6 +42,9 @@ struct KeeperSlot {
     /// each of its steps, so an operation that leaves frames waiting after that step either
     /// finds it cleared (and wakes the keeper) or was seen by that step.
     on_sends: bool,
+    /// When a close's linger ends: the keeper wakes every waiter then (the close among
+    /// them), on the monotonic clock like every other deadline.
+    alarm: Option<Instant>,
 }
 
 /// A connection and what its poll functions wait on. Field order is drop order: the
@@ -71,9 +75,26 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Driven {
     /// Registers the connection's fds with the current runtime and starts its keeper.
     ///
+    /// On failure the connection is dropped (closed) on the blocking pool, not here: its
+    /// close may wait, and this runs on a runtime thread.
+    ///
     /// # Errors
-    /// [`NetError::Io`] when the fds cannot be registered (no tokio runtime with IO).
+    /// [`NetError::Io`] when the fds cannot be registered (no tokio runtime with IO), or the
+    /// keeper's timer cannot be made.
     pub(crate) fn start(conn: Conn, mode: PollMode) -> Result<Arc<Driven>> {
+        let mut conn = Some(conn);
+        let started = Driven::start_with(&mut conn, mode);
+        if let Some(conn) = conn {
+            run_off_runtime(move || drop(conn));
+        }
+        started
+    }
+
+    /// [`Driven::start`], taking the connection out of `slot` only once nothing can fail.
+    fn start_with(slot: &mut Option<Conn>, mode: PollMode) -> Result<Arc<Driven>> {
+        let conn = slot
+            .as_ref()
+            .expect("start_with is called with the connection");
         let reg = |e| NetError::io("register with the tokio reactor", e);
         let cq_fd = conn.cq_channel_fd().ok_or_else(|| {
             NetError::InvalidArgument("the connection's CQ has no completion channel".into())
@@ -91,6 +112,8 @@ impl Driven {
             .map(|fd| unsafe { Watch::new(fd) })
             .transpose()
             .map_err(reg)?;
+        let timer = Timer::new().map_err(|e| NetError::io("create the keeper's timerfd", e))?;
+        let conn = slot.take().expect("checked above");
         let waiters = Arc::new(WakerSet::default());
         let d = Arc::new(Driven {
             cq: Some(cq),
@@ -104,7 +127,7 @@ impl Driven {
             busy: mode == PollMode::Busy,
             conn: Some(conn),
         });
-        tokio::spawn(keep(Arc::downgrade(&d)));
+        tokio::spawn(keep(Arc::downgrade(&d), timer));
         Ok(d)
     }
 
@@ -240,7 +263,7 @@ impl Driven {
     }
 
     /// The keeper's poll: steps while a deadline has passed, then sleeps until the next.
-    fn poll_keep(&self, cx: &mut Context<'_>, mut sleep: Pin<&mut Sleep>) -> Poll<()> {
+    fn poll_keep(&self, cx: &mut Context<'_>, timer: &mut Timer) -> Poll<()> {
         loop {
             lock(&self.keeper).on_sends = false;
             let live = self.live_ready.swap(false, Ordering::AcqRel);
@@ -253,13 +276,26 @@ impl Driven {
                 }
             };
             self.after_step(&step, cx.waker(), true);
-            {
+            let (due, rang) = {
                 let mut k = lock(&self.keeper);
                 k.at = step.deadline;
                 k.on_sends = step.sends_waiting;
                 if !k.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                     k.waker = Some(cx.waker().clone());
                 }
+                let rang = k.alarm.is_some_and(|a| a <= Instant::now());
+                if rang {
+                    k.alarm = None;
+                }
+                let due = match (step.deadline, k.alarm) {
+                    (Some(d), Some(a)) => Some(d.min(a)),
+                    (d, a) => d.or(a),
+                };
+                (due, rang)
+            };
+            if rang {
+                // A close's linger ended: it looks at the clock when woken.
+                self.waiters.wake_all();
             }
             if step.sends_waiting {
                 // Completions free the credit and room those frames wait for: step on them
@@ -272,13 +308,34 @@ impl Driven {
                     cx.waker().wake_by_ref();
                 }
             }
-            let Some(due) = step.deadline else {
-                return Poll::Pending;
-            };
-            sleep.as_mut().reset(due.into());
-            if sleep.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
+            let armed = timer.set(due).and_then(|()| match due {
+                Some(_) => timer.poll_fired(cx.waker()),
+                None => Ok(false),
+            });
+            match armed {
+                Ok(true) => continue,
+                Ok(false) => return Poll::Pending,
+                Err(e) => {
+                    // Nothing to fall back on: the keepalives and the dead-peer timeout
+                    // then run only when an operation steps. Not expected (the timerfd is
+                    // ours, and registered).
+                    tracing::warn!(error = %e, "rsrdma-net async conn: the keeper's timer failed");
+                    return Poll::Pending;
+                }
             }
+        }
+    }
+
+    /// Has the keeper wake every waiter at `at` (a close's linger end), unless an earlier
+    /// alarm is set.
+    fn alarm(&self, at: Instant) {
+        let mut k = lock(&self.keeper);
+        if k.alarm.is_some_and(|a| a <= at) {
+            return;
+        }
+        k.alarm = Some(at);
+        if let Some(w) = k.waker.take() {
+            w.wake();
         }
     }
 
@@ -287,7 +344,10 @@ impl Driven {
     /// by the next `close` or by the drop of the connection.
     pub(crate) async fn close(self: &Arc<Self>) -> Result<()> {
         let failed = match self.conn().begin_close() {
-            CloseStart::Already if !self.close_pending.load(Ordering::Acquire) => return Ok(()),
+            // Another task's close is tearing down, or has: its end is this one's.
+            CloseStart::Already if !self.close_pending.load(Ordering::Acquire) => {
+                return self.close_end().await
+            }
             CloseStart::Already | CloseStart::Started => None,
             CloseStart::Failed(e) => Some(e),
         };
@@ -296,15 +356,28 @@ impl Driven {
         let delivered = match failed {
             Some(_) => Ok(()),
             None => {
-                // The same wait as the blocking close's, under tokio's timer.
+                // The same wait as the blocking close's, bounded on the monotonic clock (the
+                // keeper's alarm wakes it), not tokio's: a paused runtime clock would end
+                // the linger as soon as the runtime idles.
                 let linger = self.conn().linger().max(Duration::from_millis(1));
-                match tokio::time::timeout(linger, OpFuture::new(self, CloseWait)).await {
-                    Ok(r) => r,
-                    Err(_) => Err(NetError::Timeout {
-                        op: "close",
-                        millis: linger.as_millis().try_into().unwrap_or(u64::MAX),
-                    }),
-                }
+                let until = crate::deadline::deadline_after(linger);
+                let mut wait = OpFuture::new(self, CloseWait);
+                std::future::poll_fn(|cx| match Pin::new(&mut wait).poll(cx) {
+                    Poll::Pending if Instant::now() >= until => {
+                        Poll::Ready(Err(NetError::Timeout {
+                            op: "close",
+                            millis: linger.as_millis().try_into().unwrap_or(u64::MAX),
+                        }))
+                    }
+                    Poll::Pending => {
+                        // Again at every poll: an earlier alarm (another close's) that rang
+                        // replaced this one.
+                        self.alarm(until);
+                        Poll::Pending
+                    }
+                    p => p,
+                })
+                .await
             }
         };
         // The teardown reaps the QP's flush (bounded, but a wait): on the blocking pool, so
@@ -312,9 +385,24 @@ impl Driven {
         // have torn down first.
         let me = self.clone();
         match tokio::task::spawn_blocking(move || me.finish_close(failed, delivered)).await {
-            Ok(r) => r.unwrap_or(Ok(())),
+            Ok(Some(r)) => r,
+            Ok(None) => self.close_end().await,
             Err(e) => Err(NetError::io("close on the blocking pool", e.into())),
         }
+    }
+
+    /// Waits for the end of a close that another task tears down (its teardown wakes every
+    /// waiter when done) and says what it said: returning earlier would let the caller drop
+    /// what the NIC may still use, or end the runtime under the teardown.
+    async fn close_end(&self) -> Result<()> {
+        std::future::poll_fn(|cx| {
+            self.waiters.register(cx.waker());
+            match self.conn().close_end() {
+                Some(r) => Poll::Ready(r),
+                None => Poll::Pending,
+            }
+        })
+        .await
     }
 
     /// Tears down once (deregistering the liveness fd first); `None` if another did.
@@ -363,19 +451,24 @@ impl Drop for Driven {
             }
             drop(conn);
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn_blocking(finish)),
-            Err(_) => finish(),
-        }
+        run_off_runtime(finish);
     }
 }
 
 /// The keeper task of one connection.
-async fn keep(conn: Weak<Driven>) {
-    let mut sleep = Box::pin(tokio::time::sleep(Duration::from_secs(3600)));
+async fn keep(conn: Weak<Driven>, mut timer: Timer) {
     std::future::poll_fn(|cx| match conn.upgrade() {
-        Some(d) => d.poll_keep(cx, sleep.as_mut()),
+        Some(d) => d.poll_keep(cx, &mut timer),
         None => Poll::Ready(()),
     })
     .await;
+}
+
+/// Runs `f`, which may block (a close's linger, a teardown's flush), where no runtime thread
+/// waits for it (F12): on the blocking pool inside a runtime, here outside one.
+pub(crate) fn run_off_runtime(f: impl FnOnce() + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn_blocking(f)),
+        Err(_) => f(),
+    }
 }

@@ -12,7 +12,10 @@
 
 use super::conn::AsyncConn;
 use super::watch::Watch;
-use crate::conn::{Admission, Incoming, ListenerCounters, RecvMemory, RecvPools, Ticket};
+use crate::conn::{
+    AcceptError, Admission, Incoming, ListenerCounters, RecvMemory, RecvPools, Ticket,
+    STARVED_PAUSE,
+};
 use crate::error::{NetError, Result};
 use crate::{Conn, ConnOptions, Establish};
 use rsrdma::cm::{CmEventType, CmId, ConnectRequest};
@@ -68,7 +71,7 @@ struct Finished {
 impl AsyncListener {
     /// Listens on `addr` (port 0 picks a free one), as [`crate::Listener::bind`], a shared
     /// receive pool ([`ConnOptions::shared_recv`]) included. Call it inside a tokio runtime
-    /// with IO and time enabled.
+    /// with IO enabled.
     ///
     /// # Errors
     /// As [`crate::Listener::bind`]; [`NetError::Io`] when the reactor refuses the fd.
@@ -174,11 +177,38 @@ impl AsyncListener {
         match &self.inner {
             Inner::Cm { watch, id } => Ok(Incoming::Cm(next_request(watch, id).await?)),
             Inner::Tcp(l) => {
-                let (stream, peer) = l.accept().await.map_err(|e| NetError::io("accept", e))?;
-                let stream = stream
-                    .into_std()
-                    .map_err(|e| NetError::io("deregister the accepted socket", e))?;
-                Ok(Incoming::Tcp(stream, peer))
+                let mut warned = false;
+                loop {
+                    // As the blocking listener: a peer's own error is looked past, and running
+                    // out of descriptors or memory is waited out (see `AcceptError`).
+                    let e = match l.accept().await {
+                        Ok((stream, peer)) => match stream.into_std() {
+                            Ok(stream) => return Ok(Incoming::Tcp(stream, peer)),
+                            Err(e) => {
+                                tracing::debug!(error = %e, "rsrdma-net async listener: a peer's socket could not leave the reactor");
+                                continue;
+                            }
+                        },
+                        Err(e) => e,
+                    };
+                    match AcceptError::of(&e) {
+                        AcceptError::Peer => {
+                            tracing::debug!(error = %e, "rsrdma-net async listener: looked past a peer's accept error");
+                        }
+                        AcceptError::Starved => {
+                            if !std::mem::replace(&mut warned, true) {
+                                tracing::warn!(error = %e, "rsrdma-net async listener: accept waits for descriptors or memory");
+                            }
+                            // A pause with no timer (the runtime may have none, or a paused
+                            // clock): a blocking-pool thread sleeps it. `accept` races this
+                            // with its handshakes' ends, which free descriptors sooner.
+                            let _ =
+                                tokio::task::spawn_blocking(|| std::thread::sleep(STARVED_PAUSE))
+                                    .await;
+                        }
+                        AcceptError::Listener => return Err(NetError::io("accept", e)),
+                    }
+                }
             }
         }
     }

@@ -83,8 +83,10 @@
 //!
 //! # Runtime
 //!
-//! Everything here must be created inside a tokio runtime with IO and time enabled
-//! (`Runtime::enable_all`); a current-thread runtime serves any number of connections.
+//! Everything here must be created inside a tokio runtime with IO enabled (`enable_io`;
+//! the connections keep time on timerfds, not on tokio's timer, so a runtime without
+//! `enable_time`, or with a paused clock, serves them too); a current-thread runtime serves
+//! any number of connections.
 
 mod conn;
 mod driven;
@@ -93,6 +95,7 @@ mod listener;
 mod op_future;
 mod packet;
 mod split;
+mod timer;
 mod wakers;
 mod watch;
 

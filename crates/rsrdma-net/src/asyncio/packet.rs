@@ -60,8 +60,8 @@ impl Drop for AsyncPacketConn {
         self.recv = None;
         // The endpoint's drop lets its last datagrams leave (a bounded wait): on the blocking
         // pool, never on a runtime thread (F12); outside a runtime, here.
-        if let (Some(inner), Ok(rt)) = (self.inner.take(), tokio::runtime::Handle::try_current()) {
-            drop(rt.spawn_blocking(move || drop(inner)));
+        if let Some(inner) = self.inner.take() {
+            super::driven::run_off_runtime(move || drop(inner));
         }
     }
 }

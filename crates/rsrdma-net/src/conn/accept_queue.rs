@@ -16,24 +16,74 @@ use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// What an error of accept(2) means for a listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AcceptError {
+    /// One peer's own trouble (it left before it was taken, a firewall rule, a network error
+    /// Linux passes on from the new socket, an interrupted call): look past it.
+    Peer,
+    /// The process or the system is out of descriptors or memory: the peer stays queued
+    /// and the listening socket readable, so try again after a pause (a connection that
+    /// closes meanwhile frees what the next one needs). Returning it would end a server's
+    /// `loop { listener.accept()? }` for a condition that passes.
+    Starved,
+    /// The listening socket itself is broken: the caller's error.
+    Listener,
+}
+
+impl AcceptError {
+    /// Classifies `e` (accept(2)'s manual: the network errors are to be treated like EAGAIN).
+    pub(crate) fn of(e: &std::io::Error) -> AcceptError {
+        if e.kind() == ErrorKind::Interrupted {
+            return AcceptError::Peer;
+        }
+        match e.raw_os_error() {
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
+                AcceptError::Starved
+            }
+            Some(
+                libc::ECONNABORTED
+                | libc::EPERM
+                | libc::EPROTO
+                | libc::ENOPROTOOPT
+                | libc::ENETDOWN
+                | libc::ENETUNREACH
+                | libc::EHOSTDOWN
+                | libc::EHOSTUNREACH
+                | libc::ENONET
+                | libc::EOPNOTSUPP,
+            ) => AcceptError::Peer,
+            _ => AcceptError::Listener,
+        }
+    }
+}
+
+/// How long an `accept` out of descriptors or memory waits before it tries again (sooner
+/// when one of its handshakes ends).
+pub(crate) const STARVED_PAUSE: Duration = Duration::from_millis(100);
+
 /// The next peer queued on the non-blocking `listener`, without waiting: `None` when none is.
-/// An interrupted call, or a peer that left before it was taken, is looked past.
+/// A peer's own error ([`AcceptError::Peer`]) is looked past.
 ///
 /// # Errors
-/// [`NetError::Io`] naming `accept`.
+/// [`NetError::Io`] naming `accept`: the listener's errors, and running out of descriptors
+/// or memory ([`AcceptError::Starved`], which [`AcceptQueue::accept_until`] waits out).
 pub(crate) fn take_tcp_peer(listener: &TcpListener) -> Result<Option<(TcpStream, SocketAddr)>> {
     loop {
         match listener.accept() {
             Ok(peer) => return Ok(Some(peer)),
             Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::Interrupted | ErrorKind::ConnectionAborted
-                ) => {}
+            Err(e) if AcceptError::of(&e) == AcceptError::Peer => {
+                tracing::debug!(error = %e, "rsrdma-net listener: looked past a peer's accept error");
+            }
             Err(e) => return Err(NetError::io("accept", e)),
         }
     }
+}
+
+/// Whether `e` is accept(2) running out of descriptors or memory.
+fn out_of_resources(e: &NetError) -> bool {
+    matches!(e, NetError::Io { op: "accept", source } if AcceptError::of(source) == AcceptError::Starved)
 }
 
 /// Longest single wait inside an `accept` without a deadline.
@@ -102,6 +152,9 @@ impl<T> AcceptQueue<T> {
     /// take one peer off `listen_fd` (without blocking) and start its handshake; it says
     /// whether it took one.
     ///
+    /// When `take_one` finds the process out of descriptors or memory, `accept` waits
+    /// [`STARVED_PAUSE`] (or until a handshake ends) and tries again, logging a warning once.
+    ///
     /// # Errors
     /// [`NetError::Timeout`]; `take_one`'s errors; [`NetError::Io`] naming `poll`.
     pub(crate) fn accept_until(
@@ -111,6 +164,7 @@ impl<T> AcceptQueue<T> {
         timeout: Duration,
         mut take_one: impl FnMut(usize) -> Result<bool>,
     ) -> Result<T> {
+        let mut warned = false;
         loop {
             // Clear before looking, so a handshake that finishes after the look wakes the poll.
             self.done.clear();
@@ -128,10 +182,22 @@ impl<T> AcceptQueue<T> {
                 q.ready.len()
             };
             let room = self.admission.has_room(waiting);
-            if room && take_one(waiting)? {
-                continue;
+            let mut starved = false;
+            if room {
+                match take_one(waiting) {
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(e) if out_of_resources(&e) => {
+                        if !warned {
+                            tracing::warn!(error = %e, "rsrdma-net listener: accept waits for descriptors or memory");
+                            warned = true;
+                        }
+                        starved = true;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
-            let left = match deadline {
+            let mut left = match deadline {
                 Some(d) => d.saturating_duration_since(Instant::now()),
                 None => WAIT_SLICE,
             };
@@ -141,7 +207,12 @@ impl<T> AcceptQueue<T> {
                     millis: timeout.as_millis().try_into().unwrap_or(u64::MAX),
                 });
             }
-            let listen = room.then_some(listen_fd);
+            // Starved: the queued peer keeps the socket readable; wait on the handshakes
+            // alone for a while.
+            if starved {
+                left = left.min(STARVED_PAUSE);
+            }
+            let listen = (room && !starved).then_some(listen_fd);
             wait_readable([listen, Some(self.done.raw())], Some(left))
                 .map_err(|e| NetError::io("poll", e))?;
         }

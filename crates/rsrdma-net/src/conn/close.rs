@@ -1,7 +1,8 @@
 //! Close, one for both faces: [`Conn::begin_close`] queues the FIN after everything queued;
 //! the caller waits for [`CloseWait`] (blocking: the runner, up to the linger; async: a
-//! future under a tokio timeout); [`Conn::finish_close`] stops the connection's steps, tears
-//! the driver down (the QP's flush reaped before any memory goes) and says how it went.
+//! future bounded by the keeper's alarm at the linger's end); [`Conn::finish_close`] stops
+//! the connection's steps, tears the driver down (the QP's flush reaped before any memory
+//! goes) and says how it went, which it keeps ([`CloseEnd`]) for a close that raced it.
 
 use super::driver::Driver;
 use super::op::Op;
@@ -14,10 +15,46 @@ use std::time::Duration;
 /// How long teardown waits for the QP's flush before it leaks the memory instead.
 const FLUSH_LIMIT: Duration = Duration::from_secs(2);
 
+/// How a close ended, kept in the shared state so that a close that raced it (another
+/// thread's or task's, which found it begun) waits for the same teardown and says the same.
+#[derive(Clone, Debug)]
+pub(crate) enum CloseEnd {
+    Delivered,
+    Undelivered { millis: u64 },
+    Failed(ProtoError),
+}
+
+impl CloseEnd {
+    fn of(r: &Result<()>) -> CloseEnd {
+        match r {
+            Ok(()) => CloseEnd::Delivered,
+            Err(NetError::ConnFailed(e)) => CloseEnd::Failed(e.clone()),
+            Err(NetError::Timeout { millis, .. }) => CloseEnd::Undelivered { millis: *millis },
+            // finish_close says nothing else; were it to, the racing close reports success
+            // of the teardown rather than an error it cannot rebuild.
+            Err(_) => CloseEnd::Delivered,
+        }
+    }
+
+    pub(crate) fn result(&self) -> Result<()> {
+        match self {
+            CloseEnd::Delivered => Ok(()),
+            CloseEnd::Undelivered { millis } => Err(NetError::Timeout {
+                op: UNDELIVERED,
+                millis: *millis,
+            }),
+            CloseEnd::Failed(e) => Err(NetError::ConnFailed(e.clone())),
+        }
+    }
+}
+
+/// The timeout's name when a close's linger ended before the queued data was confirmed.
+const UNDELIVERED: &str = "close: delivering the queued data";
+
 /// How [`Conn::begin_close`] found the connection.
 #[derive(Debug)]
 pub(crate) enum CloseStart {
-    /// Another close began earlier: nothing to do.
+    /// Another close began earlier: wait for its end ([`Conn::close_end`]) and say the same.
     Already,
     /// FIN is queued: wait for [`CloseWait`], then [`Conn::finish_close`].
     Started,
@@ -98,17 +135,45 @@ impl Conn {
         if let Some(d) = driver {
             d.teardown(crate::deadline::deadline_after(FLUSH_LIMIT));
         }
-        if let Some(e) = failed {
-            return Err(NetError::ConnFailed(e));
-        }
-        match delivered {
-            Err(NetError::Timeout { .. }) if ours_done => Ok(()),
-            Err(NetError::Timeout { .. }) => Err(NetError::Timeout {
-                op: "close: delivering the queued data",
+        let r = match (failed, delivered) {
+            (Some(e), _) => Err(NetError::ConnFailed(e)),
+            (None, Err(NetError::Timeout { .. })) if ours_done => Ok(()),
+            (None, Err(NetError::Timeout { .. })) => Err(NetError::Timeout {
+                op: UNDELIVERED,
                 millis: self.linger.as_millis().try_into().unwrap_or(u64::MAX),
             }),
-            Err(NetError::ConnFailed(e)) => Err(NetError::ConnFailed(e)),
-            _ => Ok(()),
-        }
+            (None, Err(NetError::ConnFailed(e))) => Err(NetError::ConnFailed(e)),
+            (None, _) => Ok(()),
+        };
+        let mut st = self.shared.lock();
+        st.closed = Some(CloseEnd::of(&r));
+        self.shared.changed(&mut st);
+        r
+    }
+
+    /// How the close ended, once its teardown is done (`None` before).
+    pub(crate) fn close_end(&self) -> Option<Result<()>> {
+        self.shared.lock().closed.as_ref().map(CloseEnd::result)
+    }
+
+    /// Waits for a close that another thread began and says what it said. Bounded: that
+    /// close takes at most the linger and the teardown's flush limit.
+    pub(crate) fn wait_close_end(&self) -> Result<()> {
+        let limit = self
+            .linger
+            .saturating_add(FLUSH_LIMIT)
+            .saturating_add(Duration::from_secs(1));
+        let deadline = crate::deadline::deadline_after(limit);
+        self.shared
+            .wait_for(deadline, |st| st.closed.clone())
+            .map_or_else(
+                || {
+                    Err(NetError::Timeout {
+                        op: "close: waiting for another close of this connection",
+                        millis: limit.as_millis().try_into().unwrap_or(u64::MAX),
+                    })
+                },
+                |end| end.result(),
+            )
     }
 }

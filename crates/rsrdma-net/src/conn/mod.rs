@@ -70,7 +70,7 @@ mod transfer;
 mod worker;
 mod wr_id;
 
-pub(crate) use accept_queue::{take_tcp_peer, AcceptQueue};
+pub(crate) use accept_queue::{take_tcp_peer, AcceptError, AcceptQueue, STARVED_PAUSE};
 
 /// Waits until the listening socket `fd` is readable (a peer is queued).
 pub(crate) fn wait_listener(fd: std::os::fd::RawFd) -> std::io::Result<()> {
@@ -306,7 +306,9 @@ impl Conn {
     /// Closes: FIN after everything queued, then waits (up to [`ConnOptions::linger`]) for
     /// its delivery, then releases the queue pair and memory (after
     /// reaping the flush). Blocked calls on other threads return at once with
-    /// [`NetError::Closed`]. Idempotent; drop does the same.
+    /// [`NetError::Closed`]. Idempotent: a close that finds another one begun (on another
+    /// thread, or earlier) waits for its teardown and returns what it returned; drop does
+    /// the same.
     ///
     /// # Errors
     /// [`NetError::Timeout`] when the queued data was not confirmed delivered within the
@@ -314,7 +316,9 @@ impl Conn {
     /// resources are released either way.
     pub fn close(&self) -> Result<()> {
         let failed = match self.begin_close() {
-            close::CloseStart::Already => return Ok(()),
+            // Another thread's close began: its end is this one's (a close that returned
+            // before the teardown would let the caller free what the NIC may still use).
+            close::CloseStart::Already => return self.wait_close_end(),
             close::CloseStart::Started => None,
             close::CloseStart::Failed(e) => Some(e),
         };

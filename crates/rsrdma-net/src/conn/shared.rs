@@ -31,6 +31,8 @@ pub(crate) struct State {
     pub(crate) gen: u64,
     /// `close` started.
     pub(crate) closing: bool,
+    /// How the close ended, once its teardown is done: a close that raced it returns this.
+    pub(crate) closed: Option<super::close::CloseEnd>,
     /// The progress thread should exit.
     pub(crate) stop: bool,
 }
@@ -81,6 +83,7 @@ impl Shared {
                 driver: Some(driver),
                 gen: 0,
                 closing: false,
+                closed: None,
                 stop: false,
             }),
             cv: Condvar::new(),
@@ -107,6 +110,33 @@ impl Shared {
         if self.sleepers.load(Ordering::Acquire) > 0 {
             self.cv.notify_all();
         }
+    }
+
+    /// Waits until `ready` finds what it looks for in the state, or `deadline` passes
+    /// (`None`). For waits on the connection's life, not its data: no step runs meanwhile.
+    pub(crate) fn wait_for<T>(
+        &self,
+        deadline: Instant,
+        mut ready: impl FnMut(&State) -> Option<T>,
+    ) -> Option<T> {
+        let mut st = self.lock();
+        self.sleepers.fetch_add(1, Ordering::AcqRel);
+        let found = loop {
+            if let Some(v) = ready(&st) {
+                break Some(v);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break None;
+            }
+            st = self
+                .cv
+                .wait_timeout(st, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        };
+        self.sleepers.fetch_sub(1, Ordering::AcqRel);
+        found
     }
 
     /// Whether waiters in this mode count themselves in `spinners` while they run steps

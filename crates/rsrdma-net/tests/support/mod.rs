@@ -64,3 +64,67 @@ pub fn child_peer_spec(env: &str) -> (Establish, std::net::SocketAddr) {
     };
     (path, addr.parse().unwrap())
 }
+
+/// Fills this process's descriptor table: lowers its limit to a little above the highest
+/// descriptor open now, then duplicates stdin until the kernel says EMFILE. Dropping what
+/// it returns frees the table again. For child processes only: every thread of the process
+/// runs out of descriptors meanwhile.
+pub fn fill_descriptor_table() -> Vec<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let highest = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(2);
+    let limit = libc::rlimit {
+        rlim_cur: highest + 32,
+        rlim_max: highest + 32,
+    };
+    // SAFETY: plain system call on this process, with a valid rlimit.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    let mut fds = Vec::new();
+    loop {
+        // SAFETY: plain system call; a non-negative return is a new descriptor we own.
+        let fd = unsafe { libc::dup(0) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            assert_eq!(e.raw_os_error(), Some(libc::EMFILE), "{e}");
+            return fds;
+        }
+        // SAFETY: `fd` was just returned by dup, owned by nobody else.
+        fds.push(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+    }
+}
+
+/// Runs `child` (a test of this binary) with `env` set, and returns it with the address it
+/// prints after "listening "; the rest of its output is copied to this process's stderr.
+pub fn spawn_listening_child(
+    child: &str,
+    env: &str,
+) -> (std::process::Child, std::net::SocketAddr) {
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", child, "--ignored", "--nocapture"])
+        .env(env, "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = c.stdout.take().unwrap();
+    let (mut seen, mut buf, t0) = (String::new(), [0u8; 256], std::time::Instant::now());
+    let addr = loop {
+        if let Some(rest) = seen.split("listening ").nth(1) {
+            if let Some((addr, _)) = rest.split_once('\n') {
+                break addr.trim().parse().unwrap();
+            }
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "the child said: {seen}"
+        );
+        let n = std::io::Read::read(&mut out, &mut buf).unwrap();
+        assert!(n > 0, "the child exited: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    };
+    // The rest of its output goes on to ours (a closed pipe would fail the child's writes).
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::stderr()));
+    (c, addr)
+}
