@@ -13,16 +13,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod support;
-use support::{listen_addr, opts, pattern};
+use support::{hash_of, listen_addr, opts, pattern};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// FNV-1a over the bytes: what both ends compare.
-fn hash_of(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
 
 /// Small per-connection memory: 4 KiB frames, 8 credits each way.
 fn small(path: Establish) -> ConnOptions {
@@ -45,9 +38,26 @@ fn connect_n(server: ConnOptions, client: ConnOptions, n: usize) -> (Listener, V
                 .collect::<Vec<_>>()
         })
     };
-    let clients: Vec<Conn> = (0..n)
-        .map(|_| Conn::dial(l.local_addr(), client.clone()).unwrap())
-        .collect();
+    // Four dialers at once: establishment mostly waits (rdma_cm's events, the handshake's
+    // round trips), and the listener runs its handshakes concurrently.
+    let addr = l.local_addr();
+    let clients: Vec<Conn> = thread::scope(|sc| {
+        let dialers: Vec<_> = (0..4)
+            .map(|k| {
+                let client = client.clone();
+                sc.spawn(move || {
+                    (k..n)
+                        .step_by(4)
+                        .map(|_| Conn::dial(addr, client.clone()).unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        dialers
+            .into_iter()
+            .flat_map(|d| d.join().unwrap())
+            .collect()
+    });
     let mut servers = acceptor.join().unwrap();
     // Pair by address: the acceptor's order need not be the dialer's.
     let pairs = clients

@@ -12,7 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod support;
-use support::{device, listen_addr, opts, pattern};
+use support::{device, hash_of as hash, listen_addr, opts, pattern};
 
 /// A small threshold keeps the emulated VM fast while every case still crosses it.
 const T: usize = 64 * 1024;
@@ -33,13 +33,6 @@ fn pair(client: ConnOptions, server: ConnOptions) -> (Conn, Conn) {
         x.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
     }
     (c, s)
-}
-
-/// FNV-1a over the bytes.
-fn hash(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
-        (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 fn frames_sent(c: &Conn) -> u64 {
