@@ -77,6 +77,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         "rsrdma-net",
         "device",
         &[
+            "a_failed_recv_drain_leaves_nothing_in_flight_and_ends_the_data_plane",
             "a_receiver_notices_a_dead_sender_within_seconds",
             "authentication_and_bad_peers",
             "barriers_and_settled_options",
@@ -177,6 +178,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "many_threads_share_one_endpoint_in_event_mode",
             "one_sender_reaches_three_receivers_found_through_the_registry",
             "oversized_datagrams_and_short_buffers_are_clear_errors",
+            "recv_batch_takes_what_meta_can_hold_and_oversized_datagrams_are_dropped",
             "ping_pong_replies_to_the_sender_in_every_poll_mode",
             "qkeys_default_and_per_socket",
             "ten_thousand_datagrams_in_flight_both_ways",

@@ -187,6 +187,9 @@ pub struct RawConn {
     probe: bool,
     /// Sends go through the extended work-request API ([`RawOptions::new_post_send`]).
     new_post_send: bool,
+    /// A pipeline or drain failed: its queue pair was moved to ERROR and what it had in
+    /// flight reaped (see [`RawConn::stop_after_failed_run`]); no run starts again.
+    stopped: bool,
 }
 
 impl std::fmt::Debug for RawConn {
@@ -256,6 +259,7 @@ impl RawConn {
             sync_step: 1,
             probe: probe_enabled(),
             new_post_send: opts.new_post_send,
+            stopped: false,
         })
     }
 
@@ -511,9 +515,16 @@ impl RawConn {
     /// Every request `make_wr` returns must satisfy [`rsrdma::Qp::post_send`]'s contract; a
     /// buffer may be reused once the completion with its id (or a later one) was reaped.
     ///
+    /// A run that fails leaves nothing in flight: before it returns its error, the queue pair
+    /// is moved to ERROR and every request still posted (this run's and any other) is reaped
+    /// as flushed, so every buffer is free again. The connection's data plane is then over:
+    /// a later run returns [`NetError::Closed`] (a run that counted an earlier run's late
+    /// completions as its own could return while its own requests were still in flight).
+    ///
     /// # Errors
     /// A failed completion ([`rsrdma::Error::WorkCompletion`]); [`NetError::Timeout`] when
-    /// nothing completes for 5 s; [`NetError::PeerClosed`] when the peer is gone.
+    /// nothing completes for 5 s; [`NetError::PeerClosed`] when the peer is gone;
+    /// [`NetError::Closed`] after an earlier run failed.
     pub unsafe fn pipeline<'a>(
         &mut self,
         iters: u64,
@@ -551,8 +562,9 @@ impl RawConn {
         iters: u64,
         depth: u32,
         batch: u32,
-        mut make_wr: impl FnMut(u64) -> SendWr<'a>,
+        make_wr: impl FnMut(u64) -> SendWr<'a>,
     ) -> Result<RunStats> {
+        self.check_not_stopped("pipeline")?;
         let depth = depth
             .min(self.settled.send_depth)
             .min(self.qp.caps().max_send_wr)
@@ -562,6 +574,58 @@ impl RawConn {
                 "batch {batch} exceeds the settled send depth {depth}"
             )));
         }
+        // SAFETY: forwarded contract.
+        let r = unsafe { self.run_pipeline_posting(iters, depth, batch, make_wr) };
+        if r.is_err() {
+            self.stop_after_failed_run();
+        }
+        r
+    }
+
+    /// Refuses a run once an earlier one failed (see [`RawConn::pipeline`]).
+    fn check_not_stopped(&self, op: &'static str) -> Result<()> {
+        if self.stopped {
+            return Err(NetError::Closed { op });
+        }
+        Ok(())
+    }
+
+    /// After a failed run: moves the queue pair to ERROR and reaps both CQs until every
+    /// request still posted has come back flushed (quiet for 50 ms after the last one),
+    /// within 2 s. The caller's buffers are then free, whatever the run left in flight.
+    fn stop_after_failed_run(&mut self) {
+        self.stopped = true;
+        if let Err(e) = self.qp.to_error() {
+            tracing::warn!(error = %e, "raw connection: moving the QP to ERROR after a failed run");
+        }
+        let mut wcs = [Wc::default(); 32];
+        let limit = Instant::now() + Duration::from_secs(2);
+        let mut last = Instant::now();
+        loop {
+            let got =
+                self.send_cq.poll(&mut wcs).unwrap_or(0) + self.recv_cq.poll(&mut wcs).unwrap_or(0);
+            let now = Instant::now();
+            if got > 0 {
+                last = now;
+            } else if now.duration_since(last) >= Duration::from_millis(50) || now >= limit {
+                return;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// The pipeline's loop (see [`RawConn::run_pipeline`]).
+    ///
+    /// # Safety
+    /// As [`RawConn::pipeline`].
+    unsafe fn run_pipeline_posting<'a>(
+        &mut self,
+        iters: u64,
+        depth: u32,
+        batch: u32,
+        mut make_wr: impl FnMut(u64) -> SendWr<'a>,
+    ) -> Result<RunStats> {
         const BATCH_MAX: usize = 64;
         let mut p = Pipeline::new(iters, depth, batch.min(BATCH_MAX as u32));
         let mut stats = RunStats::default();
@@ -642,10 +706,33 @@ impl RawConn {
     /// Every request `make_wr` returns must satisfy [`rsrdma::Qp::post_recv`]'s contract; a
     /// receive buffer may be read once the completion with its id was reaped.
     ///
+    /// A drain that fails leaves nothing in flight, as a failed [`RawConn::pipeline`]: the
+    /// queue pair is stopped and its requests reaped before the error returns.
+    ///
     /// # Errors
     /// A failed completion; [`NetError::PeerClosed`] when the peer is gone (checked while
-    /// idle, so a dead sender is noticed within seconds, not never); [`NetError::Timeout`].
+    /// idle, so a dead sender is noticed within seconds, not never); [`NetError::Timeout`]
+    /// when nothing arrives for 5 s; [`NetError::Closed`] after an earlier run failed.
     pub unsafe fn recv_drain<'a>(
+        &mut self,
+        iters: u64,
+        depth: u32,
+        make_wr: impl FnMut(u64) -> RecvWr<'a>,
+    ) -> Result<RunStats> {
+        self.check_not_stopped("recv_drain")?;
+        // SAFETY: forwarded contract.
+        let r = unsafe { self.recv_drain_posting(iters, depth, make_wr) };
+        if r.is_err() {
+            self.stop_after_failed_run();
+        }
+        r
+    }
+
+    /// The drain's loop (see [`RawConn::recv_drain`]).
+    ///
+    /// # Safety
+    /// As [`RawConn::recv_drain`].
+    unsafe fn recv_drain_posting<'a>(
         &mut self,
         iters: u64,
         depth: u32,

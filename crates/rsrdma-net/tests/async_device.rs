@@ -1234,7 +1234,7 @@ fn run_on<F: Future<Output = ()>>(
 /// Keepalives while nobody awaits, messages, and a close with its linger, on a runtime with
 /// no timer at all (`enable_io` alone: tokio panicked in the keeper and in `close`), then on
 /// one whose clock is paused (the keeper slept on a clock that stood still: no keepalive in
-/// 1.5 s of real time). The connections keep time on the monotonic clock, whatever the
+/// 0.9 s of real time). The connections keep time on the monotonic clock, whatever the
 /// runtime's clock does.
 #[test]
 fn connections_run_on_a_runtime_without_timers_and_on_a_paused_clock() {
@@ -1247,9 +1247,9 @@ fn connections_run_on_a_runtime_without_timers_and_on_a_paused_clock() {
         let (c, s) = pair(o(), o()).await;
         c.send_msg(b"one").await.unwrap();
         assert_eq!(s.recv_msg().await.unwrap().unwrap(), b"one");
-        // Two peer timeouts of real time with no task awaiting either end: only the keepers
-        // run (a blocking-pool thread sleeps; the runtime has no timer to sleep on).
-        tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_millis(1500)))
+        // Over a peer timeout of real time with no task awaiting either end: only the
+        // keepers run (a blocking-pool thread sleeps; the runtime has no timer to sleep on).
+        tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_millis(900)))
             .await
             .unwrap();
         c.send_msg(b"two").await.unwrap();

@@ -586,3 +586,44 @@ fn the_extended_post_path_writes_reads_and_sends_byte_for_byte() {
     c.close().unwrap();
     t.join().unwrap();
 }
+
+/// A drain that fails leaves nothing in flight and ends the connection's data plane: its
+/// receives came back flushed before the error returned, and a later drain refuses at once.
+/// (Before: the first drain's receives stayed posted, the sender's next messages landed in
+/// them, and a second drain counted those completions as its own and returned `Ok` while
+/// its own receives were still posted, into memory the caller then read.)
+#[test]
+fn a_failed_recv_drain_leaves_nothing_in_flight_and_ends_the_data_plane() {
+    let (mut c, mut s) = connected(opts(), opts());
+    let (size, depth) = (64usize, 4u32);
+    let recv = s
+        .register_memory(size * depth as usize, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let recv_sges: Vec<_> = (0..depth as usize)
+        .map(|i| [recv.sge(i * size, size).unwrap()])
+        .collect();
+    let send = c.register_memory(size, AccessFlags::NONE).unwrap();
+    let send_sge = [send.sge(0, size).unwrap()];
+    // The sender sends nothing yet: the drain stalls, and fails after its 5 s.
+    // SAFETY: `recv` outlives the connection's runs; it is read only after they returned.
+    let first = unsafe {
+        s.recv_drain(u64::from(depth), depth, |id| {
+            RecvWr::new(id, &recv_sges[(id % u64::from(depth)) as usize])
+        })
+    };
+    assert!(matches!(first, Err(NetError::Timeout { .. })), "{first:?}");
+    // Nothing of it is left: no completion comes later.
+    thread::sleep(Duration::from_millis(100));
+    let mut wcs = [Wc::default(); 8];
+    assert_eq!(s.poll_recv(&mut wcs).unwrap(), 0);
+    // A message from the sender finds the receiver stopped (before, it landed in one of the
+    // first drain's receives); a second drain of one message refuses instead of taking it
+    // for its own.
+    // SAFETY: `send` outlives the request: `c`, whose QP holds it, is dropped first below.
+    unsafe { c.post_send(&SendWr::send(0, &send_sge).signaled(true)) }.unwrap();
+    thread::sleep(Duration::from_millis(300));
+    // SAFETY: as above.
+    let second = unsafe { s.recv_drain(1, 1, |id| RecvWr::new(id, &recv_sges[0])) };
+    assert!(matches!(second, Err(NetError::Closed { .. })), "{second:?}");
+    drop(c);
+}

@@ -402,3 +402,47 @@ fn a_wrong_secret_is_refused_and_the_right_one_works() {
     let (n, from) = rx.recv_from(&mut buf).unwrap();
     assert_eq!((&buf[..n], from), (&b"authenticated"[..], tx.local_addr()));
 }
+
+/// Two edges of receiving: `recv_batch` with fewer `meta` entries than buffers takes only as
+/// many datagrams as it can describe (it took one per buffer, then indexed `meta` past its
+/// end: a panic, with the datagrams taken and their buffers never reposted); and a datagram
+/// over the receiver's `max_datagram` that still fits its rounded-up buffer is dropped and
+/// counted, not delivered (a caller's buffer of `max_datagram` bytes stopped at it for ever).
+#[test]
+fn recv_batch_takes_what_meta_can_hold_and_oversized_datagrams_are_dropped() {
+    let a = bind(opts());
+    let b = bind(opts().recv_depth(8));
+    for i in 0..3u8 {
+        a.send_to(&[i; 16], &b.local_addr()).unwrap();
+    }
+    let (mut x, mut y, mut z) = ([0u8; 64], [0u8; 64], [0u8; 64]);
+    let mut meta = [(0usize, b.local_addr())];
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    while got.len() < 3 && t0.elapsed() < Duration::from_secs(10) {
+        let n = b
+            .recv_batch(&mut [&mut x[..], &mut y[..], &mut z[..]], &mut meta)
+            .unwrap();
+        assert_eq!(n, 1, "one entry of meta, one datagram");
+        assert_eq!(meta[0].0, 16);
+        got.push(x[0]);
+    }
+    assert_eq!(got, [0, 1, 2]);
+    // Every buffer came back: a full ring's worth still arrives.
+    for i in 0..8u8 {
+        a.send_to(&[i; 8], &b.local_addr()).unwrap();
+    }
+    for i in 0..8u8 {
+        let (n, _) = b.recv_from(&mut x).unwrap();
+        assert_eq!((n, x[0]), (8, i));
+    }
+
+    let small = bind(opts().max_datagram(64));
+    let over = small.max_datagram() + 16;
+    a.send_to(&vec![7u8; over], &small.local_addr()).unwrap();
+    a.send_to(b"small", &small.local_addr()).unwrap();
+    let mut buf = vec![0u8; small.max_datagram()];
+    let (n, _) = small.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"small");
+    assert_eq!(small.stats().oversized, 1);
+}

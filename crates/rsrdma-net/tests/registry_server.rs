@@ -507,3 +507,57 @@ fn a_reply_rewritten_on_the_path_is_caught_with_a_secret() {
         }
     }
 }
+
+/// A call that timed out leaves the client out of step: the late reply would answer the next
+/// call (a lookup of "b" returned the address of "a"). Every later call now fails instead,
+/// and a new connection works. A fake registry answers the first lookup late.
+#[test]
+fn a_timed_out_call_never_answers_the_next_one() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = listener.local_addr().unwrap();
+    let fake = std::thread::spawn(move || {
+        for late in [true, false] {
+            let (mut s, _) = listener.accept().unwrap();
+            assert!(matches!(reply(&mut s), Some(Message::Hello { .. })));
+            send(
+                &mut s,
+                &Message::Welcome {
+                    auth_required: false,
+                    nonce: [1; 32],
+                },
+            );
+            let mut n = 1;
+            while let Some(Message::Lookup { .. }) = reply(&mut s) {
+                if late && n == 1 {
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                let found = Message::Found {
+                    addr: addr(n),
+                    lease_left_ms: 1000,
+                };
+                n += 1;
+                if s.write_all(&{
+                    let mut out = Vec::new();
+                    codec::encode(&found, &mut out).unwrap();
+                    out
+                })
+                .is_err()
+                {
+                    break;
+                }
+            }
+        }
+    });
+    let opts = ClientOptions::default().timeout(Duration::from_millis(100));
+    let mut c = RegistryClient::connect(at, opts.clone()).unwrap();
+    let e = c.lookup("a").unwrap_err();
+    assert!(matches!(e, NetError::Timeout { .. }), "{e:?}");
+    std::thread::sleep(Duration::from_millis(400));
+    let e = c.lookup("b").unwrap_err();
+    assert!(matches!(e, NetError::Closed { .. }), "{e:?}");
+    drop(c);
+    let mut c = RegistryClient::connect(at, opts).unwrap();
+    assert_eq!(c.lookup("b").unwrap(), addr(1));
+    drop(c);
+    fake.join().unwrap();
+}

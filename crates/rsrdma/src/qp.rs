@@ -621,6 +621,10 @@ struct QpInner {
     /// The extended QP (`ibv_qp_to_qp_ex`) of one made by [`QpBuilder::build_ex`]; null
     /// otherwise.
     pub(crate) ex: *mut ffi::ibv_qp_ex,
+    /// A [`crate::qp_ex::WrBatch`] is open on the QP (on any thread, through any clone): the
+    /// provider's batch state is one per QP, and a second `ibv_wr_start` on the thread that
+    /// holds the first spins on its lock for ever (rxe, mlx5), or aborts (mlx5 without locks).
+    pub(crate) batch_open: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: libibverbs serialises posting and modifying a QP internally (unless a provider is
@@ -688,6 +692,7 @@ impl Qp {
                 srq: b.srq.clone(),
                 cm_id,
                 ex: std::ptr::null_mut(),
+                batch_open: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -702,6 +707,11 @@ impl Qp {
     /// The extended QP, where it was made as one.
     pub(crate) fn ex(&self) -> *mut ffi::ibv_qp_ex {
         self.inner.ex
+    }
+
+    /// The flag of an open [`crate::qp_ex::WrBatch`] (see `QpInner::batch_open`).
+    pub(crate) fn batch_flag(&self) -> &std::sync::atomic::AtomicBool {
+        &self.inner.batch_open
     }
 
     pub(crate) fn check_inline_granted(&self, asked: u32) -> Result<()> {

@@ -22,6 +22,7 @@ use crate::pd::Pd;
 use crate::qp::{Qp, QpBuilder};
 use crate::wr::SendWr;
 use std::marker::PhantomData;
+use std::sync::atomic::Ordering;
 
 /// The most SGEs an inline request may gather on this path (inline data is small).
 const MAX_INLINE_SGES: usize = 16;
@@ -142,15 +143,27 @@ impl QpBuilder {
 }
 
 impl Qp {
-    /// Opens a batch of requests on an extended QP ([`QpBuilder::build_ex`]).
+    /// Opens a batch of requests on an extended QP ([`QpBuilder::build_ex`]). One batch per
+    /// QP may be open at a time, over every thread and every clone of the `Qp`: the
+    /// provider keeps one batch state per QP, and a second open on the thread that holds the
+    /// first would spin on the provider's lock for ever. A second open is refused instead;
+    /// so is one while another thread's batch is open (wait for it, or post through
+    /// [`Qp::post_send`], which the provider serialises). Do not call [`Qp::post_send`] on
+    /// the thread that holds an open batch of the same QP: the provider's lock is held.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a QP not made by `build_ex`.
+    /// [`Error::InvalidArgument`] for a QP not made by `build_ex`, or while a batch of the
+    /// QP is open.
     pub fn wr_batch(&self) -> Result<WrBatch<'_>> {
         let ex = self.ex();
         if ex.is_null() {
             return Err(Error::InvalidArgument(
                 "wr_batch needs a QP made by QpBuilder::build_ex".into(),
+            ));
+        }
+        if self.batch_flag().swap(true, Ordering::Acquire) {
+            return Err(Error::InvalidArgument(
+                "wr_batch: a batch of this QP is already open (one at a time per QP)".into(),
             ));
         }
         // SAFETY: the live extended QP of `self`.
@@ -304,5 +317,7 @@ impl Drop for WrBatch<'_> {
             // SAFETY: the open batch of a live extended QP.
             unsafe { ffi::ibv_wr_abort(self.ex) };
         }
+        // After the provider closed the batch (complete or abort): the next may open.
+        self.qp.batch_flag().store(false, Ordering::Release);
     }
 }

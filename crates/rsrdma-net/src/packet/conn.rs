@@ -60,6 +60,9 @@ pub struct PacketStats {
     pub send_errors: u64,
     /// Receive completions with an error (not counting the flush at teardown).
     pub recv_errors: u64,
+    /// Datagrams dropped on arrival for being larger than [`PacketConn::max_datagram`] (a
+    /// receive buffer rounds up past it; what does not fit it at all the NIC drops uncounted).
+    pub oversized: u64,
     /// Address handles created (cache misses).
     pub ah_created: u64,
     /// Address handles cached now.
@@ -146,7 +149,7 @@ impl PacketConn {
             send_gate: Gate::new(send_cq.clone()),
             send_cq,
             recv,
-            queue: Mutex::new(RecvQueue::new(opts.recv_depth)),
+            queue: Mutex::new(RecvQueue::new(opts.recv_depth, max_datagram)),
             recv_gate: Gate::new(recv_cq.clone()),
             recv_cq,
             pd,
@@ -216,11 +219,16 @@ impl PacketConn {
     pub fn stats(&self) -> PacketStats {
         let send = lock(&self.send);
         let (ah_created, ah_cached) = send.ah_stats();
+        let (recv_errors, oversized) = {
+            let q = lock(&self.queue);
+            (q.errors, q.oversized)
+        };
         PacketStats {
             sent: self.sent.load(Ordering::Relaxed),
             received: self.received.load(Ordering::Relaxed),
             send_errors: send.errors,
-            recv_errors: lock(&self.queue).errors,
+            recv_errors,
+            oversized,
             ah_created,
             ah_cached,
         }
@@ -328,7 +336,8 @@ impl PacketConn {
         let deadline = crate::deadline::deadline_within(timeout);
         loop {
             let mut taken = [None::<Ready>; CHUNK];
-            let n = self.take(bufs, &mut taken)?;
+            // Only `want` of them: `deliver` fills `meta` for each one taken.
+            let n = self.take(&bufs[..want], &mut taken)?;
             if n > 0 {
                 return self.deliver(&taken[..n], bufs, meta);
             }

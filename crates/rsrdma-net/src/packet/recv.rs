@@ -32,6 +32,12 @@ pub(crate) struct RecvRing {
 pub(crate) struct RecvQueue {
     ready: VecDeque<Ready>,
     pub(crate) errors: u64,
+    /// Datagrams dropped for being larger than the endpoint's `max_datagram`.
+    pub(crate) oversized: u64,
+    /// The endpoint's `max_datagram`: a receive buffer rounds up past it, so a larger
+    /// datagram can land; it is dropped, as a NIC drops one larger than the buffer (a
+    /// caller's buffer of `max_datagram` bytes would otherwise stop at it for ever).
+    max_len: u32,
 }
 
 impl RecvRing {
@@ -72,10 +78,12 @@ impl RecvRing {
 }
 
 impl RecvQueue {
-    pub(crate) fn new(depth: u32) -> Self {
+    pub(crate) fn new(depth: u32, max_datagram: usize) -> Self {
         RecvQueue {
             ready: VecDeque::with_capacity(depth as usize),
             errors: 0,
+            oversized: 0,
+            max_len: u32::try_from(max_datagram).unwrap_or(u32::MAX),
         }
     }
 
@@ -93,7 +101,8 @@ impl RecvQueue {
     }
 
     /// Moves every receive completion there is into the FIFO. A failed receive (other than
-    /// a flush at teardown) is counted and its buffer reposted.
+    /// a flush at teardown), or a datagram over `max_datagram`, is counted and its buffer
+    /// reposted.
     pub(crate) fn refill(&mut self, cq: &Cq, qp: &Qp, ring: &RecvRing) -> Result<()> {
         let mut wcs = [Wc::default(); CHUNK];
         loop {
@@ -102,6 +111,16 @@ impl RecvQueue {
                 let slot = wc.wr_id() as u32;
                 if wc.is_ok() {
                     let len = wc.byte_len().saturating_sub(GRH_LEN as u32);
+                    if len > self.max_len {
+                        self.oversized += 1;
+                        tracing::debug!(
+                            len,
+                            max = self.max_len,
+                            "dropped a UD datagram over max_datagram"
+                        );
+                        ring.post(qp, &[slot])?;
+                        continue;
+                    }
                     self.ready.push_back(Ready {
                         slot,
                         len,

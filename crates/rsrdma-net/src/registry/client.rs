@@ -53,6 +53,9 @@ pub struct RegistryClient {
     timeout: Duration,
     peer: SocketAddr,
     owner: [u8; OWNER_LEN],
+    /// A call's request or reply did not go through whole (a timeout, a socket error): its
+    /// reply may still come, and would be taken for the next call's. Every later call fails.
+    out_of_step: bool,
 }
 
 impl RegistryClient {
@@ -77,6 +80,7 @@ impl RegistryClient {
         let mut c = RegistryClient {
             fs: FrameStream::new(stream)?,
             timeout: opts.timeout,
+            out_of_step: false,
             peer,
             owner,
         };
@@ -146,15 +150,34 @@ impl RegistryClient {
     }
 
     /// Sends `req` and reads the reply; an Error reply becomes [`NetError::Registry`].
+    ///
+    /// A call whose request or reply did not go through whole leaves the client out of step
+    /// (the late reply would answer the next call: a lookup of one name could return
+    /// another's address); every later call then fails with [`NetError::Closed`], and the
+    /// caller connects again.
     fn call(&mut self, req: &Message) -> Result<Message> {
+        if self.out_of_step {
+            return Err(NetError::Closed {
+                op: "registry call after one that timed out or failed part-way (connect again)",
+            });
+        }
         let deadline = crate::deadline::deadline_after(self.timeout);
-        self.fs.send(req, self.timeout)?;
-        let left = deadline.saturating_duration_since(Instant::now());
-        match self.fs.recv(
-            "registry reply",
-            crate::deadline::deadline_after(left),
-            None,
-        )?? {
+        let left = |_: ()| deadline.saturating_duration_since(Instant::now());
+        let reply = self.fs.send(req, self.timeout).map(left).and_then(|left| {
+            self.fs.recv(
+                "registry reply",
+                crate::deadline::deadline_after(left),
+                None,
+            )
+        });
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                self.out_of_step = true;
+                return Err(e);
+            }
+        };
+        match reply? {
             Message::Error { code, text } => Err(NetError::Registry {
                 code,
                 message: text,

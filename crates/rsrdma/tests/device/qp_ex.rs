@@ -66,6 +66,9 @@ fn an_extended_qp_posts_a_batch_of_every_operation_and_an_aborted_batch_posts_no
         drop(aborted);
 
         let mut batch = a.wr_batch().unwrap();
+        // A second open batch of the same QP is refused: the provider's batch state is one
+        // per QP, and its lock is held (a second ibv_wr_start on this thread spun for ever).
+        assert!(matches!(a.wr_batch(), Err(Error::InvalidArgument(_))));
         batch
             .post(&SendWr::send_with_imm(1, &send_sge, 0xabcd))
             .unwrap();
