@@ -343,12 +343,15 @@ fn check_options(opts: &RawOptions) -> Result<()> {
     }
     crate::secret::check_secret(opts.secret.as_ref(), "RawOptions::secret")?;
     if opts.opening_timeout.is_zero()
+        || opts.timeout.is_zero()
+        || opts.send_depth == 0
+        || opts.recv_depth == 0
         || opts.max_handshakes == 0
         || opts.max_handshakes_per_source == 0
     {
         return Err(NetError::InvalidArgument(
-            "RawOptions: opening_timeout, max_handshakes and max_handshakes_per_source must be \
-             above 0"
+            "RawOptions: timeout, opening_timeout, send_depth, recv_depth, max_handshakes and \
+             max_handshakes_per_source must be above 0"
                 .into(),
         ));
     }
@@ -891,4 +894,25 @@ impl StallWatch {
 fn random_psn() -> Result<u32> {
     let n = crate::handshake::auth::nonce().map_err(|e| NetError::io("read /dev/urandom", e))?;
     Ok(u32::from_be_bytes([0, n[0], n[1], n[2]]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Options that cannot work are refused before any socket or verb: a zero timeout failed
+    /// inside the connect with an I/O error and timed every listener handshake out at once;
+    /// a zero send depth made a queue pair that could not send (ENOMEM at the first post).
+    #[test]
+    fn zero_timeouts_and_depths_are_refused() {
+        for opts in [
+            RawOptions::default().timeout(Duration::ZERO),
+            RawOptions::default().send_depth(0),
+            RawOptions::default().recv_depth(0),
+        ] {
+            let e = check_options(&opts).unwrap_err();
+            assert!(matches!(e, NetError::InvalidArgument(_)), "{e:?}");
+        }
+        assert!(check_options(&RawOptions::default()).is_ok());
+    }
 }

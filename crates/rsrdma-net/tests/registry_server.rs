@@ -561,3 +561,55 @@ fn a_timed_out_call_never_answers_the_next_one() {
     drop(c);
     fake.join().unwrap();
 }
+
+/// A registration whose registry went away retries sooner than it renews, but not without
+/// bound: no sooner than a tenth of the lease (it settled at one connection and one warning
+/// every 50 ms, for ever).
+#[test]
+fn a_registration_without_its_registry_retries_at_a_bounded_rate() {
+    let h = serve(RegistryOptions::default().lease(Duration::from_secs(2)));
+    let at = h.local_addr();
+    let tries = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = tries.clone();
+    let kept = rsrdma_net::registry::Registration::keep_on(
+        move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            RegistryClient::connect(at, ClientOptions::default())
+        },
+        "gone",
+        addr(6),
+    )
+    .unwrap();
+    h.stop();
+    // The first renewal (at a third of the lease) fails; then 1.5 s of retries.
+    std::thread::sleep(Duration::from_millis(800));
+    let before = tries.load(std::sync::atomic::Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(1500));
+    let during = tries.load(std::sync::atomic::Ordering::SeqCst) - before;
+    assert!(
+        (1..=10).contains(&during),
+        "{during} connects in 1.5 s with a 2 s lease"
+    );
+    drop(kept);
+}
+
+/// Options that cannot work are refused before anything is served or dialed (an idle
+/// timeout of zero dropped every client right after its Welcome; a client timeout of zero
+/// failed inside the connect with an I/O error).
+#[test]
+fn zero_timeouts_are_refused_up_front() {
+    for opts in [
+        RegistryOptions::default().idle_timeout(Duration::ZERO),
+        RegistryOptions::default().io_timeout(Duration::ZERO),
+    ] {
+        let e = Registry::serve_with("127.0.0.1:0", opts).unwrap_err();
+        assert!(matches!(e, NetError::InvalidArgument(_)), "{e:?}");
+    }
+    let h = serve(RegistryOptions::default());
+    let e = RegistryClient::connect(
+        h.local_addr(),
+        ClientOptions::default().timeout(Duration::ZERO),
+    )
+    .unwrap_err();
+    assert!(matches!(e, NetError::InvalidArgument(_)), "{e:?}");
+}

@@ -64,9 +64,15 @@ impl RegistryClient {
     /// # Errors
     /// [`NetError::Io`]/[`NetError::Timeout`] for the connect; [`NetError::Auth`] when the
     /// registry requires a secret this side lacks, refuses this side's, or cannot prove the
-    /// one this side has; [`NetError::Registry`] when it refuses the client (`Busy`).
+    /// one this side has; [`NetError::Registry`] when it refuses the client (`Busy`);
+    /// [`NetError::InvalidArgument`] for a zero timeout.
     pub fn connect(registry: impl ToSocketAddrs, opts: ClientOptions) -> Result<RegistryClient> {
         crate::secret::check_secret(opts.secret.as_ref(), "ClientOptions::secret")?;
+        if opts.timeout.is_zero() {
+            return Err(NetError::InvalidArgument(
+                "ClientOptions::timeout must be above 0".into(),
+            ));
+        }
         let owner = match opts.owner {
             Some(o) => o,
             None => {

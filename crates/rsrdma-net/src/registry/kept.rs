@@ -135,6 +135,11 @@ fn renew<D: Directory>(
     stopped: &mpsc::Receiver<()>,
 ) {
     let mut every = (lease / 3).max(MIN_RENEW_EVERY);
+    // After a failure the next try comes sooner (the lease runs on), but not sooner than a
+    // tenth of the lease: a registry that is down, full, or gave the name to another owner
+    // is not asked twenty times a second, and its warning is logged once per outage.
+    let mut retry_floor = (lease / 10).max(MIN_RENEW_EVERY);
+    let mut failing = 0u32;
     loop {
         match stopped.recv_timeout(every) {
             Err(RecvTimeoutError::Timeout) => {}
@@ -155,12 +160,24 @@ fn renew<D: Directory>(
             }),
         };
         match renewed {
-            Ok(granted) => every = (granted / 3).max(MIN_RENEW_EVERY),
+            Ok(granted) => {
+                if failing > 0 {
+                    tracing::info!(name, failures = failing, "registry renewal works again");
+                }
+                failing = 0;
+                every = (granted / 3).max(MIN_RENEW_EVERY);
+                retry_floor = (granted / 10).max(MIN_RENEW_EVERY);
+            }
             Err(e) => {
-                tracing::warn!(name, error = %e, "registry renewal failed; retrying");
+                failing += 1;
+                if failing == 1 {
+                    tracing::warn!(name, error = %e, "registry renewal failed; retrying");
+                } else {
+                    tracing::debug!(name, error = %e, failures = failing, "registry renewal failed again");
+                }
                 // A broken connection is replaced at the next attempt.
                 dir = None;
-                every = MIN_RENEW_EVERY.max(every / 2);
+                every = retry_floor.max(every / 2);
             }
         }
     }

@@ -146,9 +146,13 @@ impl Registry {
             || opts.max_clients == 0
             || opts.lease.is_zero()
             || opts.opening_timeout.is_zero()
+            || opts.idle_timeout.is_zero()
+            || opts.io_timeout.is_zero()
         {
             return Err(NetError::InvalidArgument(
-                "RegistryOptions: max_entries, max_clients, lease and opening_timeout must be above 0".into(),
+                "RegistryOptions: max_entries, max_clients, lease, opening_timeout, idle_timeout \
+                 and io_timeout must be above 0"
+                    .into(),
             ));
         }
         crate::secret::check_secret(opts.secret.as_ref(), "RegistryOptions::secret")?;
