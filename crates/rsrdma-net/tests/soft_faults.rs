@@ -324,3 +324,36 @@ fn a_rails_port_going_down_takes_the_rail_out_and_a_plain_conn_waits() {
     assert_eq!(rs.recv_msg().unwrap(), None);
     rs.close().unwrap();
 }
+
+/// A UD endpoint whose queue pair fails says so in both directions: a receive returns the
+/// flushed completion's error within moments (it timed out on every call, or blocked for
+/// ever without a read timeout), and once a send failed every later send fails (they
+/// alternated Ok and Err, each Ok a datagram flushed unsent).
+#[test]
+fn a_failed_ud_queue_pair_is_an_error_both_ways() {
+    use rsrdma_net::packet::{PacketConn, PacketOptions};
+    let o = || {
+        PacketOptions::default()
+            .device("soft0")
+            .read_timeout(Duration::from_secs(5))
+    };
+    let (a, b) = (
+        PacketConn::bind(o()).unwrap(),
+        PacketConn::bind(o()).unwrap(),
+    );
+    a.send_to(b"before", &b.local_addr()).unwrap();
+    let mut buf = [0u8; 64];
+    assert_eq!(b.recv_from(&mut buf).unwrap().0, 6);
+    soft_faults::fail_qp(b.local_addr().qpn).unwrap();
+    let t0 = Instant::now();
+    let e = b.recv_from(&mut buf).unwrap_err();
+    assert!(!matches!(e, NetError::Timeout { .. }), "{e:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    // The first send after the fault is flushed; flush waits for its completion.
+    let _ = b.send_to(b"x", &a.local_addr());
+    assert!(b.flush(Duration::from_secs(2)).is_err());
+    let sent: Vec<bool> = (0..3)
+        .map(|_| b.send_to(b"x", &a.local_addr()).is_ok())
+        .collect();
+    assert_eq!(sent, [false; 3]);
+}

@@ -239,8 +239,8 @@ impl PacketConn {
     ///
     /// # Errors
     /// [`NetError::DatagramTooLarge`] (nothing sent); [`NetError::Timeout`] when no buffer
-    /// freed up within the write timeout; a failed earlier send's completion error, once;
-    /// verbs errors.
+    /// freed up within the write timeout; a failed earlier send's completion error (the send
+    /// queue stops at its first error, so every later send reports it); verbs errors.
     pub fn send_to(&self, buf: &[u8], to: &Addr) -> Result<usize> {
         self.send_batch(&[(buf, *to)])?;
         Ok(buf.len())
@@ -314,7 +314,8 @@ impl PacketConn {
     /// # Errors
     /// [`NetError::BufferTooSmall`] when `buf` cannot hold the next datagram, which stays
     /// queued; [`NetError::Timeout`] after the read timeout (the endpoint stays usable);
-    /// verbs errors.
+    /// the flushed receive's completion error once the queue pair failed (after the
+    /// datagrams that arrived before it); verbs errors.
     pub fn recv_from(&self, buf: &mut [u8]) -> Result<(usize, Addr)> {
         let mut meta = [(0, self.local)];
         self.recv_batch(&mut [buf], &mut meta)?;
@@ -344,7 +345,7 @@ impl PacketConn {
             let arrived = wait_until(self.mode, &self.recv_gate, deadline, || {
                 let mut q = lock(&self.queue);
                 q.refill(&self.recv_cq, &self.qp, &self.recv)?;
-                Ok(!q.is_empty())
+                Ok(!q.is_empty() || q.failed.is_some())
             })?;
             if !arrived {
                 return Err(timed_out("recv_from", timeout));
@@ -356,6 +357,12 @@ impl PacketConn {
     fn take(&self, bufs: &[&mut [u8]], taken: &mut [Option<Ready>; CHUNK]) -> Result<usize> {
         let mut q = lock(&self.queue);
         q.refill(&self.recv_cq, &self.qp, &self.recv)?;
+        if q.is_empty() {
+            if let Some(wc) = &q.failed {
+                // What arrived before was taken: nothing more will.
+                wc.ok()?;
+            }
+        }
         let mut n = 0;
         while n < bufs.len().min(CHUNK) {
             match q.front() {

@@ -34,6 +34,10 @@ pub(crate) struct RecvQueue {
     pub(crate) errors: u64,
     /// Datagrams dropped for being larger than the endpoint's `max_datagram`.
     pub(crate) oversized: u64,
+    /// A receive came back flushed while the endpoint lives: the QP is in ERROR (a fault,
+    /// the device's), and nothing will arrive again. Reported by every receive once the
+    /// datagrams that arrived before are taken.
+    pub(crate) failed: Option<Wc>,
     /// The endpoint's `max_datagram`: a receive buffer rounds up past it, so a larger
     /// datagram can land; it is dropped, as a NIC drops one larger than the buffer (a
     /// caller's buffer of `max_datagram` bytes would otherwise stop at it for ever).
@@ -83,6 +87,7 @@ impl RecvQueue {
             ready: VecDeque::with_capacity(depth as usize),
             errors: 0,
             oversized: 0,
+            failed: None,
             max_len: u32::try_from(max_datagram).unwrap_or(u32::MAX),
         }
     }
@@ -126,7 +131,15 @@ impl RecvQueue {
                         len,
                         src_qp: wc.src_qp(),
                     });
-                } else if wc.status() != WcStatus::WR_FLUSH_ERR {
+                } else if wc.status() == WcStatus::WR_FLUSH_ERR {
+                    // Not at teardown (nothing refills then): the QP failed. Not reposted.
+                    if self.failed.is_none() {
+                        tracing::warn!(
+                            "a UD endpoint's queue pair failed: its receives were flushed"
+                        );
+                        self.failed = Some(*wc);
+                    }
+                } else {
                     self.errors += 1;
                     tracing::warn!(status = %wc.status(), "a UD receive failed");
                     ring.post(qp, &[slot])?;

@@ -39,8 +39,9 @@ pub(crate) struct SendRing {
     /// The address handle each in-flight buffer's request uses, kept alive until it completes.
     held: Vec<Option<Arc<Ah>>>,
     cache: AhCache,
-    /// The first failed send completion not yet reported to a caller.
-    failed: Option<rsrdma::Error>,
+    /// The first failed send completion. A UD send queue stops at its first error (the QP
+    /// leaves RTS; every later request is flushed), so every later send reports it.
+    failed: Option<Wc>,
     pub(crate) errors: u64,
 }
 
@@ -78,10 +79,10 @@ impl SendRing {
         (self.cache.misses(), self.cache.len())
     }
 
-    /// A failed completion reaped earlier, reported once.
+    /// The failed completion reaped earlier, if any: the send queue stopped at it.
     pub(crate) fn take_failure(&mut self) -> Result<()> {
-        match self.failed.take() {
-            Some(e) => Err(e.into()),
+        match &self.failed {
+            Some(wc) => wc.ok().map(|_| ()).map_err(Into::into),
             None => Ok(()),
         }
     }
@@ -105,7 +106,7 @@ impl SendRing {
             self.errors += 1;
             tracing::warn!(error = %e, "a UD send failed");
             if self.failed.is_none() {
-                self.failed = Some(e);
+                self.failed = Some(*wc);
             }
         }
         let done = wc.wr_id();
