@@ -79,8 +79,10 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         &[
             "a_failed_recv_drain_leaves_nothing_in_flight_and_ends_the_data_plane",
             "a_receiver_notices_a_dead_sender_within_seconds",
+            "a_timed_out_sync_can_be_retried_and_both_ends_stay_in_step",
             "authentication_and_bad_peers",
             "barriers_and_settled_options",
+            "dropping_a_listener_ends_its_running_handshakes",
             "event_mode_receive_wakes_through_the_channel",
             "mismatched_parameters_fail_on_both_ends",
             "one_sided_write_and_read_byte_for_byte",

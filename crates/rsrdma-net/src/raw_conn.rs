@@ -33,7 +33,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long a pipeline waits without any completion before it gives up on the peer.
+/// How long a pipeline waits without any completion before it gives up on the peer, at
+/// most: a shorter [`RawOptions::timeout`] shortens it.
 const STALL_LIMIT: Duration = Duration::from_secs(5);
 
 /// A listener for [`RawConn`]s.
@@ -184,6 +185,12 @@ pub struct RawConn {
     settled: Settled,
     peer_regions: Vec<RemoteMemory>,
     sync_step: u32,
+    /// A `sync` timed out after sending its step: the next one waits for the peer's side of
+    /// that step (sent again, it would be a step the peer never takes).
+    sync_waiting: Option<u32>,
+    /// A run's limit without any completion: [`RawOptions::timeout`], at most
+    /// [`STALL_LIMIT`].
+    stall_limit: Duration,
     probe: bool,
     /// Sends go through the extended work-request API ([`RawOptions::new_post_send`]).
     new_post_send: bool,
@@ -257,6 +264,8 @@ impl RawConn {
             settled: p.settled,
             peer_regions: Vec::new(),
             sync_step: 1,
+            sync_waiting: None,
+            stall_limit: opts.timeout.min(STALL_LIMIT),
             probe: probe_enabled(),
             new_post_send: opts.new_post_send,
             stopped: false,
@@ -421,13 +430,29 @@ impl RawConn {
     }
 
     /// A barrier over the control channel: returns once the peer has called `sync` as often.
+    /// A `sync` that timed out may be called again: it goes on waiting for the same step
+    /// (it sent its side already), so both ends stay in step.
     ///
     /// # Errors
-    /// The control channel's errors (a dead peer gives [`NetError::PeerClosed`]).
+    /// The control channel's errors (a dead peer gives [`NetError::PeerClosed`];
+    /// [`NetError::Timeout`] after [`RawOptions::timeout`]).
     pub fn sync(&mut self) -> Result<()> {
-        let step = self.sync_step;
-        self.sync_step += 1;
-        self.ctrl.barrier(step)
+        let step = match self.sync_waiting.take() {
+            Some(step) => step,
+            None => {
+                let step = self.sync_step;
+                self.sync_step += 1;
+                self.ctrl.barrier_send(step)?;
+                step
+            }
+        };
+        match self.ctrl.barrier_wait(step) {
+            Err(e @ NetError::Timeout { .. }) => {
+                self.sync_waiting = Some(step);
+                Err(e)
+            }
+            r => r,
+        }
     }
 
     /// Posts one send-queue request.
@@ -526,7 +551,8 @@ impl RawConn {
     ///
     /// # Errors
     /// A failed completion ([`rsrdma::Error::WorkCompletion`]); [`NetError::Timeout`] when
-    /// nothing completes for 5 s; [`NetError::PeerClosed`] when the peer is gone;
+    /// nothing completes for [`RawOptions::timeout`] (at most 5 s); [`NetError::PeerClosed`]
+    /// when the peer is gone;
     /// [`NetError::Closed`] after an earlier run failed.
     pub unsafe fn pipeline<'a>(
         &mut self,
@@ -638,7 +664,7 @@ impl RawConn {
         let probe = self.probe;
         let (mut post_t, mut poll_t) = (Duration::ZERO, Duration::ZERO);
         let start = Instant::now();
-        let mut watch = StallWatch::new(start);
+        let mut watch = StallWatch::new(start, self.stall_limit);
         while !p.done() {
             let ids = p.next_ids();
             if !ids.is_empty() {
@@ -715,7 +741,8 @@ impl RawConn {
     /// # Errors
     /// A failed completion; [`NetError::PeerClosed`] when the peer is gone (checked while
     /// idle, so a dead sender is noticed within seconds, not never); [`NetError::Timeout`]
-    /// when nothing arrives for 5 s; [`NetError::Closed`] after an earlier run failed.
+    /// when nothing arrives for [`RawOptions::timeout`] (at most 5 s); [`NetError::Closed`]
+    /// after an earlier run failed.
     pub unsafe fn recv_drain<'a>(
         &mut self,
         iters: u64,
@@ -747,7 +774,7 @@ impl RawConn {
         let mut wcs = [Wc::default(); 32];
         let start = Instant::now();
         let mut first = None;
-        let mut watch = StallWatch::new(start);
+        let mut watch = StallWatch::new(start, self.stall_limit);
         while !p.done() {
             let ids = p.next_ids();
             for id in ids.clone() {
@@ -790,7 +817,12 @@ impl RawConn {
     /// # Errors
     /// The barrier's errors (the resources are released either way).
     pub fn close(mut self) -> Result<()> {
-        let r = self.ctrl.barrier(u32::MAX);
+        // A sync that timed out: the peer's side of its step comes first.
+        let r = match self.sync_waiting.take() {
+            Some(step) => self.ctrl.barrier_wait(step),
+            None => Ok(()),
+        };
+        let r = r.and_then(|()| self.ctrl.barrier(u32::MAX));
         let _ = self.qp.to_error();
         let mut wcs = [Wc::default(); 32];
         while matches!(self.send_cq.poll(&mut wcs), Ok(n) if n > 0) {}
@@ -857,13 +889,15 @@ impl RawConn {
 struct StallWatch {
     last_progress: Instant,
     idle_polls: u32,
+    limit: Duration,
 }
 
 impl StallWatch {
-    fn new(start: Instant) -> Self {
+    fn new(start: Instant, limit: Duration) -> Self {
         StallWatch {
             last_progress: start,
             idle_polls: 0,
+            limit,
         }
     }
 
@@ -881,10 +915,10 @@ impl StallWatch {
         if !conn.peer_alive()? {
             return Err(NetError::PeerClosed("the data transfer"));
         }
-        if self.last_progress.elapsed() > STALL_LIMIT {
+        if self.last_progress.elapsed() > self.limit {
             return Err(NetError::Timeout {
                 op: "waiting for a completion",
-                millis: STALL_LIMIT.as_millis() as u64,
+                millis: self.limit.as_millis().try_into().unwrap_or(u64::MAX),
             });
         }
         Ok(())

@@ -594,7 +594,9 @@ fn the_extended_post_path_writes_reads_and_sends_byte_for_byte() {
 /// its own receives were still posted, into memory the caller then read.)
 #[test]
 fn a_failed_recv_drain_leaves_nothing_in_flight_and_ends_the_data_plane() {
-    let (mut c, mut s) = connected(opts(), opts());
+    // A run's stall limit is the connection's timeout (at most 5 s).
+    let o = || opts().timeout(Duration::from_secs(1));
+    let (mut c, mut s) = connected(o(), o());
     let (size, depth) = (64usize, 4u32);
     let recv = s
         .register_memory(size * depth as usize, AccessFlags::LOCAL_WRITE)
@@ -604,14 +606,17 @@ fn a_failed_recv_drain_leaves_nothing_in_flight_and_ends_the_data_plane() {
         .collect();
     let send = c.register_memory(size, AccessFlags::NONE).unwrap();
     let send_sge = [send.sge(0, size).unwrap()];
-    // The sender sends nothing yet: the drain stalls, and fails after its 5 s.
+    // The sender sends nothing yet: the drain stalls, and fails after its 1 s.
     // SAFETY: `recv` outlives the connection's runs; it is read only after they returned.
     let first = unsafe {
         s.recv_drain(u64::from(depth), depth, |id| {
             RecvWr::new(id, &recv_sges[(id % u64::from(depth)) as usize])
         })
     };
-    assert!(matches!(first, Err(NetError::Timeout { .. })), "{first:?}");
+    assert!(
+        matches!(first, Err(NetError::Timeout { millis: 1000, .. })),
+        "{first:?}"
+    );
     // Nothing of it is left: no completion comes later.
     thread::sleep(Duration::from_millis(100));
     let mut wcs = [Wc::default(); 8];
@@ -626,4 +631,63 @@ fn a_failed_recv_drain_leaves_nothing_in_flight_and_ends_the_data_plane() {
     let second = unsafe { s.recv_drain(1, 1, |id| RecvWr::new(id, &recv_sges[0])) };
     assert!(matches!(second, Err(NetError::Closed { .. })), "{second:?}");
     drop(c);
+}
+
+/// Dropping a listener ends the handshakes still running at once: a peer that sent a valid
+/// hello and then nothing sees its socket end within moments (its handshake held a thread,
+/// the socket and a queue pair until its own timeout, for ever with an unbounded one).
+#[test]
+fn dropping_a_listener_ends_its_running_handshakes() {
+    use rsrdma_net::handshake::{Hello, Message, Role};
+    use std::io::{Read, Write};
+    let l = RawListener::bind("127.0.0.1:0", opts().timeout(Duration::MAX)).unwrap();
+    let mut peer = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let hello = Message::Hello(Hello {
+        role: Role::Client,
+        auth_required: false,
+        nonce: [7; 32],
+    });
+    peer.write_all(&hello.to_bytes().unwrap()).unwrap();
+    // The listener takes the peer and starts its handshake; no connection comes of it.
+    let e = l.accept_timeout(Duration::from_millis(300)).unwrap_err();
+    assert!(matches!(e, NetError::Timeout { .. }), "{e:?}");
+    drop(l);
+    peer.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let t0 = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match peer.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => panic!(
+                "the handshake still holds the socket after {:?}: {e}",
+                t0.elapsed()
+            ),
+        }
+    }
+    assert!(t0.elapsed() < Duration::from_secs(3));
+}
+
+/// A `sync` that timed out may be called again and both ends stay in step: the retry waits
+/// for the peer's side of the same step. (Before: the retry sent the next step, the peer's
+/// late side of the first one was taken for it, and the connection was aborted as out of
+/// step, while the peer's own `sync` had succeeded.)
+#[test]
+fn a_timed_out_sync_can_be_retried_and_both_ends_stay_in_step() {
+    let o = || opts().timeout(Duration::from_millis(300));
+    let (mut c, mut s) = connected(o(), o());
+    let e = c.sync().unwrap_err();
+    assert!(matches!(e, NetError::Timeout { .. }), "{e:?}");
+    // The peer reaches the barrier late: it finds this side's step and passes.
+    s.sync().unwrap();
+    // The retry takes the peer's side of the same step.
+    c.sync().unwrap();
+    // And the next barrier is the same step on both ends.
+    let t = thread::spawn(move || {
+        s.sync().unwrap();
+        s
+    });
+    c.sync().unwrap();
+    let s = t.join().unwrap();
+    drop((c, s));
 }

@@ -243,6 +243,14 @@ impl AsyncListener {
     }
 }
 
+impl Drop for AsyncListener {
+    fn drop(&mut self) {
+        // Handshakes still running on the blocking pool end at once (their sockets shut
+        // down) instead of holding their threads until their own timeouts.
+        self.admission.close_all();
+    }
+}
+
 enum Either<A, B> {
     Left(A),
     Right(B),

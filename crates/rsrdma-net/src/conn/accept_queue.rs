@@ -137,13 +137,15 @@ impl<T> AcceptQueue<T> {
     }
 
     /// The listener is gone: connections nobody accepted close now (outside the lock), and
-    /// those still in their handshakes are dropped when they finish.
+    /// the handshakes still running end at once ([`Admission::close_all`]); what they
+    /// finish with is dropped.
     pub(crate) fn close(&self) {
         let ready = {
             let mut q = self.lock();
             q.closed = true;
             std::mem::take(&mut q.ready)
         };
+        self.admission.close_all();
         drop(ready);
     }
 

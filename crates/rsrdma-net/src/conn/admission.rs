@@ -194,6 +194,20 @@ impl Admission {
         })
     }
 
+    /// The listener is gone: every handshake still running ends at once (its socket is shut
+    /// down, as a shed one's is) rather than holding its thread, socket and device resources
+    /// until its own timeout (for ever with an unbounded one), for a result nobody takes.
+    /// rdma_cm handshakes have no socket: they end at their own timeout.
+    pub(crate) fn close_all(&self) {
+        let t = self.lock();
+        for e in &t.running {
+            e.shed.store(true, Ordering::Release);
+            if let Some(s) = &e.socket {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
     /// [`Admission::start`] for an incoming peer: its source, and its socket to shut down if
     /// it is shed (an rdma_cm request has none).
     pub(crate) fn start_incoming(

@@ -619,7 +619,18 @@ impl Channel {
     /// [`NetError::Unexpected`] when the peer is at another step; the errors of
     /// [`Channel::send`] and [`Channel::recv_kind`].
     pub fn barrier(&mut self, step: u32) -> Result<()> {
-        self.send(&Message::Sync(step))?;
+        self.barrier_send(step)?;
+        self.barrier_wait(step)
+    }
+
+    /// The first half of [`Channel::barrier`]: sends this side's `step`.
+    pub(crate) fn barrier_send(&mut self, step: u32) -> Result<()> {
+        self.send(&Message::Sync(step))
+    }
+
+    /// The second half of [`Channel::barrier`]: waits for the peer's `step`. After a
+    /// timeout it may be called again for the same step.
+    pub(crate) fn barrier_wait(&mut self, step: u32) -> Result<()> {
         match self.recv_kind(MessageKind::Sync, "barrier")? {
             Message::Sync(s) if s == step => Ok(()),
             Message::Sync(_) => Err(self.abort(NetError::Unexpected {
