@@ -1276,15 +1276,7 @@ fn conn_child_listener_out_of_descriptors() {
     let l = listen(opts(Establish::Tcp));
     let fds = support::fill_descriptor_table();
     println!("listening {}", l.local_addr());
-    let freed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let freer = {
-        let freed = freed.clone();
-        thread::spawn(move || {
-            thread::sleep(Duration::from_millis(700));
-            drop(fds);
-            freed.store(true, std::sync::atomic::Ordering::SeqCst);
-        })
-    };
+    let (freed, freer) = support::free_later(fds, Duration::from_millis(700));
     let s = l.accept_timeout(Duration::from_secs(20)).unwrap();
     // The premise: no accept could succeed before the table was freed.
     assert!(freed.load(std::sync::atomic::Ordering::SeqCst));
@@ -1341,16 +1333,7 @@ fn a_close_racing_another_waits_for_its_end_and_says_the_same() {
     let (first, first_took) = first.join().unwrap();
     signal(&child, libc::SIGKILL);
     child.wait().unwrap();
-    assert!(matches!(first, Err(NetError::Timeout { .. })), "{first:?}");
-    assert!(
-        matches!(second, Err(NetError::Timeout { .. })),
-        "{second:?}"
-    );
-    assert!(first_took >= linger, "{first_took:?}");
-    assert!(
-        second_took >= linger,
-        "the second close returned after {second_took:?}"
-    );
+    support::assert_racing_closes_both_lingered((first, first_took), (second, second_took), linger);
     // Once closed, a close says the same again, at once.
     let t1 = Instant::now();
     assert!(matches!(s.close(), Err(NetError::Timeout { .. })));

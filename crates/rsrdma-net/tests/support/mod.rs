@@ -107,6 +107,24 @@ pub fn fill_descriptor_table() -> Vec<std::os::fd::OwnedFd> {
     }
 }
 
+/// Drops `fds` after `delay` on a thread of its own; the flag says it happened.
+pub fn free_later(
+    fds: Vec<std::os::fd::OwnedFd>,
+    delay: std::time::Duration,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<()>,
+) {
+    let freed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = freed.clone();
+    let freer = std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        drop(fds);
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    (freed, freer)
+}
+
 /// Runs `child` (a test of this binary) with `env` set, and returns it with the address it
 /// prints after "listening "; the rest of its output is copied to this process's stderr.
 pub fn spawn_listening_child(
@@ -138,4 +156,25 @@ pub fn spawn_listening_child(
     // The rest of its output goes on to ours (a closed pipe would fail the child's writes).
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::stderr()));
     (c, addr)
+}
+
+/// What two racing closes of one connection must say when its queued data cannot be
+/// delivered: both the linger's timeout, and neither before the linger ran out (the second,
+/// started later, waits for the first's teardown).
+pub fn assert_racing_closes_both_lingered(
+    (first, first_took): (rsrdma_net::Result<()>, std::time::Duration),
+    (second, second_took): (rsrdma_net::Result<()>, std::time::Duration),
+    linger: std::time::Duration,
+) {
+    use rsrdma_net::NetError;
+    assert!(matches!(first, Err(NetError::Timeout { .. })), "{first:?}");
+    assert!(
+        matches!(second, Err(NetError::Timeout { .. })),
+        "{second:?}"
+    );
+    assert!(first_took >= linger, "{first_took:?}");
+    assert!(
+        second_took >= linger,
+        "the second close returned after {second_took:?}"
+    );
 }
