@@ -88,6 +88,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "one_sided_write_and_read_byte_for_byte",
             "send_pipelines_per_wr_and_batched_against_recv_drain",
             "shared_pd_two_connections_one_mr",
+            "sharing_memory_the_peer_cannot_use_is_refused",
             "the_extended_post_path_writes_reads_and_sends_byte_for_byte",
         ],
     ),

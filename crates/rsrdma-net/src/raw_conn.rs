@@ -191,6 +191,8 @@ pub struct RawConn {
     /// A run's limit without any completion: [`RawOptions::timeout`], at most
     /// [`STALL_LIMIT`].
     stall_limit: Duration,
+    /// What the queue pair lets the peer do ([`RawOptions::remote_access`]).
+    remote_access: AccessFlags,
     probe: bool,
     /// Sends go through the extended work-request API ([`RawOptions::new_post_send`]).
     new_post_send: bool,
@@ -266,6 +268,7 @@ impl RawConn {
             sync_step: 1,
             sync_waiting: None,
             stall_limit: opts.timeout.min(STALL_LIMIT),
+            remote_access: opts.remote_access,
             probe: probe_enabled(),
             new_post_send: opts.new_post_send,
             stopped: false,
@@ -405,12 +408,49 @@ impl RawConn {
     /// call it; either may pass none). Afterwards [`RawConn::peer_regions`] and
     /// [`RawConn::peer_region`] name the peer's memory for one-sided Write and Read.
     ///
+    /// A region is shared only if the peer can use it through this connection: it is on
+    /// the connection's protection domain, and it allows a remote operation the queue pair
+    /// grants ([`RawOptions::remote_access`]). Otherwise the peer's one-sided requests would
+    /// fail on its side with a remote access error, and nothing here would say why.
+    ///
     /// # Errors
-    /// The control channel's errors.
+    /// [`NetError::InvalidArgument`] naming the region that cannot be used, and why (nothing
+    /// is sent then); the control channel's errors.
     pub fn exchange_memory(&mut self, regions: &[&Mr]) -> Result<&[RemoteMemory]> {
+        for (i, m) in regions.iter().enumerate() {
+            self.check_shareable(i, m)?;
+        }
         let mine = Regions(regions.iter().map(|m| m.remote()).collect());
         self.peer_regions = self.ctrl.exchange_regions(&mine)?.0;
         Ok(&self.peer_regions)
+    }
+
+    /// Whether region `i` can serve the peer through this connection (see
+    /// [`RawConn::exchange_memory`]).
+    fn check_shareable(&self, i: usize, m: &Mr) -> Result<()> {
+        if m.pd().as_raw() != self.pd.as_raw() {
+            return Err(NetError::InvalidArgument(format!(
+                "exchange_memory: region {i} is registered on another protection domain than \
+                 the connection's"
+            )));
+        }
+        let usable = [
+            AccessFlags::REMOTE_WRITE,
+            AccessFlags::REMOTE_READ,
+            AccessFlags::REMOTE_ATOMIC,
+        ]
+        .into_iter()
+        .any(|f| m.access().contains(f) && self.remote_access.contains(f));
+        if !usable {
+            return Err(NetError::InvalidArgument(format!(
+                "exchange_memory: region {i} (access {:?}) allows no remote operation that \
+                 the connection grants (RawOptions::remote_access {:?}): the peer's one-sided \
+                 requests to it would fail on the peer's side",
+                m.access(),
+                self.remote_access
+            )));
+        }
+        Ok(())
     }
 
     /// The peer's memory descriptors, in the order the peer shared them.

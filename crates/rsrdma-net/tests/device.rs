@@ -691,3 +691,29 @@ fn a_timed_out_sync_can_be_retried_and_both_ends_stay_in_step() {
     let s = t.join().unwrap();
     drop((c, s));
 }
+
+/// Memory the peer cannot use through the connection is not shared: a region allowing no
+/// remote operation the queue pair grants (default options grant none), or one on another
+/// protection domain, is refused with an error that says so, before anything is sent.
+/// (Before: its descriptor went out, and the peer's WRITE failed on the peer's side with a
+/// remote access error that nothing here explained.)
+#[test]
+fn sharing_memory_the_peer_cannot_use_is_refused() {
+    let (_c, mut s) = connected(opts(), opts().remote_access(AccessFlags::REMOTE_READ));
+    let writable = s
+        .register_memory(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let e = s.exchange_memory(&[&writable]).unwrap_err();
+    assert!(
+        matches!(&e, NetError::InvalidArgument(m) if m.contains("remote_access")),
+        "{e}"
+    );
+    let ctx = rsrdma::open(&device()).unwrap();
+    let other_pd = Pd::new(&ctx).unwrap();
+    let elsewhere = Mr::new(&other_pd, 4096, AccessFlags::REMOTE_READ).unwrap();
+    let e = s.exchange_memory(&[&elsewhere]).unwrap_err();
+    assert!(
+        matches!(&e, NetError::InvalidArgument(m) if m.contains("protection domain")),
+        "{e}"
+    );
+}
