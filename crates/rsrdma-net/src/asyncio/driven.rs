@@ -82,19 +82,33 @@ impl Driven {
     /// [`NetError::Io`] when the fds cannot be registered (no tokio runtime with IO), or the
     /// keeper's timer cannot be made.
     pub(crate) fn start(conn: Conn, mode: PollMode) -> Result<Arc<Driven>> {
-        let mut conn = Some(conn);
-        let started = Driven::start_with(&mut conn, mode);
-        if let Some(conn) = conn {
-            run_off_runtime(move || drop(conn));
-        }
-        started
+        let (cq, live, timer) = match Driven::register(&conn) {
+            Ok(parts) => parts,
+            Err(e) => {
+                run_off_runtime(move || drop(conn));
+                return Err(e);
+            }
+        };
+        let waiters = Arc::new(WakerSet::default());
+        let d = Arc::new(Driven {
+            cq: Some(cq),
+            live: Mutex::new(live),
+            armed: AtomicBool::new(false),
+            live_ready: AtomicBool::new(false),
+            close_pending: AtomicBool::new(false),
+            fanout: Waker::from(waiters.clone()),
+            waiters,
+            keeper: Mutex::new(KeeperSlot::default()),
+            busy: mode == PollMode::Busy,
+            conn: Some(conn),
+        });
+        tokio::spawn(keep(Arc::downgrade(&d), timer));
+        Ok(d)
     }
 
-    /// [`Driven::start`], taking the connection out of `slot` only once nothing can fail.
-    fn start_with(slot: &mut Option<Conn>, mode: PollMode) -> Result<Arc<Driven>> {
-        let conn = slot
-            .as_ref()
-            .expect("start_with is called with the connection");
+    /// What [`Driven::start`] can fail at: the watches of the connection's fds and the
+    /// keeper's timer.
+    fn register(conn: &Conn) -> Result<(Watch, Option<Watch>, Timer)> {
         let reg = |e| NetError::io("register with the tokio reactor", e);
         let cq_fd = conn.cq_channel_fd().ok_or_else(|| {
             NetError::InvalidArgument("the connection's CQ has no completion channel".into())
@@ -113,22 +127,7 @@ impl Driven {
             .transpose()
             .map_err(reg)?;
         let timer = Timer::new().map_err(|e| NetError::io("create the keeper's timerfd", e))?;
-        let conn = slot.take().expect("checked above");
-        let waiters = Arc::new(WakerSet::default());
-        let d = Arc::new(Driven {
-            cq: Some(cq),
-            live: Mutex::new(live),
-            armed: AtomicBool::new(false),
-            live_ready: AtomicBool::new(false),
-            close_pending: AtomicBool::new(false),
-            fanout: Waker::from(waiters.clone()),
-            waiters,
-            keeper: Mutex::new(KeeperSlot::default()),
-            busy: mode == PollMode::Busy,
-            conn: Some(conn),
-        });
-        tokio::spawn(keep(Arc::downgrade(&d), timer));
-        Ok(d)
+        Ok((cq, live, timer))
     }
 
     /// The connection (present for the whole life of `self`: only the drop takes it).

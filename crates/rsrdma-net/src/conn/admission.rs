@@ -166,11 +166,7 @@ impl Admission {
                 return None;
             };
             let old = t.running.remove(i);
-            old.shed.store(true, Ordering::Release);
-            if let Some(s) = &old.socket {
-                // Ends that handshake's waits at once (it reads the end of the stream).
-                let _ = s.shutdown(Shutdown::Both);
-            }
+            old.shed();
             self.shed.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(source = ?old.source, "listener shed the oldest unopened handshake");
         }
@@ -200,12 +196,7 @@ impl Admission {
     /// rdma_cm handshakes have no socket: they end at their own timeout.
     pub(crate) fn close_all(&self) {
         let t = self.lock();
-        for e in &t.running {
-            e.shed.store(true, Ordering::Release);
-            if let Some(s) = &e.socket {
-                let _ = s.shutdown(Shutdown::Both);
-            }
-        }
+        t.running.iter().for_each(Entry::shed);
     }
 
     /// [`Admission::start`] for an incoming peer: its source, and its socket to shut down if
@@ -266,6 +257,15 @@ impl Admission {
 impl Entry {
     fn can_shed(&self) -> bool {
         !self.opened.load(Ordering::Acquire)
+    }
+
+    /// Marks the handshake shed (its failure is then no one's news) and shuts its socket
+    /// down, which ends its waits at once (it reads the end of the stream).
+    fn shed(&self) {
+        self.shed.store(true, Ordering::Release);
+        if let Some(s) = &self.socket {
+            let _ = s.shutdown(Shutdown::Both);
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use crate::handshake::{auth, Role};
 use crate::packet::Addr;
 use rsrdma::option_setters as setters;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Options of [`RegistryClient::connect`].
 #[derive(Debug, Clone)]
@@ -168,21 +168,11 @@ impl RegistryClient {
             });
         }
         let deadline = crate::deadline::deadline_after(self.timeout);
-        let left = |_: ()| deadline.saturating_duration_since(Instant::now());
-        let reply = self.fs.send(req, self.timeout).map(left).and_then(|left| {
-            self.fs.recv(
-                "registry reply",
-                crate::deadline::deadline_after(left),
-                None,
-            )
-        });
-        let reply = match reply {
-            Ok(r) => r,
-            Err(e) => {
-                self.out_of_step = true;
-                return Err(e);
-            }
-        };
+        let reply = self
+            .fs
+            .send(req, self.timeout)
+            .and_then(|()| self.fs.recv("registry reply", deadline, None))
+            .inspect_err(|_| self.out_of_step = true)?;
         match reply? {
             Message::Error { code, text } => Err(NetError::Registry {
                 code,
