@@ -86,6 +86,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "event_mode_receive_wakes_through_the_channel",
             "mismatched_parameters_fail_on_both_ends",
             "one_sided_write_and_read_byte_for_byte",
+            "peers_that_send_a_hello_and_then_nothing_do_not_hold_a_listener",
             "send_pipelines_per_wr_and_batched_against_recv_drain",
             "shared_pd_two_connections_one_mr",
             "sharing_memory_the_peer_cannot_use_is_refused",

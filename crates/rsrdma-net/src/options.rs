@@ -61,7 +61,8 @@ pub struct RawOptions {
     /// Application parameters that must be equal on both sides, as `(key, value)`.
     pub params: Vec<(u16, u64)>,
     /// Listener only: how long a new peer has to open its handshake (its hello, and its
-    /// proof with a secret) before it is dropped. Default 3 s.
+    /// proof with a secret; without a secret, its hello and its endpoint, since anyone can
+    /// send a hello) before it is dropped. Default 3 s.
     pub opening_timeout: Duration,
     /// Listener only: handshakes running at once (plus connections not yet accepted); a new
     /// peer past it sheds the oldest handshake that has not opened. Default 64.

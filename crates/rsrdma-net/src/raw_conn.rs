@@ -43,7 +43,7 @@ const STALL_LIMIT: Duration = Duration::from_secs(5);
 /// in all and per source ([`RawOptions::max_handshakes`],
 /// [`RawOptions::max_handshakes_per_source`]); a new peer past a bound sheds the oldest
 /// handshake that has not opened yet; a peer has [`RawOptions::opening_timeout`] to send its
-/// hello (and proof). A peer that fails is logged and counted ([`RawListener::counters`]),
+/// hello and proof (without a secret, its hello and its endpoint). A peer that fails is logged and counted ([`RawListener::counters`]),
 /// never returned, so one silent or garbage socket delays no good client. Handshakes start
 /// only from `accept`.
 pub struct RawListener {
@@ -241,7 +241,7 @@ impl RawConn {
         stream: TcpStream,
         role: Role,
         opts: &RawOptions,
-        opened: Option<&AtomicBool>,
+        opened: Option<Arc<AtomicBool>>,
     ) -> Result<RawConn> {
         // Authenticate before creating anything or sending any queue-pair detail.
         let limits = (opts.timeout, opts.opening_timeout);

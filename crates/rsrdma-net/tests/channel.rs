@@ -168,6 +168,53 @@ fn a_silent_peer_times_out_and_a_vanished_one_is_named() {
     );
 }
 
+/// Without a secret a hello proves nothing: a listener's opening limit still bounds the wait
+/// for the peer's first step after it, and only that. (Before: a peer that sent a hello and
+/// then nothing was waited for the channel's whole timeout, holding a listener's place that
+/// was never shed, as it had "opened".)
+#[test]
+fn without_a_secret_the_opening_lasts_until_the_peers_first_step_after_its_hello() {
+    let opening = Duration::from_millis(300);
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = |l: &TcpListener| {
+        let (s, _) = l.accept().unwrap();
+        let mut s = Channel::new(s, Role::Server, T).unwrap();
+        s.set_opening_timeout(opening);
+        s.authenticate(None).unwrap();
+        s
+    };
+    // A hello, then nothing: the wait for the next step ends at the opening's limit.
+    let mut silent = TcpStream::connect(addr).unwrap();
+    silent.write_all(&hello(Role::Client, false)).unwrap();
+    let mut s = server(&l);
+    let t0 = Instant::now();
+    let e = s.recv("endpoint exchange").unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(e, NetError::Timeout { .. }), "{e}");
+    assert!(took < T / 2, "a hello alone held the server for {took:?}");
+    drop(silent);
+
+    // A hello and then a step: the opening is over, and later waits get the whole timeout.
+    let mut good = TcpStream::connect(addr).unwrap();
+    good.write_all(&hello(Role::Client, false)).unwrap();
+    let mut s = server(&l);
+    let step = Message::Endpoint(endpoint(0)).to_bytes().unwrap();
+    good.write_all(&step).unwrap();
+    assert!(matches!(
+        s.recv("endpoint exchange"),
+        Ok(Message::Endpoint(_))
+    ));
+    let late = thread::spawn(move || {
+        thread::sleep(opening * 2);
+        good.write_all(&Message::Sync(1).to_bytes().unwrap())
+            .unwrap();
+        good
+    });
+    assert!(matches!(s.recv("barrier"), Ok(Message::Sync(1))));
+    drop(late.join().unwrap());
+}
+
 /// Reads frames from `s` until the end of the stream (or `limit`), as a stranger would.
 fn frames_until_eof(s: &mut TcpStream, limit: Duration) -> Vec<Message> {
     s.set_read_timeout(Some(limit)).unwrap();

@@ -272,6 +272,70 @@ fn authentication_and_bad_peers() {
     drop((c, silent));
 }
 
+/// Without a secret, peers that send a valid hello and then nothing cannot hold a listener:
+/// until their first step after the hello they have not opened, so a new peer sheds them and
+/// the opening timeout ends them. (Before: a hello "opened" the peer, so eight of them held a
+/// listener of eight places for the whole handshake timeout, 20 s here, and a good client
+/// behind them waited that long.)
+#[test]
+fn peers_that_send_a_hello_and_then_nothing_do_not_hold_a_listener() {
+    use rsrdma_net::handshake::{Hello, Message, Role};
+    use std::io::{Read, Write};
+    let l =
+        std::sync::Arc::new(RawListener::bind("127.0.0.1:0", opts().max_handshakes(8)).unwrap());
+    let addr = l.local_addr().unwrap();
+    let server = {
+        let l = l.clone();
+        thread::spawn(move || l.accept().map(|_| ()).map_err(|e| e.to_string()))
+    };
+    let hello = Message::Hello(Hello {
+        role: Role::Client,
+        auth_required: false,
+        nonce: [7; 32],
+    })
+    .to_bytes()
+    .unwrap();
+    let mut silent: Vec<_> = (0..8)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.write_all(&hello).unwrap();
+            s
+        })
+        .collect();
+    // Let the listener take them all and run their handshakes up to the wait after the hello.
+    let t = Instant::now();
+    while l.counters().failed + l.counters().shed == 0 && t.elapsed() < Duration::from_millis(500) {
+        thread::sleep(Duration::from_millis(10));
+    }
+    let t0 = Instant::now();
+    let c = RawConn::dial(addr, opts()).unwrap();
+    let took = t0.elapsed();
+    server.join().unwrap().unwrap();
+    eprintln!(
+        "good client behind 8 hello-then-silent peers in {took:?}; {:?}",
+        l.counters()
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the good client waited {took:?}"
+    );
+    // Every silent peer's socket ends within the opening timeout (3 s), not the 20 s one.
+    let t1 = Instant::now();
+    for s in &mut silent {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 4096];
+        while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+    }
+    let ended = t1.elapsed();
+    assert!(
+        ended < Duration::from_secs(6),
+        "silent peers held on for {ended:?}"
+    );
+    let n = l.counters();
+    assert_eq!((n.accepted, n.failed + n.shed), (1, 8), "{n:?}");
+    drop(c);
+}
+
 #[test]
 fn mismatched_parameters_fail_on_both_ends() {
     let l = RawListener::bind("127.0.0.1:0", opts().params(vec![(1, 4096)])).unwrap();
@@ -596,7 +660,7 @@ fn the_extended_post_path_writes_reads_and_sends_byte_for_byte() {
 fn a_failed_recv_drain_leaves_nothing_in_flight_and_ends_the_data_plane() {
     // A run's stall limit is the connection's timeout (at most 5 s).
     let o = || opts().timeout(Duration::from_secs(1));
-    let (mut c, mut s) = connected(o(), o());
+    let (c, mut s) = connected(o(), o());
     let (size, depth) = (64usize, 4u32);
     let recv = s
         .register_memory(size * depth as usize, AccessFlags::LOCAL_WRITE)

@@ -4,8 +4,9 @@
 //! The table of running handshakes is bounded in all ([`ConnOptions::max_handshakes`]), and
 //! its handshakes that have not opened yet are bounded per source address
 //! ([`ConnOptions::max_handshakes_per_source`]). When a new peer would break a bound, the
-//! oldest handshake that has not yet *opened* (sent a valid hello, and proven the secret
-//! when there is one) is shed: its socket is shut down, which ends its handshake at once. Peers that opened are never shed, so a flood of silent or
+//! oldest handshake that has not yet *opened* (proven the secret when there is one; without
+//! one, sent a valid hello and then its first step of the handshake) is shed: its socket is
+//! shut down, which ends its handshake at once. Peers that opened are never shed, so a flood of silent or
 //! garbage sockets cannot push out a good client that has started, and it cannot hold the
 //! listener for longer than [`ConnOptions::opening_timeout`] either.
 //!
@@ -78,10 +79,11 @@ pub(crate) struct Ticket {
 }
 
 impl Ticket {
-    /// Set by the handshake once the peer has opened (valid hello, proof checked): from then
-    /// on it is never shed.
-    pub(crate) fn opened(&self) -> &AtomicBool {
-        &self.opened
+    /// Set by the handshake once the peer has opened (with a secret, its proof checked;
+    /// without one, its first message after the hello arrived): from then on it is never
+    /// shed.
+    pub(crate) fn opened(&self) -> Arc<AtomicBool> {
+        self.opened.clone()
     }
 }
 

@@ -38,7 +38,8 @@ enum Inner {
 /// [`ConnOptions::max_handshakes`] at a time and [`ConnOptions::max_handshakes_per_source`]
 /// from one address: `accept` takes peers off the kernel's queue, starts their handshakes,
 /// and returns the first good connection. A new peer past a bound sheds the oldest handshake
-/// that has not yet opened (sent a valid hello, and proven the secret when there is one), and
+/// that has not yet opened (proven the secret when there is one; without one, sent a valid
+/// hello and then its first step of the handshake), and
 /// a peer gets [`ConnOptions::opening_timeout`] to open: silent or garbage sockets cannot hold
 /// the listener. A peer that fails its handshake is logged (`tracing`, WARN) and counted
 /// ([`Listener::counters`]); `accept` never returns it, so `loop { listener.accept()? }`

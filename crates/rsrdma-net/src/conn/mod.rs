@@ -663,7 +663,7 @@ impl Conn {
         stream: TcpStream,
         opts: &ConnOptions,
         pools: &pool::RecvPools,
-        opened: &std::sync::atomic::AtomicBool,
+        opened: std::sync::Arc<std::sync::atomic::AtomicBool>,
     ) -> Result<Conn> {
         let est = establish::tcp::establish(
             stream,

@@ -118,7 +118,8 @@ pub struct ConnOptions {
     /// Default 256 KiB.
     pub rendezvous: Option<u32>,
     /// Listener only: how long a new peer has to open its handshake (send a valid hello, and
-    /// prove the secret when there is one) before it is dropped. Much shorter than a good
+    /// prove the secret when there is one; without a secret, send its first step after the
+    /// hello, since anyone can send a hello) before it is dropped. Much shorter than a good
     /// client's [`ConnOptions::connect_timeout`], so silent sockets cannot hold the listener.
     /// Default 3 s.
     pub opening_timeout: Duration,
@@ -126,8 +127,8 @@ pub struct ConnOptions {
     /// accepted). A new peer past it sheds the oldest handshake that has not opened yet.
     /// Default 64.
     pub max_handshakes: usize,
-    /// Listener only: handshakes from one source address that have not opened yet (no
-    /// valid hello, or no proof with a secret); a new peer past it sheds that source's oldest
+    /// Listener only: handshakes from one source address that have not opened yet (see
+    /// [`ConnOptions::opening_timeout`]); a new peer past it sheds that source's oldest
     /// one. Peers that opened count only against [`ConnOptions::max_handshakes`]. Default 16.
     pub max_handshakes_per_source: usize,
     /// Offer to be a rail of a striped connection (feature bit 1 of the protocol): set by

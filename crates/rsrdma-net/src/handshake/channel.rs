@@ -21,6 +21,8 @@ use std::collections::VecDeque;
 use std::io::{ErrorKind, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Most messages queued unread; a peer that sends more is broken or hostile.
@@ -86,6 +88,12 @@ pub struct Channel {
     held: bool,
     /// The limit of the whole opening (hello and proof), when shorter than `timeout`.
     opening: Option<Duration>,
+    /// A server whose peer opened without a secret: a hello proves nothing (anyone can send
+    /// one), so the opening's deadline still bounds every wait until the peer's first message
+    /// after its hello, which a real peer sends as soon as it has made its queue pair.
+    opening_until: Option<Instant>,
+    /// Set once the peer has opened (see [`Channel::open`]).
+    opened_flag: Option<Arc<AtomicBool>>,
 }
 
 impl Channel {
@@ -114,12 +122,17 @@ impl Channel {
             peer_hello: None,
             held: false,
             opening: None,
+            opening_until: None,
+            opened_flag: None,
         })
     }
 
     /// A channel over `stream` whose opening is done: [`Channel::new`], then
     /// [`Channel::authenticate`], a server giving the peer `opening` for its hello and proof;
-    /// sets `opened` once the peer has opened (a listener then never sheds it).
+    /// sets `opened` once the peer has opened (a listener then never sheds it): with a
+    /// secret, when its proof checks; without one, when its first message after the hello
+    /// arrives, still within `opening` (so a peer that sends a hello and then nothing holds
+    /// a listener's place for the opening timeout, not the whole handshake's).
     ///
     /// # Errors
     /// As [`Channel::new`] and [`Channel::authenticate`].
@@ -128,21 +141,32 @@ impl Channel {
         role: Role,
         (timeout, opening): (Duration, Duration),
         secret: Option<&[u8]>,
-        opened: Option<&std::sync::atomic::AtomicBool>,
+        opened: Option<Arc<AtomicBool>>,
     ) -> Result<Channel> {
         let mut ch = Channel::new(stream, role, timeout)?;
         if role == Role::Server {
             ch.set_opening_timeout(opening);
         }
         ch.authenticate(secret)?;
-        if let Some(opened) = opened {
-            opened.store(true, std::sync::atomic::Ordering::Release);
+        ch.opened_flag = opened;
+        if ch.opening_until.is_none() {
+            ch.mark_opened();
         }
         Ok(ch)
     }
 
+    /// The peer has opened: its waits are bounded by the channel's timeout alone.
+    fn mark_opened(&mut self) {
+        self.opening_until = None;
+        if let Some(flag) = self.opened_flag.take() {
+            flag.store(true, Ordering::Release);
+        }
+    }
+
     /// Limits the whole opening of [`Channel::authenticate`] (the peer's hello and proof) to
     /// `limit`: a listener gives strangers much less time than the rest of the handshake.
+    /// For a server whose peer opens without a secret, the limit also bounds the wait for the
+    /// peer's first message after its hello (a hello alone proves nothing).
     pub fn set_opening_timeout(&mut self, limit: Duration) {
         self.opening = Some(limit);
     }
@@ -402,7 +426,11 @@ impl Channel {
     /// [`Channel::peer_open`]).
     pub fn try_recv_kind(&mut self, kind: MessageKind) -> Result<Option<Message>> {
         self.read_available()?;
-        Ok(take_kind(&mut self.inbox, kind))
+        let m = take_kind(&mut self.inbox, kind);
+        if m.is_some() && self.opening_until.is_some() {
+            self.mark_opened();
+        }
+        Ok(m)
     }
 
     fn wait_for(
@@ -411,10 +439,18 @@ impl Channel {
         deadline: Instant,
         mut take: impl FnMut(&mut VecDeque<Message>) -> Option<Message>,
     ) -> Result<Message> {
+        // Until a peer without a secret has sent more than its hello, the opening bounds it.
+        let (op, deadline) = match self.opening_until {
+            Some(o) if o < deadline => ("the peer's first step after its hello", o),
+            _ => (op, deadline),
+        };
         let limit = deadline.saturating_duration_since(Instant::now());
         let mut polled = false;
         loop {
             if let Some(m) = take(&mut self.inbox) {
+                if self.opening_until.is_some() {
+                    self.mark_opened();
+                }
                 return Ok(m);
             }
             // Frames held behind an opening message are taken once it has been consumed.
@@ -508,6 +544,10 @@ impl Channel {
             ))));
         }
         if !(peer.auth_required || secret.is_some()) {
+            // A listener's opening goes on until the peer's next message (see `opening_until`).
+            if self.role == Role::Server && self.opening.is_some() {
+                self.opening_until = Some(opening);
+            }
             return Ok(());
         }
         let Some(secret) = secret else {

@@ -16,6 +16,7 @@ use rsrdma::{ConnectOptions, Mtu, Qp, QpEndpoint};
 use rsrdma_proto::{settle, Params, PARAMS_LEN};
 use std::net::TcpStream;
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 /// The key, under the server's role, of the RNR retry count the server asks the client's QP
 /// to use (a listener with a shared pool asks for 7, without limit); absent: [`RNR_RETRY`].
@@ -24,14 +25,15 @@ const KEY_RNR_RETRY: u16 = 0xC200 + (PARAMS_LEN / 8) as u16;
 /// Runs the handshake over a connected stream; a server receives from `pools`' pool if the
 /// listener has one (`None` for a client).
 ///
-/// A server gives the peer [`ConnOptions::opening_timeout`] to open (hello and proof), then
-/// sets `opened` (so its listener never sheds it).
+/// A server gives the peer [`ConnOptions::opening_timeout`] to open (hello and proof; without
+/// a secret, hello and its first step after it), then sets `opened` (so its listener never
+/// sheds it).
 pub(crate) fn establish(
     stream: TcpStream,
     role: Role,
     opts: &ConnOptions,
     pools: Option<&RecvPools>,
-    opened: Option<&AtomicBool>,
+    opened: Option<Arc<AtomicBool>>,
 ) -> Result<Established> {
     if role == Role::Client {
         refuse_shared_recv_on_dial(opts)?;
