@@ -446,3 +446,36 @@ fn recv_batch_takes_what_meta_can_hold_and_oversized_datagrams_are_dropped() {
     assert_eq!(&buf[..n], b"small");
     assert_eq!(small.stats().oversized, 1);
 }
+
+/// A batch that fails partway says how many were sent, as `sendmmsg(2)` does: a datagram to
+/// an address no address handle can reach (an IPv6 address with no route in the VM) stops
+/// it there; those before it were sent and arrive, and resending from the failed one gives
+/// its error. (Before: the whole call returned the error, and the caller could not know that
+/// the first two had gone.) Only on rxe: soft0 makes an address handle for any GID.
+#[test]
+fn a_batch_that_fails_partway_returns_how_many_were_sent() {
+    let (a, b) = (bind(opts()), bind(opts()));
+    // 2001:db8::1, the documentation prefix: the VM has no IPv6 route to it.
+    let mut nowhere = Addr::new(rsrdma::Gid([0; 16]), b.local_addr().qpn);
+    nowhere.gid.0[..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+    nowhere.gid.0[15] = 1;
+    let to = b.local_addr();
+    let batch: [(&[u8], Addr); 4] = [
+        (b"first", to),
+        (b"second", to),
+        (b"to nowhere", nowhere),
+        (b"fourth", to),
+    ];
+    assert_eq!(a.send_batch(&batch).unwrap(), 2);
+    let mut buf = [0u8; 64];
+    for want in [&b"first"[..], b"second"] {
+        let (n, _) = b.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], want);
+    }
+    let e = a.send_batch(&batch[2..]).unwrap_err();
+    assert!(e.to_string().contains("ibv_create_ah"), "{e}");
+    assert_eq!(a.send_batch(&batch[3..]).unwrap(), 1);
+    let (n, _) = b.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"fourth");
+    assert_eq!(a.stats().sent, 3);
+}

@@ -5,7 +5,7 @@ use super::gate::Gate;
 use super::grh::GRH_LEN;
 use super::options::PacketOptions;
 use super::recv::{Ready, RecvQueue, RecvRing};
-use super::send::{Route, SendRing, CHUNK};
+use super::send::{Posted, Route, SendRing, CHUNK};
 use crate::error::{NetError, Result};
 use crate::progress::{wait_until, PollMode};
 use rsrdma::{CompChannel, Cq, InitAttr, Pd, Qp, QpCaps, QpType, RtrAttr, RtsAttr};
@@ -247,11 +247,14 @@ impl PacketConn {
     }
 
     /// Sends many datagrams, posting up to 32 per call into the provider. Returns how many
-    /// were sent: all of them, or (when the write timeout passed with some sent) fewer.
+    /// were sent, from the first: all of them, or fewer when the write timeout passed or a
+    /// datagram failed (an address that gives no address handle, a failed queue pair) after
+    /// some were sent, as `sendmmsg(2)` does: resend from the first one not sent, and the
+    /// error, if it lasts, comes back then.
     ///
     /// # Errors
-    /// As [`PacketConn::send_to`]; an oversized datagram anywhere refuses the whole batch
-    /// before anything is sent; [`NetError::Timeout`] only when none was sent.
+    /// As [`PacketConn::send_to`], when none was sent; an oversized datagram anywhere
+    /// refuses the whole batch before anything is sent.
     pub fn send_batch(&self, msgs: &[(&[u8], Addr)]) -> Result<usize> {
         if let Some((data, _)) = msgs.iter().find(|(d, _)| d.len() > self.max_datagram) {
             return Err(NetError::DatagramTooLarge {
@@ -266,19 +269,37 @@ impl PacketConn {
         while done < msgs.len() {
             let posted = {
                 let mut ring = lock(&self.send);
-                ring.reap(&self.send_cq)?;
-                ring.post(&self.qp, &self.pd, self.route, &msgs[done..])?
+                match ring.reap(&self.send_cq) {
+                    Ok(()) => ring.post(&self.qp, &self.pd, self.route, &msgs[done..]),
+                    Err(e) => Posted {
+                        n: 0,
+                        error: Some(e),
+                    },
+                }
             };
-            self.sent.fetch_add(posted as u64, Ordering::Relaxed);
-            done += posted;
-            if posted == 0 && !self.wait_send(deadline, |r| r.free() > 0)? {
-                return match done {
-                    0 => Err(timed_out(
+            self.sent.fetch_add(posted.n as u64, Ordering::Relaxed);
+            done += posted.n;
+            let waited = match posted.error {
+                Some(e) => Err(e),
+                None if posted.n == 0 => self.wait_send(deadline, |r| r.free() > 0),
+                None => Ok(true),
+            };
+            match waited {
+                Ok(true) => {}
+                Ok(false) if done == 0 => {
+                    return Err(timed_out(
                         "send_to (waiting for a free send buffer)",
                         timeout,
-                    )),
-                    n => Ok(n),
-                };
+                    ))
+                }
+                // Those sent are counted (as sendmmsg(2) does): the caller resends from the
+                // first one not sent, and meets the error again there if it lasts.
+                Ok(false) => return Ok(done),
+                Err(e) if done == 0 => return Err(e),
+                Err(e) => {
+                    tracing::debug!(error = %e, sent = done, "a send batch stopped short");
+                    return Ok(done);
+                }
             }
         }
         Ok(done)
@@ -440,7 +461,11 @@ impl PacketConn {
             let mut ring = lock(&self.send);
             ring.take_failure()?;
             ring.reap(&self.send_cq)?;
-            ring.post(&self.qp, &self.pd, self.route, &[(buf, *to)])?
+            let posted = ring.post(&self.qp, &self.pd, self.route, &[(buf, *to)]);
+            match posted.error {
+                Some(e) => return Err(e),
+                None => posted.n,
+            }
         };
         if posted == 0 {
             return Ok(None);

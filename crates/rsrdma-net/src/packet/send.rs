@@ -116,30 +116,46 @@ impl SendRing {
         }
     }
 
-    /// Copies and posts as many of `msgs` as there are free buffers (at most [`CHUNK`]),
-    /// returning how many were posted.
+    /// Copies and posts as many of `msgs` as there are free buffers (at most [`CHUNK`]).
+    /// A datagram that cannot go (its address handle, the provider refusing it) stops the
+    /// post there: those before it are posted, and [`Posted::error`] says why it stopped.
     pub(crate) fn post(
         &mut self,
         qp: &Qp,
         pd: &Pd,
         route: Route,
         msgs: &[(&[u8], Addr)],
-    ) -> Result<usize> {
-        let n = msgs.len().min(CHUNK).min(self.free() as usize);
+    ) -> Posted {
+        let mut n = msgs.len().min(CHUNK).min(self.free() as usize);
         if n == 0 {
-            return Ok(0);
+            return Posted::default();
         }
         let mut sges = [Sge::new(0, 0, 0); CHUNK];
         let mut ahs: [Option<Arc<Ah>>; CHUNK] = Default::default();
         let mut signaled = [false; CHUNK];
+        let mut error = None;
         for (i, (data, to)) in msgs[..n].iter().enumerate() {
             let seq = self.head + i as u64;
             let off = (seq % self.depth) as usize * self.slot_len;
-            self.mr.write_at(off, data)?;
-            sges[i] = self.mr.sge(off, data.len())?;
-            let ah = self
-                .cache
-                .get_or_insert(to.gid, || Ah::new(pd, &ah_attr(route, to)).map(Arc::new))?;
+            let prepared = self
+                .mr
+                .write_at(off, data)
+                .and_then(|()| self.mr.sge(off, data.len()));
+            let prepared = prepared.map_err(NetError::from).and_then(|sge| {
+                let ah = self
+                    .cache
+                    .get_or_insert(to.gid, || Ah::new(pd, &ah_attr(route, to)).map(Arc::new))?;
+                Ok((sge, ah))
+            });
+            let (sge, ah) = match prepared {
+                Ok(p) => p,
+                Err(e) => {
+                    error = Some(e);
+                    n = i;
+                    break;
+                }
+            };
+            sges[i] = sge;
             self.held[(seq % self.depth) as usize] = Some(ah.clone());
             ahs[i] = Some(ah);
             self.since_signal += 1;
@@ -148,6 +164,13 @@ impl SendRing {
                 self.since_signal = 0;
             }
         }
+        if n == 0 {
+            return Posted { n, error };
+        }
+        // The last request posted is signaled, also when a failed datagram cut the batch
+        // short: otherwise nothing might ever free its buffer.
+        signaled[n - 1] = true;
+        self.since_signal = 0;
         let head = self.head;
         let mut wrs: [SendWr<'_>; CHUNK] = std::array::from_fn(|i| {
             let wr = SendWr::send(head + i as u64, &sges[i..i + 1]).signaled(signaled[i]);
@@ -164,7 +187,7 @@ impl SendRing {
         match posted {
             Ok(()) => {
                 self.head += n as u64;
-                Ok(n)
+                Posted { n, error }
             }
             Err(e) => {
                 let ok = match &e {
@@ -179,10 +202,23 @@ impl SendRing {
                     // The last posted request may be unsignaled: nothing would free it.
                     tracing::warn!(posted = ok, of = n, "a partial UD send batch");
                 }
-                Err(NetError::from(e))
+                Posted {
+                    n: ok,
+                    error: Some(NetError::from(e)),
+                }
             }
         }
     }
+}
+
+/// What [`SendRing::post`] did.
+#[derive(Debug, Default)]
+pub(crate) struct Posted {
+    /// Datagrams posted, in order from the first.
+    pub(crate) n: usize,
+    /// Why it stopped before the next one, if a datagram failed (none: no free buffer, or
+    /// all posted).
+    pub(crate) error: Option<NetError>,
 }
 
 fn ah_attr(route: Route, to: &Addr) -> AhAttr {
