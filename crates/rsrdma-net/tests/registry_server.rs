@@ -101,9 +101,18 @@ fn register_lookup_unregister_on_one_connection() {
         code_of(&c.unregister("a").unwrap_err()),
         ErrorCode::NotFound
     );
-    // The one-shot helpers.
+    // The one-shot helpers. Calling `register` again renews the name or moves it: every
+    // call of one process is one owner. (Before: each call drew a new owner, so the second
+    // was refused with NotOwner and the name could not be kept alive.) Another client,
+    // another owner, is refused.
     register(h.local_addr(), "d", &addr(4)).unwrap();
     assert_eq!(c.lookup("d").unwrap(), addr(4));
+    register(h.local_addr(), "d", &addr(5)).unwrap();
+    assert_eq!(c.lookup("d").unwrap(), addr(5));
+    assert_eq!(
+        code_of(&c.register("d", &addr(6)).unwrap_err()),
+        ErrorCode::NotOwner
+    );
     assert_eq!(h.entries(), 3);
 }
 

@@ -8,6 +8,7 @@ use crate::handshake::{auth, Role};
 use crate::packet::Addr;
 use rsrdma::option_setters as setters;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Options of [`RegistryClient::connect`].
@@ -75,12 +76,7 @@ impl RegistryClient {
         }
         let owner = match opts.owner {
             Some(o) => o,
-            None => {
-                let mut o = [0u8; OWNER_LEN];
-                let n = auth::nonce().map_err(|e| NetError::io("read /dev/urandom", e))?;
-                o.copy_from_slice(&n[..OWNER_LEN]);
-                o
-            }
+            None => random_owner()?,
         };
         let (stream, peer) = dial(registry, opts.timeout)?;
         let mut c = RegistryClient {
@@ -261,12 +257,32 @@ impl RegistryClient {
     }
 }
 
-/// Registers `name` → `addr` at `registry` over a new connection (no secret, 5 s limit).
+/// Registers `name` → `addr` at `registry` over a new connection (no secret, 5 s limit),
+/// as one owner for the whole process: calling it again before the lease runs out renews
+/// the name (or moves it to a new address), and another process cannot take it meanwhile.
 ///
 /// # Errors
 /// As [`RegistryClient::connect`] and [`RegistryClient::register`].
 pub fn register(registry: impl ToSocketAddrs, name: &str, addr: &Addr) -> Result<Duration> {
-    RegistryClient::connect(registry, ClientOptions::default())?.register(name, addr)
+    static PROCESS_OWNER: OnceLock<[u8; OWNER_LEN]> = OnceLock::new();
+    let owner = match PROCESS_OWNER.get() {
+        Some(o) => *o,
+        // Threads racing here each draw one; all use the one kept.
+        None => {
+            let drawn = random_owner()?;
+            *PROCESS_OWNER.get_or_init(|| drawn)
+        }
+    };
+    RegistryClient::connect(registry, ClientOptions::default().owner(Some(owner)))?
+        .register(name, addr)
+}
+
+/// A fresh random owner.
+fn random_owner() -> Result<[u8; OWNER_LEN]> {
+    let n = auth::nonce().map_err(|e| NetError::io("read /dev/urandom", e))?;
+    let mut o = [0u8; OWNER_LEN];
+    o.copy_from_slice(&n[..OWNER_LEN]);
+    Ok(o)
 }
 
 /// Looks `name` up at `registry` over a new connection (no secret, 5 s limit).
