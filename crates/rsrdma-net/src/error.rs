@@ -130,6 +130,11 @@ pub enum NetError {
     #[error("malformed registry message: {0}")]
     RegistryMalformed(#[from] crate::registry::DecodeError),
 
+    /// etcd (behind [`crate::registry::EtcdDirectory`]) answered with something this crate
+    /// cannot read: not HTTP, not JSON, or a field missing or out of shape.
+    #[error("etcd's reply cannot be read: {0}")]
+    EtcdReply(String),
+
     // ----- Conn and Listener (conn/) -----
     /// The connection failed and stays failed: a protocol violation by the peer, a dead peer,
     /// a broken queue pair or a disconnect. Every later call returns the same error.
@@ -233,7 +238,9 @@ impl NetError {
             | NetError::MessageTooLarge { .. }
             | NetError::Encode(_) => K::InvalidInput,
             NetError::Auth(_) => K::PermissionDenied,
-            NetError::Malformed(_) | NetError::RegistryMalformed(_) => K::InvalidData,
+            NetError::Malformed(_) | NetError::RegistryMalformed(_) | NetError::EtcdReply(_) => {
+                K::InvalidData
+            }
             NetError::Registry { code, .. } => match code {
                 ErrorCode::NotFound => K::NotFound,
                 ErrorCode::AuthFailed => K::PermissionDenied,

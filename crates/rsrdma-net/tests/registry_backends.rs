@@ -237,3 +237,68 @@ fn etcd_passes_the_suite_and_survives_a_restart() {
         "unregistered on drop"
     );
 }
+
+/// A stand-in for one etcd endpoint that answers every request with `status` and `body`.
+fn fake_etcd(status: &'static str, body: &'static str) -> SocketAddr {
+    use std::io::{Read, Write};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = l.local_addr().unwrap();
+    thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            // The request: its headers, then Content-Length bytes.
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = s.read(&mut buf) {
+                got.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&got);
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len: usize = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Content-Length: "))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if got.len() >= end + 4 + len {
+                        break;
+                    }
+                }
+            }
+            let reply = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(reply.as_bytes());
+        }
+    });
+    at
+}
+
+/// An etcd endpoint that cannot serve now (HTTP 5xx: no leader, leader changed) passes the
+/// request to the next endpoint; when none can, the error says the directory is busy, with
+/// etcd's reason. A refusal is final, and a reply that cannot be read is named as such, not
+/// as the caller's invalid argument. (Before: the first 503 ended the call though the next
+/// endpoint would have served it, and every etcd failure was `InvalidArgument`.)
+#[test]
+fn an_etcd_endpoint_that_cannot_serve_passes_to_the_next() {
+    let unavailable = fake_etcd(
+        "503 Service Unavailable",
+        r#"{"error":"etcdserver: no leader","message":"etcdserver: no leader","code":14}"#,
+    );
+    let serving = fake_etcd("200 OK", "{}");
+    let both = [unavailable, serving];
+    EtcdDirectory::connect(&both[..], EtcdOptions::default()).unwrap();
+
+    let e = EtcdDirectory::connect(unavailable, EtcdOptions::default()).unwrap_err();
+    assert!(
+        matches!(&e, NetError::Registry { code: ErrorCode::Busy, message } if message.contains("no leader")),
+        "{e:?}"
+    );
+    let refusing = fake_etcd("400 Bad Request", r#"{"message":"bad request"}"#);
+    let e = EtcdDirectory::connect(&[refusing, serving][..], EtcdOptions::default()).unwrap_err();
+    assert_eq!(code(Err::<(), _>(e)), ErrorCode::BadRequest);
+    let garbled = fake_etcd("200 OK", "not json");
+    let e = EtcdDirectory::connect(garbled, EtcdOptions::default()).unwrap_err();
+    assert!(matches!(e, NetError::EtcdReply(_)), "{e:?}");
+    assert_eq!(e.io_kind(), std::io::ErrorKind::InvalidData);
+}

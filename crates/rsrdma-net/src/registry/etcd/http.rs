@@ -13,7 +13,7 @@ const MAX_RESPONSE: usize = 1 << 20;
 /// POSTs `body` (JSON) to `path` at `addr`; the status and the response body.
 ///
 /// # Errors
-/// [`NetError::Io`] or [`NetError::Timeout`] for the connection; [`NetError::InvalidArgument`]
+/// [`NetError::Io`] or [`NetError::Timeout`] for the connection; [`NetError::EtcdReply`]
 /// for a response that is not HTTP.
 pub(crate) fn post(
     addr: SocketAddr,
@@ -56,9 +56,7 @@ pub(crate) fn post(
             Ok(n) => {
                 raw.extend_from_slice(&buf[..n]);
                 if raw.len() > MAX_RESPONSE {
-                    return Err(NetError::InvalidArgument(
-                        "etcd's response is too large".into(),
-                    ));
+                    return Err(NetError::EtcdReply("a response over 1 MiB".into()));
                 }
             }
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -72,7 +70,7 @@ pub(crate) fn post(
 }
 
 fn bad(why: &str) -> NetError {
-    NetError::InvalidArgument(format!("etcd's response is not HTTP: {why}"))
+    NetError::EtcdReply(format!("not HTTP: {why}"))
 }
 
 /// Status and body of a whole response (`Content-Length`, chunked, or to the end).

@@ -87,7 +87,9 @@ impl EtcdDirectory {
     ///
     /// # Errors
     /// [`NetError::InvalidArgument`] for an empty prefix, a zero lease or timeout, or no
-    /// address; connection errors when no endpoint answers.
+    /// address; connection errors, or [`NetError::Registry`] with [`ErrorCode::Busy`], when
+    /// no endpoint can serve (every later call tries the endpoints in the same way);
+    /// [`NetError::EtcdReply`] for a reply that cannot be read.
     pub fn connect(endpoints: impl ToSocketAddrs, opts: EtcdOptions) -> Result<EtcdDirectory> {
         if opts.prefix.is_empty() || opts.lease.is_zero() || opts.timeout.is_zero() {
             return Err(NetError::InvalidArgument(
@@ -121,28 +123,48 @@ impl EtcdDirectory {
         Ok(d)
     }
 
-    /// The first answer of an endpoint, in order; an error reply of etcd is an error.
+    /// The first answer of an endpoint, in order. An endpoint that cannot serve now (no
+    /// connection, a reply that is not HTTP, a 5xx status: no leader, leader changed,
+    /// overloaded) passes the request to the next; a refusal (any other status) is final.
+    ///
+    /// # Errors
+    /// [`NetError::Registry`] with [`ErrorCode::Busy`] when every endpoint was unavailable
+    /// and the last answered 5xx, [`ErrorCode::BadRequest`] for a refusal; the last
+    /// endpoint's connection error; [`NetError::EtcdReply`] for a reply that is not JSON.
     fn call(&self, path: &str, body: &Value) -> Result<Value> {
         let body = body.to_string();
         let mut last = None;
         for &at in &self.endpoints {
-            match http::post(at, path, &body, self.opts.timeout) {
-                Ok((200, text)) => {
-                    return serde_json::from_str(&text).map_err(|e| {
-                        NetError::InvalidArgument(format!("etcd's reply to {path}: {e}"))
-                    })
+            let (status, text) = match http::post(at, path, &body, self.opts.timeout) {
+                Ok(reply) => reply,
+                Err(e) => {
+                    tracing::debug!(%at, error = %e, path, "etcd endpoint unavailable");
+                    last = Some(e);
+                    continue;
                 }
-                Ok((status, text)) => {
-                    let why = serde_json::from_str::<Value>(&text)
-                        .ok()
-                        .and_then(|v| v["message"].as_str().map(str::to_owned))
-                        .unwrap_or(text);
-                    return Err(NetError::InvalidArgument(format!(
-                        "etcd refused {path} (HTTP {status}): {why}"
-                    )));
-                }
-                Err(e) => last = Some(e),
+            };
+            if status == 200 {
+                return serde_json::from_str(&text)
+                    .map_err(|e| NetError::EtcdReply(format!("to {path}: {e}")));
             }
+            let why = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v["message"].as_str().map(str::to_owned))
+                .unwrap_or(text);
+            let unavailable = (500..600).contains(&status);
+            let e = NetError::Registry {
+                code: if unavailable {
+                    ErrorCode::Busy
+                } else {
+                    ErrorCode::BadRequest
+                },
+                message: format!("etcd at {at} refused {path} (HTTP {status}): {why}"),
+            };
+            if !unavailable {
+                return Err(e);
+            }
+            tracing::debug!(%at, status, path, "etcd endpoint cannot serve now");
+            last = Some(e);
         }
         Err(last.expect("at least one endpoint"))
     }
@@ -277,7 +299,7 @@ fn int(v: &Value) -> Option<i64> {
 }
 
 fn etcd_says(what: &str) -> NetError {
-    NetError::InvalidArgument(format!("etcd replied with {what}"))
+    NetError::EtcdReply(format!("it holds {what}"))
 }
 
 fn not_owner(name: &str) -> NetError {
