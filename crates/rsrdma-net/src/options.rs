@@ -50,7 +50,9 @@ pub struct RawOptions {
     /// Path MTU; `None` uses the port's active MTU. Both sides settle on the smaller.
     pub mtu: Option<Mtu>,
     /// What the peer may do to this side's memory through the QP (regions need their own
-    /// flags too). Least privilege: nothing unless asked.
+    /// flags too). Least privilege: nothing unless asked. A listener's connection grants it
+    /// only when `accept` hands the connection out: until then (handshake, accept queue) its
+    /// peer reaches no memory, also not the regions of a shared [`RawOptions::pd`].
     pub remote_access: AccessFlags,
     /// Busy polling, or completion channels for sleeping waits.
     pub completion: Completion,

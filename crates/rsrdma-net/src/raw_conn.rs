@@ -120,7 +120,8 @@ impl RawListener {
                 .map_err(|e| NetError::io("poll", e))?;
         };
         tracing::debug!(%from, "raw connection accepted");
-        let r = RawConn::establish(stream, Role::Server, &self.opts, None);
+        let r = RawConn::establish(stream, Role::Server, &self.opts, None)
+            .and_then(RawConn::grant_remote_access);
         match &r {
             Ok(_) => self.hs.admission.accepted(),
             Err(e) => self.hs.admission.failed(Some(from), e),
@@ -145,6 +146,7 @@ impl RawListener {
                 self.start(stream, from, waiting)?;
                 Ok(true)
             })
+            .and_then(RawConn::grant_remote_access)
     }
 
     /// Runs one peer's handshake on a thread of its own, when admission gives it a place.
@@ -246,7 +248,7 @@ impl RawConn {
         // Authenticate before creating anything or sending any queue-pair detail.
         let limits = (opts.timeout, opts.opening_timeout);
         let mut ctrl = Channel::open(stream, role, limits, opts.secret.as_deref(), opened)?;
-        let p = match Self::setup(&mut ctrl, opts) {
+        let p = match Self::setup(&mut ctrl, opts, role) {
             Ok(p) => p,
             // Tell the peer why, so it does not wait for an endpoint that will never come.
             Err(e @ (NetError::Verbs(_) | NetError::InvalidArgument(_))) => {
@@ -275,7 +277,7 @@ impl RawConn {
         })
     }
 
-    fn setup(ctrl: &mut Channel, opts: &RawOptions) -> Result<Parts> {
+    fn setup(ctrl: &mut Channel, opts: &RawOptions, role: Role) -> Result<Parts> {
         let (ctx, pd) = crate::domain::open_domain(opts.device.as_deref(), opts.pd.as_ref())?;
         let port = ctx.query_port(opts.port)?;
         let gid_index = ctx.resolve_gid_index(opts.port, opts.gid_index)?;
@@ -330,7 +332,13 @@ impl RawConn {
             .port(opts.port)
             .gid_index(gid_index)
             .mtu(Mtu::from_bytes(settled.mtu.into()).unwrap_or(Mtu::Mtu1024))
-            .access(opts.remote_access)
+            // A listener's connection grants nothing until the application accepts it
+            // (`RawConn::grant_remote_access`): a peer in the accept queue, or one whose
+            // handshake has not finished, reaches no memory of a shared protection domain.
+            .access(match role {
+                Role::Client => opts.remote_access,
+                Role::Server => AccessFlags::NONE,
+            })
             // Timeouts and retries: ConnectOptions' defaults (perftest's 14/7/7, RNR timer 12).
             .max_rd_atomic(settled.max_rd_atomic)
             .max_dest_rd_atomic(settled.max_dest_rd_atomic);
@@ -395,6 +403,16 @@ struct Parts {
 }
 
 impl RawConn {
+    /// Grants the peer of an accepted connection what [`RawOptions::remote_access`] allows:
+    /// a listener's connections come up granting nothing, and get it when `accept` hands
+    /// them out.
+    fn grant_remote_access(self) -> Result<RawConn> {
+        if self.remote_access != AccessFlags::NONE {
+            self.qp.set_access(self.remote_access)?;
+        }
+        Ok(self)
+    }
+
     /// Registers `len` bytes of page-aligned memory with `access`. Grant remote flags only to
     /// memory the peer must reach; then share it with [`RawConn::exchange_memory`].
     ///
@@ -577,7 +595,9 @@ impl RawConn {
     }
 
     /// Sends `iters` requests built by `make_wr(id)`, keeping `depth` signaled requests in
-    /// flight and posting one more per completion (one FFI call per request).
+    /// flight and posting one more per completion (one FFI call per request). `depth` is cut
+    /// to what the peer can receive (the settled send depth), the queue pair's send queue and
+    /// the send CQ's capacity.
     ///
     /// # Safety
     /// Every request `make_wr` returns must satisfy [`rsrdma::Qp::post_send`]'s contract; a
@@ -592,7 +612,7 @@ impl RawConn {
     /// # Errors
     /// A failed completion ([`rsrdma::Error::WorkCompletion`]); [`NetError::Timeout`] when
     /// nothing completes for [`RawOptions::timeout`] (at most 5 s); [`NetError::PeerClosed`]
-    /// when the peer is gone;
+    /// when the peer is gone ([`NetError::PeerAborted`] with its reason when it aborted);
     /// [`NetError::Closed`] after an earlier run failed.
     pub unsafe fn pipeline<'a>(
         &mut self,
@@ -634,9 +654,13 @@ impl RawConn {
         make_wr: impl FnMut(u64) -> SendWr<'a>,
     ) -> Result<RunStats> {
         self.check_not_stopped("pipeline")?;
+        // Every request in flight may come back as a completion before the next poll, so
+        // the depth also stays within the send CQ (a provider may round the queue pair's
+        // depth up past the CQ's; an overrun CQ breaks the queue pair).
         let depth = depth
             .min(self.settled.send_depth)
             .min(self.qp.caps().max_send_wr)
+            .min(self.send_cq.capacity())
             .max(1);
         if batch > depth {
             return Err(NetError::InvalidArgument(format!(
@@ -780,7 +804,8 @@ impl RawConn {
     ///
     /// # Errors
     /// A failed completion; [`NetError::PeerClosed`] when the peer is gone (checked while
-    /// idle, so a dead sender is noticed within seconds, not never); [`NetError::Timeout`]
+    /// idle, so a dead sender is noticed within seconds, not never; [`NetError::PeerAborted`]
+    /// with its reason when it aborted); [`NetError::Timeout`]
     /// when nothing arrives for [`RawOptions::timeout`] (at most 5 s); [`NetError::Closed`]
     /// after an earlier run failed.
     pub unsafe fn recv_drain<'a>(
@@ -808,7 +833,11 @@ impl RawConn {
         depth: u32,
         mut make_wr: impl FnMut(u64) -> RecvWr<'a>,
     ) -> Result<RunStats> {
-        let depth = depth.min(self.qp.caps().max_recv_wr).max(1);
+        // Within the receive CQ too, as the pipeline's depth is within the send CQ.
+        let depth = depth
+            .min(self.qp.caps().max_recv_wr)
+            .min(self.recv_cq.capacity())
+            .max(1);
         let mut p = Pipeline::new(iters, depth, 1);
         let mut stats = RunStats::default();
         let mut wcs = [Wc::default(); 32];
@@ -952,8 +981,10 @@ impl StallWatch {
         if self.idle_polls % 4096 != 0 {
             return Ok(());
         }
-        if !conn.peer_alive()? {
-            return Err(NetError::PeerClosed("the data transfer"));
+        // The peer's own reason when it gave one (an abort, a tampered channel), not only
+        // that it is gone.
+        if let Some(ended) = conn.ctrl.peer_ended("the data transfer")? {
+            return Err(ended);
         }
         if self.last_progress.elapsed() > self.limit {
             return Err(NetError::Timeout {

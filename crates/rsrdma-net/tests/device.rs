@@ -357,23 +357,42 @@ fn mismatched_parameters_fail_on_both_ends() {
 
 #[test]
 fn a_receiver_notices_a_dead_sender_within_seconds() {
-    let (c, mut s) = connected(opts(), opts());
-    let recv = s.register_memory(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    let sge = [recv.sge(0, 4096).unwrap()];
-    let killer = thread::spawn(move || {
-        thread::sleep(Duration::from_millis(300));
-        drop(c); // the peer vanishes: its QP and TCP socket are gone
-    });
-    let t0 = Instant::now();
-    // SAFETY: `recv` outlives the drain.
-    let e = unsafe { s.recv_drain(1 << 40, 16, |id| RecvWr::new(id, &sge)) }.unwrap_err();
-    assert!(matches!(e, NetError::PeerClosed(_)), "{e}");
-    assert!(
-        t0.elapsed() < Duration::from_secs(10),
-        "noticed after {:?}",
-        t0.elapsed()
-    );
-    killer.join().unwrap();
+    // The peer vanishes (its QP and TCP socket gone), or gives up and says why: the drain
+    // ends within seconds with PeerClosed, or with PeerAborted and the peer's reason.
+    // (Before: an abort was also reported as PeerClosed, its reason lost.)
+    for abort in [false, true] {
+        let (mut c, mut s) = connected(opts(), opts());
+        let recv = s.register_memory(4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let sge = [recv.sge(0, 4096).unwrap()];
+        let (drained, wait_drained) = std::sync::mpsc::channel::<()>();
+        let killer = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(300));
+            if abort {
+                let why = NetError::InvalidArgument("the sender's disk is full".into());
+                c.channel_mut().abort(why);
+                // Its socket stays open: only the abort can end the drain.
+                let _ = wait_drained.recv();
+            }
+            drop(c);
+        });
+        let t0 = Instant::now();
+        // SAFETY: `recv` outlives the drain.
+        let e = unsafe { s.recv_drain(1 << 40, 16, |id| RecvWr::new(id, &sge)) }.unwrap_err();
+        match abort {
+            false => assert!(matches!(e, NetError::PeerClosed(_)), "{e}"),
+            true => assert!(
+                matches!(&e, NetError::PeerAborted(why) if why.contains("disk is full")),
+                "{e}"
+            ),
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "noticed after {:?}",
+            t0.elapsed()
+        );
+        drop((s, drained));
+        killer.join().unwrap();
+    }
 }
 
 /// Two accepted connections live in one protection domain and serve one memory region: each
@@ -442,6 +461,60 @@ fn shared_pd_two_connections_one_mr() {
     for c in closers {
         c.join().unwrap();
     }
+}
+
+/// A listener's connection grants its peer remote access only once `accept` hands it out:
+/// a peer whose connection waits in the accept queue cannot write into a region of the
+/// listener's shared protection domain even with its address and rkey (guessed, or learnt
+/// elsewhere); the accepted one can. (Before: every connection came up with
+/// `remote_access`, so a queued peer, never accepted, wrote into the shared region.)
+#[test]
+fn a_connection_in_the_accept_queue_reaches_no_memory() {
+    let ctx = rsrdma::open(&device()).unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let remote = AccessFlags::REMOTE_WRITE;
+    let hub_mr = Mr::new(&pd, 4096, AccessFlags::LOCAL_WRITE | remote).unwrap();
+    let l = RawListener::bind("127.0.0.1:0", opts().pd(pd.clone()).remote_access(remote)).unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for i in 0..2u64 {
+        let tx = tx.clone();
+        thread::spawn(move || {
+            let c = RawConn::dial(addr, opts().params(vec![(1, i)])).unwrap();
+            tx.send((i, c)).unwrap();
+        });
+    }
+    let accepted = l.accept().unwrap();
+    let accepted_id = accepted.peer_endpoint().params[0].1;
+    // Both dials returned: the other connection's handshake is done, and it waits, queued.
+    let mut clients: Vec<(u64, RawConn)> = (0..2).map(|_| rx.recv().unwrap()).collect();
+    clients.sort_by_key(|(i, _)| (*i != accepted_id) as u8);
+    let target = hub_mr.remote();
+    let write = |c: &RawConn, seed: u8| {
+        let mut src = c.register_memory(64, AccessFlags::LOCAL_WRITE).unwrap();
+        src.write_at(0, &[seed; 64]).unwrap();
+        let sge = [src.sge(0, 64).unwrap()];
+        let wr = SendWr::rdma_write(1, &sge, target.addr, target.rkey).signaled(true);
+        // SAFETY: `src` outlives the write, whose completion is reaped here.
+        unsafe { c.post_send(&wr) }.unwrap();
+        let mut wcs = [Wc::default(); 1];
+        let n = c
+            .send_cq()
+            .poll_blocking(&mut wcs, Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(n, 1);
+        wcs[0]
+    };
+    let queued = write(&clients[1].1, 0xbb);
+    assert!(queued.ok().is_err(), "a queued peer wrote: {queued:?}");
+    assert_eq!(snap(&hub_mr), vec![0u8; 4096], "the region is untouched");
+    write(&clients[0].1, 0xaa).ok().unwrap();
+    assert_eq!(
+        &snap(&hub_mr)[..64],
+        &[0xaa; 64][..],
+        "the accepted peer wrote"
+    );
+    drop((accepted, clients, l));
 }
 
 /// Client `i` of [`shared_pd_two_connections_one_mr`].

@@ -915,6 +915,28 @@ impl Qp {
         self.modify(&mut attr, mask)
     }
 
+    /// Sets what the peer may do to this side's memory through an RC or UC queue pair that
+    /// is already up (an INIT→INIT, RTR→RTR or RTS→RTS modify of its access flags): a server
+    /// brings a connection up granting nothing and grants its remote access only once the
+    /// application has accepted the peer. Requests already under way keep the rights they
+    /// started with.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a UD queue pair; [`Error::Verbs`] naming
+    /// `ibv_modify_qp` (e.g. in RESET or ERROR).
+    pub fn set_access(&self, access: AccessFlags) -> Result<()> {
+        if self.qp_type() == QpType::Ud {
+            return Err(Error::InvalidArgument(
+                "access flags apply to RC and UC queue pairs".into(),
+            ));
+        }
+        let mut attr = ffi::ibv_qp_attr {
+            qp_access_flags: access.bits(),
+            ..Default::default()
+        };
+        self.modify(&mut attr, ffi::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS)
+    }
+
     /// Sets the RNR NAK timer code of an RC queue pair that is already in RTS (an RTS→RTS
     /// modify): how long a peer waits before it retries a send this QP had no receive for.
     /// rdma_cm brings QPs up with code 0 (655 ms); a QP behind a shared receive queue that

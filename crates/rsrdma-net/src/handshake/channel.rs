@@ -375,6 +375,17 @@ impl Channel {
         Ok(())
     }
 
+    /// How the peer's side ended, if it has, as the error a wait for `op` would return
+    /// ([`NetError::PeerAborted`] with its reason, [`NetError::PeerClosed`], a tampered
+    /// channel's [`NetError::Auth`]…): reads what has arrived, never blocks.
+    ///
+    /// # Errors
+    /// The errors of [`Channel::read_available`].
+    pub fn peer_ended(&mut self, op: &'static str) -> Result<Option<NetError>> {
+        self.read_available()?;
+        Ok(self.peer_end.as_ref().map(|end| end.error(op)))
+    }
+
     /// Whether the peer's side is still open: reads what has arrived (never blocks) and says
     /// false after the end of the stream, a close notice or an abort. The socket's blocking
     /// mode is not touched (it stays non-blocking).
