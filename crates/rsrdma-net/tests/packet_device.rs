@@ -479,3 +479,48 @@ fn a_batch_that_fails_partway_returns_how_many_were_sent() {
     assert_eq!(&buf[..n], b"fourth");
     assert_eq!(a.stats().sent, 3);
 }
+
+/// Address handles are made outside the send lock: while one thread's send waits on the
+/// kernel for an address that does not answer (rxe resolves the path, and gives up after
+/// about a second), another thread's sends to a known address go on. (Before: the handle
+/// was made under the send lock, and every sender of the endpoint waited that second.)
+/// Only on rxe: soft0 makes an address handle at once.
+#[test]
+fn a_slow_address_handle_does_not_hold_up_other_senders() {
+    let (a, b) = (std::sync::Arc::new(bind(opts())), bind(opts()));
+    let to = b.local_addr();
+    a.send_to(b"warm", &to).unwrap(); // its address handle is cached now
+                                      // 192.0.2.1 (TEST-NET-1), IPv4-mapped: on the VM's link, and nobody answers for it.
+    let mut nowhere = Addr::new(rsrdma::Gid([0; 16]), to.qpn);
+    nowhere.gid.0[10..].copy_from_slice(&[0xff, 0xff, 192, 0, 2, 1]);
+    let slow = {
+        let a = a.clone();
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let r = a.send_to(b"to nowhere", &nowhere);
+            (r, t0.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = Instant::now();
+    for _ in 0..100 {
+        a.send_to(b"meanwhile", &to).unwrap();
+    }
+    let others = t0.elapsed();
+    let (r, stuck) = slow.join().unwrap();
+    eprintln!("100 sends in {others:?} while one address handle took {stuck:?}: {r:?}");
+    let e = r.unwrap_err();
+    assert!(e.to_string().contains("ibv_create_ah"), "{e}");
+    assert!(
+        stuck >= Duration::from_millis(400),
+        "the test needs a slow address handle: {stuck:?}"
+    );
+    assert!(
+        others < stuck / 2,
+        "the other sends waited for it: {others:?} against {stuck:?}"
+    );
+    let mut buf = [0u8; 64];
+    for _ in 0..101 {
+        b.recv_from(&mut buf).unwrap();
+    }
+}

@@ -38,20 +38,37 @@ impl<H: Clone> AhCache<H> {
 
     /// The handle for `gid`, created by `make` on a miss (evicting the least recently used
     /// entry when full).
+    #[cfg(test)]
     pub(crate) fn get_or_insert<E>(
         &mut self,
         gid: Gid,
         make: impl FnOnce() -> Result<H, E>,
     ) -> Result<H, E> {
+        match self.get(gid) {
+            Some(h) => Ok(h),
+            None => Ok(self.insert(gid, make()?)),
+        }
+    }
+
+    /// The cached handle for `gid`, marked as the most recently used.
+    pub(crate) fn get(&mut self, gid: Gid) -> Option<H> {
         self.clock += 1;
-        if let Some(e) = self.entries.iter_mut().find(|e| e.gid == gid) {
-            e.used = self.clock;
-            return Ok(e.handle.clone());
+        let e = self.entries.iter_mut().find(|e| e.gid == gid)?;
+        e.used = self.clock;
+        Some(e.handle.clone())
+    }
+
+    /// Caches `handle`, made for `gid` after [`AhCache::get`] missed (evicting the least
+    /// recently used entry when full), and returns the handle to use: one cached meanwhile
+    /// (another thread made one too) wins, and `handle` is dropped.
+    pub(crate) fn insert(&mut self, gid: Gid, handle: H) -> H {
+        if let Some(h) = self.get(gid) {
+            return h;
         }
         self.misses += 1;
         let entry = Entry {
             gid,
-            handle: make()?,
+            handle,
             used: self.clock,
         };
         let handle = entry.handle.clone();
@@ -60,7 +77,7 @@ impl<H: Clone> AhCache<H> {
         } else if let Some(stalest) = self.entries.iter_mut().min_by_key(|e| e.used) {
             *stalest = entry;
         }
-        Ok(handle)
+        handle
     }
 
     /// Entries held now.

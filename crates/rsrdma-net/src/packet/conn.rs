@@ -5,7 +5,7 @@ use super::gate::Gate;
 use super::grh::GRH_LEN;
 use super::options::PacketOptions;
 use super::recv::{Ready, RecvQueue, RecvRing};
-use super::send::{Posted, Route, SendRing, CHUNK};
+use super::send::{make_ah, Posted, Route, SendRing, CHUNK};
 use crate::error::{NetError, Result};
 use crate::progress::{wait_until, PollMode};
 use rsrdma::{CompChannel, Cq, InitAttr, Pd, Qp, QpCaps, QpType, RtrAttr, RtsAttr};
@@ -265,24 +265,31 @@ impl PacketConn {
         let timeout = self.write_timeout();
         let deadline = crate::deadline::deadline_within(timeout);
         lock(&self.send).take_failure()?;
-        let mut done = 0;
+        let (mut done, mut made) = (0, None);
         while done < msgs.len() {
             let posted = {
                 let mut ring = lock(&self.send);
                 match ring.reap(&self.send_cq) {
-                    Ok(()) => ring.post(&self.qp, &self.pd, self.route, &msgs[done..]),
+                    Ok(()) => ring.post(&self.qp, &msgs[done..], made.take()),
                     Err(e) => Posted {
                         n: 0,
                         error: Some(e),
+                        missing: None,
                     },
                 }
             };
             self.sent.fetch_add(posted.n as u64, Ordering::Relaxed);
             done += posted.n;
-            let waited = match posted.error {
-                Some(e) => Err(e),
-                None if posted.n == 0 => self.wait_send(deadline, |r| r.free() > 0),
-                None => Ok(true),
+            let waited = match (posted.error, posted.missing) {
+                (Some(e), _) => Err(e),
+                // Made outside the send lock: the kernel may take seconds over an address
+                // that does not answer, and other threads' sends go on meanwhile.
+                (None, Some(to)) => make_ah(&self.pd, self.route, &to).map(|m| {
+                    made = Some(m);
+                    true
+                }),
+                (None, None) if posted.n == 0 => self.wait_send(deadline, |r| r.free() > 0),
+                (None, None) => Ok(true),
             };
             match waited {
                 Ok(true) => {}
@@ -457,14 +464,18 @@ impl PacketConn {
                 limit: self.max_datagram,
             });
         }
-        let posted = {
-            let mut ring = lock(&self.send);
-            ring.take_failure()?;
-            ring.reap(&self.send_cq)?;
-            let posted = ring.post(&self.qp, &self.pd, self.route, &[(buf, *to)]);
-            match posted.error {
-                Some(e) => return Err(e),
-                None => posted.n,
+        let mut made = None;
+        let posted = loop {
+            let posted = {
+                let mut ring = lock(&self.send);
+                ring.take_failure()?;
+                ring.reap(&self.send_cq)?;
+                ring.post(&self.qp, &[(buf, *to)], made.take())
+            };
+            match (posted.error, posted.missing) {
+                (Some(e), _) => return Err(e),
+                (None, Some(to)) => made = Some(make_ah(&self.pd, self.route, &to)?),
+                (None, None) => break posted.n,
             }
         };
         if posted == 0 {

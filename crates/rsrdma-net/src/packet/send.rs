@@ -117,15 +117,14 @@ impl SendRing {
     }
 
     /// Copies and posts as many of `msgs` as there are free buffers (at most [`CHUNK`]).
-    /// A datagram that cannot go (its address handle, the provider refusing it) stops the
-    /// post there: those before it are posted, and [`Posted::error`] says why it stopped.
-    pub(crate) fn post(
-        &mut self,
-        qp: &Qp,
-        pd: &Pd,
-        route: Route,
-        msgs: &[(&[u8], Addr)],
-    ) -> Posted {
+    /// A datagram that cannot go yet (no cached address handle: [`Posted::missing`]) or at
+    /// all (the provider refusing it: [`Posted::error`]) stops the post there; those before
+    /// it are posted. `made` is the handle made for the last post's [`Posted::missing`]:
+    /// it is cached first, so the datagram that waited for it goes now.
+    pub(crate) fn post(&mut self, qp: &Qp, msgs: &[(&[u8], Addr)], made: Option<Made>) -> Posted {
+        if let Some((gid, ah)) = made {
+            self.cache.insert(gid, ah);
+        }
         let mut n = msgs.len().min(CHUNK).min(self.free() as usize);
         if n == 0 {
             return Posted::default();
@@ -133,7 +132,7 @@ impl SendRing {
         let mut sges = [Sge::new(0, 0, 0); CHUNK];
         let mut ahs: [Option<Arc<Ah>>; CHUNK] = Default::default();
         let mut signaled = [false; CHUNK];
-        let mut error = None;
+        let (mut error, mut missing) = (None, None);
         for (i, (data, to)) in msgs[..n].iter().enumerate() {
             let seq = self.head + i as u64;
             let off = (seq % self.depth) as usize * self.slot_len;
@@ -141,19 +140,19 @@ impl SendRing {
                 .mr
                 .write_at(off, data)
                 .and_then(|()| self.mr.sge(off, data.len()));
-            let prepared = prepared.map_err(NetError::from).and_then(|sge| {
-                let ah = self
-                    .cache
-                    .get_or_insert(to.gid, || Ah::new(pd, &ah_attr(route, to)).map(Arc::new))?;
-                Ok((sge, ah))
-            });
-            let (sge, ah) = match prepared {
-                Ok(p) => p,
+            let sge = match prepared {
+                Ok(sge) => sge,
                 Err(e) => {
-                    error = Some(e);
+                    error = Some(NetError::from(e));
                     n = i;
                     break;
                 }
+            };
+            // An address handle not cached yet is made by the caller, outside the lock.
+            let Some(ah) = self.cache.get(to.gid) else {
+                missing = Some(*to);
+                n = i;
+                break;
             };
             sges[i] = sge;
             self.held[(seq % self.depth) as usize] = Some(ah.clone());
@@ -165,7 +164,7 @@ impl SendRing {
             }
         }
         if n == 0 {
-            return Posted { n, error };
+            return Posted { n, error, missing };
         }
         // The last request posted is signaled, also when a failed datagram cut the batch
         // short: otherwise nothing might ever free its buffer.
@@ -187,7 +186,7 @@ impl SendRing {
         match posted {
             Ok(()) => {
                 self.head += n as u64;
-                Posted { n, error }
+                Posted { n, error, missing }
             }
             Err(e) => {
                 let ok = match &e {
@@ -205,6 +204,7 @@ impl SendRing {
                 Posted {
                     n: ok,
                     error: Some(NetError::from(e)),
+                    missing: None,
                 }
             }
         }
@@ -219,6 +219,21 @@ pub(crate) struct Posted {
     /// Why it stopped before the next one, if a datagram failed (none: no free buffer, or
     /// all posted).
     pub(crate) error: Option<NetError>,
+    /// The next datagram's address, when it stopped for want of its address handle: make
+    /// one ([`make_ah`]) and pass it to the next post.
+    pub(crate) missing: Option<Addr>,
+}
+
+/// An address handle made outside the lock, and the GID it is for.
+pub(crate) type Made = (rsrdma::Gid, Arc<Ah>);
+
+/// An address handle for `to` on `pd`. It may take the kernel a while (resolving the path;
+/// seconds for an address that does not answer), so callers make it outside the send lock.
+///
+/// # Errors
+/// [`NetError::Verbs`] naming `ibv_create_ah`.
+pub(crate) fn make_ah(pd: &Pd, route: Route, to: &Addr) -> Result<Made> {
+    Ok((to.gid, Arc::new(Ah::new(pd, &ah_attr(route, to))?)))
 }
 
 fn ah_attr(route: Route, to: &Addr) -> AhAttr {
