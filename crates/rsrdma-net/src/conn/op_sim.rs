@@ -859,6 +859,11 @@ fn run(
                         side.drop_send(msg, true);
                         sent.push(match r {
                             Ok(()) | Err(NetError::Timeout { .. }) => Sent::Accepted,
+                            // The peer read it whole and said so before it left: the send
+                            // must not give up on it for the peer's leaving.
+                            Err(e @ NetError::PeerGone { .. }) => {
+                                panic!("send {next_send}: released by the peer, yet {e}")
+                            }
                             Err(_) if closing => Sent::Uncertain,
                             Err(e) => panic!("send {next_send}: {e}"),
                         });
@@ -1208,6 +1213,79 @@ fn a_pull_that_gives_up_mid_read_leaves_the_message_for_the_next_read() {
         None,
         &[],
         None,
+    );
+}
+
+/// The receiver reads a rendezvous message whole, releases it, sends its FIN and leaves
+/// (closing at step 67, linger 6) before the sender's send polls again: the send completes,
+/// as the peer has the message (found on soft0 with the `large-message` example under load,
+/// where the client's `send_msg` said the peer had closed although the server had printed
+/// the message's hash; the model then said "released by the peer, yet PeerGone").
+#[test]
+fn a_rendezvous_message_released_before_the_peer_left_is_sent() {
+    use Act::{Deliver as D, Post as P, Recv as R, Send as S};
+    let acts = [
+        P(0),
+        S,
+        P(0),
+        P(0),
+        P(0),
+        P(0),
+        D(0),
+        R,
+        D(0),
+        R,
+        S,
+        P(0),
+        S,
+        P(0),
+        R,
+        P(0),
+        D(0),
+        R,
+        R,
+        P(0),
+        P(0),
+        R,
+        R,
+        D(1),
+        S,
+        S,
+        S,
+        S,
+        S,
+        S,
+        P(1),
+        S,
+        S,
+        D(1),
+        S,
+        S,
+        R,
+        S,
+        S,
+        R,
+        R,
+        S,
+        S,
+        R,
+        P(0),
+        R,
+        R,
+        S,
+    ];
+    let close = CloseAt {
+        side: 1,
+        step: 67,
+        linger: 6,
+    };
+    run(
+        &[0, 3000, 0, 0, 3000],
+        &[0, 3, 0],
+        &acts,
+        None,
+        &[215, 118, 36, 134],
+        Some(close),
     );
 }
 

@@ -159,7 +159,8 @@ impl Conn {
         }
         drop(mr);
         match (r, done) {
-            (Err(NetError::Timeout { .. }), Ok(())) if msgs.len() == 1 => Ok(()),
+            // Released: the peer read it whole, whatever ended the run meanwhile.
+            (Err(_), Ok(())) if msgs.len() == 1 => Ok(()),
             (Ok(()), Err(e)) => Err(e),
             (r, _) => r,
         }
@@ -241,10 +242,15 @@ impl<L: Link + SliceRendezvous> Op<L> for SendMsg<'_> {
     }
 
     fn poll(&mut self, d: &mut L) -> Result<Option<()>> {
-        if d.peer_gone() {
-            return Err(NetError::PeerGone { op: self.name });
-        }
         while let Some(m) = self.msgs.get(self.next) {
+            // A rendezvous message the peer read and released before it left was delivered
+            // whole: it completes, and only what would still have to go fails.
+            if d.peer_gone() {
+                let released = self.rdv.as_ref().and_then(|r| r.msg);
+                if !released.is_some_and(|msg| d.core().rendezvous_released(msg)) {
+                    return Err(NetError::PeerGone { op: self.name });
+                }
+            }
             if self.threshold.is_some_and(|t| m.len() >= t) {
                 if !d.send_slice_rdv(m, &mut self.rdv)? {
                     return Ok(None);
