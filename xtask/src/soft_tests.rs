@@ -19,9 +19,10 @@
 //! which soft0 does not have (its own device test checks that soft0 refuses them clearly).
 //! The differential test (`differential::*`) compares the device under test with soft0, so
 //! it runs in the VM only (here it would compare soft0 with itself).
-//! `a_batch_that_fails_partway_returns_how_many_were_sent` and
-//! `a_slow_address_handle_does_not_hold_up_other_senders` (packet) need an address handle
-//! that cannot be made, or is slow to fail; soft0 makes one at once for any GID (the datagram
+//! `a_batch_that_fails_partway_returns_how_many_were_sent`,
+//! `a_slow_address_handle_does_not_hold_up_other_senders` (packet) and
+//! `a_slow_address_handle_blocks_no_runtime_thread` (async) need an address handle that
+//! cannot be made, or is slow to fail; soft0 makes one at once for any GID (the datagram
 //! then goes nowhere).
 
 /// (package, test target, tests run on `soft0`).

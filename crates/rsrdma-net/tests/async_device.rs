@@ -781,6 +781,64 @@ fn packet_conn_send_to_and_recv_from() {
     });
 }
 
+/// An address handle is made on the blocking pool, never on a runtime thread: while one
+/// task's send waits on the kernel for an address that does not answer (about a second on
+/// rxe), the other tasks of a current-thread runtime go on. (Before: `ibv_create_ah` ran in
+/// the future's poll, and the runtime's only thread stood still for that second.) Only on
+/// rxe: soft0 makes an address handle at once.
+#[test]
+fn a_slow_address_handle_blocks_no_runtime_thread() {
+    run(async {
+        let o = || {
+            PacketOptions::default()
+                .device(Some(device()))
+                .gid_index(gid_index())
+        };
+        let (a, b) = (
+            Arc::new(AsyncPacketConn::bind(o()).unwrap()),
+            AsyncPacketConn::bind(o()).unwrap(),
+        );
+        let to = b.local_addr();
+        a.send_to(b"warm", &to).await.unwrap();
+        // 192.0.2.1 (TEST-NET-1), IPv4-mapped: on the VM's link, and nobody answers for it.
+        let mut nowhere = to;
+        nowhere.gid = rsrdma::Gid([0; 16]);
+        nowhere.gid.0[10..].copy_from_slice(&[0xff, 0xff, 192, 0, 2, 1]);
+        let slow = {
+            let a = a.clone();
+            tokio::spawn(async move {
+                let t0 = Instant::now();
+                let r = a.send_to(b"to nowhere", &nowhere).await;
+                (r, t0.elapsed())
+            })
+        };
+        // The slow send starts at once, and this task's timer and round trips run beside it
+        // (a blocked runtime thread would stall them all until it returned).
+        let t0 = Instant::now();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut buf = [0u8; 64];
+        for _ in 0..20 {
+            a.send_to(b"meanwhile", &to).await.unwrap();
+            b.recv_from(&mut buf).await.unwrap();
+        }
+        let others = t0.elapsed();
+        let (r, stuck) = slow.await.unwrap();
+        eprintln!(
+            "100 ms and 20 round trips in {others:?} while one address handle took {stuck:?}"
+        );
+        let e = r.unwrap_err();
+        assert!(e.to_string().contains("ibv_create_ah"), "{e}");
+        assert!(
+            stuck >= Duration::from_millis(400),
+            "the test needs a slow address handle: {stuck:?}"
+        );
+        assert!(
+            others < stuck / 2,
+            "the runtime stood still: {others:?} against {stuck:?}"
+        );
+    });
+}
+
 /// F12: dropping an `AsyncConn` without `close` blocks no runtime thread. With both ends on
 /// one current-thread runtime, a drop that lingered in place kept the peer from reading what
 /// it waited to deliver: the linger ran out and the queued rest of the message was lost.

@@ -8,7 +8,7 @@
 use super::wakers::WakerSet;
 use super::watch::Watch;
 use crate::error::{NetError, Result};
-use crate::packet::{Addr, PacketConn, PacketOptions, PacketStats};
+use crate::packet::{Addr, PacketConn, PacketOptions, PacketStats, SendAttempt};
 use crate::progress::PollMode;
 use rsrdma::Cq;
 use std::future::poll_fn;
@@ -91,12 +91,32 @@ impl AsyncPacketConn {
     /// As [`PacketConn::send_to`], less the timeout (use [`tokio::time::timeout`]).
     pub async fn send_to(&self, buf: &[u8], to: &Addr) -> Result<usize> {
         let cq = self.inner().cqs().0;
-        poll_fn(|cx| {
-            self.poll_side(cx, self.send.as_ref(), cq, || {
-                self.inner().try_send_to(buf, to)
+        let mut made = None;
+        loop {
+            // Ok: sent (its length); Err: the destination has no address handle yet.
+            let attempt = poll_fn(|cx| {
+                self.poll_side(cx, self.send.as_ref(), cq, || {
+                    Ok(match self.inner().try_send_to(buf, to, &mut made)? {
+                        SendAttempt::Full => None,
+                        SendAttempt::Sent(n) => Some(Ok(n)),
+                        SendAttempt::NeedsAh(to) => Some(Err(to)),
+                    })
+                })
             })
-        })
-        .await
+            .await?;
+            match attempt {
+                Ok(n) => return Ok(n),
+                Err(to) => {
+                    // Making an address handle may block for seconds (an address that does
+                    // not answer): on the blocking pool, never on a runtime thread.
+                    let make = self.inner().ah_maker(to);
+                    let handle = tokio::task::spawn_blocking(make).await.map_err(|e| {
+                        NetError::io("ibv_create_ah on the blocking pool", e.into())
+                    })?;
+                    made = Some(handle?);
+                }
+            }
+        }
     }
 
     /// Receives one datagram into `buf`: its length and the sender's address.

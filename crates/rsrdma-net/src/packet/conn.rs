@@ -5,7 +5,7 @@ use super::gate::Gate;
 use super::grh::GRH_LEN;
 use super::options::PacketOptions;
 use super::recv::{Ready, RecvQueue, RecvRing};
-use super::send::{make_ah, Posted, Route, SendRing, CHUNK};
+use super::send::{make_ah, Made, Posted, Route, SendRing, CHUNK};
 use crate::error::{NetError, Result};
 use crate::progress::{wait_until, PollMode};
 use rsrdma::{CompChannel, Cq, InitAttr, Pd, Qp, QpCaps, QpType, RtrAttr, RtsAttr};
@@ -452,37 +452,47 @@ impl PacketConn {
 // watches through the reactor. Nothing outside this block changes for it.
 #[cfg(feature = "tokio")]
 impl PacketConn {
-    /// [`PacketConn::send_to`] without waiting: `Ok(None)` when every send buffer is in
-    /// flight (nothing was sent).
+    /// [`PacketConn::send_to`] without waiting: [`SendAttempt::Full`] when every send buffer
+    /// is in flight, [`SendAttempt::NeedsAh`] when `to` has no address handle yet (make it
+    /// with [`PacketConn::ah_maker`], off the runtime, and pass it as `made` to the next
+    /// attempt). Nothing was sent in either case.
     ///
     /// # Errors
     /// As [`PacketConn::send_to`], less the timeout.
-    pub(crate) fn try_send_to(&self, buf: &[u8], to: &Addr) -> Result<Option<usize>> {
+    pub(crate) fn try_send_to(
+        &self,
+        buf: &[u8],
+        to: &Addr,
+        made: &mut Option<Made>,
+    ) -> Result<SendAttempt> {
         if buf.len() > self.max_datagram {
             return Err(NetError::DatagramTooLarge {
                 len: buf.len(),
                 limit: self.max_datagram,
             });
         }
-        let mut made = None;
-        let posted = loop {
-            let posted = {
-                let mut ring = lock(&self.send);
-                ring.take_failure()?;
-                ring.reap(&self.send_cq)?;
-                ring.post(&self.qp, &[(buf, *to)], made.take())
-            };
-            match (posted.error, posted.missing) {
-                (Some(e), _) => return Err(e),
-                (None, Some(to)) => made = Some(make_ah(&self.pd, self.route, &to)?),
-                (None, None) => break posted.n,
-            }
+        let posted = {
+            let mut ring = lock(&self.send);
+            ring.take_failure()?;
+            ring.reap(&self.send_cq)?;
+            ring.post(&self.qp, &[(buf, *to)], made.take())
         };
-        if posted == 0 {
-            return Ok(None);
-        }
-        self.sent.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(buf.len()))
+        Ok(match (posted.error, posted.missing) {
+            (Some(e), _) => return Err(e),
+            (None, Some(to)) => SendAttempt::NeedsAh(to),
+            (None, None) if posted.n == 0 => SendAttempt::Full,
+            (None, None) => {
+                self.sent.fetch_add(1, Ordering::Relaxed);
+                SendAttempt::Sent(buf.len())
+            }
+        })
+    }
+
+    /// Makes the address handle for `to` when called: it may block (the kernel resolving
+    /// the path), so an async caller runs it on the blocking pool.
+    pub(crate) fn ah_maker(&self, to: Addr) -> impl FnOnce() -> Result<Made> + Send + 'static {
+        let (pd, route) = (self.pd.clone(), self.route);
+        move || make_ah(&pd, route, &to)
     }
 
     /// [`PacketConn::recv_from`] without waiting: `Ok(None)` when no datagram is there.
@@ -551,4 +561,16 @@ fn check_options(opts: &PacketOptions) -> Result<()> {
         return bad("PacketOptions: max_datagram must be at least 1");
     }
     crate::domain::check_device(opts.device.as_deref(), opts.pd.as_ref())
+}
+
+/// What [`PacketConn::try_send_to`] did.
+#[cfg(feature = "tokio")]
+#[derive(Debug)]
+pub(crate) enum SendAttempt {
+    /// Posted: the datagram's length.
+    Sent(usize),
+    /// Every send buffer is in flight.
+    Full,
+    /// The destination has no address handle yet.
+    NeedsAh(Addr),
 }

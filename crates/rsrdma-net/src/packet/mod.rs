@@ -38,5 +38,7 @@ mod recv;
 mod send;
 
 pub use addr::{Addr, AddrParseError, MAX_QPN};
+#[cfg(feature = "tokio")]
+pub(crate) use conn::SendAttempt;
 pub use conn::{PacketConn, PacketStats};
 pub use options::PacketOptions;
