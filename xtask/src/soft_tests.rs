@@ -122,6 +122,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "huge_durations_mean_no_limit_and_never_panic",
             "messages_up_to_64_mib_verified_by_hash_without_extra_buffers",
             "peer_death_is_detected_on_a_receive_only_side",
+            "peers_that_send_a_hello_and_then_nothing_do_not_hold_a_conn_listener",
             "read_timeout_then_still_usable_and_a_slow_reader_times_the_writer_out",
             "short_buffer_keeps_the_message_and_the_cap_is_enforced",
             "shutdown_read_discards_and_reports_eof_while_credits_flow",

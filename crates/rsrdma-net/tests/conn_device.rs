@@ -401,6 +401,52 @@ fn a_flood_of_silent_and_garbage_sockets_delays_no_good_client() {
     assert_eq!(l.counters().accepted, 1);
 }
 
+/// Conn's TCP path, as RawListener's: without a secret a hello alone does not open a peer,
+/// so eight peers that send a valid hello and then nothing do not hold a listener of eight
+/// places; a good client gets in at once (one of them shed), and they end at the opening
+/// timeout. (Before: a hello opened the peer, never to be shed, and the good client waited
+/// for the handshake timeout.)
+#[test]
+fn peers_that_send_a_hello_and_then_nothing_do_not_hold_a_conn_listener() {
+    use rsrdma_net::handshake::{Hello, Message, Role};
+    let l = Arc::new(listen(opts(Establish::Tcp).max_handshakes(8)));
+    let addr = l.local_addr();
+    let server = {
+        let l = l.clone();
+        thread::spawn(move || l.accept().map_err(|e| e.to_string()))
+    };
+    let hello = Message::Hello(Hello {
+        role: Role::Client,
+        auth_required: false,
+        nonce: [7; 32],
+    })
+    .to_bytes()
+    .unwrap();
+    let silent: Vec<_> = (0..8)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(&hello).unwrap();
+            s
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    let c = Conn::dial(addr, opts(Establish::Tcp)).unwrap();
+    let s = server.join().unwrap().unwrap();
+    let took = t0.elapsed();
+    eprintln!(
+        "good client behind 8 hello-then-silent peers in {took:?}; {:?}",
+        l.counters()
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the good client waited {took:?}"
+    );
+    c.send_msg(b"past the hellos").unwrap();
+    assert_eq!(s.recv_msg().unwrap().unwrap(), b"past the hellos");
+    drop(silent);
+}
+
 /// A plain rdma_cm client up to (not including) `connect`: its id with a route to `addr`,
 /// and an RC QP on it (with the Pd and CQ it needs kept alive).
 struct CmClient {
