@@ -800,10 +800,7 @@ fn a_slow_address_handle_blocks_no_runtime_thread() {
         );
         let to = b.local_addr();
         a.send_to(b"warm", &to).await.unwrap();
-        // 192.0.2.1 (TEST-NET-1), IPv4-mapped: on the VM's link, and nobody answers for it.
-        let mut nowhere = to;
-        nowhere.gid = rsrdma::Gid([0; 16]);
-        nowhere.gid.0[10..].copy_from_slice(&[0xff, 0xff, 192, 0, 2, 1]);
+        let nowhere = support::unanswered_addr(to.qpn);
         let slow = {
             let a = a.clone();
             tokio::spawn(async move {
@@ -826,16 +823,7 @@ fn a_slow_address_handle_blocks_no_runtime_thread() {
         eprintln!(
             "100 ms and 20 round trips in {others:?} while one address handle took {stuck:?}"
         );
-        let e = r.unwrap_err();
-        assert!(e.to_string().contains("ibv_create_ah"), "{e}");
-        assert!(
-            stuck >= Duration::from_millis(400),
-            "the test needs a slow address handle: {stuck:?}"
-        );
-        assert!(
-            others < stuck / 2,
-            "the runtime stood still: {others:?} against {stuck:?}"
-        );
+        support::assert_not_held_up(&r.unwrap_err(), stuck, others);
     });
 }
 

@@ -408,27 +408,13 @@ fn a_flood_of_silent_and_garbage_sockets_delays_no_good_client() {
 /// for the handshake timeout.)
 #[test]
 fn peers_that_send_a_hello_and_then_nothing_do_not_hold_a_conn_listener() {
-    use rsrdma_net::handshake::{Hello, Message, Role};
     let l = Arc::new(listen(opts(Establish::Tcp).max_handshakes(8)));
     let addr = l.local_addr();
     let server = {
         let l = l.clone();
         thread::spawn(move || l.accept().map_err(|e| e.to_string()))
     };
-    let hello = Message::Hello(Hello {
-        role: Role::Client,
-        auth_required: false,
-        nonce: [7; 32],
-    })
-    .to_bytes()
-    .unwrap();
-    let silent: Vec<_> = (0..8)
-        .map(|_| {
-            let mut s = TcpStream::connect(addr).unwrap();
-            s.write_all(&hello).unwrap();
-            s
-        })
-        .collect();
+    let silent = support::hello_then_silent(addr, 8);
     thread::sleep(Duration::from_millis(200));
     let t0 = Instant::now();
     let c = Conn::dial(addr, opts(Establish::Tcp)).unwrap();

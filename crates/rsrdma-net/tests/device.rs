@@ -7,6 +7,8 @@ use rsrdma_net::{Completion, NetError, RawConn, RawListener, RawOptions};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod support;
+
 fn device() -> String {
     std::env::var("RSRDMA_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into())
 }
@@ -279,8 +281,7 @@ fn authentication_and_bad_peers() {
 /// behind them waited that long.)
 #[test]
 fn peers_that_send_a_hello_and_then_nothing_do_not_hold_a_listener() {
-    use rsrdma_net::handshake::{Hello, Message, Role};
-    use std::io::{Read, Write};
+    use std::io::Read;
     let l =
         std::sync::Arc::new(RawListener::bind("127.0.0.1:0", opts().max_handshakes(8)).unwrap());
     let addr = l.local_addr().unwrap();
@@ -288,20 +289,7 @@ fn peers_that_send_a_hello_and_then_nothing_do_not_hold_a_listener() {
         let l = l.clone();
         thread::spawn(move || l.accept().map(|_| ()).map_err(|e| e.to_string()))
     };
-    let hello = Message::Hello(Hello {
-        role: Role::Client,
-        auth_required: false,
-        nonce: [7; 32],
-    })
-    .to_bytes()
-    .unwrap();
-    let mut silent: Vec<_> = (0..8)
-        .map(|_| {
-            let mut s = std::net::TcpStream::connect(addr).unwrap();
-            s.write_all(&hello).unwrap();
-            s
-        })
-        .collect();
+    let mut silent = support::hello_then_silent(addr, 8);
     // Let the listener take them all and run their handshakes up to the wait after the hello.
     let t = Instant::now();
     while l.counters().failed + l.counters().shed == 0 && t.elapsed() < Duration::from_millis(500) {

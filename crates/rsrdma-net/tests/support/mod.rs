@@ -178,3 +178,51 @@ pub fn assert_racing_closes_both_lingered(
         "the second close returned after {second_took:?}"
     );
 }
+
+/// `n` sockets connected to `addr` that each send a valid client hello (no secret) and then
+/// nothing: peers that hold a listener if a hello alone opens them.
+pub fn hello_then_silent(addr: std::net::SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
+    use rsrdma_net::handshake::{Hello, Message, Role};
+    use std::io::Write;
+    let hello = Message::Hello(Hello {
+        role: Role::Client,
+        auth_required: false,
+        nonce: [7; 32],
+    })
+    .to_bytes()
+    .unwrap();
+    (0..n)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.write_all(&hello).unwrap();
+            s
+        })
+        .collect()
+}
+
+/// A UD address nobody answers for: 192.0.2.1 (TEST-NET-1), IPv4-mapped, on the VM's link,
+/// so rxe takes about a second to refuse its address handle.
+pub fn unanswered_addr(qpn: u32) -> rsrdma_net::packet::Addr {
+    let mut gid = rsrdma::Gid([0; 16]);
+    gid.0[10..].copy_from_slice(&[0xff, 0xff, 192, 0, 2, 1]);
+    rsrdma_net::packet::Addr::new(gid, qpn)
+}
+
+/// Checks a send to [`unanswered_addr`] that took `stuck` and failed with `e`, while other
+/// work beside it took `others`: the handle was slow enough to test anything, and the other
+/// work did not wait for it.
+pub fn assert_not_held_up(
+    e: &rsrdma_net::NetError,
+    stuck: std::time::Duration,
+    others: std::time::Duration,
+) {
+    assert!(e.to_string().contains("ibv_create_ah"), "{e}");
+    assert!(
+        stuck >= std::time::Duration::from_millis(400),
+        "the test needs a slow address handle: {stuck:?}"
+    );
+    assert!(
+        others < stuck / 2,
+        "the other work waited for it: {others:?} against {stuck:?}"
+    );
+}
