@@ -226,3 +226,12 @@ pub fn assert_not_held_up(
         "the other work waited for it: {others:?} against {stuck:?}"
     );
 }
+
+/// Checks that a good client dialled behind 8 hello-then-silent peers got in at once.
+pub fn assert_good_client_in_time(took: std::time::Duration, n: rsrdma_net::ListenerCounters) {
+    eprintln!("good client behind 8 hello-then-silent peers in {took:?}; {n:?}");
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "the good client waited {took:?}"
+    );
+}
