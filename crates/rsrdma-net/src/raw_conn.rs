@@ -43,9 +43,10 @@ const STALL_LIMIT: Duration = Duration::from_secs(5);
 /// in all and per source ([`RawOptions::max_handshakes`],
 /// [`RawOptions::max_handshakes_per_source`]); a new peer past a bound sheds the oldest
 /// handshake that has not opened yet; a peer has [`RawOptions::opening_timeout`] to send its
-/// hello and proof (without a secret, its hello and its endpoint). A peer that fails is logged and counted ([`RawListener::counters`]),
-/// never returned, so one silent or garbage socket delays no good client. Handshakes start
-/// only from `accept`.
+/// hello and proof (without a secret, its hello and its endpoint). A peer that fails is
+/// logged and counted ([`RawListener::counters`]), never returned, so one silent or garbage
+/// socket delays no good client. Handshakes start only from `accept`, and a connection grants
+/// its peer [`RawOptions::remote_access`] only once `accept` returns it.
 pub struct RawListener {
     tcp: TcpListener,
     opts: RawOptions,

@@ -6,9 +6,9 @@
 //! ([`ConnOptions::max_handshakes_per_source`]). When a new peer would break a bound, the
 //! oldest handshake that has not yet *opened* (proven the secret when there is one; without
 //! one, sent a valid hello and then its first step of the handshake) is shed: its socket is
-//! shut down, which ends its handshake at once. Peers that opened are never shed, so a flood of silent or
-//! garbage sockets cannot push out a good client that has started, and it cannot hold the
-//! listener for longer than [`ConnOptions::opening_timeout`] either.
+//! shut down, which ends its handshake at once. Peers that opened are never shed, so a flood
+//! of silent or garbage sockets cannot push out a good client that has started, and it cannot
+//! hold the listener for longer than [`ConnOptions::opening_timeout`] either.
 //!
 //! A handshake that fails is reported through `tracing` and counted
 //! ([`ListenerCounters::failed`]); `accept` only ever hands out good connections.
