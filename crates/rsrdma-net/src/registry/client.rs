@@ -277,8 +277,8 @@ pub fn register(registry: impl ToSocketAddrs, name: &str, addr: &Addr) -> Result
         .register(name, addr)
 }
 
-/// A fresh random owner.
-fn random_owner() -> Result<[u8; OWNER_LEN]> {
+/// A fresh random owner (of a client, or of an etcd directory that was given none).
+pub(super) fn random_owner() -> Result<[u8; OWNER_LEN]> {
     let n = auth::nonce().map_err(|e| NetError::io("read /dev/urandom", e))?;
     let mut o = [0u8; OWNER_LEN];
     o.copy_from_slice(&n[..OWNER_LEN]);

@@ -105,13 +105,7 @@ impl EtcdDirectory {
         }
         let owner = match opts.owner {
             Some(o) => o,
-            None => {
-                let n = crate::handshake::auth::nonce()
-                    .map_err(|e| NetError::io("read /dev/urandom", e))?;
-                n[..OWNER_LEN]
-                    .try_into()
-                    .expect("a nonce is longer than an owner")
-            }
+            None => super::client::random_owner()?,
         };
         let d = EtcdDirectory {
             endpoints,
