@@ -36,20 +36,6 @@ impl<H: Clone> AhCache<H> {
         }
     }
 
-    /// The handle for `gid`, created by `make` on a miss (evicting the least recently used
-    /// entry when full).
-    #[cfg(test)]
-    pub(crate) fn get_or_insert<E>(
-        &mut self,
-        gid: Gid,
-        make: impl FnOnce() -> Result<H, E>,
-    ) -> Result<H, E> {
-        match self.get(gid) {
-            Some(h) => Ok(h),
-            None => Ok(self.insert(gid, make()?)),
-        }
-    }
-
     /// The cached handle for `gid`, marked as the most recently used.
     pub(crate) fn get(&mut self, gid: Gid) -> Option<H> {
         self.clock += 1;
@@ -100,12 +86,25 @@ mod tests {
         Gid([n; 16])
     }
 
+    /// As the send path uses the cache: the cached handle, else one made by `make` (which
+    /// the send path runs outside its lock) and inserted.
+    fn get_or_make<E>(
+        c: &mut AhCache<u8>,
+        gid: Gid,
+        make: impl FnOnce() -> Result<u8, E>,
+    ) -> Result<u8, E> {
+        match c.get(gid) {
+            Some(h) => Ok(h),
+            None => Ok(c.insert(gid, make()?)),
+        }
+    }
+
     #[test]
     fn bounded_and_evicts_the_least_recently_used() {
         let mut c: AhCache<u8> = AhCache::new(2);
         let mut made = Vec::new();
         let mut get = |c: &mut AhCache<u8>, n: u8| {
-            c.get_or_insert(gid(n), || {
+            get_or_make(c, gid(n), || {
                 made.push(n);
                 Ok::<_, Infallible>(n)
             })
@@ -125,8 +124,18 @@ mod tests {
     #[test]
     fn a_failed_creation_caches_nothing() {
         let mut c: AhCache<u8> = AhCache::new(4);
-        assert!(c.get_or_insert(gid(1), || Err("no route")).is_err());
+        assert!(get_or_make(&mut c, gid(1), || Err("no route")).is_err());
         assert_eq!(c.len(), 0);
-        assert_eq!(c.get_or_insert(gid(1), || Ok::<_, ()>(7)), Ok(7));
+        assert_eq!(get_or_make(&mut c, gid(1), || Ok::<_, ()>(7)), Ok(7));
+    }
+
+    /// Two threads that both missed make a handle each: the first inserted is kept and
+    /// returned to the second, whose own is dropped.
+    #[test]
+    fn a_handle_cached_meanwhile_wins() {
+        let mut c: AhCache<u8> = AhCache::new(4);
+        assert_eq!(c.insert(gid(1), 7), 7);
+        assert_eq!(c.insert(gid(1), 8), 7);
+        assert_eq!((c.len(), c.misses()), (1, 1));
     }
 }
