@@ -734,15 +734,17 @@ fn peer_death_surfaces_as_an_error() {
     });
 }
 
+/// PacketConn options on the device under test.
+fn packet_opts() -> PacketOptions {
+    PacketOptions::default()
+        .device(Some(device()))
+        .gid_index(gid_index())
+}
+
 #[test]
 fn packet_conn_send_to_and_recv_from() {
     run(async {
-        let o = || {
-            PacketOptions::default()
-                .device(Some(device()))
-                .gid_index(gid_index())
-                .poll_mode(PollMode::Event)
-        };
+        let o = || packet_opts().poll_mode(PollMode::Event);
         let a = AsyncPacketConn::bind(o()).unwrap();
         let b = AsyncPacketConn::bind(o()).unwrap();
         let to = b.local_addr();
@@ -789,14 +791,9 @@ fn packet_conn_send_to_and_recv_from() {
 #[test]
 fn a_slow_address_handle_blocks_no_runtime_thread() {
     run(async {
-        let o = || {
-            PacketOptions::default()
-                .device(Some(device()))
-                .gid_index(gid_index())
-        };
         let (a, b) = (
-            Arc::new(AsyncPacketConn::bind(o()).unwrap()),
-            AsyncPacketConn::bind(o()).unwrap(),
+            Arc::new(AsyncPacketConn::bind(packet_opts()).unwrap()),
+            AsyncPacketConn::bind(packet_opts()).unwrap(),
         );
         let to = b.local_addr();
         a.send_to(b"warm", &to).await.unwrap();

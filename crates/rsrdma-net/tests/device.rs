@@ -218,6 +218,22 @@ fn barriers_and_settled_options() {
     t.join().unwrap();
 }
 
+/// Posts `wr` (signaled) on `c` and returns its one completion, waiting at most 10 s.
+///
+/// # Safety
+/// As [`RawConn::post_send`]: the memory `wr` names stays alive until this returns.
+unsafe fn send_and_reap(c: &RawConn, wr: &SendWr<'_>) -> Wc {
+    // SAFETY: the caller's contract.
+    unsafe { c.post_send(wr) }.unwrap();
+    let mut wcs = [Wc::default(); 4];
+    let n = c
+        .send_cq()
+        .poll_blocking(&mut wcs, Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(n, 1);
+    wcs[0]
+}
+
 /// Waits until `l` counted `n` failed peers: a bad peer the listener has not finished with
 /// yet has not opened, so the flood of silent sockets after it could shed it instead.
 fn wait_failed(l: &RawListener, n: u64) {
@@ -421,15 +437,10 @@ fn shared_pd_two_connections_one_mr() {
     for (i, hub) in &mut hubs {
         let other = 1 - *i;
         let sge = [hub_mr.sge(other * half, half).unwrap()];
-        // SAFETY: `hub_mr` outlives the send, whose completion is reaped below.
-        unsafe { hub.post_send(&SendWr::send(7, &sge).signaled(true)) }.unwrap();
-        let mut wcs = [Wc::default(); 4];
-        let n = hub
-            .send_cq()
-            .poll_blocking(&mut wcs, Duration::from_secs(10))
+        // SAFETY: `hub_mr` outlives the send, whose completion is reaped in the call.
+        unsafe { send_and_reap(hub, &SendWr::send(7, &sge).signaled(true)) }
+            .ok()
             .unwrap();
-        assert_eq!(n, 1);
-        wcs[0].ok().unwrap();
         hub.sync().unwrap(); // the client checked what it received
     }
     let closers: Vec<_> = hubs
@@ -476,15 +487,8 @@ fn a_connection_in_the_accept_queue_reaches_no_memory() {
         src.write_at(0, &[seed; 64]).unwrap();
         let sge = [src.sge(0, 64).unwrap()];
         let wr = SendWr::rdma_write(1, &sge, target.addr, target.rkey).signaled(true);
-        // SAFETY: `src` outlives the write, whose completion is reaped here.
-        unsafe { c.post_send(&wr) }.unwrap();
-        let mut wcs = [Wc::default(); 1];
-        let n = c
-            .send_cq()
-            .poll_blocking(&mut wcs, Duration::from_secs(10))
-            .unwrap();
-        assert_eq!(n, 1);
-        wcs[0]
+        // SAFETY: `src` outlives the write, whose completion is reaped in the call.
+        unsafe { send_and_reap(c, &wr) }
     };
     let queued = write(&clients[1].1, 0xbb);
     assert!(queued.ok().is_err(), "a queued peer wrote: {queued:?}");
@@ -569,13 +573,10 @@ fn event_mode_receive_wakes_through_the_channel() {
         let mut out = c.register_memory(len, AccessFlags::NONE).unwrap();
         pattern(&mut out, 42);
         let sge = [out.sge(0, len).unwrap()];
-        // SAFETY: `out` outlives the send, whose completion is reaped below.
-        unsafe { c.post_send(&SendWr::send(9, &sge).signaled(true)) }.unwrap();
-        let mut wcs = [Wc::default(); 4];
-        c.send_cq()
-            .poll_blocking(&mut wcs, Duration::from_secs(10))
+        // SAFETY: `out` outlives the send, whose completion is reaped in the call.
+        unsafe { send_and_reap(&c, &SendWr::send(9, &sge).signaled(true)) }
+            .ok()
             .unwrap();
-        wcs[0].ok().unwrap();
         c.sync().unwrap();
         c.close().unwrap();
     });
