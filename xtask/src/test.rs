@@ -83,6 +83,20 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
                 "warnings",
             ],
         ),
+        (
+            // What a user who builds without the optional features gets: no warnings either
+            // (unused items of code only a feature calls hid behind --all-features).
+            "clippy, default features",
+            &[
+                "clippy",
+                "--workspace",
+                "--lib",
+                "--bins",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ),
         ("unit tests", &["test", "--workspace", "--all-features"]),
     ] {
         banner(&format!("{name}: cargo {}", args.join(" ")));

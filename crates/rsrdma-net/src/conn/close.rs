@@ -152,6 +152,7 @@ impl Conn {
     }
 
     /// How the close ended, once its teardown is done (`None` before).
+    #[cfg(feature = "tokio")]
     pub(crate) fn close_end(&self) -> Option<Result<()>> {
         self.shared.lock().closed.as_ref().map(CloseEnd::result)
     }

@@ -70,7 +70,9 @@ mod transfer;
 mod worker;
 mod wr_id;
 
-pub(crate) use accept_queue::{take_tcp_peer, AcceptError, AcceptQueue, STARVED_PAUSE};
+pub(crate) use accept_queue::{take_tcp_peer, AcceptQueue};
+#[cfg(feature = "tokio")]
+pub(crate) use accept_queue::{AcceptError, STARVED_PAUSE};
 
 /// Waits until the listening socket `fd` is readable (a peer is queued).
 pub(crate) fn wait_listener(fd: std::os::fd::RawFd) -> std::io::Result<()> {

@@ -5,7 +5,9 @@ use super::gate::Gate;
 use super::grh::GRH_LEN;
 use super::options::PacketOptions;
 use super::recv::{Ready, RecvQueue, RecvRing};
-use super::send::{make_ah, Made, Posted, Route, SendRing, CHUNK};
+#[cfg(feature = "tokio")]
+use super::send::Made;
+use super::send::{make_ah, Posted, Route, SendRing, CHUNK};
 use crate::error::{NetError, Result};
 use crate::progress::{wait_until, PollMode};
 use rsrdma::{CompChannel, Cq, InitAttr, Pd, Qp, QpCaps, QpType, RtrAttr, RtsAttr};
