@@ -201,7 +201,9 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         &[
             "a_lost_rail_is_counted_on_the_side_that_lost_it",
             "a_plain_conn_at_either_end_gets_one_plain_rail",
+            "a_rail_that_fails_after_the_peer_closed_ends_the_stream_as_a_close",
             "a_rail_that_fails_mid_transfer_loses_nothing",
+            "a_send_waits_no_longer_than_its_write_timeout_when_the_peer_reads_nothing",
             "a_silent_rail_does_not_hold_up_a_good_client",
             "accept_with_a_zero_timeout_takes_clients_already_waiting",
             "huge_timeouts_mean_no_limit_and_never_panic",

@@ -149,6 +149,20 @@ fn a_rail_that_fails_mid_transfer_loses_nothing() {
     s.close().unwrap();
 }
 
+/// The peer closes while one of its rails is broken: the other rail ends with its close at
+/// once, the broken one fails only when its keepalive gives up. That is still the peer's
+/// close (the end of the stream), not a failure of every rail.
+#[test]
+fn a_rail_that_fails_after_the_peer_closed_ends_the_stream_as_a_close() {
+    let (c, s) = pair(Establish::Tcp, 2);
+    c.rail(1).unwrap().inject_qp_error().unwrap();
+    c.close().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(s.recv_msg().unwrap(), None, "the end of the stream");
+    assert_eq!(s.counters().rails_failed, 1, "the broken rail is counted");
+    s.close().unwrap();
+}
+
 #[test]
 fn a_lost_rail_is_counted_on_the_side_that_lost_it() {
     let (c, s) = pair(Establish::Tcp, 3);
@@ -324,6 +338,77 @@ fn the_peer_closing_ends_reads_after_its_messages_and_fails_sends() {
         matches!(r, Ok(()) | Err(rsrdma_net::NetError::PeerGone { .. })),
         "{r:?}"
     );
+}
+
+/// A peer that joins as a striped end (plain connections that answer the rails' hellos by
+/// hand) and then reads nothing: the rails' credits never come back.
+fn peer_that_never_reads(n: usize) -> (std::net::SocketAddr, thread::JoinHandle<Vec<Conn>>) {
+    let mut o = quick(Establish::Tcp);
+    o.offer_rails = true;
+    let l = Listener::bind(listen_addr(&o), o).unwrap();
+    let addr = l.local_addr();
+    let t = thread::spawn(move || {
+        let mut conns = Vec::new();
+        let mut first = None;
+        for _ in 0..n {
+            let c = l.accept_timeout(Duration::from_secs(20)).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let hello = c.recv_msg().unwrap().expect("a rail's hello");
+            assert_eq!(&hello[..4], b"RSRL", "a rail's hello");
+            if hello[5] == 0 {
+                first = Some((conns.len(), hello));
+            }
+            conns.push(c);
+        }
+        // The answer on rail 0: the dialer's proposal, settled as it is.
+        let (i, mut answer) = first.expect("rail 0's hello");
+        answer[..4].copy_from_slice(b"RSRA");
+        conns[i].send_msg(&answer).unwrap();
+        conns
+    });
+    (addr, t)
+}
+
+/// A write timeout bounds `send_msg` even when the rails cannot take a stripe (the peer
+/// returns no credits): the message is kept for the rails to carry later, and the send
+/// that finds the window full times out.
+#[test]
+fn a_send_waits_no_longer_than_its_write_timeout_when_the_peer_reads_nothing() {
+    let (addr, peer) = peer_that_never_reads(2);
+    let c = RailConn::dial(addr, rails(Establish::Tcp, 2)).unwrap();
+    let peer = peer.join().unwrap();
+    let limit = Duration::from_millis(200);
+    c.set_write_timeout(Some(limit)).unwrap();
+    let c = within(
+        Duration::from_secs(20),
+        "send_msg with a write timeout",
+        move || {
+            let msg = vec![5u8; 16 * 1024];
+            // 1 MiB of window: 64 such messages are taken, the next one times out.
+            for i in 0..1000 {
+                let t0 = std::time::Instant::now();
+                let r = c.send_msg(&msg);
+                let took = t0.elapsed();
+                assert!(
+                    took < limit + Duration::from_secs(1),
+                    "send {i} took {took:?} with a write timeout of {limit:?} ({r:?})"
+                );
+                match r {
+                    Ok(()) => {}
+                    Err(rsrdma_net::NetError::Timeout { .. }) => {
+                        assert!(i >= 60, "timed out at send {i}, before the window filled");
+                        return c;
+                    }
+                    Err(e) => panic!("send {i}: {e:?}"),
+                }
+            }
+            panic!("1000 sends of 16 KiB to a peer that reads nothing never timed out");
+        },
+    );
+    // Close gives up after the linger, as the peer confirmed nothing.
+    let r = within(Duration::from_secs(20), "close", move || c.close());
+    assert!(r.is_err(), "nothing was confirmed, yet close said {r:?}");
+    drop(peer);
 }
 
 #[test]

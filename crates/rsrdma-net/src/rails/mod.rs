@@ -13,7 +13,10 @@
 //! lost rails.
 //!
 //! This first form runs over whole `Conn`s: each rail has its own credits, keepalive and
-//! failure detection, and a thread reads each rail. Each rail's handshake offers the rails
+//! failure detection, a thread reads each rail, and one thread sends every stripe (a rail's
+//! send may wait for its peer's credits: no caller waits for that past its own timeout, as
+//! `send_msg` only hands its message to the core, which keeps it until the peer confirms
+//! it). Each rail's handshake offers the rails
 //! feature: a plain `Conn` at the other end does not, and the striped end then talks to it
 //! over that one connection, as a plain connection ([`RailConn::is_striped`] says false). The
 //! wire format is section 9 of `docs/conn-protocol.md`.
@@ -172,6 +175,8 @@ struct Shared {
     linger: Duration,
     state: Mutex<State>,
     changed: Condvar,
+    /// Wakes the writer thread: the core may have a stripe to send, or the connection ends.
+    to_send: Condvar,
 }
 
 struct State {
@@ -185,8 +190,15 @@ struct State {
     peer_closed: bool,
     /// `close` ran (rail failures from then on are its own doing).
     closing: bool,
+    /// A rail ended with the peer's close (the peer closes its rails only in its `close`).
+    peer_closed_a_rail: bool,
     /// Where the next stripe goes first (round robin over the rails).
     next_rail: usize,
+    /// The writer is sending a stripe.
+    sending: bool,
+    /// The writer waits for a stripe to send (a busy writer needs no wake-up: it looks at
+    /// the core again after each send).
+    writer_waits: bool,
     read_timeout: Option<Duration>,
     write_timeout: Option<Duration>,
 }
@@ -202,7 +214,8 @@ enum Inner {
     Plain(Box<Conn>),
     Striped {
         shared: Arc<Shared>,
-        readers: Vec<JoinHandle<()>>,
+        /// The rails' readers and the writer, joined by `close` (or the drop).
+        threads: Vec<JoinHandle<()>>,
     },
 }
 
@@ -308,34 +321,45 @@ impl RailConn {
                 peer_closed: false,
                 closing: false,
                 next_rail: 0,
+                sending: false,
+                writer_waits: false,
+                peer_closed_a_rail: false,
                 read_timeout: None,
                 write_timeout: None,
             }),
             changed: Condvar::new(),
+            to_send: Condvar::new(),
         });
-        let mut readers = Vec::with_capacity(n);
-        for rail in 0..n {
+        let mut threads = Vec::with_capacity(n + 1);
+        for thread in 0..=n {
             let s = shared.clone();
-            match std::thread::Builder::new()
-                .name(format!("rsrdma-rail{rail}"))
-                .spawn(move || s.read_rail(rail))
-            {
-                Ok(t) => readers.push(t),
+            let spawned = if thread < n {
+                std::thread::Builder::new()
+                    .name(format!("rsrdma-rail{thread}"))
+                    .spawn(move || s.read_rail(thread))
+            } else {
+                std::thread::Builder::new()
+                    .name("rsrdma-rails-out".into())
+                    .spawn(move || s.write_loop())
+            };
+            match spawned {
+                Ok(t) => threads.push(t),
                 Err(e) => {
-                    // The readers started end with their rails.
+                    // The threads started end with their rails.
                     shared.lock().closing = true;
+                    shared.to_send.notify_all();
                     for c in &shared.rails {
                         let _ = c.close();
                     }
-                    for t in readers {
+                    for t in threads {
                         let _ = t.join();
                     }
-                    return Err(NetError::io("start a rail's reader thread", e));
+                    return Err(NetError::io("start a striped connection's thread", e));
                 }
             }
         }
         Ok(RailConn {
-            inner: Inner::Striped { shared, readers },
+            inner: Inner::Striped { shared, threads },
             peer,
         })
     }
@@ -385,8 +409,11 @@ impl RailConn {
                 Err(e) => return Err(NetError::ConnFailed(e)),
             }
         }
+        let wake = st.writer_waits;
         drop(st);
-        sh.pump();
+        if wake {
+            sh.to_send.notify_one();
+        }
         Ok(())
     }
 
@@ -495,22 +522,30 @@ impl RailConn {
     }
 
     fn shutdown(&mut self) -> Result<()> {
-        let Inner::Striped { shared, readers } = &mut self.inner else {
+        let Inner::Striped { shared, threads } = &mut self.inner else {
             return Ok(());
         };
         let sh = shared.clone();
-        let readers = std::mem::take(readers);
+        let threads = std::mem::take(threads);
         let deadline = Deadline::within(Some(sh.linger));
         let mut result = Ok(());
         {
             let mut st = sh.lock();
-            while st.core.unconfirmed() > 0 && st.fatal.is_none() && !st.peer_closed && !st.closing
+            // Until the peer confirmed what this end sent, and the writer sent what this end
+            // owes (its confirmations of what it read: the peer's close waits for them).
+            while (st.core.unconfirmed() > 0 || st.core.wants_to_send() || st.sending)
+                && st.fatal.is_none()
+                && !st.peer_closed
+                && !st.closing
             {
                 match sh.wait(st, deadline, "close (messages not confirmed by the peer)") {
                     Ok(next) => st = next,
                     Err(e) => {
-                        result = Err(e);
                         st = sh.lock();
+                        // Only what the peer did not confirm makes the close fail.
+                        if st.core.unconfirmed() > 0 {
+                            result = Err(e);
+                        }
                         break;
                     }
                 }
@@ -525,10 +560,12 @@ impl RailConn {
             st.closing = true;
         }
         sh.changed.notify_all();
+        sh.to_send.notify_all();
+        // A rail's close also ends the writer's send on it, if one waits for credits.
         for c in &sh.rails {
             let _ = c.close();
         }
-        for t in readers {
+        for t in threads {
             let _ = t.join();
         }
         result
@@ -537,9 +574,9 @@ impl RailConn {
 
 impl Drop for RailConn {
     fn drop(&mut self) {
-        // A plain connection's own drop lingers; the rails' readers are joined here (a
+        // A plain connection's own drop lingers; the rails' threads are joined here (a
         // second call after `close` finds none).
-        if matches!(&self.inner, Inner::Striped { readers, .. } if !readers.is_empty()) {
+        if matches!(&self.inner, Inner::Striped { threads, .. } if !threads.is_empty()) {
             let _ = self.shutdown();
         }
     }
@@ -589,10 +626,10 @@ impl Shared {
             match take(&mut st.core) {
                 Ok(Some(m)) => {
                     // Reading may make a confirmation due.
-                    let confirm = st.core.wants_to_send();
+                    let wake = st.writer_waits && st.core.wants_to_send();
                     drop(st);
-                    if confirm {
-                        self.pump();
+                    if wake {
+                        self.to_send.notify_one();
                     }
                     return Ok(Some(m));
                 }
@@ -619,35 +656,27 @@ impl Shared {
         }
     }
 
-    /// Sends what the core has to send, a stripe at a time, on the rails in turn.
-    fn pump(&self) {
+    /// The writer thread: sends what the core has to send, a stripe at a time, on the rails
+    /// in turn, until the connection ends. A rail's send may wait for its peer's credits
+    /// for as long as that peer reads nothing, so no caller's call makes it: `send_msg`
+    /// hands its message to the core (which keeps it until the peer confirms it) and
+    /// returns, bounded by its write timeout alone.
+    fn write_loop(&self) {
         let mut buf = Vec::new();
+        let mut st = self.lock();
         loop {
-            let mut st = self.lock();
             if st.closing || st.fatal.is_some() {
                 return;
             }
-            let n = self.rails.len();
-            let start = st.next_rail;
-            let mut chosen = None;
-            for k in 0..n {
-                let rail = (start + k) % n;
-                if st.over[rail] {
-                    continue;
-                }
-                // Copied out: the rail's send may wait for credits, and the state's lock is
-                // not held meanwhile (this rail's peer may be waiting for it to read).
-                if let Some(s) = st.core.next_stripe(rail) {
-                    buf.clear();
-                    buf.extend_from_slice(s);
-                    chosen = Some(rail);
-                    break;
-                }
-            }
-            let Some(rail) = chosen else {
-                return;
+            let Some(rail) = Self::next_stripe(&mut st, &mut buf) else {
+                st.writer_waits = true;
+                st = self.to_send.wait(st).unwrap_or_else(|p| p.into_inner());
+                st.writer_waits = false;
+                continue;
             };
-            st.next_rail = (rail + 1) % n;
+            // The state's lock is not held while the rail sends (this rail's peer may be
+            // waiting for our readers, which need it).
+            st.sending = true;
             drop(st);
             match self.rails[rail].send_msg(&buf) {
                 Ok(()) => {}
@@ -655,15 +684,40 @@ impl Shared {
                 Err(NetError::PeerGone { .. }) => self.rail_down(rail, None),
                 Err(e) => self.rail_down(rail, Some(&e)),
             }
+            st = self.lock();
+            st.sending = false;
+            // A close waits until what this end owes was sent.
+            self.changed.notify_all();
         }
+    }
+
+    /// Copies the next stripe into `buf`, taken for the next live rail in turn; that rail.
+    fn next_stripe(st: &mut State, buf: &mut Vec<u8>) -> Option<usize> {
+        let n = st.over.len();
+        let start = st.next_rail;
+        for k in 0..n {
+            let rail = (start + k) % n;
+            if st.over[rail] {
+                continue;
+            }
+            if let Some(s) = st.core.next_stripe(rail) {
+                buf.clear();
+                buf.extend_from_slice(s);
+                st.next_rail = (rail + 1) % n;
+                return Some(rail);
+            }
+        }
+        None
     }
 
     /// Rail `rail` is over: it failed (`Some(why)`), or the peer closed it (`None`, its
     /// reader read the end of it, or a send found the peer gone). What it carried and is not
     /// confirmed goes again on the others (it may have arrived: the peer drops duplicates).
     /// Once every rail is over, a failure fails the connection, while the peer's close only
-    /// ends it for sending: reads end after what arrived whole. During `close` a rail's end
-    /// is close's own doing, and only marked.
+    /// ends it for sending: reads end after what arrived whole. The peer closes its rails only
+    /// in its `close`, so once one rail ended so, a rail that fails afterwards (the peer's
+    /// close raced our notice of an earlier failure) ends the connection as a close too.
+    /// During `close` a rail's end is close's own doing, and only marked.
     fn rail_down(&self, rail: usize, failure: Option<&NetError>) {
         let mut st = self.lock();
         if st.over[rail] {
@@ -678,22 +732,23 @@ impl Shared {
                 tracing::warn!(rail, error = %why, "striped connection: a rail failed");
                 st.core.rail_failed(rail)
             }
-            None => st.core.rail_closed(rail),
+            None => {
+                st.peer_closed_a_rail = true;
+                st.core.rail_closed(rail)
+            }
         };
         if let Err(e) = last {
-            if failure.is_some() {
+            if !st.peer_closed_a_rail {
                 tracing::warn!("striped connection: every rail failed");
                 st.fatal = Some(e);
             } else {
                 st.peer_closed = true;
             }
         }
-        let resend = st.core.wants_to_send();
         drop(st);
         self.changed.notify_all();
-        if resend {
-            self.pump();
-        }
+        // What the rail carried goes again on the others; or the writer ends.
+        self.to_send.notify_all();
     }
 
     /// A rail's reader thread: hands every stripe to the core until the rail ends.
@@ -711,8 +766,12 @@ impl Shared {
                         st.fatal = Some(e);
                     }
                     // A confirmation may have opened the window, a message may be whole.
+                    let fatal = st.fatal.is_some();
                     drop(st);
                     self.changed.notify_all();
+                    if fatal {
+                        self.to_send.notify_all();
+                    }
                 }
                 Ok(None) => {
                     self.rail_down(rail, None);
