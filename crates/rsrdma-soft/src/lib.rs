@@ -88,5 +88,5 @@ pub use mr::{DeregError, MrEntry, MrTable, MwBinding, MwEntry};
 pub use qp::{PostError, QpConfig, QpEvent, QpState, RcQp};
 pub use srq::Srq;
 pub use ud::{grh, UdDest, UdQp, UdSource, GRH_LEN};
-pub use wire::{Nak, Packet, PacketKind, Payload, WireError, HEADER_LEN};
+pub use wire::{Nak, Packet, PacketKind, Payload, WireError, HEADER_LEN, INLINE_PAYLOAD};
 pub use wr::{Bind, Completion, RecvWr, SendOp, SendWr, Sge, Status, WcOpcode};

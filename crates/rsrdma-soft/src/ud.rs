@@ -12,10 +12,10 @@
 use crate::memory::Memory;
 use crate::mr::MrTable;
 use crate::qp::{
-    admit_recv, gather, scatter, PostError, QpConfig, QpEvent, QpState, RecvAdmission,
+    admit_recv, gather_payload, scatter, PostError, QpConfig, QpEvent, QpState, RecvAdmission,
 };
 use crate::srq::Srq;
-use crate::wire::{Packet, PacketKind};
+use crate::wire::{Packet, PacketKind, Payload};
 use crate::wr::{Completion, RecvWr, SendOp, SendWr, Status, WcOpcode};
 use std::collections::VecDeque;
 
@@ -226,8 +226,8 @@ impl UdQp {
         // Longer than the path MTU: "sent" and lost, as rxe does.
         if len <= u64::from(self.mtu) {
             let payload = match wr.inline {
-                Some(d) => d,
-                None => gather(&wr.sges, mem),
+                Some(d) => Payload::from(d),
+                None => gather_payload(&wr.sges, mem),
             };
             let packet = Packet {
                 dest_qpn: dest.qpn,
@@ -237,7 +237,7 @@ impl UdQp {
                     qkey: dest.qkey,
                     imm,
                 },
-                payload: payload.into(),
+                payload,
             };
             self.out.push_back((dest, packet));
         }

@@ -151,36 +151,87 @@ pub struct Packet {
     pub payload: Payload,
 }
 
-/// A packet's bytes, shared rather than copied: a request kept for a retransmission after an
-/// RNR NAK and the copy on its way to the wire are one buffer (a clone costs a reference
-/// count, not the payload's length).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Payload(std::sync::Arc<Vec<u8>>);
+/// The longest payload a packet holds in itself (an acknowledgement's none, a small
+/// message's few bytes): no allocation for the packets that make up a latency test.
+pub const INLINE_PAYLOAD: usize = 40;
+
+/// A packet's bytes: a short payload in the packet itself, a longer one shared rather than
+/// copied: a request kept for a retransmission after an RNR NAK and the copy on its way to
+/// the wire are one buffer (a clone costs a reference count, not the payload's length).
+#[derive(Clone)]
+pub struct Payload(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    /// At most [`INLINE_PAYLOAD`] bytes, in place.
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE_PAYLOAD],
+    },
+    Shared(std::sync::Arc<Vec<u8>>),
+}
 
 impl Payload {
-    /// The bytes, as a vector (copied only if another packet shares them).
+    /// A payload of a copy of `bytes` (kept in place when short enough).
+    pub fn from_slice(bytes: &[u8]) -> Payload {
+        if bytes.len() <= INLINE_PAYLOAD {
+            let mut inline = [0u8; INLINE_PAYLOAD];
+            inline[..bytes.len()].copy_from_slice(bytes);
+            Payload(Repr::Inline {
+                len: bytes.len() as u8,
+                bytes: inline,
+            })
+        } else {
+            Payload(Repr::Shared(std::sync::Arc::new(bytes.to_vec())))
+        }
+    }
+
+    /// The bytes, as a vector (copied if another packet shares them, or if they are short).
     pub fn into_vec(self) -> Vec<u8> {
-        std::sync::Arc::try_unwrap(self.0).unwrap_or_else(|shared| (*shared).clone())
+        match self.0 {
+            Repr::Inline { len, bytes } => bytes[..usize::from(len)].to_vec(),
+            Repr::Shared(v) => {
+                std::sync::Arc::try_unwrap(v).unwrap_or_else(|shared| (*shared).clone())
+            }
+        }
     }
 
     /// Whether another packet (or anything else) shares these bytes.
     pub fn is_shared(&self) -> bool {
-        std::sync::Arc::strong_count(&self.0) > 1
+        match &self.0 {
+            Repr::Inline { .. } => false,
+            Repr::Shared(v) => std::sync::Arc::strong_count(v) > 1,
+        }
     }
 
     /// The bytes, as a vector, if no other packet shares them (a device that made the
-    /// payload takes its memory back this way once the packet was handled).
+    /// payload takes its memory back this way once the packet was handled; a short payload
+    /// has none to give back, and comes back as a copy).
     ///
     /// # Errors
     /// The payload itself, when another packet still shares it.
     pub fn try_into_vec(self) -> Result<Vec<u8>, Payload> {
-        std::sync::Arc::try_unwrap(self.0).map_err(Payload)
+        match self.0 {
+            Repr::Inline { len, bytes } => Ok(bytes[..usize::from(len)].to_vec()),
+            Repr::Shared(v) => std::sync::Arc::try_unwrap(v).map_err(|v| Payload(Repr::Shared(v))),
+        }
+    }
+}
+
+impl Default for Payload {
+    fn default() -> Payload {
+        Payload::from_slice(&[])
     }
 }
 
 impl From<Vec<u8>> for Payload {
+    /// Takes the vector's memory, or copies a short one's bytes into place.
     fn from(v: Vec<u8>) -> Payload {
-        Payload(std::sync::Arc::new(v))
+        if v.len() <= INLINE_PAYLOAD {
+            Payload::from_slice(&v)
+        } else {
+            Payload(Repr::Shared(std::sync::Arc::new(v)))
+        }
     }
 }
 
@@ -188,19 +239,36 @@ impl std::ops::Deref for Payload {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        &self.0
+        match &self.0 {
+            Repr::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Repr::Shared(v) => v,
+        }
     }
 }
 
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Payload").field(&&**self).finish()
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Payload) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Payload {}
+
 impl PartialEq<Vec<u8>> for Payload {
     fn eq(&self, other: &Vec<u8>) -> bool {
-        **self.0 == **other
+        **self == **other
     }
 }
 
 impl PartialEq<[u8]> for Payload {
     fn eq(&self, other: &[u8]) -> bool {
-        self.0[..] == *other
+        **self == *other
     }
 }
 
@@ -304,15 +372,14 @@ impl Packet {
         let h = bytes.get(..HEADER_LEN).ok_or(WireError("short header"))?;
         let mut header = [0u8; HEADER_LEN];
         header.copy_from_slice(h);
-        Packet::decode_parts(&header, bytes[HEADER_LEN..].to_vec())
+        Packet::decode_parts(&header, Payload::from_slice(&bytes[HEADER_LEN..]))
     }
 
-    /// Parses a packet read as its header and its payload (which becomes the packet's, not
-    /// copied).
+    /// Parses a packet read as its header and its payload (which becomes the packet's).
     ///
     /// # Errors
     /// As [`Packet::decode`].
-    pub fn decode_parts(h: &[u8; HEADER_LEN], payload: Vec<u8>) -> Result<Packet, WireError> {
+    pub fn decode_parts(h: &[u8; HEADER_LEN], payload: Payload) -> Result<Packet, WireError> {
         let u16_at = |o: usize| u16::from_le_bytes([h[o], h[o + 1]]);
         let u32_at = |o: usize| u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
         let u64_at = |o: usize| {
@@ -372,7 +439,7 @@ impl Packet {
             dest_qpn: u32_at(4),
             psn: u32_at(8),
             kind,
-            payload: payload.into(),
+            payload,
         })
     }
 }
@@ -430,6 +497,28 @@ mod tests {
         fn garbage_is_refused_or_decodes_without_panicking(bytes in prop::collection::vec(any::<u8>(), 0..80)) {
             let _ = Packet::decode(&bytes);
         }
+    }
+
+    #[test]
+    fn short_payloads_live_in_the_packet_and_long_ones_are_shared() {
+        for len in [0, 1, 8, INLINE_PAYLOAD, INLINE_PAYLOAD + 1, 4096] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let p = Payload::from(bytes.clone());
+            assert_eq!(&p[..], &bytes[..], "{len} bytes");
+            assert_eq!(Payload::from_slice(&bytes), p, "{len} bytes");
+            // A clone shares a long payload's memory; a short one is copied.
+            let q = p.clone();
+            assert_eq!(p.is_shared(), len > INLINE_PAYLOAD, "{len} bytes");
+            assert_eq!(q.clone().into_vec(), bytes, "{len} bytes");
+            drop(q);
+            assert!(!p.is_shared(), "{len} bytes");
+            assert_eq!(p.try_into_vec().unwrap(), bytes, "{len} bytes");
+        }
+        assert!(Payload::default().is_empty());
+        assert_eq!(
+            format!("{:?}", Payload::from(vec![1, 2])),
+            "Payload([1, 2])"
+        );
     }
 
     #[test]

@@ -32,7 +32,7 @@ use super::directory::{Directory, PeerDirect};
 use super::fast_hash::FastMap;
 use super::recycle::Recycler;
 use super::shm_link::{self, Inbound, ShmOut};
-use rsrdma_soft::{Packet, HEADER_LEN};
+use rsrdma_soft::{Packet, Payload, HEADER_LEN, INLINE_PAYLOAD};
 use std::collections::VecDeque;
 use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
@@ -666,11 +666,21 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>, readers: &Readers) {
             break;
         }
         // Read into the vector's spare capacity: no zeroing of what the read overwrites.
-        let mut payload = recycle.buffer(len);
-        match (&mut s).take(len as u64).read_to_end(&mut payload) {
-            Ok(n) if n == len => {}
-            _ => break,
-        }
+        // A short payload goes into the packet itself (no buffer of the recycler's).
+        let payload = if len > INLINE_PAYLOAD {
+            let mut payload = recycle.buffer(len);
+            match (&mut s).take(len as u64).read_to_end(&mut payload) {
+                Ok(n) if n == len => {}
+                _ => break,
+            }
+            Payload::from(payload)
+        } else {
+            let mut short = [0u8; INLINE_PAYLOAD];
+            if s.read_exact(&mut short[..len]).is_err() {
+                break;
+            }
+            Payload::from_slice(&short[..len])
+        };
         match Packet::decode_parts(&header, payload) {
             Ok(p) => {
                 recycle.lend(&p.payload);

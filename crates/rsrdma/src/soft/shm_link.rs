@@ -26,7 +26,7 @@ use super::link::{hello, hello_device, Deliver, HELLO_LEN, MAX_PAYLOAD};
 use super::recycle::Recycler;
 use super::ring::{Consumer, Peek, Producer};
 use super::verbs::signal;
-use rsrdma_soft::{Packet, HEADER_LEN};
+use rsrdma_soft::{Packet, Payload, HEADER_LEN, INLINE_PAYLOAD};
 use std::io;
 use std::net::SocketAddrV4;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -349,7 +349,13 @@ impl Inbound {
                         "an oversized packet",
                     ));
                 }
-                r.payload = r.recycle.buffer(r.payload_len);
+                // A short payload is read into the buffer kept from the last one and copied
+                // into its packet: no allocation per packet.
+                if r.payload_len > INLINE_PAYLOAD {
+                    r.payload = r.recycle.buffer(r.payload_len);
+                } else {
+                    r.payload.reserve(INLINE_PAYLOAD);
+                }
             }
             let want = r.payload_len - r.payload.len();
             let n = r.ring.read_into_vec(&mut r.payload, want)?;
@@ -357,7 +363,14 @@ impl Inbound {
             if r.payload.len() < r.payload_len {
                 break;
             }
-            let p = Packet::decode_parts(&r.header, std::mem::take(&mut r.payload))
+            let payload = if r.payload_len > INLINE_PAYLOAD {
+                Payload::from(std::mem::take(&mut r.payload))
+            } else {
+                let p = Payload::from_slice(&r.payload);
+                r.payload.clear();
+                p
+            };
+            let p = Packet::decode_parts(&r.header, payload)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
             r.header_got = 0;
             r.batch.push(p);
