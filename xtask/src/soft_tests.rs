@@ -156,6 +156,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         &[
             "a_cancelled_recv_msg_loses_nothing",
             "a_connection_waiting_for_its_accept_answers_keepalives",
+            "a_receiver_waiting_for_the_side_is_woken_when_its_owner_is_done",
             "a_message_send_msg_accepted_goes_out_while_nobody_awaits_the_sender",
             "a_cancelled_send_msg_sends_nothing",
             "an_async_listener_with_a_shared_receive_pool",

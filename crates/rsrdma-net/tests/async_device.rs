@@ -1208,6 +1208,82 @@ fn async_recv_buffer_refuses_another_connections_buffer_and_the_connection_goes_
     });
 }
 
+/// A waker that counts its wake-ups, for futures polled by hand.
+#[derive(Default)]
+struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl CountingWaker {
+    fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Two receivers of one connection, polled by hand in the order that lost a wake-up: B steps
+/// first (it takes both messages off the completion queue and finds the receive side A's),
+/// then A takes the first message and returns. B must be woken for the second, which waits
+/// queued; no keepalive comes to step for it.
+#[test]
+fn a_receiver_waiting_for_the_side_is_woken_when_its_owner_is_done() {
+    run(async {
+        let mut o = opts(Establish::Tcp);
+        o.keepalive = None;
+        let (c, s) = pair(o.clone(), o).await;
+        let (mut buf_a, mut buf_b) = (s.alloc_buffer(4096).unwrap(), s.alloc_buffer(4096).unwrap());
+        let (count_a, count_b) = (
+            Arc::new(CountingWaker::default()),
+            Arc::new(CountingWaker::default()),
+        );
+        let (waker_a, waker_b) = (
+            std::task::Waker::from(count_a.clone()),
+            std::task::Waker::from(count_b.clone()),
+        );
+        let mut a = Box::pin(s.recv_buffer(&mut buf_a));
+        let mut b = Box::pin(s.recv_buffer(&mut buf_b));
+        assert!(a
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker_a))
+            .is_pending());
+        assert!(b
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker_b))
+            .is_pending());
+        c.send_msg(b"first").await.unwrap();
+        c.send_msg(b"second").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            b.as_mut()
+                .poll(&mut Context::from_waker(&waker_b))
+                .is_pending(),
+            "B waits for the receive side, which A holds"
+        );
+        let before = count_b.count();
+        match a.as_mut().poll(&mut Context::from_waker(&waker_a)) {
+            Poll::Ready(Ok(Some(n))) => assert_eq!(n, 5, "A gets the first message"),
+            other => panic!("A: {other:?}"),
+        }
+        drop(a);
+        assert!(
+            count_b.count() > before,
+            "A is done with the receive side, and B (with a message waiting) was not woken"
+        );
+        match b.as_mut().poll(&mut Context::from_waker(&waker_b)) {
+            Poll::Ready(Ok(Some(n))) => assert_eq!(n, 6, "B gets the second message"),
+            other => panic!("B: {other:?}"),
+        }
+        drop(b);
+        assert_eq!(&buf_a.as_slice().unwrap()[..5], b"first");
+        assert_eq!(&buf_b.as_slice().unwrap()[..6], b"second");
+        c.close().await.unwrap();
+        s.close().await.unwrap();
+    });
+}
+
 /// A reader and a writer task on each end of one connection, on a multi-thread runtime, no
 /// keepalive to rescue a lost wake-up: every message arrives, in order.
 #[test]

@@ -749,7 +749,11 @@ impl Conn {
         }
         let (deadline, live_fd) = (d.next_deadline(), d.liveness_fd());
         let sends_waiting = d.core_ref().sends_waiting();
-        if changed || matches!(r, Ok(Some(_))) {
+        // An operation that ended let go of its side and may have left what it reaped for
+        // the others (a receiver waiting for the side, with a message queued): they must
+        // look again, whether or not the step posted anything.
+        changed |= matches!(r, Ok(Some(_)));
+        if changed {
             self.shared.changed(&mut st);
         }
         Ok(Step {
