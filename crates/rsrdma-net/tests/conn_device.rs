@@ -255,6 +255,128 @@ fn close_wakes_a_blocked_reader_and_writer_on_other_threads() {
     assert!(matches!(c.send_msg(b"x"), Err(NetError::Closed { .. })));
 }
 
+/// A writer blocked for credit (the peer reads nothing yet) when another thread closes: the
+/// blocked send returns `Closed` at once with nothing of its message sent, the FIN goes at
+/// once (it may spend the credit kept for control frames), so `close` is done well within
+/// its linger, and the peer, reading later, gets every message that returned `Ok`, then
+/// the end of the stream.
+#[test]
+fn close_wakes_a_send_blocked_for_credit_and_the_peer_still_reads_what_was_sent() {
+    let (c, s) = pair(opts(Establish::Tcp), opts(Establish::Tcp));
+    let c = Arc::new(c);
+    let writer = {
+        let c = c.clone();
+        thread::spawn(move || {
+            let msg = vec![3u8; 20_000];
+            let mut sent = 0u64;
+            loop {
+                if let Err(e) = c.send_msg(&msg) {
+                    return (sent, e, Instant::now());
+                }
+                sent += 1;
+            }
+        })
+    };
+    thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    let closed = c.close();
+    let took = t0.elapsed();
+    let (sent, e, woke) = writer.join().unwrap();
+    assert!(
+        matches!(e, NetError::Closed { .. }),
+        "the blocked writer got {e}"
+    );
+    assert!(
+        woke.duration_since(t0) < Duration::from_millis(500),
+        "the blocked writer returned {:?} after close began",
+        woke.duration_since(t0)
+    );
+    assert!(closed.is_ok(), "close: {closed:?} after {took:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "close took {took:?} (linger 2 s)"
+    );
+    assert!(
+        sent >= 5,
+        "only {sent} messages went before the writer blocked"
+    );
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut read = 0u64;
+    while let Some(m) = s.recv_msg().unwrap() {
+        assert_eq!(m.len(), 20_000);
+        read += 1;
+    }
+    assert_eq!(
+        read, sent,
+        "the peer read every message that returned Ok, and no other"
+    );
+}
+
+/// `close` while another thread's large send (by rendezvous: the peer reads it from the
+/// sender's memory) waits for a peer that reads nothing within the linger: `close` says
+/// `Timeout` (that message was not delivered), the send says `Closed`, and the peer, reading
+/// later, learns that the message it was offered went with its sender (`PeerClosed`).
+#[test]
+fn a_close_that_leaves_a_large_message_unread_says_so_on_both_ends() {
+    let linger = Duration::from_millis(500);
+    let (c, s) = pair(opts(Establish::Tcp).linger(linger), opts(Establish::Tcp));
+    let threshold = c
+        .info()
+        .settled
+        .rendezvous()
+        .expect("rendezvous by default");
+    let c = Arc::new(c);
+    let writer = {
+        let c = c.clone();
+        thread::spawn(move || c.send_msg(&vec![1u8; 4 * threshold as usize]))
+    };
+    thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let closed = c.close();
+    assert!(
+        matches!(closed, Err(NetError::Timeout { .. })),
+        "close with a message the peer never read: {closed:?}"
+    );
+    assert!(t0.elapsed() < linger + Duration::from_secs(3));
+    let sent = writer.join().unwrap();
+    assert!(
+        matches!(sent, Err(NetError::Closed { .. })),
+        "the large send: {sent:?}"
+    );
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let e = s.recv_msg().unwrap_err();
+    assert!(
+        matches!(e, NetError::PeerClosed(_)),
+        "the peer's read: {e:?}"
+    );
+}
+
+/// A large send (by rendezvous) with a write timeout to a peer that reads nothing: once
+/// the peer was offered it, the call waits for the read past its timeout (the peer may
+/// read the caller's memory), up to its grace of 10 s, and then fails the connection and
+/// says so (`ConnFailed`), not `Timeout`, which would promise a usable connection.
+#[test]
+fn a_large_send_the_peer_never_reads_fails_the_connection_after_its_grace() {
+    let (c, s) = pair(opts(Establish::Tcp), opts(Establish::Tcp));
+    let threshold = c
+        .info()
+        .settled
+        .rendezvous()
+        .expect("rendezvous by default");
+    c.set_write_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let t0 = Instant::now();
+    let e = c.send_msg(&vec![2u8; 2 * threshold as usize]).unwrap_err();
+    let took = t0.elapsed();
+    assert!(matches!(e, NetError::ConnFailed(_)), "{e:?} after {took:?}");
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(20),
+        "the send ended after {took:?}: the grace is 10 s past the offer"
+    );
+    assert!(matches!(c.send_msg(b"x"), Err(NetError::ConnFailed(_))));
+    drop(s);
+}
+
 #[test]
 fn a_qp_forced_to_error_fails_both_sides_promptly() {
     let fast = || {

@@ -123,15 +123,12 @@ impl Conn {
         failed: Option<ProtoError>,
         delivered: Result<()>,
     ) -> Result<()> {
-        let driver = self.detach_driver();
+        let (driver, ours_done) = self.detach_driver();
         self.shared.wake.wake();
         let worker = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(w) = worker {
             let _ = w.join();
         }
-        let ours_done = driver
-            .as_ref()
-            .is_some_and(|d| d.core_ref().is_drained() || d.peer_gone());
         if let Some(d) = driver {
             d.teardown(crate::deadline::deadline_after(FLUSH_LIMIT));
         }

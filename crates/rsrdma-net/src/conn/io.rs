@@ -45,7 +45,7 @@ impl io::Read for &Conn {
         // A rendezvous message is read whole into the driver's memory, then served from the
         // core as any message.
         let timeout = self.shared.read_timeout.get();
-        self.block("read", timeout, |d| read_attempt(d, "read", buf))
+        self.block("read", timeout, |d| read_attempt(d, buf))
             .map_err(NetError::into_io)
     }
 }

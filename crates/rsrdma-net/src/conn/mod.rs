@@ -191,6 +191,18 @@ impl Conn {
     /// turns, whole messages at a time. Up to the write timeout; a message that had begun to
     /// go out when the timeout hit is finished from a copy and the call succeeds.
     ///
+    /// A message at or above the rendezvous threshold ([`ConnOptions::rendezvous`], 256 KiB
+    /// by default) is read by the peer straight from `msg`: the write timeout ends the wait
+    /// while the offer (its RTS) has not gone out, but once the peer was offered it, it can
+    /// neither be withdrawn nor finished from a copy, so the call waits for the peer's read
+    /// past the write timeout, up to 10 s more, and then fails the connection rather than
+    /// return memory the peer may still read. For a hard bound on large sends, send a
+    /// [`Buffer`] ([`Conn::start_send_buffer`]: the library's memory, which may stay in
+    /// flight after the call returns).
+    ///
+    /// A `close` (or `shutdown(Write)`) on another thread ends a call whose message has not
+    /// begun with [`NetError::Closed`] at once; one that had begun goes whole before the FIN.
+    ///
     /// # Errors
     /// [`NetError::MessageTooLarge`] above the cap (nothing sent, the connection stays
     /// usable); [`NetError::Timeout`] (nothing of the message was sent); [`NetError::Closed`]
@@ -222,7 +234,8 @@ impl Conn {
     ///
     /// # Errors
     /// [`NetError::Timeout`] (the connection stays usable); [`NetError::Closed`] after
-    /// `close`; [`NetError::ConnFailed`].
+    /// `close`; [`NetError::PeerClosed`] when the peer closed before a large message it had
+    /// offered (by rendezvous) could be read; [`NetError::ConnFailed`].
     pub fn recv_msg(&self) -> Result<Option<Vec<u8>>> {
         self.recv_msg_pulling()
     }
@@ -331,18 +344,25 @@ impl Conn {
         self.finish_close(failed, delivered)
     }
 
-    /// Stops the connection's steps and takes its driver out for the teardown (both closes).
-    /// A caller's slice that a window exposes is cut off from the NIC first, under the lock:
-    /// its waiting call returns as soon as the driver is gone, before the teardown's flush.
-    fn detach_driver(&self) -> Option<Driver> {
+    /// Stops the connection's steps and takes its driver out for the teardown (both closes),
+    /// with whether everything this side sent was delivered (FIN done, every rendezvous
+    /// message released) or the peer had left, as it stood before the cut-off below (which
+    /// withdraws what the peer did not read). A caller's slice that a window exposes is cut
+    /// off from the NIC first, under the lock: its waiting call returns as soon as the driver
+    /// is gone, before the teardown's flush.
+    fn detach_driver(&self) -> (Option<Driver>, bool) {
         let mut st = self.shared.lock();
         st.stop = true;
+        let done = st
+            .driver
+            .as_ref()
+            .is_some_and(|d| d.core_ref().is_drained() || d.peer_gone());
         if let Some(d) = st.driver.as_mut() {
             d.cut_off_lent_slices();
         }
         let d = st.driver.take();
         self.shared.changed(&mut st);
-        d
+        (d, done)
     }
 
     /// Sets the read timeout (`None`: block indefinitely), as [`TcpStream::set_read_timeout`].
@@ -799,9 +819,7 @@ impl Conn {
     /// message is read into the driver's memory (the same attempt as the blocking face's), so
     /// a future dropped at any point strands nothing.
     pub(crate) fn step_recv_msg(&self, live: bool) -> Result<Step<Option<Vec<u8>>>> {
-        self.step("recv_msg", live, |d| {
-            rendezvous::recv_msg_attempt(d, "recv_msg")
-        })
+        self.step("recv_msg", live, rendezvous::recv_msg_attempt)
     }
 
     /// [`Conn::recv_msg_into`] as one step (a rendezvous message is copied from the driver's
@@ -812,13 +830,13 @@ impl Conn {
         live: bool,
     ) -> Result<Step<Option<usize>>> {
         self.step("recv_msg_into", live, |d| {
-            rendezvous::recv_msg_into_attempt(d, "recv_msg_into", buf)
+            rendezvous::recv_msg_into_attempt(d, buf)
         })
     }
 
     /// `Read::read` as one step (0 is the end of the stream).
     pub(crate) fn step_read(&self, buf: &mut [u8], live: bool) -> Result<Step<usize>> {
-        self.step("read", live, |d| rendezvous::read_attempt(d, "read", buf))
+        self.step("read", live, |d| rendezvous::read_attempt(d, buf))
     }
 
     /// `Write::flush` as one step: done once every byte taken is handed to the NIC.

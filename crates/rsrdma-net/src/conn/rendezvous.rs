@@ -63,6 +63,10 @@ use std::time::Duration;
 /// its own timeout before it fails the connection to get the memory back.
 pub const RDV_GRACE: Duration = Duration::from_secs(10);
 
+/// What a read says ([`NetError::PeerClosed`]) when the peer closed before a large message
+/// it offered (its RTS came) could be read: its memory went with it.
+pub(crate) const UNREAD_OFFER: &str = "the read of a large message it had offered";
+
 /// How [`Conn::start_send_buffer`] queues a buffer in the core.
 #[derive(Clone, Copy)]
 enum BufferSend {
@@ -334,7 +338,7 @@ impl Conn {
     /// ([`Driver::start_owned_read`]), which then becomes the message with no copy.
     pub(super) fn recv_msg_pulling(&self) -> Result<Option<Vec<u8>>> {
         let timeout = self.shared.read_timeout.get();
-        self.block("recv_msg", timeout, |d| recv_msg_attempt(d, "recv_msg"))
+        self.block("recv_msg", timeout, recv_msg_attempt)
     }
 
     /// Send SGEs the queue pair has (2 for lent frames; 0 after close).
@@ -515,7 +519,7 @@ impl<L: ReadLink> Op<L> for Pull<'_, L::Hold> {
         if d.peer_gone() && !d.core().read_landed() {
             // The peer left after its FIN: its memory went with it (and nothing is posted
             // any more), so a rendezvous message it left behind cannot be read.
-            return Err(NetError::PeerGone { op: self.name });
+            return Err(NetError::PeerClosed(UNREAD_OFFER));
         }
         if !self.started {
             if d.core().pending_read() != Some(self.len) {
@@ -561,15 +565,12 @@ impl<L: ReadLink> Op<L> for Pull<'_, L::Hold> {
 
 /// One attempt of `recv_msg`, for either face: a rendezvous message at the head is read into
 /// the driver's own vector first, and is then taken as any message.
-pub(super) fn recv_msg_attempt(
-    d: &mut Driver,
-    op: &'static str,
-) -> Result<Option<Option<Vec<u8>>>> {
+pub(super) fn recv_msg_attempt(d: &mut Driver) -> Result<Option<Option<Vec<u8>>>> {
     match d.core().recv_msg() {
         Ok(Recv::Data(m)) => Ok(Some(Some(m))),
         Ok(Recv::Eof) => Ok(Some(None)),
-        Ok(Recv::NeedsRead { len }) => start_owned_read(d, op, len),
-        Ok(Recv::Blocked) => reading_from_gone_peer(d, op),
+        Ok(Recv::NeedsRead { len }) => start_owned_read(d, len),
+        Ok(Recv::Blocked) => reading_from_gone_peer(d),
         Err(e) => Err(from_core(e)),
     }
 }
@@ -579,7 +580,6 @@ pub(super) fn recv_msg_attempt(
 #[cfg(feature = "tokio")]
 pub(super) fn recv_msg_into_attempt(
     d: &mut Driver,
-    op: &'static str,
     buf: &mut [u8],
 ) -> Result<Option<Option<usize>>> {
     match d.core().recv_msg_into(buf) {
@@ -588,42 +588,38 @@ pub(super) fn recv_msg_into_attempt(
         Ok(Recv::NeedsRead { len }) if len > buf.len() => {
             Err(NetError::ShortBuffer { needed: len })
         }
-        Ok(Recv::NeedsRead { len }) => start_owned_read(d, op, len),
-        Ok(Recv::Blocked) => reading_from_gone_peer(d, op),
+        Ok(Recv::NeedsRead { len }) => start_owned_read(d, len),
+        Ok(Recv::Blocked) => reading_from_gone_peer(d),
         Err(e) => Err(from_core(e)),
     }
 }
 
 /// One attempt of a stream read, for either face (0 is the end of the stream).
-pub(super) fn read_attempt(
-    d: &mut Driver,
-    op: &'static str,
-    buf: &mut [u8],
-) -> Result<Option<usize>> {
+pub(super) fn read_attempt(d: &mut Driver, buf: &mut [u8]) -> Result<Option<usize>> {
     match d.core().read(buf) {
         Ok(Recv::Data(n)) => Ok(Some(n)),
         Ok(Recv::Eof) => Ok(Some(0)),
-        Ok(Recv::NeedsRead { len }) => start_owned_read(d, op, len),
-        Ok(Recv::Blocked) => reading_from_gone_peer(d, op),
+        Ok(Recv::NeedsRead { len }) => start_owned_read(d, len),
+        Ok(Recv::Blocked) => reading_from_gone_peer(d),
         Err(e) => Err(from_core(e)),
     }
 }
 
 /// Starts the READ of the head message into the driver's memory; the caller steps again.
-fn start_owned_read<T>(d: &mut Driver, op: &'static str, len: usize) -> Result<Option<T>> {
+fn start_owned_read<T>(d: &mut Driver, len: usize) -> Result<Option<T>> {
     if d.peer_gone() {
         // The peer left after its FIN: its memory went with it (and nothing is posted any
         // more), so a rendezvous message it left behind cannot be read.
-        return Err(NetError::PeerGone { op });
+        return Err(NetError::PeerClosed(UNREAD_OFFER));
     }
     d.start_owned_read(len)?;
     Ok(None)
 }
 
 /// A read that would block: the peer's leaving ends a READ that can no longer land.
-fn reading_from_gone_peer<T>(d: &mut Driver, op: &'static str) -> Result<Option<T>> {
+fn reading_from_gone_peer<T>(d: &mut Driver) -> Result<Option<T>> {
     if d.read_stranded() {
-        return Err(NetError::PeerGone { op });
+        return Err(NetError::PeerClosed(UNREAD_OFFER));
     }
     Ok(None)
 }

@@ -149,15 +149,22 @@ impl Conn {
             }
             d.check_failed().map(|()| None)
         });
+        let mut failed = None;
         if done.is_err() {
             let mut st = self.shared.lock();
             if let Some(d) = st.driver.as_mut() {
                 d.abort_transfer();
                 d.drop_send(msg, false);
+                failed = d.core_ref().error().cloned();
             }
             self.shared.changed(&mut st);
         }
         drop(mr);
+        // The connection was failed to get the caller's memory back: whatever ended the run
+        // (a timeout among them), the connection is not usable any more.
+        if let Some(e) = failed {
+            return Err(NetError::ConnFailed(e));
+        }
         match (r, done) {
             // Released: the peer read it whole, whatever ended the run meanwhile.
             (Err(_), Ok(())) if msgs.len() == 1 => Ok(()),
@@ -251,6 +258,13 @@ impl<L: Link + SliceRendezvous> Op<L> for SendMsg<'_> {
                     return Err(NetError::PeerGone { op: self.name });
                 }
             }
+            // The write side was shut (a close, or shutdown(Write), on another thread): the
+            // FIN waits behind this message, so one that has not begun is withdrawn (by
+            // `abandon`, with `Closed`) rather than wait for credit, and one that has is
+            // finished from a copy, the FIN after it.
+            if d.core().write_closed() {
+                return Err(NetError::Closed { op: self.name });
+            }
             if self.threshold.is_some_and(|t| m.len() >= t) {
                 if !d.send_slice_rdv(m, &mut self.rdv)? {
                     return Ok(None);
@@ -283,7 +297,12 @@ impl<L: Link + SliceRendezvous> Op<L> for SendMsg<'_> {
         }
         let kept = d.core().send_unborrow(m);
         match r {
-            Err(NetError::Timeout { .. }) if kept && self.msgs.len() == 1 => Ok(()),
+            // A lone message that had begun goes whole from the copy.
+            Err(NetError::Timeout { .. } | NetError::Closed { .. })
+                if kept && self.msgs.len() == 1 =>
+            {
+                Ok(())
+            }
             r => r,
         }
     }
@@ -356,7 +375,9 @@ impl<L: Link> Op<L> for RecvInto<'_> {
             Ok(Recv::Data(n)) => Ok(Some(RecvStep::Got(Some(n)))),
             Ok(Recv::Eof) => Ok(Some(RecvStep::Got(None))),
             Ok(Recv::NeedsRead { len }) => Ok(Some(RecvStep::Rendezvous(len))),
-            Ok(Recv::Blocked) if d.read_stranded() => Err(NetError::PeerGone { op: self.name }),
+            Ok(Recv::Blocked) if d.read_stranded() => {
+                Err(NetError::PeerClosed(super::rendezvous::UNREAD_OFFER))
+            }
             Ok(Recv::Blocked) => Ok(None),
             Err(e) => Err(from_core(e)),
         }

@@ -284,6 +284,13 @@ impl<M: SlotMemory> Conn<M> {
         self.tx.pending_base = self.tx.offset;
     }
 
+    /// Whether the write side is shut (`shutdown_write` or `close` ran): no new message is
+    /// accepted, and a lender whose message has not begun should withdraw it
+    /// ([`Conn::send_unborrow`]) so that the FIN, queued behind it, can go.
+    pub fn write_closed(&self) -> bool {
+        self.tx.write_closed
+    }
+
     /// Whether `send_msg` would accept a message now.
     pub fn can_send(&self) -> bool {
         self.failed.is_none() && !self.tx.write_closed && !self.tx.active
