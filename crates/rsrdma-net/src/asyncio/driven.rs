@@ -325,6 +325,15 @@ impl Driven {
         }
     }
 
+    /// Has the keeper step now: a call outside any step (a write half's drop queues its
+    /// FIN) may have left frames waiting for credit, which only the keeper's steps on the
+    /// completions send when no task awaits the connection.
+    pub(crate) fn kick_keeper(&self) {
+        if let Some(w) = lock(&self.keeper).waker.take() {
+            w.wake();
+        }
+    }
+
     /// Has the keeper wake every waiter at `at` (a close's linger end), unless an earlier
     /// alarm is set.
     fn alarm(&self, at: Instant) {

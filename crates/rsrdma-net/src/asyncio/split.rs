@@ -122,7 +122,10 @@ impl Drop for OwnedWriteHalf {
     fn drop(&mut self) {
         if self.shutdown_on_drop {
             // Queues the FIN without waiting; an error (closed, failed) leaves nothing to do.
-            let _ = self.d.conn().shutdown(Shutdown::Write);
+            // A FIN that waits for credit goes with the keeper's steps.
+            if self.d.conn().shutdown(Shutdown::Write).is_ok() {
+                self.d.kick_keeper();
+            }
         }
     }
 }

@@ -124,6 +124,12 @@ impl Conn {
         delivered: Result<()>,
     ) -> Result<()> {
         let (driver, ours_done) = self.detach_driver();
+        if driver.is_none() {
+            // Another close detached it first (two async closes that raced past the check of
+            // a pending one): its end is this one's, which must neither return before that
+            // teardown is done nor overwrite what it said.
+            return self.wait_close_end();
+        }
         self.shared.wake.wake();
         let worker = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(w) = worker {
