@@ -602,7 +602,9 @@ impl RawConn {
     ///
     /// # Safety
     /// Every request `make_wr` returns must satisfy [`rsrdma::Qp::post_send`]'s contract; a
-    /// buffer may be reused once the completion with its id (or a later one) was reaped.
+    /// buffer may be reused once the completion with its id (or a later one) was reaped. The
+    /// run takes the send CQ's completions as its own: reap the signaled requests you posted
+    /// yourself first (one it can tell is not its own fails the run, as below).
     ///
     /// A run that fails leaves nothing in flight: before it returns its error, the queue pair
     /// is moved to ERROR and every request still posted (this run's and any other) is reaped
@@ -614,7 +616,8 @@ impl RawConn {
     /// A failed completion ([`rsrdma::Error::WorkCompletion`]); [`NetError::Timeout`] when
     /// nothing completes for [`RawOptions::timeout`] (at most 5 s); [`NetError::PeerClosed`]
     /// when the peer is gone ([`NetError::PeerAborted`] with its reason when it aborted);
-    /// [`NetError::Closed`] after an earlier run failed.
+    /// [`NetError::Closed`] after an earlier run failed; [`NetError::InvalidArgument`] for a
+    /// completion the run did not post.
     pub unsafe fn pipeline<'a>(
         &mut self,
         iters: u64,
@@ -777,9 +780,21 @@ impl RawConn {
                 // covers every request up to its id.
                 let done = if batch == 1 {
                     1
+                } else if (p.completed_count()..p.posted_count()).contains(&wc.wr_id()) {
+                    wc.wr_id() + 1 - p.completed_count()
                 } else {
-                    (wc.wr_id() + 1).saturating_sub(p.completed_count())
+                    0
                 };
+                // A completion the run did not post (one of the caller's own, not reaped
+                // before the run): counted as the run's, it would end the run while its own
+                // requests are still in flight, with their buffers in use.
+                if done == 0 || p.in_flight() < done {
+                    return Err(NetError::InvalidArgument(format!(
+                        "a send completion this run did not post (wr_id {}): reap your own \
+                         requests before a run",
+                        wc.wr_id()
+                    )));
+                }
                 p.completed(done);
             }
             watch.polled(n, self)?;
@@ -798,7 +813,8 @@ impl RawConn {
     ///
     /// # Safety
     /// Every request `make_wr` returns must satisfy [`rsrdma::Qp::post_recv`]'s contract; a
-    /// receive buffer may be read once the completion with its id was reaped.
+    /// receive buffer may be read once the completion with its id was reaped. The drain takes
+    /// the receive CQ's completions as its own: reap the receives you posted yourself first.
     ///
     /// A drain that fails leaves nothing in flight, as a failed [`RawConn::pipeline`]: the
     /// queue pair is stopped and its requests reaped before the error returns.
@@ -808,7 +824,8 @@ impl RawConn {
     /// idle, so a dead sender is noticed within seconds, not never; [`NetError::PeerAborted`]
     /// with its reason when it aborted); [`NetError::Timeout`]
     /// when nothing arrives for [`RawOptions::timeout`] (at most 5 s); [`NetError::Closed`]
-    /// after an earlier run failed.
+    /// after an earlier run failed; [`NetError::InvalidArgument`] for more completions than
+    /// the drain has receives posted.
     pub unsafe fn recv_drain<'a>(
         &mut self,
         iters: u64,
@@ -860,6 +877,15 @@ impl RawConn {
                 stats.bytes += u64::from(wc.byte_len());
             }
             if n > 0 {
+                // Receives the run did not post (the caller's own, posted before it): as for
+                // sends, they would end the run with its own receives still posted.
+                if p.in_flight() < n as u64 {
+                    return Err(NetError::InvalidArgument(
+                        "receive completions this run did not post: reap your own receives \
+                         before a drain"
+                            .into(),
+                    ));
+                }
                 first.get_or_insert_with(Instant::now);
                 p.completed(n as u64);
             }

@@ -234,6 +234,39 @@ unsafe fn send_and_reap(c: &RawConn, wr: &SendWr<'_>) -> Wc {
     wcs[0]
 }
 
+/// A run takes the send CQ's completions as its own: one of the caller's own requests, not
+/// reaped before the run (its `wr_id` the largest there is), is refused with a clear error,
+/// not counted as the run's (which could end the run with its own requests in flight) nor
+/// overflowing its count.
+#[test]
+fn a_run_refuses_a_completion_it_did_not_post() {
+    let remote = AccessFlags::REMOTE_WRITE;
+    let (mut c, mut s) = connected(opts(), opts().remote_access(remote));
+    let exposed = s
+        .register_memory(4096, AccessFlags::LOCAL_WRITE | remote)
+        .unwrap();
+    let server = thread::spawn(move || {
+        s.exchange_memory(&[&exposed]).unwrap();
+        (exposed, s)
+    });
+    let peer = c.exchange_memory(&[]).unwrap()[0];
+    let local = c.register_memory(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let sge = [local.sge(0, 64).unwrap()];
+    let at = peer.addr_at(0, 64).unwrap();
+    let mine = SendWr::rdma_write(u64::MAX, &sge, at, peer.rkey).signaled(true);
+    // SAFETY: `local` and the peer's region outlive every request here (the run reaps its
+    // own, or stops the queue pair and reaps everything when it fails).
+    unsafe { c.post_send(&mine) }.unwrap();
+    thread::sleep(Duration::from_millis(200));
+    // SAFETY: as above.
+    let r = unsafe { c.pipeline_batch(4, 4, 2, |id| SendWr::rdma_write(id, &sge, at, peer.rkey)) };
+    assert!(
+        matches!(r, Err(NetError::InvalidArgument(_))),
+        "a run that met a completion it did not post: {r:?}"
+    );
+    drop(server.join().unwrap());
+}
+
 /// Waits until `l` counted `n` failed peers: a bad peer the listener has not finished with
 /// yet has not opened, so the flood of silent sockets after it could shed it instead.
 fn wait_failed(l: &RawListener, n: u64) {
