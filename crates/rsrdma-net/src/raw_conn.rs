@@ -907,8 +907,9 @@ impl RawConn {
     }
 
     /// Closes in step with the peer: a barrier (so neither side tears down while the other
-    /// still has work in flight toward it), then the QP moves to ERROR and its flushed
-    /// completions are reaped before everything is destroyed.
+    /// still has work in flight toward it), then the QP moves to ERROR, the completions
+    /// already there are reaped, and everything is destroyed (the QP first: once it is gone
+    /// the NIC touches none of its requests' memory, flushed or not).
     ///
     /// # Errors
     /// The barrier's errors (the resources are released either way).
