@@ -27,7 +27,9 @@
 //! `min_rnr_timer`; key, bounds and access checks with rxe's statuses (a bad remote key or
 //! range: `REM_ACCESS_ERR`, and the responder's QP goes to ERROR; an access right missing on
 //! the responder's QP, a misaligned atomic or a receive buffer too short:
-//! `REM_INV_REQ_ERR`; a bad local key or range: `LOC_PROT_ERR`); an error completes the
+//! `REM_INV_REQ_ERR`; a bad local key or range: `LOC_PROT_ERR`; an answer of the wrong kind
+//! from the peer, such as a READ response to a SEND or an ACK past a READ: `FATAL_ERR`, with
+//! nothing of it written); an error completes the
 //! failing request even when unsignalled, moves the QP to ERROR and flushes every other
 //! request of both queues with `WR_FLUSH_ERR`; a link that breaks ends what is outstanding
 //! with `RETRY_EXC_ERR`. Receives come from the QP's own queue or from a shared receive

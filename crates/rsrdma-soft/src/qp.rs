@@ -668,12 +668,18 @@ impl RcQp {
         let Some(head) = self.sq.front() else {
             return;
         };
-        // Answers come in order: the head is the oldest request not yet answered.
+        // Answers come in order: the head is the oldest request not yet answered. An answer
+        // of the wrong kind (the peer's bug or malice) fails the request, as rxe does: a READ
+        // response scattered into a SEND's buffers would write memory the peer has no right to.
         match p.kind {
             PacketKind::Ack => {
                 // Completes SENDs and WRITEs up to the PSN (READs and atomics before it were
-                // answered first, on the ordered pipe).
+                // answered first, on the ordered pipe: an ACK past one is no answer of it).
                 while self.sq.front().is_some_and(|h| not_after(h.psn, p.psn)) {
+                    if self.sq.front().is_some_and(|h| h.wr.wants_response()) {
+                        self.fail_bad_answer();
+                        return;
+                    }
                     if let Some(h) = self.sq.pop_front() {
                         self.succeed(&h, 0);
                     }
@@ -683,6 +689,20 @@ impl RcQp {
             }
             PacketKind::ReadResponse | PacketKind::AtomicResponse { .. } => {
                 if head.psn != p.psn {
+                    return;
+                }
+                let fits = match (&head.wr.op, &p.kind) {
+                    (SendOp::Read { .. }, PacketKind::ReadResponse) => {
+                        p.payload.len() as u64 == head.wr.sge_len()
+                    }
+                    (
+                        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. },
+                        PacketKind::AtomicResponse { .. },
+                    ) => true,
+                    _ => false,
+                };
+                if !fits {
+                    self.fail_bad_answer();
                     return;
                 }
                 let Some(h) = self.sq.pop_front() else {
@@ -738,6 +758,15 @@ impl RcQp {
             }
             _ => {}
         }
+    }
+
+    /// The peer's answer does not fit the oldest request: it fails (`FATAL_ERR`) and the
+    /// QP goes to ERROR; nothing of the answer lands.
+    fn fail_bad_answer(&mut self) {
+        if let Some(h) = self.sq.pop_front() {
+            self.complete_send(&h.wr, Status::FatalErr, 0);
+        }
+        self.to_error();
     }
 
     fn succeed(&mut self, h: &Pending, len: u32) {

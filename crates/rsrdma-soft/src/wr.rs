@@ -145,6 +145,9 @@ pub enum Status {
     RetryExcErr = 12,
     /// The peer had no receive posted, after every allowed retry.
     RnrRetryExcErr = 13,
+    /// The peer answered a request with a response of another kind (a READ response to a
+    /// SEND, an ACK past a READ): as rxe, the request fails and the QP goes to ERROR.
+    FatalErr = 19,
 }
 
 /// What a completion is for (`enum ibv_wc_opcode`: the same numbers).
@@ -211,6 +214,15 @@ impl SendWr {
     }
 
     /// The bytes its local SGEs hold in total.
+    /// Whether the peer answers it with data (a READ response, an atomic's old value), not
+    /// with an ACK.
+    pub(crate) fn wants_response(&self) -> bool {
+        matches!(
+            self.op,
+            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+
     pub(crate) fn sge_len(&self) -> u64 {
         self.sges.iter().map(|s| u64::from(s.len)).sum()
     }

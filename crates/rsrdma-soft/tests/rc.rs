@@ -1564,3 +1564,71 @@ fn an_unreliable_connected_queue_pair_never_goes_direct() {
         .unwrap();
     assert!(p.transmit(0), "and so did the next");
 }
+
+/// A peer that answers a request with a response of another kind (its bug or malice): a READ
+/// response to a SEND, an atomic's old value to a WRITE, an ACK past a READ. As rxe, the
+/// request fails (`FATAL_ERR`) and the QP goes to ERROR; nothing of the answer lands (a READ
+/// response scattered into a SEND's buffers would write memory the peer has no right to).
+#[test]
+fn an_answer_of_the_wrong_kind_fails_the_request_and_writes_nothing() {
+    use rsrdma_soft::{PacketKind, Payload};
+    let forged = |kind: PacketKind, payload: &[u8]| Packet {
+        dest_qpn: 10,
+        psn: 100,
+        kind,
+        payload: Payload::from_slice(payload),
+    };
+    let rkey_of = |p: &Pair| p.s[1].key;
+    let cases: [(&str, fn(u64, Sge, u32) -> SendWr, PacketKind, &[u8]); 3] = [
+        (
+            "a READ response to a SEND",
+            |id, sge, _| send(id, vec![sge], true),
+            PacketKind::ReadResponse,
+            b"PEER-WROTE-THIS!",
+        ),
+        (
+            "an atomic response to a WRITE",
+            |id, sge, rkey| write_wr(id, sge, BASE + 4000, rkey, None),
+            PacketKind::AtomicResponse { old: u64::MAX },
+            &[],
+        ),
+        (
+            "an ACK past a READ",
+            |id, sge, rkey| SendWr {
+                wr_id: id,
+                op: SendOp::Read {
+                    remote_addr: BASE + 4000,
+                    rkey,
+                },
+                sges: vec![sge],
+                inline: None,
+                signaled: true,
+            },
+            PacketKind::Ack,
+            &[],
+        ),
+    ];
+    for (what, wr, kind, payload) in cases {
+        let mut p = Pair::new(0);
+        p.fill(0, BASE, b"ORIGINAL-SENDBUF");
+        let rkey = rkey_of(&p);
+        p.post_send(0, wr(7, p.sge(0, BASE, 16), rkey)).unwrap();
+        // The request goes nowhere; the forged answer comes instead.
+        assert!(p.transmit(0));
+        p.wire[0].clear();
+        let now = p.now;
+        let s = &mut p.s[0];
+        s.qp.handle_packet(forged(kind, payload), &mut s.mrs, &mut s.mem, None, || now);
+        assert_eq!(
+            ids(&p.completions(0)),
+            vec![(7, Status::FatalErr)],
+            "{what}"
+        );
+        assert_eq!(p.s[0].qp.state(), QpState::Error, "{what}");
+        assert_eq!(
+            p.bytes(0, BASE, 16),
+            b"ORIGINAL-SENDBUF",
+            "{what}: nothing landed"
+        );
+    }
+}
