@@ -87,7 +87,7 @@ pub use access::Access;
 pub use direct::{Direct, ResponderQp};
 pub use memory::{Memory, VecMemory};
 pub use mr::{DeregError, MrEntry, MrTable, MwBinding, MwEntry};
-pub use qp::{PostError, QpConfig, QpEvent, QpState, RcQp};
+pub use qp::{PostError, QpConfig, QpEvent, QpState, RcQp, MAX_MESSAGE};
 pub use srq::Srq;
 pub use ud::{grh, UdDest, UdQp, UdSource, GRH_LEN};
 pub use wire::{Nak, Packet, PacketKind, Payload, WireError, HEADER_LEN, INLINE_PAYLOAD};

@@ -87,6 +87,10 @@ struct Pending {
     signaled: bool,
 }
 
+/// The longest message (`max_msg_sz`, as rxe's): a packet's length field holds it, and a
+/// peer device takes no longer payload.
+pub const MAX_MESSAGE: u64 = 1 << 31;
+
 /// A queue pair.
 #[derive(Debug)]
 pub struct RcQp {
@@ -287,6 +291,9 @@ impl RcQp {
             if data.len() > self.cfg.max_inline as usize {
                 return Err(PostError::Invalid("inline data over the QP's max_inline"));
             }
+        }
+        if wr.sge_len() > MAX_MESSAGE {
+            return Err(PostError::Invalid("a message over max_msg_sz (2 GiB)"));
         }
         let local_op = matches!(wr.op, SendOp::BindMw(_) | SendOp::LocalInv { .. });
         if self.cfg.unreliable && !(moves_data || local_op) {

@@ -1632,3 +1632,31 @@ fn an_answer_of_the_wrong_kind_fails_the_request_and_writes_nothing() {
         );
     }
 }
+
+/// A message over `max_msg_sz` (2 GiB) is refused at its post: a packet's length field would
+/// wrap past 4 GiB, and a peer device takes no payload over 2 GiB.
+#[test]
+fn a_message_over_two_gib_is_refused_at_its_post() {
+    let mut p = Pair::new(0);
+    let rkey = p.s[1].key;
+    let half = p.sge(0, BASE, 1 << 30);
+    let big = vec![half, half, p.sge(0, BASE, 1)];
+    let read = SendWr {
+        wr_id: 1,
+        op: SendOp::Read {
+            remote_addr: BASE,
+            rkey,
+        },
+        sges: big.clone(),
+        inline: None,
+        signaled: true,
+    };
+    for wr in [send(1, big.clone(), true), read] {
+        assert!(
+            matches!(p.post_send(0, wr), Err(PostError::Invalid(_))),
+            "2 GiB + 1 byte"
+        );
+    }
+    assert!(p.completions(0).is_empty());
+    assert_eq!(p.s[0].qp.state(), QpState::Rts, "the QP goes on");
+}

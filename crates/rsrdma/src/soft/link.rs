@@ -41,7 +41,7 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// The largest payload a peer may send: a message of up to 2 GiB.
-pub(super) const MAX_PAYLOAD: usize = 1 << 31;
+pub(super) const MAX_PAYLOAD: usize = rsrdma_soft::MAX_MESSAGE as usize;
 /// How long a writer whose connection failed waits for the reader of the same peer to end.
 const READER_GRACE: Duration = Duration::from_secs(1);
 /// How often an idle shared-memory writer looks whether its reader is gone.

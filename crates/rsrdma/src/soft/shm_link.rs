@@ -322,6 +322,10 @@ struct Reading {
     batch: Vec<Packet>,
     /// Payload memory taken back from the packets handed over.
     recycle: Recycler,
+    /// The peer broke the link (a position out of range, a packet soft0 does not read): every
+    /// later drain says so again, so that whoever drains next (the reader thread, after a
+    /// poller found it) ends the link instead of finding a header half-handled.
+    broken: bool,
 }
 
 /// The most packets handed over at once (the device lock is held meanwhile).
@@ -333,6 +337,19 @@ impl Inbound {
     /// # Errors
     /// The peer broke the ring or sent a packet soft0 does not read: the link is over.
     fn drain_locked(&self, r: &mut Reading, deliver: &dyn Deliver) -> io::Result<bool> {
+        if r.broken {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the peer broke the link",
+            ));
+        }
+        let read = self.read_packets(r, deliver);
+        r.broken = read.is_err();
+        read
+    }
+
+    /// [`Inbound::drain_locked`]'s reading.
+    fn read_packets(&self, r: &mut Reading, deliver: &dyn Deliver) -> io::Result<bool> {
         let mut any = false;
         loop {
             if r.header_got < HEADER_LEN {
@@ -638,6 +655,7 @@ fn accept_one(
             payload_len: 0,
             batch: Vec::with_capacity(MAX_BATCH),
             recycle: Recycler::default(),
+            broken: false,
         }),
         data,
         room,
@@ -796,6 +814,32 @@ mod tests {
     impl Deliver for Nothing {
         fn packet(&self, _: SocketAddrV4, _: Packet) {}
         fn link_down(&self, _: SocketAddrV4) {}
+    }
+
+    /// A packet the link cannot take (here a header announcing 3 GiB) that the application's
+    /// poll meets first: the poll cannot end the link itself, so the reader thread, which
+    /// drains next, must find the same and end it. It found a header half-handled and
+    /// nothing to read, for ever: the peer's QPs hung instead of failing.
+    #[test]
+    fn a_broken_packet_a_poller_met_first_ends_the_link_in_the_reader() {
+        let me = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 7002);
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut ring = Producer::create(4096).unwrap();
+        let (d, r) = (eventfd().unwrap(), eventfd().unwrap());
+        send_with_fds(&a, &hello(me), &[ring.fd().as_fd(), d.as_fd(), r.as_fd()]).unwrap();
+        let i = accept_one(me, b, None).unwrap();
+        let mut h = [0u8; HEADER_LEN];
+        h[0] = 4;
+        h[12..16].copy_from_slice(&0xC000_0000u32.to_le_bytes());
+        assert!(ring.try_push(&[&h]).unwrap());
+        i.drain(&Nothing);
+        let mut st = i.state.lock().unwrap();
+        for _ in 0..3 {
+            assert!(
+                i.drain_locked(&mut st, &Nothing).is_err(),
+                "the reader finds the link broken"
+            );
+        }
     }
 
     #[test]

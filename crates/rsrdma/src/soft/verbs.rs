@@ -1509,7 +1509,7 @@ pub(crate) unsafe fn query_port(port: u8, attr: *mut ffi::ibv_port_attr) -> c_in
     p.max_mtu = ffi::ibv_mtu::IBV_MTU_4096;
     p.active_mtu = ffi::ibv_mtu::IBV_MTU_4096;
     p.gid_tbl_len = 2;
-    p.max_msg_sz = 0x8000_0000;
+    p.max_msg_sz = rsrdma_soft::MAX_MESSAGE as u32;
     p.pkey_tbl_len = 1;
     p.lid = own_lid();
     p.active_width = 1;
