@@ -1579,7 +1579,9 @@ fn an_answer_of_the_wrong_kind_fails_the_request_and_writes_nothing() {
         payload: Payload::from_slice(payload),
     };
     let rkey_of = |p: &Pair| p.s[1].key;
-    let cases: [(&str, fn(u64, Sge, u32) -> SendWr, PacketKind, &[u8]); 3] = [
+    // (what, the request from its id, its buffer and the peer's key, the forged answer)
+    type Request = fn(u64, Sge, u32) -> SendWr;
+    let cases: [(&str, Request, PacketKind, &[u8]); 3] = [
         (
             "a READ response to a SEND",
             |id, sge, _| send(id, vec![sge], true),
