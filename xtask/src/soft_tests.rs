@@ -31,6 +31,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         "rsrdma",
         "device",
         &[
+            "cm::a_request_left_at_a_dropped_listener_is_refused",
             "cm::rdma_cm_connect_accept_between_processes",
             "cm::rdma_cm_errors_are_clean",
             "cm_local::cm_accept_serves_what_the_requester_asked",

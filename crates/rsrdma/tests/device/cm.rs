@@ -218,6 +218,48 @@ fn rdma_cm_errors_are_clean() {
     assert!(matches!(e, Error::Timeout { .. }), "{e}");
 }
 
+/// A listener dropped with a request nobody took: the request is refused at once, as the
+/// kernel's CM refuses a request whose listener went. (soft0's CM kept that request's id,
+/// whose later events went to the listener's freed channel.)
+#[test]
+fn a_request_left_at_a_dropped_listener_is_refused() {
+    let listener = CmId::listener(SocketAddr::new(device_ip(), 0), 4).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client = std::thread::spawn(move || {
+        let id = CmId::new().unwrap();
+        id.resolve_addr(None, addr, WAIT).unwrap();
+        id.resolve_route(WAIT).unwrap();
+        let ctx = id.context().unwrap();
+        let pd = Pd::new(&ctx).unwrap();
+        let cq = Cq::new(&ctx, 4, None).unwrap();
+        let _qp = id
+            .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
+            .unwrap();
+        let r = id.connect(&ConnParam::default(), WAIT);
+        (r, Instant::now())
+    });
+    // The request reaches the listener, which never takes it.
+    std::thread::sleep(Duration::from_secs(1));
+    let dropped = Instant::now();
+    drop(listener);
+    let (r, answered) = client.join().unwrap();
+    assert!(
+        matches!(
+            r,
+            Err(Error::CmEvent {
+                got: CmEventType::REJECTED,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert!(
+        answered.saturating_duration_since(dropped) < WAIT / 2,
+        "refused {:?} after the listener went",
+        answered.saturating_duration_since(dropped)
+    );
+}
+
 #[test]
 fn rdma_cm_unreachable_addresses_say_why() {
     let short = Duration::from_secs(2);

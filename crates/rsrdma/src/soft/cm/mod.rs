@@ -231,8 +231,18 @@ fn queue(channel: *mut Channel, raw: ffi::rdma_cm_event, private: Vec<u8>, actio
         e.raw.param.conn.private_data = e.private.as_ptr().cast();
         e.raw.param.conn.private_data_len = e.private.len().min(255) as u8;
     }
-    registry().events.insert(ev as usize);
-    // SAFETY: a live channel: ids hold theirs (rsrdma destroys a channel after its ids).
+    // Under the registry's lock, which a channel's destruction takes first: an id outlives
+    // its channel when a listener went with requests nobody took (their ids are destroyed
+    // with the channel, but a connection's thread may be about to push an event for one).
+    let mut reg = registry();
+    if !reg.channels.contains(&(channel as usize)) {
+        drop(reg);
+        // SAFETY: just made above, never queued.
+        drop(unsafe { Box::from_raw(ev) });
+        return;
+    }
+    reg.events.insert(ev as usize);
+    // SAFETY: a live channel (registered, and its destruction waits for this lock).
     let ch = unsafe { &*channel };
     lock(&ch.queue).push_back(ev);
     verbs::signal(ch.raw.fd);
@@ -259,10 +269,17 @@ pub(crate) unsafe fn destroy_event_channel(ch: *mut ffi::rdma_event_channel) {
     registry().channels.remove(&(ch as usize));
     // SAFETY: made by `create_event_channel`, freed once (the caller's contract).
     let ch = unsafe { Box::from_raw(ch.cast::<Channel>()) };
-    for ev in lock(&ch.queue).drain(..) {
+    let queued: Vec<*mut Event> = lock(&ch.queue).drain(..).collect();
+    for ev in queued {
         registry().events.remove(&(ev as usize));
         // SAFETY: queued events are ours and unacknowledged.
-        drop(unsafe { Box::from_raw(ev) });
+        let ev = unsafe { Box::from_raw(ev) };
+        // A request nobody took: its id (which only the event named) is refused and
+        // destroyed, as the kernel's CM refuses a request whose listener went.
+        if ev.raw.event == ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
+            // SAFETY: the request's own id, handed to nobody: destroyed once, here.
+            unsafe { destroy_id(ev.raw.id) };
+        }
     }
     // SAFETY: the channel's own descriptor.
     unsafe { libc::close(ch.raw.fd) };
