@@ -668,7 +668,9 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>, readers: &Readers) {
         // Read into the vector's spare capacity: no zeroing of what the read overwrites.
         // A short payload goes into the packet itself (no buffer of the recycler's).
         let payload = if len > INLINE_PAYLOAD {
-            let mut payload = recycle.buffer(len);
+            // Grown as the bytes come (read_to_end reserves as it goes): a header alone
+            // never makes this process reserve what it announces.
+            let mut payload = recycle.buffer(len.min(1 << 20));
             match (&mut s).take(len as u64).read_to_end(&mut payload) {
                 Ok(n) if n == len => {}
                 _ => break,

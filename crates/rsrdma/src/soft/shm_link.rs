@@ -368,13 +368,17 @@ impl Inbound {
                 }
                 // A short payload is read into the buffer kept from the last one and copied
                 // into its packet: no allocation per packet.
+                // A long one's buffer grows as its bytes arrive (a ring's worth at a time):
+                // a header alone never makes this process reserve what it announces.
                 if r.payload_len > INLINE_PAYLOAD {
-                    r.payload = r.recycle.buffer(r.payload_len);
+                    r.payload = r.recycle.buffer(r.payload_len.min(RING_CAPACITY));
                 } else {
                     r.payload.reserve(INLINE_PAYLOAD);
                 }
             }
             let want = r.payload_len - r.payload.len();
+            let room = want.min(r.ring.available()?);
+            r.payload.reserve(room);
             let n = r.ring.read_into_vec(&mut r.payload, want)?;
             any |= n > 0;
             if r.payload.len() < r.payload_len {
