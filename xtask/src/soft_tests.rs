@@ -68,6 +68,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "queries::the_inline_limit_is_public_and_exact",
             "queries::unknown_device_names_what_exists",
             "soundness::a_deregistered_region_is_never_written",
+            "soundness::a_refused_state_change_changes_no_attribute",
             "soundness::impossible_region_sizes_are_errors",
             "soundness::remotely_writable_regions_give_copies_not_references",
             "soundness::two_threads_post_and_poll_one_queue_pair",

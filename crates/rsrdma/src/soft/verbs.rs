@@ -2054,6 +2054,20 @@ pub(crate) unsafe fn modify_qp(
     let Some(e) = st.qps.get_mut(&qpn) else {
         return libc::EINVAL;
     };
+    // A refused state change changes nothing (as rxe checks everything first): what the
+    // attributes below set is put back then.
+    let before = (e.attr, *e.core.config(), e.remote, e.route.clone());
+    let before_qkey = match &e.core {
+        QpCore::Ud(q) => Some(q.qkey()),
+        QpCore::Rc(_) => None,
+    };
+    let undo = |e: &mut QpEntry| {
+        (e.attr, e.remote, e.route) = (before.0, before.2, before.3.clone());
+        e.core.set_config(|c| *c = before.1);
+        if let (QpCore::Ud(q), Some(k)) = (&mut e.core, before_qkey) {
+            q.set_qkey(k);
+        }
+    };
     let saved = &mut e.attr;
     if has(M::IBV_QP_ACCESS_FLAGS) {
         saved.qp_access_flags = a.qp_access_flags;
@@ -2136,9 +2150,10 @@ pub(crate) unsafe fn modify_qp(
                 e.core.move_to_error();
                 Ok(())
             }
-            _ => return libc::EINVAL,
+            _ => Err(PostError::Invalid("a state soft0 has no transition to")),
         };
         if r.is_err() {
+            undo(e);
             return libc::EINVAL;
         }
         // SAFETY: the caller's contract; the state field is the QP's own.

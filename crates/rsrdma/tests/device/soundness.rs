@@ -194,3 +194,28 @@ fn two_threads_post_and_poll_one_queue_pair() {
         "no message lost or doubled"
     );
 }
+
+/// A refused state change changes nothing: RTS to RTR is no transition, and the access
+/// flags that came with it are not taken (soft0 took them, as if the change had half
+/// happened; rxe checks everything first).
+#[test]
+fn a_refused_state_change_changes_no_attribute() {
+    use rsrdma::ffi;
+    let p = rc_pair(QpCaps::default(), AccessFlags::NONE);
+    let before = p.a.query().unwrap();
+    let mut attr = ffi::ibv_qp_attr {
+        qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,
+        qp_access_flags: (AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ).bits(),
+        ..Default::default()
+    };
+    let mask = ffi::ibv_qp_attr_mask::IBV_QP_STATE.0 | ffi::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0;
+    // SAFETY: a live QP of this test; `attr` is initialised for both bits of the mask.
+    let rc = unsafe { ffi::ibv_modify_qp(p.a.as_raw().unwrap(), &mut attr, mask as i32) };
+    assert_ne!(rc, 0, "RTS to RTR was taken");
+    let after = p.a.query().unwrap();
+    assert_eq!(
+        after.access, before.access,
+        "the refused change's access flags"
+    );
+    assert_eq!(after.state, before.state);
+}
