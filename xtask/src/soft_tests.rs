@@ -160,6 +160,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         "rsrdma-net",
         "async_device",
         &[
+            "a_buffer_whose_send_was_cancelled_is_free_once_the_peer_read_it",
             "a_cancelled_recv_msg_loses_nothing",
             "a_connection_waiting_for_its_accept_answers_keepalives",
             "a_receiver_waiting_for_the_side_is_woken_when_its_owner_is_done",

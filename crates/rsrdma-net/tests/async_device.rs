@@ -1208,6 +1208,47 @@ fn async_recv_buffer_refuses_another_connections_buffer_and_the_connection_goes_
     });
 }
 
+/// A `send_buffer` by rendezvous whose future is dropped while the peer does not read yet:
+/// the message goes on, and once the peer has read it (its DONE came back) the buffer is
+/// free again, with no task awaiting the connection and no keepalive to step for it (it
+/// stayed busy until the next keepalive, or for ever without one).
+#[test]
+fn a_buffer_whose_send_was_cancelled_is_free_once_the_peer_read_it() {
+    run(async {
+        let mut o = opts(Establish::Tcp);
+        o.keepalive = None;
+        let (c, s) = pair(o.clone(), o).await;
+        let len = 1 << 20;
+        let mut buf = c.alloc_buffer(len).unwrap();
+        buf.as_mut_slice()
+            .unwrap()
+            .copy_from_slice(&pattern(len, 9));
+        let sent = timeout(Duration::from_millis(100), c.send_buffer(&buf, len)).await;
+        assert!(
+            sent.is_err(),
+            "the peer reads nothing yet: the send waits for it"
+        );
+        assert!(buf.is_busy(), "the message is on its way");
+        let m = timeout(Duration::from_secs(10), s.recv_msg())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(m == pattern(len, 9), "the message arrived whole");
+        let t0 = Instant::now();
+        while buf.is_busy() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(3),
+                "the buffer is still in flight {:?} after the peer read its message",
+                t0.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        c.close().await.unwrap();
+        s.close().await.unwrap();
+    });
+}
+
 /// A waker that counts its wake-ups, for futures polled by hand.
 #[derive(Default)]
 struct CountingWaker(std::sync::atomic::AtomicUsize);

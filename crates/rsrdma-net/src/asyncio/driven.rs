@@ -144,9 +144,7 @@ impl Driven {
     /// condition variable alone was).
     pub(crate) fn gave_up(&self) {
         self.waiters.wake_all();
-        if let Some(w) = lock(&self.keeper).waker.take() {
-            w.wake();
-        }
+        self.kick_keeper();
     }
 
     /// Runs `op` (one step of the connection) until it gives a value; see the module docs.
@@ -326,8 +324,9 @@ impl Driven {
     }
 
     /// Has the keeper step now: a call outside any step (a write half's drop queues its
-    /// FIN) may have left frames waiting for credit, which only the keeper's steps on the
-    /// completions send when no task awaits the connection.
+    /// FIN; a dropped future leaves its message going out, its buffer in flight) may have
+    /// left frames waiting for credit or memory waiting for its release, which only the
+    /// keeper's steps on the completions see to when no task awaits the connection.
     pub(crate) fn kick_keeper(&self) {
         if let Some(w) = lock(&self.keeper).waker.take() {
             w.wake();

@@ -651,7 +651,9 @@ pub(crate) struct Step<T> {
     /// The liveness fd (rdma_cm id or TCP channel) to watch, while the transport lives.
     pub(crate) live_fd: Option<std::os::fd::RawFd>,
     /// Frames wait to go out as completions free credit and room
-    /// ([`rsrdma_proto::Conn::sends_waiting`]): someone must step on the CQ's events.
+    /// ([`rsrdma_proto::Conn::sends_waiting`]), or memory in flight waits for what releases
+    /// it (a buffer whose send's future was dropped, a DONE): someone must step on the CQ's
+    /// events.
     pub(crate) sends_waiting: bool,
 }
 
@@ -768,7 +770,7 @@ impl Conn {
             changed |= d.post_work();
         }
         let (deadline, live_fd) = (d.next_deadline(), d.liveness_fd());
-        let sends_waiting = d.core_ref().sends_waiting();
+        let sends_waiting = d.core_ref().sends_waiting() || d.memory_in_flight();
         // An operation that ended let go of its side and may have left what it reaped for
         // the others (a receiver waiting for the side, with a message queued): they must
         // look again, whether or not the step posted anything.

@@ -270,6 +270,13 @@ impl Driver {
         self.read_hold.end();
     }
 
+    /// Whether memory lent to the NIC or offered to the peer waits for what releases it (a
+    /// rendezvous send's DONE, a lent send's last completion, a READ into a buffer): only a
+    /// step on the completions that bring it frees that memory, even when no call waits.
+    pub(crate) fn memory_in_flight(&self) -> bool {
+        !self.rdv_sends.is_empty() || self.read_hold.is_held()
+    }
+
     /// Releases rendezvous sends whose DONE arrived and lent sends whose last completion was
     /// reaped (never after a failure: those wait for the flush at teardown).
     pub(super) fn release_rendezvous(&mut self) {
