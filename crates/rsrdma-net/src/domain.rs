@@ -44,6 +44,35 @@ pub(crate) fn check_device(device: Option<&str>, pd: Option<&Pd>) -> Result<()> 
     Ok(())
 }
 
+/// Checks at a listener's bind what every handshake would otherwise find on its own side,
+/// after the peer was accepted: the device exists, `port` is one of its ports, the GID index
+/// (or the default choice) is there, and every `(what, depth)` of `depths` fits a queue of
+/// the device (`max_qp_wr` and `max_cqe`). Without it, a listener whose options cannot work
+/// bound fine and then failed every peer, its `accept` never returning.
+///
+/// # Errors
+/// [`NetError::InvalidArgument`] naming the option; the device's errors (no such device).
+pub(crate) fn check_fits_device(
+    device: Option<&str>,
+    pd: Option<&Pd>,
+    port: u8,
+    gid_index: Option<u8>,
+    depths: &[(&str, u32)],
+) -> Result<()> {
+    let ctx = open_device(device, pd)?;
+    ctx.query_port(port)?;
+    ctx.resolve_gid_index(port, gid_index)?;
+    let attr = ctx.attr();
+    let limit = attr.max_qp_wr.min(attr.max_cqe);
+    if let Some((what, depth)) = depths.iter().find(|(_, d)| *d > limit) {
+        return Err(NetError::InvalidArgument(format!(
+            "{what} {depth} does not fit device {}: its queues hold at most {limit}",
+            ctx.name()
+        )));
+    }
+    Ok(())
+}
+
 /// The device context and a protection domain: the shared one, or a new one on the device
 /// [`open_device`] picks.
 ///

@@ -67,10 +67,22 @@ impl RawListener {
     ///
     /// # Errors
     /// [`NetError::InvalidArgument`] for options that cannot work (a UD queue pair, a device
-    /// other than the shared protection domain's, a short secret, zero limits);
+    /// other than the shared protection domain's, a short secret, zero limits, depths the
+    /// device's queues cannot hold); the device's error for a device, port or GID index it
+    /// does not have (checked here, not by every handshake after its peer was accepted);
     /// [`NetError::Io`] naming `bind`.
     pub fn bind(addr: impl ToSocketAddrs, opts: RawOptions) -> Result<RawListener> {
         check_options(&opts)?;
+        crate::domain::check_fits_device(
+            opts.device.as_deref(),
+            opts.pd.as_ref(),
+            opts.port,
+            opts.gid_index,
+            &[
+                ("RawOptions::send_depth", opts.send_depth),
+                ("RawOptions::recv_depth", opts.recv_depth),
+            ],
+        )?;
         let tcp = TcpListener::bind(addr).map_err(|e| NetError::io("bind", e))?;
         tcp.set_nonblocking(true)
             .map_err(|e| NetError::io("set_nonblocking", e))?;

@@ -234,6 +234,27 @@ unsafe fn send_and_reap(c: &RawConn, wr: &SendWr<'_>) -> Wc {
     wcs[0]
 }
 
+/// A listener whose options cannot work on its device is refused at its bind, with the
+/// reason: it bound and then failed every peer's handshake on its own side, its `accept`
+/// never returning (only the dialers heard why).
+#[test]
+fn a_listener_whose_options_cannot_work_is_refused_at_bind() {
+    let e = RawListener::bind("127.0.0.1:0", opts().device("nope0")).unwrap_err();
+    assert!(e.to_string().contains("nope0"), "{e}");
+    let e = RawListener::bind("127.0.0.1:0", opts().send_depth(1 << 24)).unwrap_err();
+    assert!(matches!(e, NetError::InvalidArgument(_)), "{e}");
+    assert!(e.to_string().contains("send_depth"), "{e}");
+    assert!(RawListener::bind("127.0.0.1:0", opts().port(2)).is_err());
+    assert!(RawListener::bind("127.0.0.1:0", opts().gid_index(Some(200))).is_err());
+    let conn = rsrdma_net::ConnOptions::default()
+        .establish(rsrdma_net::Establish::Tcp)
+        .device("nope0");
+    let e = rsrdma_net::Listener::bind("127.0.0.1:0", conn).unwrap_err();
+    assert!(e.to_string().contains("nope0"), "{e}");
+    // What fits binds, as before.
+    drop(RawListener::bind("127.0.0.1:0", opts()).unwrap());
+}
+
 /// A run takes the send CQ's completions as its own: one of the caller's own requests, not
 /// reaped before the run (its `wr_id` the largest there is), is refused with a clear error,
 /// not counted as the run's (which could end the run with its own requests in flight) nor

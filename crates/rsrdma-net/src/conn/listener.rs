@@ -70,10 +70,22 @@ impl Listener {
     /// needs an address of an RDMA device (or the unspecified address).
     ///
     /// # Errors
-    /// [`NetError::InvalidArgument`] for options that cannot work; [`NetError::Verbs`]
-    /// naming `rdma_bind_addr`/`rdma_listen`; [`NetError::Io`] naming `bind` or `eventfd`.
+    /// [`NetError::InvalidArgument`] for options that cannot work; on the TCP path, the
+    /// device's error for a device, port or GID index it does not have (checked here, not by
+    /// every handshake after its peer was accepted); [`NetError::Verbs`] naming
+    /// `rdma_bind_addr`/`rdma_listen`; [`NetError::Io`] naming `bind` or `eventfd`.
     pub fn bind(addr: impl ToSocketAddrs, opts: ConnOptions) -> Result<Listener> {
         opts.check()?;
+        // On the TCP path the options pick the device (on rdma_cm's, the address does).
+        if opts.establish == Establish::Tcp {
+            crate::domain::check_fits_device(
+                opts.device.as_deref(),
+                opts.pd.as_ref(),
+                opts.port,
+                opts.gid_index,
+                &[],
+            )?;
+        }
         let addr = addr
             .to_socket_addrs()
             .map_err(|e| NetError::io("resolve address", e))?
