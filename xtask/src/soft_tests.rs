@@ -128,6 +128,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "garbage_and_half_handshakes_on_the_listener_then_a_good_client",
             "huge_durations_mean_no_limit_and_never_panic",
             "messages_up_to_64_mib_verified_by_hash_without_extra_buffers",
+            "messages_that_arrived_before_a_failure_are_read_before_it",
             "peer_death_is_detected_on_a_receive_only_side",
             "peers_that_send_a_hello_and_then_nothing_do_not_hold_a_conn_listener",
             "read_timeout_then_still_usable_and_a_slow_reader_times_the_writer_out",

@@ -377,6 +377,27 @@ fn a_large_send_the_peer_never_reads_fails_the_connection_after_its_grace() {
     drop(s);
 }
 
+/// Messages that arrived whole before the connection failed are still read, in order, and
+/// only then the failure: a peer that went when its close's linger ran out (its last
+/// messages waiting for credit) took back what the reader already had.
+#[test]
+fn messages_that_arrived_before_a_failure_are_read_before_it() {
+    let (c, s) = pair(opts(Establish::Tcp), opts(Establish::Tcp));
+    for i in 0..5u64 {
+        c.send_msg(&pattern(1000 + i as usize, i)).unwrap();
+    }
+    // Arrived (the reader's progress reaps them), then its queue pair fails.
+    thread::sleep(Duration::from_millis(300));
+    s.inject_qp_error().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for i in 0..5u64 {
+        let m = s.recv_msg().unwrap_or_else(|e| panic!("message {i}: {e}"));
+        assert!(m.unwrap() == pattern(1000 + i as usize, i), "message {i}");
+    }
+    let e = s.recv_msg().unwrap_err();
+    assert!(matches!(e, NetError::ConnFailed(_)), "after them: {e}");
+}
+
 #[test]
 fn a_qp_forced_to_error_fails_both_sides_promptly() {
     let fast = || {

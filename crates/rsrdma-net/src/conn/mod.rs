@@ -235,7 +235,8 @@ impl Conn {
     /// # Errors
     /// [`NetError::Timeout`] (the connection stays usable); [`NetError::Closed`] after
     /// `close`; [`NetError::PeerClosed`] when the peer closed before a large message it had
-    /// offered (by rendezvous) could be read; [`NetError::ConnFailed`].
+    /// offered (by rendezvous) could be read; [`NetError::ConnFailed`] once the connection
+    /// failed, after the messages that had arrived whole before (those are still read).
     pub fn recv_msg(&self) -> Result<Option<Vec<u8>>> {
         self.recv_msg_pulling()
     }

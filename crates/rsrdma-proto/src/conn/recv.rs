@@ -378,7 +378,12 @@ impl<M: SlotMemory> Conn<M> {
 
     fn check_read(&self, op: &'static str) -> Result<(), ProtoError> {
         if let Some(e) = &self.failed {
-            return Err(e.clone());
+            // What arrived whole before the failure is still read, then the failure: its
+            // slots' completions were reaped, so the NIC is done with them (a peer that went
+            // after its linger ran out must not take back what we already had).
+            if !matches!(self.head(), Some((Head::Slot(_) | Head::Reassembled, _))) {
+                return Err(e.clone());
+            }
         }
         if self.rx.read_closed {
             return Err(ProtoError::Closed { op });
