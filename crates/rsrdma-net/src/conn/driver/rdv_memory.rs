@@ -273,6 +273,7 @@ impl Driver {
     /// Whether memory lent to the NIC or offered to the peer waits for what releases it (a
     /// rendezvous send's DONE, a lent send's last completion, a READ into a buffer): only a
     /// step on the completions that bring it frees that memory, even when no call waits.
+    #[cfg(feature = "tokio")]
     pub(crate) fn memory_in_flight(&self) -> bool {
         !self.rdv_sends.is_empty() || self.read_hold.is_held()
     }
