@@ -625,7 +625,8 @@ impl RawConn {
     /// completions as its own could return while its own requests were still in flight).
     ///
     /// # Errors
-    /// A failed completion ([`rsrdma::Error::WorkCompletion`]); [`NetError::Timeout`] when
+    /// A failed completion ([`rsrdma::Error::WorkCompletion`]; when the peer's control channel
+    /// has ended by then, the peer's leaving instead, as below); [`NetError::Timeout`] when
     /// nothing completes for [`RawOptions::timeout`] (at most 5 s); [`NetError::PeerClosed`]
     /// when the peer is gone ([`NetError::PeerAborted`] with its reason when it aborted);
     /// [`NetError::Closed`] after an earlier run failed; [`NetError::InvalidArgument`] for a
@@ -688,7 +689,23 @@ impl RawConn {
         if r.is_err() {
             self.stop_after_failed_run();
         }
-        r
+        r.map_err(|e| self.explain_failed_run(e))
+    }
+
+    /// A run's error as the caller should see it: a failed completion (`RETRY_EXC_ERR`, a
+    /// flush) while the peer's control channel has ended says that the peer is gone, with
+    /// its own reason when it gave one, rather than the completion's status.
+    fn explain_failed_run(&mut self, e: NetError) -> NetError {
+        if !matches!(e, NetError::Verbs(rsrdma::Error::WorkCompletion { .. })) {
+            return e;
+        }
+        match self.ctrl.peer_ended("the data transfer") {
+            Ok(Some(ended)) => {
+                tracing::debug!(completion = %e, "raw connection: a run failed as its peer left");
+                ended
+            }
+            _ => e,
+        }
     }
 
     /// Refuses a run once an earlier one failed (see [`RawConn::pipeline`]).
@@ -850,7 +867,7 @@ impl RawConn {
         if r.is_err() {
             self.stop_after_failed_run();
         }
-        r
+        r.map_err(|e| self.explain_failed_run(e))
     }
 
     /// The drain's loop (see [`RawConn::recv_drain`]).

@@ -446,6 +446,34 @@ fn a_receiver_notices_a_dead_sender_within_seconds() {
     }
 }
 
+/// A sender whose peer goes in the middle of a run hears that the peer left (as a receiver
+/// does), not only the status its requests failed with (`RETRY_EXC_ERR` or a flush).
+#[test]
+fn a_sender_whose_peer_goes_mid_run_hears_that_it_left() {
+    let remote = AccessFlags::REMOTE_WRITE;
+    let (mut c, mut s) = connected(opts(), opts().remote_access(remote));
+    let exposed = s
+        .register_memory(64 * 1024, AccessFlags::LOCAL_WRITE | remote)
+        .unwrap();
+    let server = thread::spawn(move || {
+        s.exchange_memory(&[&exposed]).unwrap();
+        thread::sleep(Duration::from_millis(300));
+        drop(s);
+        drop(exposed);
+    });
+    let peer = c.exchange_memory(&[]).unwrap()[0];
+    let local = c.register_memory(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let sge = [local.sge(0, 4096).unwrap()];
+    let at = peer.addr_at(0, 4096).unwrap();
+    let t0 = Instant::now();
+    // SAFETY: `local` outlives the run, which reaps (or flushes) every request it posted.
+    let e = unsafe { c.pipeline(1 << 40, 8, |id| SendWr::rdma_write(id, &sge, at, peer.rkey)) }
+        .unwrap_err();
+    assert!(matches!(e, NetError::PeerClosed(_)), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    server.join().unwrap();
+}
+
 /// Two accepted connections live in one protection domain and serve one memory region: each
 /// peer writes its half with RDMA Write, and each connection sends the other half from the
 /// same region (its lkey is valid on both queue pairs).
