@@ -441,7 +441,11 @@ impl PacketConn {
             }
         }
         // Repost even when a copy failed: a buffer not reposted is a receive lost for good.
-        self.recv.post(&self.qp, &slots[..taken.len()])?;
+        // A repost that fails (the QP is breaking: its next completions are flushes, which
+        // the next call reports) does not take back the datagrams already copied out.
+        if let Err(e) = self.recv.post(&self.qp, &slots[..taken.len()]) {
+            tracing::warn!(error = %e, "a UD endpoint could not repost its receive buffers");
+        }
         copied?;
         self.received
             .fetch_add(taken.len() as u64, Ordering::Relaxed);

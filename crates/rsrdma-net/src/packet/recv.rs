@@ -110,6 +110,16 @@ impl RecvQueue {
     /// reposted.
     pub(crate) fn refill(&mut self, cq: &Cq, qp: &Qp, ring: &RecvRing) -> Result<()> {
         let mut wcs = [Wc::default(); CHUNK];
+        // A repost that fails (the QP is breaking) does not drop the rest of what was polled:
+        // every datagram that arrived is still queued, then the failure is said.
+        let mut reposted = Ok(());
+        let mut repost = |slot: u32| {
+            if let Err(e) = ring.post(qp, &[slot]) {
+                if reposted.is_ok() {
+                    reposted = Err(e);
+                }
+            }
+        };
         loop {
             let n = cq.poll(&mut wcs)?;
             for wc in &wcs[..n] {
@@ -123,7 +133,7 @@ impl RecvQueue {
                             max = self.max_len,
                             "dropped a UD datagram over max_datagram"
                         );
-                        ring.post(qp, &[slot])?;
+                        repost(slot);
                         continue;
                     }
                     self.ready.push_back(Ready {
@@ -142,11 +152,11 @@ impl RecvQueue {
                 } else {
                     self.errors += 1;
                     tracing::warn!(status = %wc.status(), "a UD receive failed");
-                    ring.post(qp, &[slot])?;
+                    repost(slot);
                 }
             }
             if n < CHUNK {
-                return Ok(());
+                return reposted;
             }
         }
     }
