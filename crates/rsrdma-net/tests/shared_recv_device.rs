@@ -544,3 +544,126 @@ fn shared_recv_rendezvous_is_only_through_windows() {
         ),
     }
 }
+
+/// A peer of the TCP path that does the handshake up to the endpoints by hand, brings its QP
+/// up against the listener's, SENDs `sends` 64-byte messages into it (each takes a slot of
+/// the shared pool), then, unless `barrier`, breaks off before the barrier. Returns once its
+/// sends completed (they landed in the listener's pool slots).
+fn send_into_the_pool(addr: std::net::SocketAddr, sends: usize, barrier: bool) {
+    use rsrdma::{AccessFlags, ConnectOptions, Cq, Mr, Pd, Qp, QpCaps, QpType, SendWr};
+    use rsrdma_net::handshake::{Channel, Endpoint, Role};
+    let s = std::net::TcpStream::connect(addr).unwrap();
+    let mut ch = Channel::new(s, Role::Client, Duration::from_secs(10)).unwrap();
+    ch.authenticate(None).unwrap();
+    let ctx = rsrdma::open(&support::device()).unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 256, None).unwrap();
+    let caps = QpCaps::default()
+        .max_send_wr(128)
+        .max_recv_wr(1)
+        .max_send_sge(1)
+        .max_recv_sge(1);
+    let qp = Qp::builder(QpType::Rc)
+        .caps(caps)
+        .build(&pd, &cq, &cq)
+        .unwrap();
+    let gid_index = ctx.resolve_gid_index(1, support::gid_index()).unwrap();
+    let me = qp.endpoint(1, gid_index, 0x1234).unwrap();
+    // A Conn's announcement under the client's keys (as `small` would make it).
+    let params = rsrdma_proto::Config::default()
+        .with_slot_size(4096)
+        .with_recv_slots(8)
+        .with_send_slots(4)
+        .with_sq_depth(16)
+        .params()
+        .encode();
+    let words = (0..4)
+        .map(|i| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&params[i * 8..i * 8 + 8]);
+            (0xC100 + i as u16, u64::from_le_bytes(w))
+        })
+        .collect();
+    let ep = Endpoint {
+        qp_num: me.qp_num,
+        psn: me.psn,
+        lid: me.lid,
+        gid: me.gid,
+        gid_index: gid_index.unwrap_or(0),
+        mtu: 1024,
+        qp_type: 0,
+        send_depth: 128,
+        recv_depth: 1,
+        max_inline: 0,
+        max_rd_atomic: 0,
+        max_dest_rd_atomic: 0,
+        params: words,
+    };
+    let (peer, _) = ch.exchange_endpoints(&ep, |k| format!("{k:#x}")).unwrap();
+    let mut bring_up = ConnectOptions::default();
+    bring_up.gid_index = gid_index;
+    bring_up.rnr_retry = 7;
+    qp.connect(&bring_up, me.psn, &rsrdma::QpEndpoint::from(&peer))
+        .unwrap();
+    // The listener brings its QP up meanwhile (it then waits at the barrier).
+    thread::sleep(Duration::from_millis(300));
+    if barrier {
+        ch.barrier(0).unwrap();
+    }
+    let mr = Mr::new(&pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let sge = [mr.sge(0, 64).unwrap()];
+    for i in 0..sends {
+        // SAFETY: `mr` outlives the sends, which are reaped below (or flushed with the QP).
+        unsafe { qp.post_send(&SendWr::send(i as u64, &sge).signaled(true)) }.unwrap();
+    }
+    let mut wcs = [rsrdma::Wc::default(); 16];
+    let (mut done, t0) = (0, Instant::now());
+    while done < sends && t0.elapsed() < Duration::from_secs(10) {
+        done += cq.poll(&mut wcs).unwrap();
+    }
+    assert_eq!(done, sends, "the sends landed in the pool");
+    drop(ch);
+    thread::sleep(Duration::from_millis(300));
+}
+
+/// A peer that fills the listener's pool with SENDs and then breaks off its handshake (before
+/// the barrier), or, once connected, sends past its credits: either way the listener gives
+/// every pool slot back, and a good client afterwards exchanges messages as before. (The
+/// slots were lost for good: a failed set-up dropped its CQ with their completions unread,
+/// and a connection's CQ, sized for its own credits, overran and lost them.)
+#[test]
+fn shared_recv_a_peer_that_fills_the_pool_and_fails_gives_every_slot_back() {
+    for (barrier, pool) in [(false, 16), (true, 64)] {
+        let server = small(Establish::Tcp).shared_recv(SharedRecv::new(pool));
+        let l = Arc::new(Listener::bind(listen_addr(&server), server).unwrap());
+        let addr = l.local_addr();
+        let acceptor = {
+            let l = l.clone();
+            thread::spawn(move || {
+                // The bad peer's connection (when it got that far) is dropped once it failed.
+                if let Ok(c) = l.accept_timeout(Duration::from_secs(5)) {
+                    c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                    while c.recv_msg().is_ok_and(|m| m.is_some()) {}
+                }
+            })
+        };
+        send_into_the_pool(addr, pool as usize, barrier);
+        acceptor.join().unwrap();
+        // A good client: 40 round trips need the pool's slots back.
+        let good = small(Establish::Tcp);
+        let acc = {
+            let l = l.clone();
+            thread::spawn(move || l.accept_timeout(WAIT).unwrap())
+        };
+        let c = Conn::dial(addr, good).unwrap();
+        let s = acc.join().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        for i in 0..40u8 {
+            c.send_msg(&[i; 100]).unwrap();
+            let m = s
+                .recv_msg()
+                .unwrap_or_else(|e| panic!("barrier {barrier}: message {i}: {e}"));
+            assert_eq!(m.map(|m| m.len()), Some(100));
+        }
+    }
+}

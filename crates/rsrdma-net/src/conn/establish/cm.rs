@@ -146,20 +146,27 @@ pub(crate) fn accept(
     let reply = ConnParam::default()
         .with_private_data(offer.clone())
         .with_rnr_retry_count(rnr_retry);
-    id.accept(&reply, opts.connect_timeout)?;
-    if let Some(secret) = opts.secret.as_deref() {
-        // Before any core exists: nothing is delivered, and nothing exposed, until the
-        // client has proven the secret. A failure drops the id, which disconnects.
-        let request = &req.private_data;
-        cm_auth::prove(
-            Role::Server,
-            secret,
-            (request, &offer),
-            &mut local,
-            &qp,
-            &id,
-            deadline,
-        )?;
+    // From the accept the QP may receive: a failure gives back what the peer's SENDs took.
+    let accepted = id
+        .accept(&reply, opts.connect_timeout)
+        .map_err(NetError::from)
+        .and_then(|()| match opts.secret.as_deref() {
+            // Before any core exists: nothing is delivered, and nothing exposed, until the
+            // client has proven the secret. A failure drops the id, which disconnects.
+            Some(secret) => cm_auth::prove(
+                Role::Server,
+                secret,
+                (&req.private_data, &offer),
+                &mut local,
+                &qp,
+                &id,
+                deadline,
+            ),
+            None => Ok(()),
+        });
+    if let Err(e) = accepted {
+        local.abandon(qp);
+        return Err(e);
     }
     if local.pooled() {
         // rdma_cm brings the QP up with a 655 ms RNR timer; an empty pool should cost less.

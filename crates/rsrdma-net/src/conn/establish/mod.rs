@@ -116,6 +116,43 @@ pub(crate) struct Local {
 }
 
 impl Local {
+    /// A set-up that fails once `qp` could receive (a peer that sends and then breaks off
+    /// the handshake): with a shared pool, the SENDs that landed took pool slots whose
+    /// completions sit in the CQ, and a completion destroyed with its CQ takes its slot with
+    /// it. So the QP goes to ERROR and the CQ is drained, each pool slot given back, until it
+    /// stayed empty a moment (at most a second), before the QP, then the memory, go.
+    pub(crate) fn abandon(mut self, qp: Qp) {
+        if self.slots.pooled() {
+            if let Err(e) = qp.to_error() {
+                tracing::debug!(error = %e, "moving an abandoned QP to ERROR failed");
+            }
+            let mut wcs = [rsrdma::Wc::default(); 32];
+            let give_up = Instant::now() + std::time::Duration::from_secs(1);
+            let mut quiet_since = Instant::now();
+            loop {
+                match self.cq.poll(&mut wcs) {
+                    Ok(0) => {
+                        let now = Instant::now();
+                        if now.duration_since(quiet_since) >= ABANDON_QUIET || now >= give_up {
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_micros(200));
+                    }
+                    Ok(n) => {
+                        for wc in &wcs[..n] {
+                            if wc.wr_id() & crate::conn::wr_id::RECV_TAG != 0 {
+                                self.slots.reaped_recv(wc.wr_id());
+                            }
+                        }
+                        quiet_since = Instant::now();
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        drop(qp);
+    }
+
     /// The CQ, the queue pair's builder and the slot memory on `pd` (with a pool, `pd` must
     /// be the pool's).
     pub(crate) fn new(pd: Pd, opts: &ConnOptions, from: RecvFrom) -> Result<Local> {
@@ -137,7 +174,20 @@ impl Local {
         config
             .check()
             .map_err(|e| NetError::InvalidArgument(format!("ConnOptions: {e}")))?;
-        let cq = make_cq(&ctx, &config)?;
+        // A pooled connection's receives come from the shared pool, which has no limit per
+        // QP: a peer that sends past its credits can make all of it complete on this CQ, and
+        // an overrun CQ loses completions (and their pool slots) for good. Room for the whole
+        // pool lets the driver see the overrun (a credit breach, which fails the connection)
+        // and give every slot back.
+        let recv_entries = match &from.pool {
+            Some(pool) => pool.slots().max(u32::from(config.recv_slots)).min(
+                ctx.attr()
+                    .max_cqe
+                    .saturating_sub(u32::from(config.sq_depth) + 1),
+            ),
+            None => u32::from(config.recv_slots),
+        };
+        let cq = make_cq(&ctx, &config, recv_entries)?;
         // Two SGEs per send where the device allows: a lent (zero-copy) frame is a header
         // from a send slot plus the payload in the caller's `Buffer`. With one, `send_buffer`
         // copies below the rendezvous threshold.
@@ -255,12 +305,15 @@ impl Local {
     }
 }
 
+/// How long an abandoned set-up's CQ must stay empty before its QP goes ([`Local::abandon`]).
+const ABANDON_QUIET: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// One CQ for sends and receives, on a completion channel of its own: the progress thread
 /// sleeps on it in every poll mode (busy callers spin on the CQ themselves, but an idle
 /// connection must still hear the peer's PING without burning a core).
-fn make_cq(ctx: &Context, config: &Config) -> Result<Cq> {
+fn make_cq(ctx: &Context, config: &Config, recv_entries: u32) -> Result<Cq> {
     let channel = CompChannel::new(ctx)?;
-    let entries = u32::from(config.recv_slots) + u32::from(config.sq_depth) + 1;
+    let entries = recv_entries + u32::from(config.sq_depth) + 1;
     Ok(Cq::new(ctx, entries, Some(&channel))?)
 }
 

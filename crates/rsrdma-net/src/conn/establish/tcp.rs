@@ -137,10 +137,17 @@ fn setup(
     if pooled {
         bring_up = bring_up.min_rnr_timer(MIN_RNR_TIMER);
     }
-    qp.connect(&bring_up, me.psn, &QpEndpoint::from(&peer_ep))?;
-    local.post_receives(&qp)?;
-    // Both sides have every receive posted before either may send.
-    ch.barrier(0)?;
+    // From here the QP may receive: a failure gives back what the peer's SENDs took.
+    let ready = qp
+        .connect(&bring_up, me.psn, &QpEndpoint::from(&peer_ep))
+        .map_err(NetError::from)
+        .and_then(|()| local.post_receives(&qp))
+        // Both sides have every receive posted before either may send.
+        .and_then(|()| ch.barrier(0));
+    if let Err(e) = ready {
+        local.abandon(qp);
+        return Err(e);
+    }
     Ok((local, qp, peer))
 }
 
