@@ -110,6 +110,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         &[
             "a_100_mib_stream_with_io_copy_verified_by_hash",
             "a_byte_stream_with_io_copy",
+            "a_cm_listener_out_of_descriptors_waits_and_then_accepts",
             "a_close_racing_another_waits_for_its_end_and_says_the_same",
             "a_close_that_leaves_a_large_message_unread_says_so_on_both_ends",
             "a_flood_of_silent_and_garbage_sockets_delays_no_good_client",

@@ -1468,6 +1468,49 @@ fn a_listener_out_of_descriptors_waits_and_then_accepts() {
     assert!(child.wait().unwrap().success(), "the child listener failed");
 }
 
+/// The rdma_cm listener of [`a_cm_listener_out_of_descriptors_waits_and_then_accepts`], in a
+/// child process whose descriptor table is full for a while.
+#[test]
+#[ignore = "runs as the child process of a_cm_listener_out_of_descriptors_waits_and_then_accepts"]
+fn conn_child_cm_listener_out_of_descriptors() {
+    assert!(std::env::var(FDS_CHILD_ENV).is_ok());
+    let l = listen(opts(Establish::Cm));
+    let fds = support::fill_descriptor_table();
+    println!("listening {}", l.local_addr());
+    let (_freed, freer) = support::free_later(fds, Duration::from_millis(1500));
+    // A request that comes while no descriptor is left is refused (its id needs an event
+    // channel of its own); the accept itself waits, and takes the next one.
+    let s = l.accept_timeout(Duration::from_secs(20)).unwrap();
+    let m = s.recv_msg().unwrap().unwrap();
+    s.send_msg(&m).unwrap();
+    s.close().unwrap();
+    freer.join().unwrap();
+}
+
+/// On rdma_cm's path too, running out of descriptors is a condition that passes: the
+/// listener's accept waits it out (it returned the error, which ends a server's `loop {
+/// l.accept()? }`), and a client that comes afterwards is served.
+#[test]
+fn a_cm_listener_out_of_descriptors_waits_and_then_accepts() {
+    let (mut child, addr) =
+        support::spawn_listening_child("conn_child_cm_listener_out_of_descriptors", FDS_CHILD_ENV);
+    // While the child's table is full: refused (or, on a slow machine, served: either way
+    // the listener goes on).
+    let early = Conn::dial(addr, opts(Establish::Cm));
+    if let Ok(c) = early {
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.send_msg(b"after EMFILE").unwrap();
+        assert_eq!(c.recv_msg().unwrap().unwrap(), b"after EMFILE");
+    } else {
+        thread::sleep(Duration::from_millis(2000));
+        let c = Conn::dial(addr, opts(Establish::Cm)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.send_msg(b"after EMFILE").unwrap();
+        assert_eq!(c.recv_msg().unwrap().unwrap(), b"after EMFILE");
+    }
+    assert!(child.wait().unwrap().success(), "the child listener failed");
+}
+
 /// A close that finds another one begun (on another thread) waits for its teardown and says
 /// what it said: here both report that the queued data was not delivered within the linger,
 /// and neither returns before the linger ran out (the second returned `Ok` at once). The

@@ -83,7 +83,19 @@ pub(crate) fn take_tcp_peer(listener: &TcpListener) -> Result<Option<(TcpStream,
 
 /// Whether `e` is accept(2) running out of descriptors or memory.
 fn out_of_resources(e: &NetError) -> bool {
-    matches!(e, NetError::Io { op: "accept", source } if AcceptError::of(source) == AcceptError::Starved)
+    match e {
+        NetError::Io {
+            op: "accept",
+            source,
+        } => AcceptError::of(source) == AcceptError::Starved,
+        // rdma_cm's path: a connect request's new event channel (or its events' read) needs
+        // a descriptor too; out of them, it waits as the TCP path does.
+        NetError::Verbs(v) => matches!(
+            v.errno(),
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+        ),
+        _ => false,
+    }
 }
 
 /// Longest single wait inside an `accept` without a deadline.

@@ -181,6 +181,18 @@ fn step(c: Conn, ready: bool, now: Instant, added: &mut Vec<Conn>) -> Option<Con
                         return Some(Conn::Listener { l, id });
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    // Out of descriptors or memory: a condition that passes. The request waits
+                    // in the backlog (the listener was closed, resetting every later one);
+                    // a short pause keeps the still-readable socket from spinning this thread.
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                        ) =>
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        return Some(Conn::Listener { l, id });
+                    }
                     // Shut down: the listening id is gone.
                     Err(_) => return None,
                 }
