@@ -141,10 +141,17 @@ impl<T> AcceptQueue<T> {
     pub(crate) fn finish(&self, ticket: Ticket, r: Result<T>) {
         let good = self.admission.outcome(ticket, r);
         let mut q = self.lock();
-        if let (Some(c), false) = (good, q.closed) {
-            q.ready.push_back(c);
-        }
+        let late = match good {
+            Some(c) if !q.closed => {
+                q.ready.push_back(c);
+                None
+            }
+            // The listener is gone: the connection closes outside the lock (its close may
+            // linger), so other handshakes' ends do not wait behind it.
+            other => other,
+        };
         drop(q);
+        drop(late);
         self.done.wake();
     }
 

@@ -92,6 +92,10 @@ impl Driver {
                 Ok(n) => {
                     for wc in &wcs[..n] {
                         let id = wc.wr_id();
+                        if id == crate::conn::wr_id::AUTH_WR_ID {
+                            // rdma_cm's proof, sent before the core: none of the core's.
+                            continue;
+                        }
                         if id & RECV_TAG != 0 {
                             self.recvs_posted = self.recvs_posted.saturating_sub(1);
                             self.core.memory_mut().reaped_recv(id);
