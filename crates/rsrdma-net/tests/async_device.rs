@@ -60,6 +60,14 @@ async fn pair(client: ConnOptions, server: ConnOptions) -> (AsyncConn, AsyncConn
     (c.unwrap(), s.unwrap())
 }
 
+/// (dialer, acceptor) on the TCP path with no keepalive: nothing steps the connections but
+/// their callers and the keeper's own wake-ups, so a lost wake-up shows as a hang.
+async fn pair_without_keepalive() -> (AsyncConn, AsyncConn) {
+    let mut o = opts(Establish::Tcp);
+    o.keepalive = None;
+    pair(o.clone(), o).await
+}
+
 /// Threads of this process with `name` (the blocking Conn's progress thread is "rsrdma-conn").
 fn threads_named(name: &str) -> usize {
     std::fs::read_dir("/proc/self/task")
@@ -1215,9 +1223,7 @@ fn async_recv_buffer_refuses_another_connections_buffer_and_the_connection_goes_
 #[test]
 fn a_buffer_whose_send_was_cancelled_is_free_once_the_peer_read_it() {
     run(async {
-        let mut o = opts(Establish::Tcp);
-        o.keepalive = None;
-        let (c, s) = pair(o.clone(), o).await;
+        let (c, s) = pair_without_keepalive().await;
         let len = 1 << 20;
         let mut buf = c.alloc_buffer(len).unwrap();
         buf.as_mut_slice()
@@ -1272,9 +1278,7 @@ impl CountingWaker {
 #[test]
 fn a_receiver_waiting_for_the_side_is_woken_when_its_owner_is_done() {
     run(async {
-        let mut o = opts(Establish::Tcp);
-        o.keepalive = None;
-        let (c, s) = pair(o.clone(), o).await;
+        let (c, s) = pair_without_keepalive().await;
         let (mut buf_a, mut buf_b) = (s.alloc_buffer(4096).unwrap(), s.alloc_buffer(4096).unwrap());
         let (count_a, count_b) = (
             Arc::new(CountingWaker::default()),
@@ -1335,9 +1339,7 @@ fn full_duplex_tasks_on_a_multi_thread_runtime() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut o = opts(Establish::Tcp);
-        o.keepalive = None;
-        let (c, s) = pair(o.clone(), o).await;
+        let (c, s) = pair_without_keepalive().await;
         let (c, s) = (Arc::new(c), Arc::new(s));
         const N: u64 = 3000;
         let mut tasks = Vec::new();

@@ -1440,18 +1440,26 @@ const FDS_CHILD_ENV: &str = "RSRDMA_CONN_FDS_CHILD";
 #[test]
 #[ignore = "runs as the child process of a_listener_out_of_descriptors_waits_and_then_accepts"]
 fn conn_child_listener_out_of_descriptors() {
+    let freed = serve_one_out_of_descriptors(Establish::Tcp, Duration::from_millis(700));
+    // The premise: no accept could succeed before the table was freed.
+    assert!(freed);
+}
+
+/// A child's listener on `path` that fills its descriptor table, frees it after `full_for`,
+/// and serves one echo meanwhile; whether the table was freed by the time it accepted.
+fn serve_one_out_of_descriptors(path: Establish, full_for: Duration) -> bool {
     assert!(std::env::var(FDS_CHILD_ENV).is_ok());
-    let l = listen(opts(Establish::Tcp));
+    let l = listen(opts(path));
     let fds = support::fill_descriptor_table();
     println!("listening {}", l.local_addr());
-    let (freed, freer) = support::free_later(fds, Duration::from_millis(700));
+    let (freed, freer) = support::free_later(fds, full_for);
     let s = l.accept_timeout(Duration::from_secs(20)).unwrap();
-    // The premise: no accept could succeed before the table was freed.
-    assert!(freed.load(std::sync::atomic::Ordering::SeqCst));
+    let freed_then = freed.load(std::sync::atomic::Ordering::SeqCst);
     let m = s.recv_msg().unwrap().unwrap();
     s.send_msg(&m).unwrap();
     s.close().unwrap();
     freer.join().unwrap();
+    freed_then
 }
 
 /// Running out of descriptors (EMFILE) is a condition that passes: the listener waits it
@@ -1460,12 +1468,15 @@ fn conn_child_listener_out_of_descriptors() {
 fn a_listener_out_of_descriptors_waits_and_then_accepts() {
     let (mut child, addr) =
         support::spawn_listening_child("conn_child_listener_out_of_descriptors", FDS_CHILD_ENV);
-    let c = Conn::dial(addr, opts(Establish::Tcp)).unwrap();
+    echo_after_emfile(Conn::dial(addr, opts(Establish::Tcp)).unwrap());
+    assert!(child.wait().unwrap().success(), "the child listener failed");
+}
+
+/// One echo through a listener that ran out of descriptors.
+fn echo_after_emfile(c: Conn) {
     c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     c.send_msg(b"after EMFILE").unwrap();
     assert_eq!(c.recv_msg().unwrap().unwrap(), b"after EMFILE");
-    drop(c);
-    assert!(child.wait().unwrap().success(), "the child listener failed");
 }
 
 /// The rdma_cm listener of [`a_cm_listener_out_of_descriptors_waits_and_then_accepts`], in a
@@ -1473,18 +1484,9 @@ fn a_listener_out_of_descriptors_waits_and_then_accepts() {
 #[test]
 #[ignore = "runs as the child process of a_cm_listener_out_of_descriptors_waits_and_then_accepts"]
 fn conn_child_cm_listener_out_of_descriptors() {
-    assert!(std::env::var(FDS_CHILD_ENV).is_ok());
-    let l = listen(opts(Establish::Cm));
-    let fds = support::fill_descriptor_table();
-    println!("listening {}", l.local_addr());
-    let (_freed, freer) = support::free_later(fds, Duration::from_millis(1500));
     // A request that comes while no descriptor is left is refused (its id needs an event
     // channel of its own); the accept itself waits, and takes the next one.
-    let s = l.accept_timeout(Duration::from_secs(20)).unwrap();
-    let m = s.recv_msg().unwrap().unwrap();
-    s.send_msg(&m).unwrap();
-    s.close().unwrap();
-    freer.join().unwrap();
+    serve_one_out_of_descriptors(Establish::Cm, Duration::from_millis(1500));
 }
 
 /// On rdma_cm's path too, running out of descriptors is a condition that passes: the
@@ -1496,18 +1498,11 @@ fn a_cm_listener_out_of_descriptors_waits_and_then_accepts() {
         support::spawn_listening_child("conn_child_cm_listener_out_of_descriptors", FDS_CHILD_ENV);
     // While the child's table is full: refused (or, on a slow machine, served: either way
     // the listener goes on).
-    let early = Conn::dial(addr, opts(Establish::Cm));
-    if let Ok(c) = early {
-        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        c.send_msg(b"after EMFILE").unwrap();
-        assert_eq!(c.recv_msg().unwrap().unwrap(), b"after EMFILE");
-    } else {
+    let c = Conn::dial(addr, opts(Establish::Cm)).unwrap_or_else(|_| {
         thread::sleep(Duration::from_millis(2000));
-        let c = Conn::dial(addr, opts(Establish::Cm)).unwrap();
-        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        c.send_msg(b"after EMFILE").unwrap();
-        assert_eq!(c.recv_msg().unwrap().unwrap(), b"after EMFILE");
-    }
+        Conn::dial(addr, opts(Establish::Cm)).unwrap()
+    });
+    echo_after_emfile(c);
     assert!(child.wait().unwrap().success(), "the child listener failed");
 }
 

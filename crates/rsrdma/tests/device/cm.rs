@@ -17,6 +17,21 @@ pub fn device_ip() -> IpAddr {
     IpAddr::V4(g.to_ipv4().expect("the test GID is IPv4-mapped RoCE v2"))
 }
 
+/// An id resolved towards `server`, with an RC queue pair (on a CQ of `cq_depth`) ready to
+/// connect.
+fn client_id(server: SocketAddr, cq_depth: u32) -> (CmId, Pd, Cq, Qp) {
+    let id = CmId::new().unwrap();
+    id.resolve_addr(None, server, WAIT).unwrap();
+    id.resolve_route(WAIT).unwrap();
+    let ctx = id.context().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, cq_depth, None).unwrap();
+    let qp = id
+        .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
+        .unwrap();
+    (id, pd, cq, qp)
+}
+
 /// The server side, run only as the child of `rdma_cm_connect_accept_between_processes`.
 #[test]
 #[ignore = "runs as the child process of rdma_cm_connect_accept_between_processes"]
@@ -107,15 +122,7 @@ fn rdma_cm_connect_accept_between_processes() {
     assert_eq!(server.ip(), ip);
     assert_ne!(server.port(), 0);
 
-    let id = CmId::new().unwrap();
-    id.resolve_addr(None, server, WAIT).unwrap();
-    id.resolve_route(WAIT).unwrap();
-    let ctx = id.context().unwrap();
-    let pd = Pd::new(&ctx).unwrap();
-    let cq = Cq::new(&ctx, 16, None).unwrap();
-    let qp = id
-        .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
-        .unwrap();
+    let (id, pd, cq, qp) = client_id(server, 16);
     let mut buf = Mr::new(&pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
     let rsge = [buf.sge(2048, 2048).unwrap()];
     // SAFETY: `buf` outlives the completion polled below.
@@ -226,15 +233,7 @@ fn a_request_left_at_a_dropped_listener_is_refused() {
     let listener = CmId::listener(SocketAddr::new(device_ip(), 0), 4).unwrap();
     let addr = listener.local_addr().unwrap();
     let client = std::thread::spawn(move || {
-        let id = CmId::new().unwrap();
-        id.resolve_addr(None, addr, WAIT).unwrap();
-        id.resolve_route(WAIT).unwrap();
-        let ctx = id.context().unwrap();
-        let pd = Pd::new(&ctx).unwrap();
-        let cq = Cq::new(&ctx, 4, None).unwrap();
-        let _qp = id
-            .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
-            .unwrap();
+        let (id, _pd, _cq, _qp) = client_id(addr, 4);
         let r = id.connect(&ConnParam::default(), WAIT);
         (r, Instant::now())
     });
