@@ -49,6 +49,8 @@ mod progress;
 mod rdv_memory;
 mod teardown;
 
+pub(crate) use teardown::drain_pool_completions;
+
 use super::buffer::InFlight;
 use super::device_events::{DeviceFacts, LOOK_EVERY};
 use super::read_hold::ReadHold;

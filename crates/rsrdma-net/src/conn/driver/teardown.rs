@@ -23,57 +23,6 @@ impl Driver {
         }
     }
 
-    /// With a shared receive pool (F6): the receives this QP took from the SRQ are not
-    /// counted in [`Driver::outstanding`] (they were never posted on the QP), and a completion
-    /// left in the CQ when it is destroyed takes its pool slot with it: every peer SEND that
-    /// landed after the last step (a close while the peer streams), and the receive a flush
-    /// ends mid-message. So the CQ is drained, each pool slot going back to the pool, until
-    /// the device's LAST_WQE_REACHED for this QP has come (read by the pool's event thread,
-    /// [`crate::conn::pool_events`]) and the CQ is then empty: after that event no receive of
-    /// the QP is left to complete. A device that raises no such event (rxe before Linux 6.3)
-    /// ends the drain once the CQ stayed empty for [`POOL_QUIET`].
-    pub(super) fn drain_pool_completions(&mut self, deadline: Instant) {
-        let events = self.core.memory_mut().pool().cloned();
-        let qp_num = self.qp.qp_num();
-        let mut wcs = [Wc::default(); POLL_BATCH];
-        let mut quiet_since = Instant::now();
-        let mut last_wqe = false;
-        loop {
-            match self.cq.poll(&mut wcs) {
-                Ok(0) => {
-                    if last_wqe {
-                        return;
-                    }
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return;
-                    }
-                    match events.as_ref().map(|p| p.events()) {
-                        // A lost event costs at most a second of waiting.
-                        Some(ev)
-                            if ev.raises_last_wqe()
-                                && now.duration_since(quiet_since) < Duration::from_secs(1) =>
-                        {
-                            let step = (now + Duration::from_micros(200)).min(deadline);
-                            last_wqe = ev.wait_last_wqe(qp_num, step);
-                        }
-                        _ if now.duration_since(quiet_since) >= POOL_QUIET => return,
-                        _ => std::thread::sleep(Duration::from_micros(200)),
-                    }
-                }
-                Ok(n) => {
-                    for wc in &wcs[..n] {
-                        if wc.wr_id() & RECV_TAG != 0 {
-                            self.core.memory_mut().reaped_recv(wc.wr_id());
-                        }
-                    }
-                    quiet_since = Instant::now();
-                }
-                Err(_) => return,
-            }
-        }
-    }
-
     /// Stops the QP, reaps its flushed requests, and releases everything; leaks the memory
     /// if the flush cannot be confirmed by `deadline`.
     pub(crate) fn teardown(mut self, deadline: Instant) {
@@ -130,8 +79,14 @@ impl Driver {
             std::mem::forget(owned_read);
             return;
         }
+        // With a shared receive pool (F6): the receives this QP took from the SRQ are not
+        // counted in `outstanding` (they were never posted on the QP), and a completion left
+        // in the CQ when it is destroyed takes its pool slot with it: every peer SEND that
+        // landed after the last step (a close while the peer streams), and the receive a
+        // flush ends mid-message.
         if self.core.memory_mut().pooled() {
-            self.drain_pool_completions(deadline);
+            let qp_num = self.qp.qp_num();
+            drain_pool_completions(&self.cq, self.core.memory_mut(), qp_num, deadline);
         }
         self.core.handle_fatal(Fatal::Disconnected);
         self.core.handle_flushed();
@@ -162,5 +117,53 @@ impl Driver {
         drop(core);
         drop(cq);
         drop(liveness);
+    }
+}
+
+/// Drains `cq`, the CQ of QP `qp_num` (in ERROR) whose receives come from `slots`' shared
+/// pool, giving each pool slot back, until the device's LAST_WQE_REACHED for that QP has
+/// come (read by the pool's event thread, [`crate::conn::pool_events`]) and the CQ is then
+/// empty: after that event no receive of the QP is left to complete. A device that raises
+/// no such event (rxe before Linux 6.3) ends the drain once the CQ stayed empty for
+/// [`POOL_QUIET`]. Used by the teardown and by a set-up that fails once its QP could receive
+/// ([`crate::conn::establish::Local::abandon`]).
+pub(crate) fn drain_pool_completions(cq: &Cq, slots: &mut Slots, qp_num: u32, deadline: Instant) {
+    let events = slots.pool().cloned();
+    let mut wcs = [Wc::default(); POLL_BATCH];
+    let mut quiet_since = Instant::now();
+    let mut last_wqe = false;
+    loop {
+        match cq.poll(&mut wcs) {
+            Ok(0) => {
+                if last_wqe {
+                    return;
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    return;
+                }
+                match events.as_ref().map(|p| p.events()) {
+                    // A lost event costs at most a second of waiting.
+                    Some(ev)
+                        if ev.raises_last_wqe()
+                            && now.duration_since(quiet_since) < Duration::from_secs(1) =>
+                    {
+                        let step = (now + Duration::from_micros(200)).min(deadline);
+                        last_wqe = ev.wait_last_wqe(qp_num, step);
+                    }
+                    _ if now.duration_since(quiet_since) >= POOL_QUIET => return,
+                    _ => std::thread::sleep(Duration::from_micros(200)),
+                }
+            }
+            Ok(n) => {
+                for wc in &wcs[..n] {
+                    if wc.wr_id() & RECV_TAG != 0 {
+                        slots.reaped_recv(wc.wr_id());
+                    }
+                }
+                quiet_since = Instant::now();
+            }
+            Err(_) => return,
+        }
     }
 }

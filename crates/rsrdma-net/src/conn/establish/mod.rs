@@ -119,36 +119,20 @@ impl Local {
     /// A set-up that fails once `qp` could receive (a peer that sends and then breaks off
     /// the handshake): with a shared pool, the SENDs that landed took pool slots whose
     /// completions sit in the CQ, and a completion destroyed with its CQ takes its slot with
-    /// it. So the QP goes to ERROR and the CQ is drained, each pool slot given back, until it
-    /// stayed empty a moment (at most a second), before the QP, then the memory, go.
+    /// it. So the QP goes to ERROR and the CQ is drained as a teardown drains it (at most a
+    /// second), each pool slot given back, before the QP, then the memory, go.
     pub(crate) fn abandon(mut self, qp: Qp) {
         if self.slots.pooled() {
             if let Err(e) = qp.to_error() {
                 tracing::debug!(error = %e, "moving an abandoned QP to ERROR failed");
             }
-            let mut wcs = [rsrdma::Wc::default(); 32];
-            let give_up = Instant::now() + std::time::Duration::from_secs(1);
-            let mut quiet_since = Instant::now();
-            loop {
-                match self.cq.poll(&mut wcs) {
-                    Ok(0) => {
-                        let now = Instant::now();
-                        if now.duration_since(quiet_since) >= ABANDON_QUIET || now >= give_up {
-                            break;
-                        }
-                        std::thread::sleep(std::time::Duration::from_micros(200));
-                    }
-                    Ok(n) => {
-                        for wc in &wcs[..n] {
-                            if wc.wr_id() & crate::conn::wr_id::RECV_TAG != 0 {
-                                self.slots.reaped_recv(wc.wr_id());
-                            }
-                        }
-                        quiet_since = Instant::now();
-                    }
-                    Err(_) => break,
-                }
-            }
+            let deadline = Instant::now() + std::time::Duration::from_secs(1);
+            crate::conn::driver::drain_pool_completions(
+                &self.cq,
+                &mut self.slots,
+                qp.qp_num(),
+                deadline,
+            );
         }
         drop(qp);
     }
@@ -304,9 +288,6 @@ impl Local {
         })
     }
 }
-
-/// How long an abandoned set-up's CQ must stay empty before its QP goes ([`Local::abandon`]).
-const ABANDON_QUIET: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// One CQ for sends and receives, on a completion channel of its own: the progress thread
 /// sleeps on it in every poll mode (busy callers spin on the CQ themselves, but an idle
