@@ -357,3 +357,55 @@ fn a_failed_ud_queue_pair_is_an_error_both_ways() {
         .collect();
     assert_eq!(sent, [false; 3]);
 }
+
+/// A striped connection whose sender loses a rail on its side only (its queue pair fails;
+/// the receiver learns nothing until that rail's keepalive gives up, 5 s by default): the
+/// confirmations the receiver sends on that rail are lost with it while the sender's window
+/// is full. The sender sends again what the lost rail carried unconfirmed; the receiver,
+/// finding it has those already, confirms again (on the next rail), so no send waits for
+/// the dead rail's keepalive, and nothing is lost.
+#[test]
+fn a_rail_lost_on_the_senders_side_only_does_not_stall_the_stream() {
+    use rsrdma_net::{RailConn, RailListener, RailOptions};
+    let o = RailOptions::new(
+        ConnOptions::default()
+            .device("soft0")
+            .establish(Establish::Tcp),
+        2,
+    );
+    let l = RailListener::bind("127.0.0.1:0", o.clone()).unwrap();
+    let addr = l.local_addr();
+    let t = thread::spawn(move || l.accept_timeout(WAIT).unwrap());
+    let c = RailConn::dial(addr, o).unwrap();
+    let s = t.join().unwrap();
+    let len = 256 * 1024;
+    let count = 300u64;
+    let reader = thread::spawn(move || {
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        for i in 0..count {
+            let m = s.recv_msg().unwrap().expect("a message");
+            assert!(m.len() == len && m[..8] == i.to_le_bytes(), "message {i}");
+        }
+        assert_eq!(s.recv_msg().unwrap(), None);
+    });
+    c.set_write_timeout(Some(WAIT)).unwrap();
+    let mut slowest = Duration::ZERO;
+    let mut m = vec![7u8; len];
+    for i in 0..count {
+        if i == count / 3 {
+            soft_faults::fail_qp(c.rail(1).unwrap().info().local_qpn).unwrap();
+        }
+        m[..8].copy_from_slice(&i.to_le_bytes());
+        let t0 = Instant::now();
+        c.send_msg(&m).unwrap();
+        if i >= count / 3 {
+            slowest = slowest.max(t0.elapsed());
+        }
+    }
+    c.close().unwrap();
+    reader.join().unwrap();
+    assert!(
+        slowest < Duration::from_secs(2),
+        "a send after the rail failed waited {slowest:?}"
+    );
+}

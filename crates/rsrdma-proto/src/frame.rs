@@ -2,9 +2,11 @@
 //!
 //! ```text
 //! offset size field
-//!  0     1    type          1 DATA, 2 CREDIT, 3 FIN, 4 PING, 5 PONG, 6 ABORT, 7 RTS, 8 DONE
+//!  0     1    type          1 DATA, 2 CREDIT, 3 FIN, 4 PING, 5 PONG, 6 ABORT, 7 RTS, 8 DONE,
+//!                           9 WITHDRAW, 10 WITHDRAWN
 //!  1     1    flags         DATA only: bit 0 FIRST, bit 1 LAST; other bits and other types: 0
-//!  2     2    msg_id        DATA, RTS, DONE: message number mod 2^16; FIN: messages sent
+//!  2     2    msg_id        DATA, RTS, DONE, WITHDRAW, WITHDRAWN: message number mod 2^16;
+//!                           FIN: messages sent
 //!                           mod 2^16; else 0
 //!  4     4    credit_limit  cumulative receive limit granted to the peer, mod 2^32
 //!  8     4    payload_len   bytes after the header in this frame (RTS: 16; 0 for every
@@ -52,6 +54,12 @@ pub enum FrameType {
     Rts = 7,
     /// Rendezvous completion: the receiver has read the message; the sender may release it.
     Done = 8,
+    /// The sender asks for an RTS's message back: its call gave up (behind
+    /// `FEATURE_WITHDRAW`).
+    Withdraw = 9,
+    /// Answer to WITHDRAW: the receiver dropped the message unread; the sender may release
+    /// it, and nothing of it was delivered. (A receiver already reading it sends DONE.)
+    Withdrawn = 10,
 }
 
 impl FrameType {
@@ -65,6 +73,8 @@ impl FrameType {
             6 => Self::Abort,
             7 => Self::Rts,
             8 => Self::Done,
+            9 => Self::Withdraw,
+            10 => Self::Withdrawn,
             _ => return None,
         })
     }
@@ -80,6 +90,8 @@ impl FrameType {
             Self::Abort => "ABORT",
             Self::Rts => "RTS",
             Self::Done => "DONE",
+            Self::Withdraw => "WITHDRAW",
+            Self::Withdrawn => "WITHDRAWN",
         }
     }
 }
@@ -181,8 +193,11 @@ impl Header {
             if self.payload_len != 0 {
                 return bad("payload on a control frame");
             }
-            let msg_id_ok =
-                self.msg_id == 0 || matches!(self.kind, FrameType::Fin | FrameType::Done);
+            let msg_id_ok = self.msg_id == 0
+                || matches!(
+                    self.kind,
+                    FrameType::Fin | FrameType::Done | FrameType::Withdraw | FrameType::Withdrawn
+                );
             if !msg_id_ok {
                 return bad("message id on a control frame");
             }

@@ -91,6 +91,11 @@
 //!   RTS and [`Work::InvalidateWindow`] when the DONE arrives, and releases the message only
 //!   once that invalidation completed. The core never sees memory beyond its slots: addresses
 //!   and keys are plain numbers.
+//! - **Withdrawal** (feature [`FEATURE_WITHDRAW`], with rendezvous): a sender whose call gives
+//!   up after the RTS went out asks for the message back ([`Conn::ask_withdraw`], a WITHDRAW
+//!   frame); the receiver's core drops it if no read of it began and answers WITHDRAWN, or
+//!   else lets the read finish (DONE). The message is released either way, and
+//!   [`Conn::take_withdrawn`] tells the driver which: "not sent" or "read whole".
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -114,7 +119,7 @@ pub use frame::{FrameType, Header, HEADER_LEN};
 pub use memory::{SlotMemory, VecSlots};
 pub use params::{
     settle, Config, Params, Settled, CONTROL_RESERVE, DEFAULT_RDV_THRESHOLD, DEFAULT_SLOT_SIZE,
-    FEATURE_RAILS, FEATURE_RENDEZVOUS, PARAMS_LEN,
+    FEATURE_RAILS, FEATURE_RENDEZVOUS, FEATURE_WITHDRAW, PARAMS_LEN,
 };
 pub use step::{Recv, Step};
 pub use work::{Counters, Event, LentPayload, Work, WrId};

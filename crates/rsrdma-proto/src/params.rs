@@ -11,7 +11,8 @@
 //! 14     2    inline_size     the sender's inline limit (informational: inline is invisible
 //!                             on the wire)
 //! 16     4    max_message     largest message this side accepts
-//! 20     4    features        bit set; the settled set is the intersection
+//! 20     4    features        bit set; the settled set is the intersection (bit 2 only
+//!                             with bit 0)
 //! 24     4    rdv_threshold   with FEATURE_RENDEZVOUS: messages of at least this many bytes
 //!                             may go by rendezvous (≥ 1); the settled one is the larger
 //!                             (sent 0 and ignored without the feature)
@@ -30,8 +31,8 @@ pub const PARAMS_LEN: usize = 32;
 pub const MAGIC: [u8; 4] = *b"RSCP";
 /// The protocol's major version.
 pub const VERSION_MAJOR: u8 = 1;
-/// The protocol's minor version (1.1: rendezvous).
-pub const VERSION_MINOR: u8 = 1;
+/// The protocol's minor version (1.1: rendezvous; 1.2: withdrawal of an offered message).
+pub const VERSION_MINOR: u8 = 2;
 /// Feature bit of rendezvous: RTS/DONE frames, the receiver pulling large messages with
 /// RDMA READ. Settled only when both sides offer it.
 pub const FEATURE_RENDEZVOUS: u32 = 1 << 0;
@@ -40,8 +41,14 @@ pub const FEATURE_RENDEZVOUS: u32 = 1 << 0;
 /// bit to know whether the peer speaks stripes, and talks to a peer without it as one plain
 /// connection.
 pub const FEATURE_RAILS: u32 = 1 << 1;
+/// Feature bit of withdrawal (with rendezvous only): a sender whose call gave up after its
+/// RTS went out asks the receiver to drop the message (WITHDRAW); the receiver answers
+/// WITHDRAWN when it had not begun to read it (the sender's memory is free, nothing of the
+/// message was delivered), or lets its read finish and sends DONE as usual. So a sender's
+/// timeout can mean "not sent" even for a message the peer was told about.
+pub const FEATURE_WITHDRAW: u32 = 1 << 2;
 /// Features this version implements.
-pub const FEATURES_KNOWN: u32 = FEATURE_RENDEZVOUS | FEATURE_RAILS;
+pub const FEATURES_KNOWN: u32 = FEATURE_RENDEZVOUS | FEATURE_RAILS | FEATURE_WITHDRAW;
 /// Default rendezvous threshold (256 KiB): below it a copy through the slots is cheaper than
 /// registering the message and a round trip for RTS/READ/DONE.
 pub const DEFAULT_RDV_THRESHOLD: u32 = 256 * 1024;
@@ -183,6 +190,11 @@ impl Settled {
     pub fn rendezvous(&self) -> Option<u32> {
         (self.features & FEATURE_RENDEZVOUS != 0).then_some(self.rdv_threshold)
     }
+
+    /// Whether a sender may ask for an offered message back ([`FEATURE_WITHDRAW`]).
+    pub fn withdraw(&self) -> bool {
+        self.features & FEATURE_WITHDRAW != 0
+    }
 }
 
 /// Combines the local announcement with the peer's. Both sides compute the same agreement,
@@ -196,7 +208,11 @@ pub fn settle(local: &Params, peer: &Params) -> Result<Settled, ProtoError> {
     }
     local.check()?;
     peer.check()?;
-    let features = local.features & peer.features & FEATURES_KNOWN;
+    let mut features = local.features & peer.features & FEATURES_KNOWN;
+    if features & FEATURE_RENDEZVOUS == 0 {
+        // Withdrawal answers RTSs: nothing to withdraw without them.
+        features &= !FEATURE_WITHDRAW;
+    }
     let rdv_threshold = if features & FEATURE_RENDEZVOUS != 0 {
         local.rdv_threshold.max(peer.rdv_threshold)
     } else {

@@ -266,6 +266,11 @@ pub struct Rails {
     /// The confirmation last sent, and whether it may have been lost with a rail.
     ack_sent: u64,
     ack_lost: bool,
+    /// The rail the next confirmation goes on: one that just brought a stripe of a message
+    /// delivered already. The peer sends such a stripe again only when it lost a rail whose
+    /// stripes it had not seen confirmed: our confirmations may be going down a rail that is
+    /// dead on its side only (ours cannot tell yet), and this one works both ways.
+    ack_rail: Option<usize>,
     /// An ACK stripe's bytes, as [`Rails::next_stripe`] lends them.
     ack_stripe: [u8; STRIPE_HEADER_LEN],
     /// Memory of confirmed and read messages, for the next ones: a fresh vector per message
@@ -297,6 +302,7 @@ impl Rails {
             pending_bytes: 0,
             ack_sent: 0,
             ack_lost: false,
+            ack_rail: None,
             ack_stripe: [0; STRIPE_HEADER_LEN],
             spare: Vec::new(),
             spare_bytes: 0,
@@ -397,30 +403,36 @@ impl Rails {
             return None;
         }
         let Some(s) = self.queue.pop_front() else {
-            if !self.ack_due() {
+            if !self.ack_due() || !self.may_confirm_on(rail) {
                 return None;
             }
             self.counters.acks_sent += 1;
-            self.ack_stripe = self.header_with_ack(StripeHeader {
-                data: false,
-                offset: 0,
-                seq: 0,
-                ack: 0,
-                total: 0,
-                len: 0,
-            });
+            self.ack_stripe = self.header_with_ack(
+                rail,
+                StripeHeader {
+                    data: false,
+                    offset: 0,
+                    seq: 0,
+                    ack: 0,
+                    total: 0,
+                    len: 0,
+                },
+            );
             return Some(&self.ack_stripe);
         };
         self.carried[rail].push_back(s);
         let total = self.out[(s.seq - self.confirmed) as usize].len;
-        let header = self.header_with_ack(StripeHeader {
-            data: true,
-            offset: s.offset,
-            seq: s.seq,
-            ack: 0,
-            total: total as u32,
-            len: s.len,
-        });
+        let header = self.header_with_ack(
+            rail,
+            StripeHeader {
+                data: true,
+                offset: s.offset,
+                seq: s.seq,
+                ack: 0,
+                total: total as u32,
+                len: s.len,
+            },
+        );
         let at = (s.offset / self.cfg.stripe_size) as usize
             * (STRIPE_HEADER_LEN + self.cfg.stripe_size as usize);
         let msg = &mut self.out[(s.seq - self.confirmed) as usize];
@@ -429,11 +441,22 @@ impl Rails {
         Some(&msg.bytes[at..end])
     }
 
-    fn header_with_ack(&mut self, mut h: StripeHeader) -> [u8; STRIPE_HEADER_LEN] {
+    /// Whether a confirmation may go on `rail`: any rail, unless one is chosen (and up).
+    fn may_confirm_on(&self, rail: usize) -> bool {
+        self.ack_rail
+            .map_or(true, |r| r == rail || self.is_failed(r))
+    }
+
+    /// `h` with the latest confirmation. It counts as sent only on a rail that may carry it
+    /// ([`Rails::may_confirm_on`]); elsewhere it rides along, and a confirmation stays due.
+    fn header_with_ack(&mut self, rail: usize, mut h: StripeHeader) -> [u8; STRIPE_HEADER_LEN] {
         h.ack = self.delivered;
-        self.ack_sent = self.delivered;
-        self.ack_lost = false;
-        self.bytes_since_ack = 0;
+        if self.may_confirm_on(rail) {
+            self.ack_sent = self.delivered;
+            self.ack_lost = false;
+            self.ack_rail = None;
+            self.bytes_since_ack = 0;
+        }
         h.encode()
     }
 
@@ -522,12 +545,13 @@ impl Rails {
             || self.bytes_since_ack >= self.cfg.window / 4
     }
 
-    /// A rail message that arrived on a rail (any rail: stripes are not bound to one).
+    /// A rail message that arrived on rail `rail` (stripes are not bound to one; the rail
+    /// only says where a confirmation goes again when a stripe comes twice).
     ///
     /// # Errors
     /// [`ProtoError::BadStripe`] for a stripe that breaks the format or the agreement; the
     /// connection should then fail.
-    pub fn handle_stripe(&mut self, msg: &[u8]) -> Result<(), ProtoError> {
+    pub fn handle_stripe(&mut self, rail: usize, msg: &[u8]) -> Result<(), ProtoError> {
         let h = StripeHeader::decode(msg)?;
         self.handle_ack(h.ack)?;
         if !h.data {
@@ -544,7 +568,11 @@ impl Rails {
             return bad("an empty stripe of a message that is not empty");
         }
         if h.seq < self.delivered {
+            // Sent again, so the peer has not seen it confirmed: confirm again, on the rail
+            // it came by.
             self.counters.stripes_duplicate += 1;
+            self.ack_lost = true;
+            self.ack_rail = (rail < self.failed.len()).then_some(rail);
             return Ok(());
         }
         let idx = h.seq - self.delivered;

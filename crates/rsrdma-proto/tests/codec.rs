@@ -48,6 +48,8 @@ fn valid_headers() -> Vec<Header> {
         aux: 1 << 20,
     });
     v.push(Header::control(FrameType::Done, 7, 1, 0));
+    v.push(Header::control(FrameType::Withdraw, 7, 1, 0));
+    v.push(Header::control(FrameType::Withdrawn, 65535, 1, 0));
     v
 }
 
@@ -79,7 +81,7 @@ fn every_malformed_header_is_refused() {
     for cut in 0..HEADER_LEN {
         assert_eq!(reason(&good[..cut]), "shorter than the 16-byte header");
     }
-    for t in [0u8, 9, 0x7f, 0xff] {
+    for t in [0u8, 11, 0x7f, 0xff] {
         let mut b = good;
         b[0] = t;
         assert_eq!(reason(&b), "unknown frame type");
@@ -113,6 +115,17 @@ fn every_malformed_header_is_refused() {
         (
             Header::control(FrameType::Fin, 0, 0, 1),
             "aux set on a frame type that has none",
+        ),
+        (
+            Header::control(FrameType::Withdraw, 3, 0, 1),
+            "aux set on a frame type that has none",
+        ),
+        (
+            Header {
+                payload_len: 16,
+                ..Header::control(FrameType::Withdrawn, 3, 0, 0)
+            },
+            "payload on a control frame",
         ),
         (
             data(0, 0, 10, 10),
@@ -149,7 +162,7 @@ fn params_round_trip_and_documented_layout() {
     assert_eq!(b.len(), PARAMS_LEN);
     assert_eq!(Params::decode(&b), Ok(p));
     assert_eq!(&b[0..4], b"RSCP");
-    assert_eq!((b[4], b[5]), (1, 1));
+    assert_eq!((b[4], b[5]), (1, 2));
     assert_eq!(&b[8..12], &(32u32 * 1024 + 16).to_le_bytes());
     assert_eq!(&b[12..14], &32u16.to_le_bytes());
     assert_eq!(&b[14..16], &220u16.to_le_bytes());

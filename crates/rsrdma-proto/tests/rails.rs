@@ -96,7 +96,7 @@ impl World {
             }
             Op::Deliver { to, rail } => {
                 if let Some(m) = self.wire[rail][to].pop_front() {
-                    let r = self.ends[to].handle_stripe(&m);
+                    let r = self.ends[to].handle_stripe(rail, &m);
                     prop_assert!(r.is_ok(), "a stripe was refused: {:?}", r);
                 }
             }
@@ -145,7 +145,7 @@ impl World {
                     let keep = arrived.min(self.wire[rail][to].len());
                     for _ in 0..keep {
                         let m = self.wire[rail][to].pop_front().unwrap();
-                        let r = self.ends[to].handle_stripe(&m);
+                        let r = self.ends[to].handle_stripe(rail, &m);
                         prop_assert!(r.is_ok(), "a stripe was refused: {:?}", r);
                     }
                     self.wire[rail][to].clear();
@@ -294,14 +294,14 @@ fn a_large_message_is_shared_by_the_rails_that_ask() {
     let s3 = carry(&mut a, 1);
     assert!(a.next_stripe(0).is_none());
     for m in [&s3, &s1, &s2] {
-        b.handle_stripe(m).unwrap();
+        b.handle_stripe(0, m).unwrap();
     }
     assert_eq!(b.recv().unwrap(), b"abcdefghij");
     // b read everything: its confirmation goes on the next stripe it sends.
     let ack = carry(&mut b, 0);
     assert_eq!(ack.len(), STRIPE_HEADER_LEN);
     assert_eq!(a.unconfirmed(), 1);
-    a.handle_stripe(&ack).unwrap();
+    a.handle_stripe(0, &ack).unwrap();
     assert_eq!(a.unconfirmed(), 0);
 }
 
@@ -312,13 +312,13 @@ fn a_failed_rails_unconfirmed_stripes_go_again_and_the_copies_are_dropped() {
     let on0 = carry(&mut a, 0);
     let on1 = carry(&mut a, 1);
     // Rail 1 dies after its stripe landed; the sender cannot know and sends it again.
-    b.handle_stripe(&on1).unwrap();
+    b.handle_stripe(1, &on1).unwrap();
     a.rail_failed(1).unwrap();
     assert!(a.next_stripe(1).is_none());
     let again = carry(&mut a, 0);
     assert_eq!(again, on1);
-    b.handle_stripe(&on0).unwrap();
-    b.handle_stripe(&again).unwrap();
+    b.handle_stripe(0, &on0).unwrap();
+    b.handle_stripe(0, &again).unwrap();
     assert_eq!(b.recv().unwrap(), b"12345678");
     assert!(b.recv().is_none());
     assert_eq!(b.counters().stripes_duplicate, 1);
@@ -343,10 +343,10 @@ fn a_rail_the_peer_closed_resends_like_a_failed_one_but_is_no_failure() {
     assert_eq!(a.counters().stripes_resent, 1);
     assert_eq!(a.live_rails(), 1);
     // Half a message held is a cut stream; whole and read, nothing is held.
-    b.handle_stripe(&on0).unwrap();
+    b.handle_stripe(0, &on0).unwrap();
     assert!(b.recv().is_none());
     assert!(b.receiving(), "half a message arrived");
-    b.handle_stripe(&on1).unwrap();
+    b.handle_stripe(1, &on1).unwrap();
     assert_eq!(b.recv().unwrap(), b"12345678");
     assert!(!b.receiving());
     assert_eq!(a.rail_closed(0), Err(ProtoError::AllRailsFailed));
@@ -359,14 +359,14 @@ fn the_window_blocks_the_sender_until_the_receiver_reads() {
     assert_eq!(a.send(&[2; 40]).unwrap(), Step::Blocked);
     while let Some(s) = a.next_stripe(0) {
         let m = s.to_vec();
-        b.handle_stripe(&m).unwrap();
+        b.handle_stripe(0, &m).unwrap();
     }
     // Nothing read yet: nothing confirmed, still blocked.
     assert!(!b.wants_to_send());
     assert_eq!(a.send(&[2; 40]).unwrap(), Step::Blocked);
     assert_eq!(b.recv().unwrap(), vec![1; 40]);
     assert!(b.wants_to_send());
-    a.handle_stripe(&carry(&mut b, 0)).unwrap();
+    a.handle_stripe(0, &carry(&mut b, 0)).unwrap();
     assert_eq!(a.send(&[2; 40]).unwrap(), Step::Done(1));
     // A message larger than the window goes alone.
     let (mut c, _) = two(1);
@@ -395,28 +395,28 @@ fn stripes_that_break_the_rules_are_refused() {
         (with(&|h| h.ack = 1), "confirms a message never sent"),
     ];
     for (m, why) in cases {
-        match b.handle_stripe(&m) {
+        match b.handle_stripe(0, &m) {
             Err(ProtoError::BadStripe { reason }) => assert!(reason.contains(why), "{reason}"),
             r => panic!("{why}: {r:?}"),
         }
     }
     let mut flagged = good.clone();
     flagged[1] = 1;
-    assert!(b.handle_stripe(&flagged).is_err());
+    assert!(b.handle_stripe(0, &flagged).is_err());
     let mut kind = good.clone();
     kind[0] = 9;
-    assert!(b.handle_stripe(&kind).is_err());
+    assert!(b.handle_stripe(0, &kind).is_err());
     // The same message announced with another length.
-    b.handle_stripe(&good).unwrap();
+    b.handle_stripe(0, &good).unwrap();
     let other = with(&|h| h.total = 7);
-    assert!(b.handle_stripe(&other).is_err());
+    assert!(b.handle_stripe(0, &other).is_err());
 }
 
 #[test]
 fn a_confirmation_lost_with_its_rail_is_sent_again() {
     let (mut a, mut b) = two(2);
     assert_eq!(a.send(b"abc").unwrap(), Step::Done(0));
-    b.handle_stripe(&carry(&mut a, 0)).unwrap();
+    b.handle_stripe(0, &carry(&mut a, 0)).unwrap();
     assert_eq!(b.recv().unwrap(), b"abc");
     // b's confirmation leaves on rail 1, which dies with it.
     let _lost = carry(&mut b, 1);
@@ -426,7 +426,7 @@ fn a_confirmation_lost_with_its_rail_is_sent_again() {
         b.wants_to_send(),
         "the confirmation may be lost: it must go again"
     );
-    a.handle_stripe(&carry(&mut b, 0)).unwrap();
+    a.handle_stripe(0, &carry(&mut b, 0)).unwrap();
     assert_eq!(a.unconfirmed(), 0);
 }
 
@@ -462,4 +462,43 @@ fn the_rails_feature_settles_only_when_both_ends_offer_it() {
         let s = settle(a, b).unwrap();
         assert_eq!(s.features, FEATURE_RENDEZVOUS, "a plain end: no rails");
     }
+}
+
+#[test]
+fn a_stripe_that_comes_twice_is_confirmed_again_on_the_rail_it_came_by() {
+    let (mut a, mut b) = two(2);
+    assert_eq!(a.send(b"12345678").unwrap(), Step::Done(0));
+    let on0 = carry(&mut a, 0);
+    let on1 = carry(&mut a, 1);
+    b.handle_stripe(0, &on0).unwrap();
+    b.handle_stripe(1, &on1).unwrap();
+    assert_eq!(b.recv().unwrap(), b"12345678");
+    // b confirms on rail 1, which died on a's side only: b cannot tell, the confirmation is
+    // lost, and a sends rail 1's stripe again on rail 0.
+    let _lost = carry(&mut b, 1);
+    assert!(!b.wants_to_send());
+    a.rail_failed(1).unwrap();
+    let again = carry(&mut a, 0);
+    b.handle_stripe(0, &again).unwrap();
+    assert!(
+        b.wants_to_send(),
+        "a stripe sent again: the sender lacks a confirmation"
+    );
+    // Not on rail 1 (maybe dead on the far side): on rail 0, which brought the copy.
+    assert!(b.next_stripe(1).is_none());
+    let ack = carry(&mut b, 0);
+    a.handle_stripe(0, &ack).unwrap();
+    assert_eq!(a.unconfirmed(), 0);
+    assert!(!b.wants_to_send());
+    // Should rail 0 fail too before it carries it, any live rail takes the confirmation.
+    let (mut a, mut b) = two(3);
+    assert_eq!(a.send(b"x").unwrap(), Step::Done(0));
+    let on2 = carry(&mut a, 2);
+    b.handle_stripe(2, &on2).unwrap();
+    assert_eq!(b.recv().unwrap(), b"x");
+    let _lost = carry(&mut b, 1);
+    b.handle_stripe(2, &on2).unwrap();
+    b.rail_failed(2).unwrap();
+    a.handle_stripe(0, &carry(&mut b, 0)).unwrap();
+    assert_eq!(a.unconfirmed(), 0);
 }

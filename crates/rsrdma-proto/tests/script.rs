@@ -1257,3 +1257,31 @@ fn a_small_message_goes_now_ahead_of_queued_reposts_and_otherwise_not_at_all() {
         "the general way reports why"
     );
 }
+
+#[test]
+fn withdrawal_frames_the_core_did_not_ask_for_or_settle_fail_the_connection() {
+    use rsrdma_proto::{FEATURE_RENDEZVOUS, FEATURE_WITHDRAW};
+    // A WITHDRAWN that answers no WITHDRAW of ours.
+    let mut s = Script::new(cfg().with_features(FEATURE_RENDEZVOUS | FEATURE_WITHDRAW));
+    s.arrive(Header::control(FrameType::Withdrawn, 0, 0, 0), &[]);
+    assert_eq!(
+        s.c.error(),
+        Some(&ProtoError::Sequence {
+            reason: "a WITHDRAWN for a message not asked back"
+        })
+    );
+    // A WITHDRAW for no message of ours is harmless: nothing is dropped, nothing answered.
+    let mut s = Script::new(cfg().with_features(FEATURE_RENDEZVOUS | FEATURE_WITHDRAW));
+    s.arrive(Header::control(FrameType::Withdraw, 5, 0, 0), &[]);
+    assert_eq!(s.c.error(), None);
+    assert!(s.work().iter().all(|w| matches!(w, Work::PostRecv { .. })));
+    // Without the feature settled, either frame is refused.
+    for kind in [FrameType::Withdraw, FrameType::Withdrawn] {
+        let mut s = Script::new(cfg().with_features(FEATURE_RENDEZVOUS));
+        s.arrive(Header::control(kind, 0, 0, 0), &[]);
+        assert_eq!(
+            s.c.error(),
+            Some(&ProtoError::Unsupported { frame: kind as u8 })
+        );
+    }
+}

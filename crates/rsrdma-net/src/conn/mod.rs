@@ -192,13 +192,15 @@ impl Conn {
     /// go out when the timeout hit is finished from a copy and the call succeeds.
     ///
     /// A message at or above the rendezvous threshold ([`ConnOptions::rendezvous`], 256 KiB
-    /// by default) is read by the peer straight from `msg`: the write timeout ends the wait
-    /// while the offer (its RTS) has not gone out, but once the peer was offered it, it can
-    /// neither be withdrawn nor finished from a copy, so the call waits for the peer's read
-    /// past the write timeout, up to 10 s more, and then fails the connection rather than
-    /// return memory the peer may still read. For a hard bound on large sends, send a
-    /// [`Buffer`] ([`Conn::start_send_buffer`]: the library's memory, which may stay in
-    /// flight after the call returns).
+    /// by default) is read by the peer straight from `msg`. When the write timeout (or a
+    /// close) ends the wait after the peer was offered it, the call asks the message back:
+    /// the peer drops it unread if it had not begun to read it (the call then says
+    /// `Timeout`: nothing of it was delivered, and the connection goes on), or finishes the
+    /// read it began (the call then succeeds, a little past its timeout). The answer takes
+    /// one round trip with the peer's driver, which answers without its application. Only a
+    /// peer that does not answer within 10 s (a stopped process, or a peer of a version
+    /// before withdrawal, protocol 1.1) fails the connection, rather than return memory it
+    /// may still read.
     ///
     /// A `close` (or `shutdown(Write)`) on another thread ends a call whose message has not
     /// begun with [`NetError::Closed`] at once; one that had begun goes whole before the FIN.
@@ -416,6 +418,16 @@ impl Conn {
     pub fn counters(&self) -> Option<rsrdma_proto::Counters> {
         let st = self.shared.lock();
         st.driver.as_ref().map(|d| d.core_ref().counters())
+    }
+
+    /// Whether a message would begin to go now, without waiting for credit (the core's
+    /// [`rsrdma_proto::Conn::can_send_now`]); `false` after close. A striped connection's
+    /// writer prefers its rails that can.
+    pub(crate) fn can_send_now(&self) -> bool {
+        let st = self.shared.lock();
+        st.driver
+            .as_ref()
+            .is_some_and(|d| d.core_ref().can_send_now())
     }
 
     /// The poll mode.

@@ -49,6 +49,7 @@ use crate::progress::{Clock, PollMode, Waitable};
 use proptest::prelude::*;
 use rsrdma_proto::{
     settle, Config, Conn as Core, Fatal, Step, VecSlots, Work, WrId, FEATURE_RENDEZVOUS,
+    FEATURE_WITHDRAW,
 };
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -222,7 +223,7 @@ fn config() -> Config {
         .with_inline_size(64)
         .with_max_message(MAX_MESSAGE as u32)
         .with_keepalive(None)
-        .with_features(FEATURE_RENDEZVOUS)
+        .with_features(FEATURE_RENDEZVOUS | FEATURE_WITHDRAW)
         .with_rdv_threshold(THRESHOLD as u32)
 }
 
@@ -852,12 +853,16 @@ fn run(
         match a {
             Act::Send => {
                 if let Some((msg, r)) = grace.take() {
-                    // `send_lent`'s wait for the DONE (bounded there; here, until the link
-                    // breaks): the caller gets its slice back only after it.
+                    // `send_lent`'s wait for the answer, DONE or WITHDRAWN (bounded there;
+                    // here, until the link breaks): the caller gets its slice back only
+                    // after it.
                     let side = &mut p.sides[0];
                     if side.core.rendezvous_released(msg) {
+                        let withdrawn = side.core.take_withdrawn(msg);
                         side.drop_send(msg, true);
                         sent.push(match r {
+                            // Asked back and dropped unread: the peer must never read it.
+                            Err(_) if withdrawn => Sent::Refused,
                             Ok(()) | Err(NetError::Timeout { .. }) => Sent::Accepted,
                             // The peer read it whole and said so before it left: the send
                             // must not give up on it for the peer's leaving.
@@ -893,6 +898,10 @@ fn run(
                                 || !p.sides[0].owners.owned(super::sides::Side::Send)
                         );
                         if let Some(msg) = run.op.take_rts_out() {
+                            // A call that gave up asks its offer back, as `send_lent` does.
+                            if r.is_err() {
+                                p.sides[0].core.ask_withdraw(msg);
+                            }
                             grace = Some((msg, r));
                             sending = None;
                             continue;

@@ -233,7 +233,7 @@ impl ConnOptions {
             .with_peer_timeout(self.peer_timeout)
             .with_features(
                 match self.rendezvous {
-                    Some(_) => rsrdma_proto::FEATURE_RENDEZVOUS,
+                    Some(_) => rsrdma_proto::FEATURE_RENDEZVOUS | rsrdma_proto::FEATURE_WITHDRAW,
                     None => 0,
                 } | if self.offer_rails {
                     rsrdma_proto::FEATURE_RAILS

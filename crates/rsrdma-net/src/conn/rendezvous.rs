@@ -27,10 +27,14 @@
 //! the NIC (QP to ERROR, then deregistration) when a caller's own slice must be handed back.
 //!
 //! - `send_msg` of a large slice registers the slice for the call and returns after the
-//!   peer's DONE (and its window's invalidation), so it waits until the peer reads the message (its write timeout still
-//!   applies while the RTS has not gone out; after that it waits for the DONE up to
-//!   [`RDV_GRACE`] more, then fails the connection rather than return memory the peer may
-//!   still read).
+//!   peer's DONE (and its window's invalidation), so it waits until the peer reads the
+//!   message. When its write timeout (or a close) ends the wait after the RTS went out, it
+//!   asks the message back (WITHDRAW, where both ends settled withdrawal): the peer drops it
+//!   unread and answers WITHDRAWN (the call says `Timeout`, nothing was delivered, the
+//!   connection goes on), or finishes a READ it began and answers DONE (the call succeeds).
+//!   An answer that does not come within [`RDV_GRACE`] (a peer without withdrawal, or one
+//!   whose process stopped) fails the connection rather than return memory the peer may
+//!   still read.
 //! - `recv_msg_into` and `recv_buffer` receive rendezvous messages with no copy;
 //!   `recv_msg` allocates the message's vector and reads into it; `read` (byte stream) reads
 //!   into a vector the core then serves from. Eager messages (below the threshold, or from a

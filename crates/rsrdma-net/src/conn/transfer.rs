@@ -140,10 +140,18 @@ impl Conn {
         let Some(SliceRdv { msg: Some(msg), mr }) = op.rdv.take() else {
             return r;
         };
-        // The RTS is out: the peer may read the caller's memory until its DONE. Wait for it
-        // (bounded), else cut the NIC off before the registration goes.
+        // The RTS is out: the peer may read the caller's memory until its DONE. A call that
+        // gave up asks the message back (a peer that speaks withdrawal drops it unread and
+        // says so, or finishes the read it began); either way wait for the answer (bounded),
+        // else cut the NIC off before the registration goes.
+        let mut ask = r.is_err();
+        let mut withdrawn = false;
         let done = self.block(name, Some(RDV_GRACE), |d| {
+            if std::mem::take(&mut ask) {
+                d.core().ask_withdraw(msg);
+            }
             if d.core_ref().rendezvous_released(msg) {
+                withdrawn = d.core().take_withdrawn(msg);
                 d.drop_send(msg, true);
                 return Ok(Some(()));
             }
@@ -166,6 +174,9 @@ impl Conn {
             return Err(NetError::ConnFailed(e));
         }
         match (r, done) {
+            // Released unread at our request: nothing of it was delivered, as the run's
+            // error (a timeout, a close) says.
+            (r @ Err(_), Ok(())) if withdrawn => r,
             // Released: the peer read it whole, whatever ended the run meanwhile.
             (Err(_), Ok(())) if msgs.len() == 1 => Ok(()),
             (Ok(()), Err(e)) => Err(e),

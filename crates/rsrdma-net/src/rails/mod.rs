@@ -668,7 +668,7 @@ impl Shared {
             if st.closing || st.fatal.is_some() {
                 return;
             }
-            let Some(rail) = Self::next_stripe(&mut st, &mut buf) else {
+            let Some(rail) = self.next_stripe(&mut st, &mut buf) else {
                 st.writer_waits = true;
                 st = self.to_send.wait(st).unwrap_or_else(|p| p.into_inner());
                 st.writer_waits = false;
@@ -691,13 +691,29 @@ impl Shared {
         }
     }
 
-    /// Copies the next stripe into `buf`, taken for the next live rail in turn; that rail.
-    fn next_stripe(st: &mut State, buf: &mut Vec<u8>) -> Option<usize> {
+    /// Copies the next stripe into `buf`, taken for the next live rail in turn that can send
+    /// at once (has credit), else for the next live rail in turn; that rail. A rail that is
+    /// dead on the peer's side only gets no credit back, and its sends wait until its
+    /// keepalive gives up (seconds): the stripes, confirmations above all, go on the others
+    /// meanwhile.
+    fn next_stripe(&self, st: &mut State, buf: &mut Vec<u8>) -> Option<usize> {
+        // A rail's lock inside the state's: nothing takes them the other way round (a rail's
+        // calls never call back into this connection).
+        Self::next_stripe_on(st, buf, |rail| self.rails[rail].can_send_now())
+            .or_else(|| Self::next_stripe_on(st, buf, |_| true))
+    }
+
+    /// [`RailConn::next_stripe`] among the live rails that `usable` allows.
+    fn next_stripe_on(
+        st: &mut State,
+        buf: &mut Vec<u8>,
+        usable: impl Fn(usize) -> bool,
+    ) -> Option<usize> {
         let n = st.over.len();
         let start = st.next_rail;
         for k in 0..n {
             let rail = (start + k) % n;
-            if st.over[rail] {
+            if st.over[rail] || !usable(rail) {
                 continue;
             }
             if let Some(s) = st.core.next_stripe(rail) {
@@ -761,7 +777,7 @@ impl Shared {
                 Ok(Some(n)) => {
                     let m = &buf[..n];
                     let mut st = self.lock();
-                    if let Err(e) = st.core.handle_stripe(m) {
+                    if let Err(e) = st.core.handle_stripe(rail, m) {
                         tracing::warn!(rail, error = %e, "striped connection: a bad stripe");
                         st.fatal = Some(e);
                     }

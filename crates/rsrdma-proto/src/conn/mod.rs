@@ -29,6 +29,8 @@ struct Limits {
     peer_timeout: Duration,
     /// The settled rendezvous threshold, when rendezvous was settled.
     rendezvous: Option<u32>,
+    /// Withdrawal was settled (WITHDRAW/WITHDRAWN frames).
+    withdraw: bool,
 }
 
 /// The message being fragmented: frames go straight from the caller's slice into send slots
@@ -56,6 +58,12 @@ struct TxState {
     /// Window messages whose DONE came, and the WR of their window's invalidation: their
     /// memory stays exposed until that WR completes.
     invalidating: VecDeque<(u64, WrId)>,
+    /// Unreleased rendezvous messages the driver asked back (a WITHDRAW queued or sent),
+    /// whose answer has not come.
+    withdrawing: VecDeque<u64>,
+    /// Messages the peer answered WITHDRAWN (dropped unread), until the driver takes the
+    /// news ([`Conn::take_withdrawn`]).
+    withdrawn: VecDeque<u64>,
     /// The current message's payload is lent memory (address, lkey): `send_msg_lent`.
     lent: Option<(u64, u32)>,
     /// Lent messages with every fragment posted, and the WR of their last (signalled)
@@ -136,6 +144,10 @@ struct Control {
     abort: Option<u32>,
     /// DONE frames to send (the message ids of RTSs whose read completed or was dropped).
     done: VecDeque<u16>,
+    /// WITHDRAW frames to send (the ids of RTSs this side asks back).
+    withdraw: VecDeque<u16>,
+    /// WITHDRAWN frames to send (the ids of the peer's RTSs dropped unread at its request).
+    withdrawn: VecDeque<u16>,
     /// Windows to invalidate (message number, key): their message's DONE arrived.
     invalidate: VecDeque<(u64, u32)>,
 }
@@ -210,6 +222,7 @@ impl<M: SlotMemory> Conn<M> {
                 keepalive: config.keepalive,
                 peer_timeout: config.peer_timeout,
                 rendezvous: settled.rendezvous(),
+                withdraw: settled.withdraw(),
             },
             settled: *settled,
             sq,
@@ -231,6 +244,8 @@ impl<M: SlotMemory> Conn<M> {
                 fin: FinState::Open,
                 abort: None,
                 done: VecDeque::new(),
+                withdraw: VecDeque::new(),
+                withdrawn: VecDeque::new(),
                 invalidate: VecDeque::new(),
             },
             timers: Timers::default(),
@@ -676,6 +691,20 @@ impl<M: SlotMemory> Conn<M> {
                     frame: h.kind as u8,
                 })
             }
+            FrameType::Withdraw | FrameType::Withdrawn if !self.lim.withdraw => {
+                return Err(ProtoError::Unsupported {
+                    frame: h.kind as u8,
+                })
+            }
+            FrameType::Withdraw => {
+                self.on_withdraw(h.msg_id);
+                self.repost(slot);
+            }
+            FrameType::Withdrawn => {
+                self.on_withdrawn(h.msg_id)?;
+                self.ev.writable = true;
+                self.repost(slot);
+            }
             FrameType::Rts => {
                 if view_before <= u64::from(CONTROL_RESERVE) {
                     return Err(ProtoError::ReserveViolated);
@@ -687,6 +716,8 @@ impl<M: SlotMemory> Conn<M> {
                 match self.tx.unreleased.front() {
                     Some(&(m, window)) if m as u16 == h.msg_id => {
                         self.tx.unreleased.pop_front();
+                        // Asked back too late: the peer was reading it, and read it whole.
+                        self.tx.withdrawing.retain(|&w| w != m);
                         // The peer read it: end the window's grant before the memory goes.
                         if let Some(rkey) = window {
                             self.ctl.invalidate.push_back((m, rkey));

@@ -367,6 +367,32 @@ impl<M: SlotMemory> Conn<M> {
         self.reassemble();
     }
 
+    /// The peer asks for rendezvous message `msg_id` back. Dropped, and WITHDRAWN queued, when
+    /// its RTS waits unread; a message whose READ began (or landed) is left to finish, and its
+    /// DONE answers. One not queued at all was read already (its DONE went or goes) or
+    /// discarded by a close (answered DONE): nothing to do.
+    pub(super) fn on_withdraw(&mut self, msg_id: u16) {
+        let Some(at) = self
+            .rx
+            .queue
+            .iter()
+            .position(|f| f.rts && f.msg_id == msg_id)
+        else {
+            return;
+        };
+        if at == 0 && self.rx.read != ReadState::Idle {
+            return;
+        }
+        let Some(f) = self.rx.queue.remove(at) else {
+            return;
+        };
+        self.repost(f.slot);
+        self.ctl.withdrawn.push_back(msg_id);
+        // The head may have changed: a reader told `NeedsRead` looks again.
+        self.ev.readable = true;
+        self.reassemble();
+    }
+
     /// No message at the head: the end of the stream, or nothing yet.
     fn no_message<T>(&self) -> Recv<T> {
         if self.is_eof() {

@@ -150,6 +150,66 @@ impl<M: SlotMemory> Conn<M> {
         true
     }
 
+    /// Asks the peer for rendezvous message `msg` back, its RTS being out (the caller gave
+    /// up): queues a WITHDRAW. The peer drops the message if it has not begun to read it and
+    /// answers WITHDRAWN, or lets its read finish and answers DONE; either answer releases
+    /// the message ([`Conn::rendezvous_released`]), and [`Conn::take_withdrawn`] then says
+    /// which. `false` (nothing queued) when withdrawal was not settled, the connection
+    /// failed, or `msg` is not a message whose RTS is out and unanswered; asking twice
+    /// queues one WITHDRAW.
+    pub fn ask_withdraw(&mut self, msg: u64) -> bool {
+        if !self.lim.withdraw
+            || self.failed.is_some()
+            || !self.tx.unreleased.iter().any(|&(m, _)| m == msg)
+        {
+            return false;
+        }
+        if !self.tx.withdrawing.contains(&msg) {
+            self.tx.withdrawing.push_back(msg);
+            self.ctl.withdraw.push_back(msg as u16);
+            self.flush();
+        }
+        true
+    }
+
+    /// Whether the peer dropped rendezvous message `msg` unread at this side's request
+    /// (WITHDRAWN): nothing of it was delivered. Taken once: a second call says `false`.
+    pub fn take_withdrawn(&mut self, msg: u64) -> bool {
+        match self.tx.withdrawn.iter().position(|&m| m == msg) {
+            Some(at) => {
+                self.tx.withdrawn.remove(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The peer's WITHDRAWN for message id `msg_id`: it must answer a WITHDRAW of this side
+    /// whose message is unreleased. It may overtake the DONEs of older messages (the peer
+    /// drops a queued RTS at once, while older ones wait for their reads).
+    pub(super) fn on_withdrawn(&mut self, msg_id: u16) -> Result<(), ProtoError> {
+        let asked = self.tx.withdrawing.iter().position(|&m| m as u16 == msg_id);
+        let out = self
+            .tx
+            .unreleased
+            .iter()
+            .position(|&(m, _)| m as u16 == msg_id);
+        let (Some(asked), Some(out)) = (asked, out) else {
+            return Err(ProtoError::Sequence {
+                reason: "a WITHDRAWN for a message not asked back",
+            });
+        };
+        self.tx.withdrawing.remove(asked);
+        if let Some((m, window)) = self.tx.unreleased.remove(out) {
+            // Nobody read it, but the window's grant still ends before the memory goes.
+            if let Some(rkey) = window {
+                self.ctl.invalidate.push_back((m, rkey));
+            }
+            self.tx.withdrawn.push_back(m);
+        }
+        Ok(())
+    }
+
     /// Sends one message straight from the caller's memory, without ever copying its unsent
     /// rest: fragments go into send slots as credits, SQ entries and slots allow, and the
     /// rest waits in `data` itself. `Done(true)`: every frame is queued. `Done(false)`: call
@@ -296,6 +356,14 @@ impl<M: SlotMemory> Conn<M> {
         self.failed.is_none() && !self.tx.write_closed && !self.tx.active
     }
 
+    /// Whether a message would begin to go now: `send_msg` accepts one and a data credit is
+    /// there (as of the last frame from the peer). A sender with several connections to
+    /// choose from (the rails of a striped one) prefers those, as a send elsewhere waits for
+    /// a peer that may be returning no credit at all.
+    pub fn can_send_now(&self) -> bool {
+        self.can_send() && self.may_send(FrameType::Data)
+    }
+
     /// Half-close: FIN goes after every queued message. Reading goes on. Idempotent.
     pub fn shutdown_write(&mut self) -> Result<(), ProtoError> {
         if let Some(e) = &self.failed {
@@ -359,6 +427,8 @@ impl<M: SlotMemory> Conn<M> {
         let data_waits = self.tx.active && !self.tx.borrowed;
         let control_waits = self.ctl.pong.is_some()
             || !self.ctl.done.is_empty()
+            || !self.ctl.withdraw.is_empty()
+            || !self.ctl.withdrawn.is_empty()
             || !self.ctl.invalidate.is_empty()
             || self.ctl.fin == FinState::Pending
             || self.ctl.ping;
@@ -385,6 +455,18 @@ impl<M: SlotMemory> Conn<M> {
                 break;
             }
             self.ctl.done.pop_front();
+        }
+        while let Some(&id) = self.ctl.withdrawn.front() {
+            if self.try_control(FrameType::Withdrawn, id, 0).is_none() {
+                break;
+            }
+            self.ctl.withdrawn.pop_front();
+        }
+        while let Some(&id) = self.ctl.withdraw.front() {
+            if self.try_control(FrameType::Withdraw, id, 0).is_none() {
+                break;
+            }
+            self.ctl.withdraw.pop_front();
         }
         // No credit needed: an invalidation is local. Signalled, so the release it gates
         // never waits for later traffic.

@@ -149,7 +149,7 @@ impl Local {
         let shared_pd = opts.pd.is_some() || from.pool.is_some();
         let rendezvous = rendezvous_mode(opts.rendezvous.is_some(), windows, shared_pd);
         if rendezvous == RendezvousMode::Off(RENDEZVOUS_SHARED_PD) {
-            config.features &= !rsrdma_proto::FEATURE_RENDEZVOUS;
+            config.features &= !(rsrdma_proto::FEATURE_RENDEZVOUS | rsrdma_proto::FEATURE_WITHDRAW);
             tracing::info!(
                 "rendezvous not offered: a shared protection domain on a device without \
                  memory windows would expose messages to other connections' QPs"
