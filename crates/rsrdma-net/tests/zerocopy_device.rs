@@ -624,3 +624,58 @@ fn zerocopy_a_send_msg_ended_by_close_returns_with_its_slice_unregistered() {
     });
     s.close().ok();
 }
+
+/// `send_buffer` whose write timeout hits while the reader reads nothing takes its message
+/// back: a large one the peer was offered is asked back (withdrawal), an eager one that could
+/// not begin is withdrawn. Either way the call says `Timeout` promptly with the buffer free,
+/// and the reader never gets the message: after the ones that returned `Ok`, it reads the
+/// next one sent.
+#[test]
+fn zerocopy_a_send_buffer_that_times_out_is_taken_back_and_never_arrives() {
+    let (c, s) = pair(zc(Establish::Tcp), zc(Establish::Tcp));
+    c.set_write_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let large = filled(&c, 4 * T, 21);
+    let t0 = Instant::now();
+    let r = c.send_buffer(&large, 4 * T);
+    assert!(matches!(r, Err(NetError::Timeout { .. })), "large: {r:?}");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert!(
+        !large.is_busy(),
+        "the large buffer is free after its Timeout"
+    );
+    c.send_msg(b"after the large one").unwrap();
+    let small = exhaust_credit(&c);
+    let len = 2 * c.info().settled.frame_payload() as usize + 3;
+    let eager = filled(&c, len, 22);
+    let r = c.send_buffer(&eager, len);
+    assert!(matches!(r, Err(NetError::Timeout { .. })), "eager: {r:?}");
+    assert!(
+        !eager.is_busy(),
+        "the eager buffer is free after its Timeout"
+    );
+    assert_eq!(c.counters().unwrap().lent_unreleased, 0);
+    assert_eq!(s.recv_msg().unwrap().unwrap(), b"after the large one");
+    for i in 0..small {
+        assert_eq!(s.recv_msg().unwrap().unwrap(), [i as u8]);
+    }
+    c.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+    c.send_msg(b"the next one").unwrap();
+    assert_eq!(s.recv_msg().unwrap().unwrap(), b"the next one");
+    // The buffers work again, and their messages arrive whole.
+    thread::scope(|sc| {
+        let rx = sc.spawn(|| {
+            (
+                s.recv_msg().unwrap().unwrap(),
+                s.recv_msg().unwrap().unwrap(),
+            )
+        });
+        c.send_buffer(&large, 4 * T).unwrap();
+        c.send_buffer(&eager, len).unwrap();
+        let (a, b) = rx.join().unwrap();
+        assert_eq!(hash(&a), hash(&pattern(4 * T, 21)));
+        assert_eq!(hash(&b), hash(&pattern(len, 22)));
+    });
+    c.close().unwrap();
+    s.close().unwrap();
+}

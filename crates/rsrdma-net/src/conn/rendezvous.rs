@@ -125,6 +125,16 @@ pub(crate) struct SendBuffer {
     queue: BufferSend,
     len: usize,
     parts: Option<(Option<Mr>, super::buffer::InFlight)>,
+    /// The message's number once queued.
+    msg: Option<u64>,
+}
+
+impl SendBuffer {
+    /// The queued message: its number, and whether it goes by rendezvous.
+    fn queued(&self) -> Option<(u64, bool)> {
+        let rendezvous = !matches!(self.queue, BufferSend::Lent { .. });
+        self.msg.map(|m| (m, rendezvous))
+    }
 }
 
 impl Op for SendBuffer {
@@ -160,6 +170,7 @@ impl Op for SendBuffer {
                 if let Some((mr, hold)) = self.parts.take() {
                     d.hold_send(msg, window, mr, Some(hold));
                 }
+                self.msg = Some(msg);
                 Ok(Some(()))
             }
             Ok(Step::Blocked) => Ok(None),
@@ -217,13 +228,70 @@ impl Conn {
     /// reads it with RDMA READ (this waits for its DONE); below it each fragment's SEND takes
     /// its payload straight from `buf` (this waits for the last fragment's completion).
     ///
+    /// When the write timeout ends the wait, the message is taken back where it can be: one
+    /// the peer was offered (rendezvous) is asked back, and one of which no fragment went
+    /// out is withdrawn; the call then says `Timeout` with `buf` free and nothing of the
+    /// message delivered (as `send_msg`), or succeeds when the peer had begun to read it
+    /// (a round trip late). Only a message below the threshold that had begun to go out
+    /// (or one a peer without withdrawal was offered) goes on: `Timeout` with `buf` still
+    /// in flight ([`Buffer::is_busy`]) until it went whole.
+    ///
     /// # Errors
     /// [`NetError::BufferBusy`] when `buf` is in flight; [`NetError::BadBuffer`] for a buffer
     /// of another protection domain or `len` beyond it; otherwise as [`Conn::send_msg`]
     /// (with [`Conn::wait_buffer`]'s errors).
     pub fn send_buffer(&self, buf: &Buffer, len: usize) -> Result<()> {
-        self.start_send_buffer(buf, len)?;
-        self.wait_buffer(buf)
+        let queued = match self.prepare_send_buffer(buf, len)? {
+            PreparedSend::Op(mut op) => {
+                self.run(&mut op, self.shared.write_timeout.get())?;
+                op.queued()
+            }
+            PreparedSend::Copy(hold) => {
+                return self.send_lent("send_buffer", &[hold.bytes(len)]);
+            }
+        };
+        match (self.wait_buffer(buf), queued) {
+            (Err(e @ NetError::Timeout { .. }), Some(q)) => self.take_back(buf, q, e),
+            (r, _) => r,
+        }
+    }
+
+    /// A `send_buffer` whose wait timed out (`timeout`) takes its message `(msg, rendezvous)`
+    /// back where it can: withdrawn before it went (`timeout`, `buf` free), asked back from
+    /// the peer and dropped unread (`timeout`, `buf` free), or read by the peer meanwhile
+    /// (`Ok`). Otherwise `timeout`, with `buf` in flight until the message went whole.
+    fn take_back(
+        &self,
+        buf: &Buffer,
+        (msg, rendezvous): (u64, bool),
+        timeout: NetError,
+    ) -> Result<()> {
+        let mut first = true;
+        let asked = self.block("send_buffer", Some(RDV_GRACE), |d| {
+            if std::mem::take(&mut first) {
+                let withdrawn = if rendezvous {
+                    d.core().withdraw_rendezvous(msg)
+                } else {
+                    d.core().withdraw_lent(msg)
+                };
+                if withdrawn {
+                    // Never exposed: the registration (or the unbound window) and the hold go.
+                    d.drop_send(msg, true);
+                    return Ok(Some(true));
+                }
+                if !(rendezvous && d.core().ask_withdraw(msg)) {
+                    return Ok(Some(false));
+                }
+            }
+            if !buf.is_busy() {
+                return Ok(Some(d.core().take_withdrawn(msg)));
+            }
+            d.check_failed().map(|()| None)
+        });
+        match asked {
+            Ok(false) if !buf.is_busy() => Ok(()),
+            _ => Err(timeout),
+        }
     }
 
     /// Starts sending the first `len` bytes of `buf`: returns once the message is queued.
@@ -291,6 +359,7 @@ impl Conn {
             queue,
             len,
             parts: Some((mr, hold)),
+            msg: None,
         }))
     }
 

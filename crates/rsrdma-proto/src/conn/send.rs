@@ -116,6 +116,21 @@ impl<M: SlotMemory> Conn<M> {
         Ok(Step::Done(msg))
     }
 
+    /// Withdraws lent message `msg` if none of its fragments went out yet (the caller gives
+    /// up): `true` when withdrawn (as if never sent; its memory is free at once). A message
+    /// that has begun goes whole.
+    pub fn withdraw_lent(&mut self, msg: u64) -> bool {
+        let current = self.tx.active && self.tx.lent.is_some() && msg + 1 == self.tx.messages;
+        if !current || self.tx.offset != 0 {
+            return false;
+        }
+        self.tx.active = false;
+        self.tx.lent = None;
+        self.tx.messages -= 1;
+        self.flush();
+        true
+    }
+
     /// Whether lent message `msg` (from [`Conn::send_msg_lent`]) is done with: every
     /// fragment was posted and the completion covering the last one was reaped. After a
     /// failure, only the QP's flush ([`Conn::handle_flushed`]) releases what is in flight.
