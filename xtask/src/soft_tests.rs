@@ -115,6 +115,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "a_close_that_leaves_a_large_message_unread_withdraws_it_on_both_ends",
             "a_flood_of_silent_and_garbage_sockets_delays_no_good_client",
             "a_large_send_the_peer_does_not_read_in_time_is_withdrawn_and_times_out",
+            "a_large_send_ended_by_close_says_ok_exactly_when_the_peer_got_it",
             "a_listener_out_of_descriptors_waits_and_then_accepts",
             "a_qp_forced_to_error_fails_both_sides_promptly",
             "a_secret_is_checked_on_rdma_cm",
@@ -166,6 +167,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         "async_device",
         &[
             "a_buffer_whose_send_was_cancelled_is_free_once_the_peer_read_it",
+            "a_cancelled_start_send_buffer_queued_nothing_and_a_retry_sends_each_message_once",
             "a_cancelled_recv_msg_loses_nothing",
             "a_connection_waiting_for_its_accept_answers_keepalives",
             "a_receiver_waiting_for_the_side_is_woken_when_its_owner_is_done",

@@ -1530,3 +1530,86 @@ fn an_async_close_racing_another_waits_for_its_end_and_says_the_same() {
         );
     });
 }
+
+/// `start_send_buffer` is ready in the very poll that queues its message, so a caller that
+/// drops it while pending and sends again sends each message once; `send_buffer`'s own
+/// cancellation cannot tell (its message may be queued and done by the time it is dropped).
+/// A tester's program on a multi-thread runtime, where another thread finishes the sends:
+/// retrying cancelled `send_buffer`s on an idle buffer duplicated about 1 message in 2000
+/// one run in five; here every message must arrive once, in order.
+#[test]
+fn a_cancelled_start_send_buffer_queued_nothing_and_a_retry_sends_each_message_once() {
+    /// Polls `fut` once; `None` (dropping it) when pending.
+    async fn poll_once<F: Future>(fut: F) -> Option<F::Output> {
+        let mut fut = std::pin::pin!(fut);
+        std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
+            Poll::Ready(v) => Poll::Ready(Some(v)),
+            Poll::Pending => Poll::Ready(None),
+        })
+        .await
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        timeout(TEST_LIMIT, async {
+            let o = opts(Establish::Tcp);
+            let l = listen(o.clone());
+            let addr = l.local_addr();
+            let n = 400u64;
+            let server = tokio::spawn(async move {
+                let s = l.accept().await.unwrap();
+                let mut got = Vec::new();
+                while let Some(m) = s.recv_msg().await.unwrap() {
+                    got.push(u64::from_le_bytes(m[..8].try_into().unwrap()));
+                    // A slow reader: the sender's messages wait for credit.
+                    if got.len() % 8 == 0 {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+                got
+            });
+            let c = AsyncConn::dial(addr, o).await.unwrap();
+            let mut pending = 0;
+            let mut seq = 0u64;
+            for size in [100_000usize, 300_000] {
+                // Two buffers in turn: one's message still going keeps the next one waiting.
+                let mut bufs = [c.alloc_buffer(size).unwrap(), c.alloc_buffer(size).unwrap()];
+                for k in 0..n as usize / 2 {
+                    let buf = &mut bufs[k % 2];
+                    c.wait_buffer(buf).await.unwrap();
+                    buf.as_mut_slice().unwrap()[..8].copy_from_slice(&seq.to_le_bytes());
+                    seq += 1;
+                    loop {
+                        match poll_once(c.start_send_buffer(buf, size)).await {
+                            Some(r) => break r.unwrap(),
+                            None => {
+                                pending += 1;
+                                assert!(!buf.is_busy(), "dropped before ready, yet queued");
+                                tokio::task::yield_now().await;
+                            }
+                        }
+                    }
+                }
+                for b in &bufs {
+                    c.wait_buffer(b).await.unwrap();
+                }
+            }
+            assert!(
+                pending > 0,
+                "no send was ever pending: nothing was cancelled"
+            );
+            c.close().await.unwrap();
+            let got = server.await.unwrap();
+            assert_eq!(
+                got,
+                (0..n).collect::<Vec<_>>(),
+                "lost or duplicated messages"
+            );
+        })
+        .await
+        .expect("the test body timed out")
+    });
+}

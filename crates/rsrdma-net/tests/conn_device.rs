@@ -1576,3 +1576,44 @@ fn a_close_racing_another_waits_for_its_end_and_says_the_same() {
     assert!(matches!(s.close(), Err(NetError::Timeout { .. })));
     assert!(t1.elapsed() < Duration::from_millis(100));
 }
+
+/// A large send (by rendezvous) that a close on another thread ends while its reader is
+/// just starting to read: the send's answer matches what the peer got, every time. `Ok`
+/// exactly when the peer read the message (its DONE came, even when the close's teardown
+/// detached the driver before the send looked: a tester's loop saw `Closed` for a message
+/// the peer had read, 1 run in 5); `Closed` exactly when it did not (asked back and
+/// dropped). The reader starts at staggered moments around the close.
+#[test]
+fn a_large_send_ended_by_close_says_ok_exactly_when_the_peer_got_it() {
+    for round in 0..32u64 {
+        let (c, s) = pair(opts(Establish::Tcp), opts(Establish::Tcp));
+        let len = 4 * c.info().settled.rendezvous().expect("rendezvous") as usize;
+        let reader = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(10 + round));
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut got = 0;
+            while let Some(m) = s.recv_msg().unwrap() {
+                assert!(m == pattern(len, round), "round {round}: the bytes");
+                got += 1;
+            }
+            got
+        });
+        let c = Arc::new(c);
+        let sender = {
+            let c = c.clone();
+            thread::spawn(move || c.send_msg(&pattern(len, round)))
+        };
+        thread::sleep(Duration::from_millis(20));
+        let closed = c.close();
+        let sent = sender.join().unwrap();
+        let got = reader.join().unwrap();
+        assert!(closed.is_ok(), "round {round}: close {closed:?}");
+        match sent {
+            Ok(()) => assert_eq!(got, 1, "round {round}: Ok, yet the peer got nothing"),
+            Err(NetError::Closed { .. }) => {
+                assert_eq!(got, 0, "round {round}: Closed, yet the peer got it")
+            }
+            Err(e) => panic!("round {round}: {e}"),
+        }
+    }
+}

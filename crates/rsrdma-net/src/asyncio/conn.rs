@@ -3,7 +3,7 @@
 use super::driven::Driven;
 use super::op_future::OpFuture;
 use super::split::{OwnedReadHalf, OwnedWriteHalf};
-use crate::conn::{BufferIdle, Dest, PreparedSend, Pull, Pulled, RecvInto, RecvStep, SendMsg};
+use crate::conn::{BufferIdle, Dest, PreparedSend, Pull, Pulled, RecvInto, RecvStep};
 use crate::error::{NetError, Result};
 use crate::Buffer;
 use crate::{ConnInfo, ConnOptions};
@@ -114,16 +114,52 @@ impl AsyncConn {
     }
 
     /// Sends the first `len` bytes of `buf` as one message with no copy, as
-    /// [`Conn::send_buffer`](crate::Conn::send_buffer), and returns when `buf` may be reused.
+    /// [`Conn::send_buffer`](crate::Conn::send_buffer), and returns when `buf` may be reused:
+    /// [`AsyncConn::start_send_buffer`], then [`AsyncConn::wait_buffer`].
     ///
     /// Cancel-safe: a future dropped before the message was queued sends nothing (the
     /// buffer is idle again); one dropped later leaves the message going out, and the buffer
-    /// stays in flight ([`Buffer::is_busy`]) until the connection is done with it.
+    /// stays in flight ([`Buffer::is_busy`]) until the connection is done with it. That may
+    /// be already when the future is dropped, so after a cancellation `is_busy` does not tell
+    /// whether the message went: a caller that sends again after a cancellation awaits
+    /// [`AsyncConn::start_send_buffer`] (ready in the very poll that queues the message) and
+    /// then [`AsyncConn::wait_buffer`].
     ///
     /// # Errors
     /// As [`Conn::send_buffer`](crate::Conn::send_buffer), less the timeout.
     pub async fn send_buffer(&self, buf: &Buffer, len: usize) -> Result<()> {
-        send_buffer(&self.d, buf, len).await
+        start_send_buffer(&self.d, buf, len).await?;
+        self.wait_buffer(buf).await
+    }
+
+    /// Queues the first `len` bytes of `buf` as one message with no copy, as
+    /// [`Conn::start_send_buffer`](crate::Conn::start_send_buffer): `buf` stays in flight
+    /// until the connection is done with it ([`AsyncConn::wait_buffer`]).
+    ///
+    /// Cancel-safe in the strict sense: the future is ready in the very poll that queues the
+    /// message, so one dropped before it was ready queued nothing (`buf` is idle again), and
+    /// a ready one's message goes out whole.
+    ///
+    /// # Errors
+    /// As [`Conn::start_send_buffer`](crate::Conn::start_send_buffer), less the timeout.
+    pub async fn start_send_buffer(&self, buf: &Buffer, len: usize) -> Result<()> {
+        start_send_buffer(&self.d, buf, len).await
+    }
+
+    /// Waits until `buf` is no longer in flight, as
+    /// [`Conn::wait_buffer`](crate::Conn::wait_buffer). Cancel-safe: it takes nothing.
+    ///
+    /// # Errors
+    /// As [`Conn::wait_buffer`](crate::Conn::wait_buffer), less the timeout.
+    pub async fn wait_buffer(&self, buf: &Buffer) -> Result<()> {
+        OpFuture::new(
+            &self.d,
+            BufferIdle {
+                name: "wait_buffer",
+                buf,
+            },
+        )
+        .await
     }
 
     /// Receives the next message into `buf`: `Ok(Some(len))`, or `Ok(None)` at the end of
@@ -212,22 +248,14 @@ pub(super) async fn recv_msg_into(d: &Driven, buf: &mut [u8]) -> Result<Option<u
     poll_fn(|cx| d.poll_op(cx, |c, live| c.step_recv_msg_into(buf, live))).await
 }
 
-pub(super) async fn send_buffer(d: &Driven, buf: &Buffer, len: usize) -> Result<()> {
+/// Queues a buffer's message; ready in the poll that queues it (the op's, or, on a device
+/// with one send SGE, the one that copies the message whole into the core).
+pub(super) async fn start_send_buffer(d: &Driven, buf: &Buffer, len: usize) -> Result<()> {
     match d.conn().prepare_send_buffer(buf, len)? {
-        PreparedSend::Op(op) => OpFuture::new(d, op).await?,
-        PreparedSend::Copy(hold) => {
-            let msgs = [hold.bytes(len)];
-            OpFuture::new(d, SendMsg::eager("send_buffer", &msgs)).await?;
-        }
+        PreparedSend::Op(op) => OpFuture::new(d, op).await,
+        // The buffer is idle again once the copy is taken (`hold` drops after).
+        PreparedSend::Copy(hold) => send_msg(d, hold.bytes(len)).await,
     }
-    OpFuture::new(
-        d,
-        BufferIdle {
-            name: "send_buffer",
-            buf,
-        },
-    )
-    .await
 }
 
 pub(super) async fn recv_buffer(d: &Driven, buf: &mut Buffer) -> Result<Option<usize>> {

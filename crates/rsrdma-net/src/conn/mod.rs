@@ -94,7 +94,7 @@ pub(crate) use pool::RecvPools;
 #[cfg(feature = "tokio")]
 pub(crate) use rendezvous::{BufferIdle, Dest, PreparedSend, Pull, Pulled, RecvStep};
 #[cfg(feature = "tokio")]
-pub(crate) use transfer::{RecvInto, SendMsg};
+pub(crate) use transfer::RecvInto;
 
 use crate::error::{from_core, NetError, Result};
 use crate::progress::{self, PollMode};
@@ -360,6 +360,8 @@ impl Conn {
             .driver
             .as_ref()
             .is_some_and(|d| d.core_ref().is_drained() || d.peer_gone());
+        let offers = st.driver.as_ref().map(|d| shared::Offers::of(d.core_ref()));
+        st.offers_at_detach = offers;
         if let Some(d) = st.driver.as_mut() {
             d.cut_off_lent_slices();
         }

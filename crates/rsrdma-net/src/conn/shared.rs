@@ -35,6 +35,50 @@ pub(crate) struct State {
     pub(crate) closed: Option<super::close::CloseEnd>,
     /// The progress thread should exit.
     pub(crate) stop: bool,
+    /// What the core knew of the messages offered for a READ when a close detached the
+    /// driver: a `send_msg` of a large message whose answer came just before the detach
+    /// reads it here (it may not have looked in time).
+    pub(crate) offers_at_detach: Option<Offers>,
+}
+
+/// The rendezvous messages a core still waited for, and those it had seen dropped unread.
+pub(crate) struct Offers {
+    unanswered: Vec<u64>,
+    withdrawn: Vec<u64>,
+    failed: bool,
+}
+
+/// How an offer stood when the driver was detached.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum OfferEnd {
+    /// The peer read it whole (its DONE came).
+    Read,
+    /// The peer dropped it unread at this side's request (WITHDRAWN).
+    Withdrawn,
+    /// No answer: the detach cut the NIC off from it (or the connection had failed).
+    Unanswered,
+}
+
+impl Offers {
+    /// What `core` knows now.
+    pub(crate) fn of(core: &rsrdma_proto::Conn<super::slots::Slots>) -> Offers {
+        Offers {
+            unanswered: core.rendezvous_unanswered().collect(),
+            withdrawn: core.withdrawn_untaken().collect(),
+            failed: core.error().is_some(),
+        }
+    }
+
+    /// How rendezvous message `msg`, whose RTS went out, stood.
+    pub(crate) fn end_of(&self, msg: u64) -> OfferEnd {
+        if self.failed || self.unanswered.contains(&msg) {
+            OfferEnd::Unanswered
+        } else if self.withdrawn.contains(&msg) {
+            OfferEnd::Withdrawn
+        } else {
+            OfferEnd::Read
+        }
+    }
 }
 
 /// A timeout kept in an atomic, so that every blocking call can read it without the lock:
@@ -85,6 +129,7 @@ impl Shared {
                 closing: false,
                 closed: None,
                 stop: false,
+                offers_at_detach: None,
             }),
             cv: Condvar::new(),
             sleepers: AtomicUsize::new(0),

@@ -21,6 +21,7 @@
 use super::driver::Driver;
 use super::op::{Link, Op};
 use super::rendezvous::{Dest, Pulled, RecvStep, RDV_GRACE};
+use super::shared::OfferEnd;
 use super::sides::Side;
 use super::Conn;
 use crate::error::{from_core, NetError, Result};
@@ -146,7 +147,7 @@ impl Conn {
         // else cut the NIC off before the registration goes.
         let mut ask = r.is_err();
         let mut withdrawn = false;
-        let done = self.block(name, Some(RDV_GRACE), |d| {
+        let mut done = self.block(name, Some(RDV_GRACE), |d| {
             if std::mem::take(&mut ask) {
                 d.core().ask_withdraw(msg);
             }
@@ -157,6 +158,14 @@ impl Conn {
             }
             d.check_failed().map(|()| None)
         });
+        // A close that detached the driver before this looked says what the answer was.
+        let end = (self.shared.lock().offers_at_detach.as_ref()).map(|o| o.end_of(msg));
+        if let (Err(NetError::Closed { .. }), Some(end)) = (&done, end) {
+            if end != OfferEnd::Unanswered {
+                withdrawn = end == OfferEnd::Withdrawn;
+                done = Ok(());
+            }
+        }
         let mut failed = None;
         if done.is_err() {
             let mut st = self.shared.lock();
@@ -334,38 +343,27 @@ impl<'a> RecvInto<'a> {
     }
 }
 
-#[cfg(any(feature = "tokio", test))]
+#[cfg(test)]
 impl<'a> SendMsg<'a> {
-    /// A send of `msgs`, eagerly (the async face, for a buffer on a device with one send
-    /// SGE: rendezvous is for the blocking face's caller slices).
-    pub(crate) fn eager(name: &'static str, msgs: &'a [&'a [u8]]) -> SendMsg<'a> {
-        SendMsg {
-            name,
-            msgs,
-            next: 0,
-            rdv: None,
-            threshold: None,
-        }
-    }
-
     /// The message whose RTS is out when the run ended (the blocking `send_lent` then waits
     /// for its DONE before the caller gets the slice back), taken.
-    #[cfg(test)]
     pub(crate) fn take_rts_out(&mut self) -> Option<u64> {
         self.rdv.take().and_then(|r| r.msg)
     }
 
     /// A send of `msgs` as the blocking face sends them: by rendezvous at and above
     /// `threshold` (the host simulation).
-    #[cfg(test)]
     pub(crate) fn with_threshold(
         name: &'static str,
         msgs: &'a [&'a [u8]],
         threshold: usize,
     ) -> SendMsg<'a> {
         SendMsg {
+            name,
+            msgs,
+            next: 0,
+            rdv: None,
             threshold: Some(threshold),
-            ..SendMsg::eager(name, msgs)
         }
     }
 }

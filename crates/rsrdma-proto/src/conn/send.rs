@@ -187,6 +187,19 @@ impl<M: SlotMemory> Conn<M> {
         true
     }
 
+    /// Rendezvous messages whose answer (DONE or WITHDRAWN) has not come: those whose RTS
+    /// went out, oldest first, then the one whose RTS waits to go.
+    pub fn rendezvous_unanswered(&self) -> impl Iterator<Item = u64> + '_ {
+        let waiting = (self.tx.active && self.tx.rts.is_some()).then(|| self.tx.messages - 1);
+        self.tx.unreleased.iter().map(|&(m, _)| m).chain(waiting)
+    }
+
+    /// Messages the peer dropped unread at this side's request whose news
+    /// [`Conn::take_withdrawn`] has not taken.
+    pub fn withdrawn_untaken(&self) -> impl Iterator<Item = u64> + '_ {
+        self.tx.withdrawn.iter().copied()
+    }
+
     /// Whether the peer dropped rendezvous message `msg` unread at this side's request
     /// (WITHDRAWN): nothing of it was delivered. Taken once: a second call says `false`.
     pub fn take_withdrawn(&mut self, msg: u64) -> bool {
