@@ -146,6 +146,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         &[
             "zerocopy_a_large_send_that_times_out_before_its_rts_goes_out_is_withdrawn_whole",
             "zerocopy_a_send_buffer_that_times_out_is_taken_back_and_never_arrives",
+            "zerocopy_a_send_buffer_ended_by_close_says_ok_exactly_when_the_peer_got_it",
             "zerocopy_a_recv_buffer_that_times_out_mid_read_still_gets_the_message",
             "zerocopy_a_send_msg_ended_by_close_returns_with_its_slice_unregistered",
             "zerocopy_both_ways_around_the_threshold_over_rdma_cm",

@@ -679,3 +679,41 @@ fn zerocopy_a_send_buffer_that_times_out_is_taken_back_and_never_arrives() {
     c.close().unwrap();
     s.close().unwrap();
 }
+
+/// As conn_device's `a_large_send_ended_by_close_says_ok_exactly_when_the_peer_got_it`, for
+/// `send_buffer`: a close on another thread ends it while the reader is just starting, and
+/// its answer matches what the peer got, every round (the close may detach the driver
+/// between the peer's DONE and the call's look at it).
+#[test]
+fn zerocopy_a_send_buffer_ended_by_close_says_ok_exactly_when_the_peer_got_it() {
+    for round in 0..32u64 {
+        let (c, s) = pair(zc(Establish::Tcp), zc(Establish::Tcp));
+        let len = 4 * T;
+        let reader = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(10 + round));
+            let mut got = 0;
+            while let Some(m) = s.recv_msg().unwrap() {
+                assert_eq!(hash(&m), hash(&pattern(len, round)), "round {round}");
+                got += 1;
+            }
+            got
+        });
+        let buf = filled(&c, len, round);
+        let c = std::sync::Arc::new(c);
+        let (sent, closed) = thread::scope(|sc| {
+            let sender = sc.spawn(|| c.send_buffer(&buf, len));
+            thread::sleep(Duration::from_millis(20));
+            let closed = c.close();
+            (sender.join().unwrap(), closed)
+        });
+        let got = reader.join().unwrap();
+        assert!(closed.is_ok(), "round {round}: close {closed:?}");
+        match sent {
+            Ok(()) => assert_eq!(got, 1, "round {round}: Ok, yet the peer got nothing"),
+            Err(NetError::Closed { .. }) => {
+                assert_eq!(got, 0, "round {round}: Closed, yet the peer got it")
+            }
+            Err(e) => panic!("round {round}: {e}"),
+        }
+    }
+}

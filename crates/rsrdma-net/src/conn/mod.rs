@@ -347,6 +347,14 @@ impl Conn {
         self.finish_close(failed, delivered)
     }
 
+    /// How message `msg` (rendezvous or lent) stood when a close detached the driver; `None`
+    /// while attached. A call that waited for it and found the driver gone answers from this:
+    /// the close may have detached it between the message's end and the call's look.
+    pub(super) fn end_at_detach(&self, msg: u64) -> Option<shared::OfferEnd> {
+        let st = self.shared.lock();
+        st.offers_at_detach.as_ref().map(|o| o.end_of(msg))
+    }
+
     /// Stops the connection's steps and takes its driver out for the teardown (both closes),
     /// with whether everything this side sent was delivered (FIN done, every rendezvous
     /// message released) or the peer had left, as it stood before the cut-off below (which

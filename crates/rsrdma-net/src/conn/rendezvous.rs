@@ -56,6 +56,7 @@
 use super::buffer::Buffer;
 use super::driver::Driver;
 use super::op::{Link, Op};
+use super::shared::OfferEnd;
 use super::sides::Side;
 use super::Conn;
 use crate::error::{from_core, NetError, Result};
@@ -252,6 +253,11 @@ impl Conn {
         };
         match (self.wait_buffer(buf), queued) {
             (Err(e @ NetError::Timeout { .. }), Some(q)) => self.take_back(buf, q, e),
+            // A close detached the driver: the message may have been done with just before.
+            (Err(e @ NetError::Closed { .. }), Some((msg, _))) => match self.end_at_detach(msg) {
+                Some(OfferEnd::Read) => Ok(()),
+                _ => Err(e),
+            },
             (r, _) => r,
         }
     }
@@ -290,6 +296,10 @@ impl Conn {
         });
         match asked {
             Ok(false) if !buf.is_busy() => Ok(()),
+            // A close detached the driver before this looked.
+            Err(NetError::Closed { .. }) if self.end_at_detach(msg) == Some(OfferEnd::Read) => {
+                Ok(())
+            }
             _ => Err(timeout),
         }
     }

@@ -35,13 +35,13 @@ pub(crate) struct State {
     pub(crate) closed: Option<super::close::CloseEnd>,
     /// The progress thread should exit.
     pub(crate) stop: bool,
-    /// What the core knew of the messages offered for a READ when a close detached the
-    /// driver: a `send_msg` of a large message whose answer came just before the detach
-    /// reads it here (it may not have looked in time).
+    /// What the core knew of the messages that wait for the peer or the NIC (offered for a
+    /// READ, or lent) when a close detached the driver: a call whose message was done with
+    /// just before the detach reads it here (it may not have looked in time).
     pub(crate) offers_at_detach: Option<Offers>,
 }
 
-/// The rendezvous messages a core still waited for, and those it had seen dropped unread.
+/// The messages a core still waited for, and those it had seen dropped unread.
 pub(crate) struct Offers {
     unanswered: Vec<u64>,
     withdrawn: Vec<u64>,
@@ -51,7 +51,8 @@ pub(crate) struct Offers {
 /// How an offer stood when the driver was detached.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum OfferEnd {
-    /// The peer read it whole (its DONE came).
+    /// Done with: the peer read it whole (its DONE came), or every fragment of a lent one
+    /// completed.
     Read,
     /// The peer dropped it unread at this side's request (WITHDRAWN).
     Withdrawn,
@@ -63,13 +64,13 @@ impl Offers {
     /// What `core` knows now.
     pub(crate) fn of(core: &rsrdma_proto::Conn<super::slots::Slots>) -> Offers {
         Offers {
-            unanswered: core.rendezvous_unanswered().collect(),
+            unanswered: core.sends_unanswered().collect(),
             withdrawn: core.withdrawn_untaken().collect(),
             failed: core.error().is_some(),
         }
     }
 
-    /// How rendezvous message `msg`, whose RTS went out, stood.
+    /// How message `msg` (a rendezvous or lent one) stood.
     pub(crate) fn end_of(&self, msg: u64) -> OfferEnd {
         if self.failed || self.unanswered.contains(&msg) {
             OfferEnd::Unanswered

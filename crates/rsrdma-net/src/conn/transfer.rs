@@ -159,8 +159,7 @@ impl Conn {
             d.check_failed().map(|()| None)
         });
         // A close that detached the driver before this looked says what the answer was.
-        let end = (self.shared.lock().offers_at_detach.as_ref()).map(|o| o.end_of(msg));
-        if let (Err(NetError::Closed { .. }), Some(end)) = (&done, end) {
+        if let (Err(NetError::Closed { .. }), Some(end)) = (&done, self.end_at_detach(msg)) {
             if end != OfferEnd::Unanswered {
                 withdrawn = end == OfferEnd::Withdrawn;
                 done = Ok(());

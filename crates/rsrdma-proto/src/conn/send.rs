@@ -187,11 +187,15 @@ impl<M: SlotMemory> Conn<M> {
         true
     }
 
-    /// Rendezvous messages whose answer (DONE or WITHDRAWN) has not come: those whose RTS
-    /// went out, oldest first, then the one whose RTS waits to go.
-    pub fn rendezvous_unanswered(&self) -> impl Iterator<Item = u64> + '_ {
-        let waiting = (self.tx.active && self.tx.rts.is_some()).then(|| self.tx.messages - 1);
-        self.tx.unreleased.iter().map(|&(m, _)| m).chain(waiting)
+    /// Messages whose memory is not released yet for want of the peer or the NIC: rendezvous
+    /// messages without their answer (DONE or WITHDRAWN; the RTS out, or waiting to go) and
+    /// lent messages with fragments unsent or unconfirmed by their last completion.
+    pub fn sends_unanswered(&self) -> impl Iterator<Item = u64> + '_ {
+        let current = (self.tx.active && (self.tx.rts.is_some() || self.tx.lent.is_some()))
+            .then(|| self.tx.messages - 1);
+        let rendezvous = self.tx.unreleased.iter().map(|&(m, _)| m);
+        let lent = self.tx.lent_out.iter().map(|&(m, _)| m);
+        rendezvous.chain(lent).chain(current)
     }
 
     /// Messages the peer dropped unread at this side's request whose news
