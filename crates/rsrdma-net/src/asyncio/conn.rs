@@ -128,8 +128,12 @@ impl AsyncConn {
     /// # Errors
     /// As [`Conn::send_buffer`](crate::Conn::send_buffer), less the timeout.
     pub async fn send_buffer(&self, buf: &Buffer, len: usize) -> Result<()> {
-        start_send_buffer(&self.d, buf, len).await?;
-        self.wait_buffer(buf).await
+        let queued = start_send_buffer(&self.d, buf, len).await?;
+        match (self.wait_buffer(buf).await, queued) {
+            // A close detached the driver: the message may have been done with just before.
+            (Err(e @ NetError::Closed { .. }), Some(msg)) => self.d.conn().closed_under(msg, e),
+            (r, _) => r,
+        }
     }
 
     /// Queues the first `len` bytes of `buf` as one message with no copy, as
@@ -143,7 +147,7 @@ impl AsyncConn {
     /// # Errors
     /// As [`Conn::start_send_buffer`](crate::Conn::start_send_buffer), less the timeout.
     pub async fn start_send_buffer(&self, buf: &Buffer, len: usize) -> Result<()> {
-        start_send_buffer(&self.d, buf, len).await
+        start_send_buffer(&self.d, buf, len).await.map(drop)
     }
 
     /// Waits until `buf` is no longer in flight, as
@@ -249,12 +253,13 @@ pub(super) async fn recv_msg_into(d: &Driven, buf: &mut [u8]) -> Result<Option<u
 }
 
 /// Queues a buffer's message; ready in the poll that queues it (the op's, or, on a device
-/// with one send SGE, the one that copies the message whole into the core).
-pub(super) async fn start_send_buffer(d: &Driven, buf: &Buffer, len: usize) -> Result<()> {
+/// with one send SGE, the one that copies the message whole into the core). Its number,
+/// when the buffer stays in flight with it.
+pub(super) async fn start_send_buffer(d: &Driven, buf: &Buffer, len: usize) -> Result<Option<u64>> {
     match d.conn().prepare_send_buffer(buf, len)? {
-        PreparedSend::Op(op) => OpFuture::new(d, op).await,
+        PreparedSend::Op(op) => OpFuture::new(d, op).await.map(|q| Some(q.msg)),
         // The buffer is idle again once the copy is taken (`hold` drops after).
-        PreparedSend::Copy(hold) => send_msg(d, hold.bytes(len)).await,
+        PreparedSend::Copy(hold) => send_msg(d, hold.bytes(len)).await.map(|()| None),
     }
 }
 

@@ -126,20 +126,19 @@ pub(crate) struct SendBuffer {
     queue: BufferSend,
     len: usize,
     parts: Option<(Option<Mr>, super::buffer::InFlight)>,
-    /// The message's number once queued.
-    msg: Option<u64>,
 }
 
-impl SendBuffer {
-    /// The queued message: its number, and whether it goes by rendezvous.
-    fn queued(&self) -> Option<(u64, bool)> {
-        let rendezvous = !matches!(self.queue, BufferSend::Lent { .. });
-        self.msg.map(|m| (m, rendezvous))
-    }
+/// A buffer's message as [`SendBuffer`] queued it.
+#[derive(Clone, Copy)]
+pub(crate) struct Queued {
+    /// Its number.
+    pub(crate) msg: u64,
+    /// It goes by rendezvous (else lent, eagerly).
+    pub(crate) rendezvous: bool,
 }
 
 impl Op for SendBuffer {
-    type Out = ();
+    type Out = Queued;
 
     fn name(&self) -> &'static str {
         "send_buffer"
@@ -149,7 +148,7 @@ impl Op for SendBuffer {
         Some(Side::Send)
     }
 
-    fn poll(&mut self, d: &mut Driver) -> Result<Option<()>> {
+    fn poll(&mut self, d: &mut Driver) -> Result<Option<Queued>> {
         let (name, len) = (self.name(), self.len);
         if d.peer_gone() {
             return Err(NetError::PeerGone { op: name });
@@ -171,8 +170,8 @@ impl Op for SendBuffer {
                 if let Some((mr, hold)) = self.parts.take() {
                     d.hold_send(msg, window, mr, Some(hold));
                 }
-                self.msg = Some(msg);
-                Ok(Some(()))
+                let rendezvous = !matches!(self.queue, BufferSend::Lent { .. });
+                Ok(Some(Queued { msg, rendezvous }))
             }
             Ok(Step::Blocked) => Ok(None),
             Err(e) => Err(from_core(e)),
@@ -243,35 +242,33 @@ impl Conn {
     /// (with [`Conn::wait_buffer`]'s errors).
     pub fn send_buffer(&self, buf: &Buffer, len: usize) -> Result<()> {
         let queued = match self.prepare_send_buffer(buf, len)? {
-            PreparedSend::Op(mut op) => {
-                self.run(&mut op, self.shared.write_timeout.get())?;
-                op.queued()
-            }
+            PreparedSend::Op(mut op) => self.run(&mut op, self.shared.write_timeout.get())?,
             PreparedSend::Copy(hold) => {
                 return self.send_lent("send_buffer", &[hold.bytes(len)]);
             }
         };
-        match (self.wait_buffer(buf), queued) {
-            (Err(e @ NetError::Timeout { .. }), Some(q)) => self.take_back(buf, q, e),
-            // A close detached the driver: the message may have been done with just before.
-            (Err(e @ NetError::Closed { .. }), Some((msg, _))) => match self.end_at_detach(msg) {
-                Some(OfferEnd::Read) => Ok(()),
-                _ => Err(e),
-            },
-            (r, _) => r,
+        match self.wait_buffer(buf) {
+            Err(e @ NetError::Timeout { .. }) => self.take_back(buf, queued, e),
+            Err(e @ NetError::Closed { .. }) => self.closed_under(queued.msg, e),
+            r => r,
         }
     }
 
-    /// A `send_buffer` whose wait timed out (`timeout`) takes its message `(msg, rendezvous)`
-    /// back where it can: withdrawn before it went (`timeout`, `buf` free), asked back from
+    /// A wait for buffer message `msg` that found the driver detached (`closed`): `Ok` when
+    /// the message was done with before the detach (the close may have come between its
+    /// end and the wait's look at it), else `closed`.
+    pub(crate) fn closed_under(&self, msg: u64, closed: NetError) -> Result<()> {
+        match self.end_at_detach(msg) {
+            Some(OfferEnd::Read) => Ok(()),
+            _ => Err(closed),
+        }
+    }
+
+    /// A `send_buffer` whose wait timed out (`timeout`) takes its message `q` back where it can: withdrawn before it went (`timeout`, `buf` free), asked back from
     /// the peer and dropped unread (`timeout`, `buf` free), or read by the peer meanwhile
     /// (`Ok`). Otherwise `timeout`, with `buf` in flight until the message went whole.
-    fn take_back(
-        &self,
-        buf: &Buffer,
-        (msg, rendezvous): (u64, bool),
-        timeout: NetError,
-    ) -> Result<()> {
+    fn take_back(&self, buf: &Buffer, q: Queued, timeout: NetError) -> Result<()> {
+        let Queued { msg, rendezvous } = q;
         let mut first = true;
         let asked = self.block("send_buffer", Some(RDV_GRACE), |d| {
             if std::mem::take(&mut first) {
@@ -314,7 +311,9 @@ impl Conn {
     /// As [`Conn::send_buffer`].
     pub fn start_send_buffer(&self, buf: &Buffer, len: usize) -> Result<()> {
         match self.prepare_send_buffer(buf, len)? {
-            PreparedSend::Op(mut op) => self.run(&mut op, self.shared.write_timeout.get()),
+            PreparedSend::Op(mut op) => {
+                self.run(&mut op, self.shared.write_timeout.get()).map(drop)
+            }
             // Not queued: `op.parts` drops the registration, then the hold (the buffer is idle).
             PreparedSend::Copy(hold) => self.send_lent("send_buffer", &[hold.bytes(len)]),
         }
@@ -369,7 +368,6 @@ impl Conn {
             queue,
             len,
             parts: Some((mr, hold)),
-            msg: None,
         }))
     }
 
