@@ -36,11 +36,21 @@ const TEST_LIMIT: Duration = Duration::from_secs(120);
 
 /// Runs `body` on a fresh current-thread runtime, within [`TEST_LIMIT`].
 fn run<F: Future<Output = ()>>(body: F) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .thread_keep_alive(Duration::from_millis(200))
-        .build()
-        .unwrap();
+    let mut rt = tokio::runtime::Builder::new_current_thread();
+    rt.thread_keep_alive(Duration::from_millis(200));
+    run_with(rt, body);
+}
+
+/// Runs `body` on a fresh multi-thread runtime of two workers, within [`TEST_LIMIT`].
+fn run_multi_thread<F: Future<Output = ()>>(body: F) {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.worker_threads(2);
+    run_with(rt, body);
+}
+
+/// Runs `body` on the runtime `rt` builds (with every driver), within [`TEST_LIMIT`].
+fn run_with<F: Future<Output = ()>>(mut rt: tokio::runtime::Builder, body: F) {
+    let rt = rt.enable_all().build().unwrap();
     rt.block_on(async {
         timeout(TEST_LIMIT, body)
             .await
@@ -1333,12 +1343,7 @@ fn a_receiver_waiting_for_the_side_is_woken_when_its_owner_is_done() {
 /// keepalive to rescue a lost wake-up: every message arrives, in order.
 #[test]
 fn full_duplex_tasks_on_a_multi_thread_runtime() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    run_multi_thread(async {
         let (c, s) = pair_without_keepalive().await;
         let (c, s) = (Arc::new(c), Arc::new(s));
         const N: u64 = 3000;
@@ -1548,68 +1553,59 @@ fn a_cancelled_start_send_buffer_queued_nothing_and_a_retry_sends_each_message_o
         })
         .await
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        timeout(TEST_LIMIT, async {
-            let o = opts(Establish::Tcp);
-            let l = listen(o.clone());
-            let addr = l.local_addr();
-            let n = 400u64;
-            let server = tokio::spawn(async move {
-                let s = l.accept().await.unwrap();
-                let mut got = Vec::new();
-                while let Some(m) = s.recv_msg().await.unwrap() {
-                    got.push(u64::from_le_bytes(m[..8].try_into().unwrap()));
-                    // A slow reader: the sender's messages wait for credit.
-                    if got.len() % 8 == 0 {
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    }
+    run_multi_thread(async {
+        let o = opts(Establish::Tcp);
+        let l = listen(o.clone());
+        let addr = l.local_addr();
+        let n = 400u64;
+        let server = tokio::spawn(async move {
+            let s = l.accept().await.unwrap();
+            let mut got = Vec::new();
+            while let Some(m) = s.recv_msg().await.unwrap() {
+                got.push(u64::from_le_bytes(m[..8].try_into().unwrap()));
+                // A slow reader: the sender's messages wait for credit.
+                if got.len() % 8 == 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                got
-            });
-            let c = AsyncConn::dial(addr, o).await.unwrap();
-            let mut pending = 0;
-            let mut seq = 0u64;
-            for size in [100_000usize, 300_000] {
-                // Two buffers in turn: one's message still going keeps the next one waiting.
-                let mut bufs = [c.alloc_buffer(size).unwrap(), c.alloc_buffer(size).unwrap()];
-                for k in 0..n as usize / 2 {
-                    let buf = &mut bufs[k % 2];
-                    c.wait_buffer(buf).await.unwrap();
-                    buf.as_mut_slice().unwrap()[..8].copy_from_slice(&seq.to_le_bytes());
-                    seq += 1;
-                    loop {
-                        match poll_once(c.start_send_buffer(buf, size)).await {
-                            Some(r) => break r.unwrap(),
-                            None => {
-                                pending += 1;
-                                assert!(!buf.is_busy(), "dropped before ready, yet queued");
-                                tokio::task::yield_now().await;
-                            }
+            }
+            got
+        });
+        let c = AsyncConn::dial(addr, o).await.unwrap();
+        let mut pending = 0;
+        let mut seq = 0u64;
+        for size in [100_000usize, 300_000] {
+            // Two buffers in turn: one's message still going keeps the next one waiting.
+            let mut bufs = [c.alloc_buffer(size).unwrap(), c.alloc_buffer(size).unwrap()];
+            for k in 0..n as usize / 2 {
+                let buf = &mut bufs[k % 2];
+                c.wait_buffer(buf).await.unwrap();
+                buf.as_mut_slice().unwrap()[..8].copy_from_slice(&seq.to_le_bytes());
+                seq += 1;
+                loop {
+                    match poll_once(c.start_send_buffer(buf, size)).await {
+                        Some(r) => break r.unwrap(),
+                        None => {
+                            pending += 1;
+                            assert!(!buf.is_busy(), "dropped before ready, yet queued");
+                            tokio::task::yield_now().await;
                         }
                     }
                 }
-                for b in &bufs {
-                    c.wait_buffer(b).await.unwrap();
-                }
             }
-            assert!(
-                pending > 0,
-                "no send was ever pending: nothing was cancelled"
-            );
-            c.close().await.unwrap();
-            let got = server.await.unwrap();
-            assert_eq!(
-                got,
-                (0..n).collect::<Vec<_>>(),
-                "lost or duplicated messages"
-            );
-        })
-        .await
-        .expect("the test body timed out")
+            for b in &bufs {
+                c.wait_buffer(b).await.unwrap();
+            }
+        }
+        assert!(
+            pending > 0,
+            "no send was ever pending: nothing was cancelled"
+        );
+        c.close().await.unwrap();
+        let got = server.await.unwrap();
+        assert_eq!(
+            got,
+            (0..n).collect::<Vec<_>>(),
+            "lost or duplicated messages"
+        );
     });
 }

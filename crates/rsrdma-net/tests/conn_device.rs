@@ -16,7 +16,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod support;
-use support::{listen_addr, opts, pattern};
+use support::{assert_close_told_the_truth, listen_addr, opts, pattern};
 
 const CHILD_ENV: &str = "RSRDMA_CONN_CHILD";
 
@@ -1607,13 +1607,6 @@ fn a_large_send_ended_by_close_says_ok_exactly_when_the_peer_got_it() {
         let closed = c.close();
         let sent = sender.join().unwrap();
         let got = reader.join().unwrap();
-        assert!(closed.is_ok(), "round {round}: close {closed:?}");
-        match sent {
-            Ok(()) => assert_eq!(got, 1, "round {round}: Ok, yet the peer got nothing"),
-            Err(NetError::Closed { .. }) => {
-                assert_eq!(got, 0, "round {round}: Closed, yet the peer got it")
-            }
-            Err(e) => panic!("round {round}: {e}"),
-        }
+        assert_close_told_the_truth(round, closed, sent, got);
     }
 }

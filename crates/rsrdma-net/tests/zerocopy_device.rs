@@ -12,7 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod support;
-use support::{device, hash_of as hash, listen_addr, opts, pattern};
+use support::{assert_close_told_the_truth, device, hash_of as hash, listen_addr, opts, pattern};
 
 /// A small threshold keeps the emulated VM fast while every case still crosses it.
 const T: usize = 64 * 1024;
@@ -707,13 +707,6 @@ fn zerocopy_a_send_buffer_ended_by_close_says_ok_exactly_when_the_peer_got_it() 
             (sender.join().unwrap(), closed)
         });
         let got = reader.join().unwrap();
-        assert!(closed.is_ok(), "round {round}: close {closed:?}");
-        match sent {
-            Ok(()) => assert_eq!(got, 1, "round {round}: Ok, yet the peer got nothing"),
-            Err(NetError::Closed { .. }) => {
-                assert_eq!(got, 0, "round {round}: Closed, yet the peer got it")
-            }
-            Err(e) => panic!("round {round}: {e}"),
-        }
+        assert_close_told_the_truth(round, closed, sent, got);
     }
 }

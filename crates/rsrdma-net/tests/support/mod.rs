@@ -179,6 +179,26 @@ pub fn assert_racing_closes_both_lingered(
     );
 }
 
+/// What a large send that a close on another thread ended must say in `round`: `Ok` exactly
+/// when the peer got the message (`got` messages), `Closed` exactly when it did not; and the
+/// close `Ok` either way.
+pub fn assert_close_told_the_truth(
+    round: u64,
+    closed: rsrdma_net::Result<()>,
+    sent: rsrdma_net::Result<()>,
+    got: usize,
+) {
+    use rsrdma_net::NetError;
+    assert!(closed.is_ok(), "round {round}: close {closed:?}");
+    match sent {
+        Ok(()) => assert_eq!(got, 1, "round {round}: Ok, yet the peer got nothing"),
+        Err(NetError::Closed { .. }) => {
+            assert_eq!(got, 0, "round {round}: Closed, yet the peer got it")
+        }
+        Err(e) => panic!("round {round}: {e}"),
+    }
+}
+
 /// `n` sockets connected to `addr` that each send a valid client hello (no secret) and then
 /// nothing: peers that hold a listener if a hello alone opens them.
 pub fn hello_then_silent(addr: std::net::SocketAddr, n: usize) -> Vec<std::net::TcpStream> {

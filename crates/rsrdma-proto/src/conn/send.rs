@@ -120,22 +120,33 @@ impl<M: SlotMemory> Conn<M> {
     /// up): `true` when withdrawn (as if never sent; its memory is free at once). A message
     /// that has begun goes whole.
     pub fn withdraw_lent(&mut self, msg: u64) -> bool {
-        let current = self.tx.active && self.tx.lent.is_some() && msg + 1 == self.tx.messages;
-        if !current || self.tx.offset != 0 {
+        if !(self.is_current(msg) && self.tx.lent.is_some() && self.tx.offset == 0) {
             return false;
         }
+        self.unsend_current();
+        true
+    }
+
+    /// Whether `msg` is the message being sent.
+    fn is_current(&self, msg: u64) -> bool {
+        self.tx.active && msg + 1 == self.tx.messages
+    }
+
+    /// Takes back the message being sent, nothing of which went out: as if never sent.
+    fn unsend_current(&mut self) {
         self.tx.active = false;
+        self.tx.rts = None;
         self.tx.lent = None;
+        self.tx.borrowed = false;
         self.tx.messages -= 1;
         self.flush();
-        true
     }
 
     /// Whether lent message `msg` (from [`Conn::send_msg_lent`]) is done with: every
     /// fragment was posted and the completion covering the last one was reaped. After a
     /// failure, only the QP's flush ([`Conn::handle_flushed`]) releases what is in flight.
     pub fn lent_released(&self, msg: u64) -> bool {
-        let posting = self.tx.active && self.tx.lent.is_some() && msg + 1 == self.tx.messages;
+        let posting = self.is_current(msg) && self.tx.lent.is_some();
         !posting && !self.tx.lent_out.iter().any(|&(m, _)| m == msg)
     }
 
@@ -144,7 +155,7 @@ impl<M: SlotMemory> Conn<M> {
     /// window's invalidation completed), or it was withdrawn. After a failure, only the QP's
     /// flush ([`Conn::handle_flushed`]) releases it.
     pub fn rendezvous_released(&self, msg: u64) -> bool {
-        let waiting_rts = self.tx.active && self.tx.rts.is_some() && msg + 1 == self.tx.messages;
+        let waiting_rts = self.is_current(msg) && self.tx.rts.is_some();
         !waiting_rts
             && !self.tx.unreleased.iter().any(|&(m, _)| m == msg)
             && !self.ctl.invalidate.iter().any(|&(m, _)| m == msg)
@@ -154,14 +165,10 @@ impl<M: SlotMemory> Conn<M> {
     /// Withdraws rendezvous message `msg` if its RTS has not gone out yet (the caller gives
     /// up): `true` when withdrawn (as if never sent; its memory is free at once).
     pub fn withdraw_rendezvous(&mut self, msg: u64) -> bool {
-        let waiting_rts = self.tx.active && self.tx.rts.is_some() && msg + 1 == self.tx.messages;
-        if !waiting_rts {
+        if !(self.is_current(msg) && self.tx.rts.is_some()) {
             return false;
         }
-        self.tx.active = false;
-        self.tx.rts = None;
-        self.tx.messages -= 1;
-        self.flush();
+        self.unsend_current();
         true
     }
 
@@ -327,13 +334,11 @@ impl<M: SlotMemory> Conn<M> {
         if !(self.tx.active && self.tx.borrowed) || data.len() != self.tx.total {
             return false;
         }
-        self.tx.borrowed = false;
         if self.tx.offset == 0 {
-            self.tx.active = false;
-            self.tx.messages -= 1;
-            self.flush();
+            self.unsend_current();
             return false;
         }
+        self.tx.borrowed = false;
         self.keep_rest(data);
         self.flush();
         true
