@@ -169,6 +169,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         &[
             "a_buffer_whose_send_was_cancelled_is_free_once_the_peer_read_it",
             "a_cancelled_start_send_buffer_queued_nothing_and_a_retry_sends_each_message_once",
+            "an_idle_async_peer_answers_pings_and_withdrawals_at_once",
             "a_cancelled_recv_msg_loses_nothing",
             "a_connection_waiting_for_its_accept_answers_keepalives",
             "a_receiver_waiting_for_the_side_is_woken_when_its_owner_is_done",

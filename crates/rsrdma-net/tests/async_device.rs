@@ -1609,3 +1609,56 @@ fn a_cancelled_start_send_buffer_queued_nothing_and_a_retry_sends_each_message_o
         );
     });
 }
+
+/// An `AsyncConn` whose application awaits nothing for a while still answers what its peer
+/// sends at once, as the blocking face's progress thread does: with keepalive off, its
+/// keeper stepped only on deadlines it had none of, so a blocking peer's PINGs went
+/// unanswered and the peer declared it dead; with keepalive on, a withdrawal waited for
+/// the next keepalive tick (a tester's blocking send with a 10 ms write timeout took 1 s).
+#[test]
+fn an_idle_async_peer_answers_pings_and_withdrawals_at_once() {
+    run_multi_thread(async {
+        let l = listen(opts(Establish::Tcp).keepalive(None));
+        let addr = l.local_addr();
+        let server = tokio::spawn(async move {
+            let s = l.accept().await.unwrap();
+            // The application does other things: nothing awaits the connection.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            s.send_msg(b"after a while").await.unwrap();
+            let mut got = Vec::new();
+            while let Some(m) = s.recv_msg().await.unwrap() {
+                got.push(m);
+            }
+            got
+        });
+        let client = tokio::task::spawn_blocking(move || {
+            let o = opts(Establish::Tcp)
+                .keepalive(Some(Duration::from_millis(100)))
+                .peer_timeout(Duration::from_millis(600));
+            let c = rsrdma_net::Conn::dial(addr, o).unwrap();
+            // Withdrawals: answered by the idle peer's keeper, a round trip past the timeout.
+            c.set_write_timeout(Some(Duration::from_millis(20)))
+                .unwrap();
+            let threshold = c.info().settled.rendezvous().expect("rendezvous") as usize;
+            for _ in 0..3 {
+                let t0 = Instant::now();
+                let e = c.send_msg(&vec![3u8; 2 * threshold]).unwrap_err();
+                assert!(matches!(e, NetError::Timeout { .. }), "{e:?}");
+                assert!(
+                    t0.elapsed() < Duration::from_millis(500),
+                    "the idle peer answered after {:?}",
+                    t0.elapsed()
+                );
+            }
+            // Pings: answered, so the peer lives past its 600 ms timeout.
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let m = c.recv_msg().unwrap().unwrap();
+            assert_eq!(m, b"after a while");
+            c.set_write_timeout(None).unwrap();
+            c.send_msg(b"bye").unwrap();
+            c.close().unwrap();
+        });
+        client.await.unwrap();
+        assert_eq!(server.await.unwrap(), vec![b"bye".to_vec()]);
+    });
+}

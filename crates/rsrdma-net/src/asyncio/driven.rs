@@ -11,9 +11,11 @@
 //! dead-peer timeout, the grace after the transport ended) while nobody awaits anything. It
 //! sleeps on a timerfd (see `timer.rs`: not tokio's timer, whose clock may be paused) until
 //! the driver's next deadline or a close's linger end; a step that brings the deadline
-//! forward wakes it. While frames wait to go out (the rest of a message `send_msg`
-//! accepted, a control frame) it also waits on the CQ like an operation does: `send_msg`
-//! returns once the core holds the message, and the caller may await nothing afterwards.
+//! forward wakes it. It also waits on the CQ like an operation does (in busy mode only while
+//! frames wait to go out): what the peer sends while nobody awaits anything (a PING, a
+//! WITHDRAW) is answered at once, as the blocking face's progress thread does, and frames
+//! left waiting (the rest of a message `send_msg` accepted, a control frame) go out on the
+//! completions that free their credit, though the caller may await nothing afterwards.
 //! It holds only a weak reference and ends with the connection.
 
 use super::op_future::OpFuture;
@@ -294,12 +296,14 @@ impl Driven {
                 // A close's linger ended: it looks at the clock when woken.
                 self.waiters.wake_all();
             }
-            if step.sends_waiting {
-                // Completions free the credit and room those frames wait for: step on them
-                // as an operation would, but always on the task's next turn, so a stream of
-                // completions cannot keep this task from yielding to the others on its
-                // thread (busy mode: always). A reactor error leaves the timer below to run
-                // the keeper; the operations that poll the same fd report it.
+            if step.sends_waiting || !self.busy {
+                // Completions free the credit and room waiting frames need, and bring what the
+                // peer sends while nobody awaits anything (a PING to answer, a WITHDRAW): step
+                // on them as an operation would (as the blocking face's progress thread does),
+                // but always on the task's next turn, so a stream of completions cannot keep
+                // this task from yielding to the others on its thread (busy mode: only for
+                // waiting frames, always). A reactor error leaves the timer below to run the
+                // keeper; the operations that poll the same fd report it.
                 self.waiters.register(cx.waker());
                 if self.busy || matches!(self.poll_fds(step.live_fd.is_some()), Ok(true)) {
                     cx.waker().wake_by_ref();
