@@ -54,6 +54,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "data::wrong_rkey_ends_in_remote_access_error",
             "drops::children_keep_their_parents_alive",
             "events::a_shared_channel_routes_each_event_to_its_cq",
+            "events::a_solicited_only_arm_wakes_for_a_solicited_send",
             "events::completion_channel_wakes_a_blocked_waiter",
             "events::srq_limit_and_last_wqe_events_name_their_objects",
             "events::try_event_takes_a_ready_event_without_blocking",

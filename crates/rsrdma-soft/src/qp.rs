@@ -85,6 +85,11 @@ struct Pending {
     psn: u32,
     packet: Option<Packet>,
     signaled: bool,
+    /// A request that failed here (its local checks, a window bind): it completes with this
+    /// status when it reaches the head, after every request before it, and the QP fails
+    /// then, as rxe's requester stops at the bad request and its completer reports it in
+    /// order. What is posted after it waits to be flushed.
+    failure: Option<Status>,
 }
 
 /// The longest message (`max_msg_sz`, as rxe's): a packet's length field holds it, and a
@@ -112,6 +117,10 @@ pub struct RcQp {
     /// Requests that need a receive which the responder refuses (RNR) as if none were
     /// posted (fault injection: [`RcQp::refuse_receives`]).
     refuse_recv: u32,
+    /// The link to the peer broke while nothing waited for an answer: the QP stays as it
+    /// is, and its next request ends with `RETRY_EXC_ERR` (rxe learns of a dead peer only
+    /// from a request that goes unanswered).
+    link_lost: bool,
 }
 
 impl RcQp {
@@ -131,6 +140,7 @@ impl RcQp {
             rnr_left: cfg.rnr_retry,
             events: VecDeque::new(),
             refuse_recv: 0,
+            link_lost: false,
         }
     }
 
@@ -223,10 +233,14 @@ impl RcQp {
         if self.state == QpState::Error || self.cfg.unreliable {
             return;
         }
-        if let Some(p) = self.sq.pop_front() {
-            self.complete_send(&p.wr, Status::RetryExcErr, 0);
+        match self.sq.pop_front() {
+            Some(p) => {
+                self.complete_send(&p.wr, Status::RetryExcErr, 0);
+                self.to_error();
+            }
+            // Nothing waits for the peer: the next request finds it gone.
+            None => self.link_lost = true,
         }
-        self.to_error();
     }
 
     /// Fault injection: the next `count` requests that need a receive here (SEND, WRITE with
@@ -306,6 +320,16 @@ impl RcQp {
                 "a UC queue pair has no SEND with invalidate",
             ));
         }
+        if self.halted() {
+            // Behind a request that failed here: flushed when the QP fails.
+            self.queue_local(wr, Some(Status::WrFlushErr));
+            return Ok(());
+        }
+        if self.link_lost && !matches!(wr.op, SendOp::BindMw(_) | SendOp::LocalInv { .. }) {
+            // The peer went while this QP was idle: the request goes unanswered.
+            self.queue_local(wr, Some(Status::RetryExcErr));
+            return Ok(());
+        }
         if local_op {
             self.local_op(wr, mrs);
             return Ok(());
@@ -323,13 +347,12 @@ impl RcQp {
                 .sges
                 .iter()
                 .all(|s| mrs.check_local(self.cfg.pd, s, !moves_data).is_ok());
-        let psn = self.next_psn;
-        self.next_psn = self.next_psn.wrapping_add(1);
         if !local_ok {
-            self.complete_send(&wr, Status::LocProtErr, 0);
-            self.to_error();
+            self.queue_local(wr, Some(Status::LocProtErr));
             return Ok(());
         }
+        let psn = self.next_psn;
+        self.next_psn = self.next_psn.wrapping_add(1);
         let payload = match (&wr.inline, moves_data) {
             (Some(d), _) => Payload::from_slice(d),
             (None, true) => gather_payload(&wr.sges, mem),
@@ -398,6 +421,7 @@ impl RcQp {
             psn,
             packet: Some(packet),
             signaled,
+            failure: None,
         });
         Ok(())
     }
@@ -412,11 +436,13 @@ impl RcQp {
             }
             _ => None,
         };
-        if let Some(status) = failed {
-            self.complete_send(&wr, status, 0);
-            self.to_error();
-            return;
-        }
+        self.queue_local(wr, failed);
+    }
+
+    /// Queues a request that sends nothing to the peer (a local operation, or one that
+    /// failed here with `failure`) behind those in the send queue, and completes what is at
+    /// the head.
+    fn queue_local(&mut self, wr: SendWr, failure: Option<Status>) {
         let signaled = wr.signaled || self.cfg.sq_sig_all;
         // No PSN: nothing goes to the peer.
         let psn = self.next_psn;
@@ -425,16 +451,32 @@ impl RcQp {
             psn,
             packet: None,
             signaled,
+            failure,
         });
         self.complete_local_ops();
     }
 
+    /// Whether a request that failed here waits in the send queue: nothing posted after it
+    /// goes out (the QP fails when it reaches the head).
+    fn halted(&self) -> bool {
+        self.sq.back().is_some_and(|p| p.failure.is_some())
+    }
+
     /// Completes the local operations at the head of the send queue: every request before
-    /// them has completed. (So the head is always a request waiting for the peer.)
+    /// them has completed. (So the head is always a request waiting for the peer.) A failed
+    /// one completes with its status and fails the QP, flushing what follows it.
     fn complete_local_ops(&mut self) {
         while self.sq.front().is_some_and(|h| h.packet.is_none()) {
-            if let Some(h) = self.sq.pop_front() {
-                self.succeed(&h, 0);
+            let Some(h) = self.sq.pop_front() else {
+                return;
+            };
+            match h.failure {
+                Some(status) => {
+                    self.complete_send(&h.wr, status, 0);
+                    self.to_error();
+                    return;
+                }
+                None => self.succeed(&h, 0),
             }
         }
     }
@@ -527,6 +569,7 @@ impl RcQp {
         // its way (in the device's link) when nothing of the queue pair is left here.
         one_sided
             && !self.cfg.unreliable
+            && !self.link_lost
             && self.state == QpState::Rts
             && self.sq.is_empty()
             && self.rnr.is_none()
@@ -600,7 +643,7 @@ impl RcQp {
             PacketKind::Ack
             | PacketKind::Nak(_)
             | PacketKind::ReadResponse
-            | PacketKind::AtomicResponse { .. } => self.on_answer(p, mem, now),
+            | PacketKind::AtomicResponse { .. } => self.on_answer(p, mrs, mem, now),
             _ => {
                 if p.psn != self.expected_psn {
                     // After an RNR NAK the requester sends again from the refused PSN; what
@@ -671,7 +714,13 @@ impl RcQp {
 
     // ----- requester ---------------------------------------------------------------------
 
-    fn on_answer(&mut self, p: Packet, mem: &mut dyn Memory, now: impl FnOnce() -> Instant) {
+    fn on_answer(
+        &mut self,
+        p: Packet,
+        mrs: &MrTable,
+        mem: &mut dyn Memory,
+        now: impl FnOnce() -> Instant,
+    ) {
         let Some(head) = self.sq.front() else {
             return;
         };
@@ -710,6 +759,22 @@ impl RcQp {
                 };
                 if !fits {
                     self.fail_bad_answer();
+                    return;
+                }
+                // The destination is checked again as the answer lands, as rxe looks its key
+                // up then: a region deregistered since the post (its memory maybe freed) is
+                // written by nobody.
+                let pd = self.cfg.pd;
+                if !head
+                    .wr
+                    .sges
+                    .iter()
+                    .all(|s| mrs.check_local(pd, s, true).is_ok())
+                {
+                    if let Some(h) = self.sq.pop_front() {
+                        self.complete_send(&h.wr, Status::LocProtErr, 0);
+                    }
+                    self.to_error();
                     return;
                 }
                 let Some(h) = self.sq.pop_front() else {

@@ -1662,3 +1662,126 @@ fn a_message_over_two_gib_is_refused_at_its_post() {
     assert!(p.completions(0).is_empty());
     assert_eq!(p.s[0].qp.state(), QpState::Rts, "the QP goes on");
 }
+
+/// A request that fails its local checks behind others still waiting for the peer completes
+/// in send-queue order, as rxe's completer reports it: the requests before it complete
+/// (delivered), then it fails (`LOC_PROT_ERR`) and the QP with it, and what follows is
+/// flushed. Before, its error came first and flushed the valid requests before it, which the
+/// peer then never got.
+#[test]
+fn a_request_failing_its_local_checks_completes_after_those_before_it() {
+    let mut p = Pair::new(0);
+    for k in 0..3 {
+        p.post_recv(1, 100 + k, BASE + 64 * k, 16);
+    }
+    let bad = Sge {
+        addr: BASE,
+        len: 8,
+        lkey: 0xdead,
+    };
+    p.fill(0, BASE + 512, b"first");
+    p.post_send(0, send(1, vec![p.sge(0, BASE + 512, 5)], true))
+        .unwrap();
+    p.post_send(0, send(2, vec![bad], true)).unwrap();
+    p.post_send(0, send(3, vec![p.sge(0, BASE + 512, 5)], true))
+        .unwrap();
+    assert_eq!(ids(&p.completions(0)), [], "nothing before the first's ACK");
+    p.run();
+    assert_eq!(
+        ids(&p.completions(0)),
+        [
+            (1, Status::Success),
+            (2, Status::LocProtErr),
+            (3, Status::WrFlushErr)
+        ]
+    );
+    assert_eq!(p.s[0].qp.state(), QpState::Error);
+    assert_eq!(
+        ids(&p.completions(1)),
+        [(100, Status::Success)],
+        "the first arrived"
+    );
+    assert_eq!(p.bytes(1, BASE, 5), b"first");
+}
+
+/// A READ (or atomic) whose destination region was deregistered after the post: its answer
+/// lands in nothing (`LOC_PROT_ERR`, the QP fails), as rxe looks the key up when the answer
+/// arrives. Before, the core scattered it into the old range, memory that may have been
+/// freed and reused (a tester's program aborted in malloc).
+#[test]
+fn an_answer_for_a_deregistered_destination_writes_nothing() {
+    for atomic in [false, true] {
+        let mut p = Pair::new(0);
+        p.fill(1, BASE + 2048, b"REMOTE-BYTES");
+        let dest = p.s[0].mrs.register(1, BASE + 4096, 64, Access::LOCAL_WRITE);
+        let sge = Sge {
+            addr: BASE + 4096,
+            len: if atomic { 8 } else { 12 },
+            lkey: dest,
+        };
+        let rkey = p.s[1].key;
+        let wr = if atomic {
+            SendWr {
+                wr_id: 5,
+                op: SendOp::FetchAdd {
+                    remote_addr: BASE + 2048,
+                    rkey,
+                    add: 1,
+                },
+                sges: vec![sge],
+                inline: None,
+                signaled: true,
+            }
+        } else {
+            read(5, sge, BASE + 2048, rkey)
+        };
+        p.post_send(0, wr).unwrap();
+        assert!(p.s[0].mrs.deregister(dest).is_ok(), "atomic {atomic}");
+        p.run();
+        assert_eq!(
+            ids(&p.completions(0)),
+            [(5, Status::LocProtErr)],
+            "atomic {atomic}"
+        );
+        assert_eq!(p.s[0].qp.state(), QpState::Error);
+        assert_eq!(
+            p.bytes(0, BASE + 4096, 12),
+            [0; 12],
+            "atomic {atomic}: nothing landed"
+        );
+    }
+}
+
+/// The link breaks while the QP waits for nothing: as on rxe, the QP stays as it is (no
+/// flush, receives stay posted) and its next request goes unanswered (`RETRY_EXC_ERR`),
+/// then the QP fails. Before, it failed at once and silently: that next request said only
+/// `WR_FLUSH_ERR`, which tells nothing of why.
+#[test]
+fn a_link_broken_while_idle_fails_the_next_request_with_retry_exceeded() {
+    for direct in [false, true] {
+        let mut p = Pair::new(0);
+        p.direct = direct;
+        p.post_recv(0, 40, BASE, 8);
+        p.s[0].qp.handle_link_down();
+        assert_eq!(p.s[0].qp.state(), QpState::Rts, "direct {direct}");
+        assert_eq!(ids(&p.completions(0)), [], "nothing flushed yet");
+        let rkey = p.s[1].key;
+        p.post_send(
+            0,
+            write_wr(1, p.sge(0, BASE + 64, 8), BASE + 64, rkey, None),
+        )
+        .unwrap();
+        p.post_send(0, send(2, vec![p.sge(0, BASE + 64, 8)], true))
+            .unwrap();
+        assert_eq!(
+            ids(&p.completions(0)),
+            [
+                (1, Status::RetryExcErr),
+                (40, Status::WrFlushErr),
+                (2, Status::WrFlushErr)
+            ],
+            "direct {direct}: the failure flushes the receive, then the later post flushes"
+        );
+        assert_eq!(p.s[0].qp.state(), QpState::Error);
+    }
+}

@@ -307,3 +307,38 @@ fn srq_limit_and_last_wqe_events_name_their_objects() {
     drop(srq);
     assert!(t.elapsed() < Duration::from_secs(2));
 }
+
+/// A CQ armed for solicited completions only: a solicited SEND's receive raises the event on
+/// both devices. An unsolicited one raises it on soft0 only (a written-down difference: soft0
+/// takes such an arm as one for the next completion; rxe waits for a solicited one).
+#[test]
+fn a_solicited_only_arm_wakes_for_a_solicited_send() {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let channel = CompChannel::new(&ctx).unwrap();
+    let cq_recv = Cq::new(&ctx, 16, Some(&channel)).unwrap();
+    let cq_send = Cq::new(&ctx, 16, None).unwrap();
+    let tx_cq = Cq::new(&ctx, 16, None).unwrap();
+    let (rx, tx) = connected(&pd, &cq_send, &cq_recv, &tx_cq);
+    let dst = Mr::new(&pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = Mr::new(&pd, 64, AccessFlags::NONE).unwrap();
+    let soft = crate::common::device_name() == "soft0";
+    for (id, solicited) in [(1u64, false), (2, true)] {
+        // SAFETY: `dst` and `src` outlive the completions polled below.
+        unsafe {
+            rx.post_recv(&RecvWr::new(id, &[dst.sge(0, 64).unwrap()]))
+                .unwrap()
+        };
+        cq_recv.arm(true).unwrap();
+        let sge = [src.sge(0, 8).unwrap()];
+        let wr = SendWr::send(id, &sge);
+        let wr = if solicited { wr.solicited() } else { wr };
+        // SAFETY: as above.
+        unsafe { tx.post_send(&wr).unwrap() };
+        let woke = cq_recv.wait(Some(Duration::from_millis(500))).is_ok();
+        assert_eq!(woke, solicited || soft, "solicited {solicited}");
+        let got = crate::common::poll_n(&cq_recv, 1);
+        assert_eq!(got[0].wr_id(), id);
+        crate::common::poll_n(&tx_cq, 1);
+    }
+}
