@@ -204,6 +204,10 @@ impl Conn {
     ///
     /// A `close` (or `shutdown(Write)`) on another thread ends a call whose message has not
     /// begun with [`NetError::Closed`] at once; one that had begun goes whole before the FIN.
+    /// A large message the peer was offered is asked back, and the call says `Closed` when
+    /// the peer dropped it, `Ok` when it read it; only when the close's linger runs out
+    /// before the peer answers (the close then says `Timeout`: delivery unconfirmed) may a
+    /// message of a call that says `Closed` have been read.
     ///
     /// # Errors
     /// [`NetError::MessageTooLarge`] above the cap (nothing sent, the connection stays

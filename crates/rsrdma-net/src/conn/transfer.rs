@@ -269,6 +269,14 @@ impl<L: Link + SliceRendezvous> Op<L> for SendMsg<'_> {
 
     fn poll(&mut self, d: &mut L) -> Result<Option<()>> {
         while let Some(m) = self.msgs.get(self.next) {
+            // The write side was shut (a close, or shutdown(Write), on another thread): the
+            // FIN waits behind this message, so one that has not begun is withdrawn (by
+            // `abandon`, with `Closed`) rather than wait for credit, and one that has is
+            // finished from a copy, the FIN after it. Looked at first: a peer that leaves
+            // after our FIN left because of our close.
+            if d.core().write_closed() {
+                return Err(NetError::Closed { op: self.name });
+            }
             // A rendezvous message the peer read and released before it left was delivered
             // whole: it completes, and only what would still have to go fails.
             if d.peer_gone() {
@@ -276,13 +284,6 @@ impl<L: Link + SliceRendezvous> Op<L> for SendMsg<'_> {
                 if !released.is_some_and(|msg| d.core().rendezvous_released(msg)) {
                     return Err(NetError::PeerGone { op: self.name });
                 }
-            }
-            // The write side was shut (a close, or shutdown(Write), on another thread): the
-            // FIN waits behind this message, so one that has not begun is withdrawn (by
-            // `abandon`, with `Closed`) rather than wait for credit, and one that has is
-            // finished from a copy, the FIN after it.
-            if d.core().write_closed() {
-                return Err(NetError::Closed { op: self.name });
             }
             if self.threshold.is_some_and(|t| m.len() >= t) {
                 if !d.send_slice_rdv(m, &mut self.rdv)? {
