@@ -129,7 +129,14 @@ impl AsyncConn {
     /// As [`Conn::send_buffer`](crate::Conn::send_buffer), less the timeout.
     pub async fn send_buffer(&self, buf: &Buffer, len: usize) -> Result<()> {
         let queued = start_send_buffer(&self.d, buf, len).await?;
-        match (self.wait_buffer(buf).await, queued) {
+        let idle = OpFuture::new(
+            &self.d,
+            BufferIdle {
+                name: "send_buffer",
+                buf,
+            },
+        );
+        match (idle.await, queued) {
             // A close detached the driver: the message may have been done with just before.
             (Err(e @ NetError::Closed { .. }), Some(msg)) => self.d.conn().closed_under(msg, e),
             (r, _) => r,

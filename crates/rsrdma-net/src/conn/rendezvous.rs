@@ -247,7 +247,7 @@ impl Conn {
                 return self.send_lent("send_buffer", &[hold.bytes(len)]);
             }
         };
-        match self.wait_buffer(buf) {
+        match self.wait_idle("send_buffer", buf, self.shared.write_timeout.get()) {
             Err(e @ NetError::Timeout { .. }) => self.take_back(buf, queued, e),
             Err(e @ NetError::Closed { .. }) => self.closed_under(queued.msg, e),
             r => r,

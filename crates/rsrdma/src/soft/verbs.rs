@@ -171,6 +171,8 @@ struct SrqEntry {
     core: Srq,
     raw: *mut ffi::ibv_srq,
     ctx: *mut SoftContext,
+    /// The SGEs a receive may have (`max_sge` as created).
+    max_sge: u32,
 }
 
 /// Everything the device's queue pairs share, under one lock.
@@ -756,9 +758,11 @@ fn pump(st: &mut State, now: &mut LazyNow) {
     }
     for e in st.qps.values_mut() {
         e.republish_state();
+        // A completion its CQ had no room for (the CQ overran): as rxe, the QP fails.
+        let mut lost = false;
         while let Some(c) = e.core.poll_completion() {
             if e.delay.is_zero() && e.held.is_empty() {
-                e.complete(&c);
+                lost |= !e.complete(&c);
             } else {
                 // Behind those already held: a QP's completions keep their order.
                 e.held.push_back((now.get() + e.delay, c));
@@ -766,8 +770,15 @@ fn pump(st: &mut State, now: &mut LazyNow) {
         }
         while e.held.front().is_some_and(|(t, _)| *t <= now.get()) {
             if let Some((_, c)) = e.held.pop_front() {
+                lost |= !e.complete(&c);
+            }
+        }
+        if lost && e.core.state() != QpState::Error {
+            e.core.move_to_error();
+            while let Some(c) = e.core.poll_completion() {
                 e.complete(&c);
             }
+            e.republish_state();
         }
         while let Some(ev) = e.core.poll_event() {
             if ev != QpEvent::LastWqeReached {
@@ -797,7 +808,9 @@ fn pump(st: &mut State, now: &mut LazyNow) {
 
 impl QpEntry {
     /// Hands a completion to the QP's send or receive CQ.
-    fn complete(&self, c: &Completion) {
+    /// Hands a completion to the QP's send or receive CQ; false when that CQ overran (the
+    /// completion is lost with it).
+    fn complete(&self, c: &Completion) -> bool {
         let cq = if (c.opcode as u32) >= 128 {
             self.recv_cq
         } else {
@@ -805,7 +818,7 @@ impl QpEntry {
         };
         // SAFETY: a QP's CQs outlive it (rsrdma's `Qp` holds them; destroy_qp removes the
         // entry first).
-        unsafe { push_completion(cq, c) };
+        unsafe { push_completion(cq, c) }
     }
 
     /// When the timer thread must next act for this QP: an RNR retry, or a held completion.
@@ -922,7 +935,7 @@ pub(super) fn zeroed<T: Copy>() -> T {
 
 /// # Safety
 /// `cq` is a live soft CQ.
-unsafe fn push_completion(cq: *mut SoftCq, c: &Completion) {
+unsafe fn push_completion(cq: *mut SoftCq, c: &Completion) -> bool {
     let mut wc: ffi::ibv_wc = zeroed();
     wc.wr_id = c.wr_id;
     wc.status = ffi::ibv_wc_status(c.status as u32);
@@ -946,9 +959,17 @@ unsafe fn push_completion(cq: *mut SoftCq, c: &Completion) {
     let cq = unsafe { &*cq };
     let mut st = cq.state.lock().unwrap_or_else(|p| p.into_inner());
     if st.wcs.len() >= st.capacity {
+        if !st.overrun {
+            // As a NIC's CQ overrun: the CQ is broken, and its context hears of it.
+            let mut a: ffi::ibv_async_event = zeroed();
+            a.event_type = ffi::ibv_event_type::IBV_EVENT_CQ_ERR;
+            a.element.cq = std::ptr::from_ref(&cq.raw).cast_mut();
+            // SAFETY: a CQ's context outlives it; soft CQs are made on soft contexts.
+            unsafe { push_event(cq.raw.context.cast::<SoftContext>(), a) };
+        }
         st.overrun = true;
         cq.pending.store(true, Ordering::Release);
-        return;
+        return false;
     }
     st.wcs.push_back(wc);
     cq.pending.store(true, Ordering::Release);
@@ -966,6 +987,7 @@ unsafe fn push_completion(cq: *mut SoftCq, c: &Completion) {
             signal(ch.raw.fd);
         }
     }
+    true
 }
 
 /// # Safety
@@ -1297,6 +1319,7 @@ unsafe extern "C" fn post_srq_recv(
     // SAFETY: the caller's contract.
     unsafe {
         post_recv_list(wr, bad, |st, recv| match st.srqs.get_mut(&handle) {
+            Some(s) if recv.sges.len() as u32 > s.max_sge => Err(libc::EINVAL),
             Some(s) => s.core.post_recv(recv).map_err(post_errno),
             None => Err(libc::EINVAL),
         })
@@ -2238,6 +2261,7 @@ pub(crate) unsafe fn create_srq(
             core: Srq::new(handle, a.attr.max_wr),
             raw: srq,
             ctx,
+            max_sge: a.attr.max_sge,
         },
     );
     srq

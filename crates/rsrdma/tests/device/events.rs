@@ -342,3 +342,47 @@ fn a_solicited_only_arm_wakes_for_a_solicited_send() {
         crate::common::poll_n(&tx_cq, 1);
     }
 }
+
+/// More receive completions than their CQ holds: the CQ overruns, the context hears of it
+/// (`CQ_ERR`, naming the CQ), and the queue pair whose completion found no room fails, as
+/// on rxe (before, soft0 raised nothing and left the queue pair in RTS, posting into a dead
+/// CQ).
+#[test]
+fn a_cq_that_overruns_raises_cq_err_and_fails_the_queue_pair() {
+    use rsrdma::{AsyncElement, AsyncEvent, AsyncEventKind, QpState};
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let small = Cq::new(&ctx, 4, None).unwrap();
+    let a_send = Cq::new(&ctx, 256, None).unwrap();
+    let b_cq = Cq::new(&ctx, 256, None).unwrap();
+    let (rx, tx) = connected(&pd, &a_send, &small, &b_cq);
+    let n = small.capacity() as usize + 4;
+    let dst = Mr::new(&pd, 64 * n, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = Mr::new(&pd, 64, AccessFlags::NONE).unwrap();
+    for i in 0..n {
+        // SAFETY: `dst` and `src` outlive the queue pairs' work (dropped after them below).
+        unsafe {
+            rx.post_recv(&RecvWr::new(i as u64, &[dst.sge(64 * i, 64).unwrap()]))
+                .unwrap();
+            tx.post_send(&SendWr::send(i as u64, &[src.sge(0, 8).unwrap()]))
+                .unwrap();
+        }
+    }
+    let want = AsyncEvent {
+        kind: AsyncEventKind::CqErr,
+        element: AsyncElement::Cq(small.handle()),
+    };
+    if let Err(seen) = wait_for_event(&ctx, want, WAIT) {
+        panic!("no CQ_ERR for the overrun CQ; saw {seen:?}");
+    }
+    let t0 = Instant::now();
+    while rx.query().unwrap().state != QpState::Error {
+        assert!(
+            t0.elapsed() < WAIT,
+            "the QP whose completion was lost is still {:?}",
+            rx.state()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop((rx, tx));
+}

@@ -228,3 +228,19 @@ fn datagrams_sent_just_before_the_sender_exits_arrive() {
     }
     assert_quiet(&cq);
 }
+
+/// A receive with more SGEs than its SRQ was made for is refused at its post, as a QP's own
+/// receive queue refuses one (soft0 took it).
+#[test]
+fn an_srq_refuses_a_receive_with_more_sges_than_it_takes() {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let srq = Srq::new(&pd, 4, 1).unwrap();
+    let mr = Mr::new(&pd, 128, AccessFlags::LOCAL_WRITE).unwrap();
+    let two = [mr.sge(0, 64).unwrap(), mr.sge(64, 64).unwrap()];
+    // SAFETY: `mr` outlives the SRQ (nothing is posted: the post is refused).
+    let r = unsafe { srq.post_recv(&RecvWr::new(1, &two)) };
+    assert!(r.is_err(), "{r:?}");
+    // SAFETY: as above; `mr` outlives the SRQ.
+    unsafe { srq.post_recv(&RecvWr::new(2, &two[..1])).unwrap() };
+}
