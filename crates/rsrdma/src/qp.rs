@@ -786,7 +786,10 @@ impl Qp {
 
     fn check_transition(&self, to: QpState) -> Result<()> {
         let from = self.state();
-        if !from.can_move_to(to) {
+        // RTS → RTS changes only what `set_access` and `set_min_rnr_timer` change: the
+        // attributes `to_rts` sets (the send PSN, the timeouts, the retry counts) are fixed
+        // from RTR on, and a provider refuses them (`EINVAL`).
+        if !from.can_move_to(to) || (from, to) == (QpState::Rts, QpState::Rts) {
             return Err(Error::InvalidTransition {
                 qp_num: self.qp_num(),
                 from,
@@ -876,10 +879,10 @@ impl Qp {
     ///
     /// # Errors
     /// [`Error::Limit`] when `max_rd_atomic` exceeds the device's `max_qp_init_rd_atom` or a
-    /// field is out of its range; [`Error::InvalidTransition`]; [`Error::Verbs`].
+    /// field is out of its range; [`Error::InvalidTransition`] from any state but RTR (RTS
+    /// included: its attributes cannot change there); [`Error::Verbs`].
     pub fn to_rts(&self, a: &RtsAttr) -> Result<()> {
         use ffi::ibv_qp_attr_mask as M;
-        self.check_transition(QpState::Rts)?;
         check_psn("sq_psn", a.sq_psn)?;
         let mut attr = ffi::ibv_qp_attr {
             qp_state: QpState::Rts.to_raw(),
@@ -912,6 +915,8 @@ impl Qp {
                 | M::IBV_QP_RNR_RETRY
                 | M::IBV_QP_MAX_QP_RD_ATOMIC;
         }
+        // After the values' checks: a value out of range is that, in any state.
+        self.check_transition(QpState::Rts)?;
         self.modify(&mut attr, mask)
     }
 

@@ -2077,6 +2077,15 @@ pub(crate) unsafe fn modify_qp(
     let Some(e) = st.qps.get_mut(&qpn) else {
         return libc::EINVAL;
     };
+    let kind = match &e.core {
+        QpCore::Ud(_) => QpKind::Ud,
+        QpCore::Rc(q) if q.config().unreliable => QpKind::Uc,
+        QpCore::Rc(_) => QpKind::Rc,
+    };
+    let to = has(M::IBV_QP_STATE).then_some(a.qp_state);
+    if let Err(rc) = check_modify(kind, raw_state(e.core.state()), to, mask as u32, a) {
+        return rc;
+    }
     // A refused state change changes nothing (as rxe checks everything first): what the
     // attributes below set is put back then.
     let before = (e.attr, *e.core.config(), e.remote, e.route.clone());
@@ -2156,6 +2165,8 @@ pub(crate) unsafe fn modify_qp(
                 e.core.reset();
                 Ok(())
             }
+            // INIT → INIT changes attributes only.
+            S::IBV_QPS_INIT if e.core.state() == QpState::Init => Ok(()),
             S::IBV_QPS_INIT => e.core.move_to_init(),
             S::IBV_QPS_RTR => {
                 // The link to the peer's device goes up now, not with the first request: on
@@ -2168,6 +2179,7 @@ pub(crate) unsafe fn modify_qp(
                 }
                 e.core.move_to_rtr(e.attr.dest_qp_num, e.attr.rq_psn)
             }
+            S::IBV_QPS_RTS if e.core.state() == QpState::Rts => Ok(()),
             S::IBV_QPS_RTS => e.core.move_to_rts(e.attr.sq_psn),
             S::IBV_QPS_ERR => {
                 e.core.move_to_error();
@@ -2187,6 +2199,157 @@ pub(crate) unsafe fn modify_qp(
         e.publish();
     }
     0
+}
+
+/// A queue pair's transport, for the rules of its state changes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum QpKind {
+    Rc,
+    Uc,
+    Ud,
+}
+
+/// The verbs state of a soft QP's state.
+fn raw_state(s: QpState) -> ffi::ibv_qp_state {
+    use ffi::ibv_qp_state as S;
+    match s {
+        QpState::Reset => S::IBV_QPS_RESET,
+        QpState::Init => S::IBV_QPS_INIT,
+        QpState::Rtr => S::IBV_QPS_RTR,
+        QpState::Rts => S::IBV_QPS_RTS,
+        QpState::Error => S::IBV_QPS_ERR,
+    }
+}
+
+/// The attributes a state change `from` → `to` of a `kind` queue pair requires and those it
+/// may also carry, as the kernel's table (`ib_modify_qp_is_ok`) says; `None`: no such
+/// change. A modify without a state change is `from` → `from`.
+fn modify_rule(kind: QpKind, from: ffi::ibv_qp_state, to: ffi::ibv_qp_state) -> Option<(u32, u32)> {
+    use ffi::ibv_qp_attr_mask as M;
+    use ffi::ibv_qp_state as S;
+    let bits = |ms: &[M]| ms.iter().fold(0u32, |b, m| b | m.0);
+    // Every change may name the state it starts from.
+    let any = bits(&[M::IBV_QP_STATE, M::IBV_QP_CUR_STATE]);
+    let (req, opt): (&[M], &[M]) = match (from, to, kind) {
+        (_, S::IBV_QPS_RESET | S::IBV_QPS_ERR, _) => (&[], &[]),
+        (S::IBV_QPS_RESET | S::IBV_QPS_INIT, S::IBV_QPS_INIT, k) => {
+            let third = if k == QpKind::Ud {
+                M::IBV_QP_QKEY
+            } else {
+                M::IBV_QP_ACCESS_FLAGS
+            };
+            let all = bits(&[M::IBV_QP_PKEY_INDEX, M::IBV_QP_PORT, third]);
+            return Some(if from == S::IBV_QPS_RESET {
+                (all, any)
+            } else {
+                (0, all | any)
+            });
+        }
+        (S::IBV_QPS_INIT, S::IBV_QPS_RTR, QpKind::Ud) => {
+            (&[], &[M::IBV_QP_PKEY_INDEX, M::IBV_QP_QKEY])
+        }
+        (S::IBV_QPS_INIT, S::IBV_QPS_RTR, QpKind::Uc) => (
+            &[
+                M::IBV_QP_AV,
+                M::IBV_QP_PATH_MTU,
+                M::IBV_QP_DEST_QPN,
+                M::IBV_QP_RQ_PSN,
+            ],
+            &[
+                M::IBV_QP_ALT_PATH,
+                M::IBV_QP_ACCESS_FLAGS,
+                M::IBV_QP_PKEY_INDEX,
+            ],
+        ),
+        (S::IBV_QPS_INIT, S::IBV_QPS_RTR, QpKind::Rc) => (
+            &[
+                M::IBV_QP_AV,
+                M::IBV_QP_PATH_MTU,
+                M::IBV_QP_DEST_QPN,
+                M::IBV_QP_RQ_PSN,
+                M::IBV_QP_MAX_DEST_RD_ATOMIC,
+                M::IBV_QP_MIN_RNR_TIMER,
+            ],
+            &[
+                M::IBV_QP_ALT_PATH,
+                M::IBV_QP_ACCESS_FLAGS,
+                M::IBV_QP_PKEY_INDEX,
+            ],
+        ),
+        (S::IBV_QPS_RTR, S::IBV_QPS_RTS, QpKind::Ud) => (&[M::IBV_QP_SQ_PSN], &[M::IBV_QP_QKEY]),
+        (S::IBV_QPS_RTR, S::IBV_QPS_RTS, QpKind::Uc) => (
+            &[M::IBV_QP_SQ_PSN],
+            &[
+                M::IBV_QP_ALT_PATH,
+                M::IBV_QP_ACCESS_FLAGS,
+                M::IBV_QP_PATH_MIG_STATE,
+            ],
+        ),
+        (S::IBV_QPS_RTR, S::IBV_QPS_RTS, QpKind::Rc) => (
+            &[
+                M::IBV_QP_SQ_PSN,
+                M::IBV_QP_TIMEOUT,
+                M::IBV_QP_RETRY_CNT,
+                M::IBV_QP_RNR_RETRY,
+                M::IBV_QP_MAX_QP_RD_ATOMIC,
+            ],
+            &[
+                M::IBV_QP_ALT_PATH,
+                M::IBV_QP_ACCESS_FLAGS,
+                M::IBV_QP_MIN_RNR_TIMER,
+                M::IBV_QP_PATH_MIG_STATE,
+            ],
+        ),
+        (S::IBV_QPS_RTS, S::IBV_QPS_RTS, QpKind::Ud) => (&[], &[M::IBV_QP_QKEY]),
+        (S::IBV_QPS_RTS, S::IBV_QPS_RTS, QpKind::Uc) => (
+            &[],
+            &[
+                M::IBV_QP_ACCESS_FLAGS,
+                M::IBV_QP_ALT_PATH,
+                M::IBV_QP_PATH_MIG_STATE,
+            ],
+        ),
+        (S::IBV_QPS_RTS, S::IBV_QPS_RTS, QpKind::Rc) => (
+            &[],
+            &[
+                M::IBV_QP_ACCESS_FLAGS,
+                M::IBV_QP_ALT_PATH,
+                M::IBV_QP_PATH_MIG_STATE,
+                M::IBV_QP_MIN_RNR_TIMER,
+            ],
+        ),
+        _ => return None,
+    };
+    Some((bits(req), bits(opt) | any))
+}
+
+/// Checks a modify as a provider does before it changes anything: the state change exists,
+/// its required attributes are there and no other, and the values fit the device (one
+/// port, two GIDs). `EINVAL` otherwise.
+fn check_modify(
+    kind: QpKind,
+    from: ffi::ibv_qp_state,
+    to: Option<ffi::ibv_qp_state>,
+    mask: u32,
+    a: &ffi::ibv_qp_attr,
+) -> Result<(), c_int> {
+    use ffi::ibv_qp_attr_mask as M;
+    let (req, opt) = modify_rule(kind, from, to.unwrap_or(from)).ok_or(libc::EINVAL)?;
+    let given = mask & !M::IBV_QP_STATE.0;
+    if given & req != req || given & !(req | opt) != 0 {
+        return Err(libc::EINVAL);
+    }
+    let has = |m: M| mask & m.0 != 0;
+    // rxe (Linux 6.1) takes any P_Key index: so does soft0.
+    let bad_port = has(M::IBV_QP_PORT) && a.port_num != 1;
+    // A RoCE path is routed: its address vector needs a GRH (as rxe's, whose kernel resolves
+    // the peer's MAC from it).
+    let bad_av = has(M::IBV_QP_AV)
+        && (a.ah_attr.port_num > 1 || a.ah_attr.is_global == 0 || a.ah_attr.grh.sgid_index >= 2);
+    if bad_port || bad_av {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
 }
 
 /// # Safety

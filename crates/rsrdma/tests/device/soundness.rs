@@ -219,3 +219,87 @@ fn a_refused_state_change_changes_no_attribute() {
     );
     assert_eq!(after.state, before.state);
 }
+
+/// State changes follow the verbs table (the kernel's `ib_modify_qp_is_ok`) on both
+/// devices: a change without the attributes it requires, or with ones it does not take, is
+/// refused, and so is a port the device has not; INIT → INIT changes attributes; the typed calls say so before the provider does.
+/// soft0 took all of these (an outside tester's list).
+#[test]
+fn state_changes_follow_the_verbs_table() {
+    use ffi::ibv_qp_attr_mask as M;
+    use rsrdma::{ffi, InitAttr, Pd, Qp, QpState, QpType, RtsAttr};
+    let modify = |q: &Qp, attr: ffi::ibv_qp_attr, mask: u32| {
+        let mut attr = attr;
+        // SAFETY: a live QP of this test; `attr` is initialised for every bit of the mask.
+        unsafe { ffi::ibv_modify_qp(q.as_raw().unwrap(), &mut attr, mask as i32) }
+    };
+    let ctx = crate::common::ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = rsrdma::Cq::new(&ctx, 16, None).unwrap();
+    let fresh = || Qp::builder(QpType::Rc).build(&pd, &cq, &cq).unwrap();
+    let to = |s: ffi::ibv_qp_state| ffi::ibv_qp_attr {
+        qp_state: s,
+        port_num: 1,
+        ..Default::default()
+    };
+    // RESET → INIT without its required attributes (P_Key index, port, access flags).
+    let q = fresh();
+    assert_ne!(
+        modify(&q, to(ffi::ibv_qp_state::IBV_QPS_INIT), M::IBV_QP_STATE.0),
+        0
+    );
+    assert_eq!(q.state(), QpState::Reset);
+    // A port the device has not (rxe, as the test VM's kernel has it, takes any P_Key index:
+    // so does soft0).
+    for a in [InitAttr::default().port(0), InitAttr::default().port(2)] {
+        assert!(fresh().to_init(&a).is_err(), "{a:?}");
+    }
+    // Attributes a QP in RESET does not take; INIT → INIT does.
+    assert!(q.set_access(AccessFlags::REMOTE_READ).is_err(), "in RESET");
+    assert!(q.set_min_rnr_timer(3).is_err(), "in RESET");
+    q.to_init(&InitAttr::default()).unwrap();
+    q.to_init(&InitAttr::default().access(AccessFlags::REMOTE_READ))
+        .unwrap();
+    assert_eq!(q.query().unwrap().access, AccessFlags::REMOTE_READ);
+    // INIT → RTR without the path, the peer's QP number and PSN; then with a path that has
+    // no GRH (a RoCE path must be routed).
+    assert_ne!(
+        modify(&q, to(ffi::ibv_qp_state::IBV_QPS_RTR), M::IBV_QP_STATE.0),
+        0
+    );
+    let flat = rsrdma::RtrAttr::default().dest_qp_num(q.qp_num());
+    assert!(q.to_rtr(&flat).is_err(), "a path without a GRH");
+    assert_eq!(q.state(), QpState::Init);
+    // In RTS: what may change there changes; the rest is refused, and `to_rts` says so.
+    let p = rc_pair(QpCaps::default(), AccessFlags::NONE);
+    p.a.set_access(AccessFlags::REMOTE_READ).unwrap();
+    p.a.set_min_rnr_timer(3).unwrap();
+    let before = p.a.query().unwrap();
+    let rnr = ffi::ibv_qp_attr {
+        rnr_retry: 0,
+        dest_qp_num: 12345,
+        ..Default::default()
+    };
+    assert_ne!(
+        modify(&p.a, rnr, M::IBV_QP_RNR_RETRY.0),
+        0,
+        "RNR_RETRY in RTS"
+    );
+    assert_ne!(
+        modify(&p.a, rnr, M::IBV_QP_DEST_QPN.0),
+        0,
+        "DEST_QPN in RTS"
+    );
+    let after = p.a.query().unwrap();
+    assert_eq!(
+        (after.rnr_retry, after.dest_qp_num),
+        (before.rnr_retry, before.dest_qp_num)
+    );
+    assert!(matches!(
+        p.a.to_rts(&RtsAttr::default()),
+        Err(Error::InvalidTransition { .. })
+    ));
+    // In ERROR nothing but a state change is taken.
+    p.a.to_error().unwrap();
+    assert!(p.a.set_access(AccessFlags::NONE).is_err(), "in ERROR");
+}
