@@ -38,6 +38,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "cm_local::cm_context_outlives_its_id_and_listener",
             "cm_local::cm_event_loop_sees_disconnected_without_blocking",
             "cm_local::cm_requests_nobody_takes_are_refused",
+            "data::a_receive_into_memory_without_local_write_fails_both_ends",
             "data::atomics_compare_swap_and_fetch_add",
             "data::batch_of_64_in_one_post_with_every_16th_signaled",
             "data::batch_post_reports_which_request_failed",

@@ -1040,7 +1040,8 @@ impl Responder<'_> {
             return Answer::Nak(Nak::InvalidRequest);
         }
         if !writable {
-            self.complete_recv(r.wr_id, Status::LocProtErr, opcode, 0, None);
+            // rxe: a malformed receive (its memory refuses the write), LOC_QP_OP_ERR.
+            self.complete_recv(r.wr_id, Status::LocQpOpErr, opcode, 0, None);
             return Answer::Nak(Nak::RemoteOperation);
         }
         scatter(&r.sges, data, mem);

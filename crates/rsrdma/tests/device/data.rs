@@ -563,3 +563,24 @@ fn uc_send_and_rdma_write() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+/// A SEND into a receive whose memory lacks LOCAL_WRITE: the receive fails on the
+/// responder (`LOC_QP_OP_ERR`, a malformed receive; soft0 said `LOC_PROT_ERR`), the sender
+/// hears of it (`REM_OP_ERR`), as on rxe.
+#[test]
+fn a_receive_into_memory_without_local_write_fails_both_ends() {
+    let p = rc_pair(QpCaps::default(), AccessFlags::NONE);
+    let ro = Mr::new(&p.pd, 64, AccessFlags::NONE).unwrap();
+    let src = Mr::new(&p.pd, 64, AccessFlags::NONE).unwrap();
+    // SAFETY: both regions outlive the completions polled below.
+    unsafe {
+        p.b.post_recv(&RecvWr::new(7, &[ro.sge(0, 64).unwrap()]))
+            .unwrap();
+        p.a.post_send(&SendWr::send(8, &[src.sge(0, 8).unwrap()]))
+            .unwrap();
+    }
+    let r = poll_n(&p.cq_b, 1);
+    let s = poll_n(&p.cq_a, 1);
+    assert_eq!(r[0].status(), WcStatus::LOC_QP_OP_ERR, "the receive");
+    assert_eq!(s[0].status(), WcStatus::REM_OP_ERR, "the send");
+}
