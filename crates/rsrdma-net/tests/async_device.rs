@@ -1615,10 +1615,17 @@ fn a_cancelled_start_send_buffer_queued_nothing_and_a_retry_sends_each_message_o
 /// keeper stepped only on deadlines it had none of, so a blocking peer's PINGs went
 /// unanswered and the peer declared it dead; with keepalive on, a withdrawal waited for
 /// the next keepalive tick (a tester's blocking send with a 10 ms write timeout took 1 s).
+/// In busy mode too, where the keeper never arms the CQ: it looks in every 5 ms.
 #[test]
 fn an_idle_async_peer_answers_pings_and_withdrawals_at_once() {
-    run_multi_thread(async {
-        let l = listen(opts(Establish::Tcp).keepalive(None));
+    for mode in [PollMode::default(), PollMode::Busy] {
+        idle_async_peer_answers(mode);
+    }
+}
+
+fn idle_async_peer_answers(mode: PollMode) {
+    run_multi_thread(async move {
+        let l = listen(opts(Establish::Tcp).keepalive(None).poll_mode(mode));
         let addr = l.local_addr();
         let server = tokio::spawn(async move {
             let s = l.accept().await.unwrap();

@@ -34,6 +34,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+/// In busy mode, how often the keeper looks at the connection while nothing else is due
+/// (the blocking face's progress thread's `SPIN_PARK`).
+const BUSY_LOOK: Duration = Duration::from_millis(5);
+
 /// What the keeper sleeps until, and how to wake it early.
 #[derive(Debug, Default)]
 struct KeeperSlot {
@@ -309,6 +313,16 @@ impl Driven {
                     cx.waker().wake_by_ref();
                 }
             }
+            // Busy mode never arms the CQ (an event per completion would have this task fight
+            // the spinning operations for the lock): while nothing else is due, the keeper
+            // looks in every BUSY_LOOK, as the blocking face's progress thread does, so what
+            // the peer sends while nobody awaits anything (a PING, a WITHDRAW) is answered.
+            let due = if self.busy && !step.sends_waiting {
+                let look = Instant::now() + BUSY_LOOK;
+                Some(due.map_or(look, |d| d.min(look)))
+            } else {
+                due
+            };
             let armed = timer.set(due).and_then(|()| match due {
                 Some(_) => timer.poll_fired(cx.waker()),
                 None => Ok(false),
