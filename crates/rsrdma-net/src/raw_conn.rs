@@ -151,15 +151,24 @@ impl RawListener {
     }
 
     fn accept_until(&self, deadline: Option<Instant>, timeout: Duration) -> Result<RawConn> {
-        self.hs
-            .accept_until(self.tcp.as_raw_fd(), deadline, timeout, |waiting| {
-                let Some((stream, from)) = take_tcp_peer(&self.tcp)? else {
-                    return Ok(false);
-                };
-                self.start(stream, from, waiting)?;
-                Ok(true)
-            })
-            .and_then(RawConn::grant_remote_access)
+        loop {
+            let c = self
+                .hs
+                .accept_until(self.tcp.as_raw_fd(), deadline, timeout, |waiting| {
+                    let Some((stream, from)) = take_tcp_peer(&self.tcp)? else {
+                        return Ok(false);
+                    };
+                    self.start(stream, from, waiting)?;
+                    Ok(true)
+                })?;
+            // A peer whose queue pair failed while it waited in the queue (say, it sent a
+            // request the QP, granting nothing yet, refused) is that peer's failure: the
+            // next one is taken, as for a handshake that failed.
+            match c.grant_remote_access() {
+                Ok(c) => return Ok(c),
+                Err(e) => self.hs.admission.accepted_then_failed(&e),
+            }
+        }
     }
 
     /// Runs one peer's handshake on a thread of its own, when admission gives it a place.

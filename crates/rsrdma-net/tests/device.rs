@@ -581,7 +581,16 @@ fn a_connection_in_the_accept_queue_reaches_no_memory() {
         &[0xaa; 64][..],
         "the accepted peer wrote"
     );
-    drop((accepted, clients, l));
+    // The queued peer's refused request failed its queue pair: that is its failure, not the
+    // listener's. The next accept skips it and hands out the next peer (it returned the
+    // grant's EINVAL, which ends a `loop { accept()? }` service: an outside tester's find).
+    let next = thread::spawn(move || RawConn::dial(addr, opts().params(vec![(1, 9)])));
+    let c = l.accept_timeout(Duration::from_secs(20)).unwrap();
+    assert_eq!(c.peer_endpoint().params[0].1, 9, "the next peer");
+    let _dialer = next.join().unwrap().unwrap();
+    let n = l.counters();
+    assert_eq!((n.accepted, n.failed), (2, 1), "{n:?}");
+    drop((accepted, clients, c, l));
 }
 
 /// Client `i` of [`shared_pd_two_connections_one_mr`].

@@ -247,6 +247,13 @@ impl Admission {
         self.accepted.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A connection counted as handed out failed its last step before the caller got it
+    /// (the grant of its remote access): counted and logged as a failed peer instead.
+    pub(crate) fn accepted_then_failed(&self, e: &NetError) {
+        self.accepted.fetch_sub(1, Ordering::Relaxed);
+        self.failed(None, e);
+    }
+
     pub(crate) fn counters(&self) -> ListenerCounters {
         ListenerCounters {
             accepted: self.accepted.load(Ordering::Relaxed),
