@@ -1,12 +1,14 @@
 //! Admission: how a listener keeps serving while some peers misbehave.
 //!
 //! Every peer taken off the kernel's queue gets a [`Ticket`] before its handshake starts.
-//! The table of running handshakes is bounded in all ([`ConnOptions::max_handshakes`]), and
-//! its handshakes that have not opened yet are bounded per source address
-//! ([`ConnOptions::max_handshakes_per_source`]). When a new peer would break a bound, the
-//! oldest handshake that has not yet *opened* (proven the secret when there is one; without
-//! one, sent a valid hello and then its first step of the handshake) is shed: its socket is
-//! shut down, which ends its handshake at once. Peers that opened are never shed, so a flood
+//! The table of running handshakes is bounded in all ([`ConnOptions::max_handshakes`]).
+//! When a new peer finds it full, a handshake that has not yet *opened* (proven the secret
+//! when there is one; without one, sent a valid hello and then its first step of the
+//! handshake) is shed: its socket is shut down, which ends its handshake at once. The
+//! victim is the oldest unopened handshake of a source that holds at least
+//! [`ConnOptions::max_handshakes_per_source`] unopened ones (the greediest such source),
+//! else the oldest unopened one of all. Below the bound nothing is shed: a host that opens
+//! many good connections at once (a client's pool) is never turned away for its address. Peers that opened are never shed, so a flood
 //! of silent or garbage sockets cannot push out a good client that has started, and it cannot
 //! hold the listener for longer than [`ConnOptions::opening_timeout`] either.
 //!
@@ -144,23 +146,31 @@ impl Admission {
         let source = peer.map(|p| p.ip());
         let mut t = self.lock();
         loop {
-            // The per-source bound is on handshakes that have not opened: what silent or
-            // garbage sockets hold. Peers that opened (a valid hello, a proven secret, an
-            // rdma_cm request) count only against the total, so a host that opens many good
-            // connections at once is never turned away for its address.
-            let same = t
+            if t.running.len() + waiting < self.max {
+                break;
+            }
+            // Full: the greediest source past its bound of unopened handshakes (what silent
+            // or garbage sockets hold) loses its oldest one, else the oldest unopened one
+            // goes. Peers that opened (a valid hello, a proven secret, an rdma_cm request)
+            // are never shed.
+            let greedy = t
                 .running
                 .iter()
-                .filter(|e| e.source == source && e.can_shed())
-                .count();
-            let victim = if same >= self.per_source {
-                t.running
-                    .iter()
-                    .position(|e| e.source == source && e.can_shed())
-            } else if t.running.len() + waiting >= self.max {
-                t.running.iter().position(Entry::can_shed)
-            } else {
-                break;
+                .filter(|e| e.can_shed())
+                .map(|e| {
+                    let n = t
+                        .running
+                        .iter()
+                        .filter(|o| o.source == e.source && o.can_shed())
+                        .count();
+                    (n, e.source)
+                })
+                .filter(|&(n, _)| n >= self.per_source)
+                .max_by_key(|&(n, _)| n)
+                .map(|(_, s)| s);
+            let victim = match greedy {
+                Some(s) => t.running.iter().position(|e| e.source == s && e.can_shed()),
+                None => t.running.iter().position(Entry::can_shed),
             };
             let Some(i) = victim else {
                 drop(t);
@@ -297,15 +307,19 @@ mod tests {
         t1.opened().store(true, Ordering::Release);
         let t2 = a.start(addr([10, 0, 0, 1], 2), None, 0).unwrap();
         let t3 = a.start(addr([10, 0, 0, 1], 3), None, 0).unwrap();
-        // A third unopened one from the same source: t2 (the oldest unopened) goes, t1
-        // (opened) stays.
+        // Below the total, a source may have more unopened ones than its bound: nobody goes.
         let t4 = a.start(addr([10, 0, 0, 1], 4), None, 0).unwrap();
+        assert_eq!(a.counters().shed, 0);
+        // Full (t1 to t4): the source past its bound (three unopened) loses its oldest
+        // unopened one (t2); t1 (opened) stays.
+        let t5 = a.start(addr([10, 0, 0, 2], 5), None, 0).unwrap();
         assert!(t2.shed.load(Ordering::Acquire));
         assert!(!t1.shed.load(Ordering::Acquire));
-        // The total is reached (t1, t3, t4 and t5): the oldest unopened overall (t3) is shed.
-        let t5 = a.start(addr([10, 0, 0, 2], 5), None, 0).unwrap();
+        // Full again: that source still holds two unopened (its bound): t3 goes, not t5 of
+        // the other source, though t5 is unopened too.
         let t6 = a.start(addr([10, 0, 0, 3], 6), None, 0).unwrap();
         assert!(t3.shed.load(Ordering::Acquire));
+        assert!(!t5.shed.load(Ordering::Acquire));
         // Everything running has opened and the total is reached: no room, the peer is
         // refused.
         for t in [&t4, &t5, &t6] {
@@ -356,7 +370,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, peer) = l.accept().unwrap();
-        let a = Admission::new(&ConnOptions::default().max_handshakes_per_source(1));
+        let a = Admission::new(&ConnOptions::default().max_handshakes(1));
         let _old = a.start(Some(peer), Some(&s), 0).unwrap();
         let _new = a.start(Some(peer), None, 0).unwrap();
         let mut buf = [0u8; 1];

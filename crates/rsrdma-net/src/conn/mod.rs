@@ -103,7 +103,7 @@ use establish::Established;
 use shared::{Shared, Waiter};
 use sides::Side;
 use std::cell::Cell;
-use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -148,17 +148,7 @@ impl Conn {
         for a in addrs {
             let r = match opts.establish {
                 Establish::Cm => establish::cm::dial(a, &opts),
-                Establish::Tcp => TcpStream::connect_timeout(&a, opts.connect_timeout)
-                    .map_err(|e| tcp_connect_error(a, e))
-                    .and_then(|s| {
-                        establish::tcp::establish(
-                            s,
-                            crate::handshake::Role::Client,
-                            &opts,
-                            None,
-                            None,
-                        )
-                    }),
+                Establish::Tcp => establish::tcp::dial(a, &opts),
             };
             match r {
                 Ok(est) => return Conn::start(est, &opts),
@@ -299,7 +289,7 @@ impl Conn {
         Ok(Some(out))
     }
 
-    /// Shuts down a direction, as [`TcpStream::shutdown`]. `Write`: FIN goes after
+    /// Shuts down a direction, as [`std::net::TcpStream::shutdown`]. `Write`: FIN goes after
     /// everything queued; reading goes on and the peer's reads end after our data. `Read`:
     /// what has arrived and whatever still arrives is discarded (its credit still returns, so
     /// the peer never stalls), and reads report the end of the stream; sending goes on.
@@ -382,7 +372,7 @@ impl Conn {
         (d, done)
     }
 
-    /// Sets the read timeout (`None`: block indefinitely), as [`TcpStream::set_read_timeout`].
+    /// Sets the read timeout (`None`: block indefinitely), as [`std::net::TcpStream::set_read_timeout`].
     ///
     /// # Errors
     /// [`NetError::InvalidArgument`] for a zero duration.
@@ -690,11 +680,7 @@ impl Conn {
     pub(crate) fn dial_threadless(addr: SocketAddr, opts: &ConnOptions) -> Result<Conn> {
         let est = match opts.establish {
             Establish::Cm => establish::cm::dial(addr, opts)?,
-            Establish::Tcp => {
-                let s = TcpStream::connect_timeout(&addr, opts.connect_timeout)
-                    .map_err(|e| tcp_connect_error(addr, e))?;
-                establish::tcp::establish(s, crate::handshake::Role::Client, opts, None, None)?
-            }
+            Establish::Tcp => establish::tcp::dial(addr, opts)?,
         };
         Conn::start_threadless(est, opts)
     }
@@ -711,7 +697,7 @@ impl Conn {
 
     /// Runs the server side of the TCP handshake (blocking), without the thread.
     pub(crate) fn accept_tcp_threadless(
-        stream: TcpStream,
+        stream: std::net::TcpStream,
         opts: &ConnOptions,
         pools: &pool::RecvPools,
         opened: std::sync::Arc<std::sync::atomic::AtomicBool>,

@@ -128,8 +128,9 @@ pub struct ConnOptions {
     /// Default 64.
     pub max_handshakes: usize,
     /// Listener only: handshakes from one source address that have not opened yet (see
-    /// [`ConnOptions::opening_timeout`]); a new peer past it sheds that source's oldest
-    /// one. Peers that opened count only against [`ConnOptions::max_handshakes`]. Default 16.
+    /// [`ConnOptions::opening_timeout`]) past which that source's are shed first once
+    /// [`ConnOptions::max_handshakes`] is reached (below it nothing is shed, so a burst of
+    /// good dials from one host is served whole). Default 16.
     pub max_handshakes_per_source: usize,
     /// Offer to be a rail of a striped connection (feature bit 1 of the protocol): set by
     /// [`crate::RailConn`] and [`crate::RailListener`] on the connections they make. A peer

@@ -642,12 +642,38 @@ impl Channel {
         param_name: impl Fn(u16) -> String,
     ) -> Result<(Endpoint, Settled)> {
         self.send(&Message::Endpoint(local.clone()))?;
-        let peer = match self.recv("handshake endpoint")? {
-            Message::Endpoint(e) => e,
-            other => return Err(self.unexpected("endpoint", &other)),
-        };
+        let peer = self.recv_endpoint()?;
         let settled = settle(local, &peer, param_name)?;
         Ok((peer, settled))
+    }
+
+    /// Takes the peer's endpoint before sending this side's: a server that makes its queue
+    /// pair and memory only for a peer that got this far (its opening ends with this
+    /// message), then answers with [`Channel::answer_endpoint`]. A peer that sends its
+    /// endpoint first ([`Channel::exchange_endpoints`]) is served either way.
+    ///
+    /// # Errors
+    /// [`NetError::Unexpected`] for another message; the errors of [`Channel::recv`].
+    pub fn recv_endpoint(&mut self) -> Result<Endpoint> {
+        match self.recv("handshake endpoint")? {
+            Message::Endpoint(e) => Ok(e),
+            other => Err(self.unexpected("endpoint", &other)),
+        }
+    }
+
+    /// Sends this side's endpoint after taking the peer's ([`Channel::recv_endpoint`]), and
+    /// settles the two as [`Channel::exchange_endpoints`] does.
+    ///
+    /// # Errors
+    /// [`NetError::Mismatch`]; the errors of [`Channel::send`].
+    pub fn answer_endpoint(
+        &mut self,
+        local: &Endpoint,
+        peer: &Endpoint,
+        param_name: impl Fn(u16) -> String,
+    ) -> Result<Settled> {
+        self.send(&Message::Endpoint(local.clone()))?;
+        settle(local, peer, param_name)
     }
 
     /// Swaps memory descriptors: sends `local`, then takes the peer's (which may have arrived

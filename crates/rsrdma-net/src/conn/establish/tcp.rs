@@ -35,20 +35,71 @@ pub(crate) fn establish(
     pools: Option<&RecvPools>,
     opened: Option<Arc<AtomicBool>>,
 ) -> Result<Established> {
-    if role == Role::Client {
-        refuse_shared_recv_on_dial(opts)?;
-    }
-    let local_addr = stream
+    let limits = (opts.connect_timeout, opts.opening_timeout);
+    let (local_addr, peer_addr) = addrs(&stream)?;
+    let mut ch = Channel::open(stream, role, limits, opts.secret.as_deref(), opened)?;
+    let set_up = match role {
+        Role::Server => serve(&mut ch, opts, pools),
+        Role::Client => prepare(opts, pools, role).and_then(|p| exchange(&mut ch, opts, p)),
+    };
+    finish(ch, set_up, opts, (local_addr, peer_addr))
+}
+
+/// The server's side after the opening: the client's endpoint first, and only then this
+/// side's queue pair and memory. So a peer that sent a hello alone holds none of them, and a
+/// burst of clients from one host ends each one's opening (which a listener sheds beyond
+/// `max_handshakes_per_source`) as soon as its endpoint arrives, not after the server made
+/// a queue pair for each of those before it.
+fn serve(
+    ch: &mut Channel,
+    opts: &ConnOptions,
+    pools: Option<&RecvPools>,
+) -> Result<(Local, Qp, Params)> {
+    let peer_ep = ch.recv_endpoint()?;
+    let p = prepare(opts, pools, Role::Server)?;
+    let agreed = ch.answer_endpoint(&p.endpoint, &peer_ep, |k| format!("parameter {k:#x}"))?;
+    bring_up(ch, opts, p, peer_ep, agreed)
+}
+
+/// The client's side, for one address: its queue pair and memory are made before the TCP
+/// connection, so the listener's opening deadline (`opening_timeout`, from its accept to the
+/// client's endpoint) counts only the network: a client whose set-up takes long (a large
+/// registration, a loaded machine, a burst of dials from one host) is neither cut off nor
+/// shed as a silent socket.
+pub(crate) fn dial(addr: std::net::SocketAddr, opts: &ConnOptions) -> Result<Established> {
+    refuse_shared_recv_on_dial(opts)?;
+    let prepared = prepare(opts, None, Role::Client)?;
+    let stream = TcpStream::connect_timeout(&addr, opts.connect_timeout)
+        .map_err(|e| super::super::tcp_connect_error(addr, e))?;
+    let limits = (opts.connect_timeout, opts.opening_timeout);
+    let (local_addr, peer_addr) = addrs(&stream)?;
+    let mut ch = Channel::open(stream, Role::Client, limits, opts.secret.as_deref(), None)?;
+    let set_up = exchange(&mut ch, opts, prepared);
+    finish(ch, set_up, opts, (local_addr, peer_addr))
+}
+
+/// The stream's two ends.
+fn addrs(stream: &TcpStream) -> Result<(std::net::SocketAddr, std::net::SocketAddr)> {
+    let local = stream
         .local_addr()
         .map_err(|e| NetError::io("local_addr", e))?;
-    let peer_addr = stream
+    let peer = stream
         .peer_addr()
         .map_err(|e| NetError::io("peer_addr", e))?;
-    let limits = (opts.connect_timeout, opts.opening_timeout);
-    let mut ch = Channel::open(stream, role, limits, opts.secret.as_deref(), opened)?;
-    let (local, qp, peer) = match setup(&mut ch, opts, pools) {
+    Ok((local, peer))
+}
+
+/// Hands the set-up connection its driver, or tells the peer why it failed, so it does not
+/// wait for a step that will never come.
+fn finish(
+    ch: Channel,
+    set_up: Result<(Local, Qp, Params)>,
+    opts: &ConnOptions,
+    addrs: (std::net::SocketAddr, std::net::SocketAddr),
+) -> Result<Established> {
+    let mut ch = ch;
+    let (local, qp, peer) = match set_up {
         Ok(p) => p,
-        // Tell the peer why, so it does not wait for a step that will never come.
         Err(e @ (NetError::Verbs(_) | NetError::InvalidArgument(_) | NetError::ConnFailed(_))) => {
             return Err(ch.abort(e))
         }
@@ -59,15 +110,23 @@ pub(crate) fn establish(
         &peer,
         Liveness::Tcp(Box::new(ch)),
         (Establish::Tcp, opts),
-        (local_addr, peer_addr),
+        addrs,
     )
 }
 
-fn setup(
-    ch: &mut Channel,
-    opts: &ConnOptions,
-    pools: Option<&RecvPools>,
-) -> Result<(Local, Qp, Params)> {
+/// This side's queue pair and memory, and the endpoint that announces them.
+struct Prepared {
+    local: Local,
+    qp: Qp,
+    me: QpEndpoint,
+    gid_index: Option<u8>,
+    pooled: bool,
+    endpoint: Endpoint,
+}
+
+/// Makes this side's queue pair and memory (receiving from `pools`' pool, if the listener
+/// has one) and its endpoint, for `role`.
+fn prepare(opts: &ConnOptions, pools: Option<&RecvPools>, role: Role) -> Result<Prepared> {
     let (ctx, pd) = crate::domain::open_domain(opts.device.as_deref(), opts.pd.as_ref())?;
     let port = ctx.query_port(opts.port)?;
     let gid_index = ctx.resolve_gid_index(opts.port, opts.gid_index)?;
@@ -100,14 +159,46 @@ fn setup(
         max_rd_atomic: 0,
         max_dest_rd_atomic: 0,
         params: {
-            let mut words = params_to_words(&local.config.params(), ch.role());
+            let mut words = params_to_words(&local.config.params(), role);
             if pooled {
                 words.push((KEY_RNR_RETRY, u64::from(RNR_RETRY_FOREVER)));
             }
             words
         },
     };
-    let (peer_ep, agreed) = ch.exchange_endpoints(&endpoint, |k| format!("parameter {k:#x}"))?;
+    Ok(Prepared {
+        local,
+        qp,
+        me,
+        gid_index,
+        pooled,
+        endpoint,
+    })
+}
+
+/// Swaps endpoints over `ch`, settles, brings the queue pair up and posts the receives.
+fn exchange(ch: &mut Channel, opts: &ConnOptions, p: Prepared) -> Result<(Local, Qp, Params)> {
+    let (peer_ep, agreed) = ch.exchange_endpoints(&p.endpoint, |k| format!("parameter {k:#x}"))?;
+    bring_up(ch, opts, p, peer_ep, agreed)
+}
+
+/// With both endpoints known and settled (`agreed`): checks the peer's parameters, brings
+/// the queue pair up, posts the receives and meets the peer at the closing barrier.
+fn bring_up(
+    ch: &mut Channel,
+    opts: &ConnOptions,
+    p: Prepared,
+    peer_ep: Endpoint,
+    agreed: crate::handshake::Settled,
+) -> Result<(Local, Qp, Params)> {
+    let Prepared {
+        local,
+        qp,
+        me,
+        gid_index,
+        pooled,
+        endpoint: _,
+    } = p;
     let peer_role = match ch.role() {
         Role::Client => Role::Server,
         Role::Server => Role::Client,
