@@ -59,10 +59,30 @@ pub(crate) fn check_fits_device(
     gid_index: Option<u8>,
     depths: &[(&str, u32)],
 ) -> Result<()> {
+    check_fits_device_with_srq(device, pd, port, gid_index, depths, None)
+}
+
+/// [`check_fits_device`], and a shared receive queue of `srq` (name, depth) against the
+/// device's `max_srq_wr`.
+pub(crate) fn check_fits_device_with_srq(
+    device: Option<&str>,
+    pd: Option<&Pd>,
+    port: u8,
+    gid_index: Option<u8>,
+    depths: &[(&str, u32)],
+    srq: Option<(&str, u32)>,
+) -> Result<()> {
     let ctx = open_device(device, pd)?;
     ctx.query_port(port)?;
     ctx.resolve_gid_index(port, gid_index)?;
     let attr = ctx.attr();
+    if let Some((what, depth)) = srq.filter(|&(_, d)| d > attr.max_srq_wr) {
+        return Err(NetError::InvalidArgument(format!(
+            "{what} {depth} does not fit device {}: its shared receive queues hold at most {}",
+            ctx.name(),
+            attr.max_srq_wr
+        )));
+    }
     let limit = attr.max_qp_wr.min(attr.max_cqe);
     if let Some((what, depth)) = depths.iter().find(|(_, d)| *d > limit) {
         return Err(NetError::InvalidArgument(format!(

@@ -397,6 +397,23 @@ fn check_options(opts: &RawOptions) -> Result<()> {
                 .into(),
         ));
     }
+    // What the handshake could not carry, or could never match: refused here, not by every
+    // peer's handshake with an unclear end.
+    let max = crate::handshake::codec::MAX_PARAMS;
+    if opts.params.len() > max {
+        return Err(NetError::InvalidArgument(format!(
+            "RawOptions::params: {} parameters, the handshake carries at most {max}",
+            opts.params.len()
+        )));
+    }
+    let mut keys: Vec<u16> = opts.params.iter().map(|&(k, _)| k).collect();
+    keys.sort_unstable();
+    if let Some(w) = keys.windows(2).find(|w| w[0] == w[1]) {
+        return Err(NetError::InvalidArgument(format!(
+            "RawOptions::params: key {:#x} twice",
+            w[0]
+        )));
+    }
     crate::domain::check_device(opts.device.as_deref(), opts.pd.as_ref())
 }
 

@@ -251,6 +251,34 @@ fn a_listener_whose_options_cannot_work_is_refused_at_bind() {
         .device("nope0");
     let e = rsrdma_net::Listener::bind("127.0.0.1:0", conn).unwrap_err();
     assert!(e.to_string().contains("nope0"), "{e}");
+    // Found by an outside tester (each bound fine, then every peer failed its handshake,
+    // the dialer with an unclear error): a CQ or a shared pool past the device's queues,
+    // parameters the handshake cannot carry or never match, a device other than the one
+    // a bound rdma_cm address is on.
+    let tcp = rsrdma_net::ConnOptions::default().establish(rsrdma_net::Establish::Tcp);
+    for (what, o) in [
+        ("CQ", tcp.clone().recv_slots(32768)),
+        (
+            "SharedRecv",
+            tcp.clone()
+                .shared_recv(Some(rsrdma_net::SharedRecv::new(u32::MAX))),
+        ),
+    ] {
+        let e = rsrdma_net::Listener::bind("127.0.0.1:0", o).unwrap_err();
+        assert!(matches!(e, NetError::InvalidArgument(_)), "{what}: {e}");
+        assert!(e.to_string().contains(what), "{what}: {e}");
+    }
+    let many: Vec<(u16, u64)> = (0..300).map(|k| (k, 0)).collect();
+    let e = RawListener::bind("127.0.0.1:0", opts().params(many)).unwrap_err();
+    assert!(e.to_string().contains("params"), "{e}");
+    let twice = vec![(1, 2), (1, 3)];
+    let e = RawListener::bind("127.0.0.1:0", opts().params(twice)).unwrap_err();
+    assert!(e.to_string().contains("twice"), "{e}");
+    let cm = rsrdma_net::ConnOptions::default()
+        .establish(rsrdma_net::Establish::Cm)
+        .device("nope0");
+    let e = rsrdma_net::Listener::bind(format!("{}:0", support::ip()), cm).unwrap_err();
+    assert!(e.to_string().contains("nope0"), "{e}");
     // What fits binds, as before.
     drop(RawListener::bind("127.0.0.1:0", opts()).unwrap());
 }

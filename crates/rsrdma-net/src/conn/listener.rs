@@ -78,12 +78,21 @@ impl Listener {
         opts.check()?;
         // On the TCP path the options pick the device (on rdma_cm's, the address does).
         if opts.establish == Establish::Tcp {
-            crate::domain::check_fits_device(
+            // A connection's CQ takes its receives (the pool's, with one) and its sends.
+            let recv = opts
+                .shared_recv
+                .as_ref()
+                .map_or(u32::from(opts.recv_slots), |s| s.pool_slots);
+            let cqe = recv.saturating_add(u32::from(opts.sq_depth) + 1);
+            crate::domain::check_fits_device_with_srq(
                 opts.device.as_deref(),
                 opts.pd.as_ref(),
                 opts.port,
                 opts.gid_index,
-                &[],
+                &[("the CQ of a connection (its receives, sends and one)", cqe)],
+                opts.shared_recv
+                    .as_ref()
+                    .map(|s| ("SharedRecv::pool_slots", s.pool_slots)),
             )?;
         }
         let addr = addr
@@ -94,6 +103,13 @@ impl Listener {
         let (inner, local, fd) = match opts.establish {
             Establish::Cm => {
                 let id = CmId::listener(addr, BACKLOG)?;
+                // Bound to a device's address, the id knows its device: one that the options
+                // name otherwise (or a protection domain of another) is refused here, not
+                // by every peer's handshake. (On the unspecified address each request
+                // brings its own.)
+                if let Ok(ctx) = id.context() {
+                    opts.domain_on(&ctx)?;
+                }
                 let local = id.local_addr().unwrap_or(addr);
                 let fd = id.as_raw_fd();
                 (Inner::Cm(Mutex::new(id)), local, fd)
