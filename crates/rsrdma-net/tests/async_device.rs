@@ -58,6 +58,16 @@ fn run_with<F: Future<Output = ()>>(mut rt: tokio::runtime::Builder, body: F) {
     });
 }
 
+/// Polls `fut` once; `None` (dropping it) when pending.
+async fn poll_once<F: Future>(fut: F) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
+        Poll::Ready(v) => Poll::Ready(Some(v)),
+        Poll::Pending => Poll::Ready(None),
+    })
+    .await
+}
+
 fn listen(o: ConnOptions) -> AsyncListener {
     AsyncListener::bind(listen_addr(&o), o).unwrap()
 }
@@ -910,22 +920,31 @@ fn rendezvous_messages_reach_async_reads_and_cancelled_futures_lose_none() {
         let l = listen(opts(Establish::Cm));
         addr_tx.send(l.local_addr()).unwrap();
         let s = l.accept().await.unwrap();
+        // Every read future that is still pending after a poll is dropped (its READ, begun
+        // in that poll, goes on), and the read is made again: with a timer's race instead,
+        // a READ faster than the timer's millisecond cancelled nothing in some VM runs.
         let mut cancelled = 0;
         let mut got = Vec::new();
         while got.len() < 2 {
-            tokio::select! {
-                m = s.recv_msg() => got.push(m.unwrap().unwrap()),
-                _ = tokio::time::sleep(Duration::from_micros(200)) => cancelled += 1,
+            match poll_once(s.recv_msg()).await {
+                Some(m) => got.push(m.unwrap().unwrap()),
+                None => {
+                    cancelled += 1;
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
             }
         }
         let mut buf = vec![0u8; 2 << 20];
         while got.len() < 4 {
-            tokio::select! {
-                n = s.recv_msg_into(&mut buf) => {
+            match poll_once(s.recv_msg_into(&mut buf)).await {
+                Some(n) => {
                     let n = n.unwrap().unwrap();
                     got.push(buf[..n].to_vec());
                 }
-                _ = tokio::time::sleep(Duration::from_micros(200)) => cancelled += 1,
+                None => {
+                    cancelled += 1;
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
             }
         }
         let mut short = vec![0u8; 100];
@@ -1544,15 +1563,6 @@ fn an_async_close_racing_another_waits_for_its_end_and_says_the_same() {
 /// one run in five; here every message must arrive once, in order.
 #[test]
 fn a_cancelled_start_send_buffer_queued_nothing_and_a_retry_sends_each_message_once() {
-    /// Polls `fut` once; `None` (dropping it) when pending.
-    async fn poll_once<F: Future>(fut: F) -> Option<F::Output> {
-        let mut fut = std::pin::pin!(fut);
-        std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
-            Poll::Ready(v) => Poll::Ready(Some(v)),
-            Poll::Pending => Poll::Ready(None),
-        })
-        .await
-    }
     run_multi_thread(async {
         let o = opts(Establish::Tcp);
         let l = listen(o.clone());

@@ -14,7 +14,6 @@ use super::options::{ConnOptions, Establish};
 use super::pool::{RecvMemory, RecvPools};
 use super::{Admission, Conn, Incoming, ListenerCounters, Ticket};
 use crate::error::{NetError, Result};
-use crate::handshake::Role;
 use rsrdma::cm::{CmEventType, CmId};
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
@@ -279,13 +278,9 @@ fn handshake(
         Incoming::Cm(req) => {
             establish::cm::accept(req, opts, recv).and_then(|est| Conn::start(est, opts))
         }
-        Incoming::Tcp(stream, _) => establish::tcp::establish(
-            stream,
-            Role::Server,
-            opts,
-            Some(recv),
-            Some(ticket.opened()),
-        )
-        .and_then(|est| Conn::start(est, opts)),
+        Incoming::Tcp(stream, _) => {
+            establish::tcp::accept(stream, opts, Some(recv), Some(ticket.opened()))
+                .and_then(|est| Conn::start(est, opts))
+        }
     }
 }

@@ -702,13 +702,7 @@ impl Conn {
         pools: &pool::RecvPools,
         opened: std::sync::Arc<std::sync::atomic::AtomicBool>,
     ) -> Result<Conn> {
-        let est = establish::tcp::establish(
-            stream,
-            crate::handshake::Role::Server,
-            opts,
-            Some(pools),
-            Some(opened),
-        )?;
+        let est = establish::tcp::accept(stream, opts, Some(pools), Some(opened))?;
         Conn::start_threadless(est, opts)
     }
 

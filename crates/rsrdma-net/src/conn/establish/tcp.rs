@@ -22,26 +22,22 @@ use std::sync::Arc;
 /// to use (a listener with a shared pool asks for 7, without limit); absent: [`RNR_RETRY`].
 const KEY_RNR_RETRY: u16 = 0xC200 + (PARAMS_LEN / 8) as u16;
 
-/// Runs the handshake over a connected stream; a server receives from `pools`' pool if the
-/// listener has one (`None` for a client).
+/// Runs the server's handshake over an accepted stream, receiving from `pools`' pool if the
+/// listener has one.
 ///
-/// A server gives the peer [`ConnOptions::opening_timeout`] to open (hello and proof; without
-/// a secret, hello and its first step after it), then sets `opened` (so its listener never
-/// sheds it).
-pub(crate) fn establish(
+/// It gives the peer [`ConnOptions::opening_timeout`] to open (hello and proof; without a
+/// secret, hello and its endpoint after it), then sets `opened` (so its listener never sheds
+/// it).
+pub(crate) fn accept(
     stream: TcpStream,
-    role: Role,
     opts: &ConnOptions,
     pools: Option<&RecvPools>,
     opened: Option<Arc<AtomicBool>>,
 ) -> Result<Established> {
     let limits = (opts.connect_timeout, opts.opening_timeout);
     let (local_addr, peer_addr) = addrs(&stream)?;
-    let mut ch = Channel::open(stream, role, limits, opts.secret.as_deref(), opened)?;
-    let set_up = match role {
-        Role::Server => serve(&mut ch, opts, pools),
-        Role::Client => prepare(opts, pools, role).and_then(|p| exchange(&mut ch, opts, p)),
-    };
+    let mut ch = Channel::open(stream, Role::Server, limits, opts.secret.as_deref(), opened)?;
+    let set_up = serve(&mut ch, opts, pools);
     finish(ch, set_up, opts, (local_addr, peer_addr))
 }
 
@@ -92,12 +88,11 @@ fn addrs(stream: &TcpStream) -> Result<(std::net::SocketAddr, std::net::SocketAd
 /// Hands the set-up connection its driver, or tells the peer why it failed, so it does not
 /// wait for a step that will never come.
 fn finish(
-    ch: Channel,
+    mut ch: Channel,
     set_up: Result<(Local, Qp, Params)>,
     opts: &ConnOptions,
     addrs: (std::net::SocketAddr, std::net::SocketAddr),
 ) -> Result<Established> {
-    let mut ch = ch;
     let (local, qp, peer) = match set_up {
         Ok(p) => p,
         Err(e @ (NetError::Verbs(_) | NetError::InvalidArgument(_) | NetError::ConnFailed(_))) => {
