@@ -264,9 +264,10 @@ impl Conn {
         }
     }
 
-    /// A `send_buffer` whose wait timed out (`timeout`) takes its message `q` back where it can: withdrawn before it went (`timeout`, `buf` free), asked back from
-    /// the peer and dropped unread (`timeout`, `buf` free), or read by the peer meanwhile
-    /// (`Ok`). Otherwise `timeout`, with `buf` in flight until the message went whole.
+    /// A `send_buffer` whose wait timed out (`timeout`) takes its message `q` back where it
+    /// can: withdrawn before it went (`timeout`, `buf` free), asked back from the peer and
+    /// dropped unread (`timeout`, `buf` free), or read by the peer meanwhile (`Ok`).
+    /// Otherwise `timeout`, with `buf` in flight until the message went whole.
     fn take_back(&self, buf: &Buffer, q: Queued, timeout: NetError) -> Result<()> {
         let Queued { msg, rendezvous } = q;
         let mut first = true;
