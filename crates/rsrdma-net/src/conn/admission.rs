@@ -7,10 +7,11 @@
 //! handshake) is shed: its socket is shut down, which ends its handshake at once. The
 //! victim is the oldest unopened handshake of a source that holds at least
 //! [`ConnOptions::max_handshakes_per_source`] unopened ones (the greediest such source),
-//! else the oldest unopened one of all. Below the bound nothing is shed: a host that opens
-//! many good connections at once (a client's pool) is never turned away for its address. Peers that opened are never shed, so a flood
-//! of silent or garbage sockets cannot push out a good client that has started, and it cannot
-//! hold the listener for longer than [`ConnOptions::opening_timeout`] either.
+//! else the oldest unopened one of all. Below the total nothing is shed: a host that opens
+//! many good connections at once (a client's pool) is never turned away for its address.
+//! Peers that opened are never shed, so a flood of silent or garbage sockets cannot push out
+//! a good client that has started, and it cannot hold the listener for longer than
+//! [`ConnOptions::opening_timeout`] either.
 //!
 //! A handshake that fails is reported through `tracing` and counted
 //! ([`ListenerCounters::failed`]); `accept` only ever hands out good connections.
