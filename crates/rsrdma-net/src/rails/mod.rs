@@ -703,7 +703,7 @@ impl Shared {
             .or_else(|| Self::next_stripe_on(st, buf, |_| true))
     }
 
-    /// [`RailConn::next_stripe`] among the live rails that `usable` allows.
+    /// [`Shared::next_stripe`] among the live rails that `usable` allows.
     fn next_stripe_on(
         st: &mut State,
         buf: &mut Vec<u8>,
