@@ -46,25 +46,14 @@ pub(crate) fn check_device(device: Option<&str>, pd: Option<&Pd>) -> Result<()> 
 
 /// Checks at a listener's bind what every handshake would otherwise find on its own side,
 /// after the peer was accepted: the device exists, `port` is one of its ports, the GID index
-/// (or the default choice) is there, and every `(what, depth)` of `depths` fits a queue of
-/// the device (`max_qp_wr` and `max_cqe`). Without it, a listener whose options cannot work
-/// bound fine and then failed every peer, its `accept` never returning.
+/// (or the default choice) is there, every `(what, depth)` of `depths` fits a queue of the
+/// device (`max_qp_wr` and `max_cqe`), and a shared receive queue `srq` (what, depth) fits
+/// `max_srq_wr`. Without it, a listener whose options cannot work bound fine and then failed
+/// every peer, its `accept` never returning.
 ///
 /// # Errors
 /// [`NetError::InvalidArgument`] naming the option; the device's errors (no such device).
 pub(crate) fn check_fits_device(
-    device: Option<&str>,
-    pd: Option<&Pd>,
-    port: u8,
-    gid_index: Option<u8>,
-    depths: &[(&str, u32)],
-) -> Result<()> {
-    check_fits_device_with_srq(device, pd, port, gid_index, depths, None)
-}
-
-/// [`check_fits_device`], and a shared receive queue of `srq` (name, depth) against the
-/// device's `max_srq_wr`.
-pub(crate) fn check_fits_device_with_srq(
     device: Option<&str>,
     pd: Option<&Pd>,
     port: u8,

@@ -82,6 +82,7 @@ impl RawListener {
                 ("RawOptions::send_depth", opts.send_depth),
                 ("RawOptions::recv_depth", opts.recv_depth),
             ],
+            None,
         )?;
         let tcp = TcpListener::bind(addr).map_err(|e| NetError::io("bind", e))?;
         tcp.set_nonblocking(true)

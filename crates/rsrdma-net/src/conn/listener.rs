@@ -77,13 +77,10 @@ impl Listener {
         opts.check()?;
         // On the TCP path the options pick the device (on rdma_cm's, the address does).
         if opts.establish == Establish::Tcp {
-            // A connection's CQ takes its receives (the pool's, with one) and its sends.
-            let recv = opts
-                .shared_recv
-                .as_ref()
-                .map_or(u32::from(opts.recv_slots), |s| s.pool_slots);
-            let cqe = recv.saturating_add(u32::from(opts.sq_depth) + 1);
-            crate::domain::check_fits_device_with_srq(
+            // A connection's CQ holds its receive slots and sends (a pooled one takes more, up
+            // to what the device allows: `Local::new`); a pool is one SRQ.
+            let cqe = establish::cq_entries(u32::from(opts.recv_slots), opts.sq_depth);
+            crate::domain::check_fits_device(
                 opts.device.as_deref(),
                 opts.pd.as_ref(),
                 opts.port,

@@ -294,8 +294,17 @@ impl Local {
 /// connection must still hear the peer's PING without burning a core).
 fn make_cq(ctx: &Context, config: &Config, recv_entries: u32) -> Result<Cq> {
     let channel = CompChannel::new(ctx)?;
-    let entries = recv_entries + u32::from(config.sq_depth) + 1;
-    Ok(Cq::new(ctx, entries, Some(&channel))?)
+    Ok(Cq::new(
+        ctx,
+        cq_entries(recv_entries, config.sq_depth),
+        Some(&channel),
+    )?)
+}
+
+/// The entries of a connection's CQ for `recv` receive completions: those, its send queue's
+/// and one.
+pub(crate) fn cq_entries(recv: u32, sq_depth: u16) -> u32 {
+    recv.saturating_add(u32::from(sq_depth) + 1)
 }
 
 /// Decodes the peer's announcement from the first [`PARAMS_LEN`] bytes (rdma_cm pads
