@@ -233,13 +233,11 @@ impl RcQp {
         if self.state == QpState::Error || self.cfg.unreliable {
             return;
         }
-        match self.sq.pop_front() {
-            Some(p) => {
-                self.complete_send(&p.wr, Status::RetryExcErr, 0);
-                self.to_error();
-            }
+        if self.sq.is_empty() {
             // Nothing waits for the peer: the next request finds it gone.
-            None => self.link_lost = true,
+            self.link_lost = true;
+        } else {
+            self.fail_head(Status::RetryExcErr);
         }
     }
 
@@ -733,7 +731,7 @@ impl RcQp {
                 // answered first, on the ordered pipe: an ACK past one is no answer of it).
                 while self.sq.front().is_some_and(|h| not_after(h.psn, p.psn)) {
                     if self.sq.front().is_some_and(|h| h.wr.wants_response()) {
-                        self.fail_bad_answer();
+                        self.fail_head(Status::FatalErr);
                         return;
                     }
                     if let Some(h) = self.sq.pop_front() {
@@ -758,7 +756,7 @@ impl RcQp {
                     _ => false,
                 };
                 if !fits {
-                    self.fail_bad_answer();
+                    self.fail_head(Status::FatalErr);
                     return;
                 }
                 // The destination is checked again as the answer lands, as rxe looks its key
@@ -771,10 +769,7 @@ impl RcQp {
                     .iter()
                     .all(|s| mrs.check_local(pd, s, true).is_ok())
                 {
-                    if let Some(h) = self.sq.pop_front() {
-                        self.complete_send(&h.wr, Status::LocProtErr, 0);
-                    }
-                    self.to_error();
+                    self.fail_head(Status::LocProtErr);
                     return;
                 }
                 let Some(h) = self.sq.pop_front() else {
@@ -799,10 +794,7 @@ impl RcQp {
                     return;
                 }
                 if self.rnr_left == 0 {
-                    if let Some(h) = self.sq.pop_front() {
-                        self.complete_send(&h.wr, Status::RnrRetryExcErr, 0);
-                    }
-                    self.to_error();
+                    self.fail_head(Status::RnrRetryExcErr);
                     return;
                 }
                 // 7 means for ever (rxe never counts it down either).
@@ -823,20 +815,16 @@ impl RcQp {
                     Nak::RemoteAccess => Status::RemAccessErr,
                     _ => Status::RemOpErr,
                 };
-                if let Some(h) = self.sq.pop_front() {
-                    self.complete_send(&h.wr, status, 0);
-                }
-                self.to_error();
+                self.fail_head(status);
             }
             _ => {}
         }
     }
 
-    /// The peer's answer does not fit the oldest request: it fails (`FATAL_ERR`) and the
-    /// QP goes to ERROR; nothing of the answer lands.
-    fn fail_bad_answer(&mut self) {
+    /// The oldest request fails with `status`, and the QP with it (what follows is flushed).
+    fn fail_head(&mut self, status: Status) {
         if let Some(h) = self.sq.pop_front() {
-            self.complete_send(&h.wr, Status::FatalErr, 0);
+            self.complete_send(&h.wr, status, 0);
         }
         self.to_error();
     }

@@ -129,14 +129,7 @@ impl AsyncConn {
     /// As [`Conn::send_buffer`](crate::Conn::send_buffer), less the timeout.
     pub async fn send_buffer(&self, buf: &Buffer, len: usize) -> Result<()> {
         let queued = start_send_buffer(&self.d, buf, len).await?;
-        let idle = OpFuture::new(
-            &self.d,
-            BufferIdle {
-                name: "send_buffer",
-                buf,
-            },
-        );
-        match (idle.await, queued) {
+        match (buffer_idle(&self.d, "send_buffer", buf).await, queued) {
             // A close detached the driver: the message may have been done with just before.
             (Err(e @ NetError::Closed { .. }), Some(msg)) => self.d.conn().closed_under(msg, e),
             (r, _) => r,
@@ -163,14 +156,7 @@ impl AsyncConn {
     /// # Errors
     /// As [`Conn::wait_buffer`](crate::Conn::wait_buffer), less the timeout.
     pub async fn wait_buffer(&self, buf: &Buffer) -> Result<()> {
-        OpFuture::new(
-            &self.d,
-            BufferIdle {
-                name: "wait_buffer",
-                buf,
-            },
-        )
-        .await
+        buffer_idle(&self.d, "wait_buffer", buf).await
     }
 
     /// Receives the next message into `buf`: `Ok(Some(len))`, or `Ok(None)` at the end of
@@ -270,6 +256,11 @@ pub(super) async fn start_send_buffer(d: &Driven, buf: &Buffer, len: usize) -> R
     }
 }
 
+/// The wait (for call `name`) until `buf` is no longer in flight.
+async fn buffer_idle(d: &Driven, name: &'static str, buf: &Buffer) -> Result<()> {
+    OpFuture::new(d, BufferIdle { name, buf }).await
+}
+
 pub(super) async fn recv_buffer(d: &Driven, buf: &mut Buffer) -> Result<Option<usize>> {
     const OP: &str = "recv_buffer";
     // As the blocking face: a buffer of another protection domain is refused here, before a
@@ -277,7 +268,7 @@ pub(super) async fn recv_buffer(d: &Driven, buf: &mut Buffer) -> Result<Option<u
     buf.check_for(OP, &d.conn().pd(OP)?, 0)?;
     loop {
         // A READ of an earlier, dropped call may still be landing in the buffer: wait for it.
-        OpFuture::new(d, BufferIdle { name: OP, buf }).await?;
+        buffer_idle(d, OP, buf).await?;
         let step = OpFuture::new(d, RecvInto::new(OP, buf.as_mut_slice()?)).await?;
         let len = match step {
             RecvStep::Got(n) => return Ok(n),

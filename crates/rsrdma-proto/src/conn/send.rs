@@ -1,6 +1,6 @@
 //! The send side: accepting messages, building frames, control frames and close.
 
-use super::{Conn, FinState, Rts};
+use super::{Conn, Control, FinState, Rts};
 use crate::error::ProtoError;
 use crate::error::ProtoError as E;
 use crate::frame::{FrameType, Header, FLAG_FIRST, FLAG_LAST, HEADER_LEN, RTS_PAYLOAD_LEN};
@@ -8,6 +8,7 @@ use crate::memory::SlotMemory;
 use crate::params::CONTROL_RESERVE;
 use crate::step::Step;
 use crate::work::{LentPayload, Work, WrId};
+use std::collections::VecDeque;
 
 /// `send_inline_now` scans the queue for a send it must not overtake; past this many queued
 /// reposts it leaves the message to the queued way rather than scan on.
@@ -487,24 +488,9 @@ impl<M: SlotMemory> Conn<M> {
                 self.ctl.pong = None;
             }
         }
-        while let Some(&id) = self.ctl.done.front() {
-            if self.try_control(FrameType::Done, id, 0).is_none() {
-                break;
-            }
-            self.ctl.done.pop_front();
-        }
-        while let Some(&id) = self.ctl.withdrawn.front() {
-            if self.try_control(FrameType::Withdrawn, id, 0).is_none() {
-                break;
-            }
-            self.ctl.withdrawn.pop_front();
-        }
-        while let Some(&id) = self.ctl.withdraw.front() {
-            if self.try_control(FrameType::Withdraw, id, 0).is_none() {
-                break;
-            }
-            self.ctl.withdraw.pop_front();
-        }
+        self.send_ids(FrameType::Done, |c| &mut c.done);
+        self.send_ids(FrameType::Withdrawn, |c| &mut c.withdrawn);
+        self.send_ids(FrameType::Withdraw, |c| &mut c.withdraw);
         // No credit needed: an invalidation is local. Signalled, so the release it gates
         // never waits for later traffic.
         while let Some(&(msg, rkey)) = self.ctl.invalidate.front() {
@@ -561,6 +547,17 @@ impl<M: SlotMemory> Conn<M> {
 
     fn control_needs_slot(&self) -> bool {
         HEADER_LEN > self.lim.inline_size
+    }
+
+    /// Sends a control frame of `kind` for each message id `queue` holds, oldest first, while
+    /// credit and room allow.
+    fn send_ids(&mut self, kind: FrameType, queue: fn(&mut Control) -> &mut VecDeque<u16>) {
+        while let Some(&id) = queue(&mut self.ctl).front() {
+            if self.try_control(kind, id, 0).is_none() {
+                break;
+            }
+            queue(&mut self.ctl).pop_front();
+        }
     }
 
     fn try_control(&mut self, kind: FrameType, msg_id: u16, aux: u32) -> Option<WrId> {
