@@ -67,7 +67,9 @@ pub struct RawOptions {
     /// send a hello) before it is dropped. Default 3 s.
     pub opening_timeout: Duration,
     /// Listener only: handshakes running at once (plus connections not yet accepted); a new
-    /// peer past it sheds the oldest handshake that has not opened. Default 64.
+    /// peer past it sheds the oldest handshake that has not opened, else (without a secret,
+    /// when a well-formed endpoint proves nothing) one that has kept the listener waiting for
+    /// its next step longer than a quarter of [`RawOptions::opening_timeout`]. Default 64.
     pub max_handshakes: usize,
     /// Listener only: handshakes from one address that have not opened yet (peers that
     /// opened count only against [`RawOptions::max_handshakes`]). Default 16.

@@ -20,7 +20,7 @@
 
 use crate::conn::{take_tcp_peer, AcceptQueue, Admission, ListenerCounters};
 use crate::error::{NetError, Result};
-use crate::handshake::{Channel, Endpoint, Regions, Role, Settled};
+use crate::handshake::{Channel, Endpoint, Regions, Role, Settled, Standing};
 use crate::options::{Completion, RawOptions};
 use crate::pipeline::{probe_enabled, Pipeline, RunStats};
 use rsrdma::{
@@ -29,7 +29,6 @@ use rsrdma::{
 };
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,7 +41,8 @@ const STALL_LIMIT: Duration = Duration::from_secs(5);
 /// As [`crate::Listener`]: handshakes run concurrently, each on a thread of its own, bounded
 /// in all and per source ([`RawOptions::max_handshakes`],
 /// [`RawOptions::max_handshakes_per_source`]); a new peer past a bound sheds the oldest
-/// handshake that has not opened yet; a peer has [`RawOptions::opening_timeout`] to send its
+/// handshake that has not opened yet (else, without a secret, one stalled after opening);
+/// a peer has [`RawOptions::opening_timeout`] to send its
 /// hello and proof (without a secret, its hello and its endpoint). A peer that fails is
 /// logged and counted ([`RawListener::counters`]), never returned, so one silent or garbage
 /// socket delays no good client. Handshakes start only from `accept`, and a connection grants
@@ -90,6 +90,7 @@ impl RawListener {
         let hs = AcceptQueue::new(Admission::with_limits(
             opts.max_handshakes,
             opts.max_handshakes_per_source,
+            opts.opening_timeout,
         ))?;
         Ok(RawListener { tcp, opts, hs })
     }
@@ -183,7 +184,7 @@ impl RawListener {
         std::thread::Builder::new()
             .name("rsrdma-raw-handshake".into())
             .spawn(move || {
-                let r = RawConn::establish(stream, Role::Server, &opts, Some(ticket.opened()));
+                let r = RawConn::establish(stream, Role::Server, &opts, Some(ticket.standing()));
                 hs.finish(ticket, r);
             })
             .map(drop)
@@ -266,11 +267,11 @@ impl RawConn {
         stream: TcpStream,
         role: Role,
         opts: &RawOptions,
-        opened: Option<Arc<AtomicBool>>,
+        standing: Option<Arc<Standing>>,
     ) -> Result<RawConn> {
         // Authenticate before creating anything or sending any queue-pair detail.
         let limits = (opts.timeout, opts.opening_timeout);
-        let mut ctrl = Channel::open(stream, role, limits, opts.secret.as_deref(), opened)?;
+        let mut ctrl = Channel::open(stream, role, limits, opts.secret.as_deref(), standing)?;
         let p = match Self::setup(&mut ctrl, opts, role) {
             Ok(p) => p,
             // Tell the peer why, so it does not wait for an endpoint that will never come.

@@ -1162,6 +1162,45 @@ fn one_async_accept_loop_serves_a_good_client_through_a_flood() {
     });
 }
 
+/// As the blocking listener: eight peers without a secret that send a real endpoint and then
+/// stall fill an async listener of eight places; a good client gets in once one of them has
+/// stalled past its grace (a quarter of the opening timeout). The full accept loop wakes for
+/// that moment by itself (before: it waited for a handshake to end, at the 10 s timeout).
+#[test]
+fn an_async_listener_sheds_a_peer_that_stalls_after_its_endpoint() {
+    run(async {
+        let l = Arc::new(listen(opts(Establish::Tcp).max_handshakes(8)));
+        let addr = l.local_addr();
+        let accepted = {
+            let l = l.clone();
+            tokio::spawn(async move { l.accept().await })
+        };
+        let stalled = tokio::task::spawn_blocking(move || support::endpoint_then_stall(addr, 8))
+            .await
+            .unwrap();
+        let t0 = Instant::now();
+        let c = AsyncConn::dial(addr, opts(Establish::Tcp)).await.unwrap();
+        let s = accepted.await.unwrap().unwrap();
+        let took = t0.elapsed();
+        eprintln!(
+            "async: good client behind 8 stalled peers in {took:?}; {:?}",
+            l.counters()
+        );
+        assert!(
+            took < Duration::from_secs(3),
+            "the good client waited {took:?}"
+        );
+        c.send_msg(b"past the stalled peers").await.unwrap();
+        assert_eq!(
+            s.recv_msg().await.unwrap().unwrap(),
+            b"past the stalled peers"
+        );
+        drop(stalled);
+        c.close().await.unwrap();
+        s.close().await.unwrap();
+    });
+}
+
 /// Options whose connections declare a silent peer dead within a second.
 fn quick(path: Establish) -> ConnOptions {
     let mut o = opts(path);

@@ -605,6 +605,38 @@ fn peers_that_send_a_hello_and_then_nothing_do_not_hold_a_conn_listener() {
     drop(silent);
 }
 
+/// Without a secret, a well-formed endpoint proves nothing: eight peers that send a hello and
+/// a real endpoint and then never meet the closing barrier fill a listener of eight places.
+/// A good client still gets in within about a quarter of the opening timeout (one of them,
+/// stalled past its grace, is shed), not after the handshake's timeout (10 s: before, an
+/// opened peer was never shed, and the good client's own dial timed out).
+#[test]
+fn peers_that_stall_after_their_endpoint_do_not_hold_a_conn_listener() {
+    let l = Arc::new(listen(opts(Establish::Tcp).max_handshakes(8)));
+    let addr = l.local_addr();
+    let server = {
+        let l = l.clone();
+        thread::spawn(move || l.accept().map_err(|e| e.to_string()))
+    };
+    let stalled = support::endpoint_then_stall(addr, 8);
+    let t0 = Instant::now();
+    let c = Conn::dial(addr, opts(Establish::Tcp)).unwrap();
+    let s = server.join().unwrap().unwrap();
+    let took = t0.elapsed();
+    eprintln!(
+        "good client behind 8 stalled peers in {took:?}; {:?}",
+        l.counters()
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "the good client waited {took:?}"
+    );
+    assert!(l.counters().shed >= 1, "{:?}", l.counters());
+    c.send_msg(b"past the stalled peers").unwrap();
+    assert_eq!(s.recv_msg().unwrap().unwrap(), b"past the stalled peers");
+    drop(stalled);
+}
+
 /// A plain rdma_cm client up to (not including) `connect`: its id with a route to `addr`,
 /// and an RC QP on it (with the Pd and CQ it needs kept alive).
 struct CmClient {

@@ -26,6 +26,7 @@ use std::os::fd::AsRawFd;
 use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Poll;
+use std::time::Instant;
 use tokio::sync::mpsc;
 
 /// Pending connect requests the kernel queues.
@@ -56,8 +57,17 @@ pub struct AsyncListener {
     /// Where establishments on the blocking pool report; one `accept` at a time takes them
     /// (the lock is held across its waits, so concurrent callers queue instead of losing
     /// wake-ups).
-    finished: tokio::sync::Mutex<mpsc::UnboundedReceiver<Finished>>,
+    finished: tokio::sync::Mutex<Accepting>,
     report: mpsc::UnboundedSender<Finished>,
+}
+
+/// What `accept` callers take turns on.
+#[derive(Debug)]
+struct Accepting {
+    finished: mpsc::UnboundedReceiver<Finished>,
+    /// A peer taken off the socket while every place was held by opened handshakes: it
+    /// waits here for a place (one ending, or one stalling past its grace), not dropped.
+    parked: Option<Incoming>,
 }
 
 /// An establishment's outcome, with its place in the admission table.
@@ -111,7 +121,10 @@ impl AsyncListener {
             opts,
             local,
             recv,
-            finished: tokio::sync::Mutex::new(finished),
+            finished: tokio::sync::Mutex::new(Accepting {
+                finished,
+                parked: None,
+            }),
             report,
         })
     }
@@ -143,16 +156,30 @@ impl AsyncListener {
     /// # Errors
     /// The listener's own errors only (the socket, the rdma_cm id); never a peer's.
     pub async fn accept(&self) -> Result<AsyncConn> {
-        let mut finished = self.finished.lock().await;
+        let mut accepting = self.finished.lock().await;
         loop {
-            let room = self.admission.has_room(0);
+            if let Some(peer) = accepting.parked.take() {
+                accepting.parked = self.start(peer);
+            }
+            let room = accepting.parked.is_none() && self.admission.has_room(0);
             let next = {
-                let done = pin!(finished.recv());
+                let done = pin!(accepting.finished.recv());
                 let peer = pin!(async {
                     match room {
-                        true => self.next_peer().await,
-                        // Full of opened handshakes: wait for one to finish.
-                        false => std::future::pending().await,
+                        true => Some(self.next_peer().await),
+                        // Full of opened handshakes: wait for one to finish, or to stall
+                        // past its grace (it may then be shed; look again). A blocking-pool
+                        // thread sleeps, as the runtime may have no timer.
+                        false => match self.admission.next_stall() {
+                            Some(at) => {
+                                let pause = at.saturating_duration_since(Instant::now());
+                                let _ =
+                                    tokio::task::spawn_blocking(move || std::thread::sleep(pause))
+                                        .await;
+                                None
+                            }
+                            None => std::future::pending().await,
+                        },
                     }
                 });
                 first(done, peer).await
@@ -167,7 +194,8 @@ impl AsyncListener {
                 }
                 // The sender lives in `self`.
                 Either::Left(None) => unreachable!("the listener holds a sender"),
-                Either::Right(peer) => self.start(peer?),
+                Either::Right(Some(peer)) => accepting.parked = self.start(peer?),
+                Either::Right(None) => {}
             }
         }
     }
@@ -213,10 +241,11 @@ impl AsyncListener {
         }
     }
 
-    /// Starts `peer`'s establishment on the blocking pool, when admission gives it a place.
-    fn start(&self, peer: Incoming) {
-        let Some(ticket) = self.admission.start_incoming(&peer, 0) else {
-            return;
+    /// Starts `peer`'s establishment on the blocking pool, when admission gives it a place;
+    /// else hands it back, to wait for one.
+    fn start(&self, peer: Incoming) -> Option<Incoming> {
+        let Some(ticket) = self.admission.place_for(&peer, 0) else {
+            return Some(peer);
         };
         let (opts, pools, report) = (self.opts.clone(), self.recv.clone(), self.report.clone());
         let runtime = tokio::runtime::Handle::current();
@@ -227,7 +256,7 @@ impl AsyncListener {
                 // Its ticket says it opened from the start (`Admission::start_incoming`).
                 Incoming::Cm(req) => Conn::accept_cm_threadless(req, &opts, &pools),
                 Incoming::Tcp(stream, _) => {
-                    Conn::accept_tcp_threadless(stream, &opts, &pools, ticket.opened())
+                    Conn::accept_tcp_threadless(stream, &opts, &pools, ticket.standing())
                 }
             };
             // Started at once, not when an `accept` takes it: a connection waiting for its
@@ -240,6 +269,7 @@ impl AsyncListener {
             });
             let _ = report.send(Finished { ticket, result });
         }));
+        None
     }
 }
 

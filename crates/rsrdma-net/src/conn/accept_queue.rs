@@ -233,6 +233,12 @@ impl<T> AcceptQueue<T> {
             if starved {
                 left = left.min(STARVED_PAUSE);
             }
+            // Full: a handshake that stalls past its grace may make room.
+            if !room {
+                if let Some(at) = self.admission.next_stall() {
+                    left = left.min(at.saturating_duration_since(Instant::now()));
+                }
+            }
             let listen = (room && !starved).then_some(listen_fd);
             wait_readable([listen, Some(self.done.raw())], Some(left))
                 .map_err(|e| NetError::io("poll", e))?;

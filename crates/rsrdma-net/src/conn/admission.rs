@@ -9,18 +9,32 @@
 //! [`ConnOptions::max_handshakes_per_source`] unopened ones (the greediest such source),
 //! else the oldest unopened one of all. Below the total nothing is shed: a host that opens
 //! many good connections at once (a client's pool) is never turned away for its address.
-//! Peers that opened are never shed, so a flood of silent or garbage sockets cannot push out
-//! a good client that has started, and it cannot hold the listener for longer than
-//! [`ConnOptions::opening_timeout`] either.
+//! Peers that opened are not shed for unopened ones, so a flood of silent or garbage sockets
+//! cannot push out a good client that has started, and it cannot hold the listener for
+//! longer than [`ConnOptions::opening_timeout`] either.
+//!
+//! A peer that proved the secret is never shed. Without a secret, though, a well-formed
+//! endpoint proves nothing: anyone can send one and then stop, holding a place, a queue pair
+//! and memory until the handshake's timeout. So when no unopened handshake is left to shed,
+//! an unproven one that has kept the server waiting for its next step longer than
+//! [`STALL_GRACE_DIVISOR`]'s share of the opening timeout goes (the one stalled longest). A
+//! real peer answers within a round trip and its queue pair's bring-up, so a burst of good
+//! clients is not shed for one another; the accept loops wake when a stall's grace ends.
 //!
 //! A handshake that fails is reported through `tracing` and counted
 //! ([`ListenerCounters::failed`]); `accept` only ever hands out good connections.
 
 use super::options::ConnOptions;
 use crate::error::{NetError, Result};
+use crate::handshake::Standing;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// An unproven peer (no secret) that keeps the server waiting longer than the opening
+/// timeout divided by this may be shed for a new peer when the listener is full.
+pub(crate) const STALL_GRACE_DIVISOR: u32 = 4;
 
 /// What a listener has done with its peers so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -36,6 +50,7 @@ pub struct ListenerCounters {
 }
 
 /// A peer taken off a listener's queue (either path), before its handshake.
+#[derive(Debug)]
 pub(crate) enum Incoming {
     /// An rdma_cm connect request.
     Cm(rsrdma::cm::ConnectRequest),
@@ -49,6 +64,8 @@ pub(crate) struct Admission {
     table: Mutex<Table>,
     max: usize,
     per_source: usize,
+    /// How long an opened, unproven peer may keep the server waiting before it may be shed.
+    stall_grace: Duration,
     accepted: AtomicU64,
     failed: AtomicU64,
     shed: AtomicU64,
@@ -67,7 +84,7 @@ struct Entry {
     source: Option<IpAddr>,
     /// A second handle on a TCP peer's socket, to shut it down when it is shed.
     socket: Option<TcpStream>,
-    opened: Arc<AtomicBool>,
+    standing: Arc<Standing>,
     shed: Arc<AtomicBool>,
 }
 
@@ -77,16 +94,15 @@ pub(crate) struct Ticket {
     id: u64,
     peer: Option<SocketAddr>,
     admission: Arc<Admission>,
-    opened: Arc<AtomicBool>,
+    standing: Arc<Standing>,
     shed: Arc<AtomicBool>,
 }
 
 impl Ticket {
-    /// Set by the handshake once the peer has opened (with a secret, its proof checked;
-    /// without one, its first message after the hello arrived): from then on it is never
-    /// shed.
-    pub(crate) fn opened(&self) -> Arc<AtomicBool> {
-        self.opened.clone()
+    /// Moved on by the handshake (see [`Standing`]): once the peer has opened, it is shed
+    /// only if unproven and stalled.
+    pub(crate) fn standing(&self) -> Arc<Standing> {
+        self.standing.clone()
     }
 }
 
@@ -98,15 +114,21 @@ impl Drop for Ticket {
 
 impl Admission {
     pub(crate) fn new(opts: &ConnOptions) -> Arc<Admission> {
-        Admission::with_limits(opts.max_handshakes, opts.max_handshakes_per_source)
+        Admission::with_limits(
+            opts.max_handshakes,
+            opts.max_handshakes_per_source,
+            opts.opening_timeout,
+        )
     }
 
-    /// An admission table of at most `max` handshakes, `per_source` from one address.
-    pub(crate) fn with_limits(max: usize, per_source: usize) -> Arc<Admission> {
+    /// An admission table of at most `max` handshakes, `per_source` from one address, whose
+    /// peers have `opening` to open.
+    pub(crate) fn with_limits(max: usize, per_source: usize, opening: Duration) -> Arc<Admission> {
         Arc::new(Admission {
             table: Mutex::new(Table::default()),
             max: max.max(1),
             per_source: per_source.max(1),
+            stall_grace: opening / STALL_GRACE_DIVISOR,
             accepted: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             shed: AtomicU64::new(0),
@@ -121,19 +143,37 @@ impl Admission {
     /// accepted counting against the bound: there is room, or a handshake to shed.
     pub(crate) fn has_room(&self, waiting: usize) -> bool {
         let t = self.lock();
-        t.running.len() + waiting < self.max || t.running.iter().any(|e| e.can_shed())
+        let now = Instant::now();
+        t.running.len() + waiting < self.max
+            || t.running
+                .iter()
+                .any(|e| e.unopened() || e.stalled(now, self.stall_grace))
+    }
+
+    /// When an opened, unproven handshake will have stalled past its grace (and so could be
+    /// shed), if one is waiting for its peer: a full listener's accept loop wakes then.
+    pub(crate) fn next_stall(&self) -> Option<Instant> {
+        let t = self.lock();
+        t.running
+            .iter()
+            .filter_map(|e| e.standing.stalls_at(self.stall_grace))
+            .min()
     }
 
     /// A place for `peer`'s handshake, shedding the oldest unopened handshake (of the same
     /// source first) when a bound is reached; `None` when every running handshake has
-    /// opened and there is no room (the caller drops the peer, which is counted as shed).
+    /// opened and there is no room (counted as shed: the caller drops the peer).
     pub(crate) fn start(
         self: &Arc<Self>,
         peer: Option<SocketAddr>,
         socket: Option<&TcpStream>,
         waiting: usize,
     ) -> Option<Ticket> {
-        self.start_entry(peer, socket, waiting, false)
+        let t = self.start_entry(peer, socket, waiting, false);
+        if t.is_none() {
+            self.count_shed(peer, "no room: every running handshake has opened");
+        }
+        t
     }
 
     /// [`Admission::start`], for a peer that opened already (`opened`) or not yet.
@@ -150,56 +190,66 @@ impl Admission {
             if t.running.len() + waiting < self.max {
                 break;
             }
-            // Full: the greediest source past its bound of unopened handshakes (what silent
-            // or garbage sockets hold) loses its oldest one, else the oldest unopened one
-            // goes. Peers that opened (a valid hello, a proven secret, an rdma_cm request)
-            // are never shed.
-            let greedy = t
-                .running
-                .iter()
-                .filter(|e| e.can_shed())
-                .map(|e| {
-                    let n = t
-                        .running
-                        .iter()
-                        .filter(|o| o.source == e.source && o.can_shed())
-                        .count();
-                    (n, e.source)
-                })
-                .filter(|&(n, _)| n >= self.per_source)
-                .max_by_key(|&(n, _)| n)
-                .map(|(_, s)| s);
-            let victim = match greedy {
-                Some(s) => t.running.iter().position(|e| e.source == s && e.can_shed()),
-                None => t.running.iter().position(Entry::can_shed),
-            };
-            let Some(i) = victim else {
-                drop(t);
-                self.count_shed(peer, "no room: every running handshake has opened");
-                return None;
-            };
+            let i = self.victim(&t.running)?;
             let old = t.running.remove(i);
             old.shed();
             self.shed.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(source = ?old.source, "listener shed the oldest unopened handshake");
+            tracing::debug!(source = ?old.source, opened = old.standing.opened(), "listener shed a handshake");
         }
         let id = t.next_id;
         t.next_id += 1;
-        let opened = Arc::new(AtomicBool::new(opened));
+        let standing = Arc::new(match opened {
+            true => Standing::proven(),
+            false => Standing::default(),
+        });
         let shed = Arc::new(AtomicBool::new(false));
         t.running.push(Entry {
             id,
             source,
             socket: socket.and_then(|s| s.try_clone().ok()),
-            opened: opened.clone(),
+            standing: standing.clone(),
             shed: shed.clone(),
         });
         Some(Ticket {
             id,
             peer,
             admission: self.clone(),
-            opened,
+            standing,
             shed,
+        })
+    }
+
+    /// Which running handshake a full table sheds, if any: the greediest source past its
+    /// bound of unopened handshakes (what silent or garbage sockets hold) loses its oldest
+    /// one, else the oldest unopened one goes, else the unproven one stalled longest past
+    /// its grace. Peers that proved a secret, and rdma_cm requests, are never shed.
+    fn victim(&self, running: &[Entry]) -> Option<usize> {
+        let greedy = running
+            .iter()
+            .filter(|e| e.unopened())
+            .map(|e| {
+                let n = running
+                    .iter()
+                    .filter(|o| o.source == e.source && o.unopened())
+                    .count();
+                (n, e.source)
+            })
+            .filter(|&(n, _)| n >= self.per_source)
+            .max_by_key(|&(n, _)| n)
+            .map(|(_, s)| s);
+        let unopened = match greedy {
+            Some(s) => running.iter().position(|e| e.source == s && e.unopened()),
+            None => running.iter().position(Entry::unopened),
+        };
+        let now = Instant::now();
+        unopened.or_else(|| {
+            running
+                .iter()
+                .enumerate()
+                .filter_map(|(i, e)| Some((e.standing.stalls_at(self.stall_grace)?, i)))
+                .filter(|&(at, _)| at <= now)
+                .min()
+                .map(|(_, i)| i)
         })
     }
 
@@ -213,18 +263,34 @@ impl Admission {
     }
 
     /// [`Admission::start`] for an incoming peer: its source, and its socket to shut down if
-    /// it is shed (an rdma_cm request has none).
+    /// it is shed (an rdma_cm request has none). A peer refused for want of room is counted
+    /// as shed (the caller drops it).
     pub(crate) fn start_incoming(
         self: &Arc<Self>,
         peer: &Incoming,
         waiting: usize,
     ) -> Option<Ticket> {
+        let t = self.place_for(peer, waiting);
+        if t.is_none() {
+            let addr = match peer {
+                Incoming::Cm(req) => req.id.peer_addr(),
+                Incoming::Tcp(_, addr) => Some(*addr),
+            };
+            self.count_shed(addr, "no room: every running handshake has opened");
+        }
+        t
+    }
+
+    /// [`Admission::start_incoming`], except that a refused peer is not counted: the caller
+    /// keeps it until there is room.
+    pub(crate) fn place_for(self: &Arc<Self>, peer: &Incoming, waiting: usize) -> Option<Ticket> {
         match peer {
-            // The connect request carried the peer's announcement: it opened, from the start.
+            // The connect request carried the peer's announcement: it opened, from the start
+            // (and it has no socket that shedding could shut down).
             // (Marked later, on the handshake's thread, it could be shed meanwhile: shedding
             // stops nothing of an rdma_cm handshake, which then went past the bounds.)
             Incoming::Cm(req) => self.start_entry(req.id.peer_addr(), None, waiting, true),
-            Incoming::Tcp(s, addr) => self.start(Some(*addr), Some(s), waiting),
+            Incoming::Tcp(s, addr) => self.start_entry(Some(*addr), Some(s), waiting, false),
         }
     }
 
@@ -275,8 +341,12 @@ impl Admission {
 }
 
 impl Entry {
-    fn can_shed(&self) -> bool {
-        !self.opened.load(Ordering::Acquire)
+    fn unopened(&self) -> bool {
+        !self.standing.opened()
+    }
+
+    fn stalled(&self, now: Instant, grace: Duration) -> bool {
+        self.standing.stalls_at(grace).is_some_and(|at| at <= now)
     }
 
     /// Marks the handshake shed (its failure is then no one's news) and shuts its socket
@@ -305,7 +375,7 @@ mod tests {
             .max_handshakes_per_source(2);
         let a = Admission::new(&opts);
         let t1 = a.start(addr([10, 0, 0, 1], 1), None, 0).unwrap();
-        t1.opened().store(true, Ordering::Release);
+        t1.standing().open(true);
         let t2 = a.start(addr([10, 0, 0, 1], 2), None, 0).unwrap();
         let t3 = a.start(addr([10, 0, 0, 1], 3), None, 0).unwrap();
         // Below the total, a source may have more unopened ones than its bound: nobody goes.
@@ -324,7 +394,7 @@ mod tests {
         // Everything running has opened and the total is reached: no room, the peer is
         // refused.
         for t in [&t4, &t5, &t6] {
-            t.opened().store(true, Ordering::Release);
+            t.standing().open(true);
         }
         assert!(!a.has_room(0));
         assert!(a.start(addr([10, 0, 0, 4], 7), None, 0).is_none());
@@ -344,7 +414,7 @@ mod tests {
         let held: Vec<_> = (0..8)
             .map(|i| {
                 let t = a.start(addr([10, 0, 0, 1], i), None, 0).unwrap();
-                t.opened().store(true, Ordering::Release);
+                t.standing().open(true);
                 t
             })
             .collect();
@@ -355,7 +425,7 @@ mod tests {
 
     #[test]
     fn a_peer_that_opened_from_the_start_is_never_shed() {
-        let a = Admission::with_limits(2, 16);
+        let a = Admission::with_limits(2, 16, Duration::from_secs(3));
         let peer: SocketAddr = "10.0.0.1:1".parse().unwrap();
         let _cm = a.start_entry(Some(peer), None, 0, true).unwrap();
         let _tcp = a.start(Some(peer), None, 0).unwrap();
@@ -364,6 +434,51 @@ mod tests {
         assert!(!_cm.shed.load(Ordering::Acquire));
         assert!(_tcp.shed.load(Ordering::Acquire));
         assert_eq!(a.counters().shed, 1);
+    }
+
+    /// Without a secret, an opened peer is shed only after the unopened ones, and only while
+    /// it has kept the server waiting past its grace (the one stalled longest first); one that
+    /// proved a secret never is.
+    #[test]
+    fn an_unproven_peer_is_shed_only_when_it_stalls_past_its_grace() {
+        let grace = Duration::from_secs(3) / STALL_GRACE_DIVISOR;
+        let a = Admission::with_limits(4, 16, Duration::from_secs(3));
+        let peer = addr([10, 0, 0, 1], 1);
+        let proven = a.start(peer, None, 0).unwrap();
+        proven.standing().open(true);
+        let (older, newer) = (
+            a.start(peer, None, 0).unwrap(),
+            a.start(peer, None, 0).unwrap(),
+        );
+        let unopened = a.start(peer, None, 0).unwrap();
+        for t in [&older, &newer] {
+            t.standing().open(false);
+        }
+        let now = Instant::now();
+        // Waiting, within the grace: no room, and a wake-up when the first grace ends.
+        older.standing().set_waiting(Some(now - grace / 2));
+        newer.standing().set_waiting(Some(now - grace / 4));
+        proven.standing().set_waiting(Some(now - grace * 10));
+        assert_eq!(a.next_stall(), Some(now - grace / 2 + grace));
+        // The unopened one goes first.
+        let _t5 = a.start(peer, None, 0).unwrap();
+        assert!(unopened.shed.load(Ordering::Acquire));
+        _t5.standing().open(true);
+        assert!(!a.has_room(0));
+        assert!(a.start(peer, None, 0).is_none(), "nobody stalled yet");
+        // Both past the grace: the one stalled longest goes (newer started waiting first).
+        newer.standing().set_waiting(Some(now - grace * 3));
+        older.standing().set_waiting(Some(now - grace * 2));
+        assert!(a.has_room(0));
+        let _t6 = a.start(peer, None, 0).unwrap();
+        assert!(newer.shed.load(Ordering::Acquire));
+        assert!(!older.shed.load(Ordering::Acquire));
+        // The peer's step came: it is no longer stalled.
+        older.standing().set_waiting(None);
+        _t6.standing().open(true);
+        assert!(a.start(peer, None, 0).is_none());
+        assert!(!proven.shed.load(Ordering::Acquire));
+        assert_eq!(a.counters().shed, 4);
     }
 
     #[test]

@@ -276,7 +276,7 @@ fn handshake(
             establish::cm::accept(req, opts, recv).and_then(|est| Conn::start(est, opts))
         }
         Incoming::Tcp(stream, _) => {
-            establish::tcp::accept(stream, opts, Some(recv), Some(ticket.opened()))
+            establish::tcp::accept(stream, opts, Some(recv), Some(ticket.standing()))
                 .and_then(|est| Conn::start(est, opts))
         }
     }

@@ -700,9 +700,9 @@ impl Conn {
         stream: std::net::TcpStream,
         opts: &ConnOptions,
         pools: &pool::RecvPools,
-        opened: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        standing: std::sync::Arc<crate::handshake::Standing>,
     ) -> Result<Conn> {
-        let est = establish::tcp::accept(stream, opts, Some(pools), Some(opened))?;
+        let est = establish::tcp::accept(stream, opts, Some(pools), Some(standing))?;
         Conn::start_threadless(est, opts)
     }
 

@@ -124,7 +124,10 @@ pub struct ConnOptions {
     /// Default 3 s.
     pub opening_timeout: Duration,
     /// Listener only: handshakes running at once (plus connections finished and not yet
-    /// accepted). A new peer past it sheds the oldest handshake that has not opened yet.
+    /// accepted). A new peer past it sheds the oldest handshake that has not opened yet,
+    /// else (without a secret, when a well-formed endpoint proves nothing) one that has kept
+    /// the listener waiting for its next step longer than a quarter of
+    /// [`ConnOptions::opening_timeout`]; a peer that proved the secret is never shed.
     /// Default 64.
     pub max_handshakes: usize,
     /// Listener only: handshakes from one source address that have not opened yet (see

@@ -14,14 +14,13 @@
 use super::codec::{DecodeError, Endpoint, Hello, Message, MessageKind, Proof, Regions, Role};
 use super::frames::FrameReader;
 use super::readiness;
-use super::{auth, settle, Settled};
+use super::{auth, settle, Settled, Standing};
 use crate::deadline::deadline_after;
 use crate::error::{NetError, Result};
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -92,8 +91,8 @@ pub struct Channel {
     /// one), so the opening's deadline still bounds every wait until the peer's first message
     /// after its hello, which a real peer sends as soon as it has made its queue pair.
     opening_until: Option<Instant>,
-    /// Set once the peer has opened (see [`Channel::open`]).
-    opened_flag: Option<Arc<AtomicBool>>,
+    /// A server's peer's standing, for its listener (see [`Channel::open`]).
+    standing: Option<Arc<Standing>>,
 }
 
 impl Channel {
@@ -123,16 +122,18 @@ impl Channel {
             held: false,
             opening: None,
             opening_until: None,
-            opened_flag: None,
+            standing: None,
         })
     }
 
     /// A channel over `stream` whose opening is done: [`Channel::new`], then
     /// [`Channel::authenticate`], a server giving the peer `opening` for its hello and proof;
-    /// sets `opened` once the peer has opened (a listener then never sheds it): with a
-    /// secret, when its proof checks; without one, when its first message after the hello
-    /// arrives, still within `opening` (so a peer that sends a hello and then nothing holds
-    /// a listener's place for the opening timeout, not the whole handshake's).
+    /// moves `standing` on once the peer has opened: with a secret, when its proof checks
+    /// (a listener then never sheds it); without one, when its first message after the
+    /// hello arrives, still within `opening` (so a peer that sends a hello and then nothing
+    /// holds a listener's place for the opening timeout, not the whole handshake's). An
+    /// unproven peer's later waits are recorded in `standing`, so a listener that is full
+    /// can shed one that stalls.
     ///
     /// # Errors
     /// As [`Channel::new`] and [`Channel::authenticate`].
@@ -141,14 +142,14 @@ impl Channel {
         role: Role,
         (timeout, opening): (Duration, Duration),
         secret: Option<&[u8]>,
-        opened: Option<Arc<AtomicBool>>,
+        standing: Option<Arc<Standing>>,
     ) -> Result<Channel> {
         let mut ch = Channel::new(stream, role, timeout)?;
         if role == Role::Server {
             ch.set_opening_timeout(opening);
         }
         ch.authenticate(secret)?;
-        ch.opened_flag = opened;
+        ch.standing = standing;
         if ch.opening_until.is_none() {
             ch.mark_opened();
         }
@@ -158,8 +159,8 @@ impl Channel {
     /// The peer has opened: its waits are bounded by the channel's timeout alone.
     fn mark_opened(&mut self) {
         self.opening_until = None;
-        if let Some(flag) = self.opened_flag.take() {
-            flag.store(true, Ordering::Release);
+        if let Some(s) = &self.standing {
+            s.open(self.authenticated());
         }
     }
 
@@ -456,6 +457,8 @@ impl Channel {
             _ => (op, deadline),
         };
         let limit = deadline.saturating_duration_since(Instant::now());
+        // An opened, unproven peer keeps its place only while it does not stall us.
+        let _waiting = self.standing.clone().map(Waiting::start);
         let mut polled = false;
         loop {
             if let Some(m) = take(&mut self.inbox) {
@@ -754,4 +757,20 @@ fn is_reset(kind: ErrorKind) -> bool {
         kind,
         ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
     )
+}
+
+/// A server's wait for its peer, recorded in the peer's [`Standing`] while it lasts.
+struct Waiting(Arc<Standing>);
+
+impl Waiting {
+    fn start(s: Arc<Standing>) -> Waiting {
+        s.set_waiting(Some(Instant::now()));
+        Waiting(s)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.set_waiting(None);
+    }
 }

@@ -13,6 +13,7 @@ pub mod codec;
 mod frames;
 mod readiness;
 mod settle;
+mod standing;
 
 pub use channel::{Channel, MAX_QUEUED};
 pub use codec::{
@@ -20,3 +21,4 @@ pub use codec::{
 };
 pub use frames::FrameReader;
 pub use settle::{settle, Settled};
+pub(crate) use standing::Standing;

@@ -255,3 +255,60 @@ pub fn assert_good_client_in_time(took: std::time::Duration, n: rsrdma_net::List
         "the good client waited {took:?}"
     );
 }
+
+/// A peer of a Conn listener's TCP path, without a secret, that sends a well-formed hello and
+/// endpoint (a real queue pair on the device under test, default Conn parameters) and then
+/// stops: it never meets the closing barrier. What it holds must stay alive with it.
+pub struct EndpointThenStall {
+    _ch: rsrdma_net::handshake::Channel,
+    _qp: rsrdma::Qp,
+    _cq: rsrdma::Cq,
+}
+
+/// `n` peers that each stall after their endpoint (see [`EndpointThenStall`]).
+pub fn endpoint_then_stall(addr: std::net::SocketAddr, n: usize) -> Vec<EndpointThenStall> {
+    use rsrdma_net::handshake::{Channel, Endpoint, Role};
+    let ctx = rsrdma::open(&device()).unwrap();
+    let pd = rsrdma::Pd::new(&ctx).unwrap();
+    let gid_index = ctx.resolve_gid_index(1, gid_index()).unwrap();
+    let bytes = rsrdma_proto::Config::default().params().encode();
+    // The announcement as four little-endian words under the client's keys (0xC100..).
+    let params: Vec<(u16, u64)> = bytes
+        .chunks(8)
+        .enumerate()
+        .map(|(i, w)| (0xC100 + i as u16, u64::from_le_bytes(w.try_into().unwrap())))
+        .collect();
+    (0..n)
+        .map(|_| {
+            let cq = rsrdma::Cq::new(&ctx, 64, None).unwrap();
+            let qp = rsrdma::Qp::builder(rsrdma::QpType::Rc)
+                .build(&pd, &cq, &cq)
+                .unwrap();
+            let me = qp.endpoint(1, gid_index, 1).unwrap();
+            let ep = Endpoint {
+                qp_num: me.qp_num,
+                psn: me.psn,
+                lid: me.lid,
+                gid: me.gid,
+                gid_index: gid_index.unwrap_or(0),
+                mtu: 1024,
+                qp_type: 0,
+                send_depth: qp.caps().max_send_wr,
+                recv_depth: qp.caps().max_recv_wr,
+                max_inline: qp.caps().max_inline_data,
+                max_rd_atomic: 0,
+                max_dest_rd_atomic: 0,
+                params: params.clone(),
+            };
+            let s = std::net::TcpStream::connect(addr).unwrap();
+            let mut ch = Channel::new(s, Role::Client, std::time::Duration::from_secs(5)).unwrap();
+            ch.authenticate(None).unwrap();
+            ch.exchange_endpoints(&ep, |k| format!("{k:#x}")).unwrap();
+            EndpointThenStall {
+                _ch: ch,
+                _qp: qp,
+                _cq: cq,
+            }
+        })
+        .collect()
+}

@@ -11,11 +11,10 @@ use crate::conn::driver::Liveness;
 use crate::conn::options::{ConnOptions, Establish};
 use crate::conn::pool::{RecvPools, MIN_RNR_TIMER, RNR_RETRY_FOREVER};
 use crate::error::{NetError, Result};
-use crate::handshake::{Channel, Endpoint, Role};
+use crate::handshake::{Channel, Endpoint, Role, Standing};
 use rsrdma::{ConnectOptions, Mtu, Qp, QpEndpoint};
 use rsrdma_proto::{settle, Params, PARAMS_LEN};
 use std::net::TcpStream;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// The key, under the server's role, of the RNR retry count the server asks the client's QP
@@ -26,17 +25,23 @@ const KEY_RNR_RETRY: u16 = 0xC200 + (PARAMS_LEN / 8) as u16;
 /// listener has one.
 ///
 /// It gives the peer [`ConnOptions::opening_timeout`] to open (hello and proof; without a
-/// secret, hello and its endpoint after it), then sets `opened` (so its listener never sheds
-/// it).
+/// secret, hello and its endpoint after it), then moves `standing` on (so its listener sheds
+/// it only if it is unproven and stalls).
 pub(crate) fn accept(
     stream: TcpStream,
     opts: &ConnOptions,
     pools: Option<&RecvPools>,
-    opened: Option<Arc<AtomicBool>>,
+    standing: Option<Arc<Standing>>,
 ) -> Result<Established> {
     let limits = (opts.connect_timeout, opts.opening_timeout);
     let (local_addr, peer_addr) = addrs(&stream)?;
-    let mut ch = Channel::open(stream, Role::Server, limits, opts.secret.as_deref(), opened)?;
+    let mut ch = Channel::open(
+        stream,
+        Role::Server,
+        limits,
+        opts.secret.as_deref(),
+        standing,
+    )?;
     let set_up = serve(&mut ch, opts, pools);
     finish(ch, set_up, opts, (local_addr, peer_addr))
 }

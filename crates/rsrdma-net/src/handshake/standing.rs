@@ -1,0 +1,66 @@
+//! How far a server's peer has come in its handshake, shared between the handshake (which
+//! moves it on) and the listener's admission table (which may shed the peer to make room).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A server's peer, as its listener sees it.
+///
+/// - *Unopened*: no valid hello yet, or (with a secret) no proof, or (without one) no step
+///   after the hello: silent or garbage sockets look like this.
+/// - *Opened and proven*: it proved the listener's secret (or came by rdma_cm): never shed.
+/// - *Opened, unproven*: without a secret, its endpoint came, but anyone can send a
+///   well-formed one. Shed only while it keeps the server waiting for its next step longer
+///   than a grace: a real peer answers within a round trip and its queue pair's bring-up.
+#[derive(Debug, Default)]
+pub(crate) struct Standing {
+    opened: AtomicBool,
+    proven: AtomicBool,
+    /// Since when the server waits for an opened, unproven peer's next step.
+    waiting_since: Mutex<Option<Instant>>,
+}
+
+impl Standing {
+    /// A peer that opened, proven, from the start (an rdma_cm connect request).
+    pub(crate) fn proven() -> Standing {
+        let s = Standing::default();
+        s.open(true);
+        s
+    }
+
+    /// The peer opened; `proven` when it proved a secret.
+    pub(crate) fn open(&self, proven: bool) {
+        self.proven.store(proven, Ordering::Release);
+        self.opened.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn opened(&self) -> bool {
+        self.opened.load(Ordering::Acquire)
+    }
+
+    fn unproven(&self) -> bool {
+        self.opened() && !self.proven.load(Ordering::Acquire)
+    }
+
+    /// The server starts waiting for the peer's next step (`Some(now)`), or got it (`None`).
+    /// Only an opened, unproven peer's waits are recorded.
+    pub(crate) fn set_waiting(&self, since: Option<Instant>) {
+        if since.is_none() || self.unproven() {
+            *self.lock() = since;
+        }
+    }
+
+    /// When an opened, unproven peer stalls past `grace` (it may then be shed): `None` when
+    /// it is not opened, proven, or the server is not waiting for it.
+    pub(crate) fn stalls_at(&self, grace: Duration) -> Option<Instant> {
+        if !self.unproven() {
+            return None;
+        }
+        self.lock().map(|t| t + grace)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.waiting_since.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
