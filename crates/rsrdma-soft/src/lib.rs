@@ -32,7 +32,10 @@
 //! nothing of it written); an error completes the
 //! failing request even when unsignalled, moves the QP to ERROR and flushes every other
 //! request of both queues with `WR_FLUSH_ERR`; a link that breaks ends what is outstanding
-//! with `RETRY_EXC_ERR`. Receives come from the QP's own queue or from a shared receive
+//! with `RETRY_EXC_ERR`; a request the responder drops because its queue pair is not in
+//! RTR or RTS (or is gone) is sent again after the requester's timeout, `retry_cnt` times,
+//! then ends with `RETRY_EXC_ERR` (the responder's device says it dropped it, [`Nak::Dropped`],
+//! where a fabric leaves the requester to its transport timer). Receives come from the QP's own queue or from a shared receive
 //! queue ([`Srq`], with its limit event); a QP on an SRQ reports LAST_WQE_REACHED when it
 //! goes to ERROR ([`QpEvent`]).
 //!
@@ -55,7 +58,8 @@
 //!
 //! Differences, on purpose: a message is one packet (the pipes carry any length, so there is
 //! no MTU to cut at and no PSN per MTU); every request is acknowledged (no coalescing yet);
-//! there is no go-back-N except after an RNR NAK (the pipes lose nothing); fences and
+//! there is no go-back-N except after an RNR NAK or a dropped request (the pipes lose
+//! nothing); fences and
 //! `max_rd_atomic` are not enforced yet (requests execute in order at the responder, which
 //! gives what a fence promises on a reliable, ordered pipe).
 //!
@@ -66,8 +70,7 @@
 //! invalidation the window to be, and a SEND with invalidate the window to be bound to the QP
 //! it arrives on (rxe checks none of these); a SEND with invalidate whose key names no such
 //! window gets an invalid-request NAK (the receive fails with `REM_INV_REQ_ERR` and the QP
-//! goes to ERROR, as on rxe, which however acknowledges the SEND: soft0 has no retransmission
-//! timer that would end the sender's next request); a bind is done when it is posted, not when
+//! goes to ERROR, as on rxe, which however acknowledges the SEND); a bind is done when it is posted, not when
 //! the requester reaches it (the same, as requests before it are already on their way).
 
 #![deny(missing_docs)]
@@ -87,7 +90,7 @@ pub use access::Access;
 pub use direct::{Direct, ResponderQp};
 pub use memory::{Memory, VecMemory};
 pub use mr::{DeregError, MrEntry, MrTable, MwBinding, MwEntry};
-pub use qp::{PostError, QpConfig, QpEvent, QpState, RcQp, MAX_MESSAGE};
+pub use qp::{Handled, PostError, QpConfig, QpEvent, QpState, RcQp, MAX_MESSAGE};
 pub use srq::Srq;
 pub use ud::{grh, UdDest, UdQp, UdSource, GRH_LEN};
 pub use wire::{Nak, Packet, PacketKind, Payload, WireError, HEADER_LEN, INLINE_PAYLOAD};

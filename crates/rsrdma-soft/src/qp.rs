@@ -31,6 +31,13 @@ pub struct QpConfig {
     pub rnr_retry: u8,
     /// How long the peer should wait before it tries again, when this QP has no receive.
     pub min_rnr_timer: Duration,
+    /// How often a request the responder dropped unexecuted (see [`Nak::Dropped`]) is sent
+    /// again before it fails with `RETRY_EXC_ERR` (`retry_cnt`, 0 to 7: 7 is seven times,
+    /// not for ever).
+    pub retry_cnt: u8,
+    /// How long an unanswered request waits before it is sent again (`timeout`: 4.096 µs ×
+    /// 2^code); `None` (code 0) waits for ever, as a NIC's transport timer then does.
+    pub ack_timeout: Option<Duration>,
     /// Every send request completes, signalled or not.
     pub sq_sig_all: bool,
     /// It takes its receives from a shared receive queue (passed to
@@ -76,6 +83,16 @@ pub enum QpEvent {
     LastWqeReached,
 }
 
+/// What became of a packet handed to [`RcQp::handle_packet`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Handled {
+    /// Executed, answered, or (an answer, a request of UC) taken or dropped as it should be.
+    Taken,
+    /// A request of RC dropped unexecuted: the queue pair is not in RTR or RTS.
+    Dropped,
+}
+
 /// A send request in flight: its PSN, and its packet (kept until it is answered, for an
 /// RNR retry); a local operation (a bind, an invalidation) has none: it was done when it was
 /// posted and waits only to complete in order.
@@ -110,9 +127,11 @@ pub struct RcQp {
     rq: VecDeque<RecvWr>,
     out: VecDeque<Packet>,
     cq: VecDeque<Completion>,
-    /// After an RNR NAK: the PSN to send again from, when, and the retries left.
-    rnr: Option<(u32, Instant)>,
+    /// After an RNR NAK or a dropped request: the PSN to send again from, and when.
+    resend: Option<(u32, Instant)>,
     rnr_left: u8,
+    /// Sends again left for a request the responder dropped (see [`Nak::Dropped`]).
+    retry_left: u8,
     events: VecDeque<QpEvent>,
     /// Requests that need a receive which the responder refuses (RNR) as if none were
     /// posted (fault injection: [`RcQp::refuse_receives`]).
@@ -136,8 +155,9 @@ impl RcQp {
             rq: VecDeque::new(),
             out: VecDeque::new(),
             cq: VecDeque::new(),
-            rnr: None,
+            resend: None,
             rnr_left: cfg.rnr_retry,
+            retry_left: cfg.retry_cnt,
             events: VecDeque::new(),
             refuse_recv: 0,
             link_lost: false,
@@ -160,10 +180,11 @@ impl RcQp {
     }
 
     /// Changes the settings a state transition carries (`ibv_modify_qp`: the access rights
-    /// at INIT, the RNR timer at RTR, the RNR retry count at RTS).
+    /// at INIT, the RNR timer at RTR, the retry counts and the timeout at RTS).
     pub fn set_config(&mut self, f: impl FnOnce(&mut QpConfig)) {
         f(&mut self.cfg);
         self.rnr_left = self.cfg.rnr_retry;
+        self.retry_left = self.cfg.retry_cnt;
     }
 
     /// Any state → RESET: forgets everything queued, without completions.
@@ -217,7 +238,7 @@ impl RcQp {
         }
         self.state = QpState::Error;
         self.out.clear();
-        self.rnr = None;
+        self.resend = None;
         while let Some(p) = self.sq.pop_front() {
             self.complete_send(&p.wr, Status::WrFlushErr, 0);
         }
@@ -411,7 +432,7 @@ impl RcQp {
             }
             return Ok(());
         }
-        if self.rnr.is_none() {
+        if self.resend.is_none() {
             self.out.push_back(packet.clone());
         }
         self.sq.push_back(Pending {
@@ -570,7 +591,7 @@ impl RcQp {
             && !self.link_lost
             && self.state == QpState::Rts
             && self.sq.is_empty()
-            && self.rnr.is_none()
+            && self.resend.is_none()
             && !self.out.iter().any(|p| p.kind.is_request())
             && wr
                 .inline
@@ -603,20 +624,20 @@ impl RcQp {
         self.events.pop_front()
     }
 
-    /// When [`RcQp::handle_timeout`] is due (an RNR retry).
+    /// When [`RcQp::handle_timeout`] is due (a retry after an RNR NAK or a dropped request).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.rnr.map(|(_, at)| at)
+        self.resend.map(|(_, at)| at)
     }
 
-    /// Time passed: an RNR retry that is due sends again every request from the refused one.
+    /// Time passed: a retry that is due sends again every request from the refused one.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let Some((from, at)) = self.rnr else {
+        let Some((from, at)) = self.resend else {
             return;
         };
         if now < at {
             return;
         }
-        self.rnr = None;
+        self.resend = None;
         for p in self.sq.iter().filter(|p| not_after(from, p.psn)) {
             self.out.extend(p.packet.clone());
         }
@@ -626,6 +647,9 @@ impl RcQp {
     /// one of ours (its request completes, in order). `srq`: the shared receive queue of a QP
     /// that uses one (`None` otherwise: its own queue is used). `now` is read only when a
     /// timer starts (an RNR NAK): a device pays for no clock on the common path.
+    ///
+    /// Returns [`Handled::Dropped`] for a request this QP dropped unexecuted (it is not in
+    /// RTR or RTS): its device tells the requester ([`Nak::Dropped`]).
     pub fn handle_packet(
         &mut self,
         p: Packet,
@@ -633,9 +657,12 @@ impl RcQp {
         mem: &mut dyn Memory,
         srq: Option<&mut Srq>,
         now: impl FnOnce() -> Instant,
-    ) {
+    ) -> Handled {
         if matches!(self.state, QpState::Reset | QpState::Init | QpState::Error) {
-            return;
+            return match p.kind.is_request() && !self.cfg.unreliable {
+                true => Handled::Dropped,
+                false => Handled::Taken,
+            };
         }
         match p.kind {
             PacketKind::Ack
@@ -646,7 +673,7 @@ impl RcQp {
                 if p.psn != self.expected_psn {
                     // After an RNR NAK the requester sends again from the refused PSN; what
                     // it had sent after it is dropped here and comes again.
-                    return;
+                    return Handled::Taken;
                 }
                 let consumes = matches!(
                     p.kind,
@@ -657,7 +684,7 @@ impl RcQp {
                 if consumes && self.refuse_recv > 0 {
                     self.refuse_recv -= 1;
                     self.on_request(p.psn, Answer::Rnr);
-                    return;
+                    return Handled::Taken;
                 }
                 let mut responder = Responder {
                     cfg: &self.cfg,
@@ -669,6 +696,7 @@ impl RcQp {
                 self.on_request(p.psn, answer);
             }
         }
+        Handled::Taken
     }
 
     // ----- responder ---------------------------------------------------------------------
@@ -740,6 +768,7 @@ impl RcQp {
                     self.complete_local_ops();
                 }
                 self.rnr_left = self.cfg.rnr_retry;
+                self.retry_left = self.cfg.retry_cnt;
             }
             PacketKind::ReadResponse | PacketKind::AtomicResponse { .. } => {
                 if head.psn != p.psn {
@@ -788,6 +817,7 @@ impl RcQp {
                 self.succeed(&h, len);
                 self.complete_local_ops();
                 self.rnr_left = self.cfg.rnr_retry;
+                self.retry_left = self.cfg.retry_cnt;
             }
             PacketKind::Nak(Nak::Rnr { timer_us }) => {
                 if head.psn != p.psn {
@@ -804,7 +834,25 @@ impl RcQp {
                 // Requests queued after the refused one go again after the timer (answers to
                 // the peer's requests still go now).
                 self.out.retain(|q| !q.kind.is_request());
-                self.rnr = Some((p.psn, now() + Duration::from_micros(u64::from(timer_us))));
+                self.resend = Some((p.psn, now() + Duration::from_micros(u64::from(timer_us))));
+            }
+            PacketKind::Nak(Nak::Dropped) => {
+                // Every request after the head was dropped too (each says so): the head's
+                // notice alone counts, once per time it was sent.
+                if head.psn != p.psn || self.resend.is_some() {
+                    return;
+                }
+                // Timeout code 0: the transport timer never runs out (as on a NIC).
+                let Some(wait) = self.cfg.ack_timeout else {
+                    return;
+                };
+                if self.retry_left == 0 {
+                    self.fail_head(Status::RetryExcErr);
+                    return;
+                }
+                self.retry_left -= 1;
+                self.out.retain(|q| !q.kind.is_request());
+                self.resend = Some((p.psn, now() + wait));
             }
             PacketKind::Nak(n) => {
                 if head.psn != p.psn {

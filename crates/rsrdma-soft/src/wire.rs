@@ -5,8 +5,8 @@
 //! |---|---|---|
 //! | 0 | 1 | kind: 1 SEND, 2 WRITE, 3 READ request, 4 READ response, 5 compare-and-swap, 6 fetch-and-add, 7 atomic response, 8 ACK, 9 NAK, 10 UD datagram, 11 SEND with invalidate |
 //! | 1 | 1 | flags: bit 0 immediate data present |
-//! | 2 | 2 | NAK code (1 RNR, 2 invalid request, 3 remote access, 4 remote operation) |
-//! | 4 | 4 | destination QP number |
+//! | 2 | 2 | NAK code (1 RNR, 2 invalid request, 3 remote access, 4 remote operation, 5 dropped) |
+//! | 4 | 4 | destination QP number (a dropped-request NAK: the QP that dropped it) |
 //! | 8 | 4 | PSN: the request's (a response or ACK names the request it answers) |
 //! | 12 | 4 | payload length |
 //! | 16 | 4 | immediate data; a READ request's length; an RNR NAK's timer in µs |
@@ -34,6 +34,14 @@ pub enum Nak {
     RemoteAccess,
     /// The responder could not execute it.
     RemoteOperation,
+    /// Not an IB NAK: the responder dropped the request unexecuted (its queue pair is not in
+    /// RTR or RTS, or is gone), as a NIC drops it. A fabric tells the requester nothing and
+    /// its transport timer runs out; soft0's pipes lose nothing, so the responder's device
+    /// says so, and the requester acts as its timer would: it sends again after its timeout,
+    /// at most `retry_cnt` times. The packet's `dest_qpn` names the queue pair that dropped
+    /// the request (a queue pair in RESET or INIT may not know its requester's number): the
+    /// requester's device finds the queue pair connected to it.
+    Dropped,
 }
 
 /// What a packet is.
@@ -330,6 +338,7 @@ impl Packet {
                     Nak::InvalidRequest => (2, 0),
                     Nak::RemoteAccess => (3, 0),
                     Nak::RemoteOperation => (4, 0),
+                    Nak::Dropped => (5, 0),
                 };
                 (9, 0, code, timer, 0, 0, 0, 0)
             }
@@ -421,6 +430,7 @@ impl Packet {
                 2 => Nak::InvalidRequest,
                 3 => Nak::RemoteAccess,
                 4 => Nak::RemoteOperation,
+                5 => Nak::Dropped,
                 _ => return Err(WireError("NAK code")),
             }),
             10 => PacketKind::Datagram {
@@ -475,6 +485,7 @@ mod tests {
             Just(PacketKind::Nak(Nak::InvalidRequest)),
             Just(PacketKind::Nak(Nak::RemoteAccess)),
             Just(PacketKind::Nak(Nak::RemoteOperation)),
+            Just(PacketKind::Nak(Nak::Dropped)),
             (any::<u32>(), any::<u32>(), imm)
                 .prop_map(|(src_qpn, qkey, imm)| { PacketKind::Datagram { src_qpn, qkey, imm } }),
         ]

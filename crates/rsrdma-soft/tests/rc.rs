@@ -3,9 +3,9 @@
 
 use proptest::prelude::*;
 use rsrdma_soft::{
-    Access, Bind, Completion, DeregError, Direct, Memory, MrTable, Packet, PostError, QpConfig,
-    QpEvent, QpState, RcQp, RecvWr, ResponderQp, SendOp, SendWr, Sge, Srq, Status, VecMemory,
-    WcOpcode,
+    Access, Bind, Completion, DeregError, Direct, Handled, Memory, MrTable, Nak, Packet,
+    PacketKind, Payload, PostError, QpConfig, QpEvent, QpState, RcQp, RecvWr, ResponderQp, SendOp,
+    SendWr, Sge, Srq, Status, VecMemory, WcOpcode,
 };
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -28,6 +28,8 @@ struct Pair {
     now: Instant,
     /// Sends go through `post_send_direct`, with the other side's memory reachable.
     direct: bool,
+    /// Requests from side `i` the other side dropped unexecuted.
+    dropped: [u32; 2],
 }
 
 /// The other side's memory, as a device that reaches it directly sees it: the responder's
@@ -80,6 +82,8 @@ fn cfg(qp_num: u32, rnr_retry: u8) -> QpConfig {
         max_inline: 64,
         rnr_retry,
         min_rnr_timer: Duration::from_micros(640),
+        retry_cnt: 3,
+        ack_timeout: Some(Duration::from_millis(1)),
         sq_sig_all: false,
         uses_srq: false,
         unreliable: false,
@@ -119,6 +123,7 @@ impl Pair {
             wire: [VecDeque::new(), VecDeque::new()],
             now: Instant::now(),
             direct: false,
+            dropped: [0, 0],
         };
         let (na, nb) = (a.qp_num, b.qp_num);
         for (i, dest) in [(0, nb), (1, na)] {
@@ -193,8 +198,23 @@ impl Pair {
         let now = self.now;
         let peer = &mut self.s[1 - i];
         assert_eq!(p.dest_qpn, peer.qp.qp_num());
-        peer.qp
-            .handle_packet(p, &mut peer.mrs, &mut peer.mem, None, || now);
+        let (psn, requester) = (p.psn, self.s[i].qp.qp_num());
+        let peer = &mut self.s[1 - i];
+        if peer
+            .qp
+            .handle_packet(p, &mut peer.mrs, &mut peer.mem, None, || now)
+            == Handled::Dropped
+        {
+            // The device tells the requester (routed to it, as the device finds it).
+            self.dropped[i] += 1;
+            let notice = Packet {
+                dest_qpn: requester,
+                psn,
+                kind: PacketKind::Nak(Nak::Dropped),
+                payload: Payload::default(),
+            };
+            self.wire[1 - i].push_back(notice.encode());
+        }
         true
     }
 
@@ -533,6 +553,79 @@ fn a_zero_length_write_checks_no_key() {
     assert_eq!(ids(&p.completions(0)), [(1, Status::Success)]);
 }
 
+/// A responder not in RTR or RTS drops requests unexecuted, as a NIC does; the requester
+/// (told by the device, where a fabric would leave it to its transport timer) sends again
+/// after its timeout, `retry_cnt` times, then fails the request with `RETRY_EXC_ERR` and
+/// flushes the rest. (Before: the request waited for ever.)
+#[test]
+fn a_request_to_a_responder_in_error_is_sent_retry_cnt_more_times_then_fails() {
+    let mut p = Pair::new(0);
+    p.s[1].qp.to_error();
+    let s = p.sge(0, BASE, 8);
+    p.post_send(0, send(1, vec![s], false)).unwrap();
+    p.post_send(0, send(2, vec![s], true)).unwrap();
+    let t0 = p.now;
+    p.run();
+    assert_eq!(
+        ids(&p.completions(0)),
+        [(1, Status::RetryExcErr), (2, Status::WrFlushErr)]
+    );
+    assert_eq!(p.s[0].qp.state(), QpState::Error);
+    // retry_cnt 3: the first send and three more, one timeout (1 ms) before each of these.
+    assert_eq!(p.now - t0, Duration::from_millis(3));
+    assert_eq!(
+        p.dropped[0],
+        4 * 2,
+        "each send of both requests was dropped"
+    );
+}
+
+/// A request that reaches its responder before it is ready (still in INIT: the two sides
+/// of a connection come up one after the other) is done once it is: the requester's retry
+/// finds it in RTR.
+#[test]
+fn a_request_sent_before_the_responder_is_ready_is_done_once_it_is() {
+    let mut a = cfg(10, 0);
+    a.ack_timeout = Some(Duration::from_millis(5));
+    let mut p = Pair::with(a, cfg(20, 0));
+    p.s[1].qp.reset();
+    p.s[1].qp.to_init().unwrap();
+    p.post_recv(1, 9, BASE + 100, 8);
+    p.fill(0, BASE, b"early!!!");
+    let s = p.sge(0, BASE, 8);
+    p.post_send(0, send(1, vec![s], true)).unwrap();
+    // Sent and dropped; the requester waits for its timeout.
+    p.transmit(0);
+    p.deliver(0);
+    p.transmit(1);
+    p.deliver(1);
+    assert_eq!(p.dropped[0], 1);
+    assert!(p.completions(0).is_empty());
+    assert!(p.s[0].qp.poll_timeout().is_some());
+    p.s[1].qp.to_rtr(10, 100).unwrap();
+    p.s[1].qp.to_rts(100).unwrap();
+    p.run();
+    assert_eq!(ids(&p.completions(0)), [(1, Status::Success)]);
+    assert_eq!(ids(&p.completions(1)), [(9, Status::Success)]);
+    assert_eq!(p.bytes(1, BASE + 100, 8), b"early!!!");
+}
+
+/// Timeout code 0 (`ack_timeout: None`): the transport timer never runs out, so a dropped
+/// request waits for ever, as on a NIC (nothing completes, no timer is set).
+#[test]
+fn with_no_timeout_a_dropped_request_waits_for_ever() {
+    let mut a = cfg(10, 0);
+    a.ack_timeout = None;
+    let mut p = Pair::with(a, cfg(20, 0));
+    p.s[1].qp.to_error();
+    let s = p.sge(0, BASE, 8);
+    p.post_send(0, send(1, vec![s], true)).unwrap();
+    p.run();
+    assert!(p.completions(0).is_empty());
+    assert_eq!(p.s[0].qp.poll_timeout(), None);
+    assert_eq!(p.s[0].qp.state(), QpState::Rts);
+}
+
 #[test]
 fn rnr_retries_as_rnr_retry_says() {
     // 0: no retry.
@@ -763,7 +856,7 @@ fn queue_pairs_share_an_srq_in_posting_order_with_its_limit_and_last_wqe_events(
             .unwrap();
         let p = qps[from].poll_transmit().unwrap();
         let to = from + 2;
-        qps[to].handle_packet(
+        let _ = qps[to].handle_packet(
             Packet::decode(&p.encode()).unwrap(),
             &mut mrs_b,
             &mut mem_b,
@@ -771,7 +864,7 @@ fn queue_pairs_share_an_srq_in_posting_order_with_its_limit_and_last_wqe_events(
             || now,
         );
         let ack = qps[to].poll_transmit().unwrap();
-        qps[from].handle_packet(ack, &mut mrs_a, &mut mem_a, None, || now);
+        let _ = qps[from].handle_packet(ack, &mut mrs_a, &mut mem_a, None, || now);
     }
     let c21: Vec<u64> = std::iter::from_fn(|| qps[3].poll_completion())
         .map(|c| c.wr_id)
@@ -804,7 +897,7 @@ fn queue_pairs_share_an_srq_in_posting_order_with_its_limit_and_last_wqe_events(
             .post_send(send(10 + k, sges, false), &mut mrs_a, &mem_a)
             .unwrap();
         let p = qps[1].poll_transmit().unwrap();
-        qps[3].handle_packet(p, &mut mrs_b, &mut mem_b, Some(&mut srq), || now);
+        let _ = qps[3].handle_packet(p, &mut mrs_b, &mut mem_b, Some(&mut srq), || now);
         answers.push(qps[3].poll_transmit().unwrap().kind);
     }
     assert_eq!(answers[0], rsrdma_soft::PacketKind::Ack);
@@ -1280,9 +1373,9 @@ fn a_window_works_only_through_the_qp_it_was_bound_on() {
             .post_send(read(9, sge, BASE, key), mrs_a, &mem_a)
             .unwrap();
         let req = qps[from].poll_transmit().unwrap();
-        qps[from + 2].handle_packet(req, &mut mrs_b, &mut mem_b, None, || now);
+        let _ = qps[from + 2].handle_packet(req, &mut mrs_b, &mut mem_b, None, || now);
         let answer = qps[from + 2].poll_transmit().unwrap();
-        qps[from].handle_packet(answer, mrs_a, &mut mem_a, None, || now);
+        let _ = qps[from].handle_packet(answer, mrs_a, &mut mem_a, None, || now);
         qps[from].poll_completion().unwrap().status
     };
     // Through QP 21, on the same domain as the window: refused, and 21 fails.
@@ -1620,7 +1713,8 @@ fn an_answer_of_the_wrong_kind_fails_the_request_and_writes_nothing() {
         p.wire[0].clear();
         let now = p.now;
         let s = &mut p.s[0];
-        s.qp.handle_packet(forged(kind, payload), &mut s.mrs, &mut s.mem, None, || now);
+        let _ =
+            s.qp.handle_packet(forged(kind, payload), &mut s.mrs, &mut s.mem, None, || now);
         assert_eq!(
             ids(&p.completions(0)),
             vec![(7, Status::FatalErr)],

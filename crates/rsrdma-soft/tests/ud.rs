@@ -30,6 +30,8 @@ fn cfg(qp_num: u32, uses_srq: bool) -> QpConfig {
         max_inline: 64,
         rnr_retry: 0,
         min_rnr_timer: std::time::Duration::ZERO,
+        retry_cnt: 0,
+        ack_timeout: None,
         sq_sig_all: false,
         uses_srq,
         unreliable: false,

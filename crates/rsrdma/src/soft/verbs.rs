@@ -9,8 +9,9 @@ use super::link::{Deliver, Links, Route};
 use super::qp_core::QpCore;
 use crate::ffi;
 use rsrdma_soft::{
-    Access, Bind, Completion, DeregError, Memory, MrTable, Packet, PacketKind, PostError, QpConfig,
-    QpEvent, QpState, RcQp, RecvWr, SendOp, SendWr, Sge, Srq, UdQp, UdSource,
+    Access, Bind, Completion, DeregError, Handled, Memory, MrTable, Nak, Packet, PacketKind,
+    Payload, PostError, QpConfig, QpEvent, QpState, RcQp, RecvWr, SendOp, SendWr, Sge, Srq, UdQp,
+    UdSource,
 };
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -60,8 +61,8 @@ struct SoftMw {
 struct SoftCq {
     raw: ffi::ibv_cq,
     state: Mutex<CqState>,
-    /// It holds completions or is overrun (set and cleared under `state`'s lock): a poll
-    /// that finds it clear takes no lock (most polls of a busy-polling thread find nothing).
+    /// It holds completions (set and cleared under `state`'s lock): a poll that finds it
+    /// clear takes no lock (most polls of a busy-polling thread find nothing).
     pending: AtomicBool,
     /// A thread is polling it (checked in single-threaded mode: [`Exclusive`]).
     busy: AtomicBool,
@@ -71,8 +72,6 @@ struct CqState {
     wcs: VecDeque<ffi::ibv_wc>,
     capacity: usize,
     armed: bool,
-    /// A completion found the CQ full: the CQ is broken (as a hardware CQ overrun).
-    overrun: bool,
 }
 
 #[repr(C)]
@@ -347,7 +346,7 @@ impl Deliver for FromPeers {
     fn packet(&self, from: SocketAddrV4, p: rsrdma_soft::Packet) {
         let mut st = lock();
         let mut now = LazyNow::default();
-        deliver(&mut st, p, from, &mut now);
+        from_peer(&mut st, p, from, &mut now);
         pump(&mut st, &mut now);
     }
 
@@ -355,7 +354,7 @@ impl Deliver for FromPeers {
         let mut st = lock();
         let mut now = LazyNow::default();
         for p in batch.drain(..) {
-            deliver(&mut st, p, from, &mut now);
+            from_peer(&mut st, p, from, &mut now);
         }
         pump(&mut st, &mut now);
     }
@@ -368,6 +367,18 @@ impl Deliver for FromPeers {
             }
         }
         pump(&mut st, &mut LazyNow::default());
+    }
+}
+
+/// Delivers a packet from the device listening on `from`; a request that no queue pair here
+/// executes (none has its number, or the one that has is not in RTR or RTS) is dropped, and
+/// that device hears of it (as its transport timer would tell it on a fabric).
+fn from_peer(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) {
+    let (qpn, psn, request) = (p.dest_qpn, p.psn, p.kind.is_request());
+    match deliver(st, p, from, now) {
+        Delivery::Taken => {}
+        Delivery::NoQp | Delivery::Dropped if request => tell_dropped(from, qpn, psn),
+        Delivery::NoQp | Delivery::Dropped => {}
     }
 }
 
@@ -653,20 +664,50 @@ impl LazyNow {
     }
 }
 
+/// What became of a packet handed to this device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    /// A queue pair took it (or dropped it as it should, unheard of).
+    Taken,
+    /// No queue pair has its number.
+    NoQp,
+    /// A request dropped by a queue pair that is not in RTR or RTS: its requester must hear
+    /// of it ([`Nak::Dropped`]).
+    Dropped,
+}
+
 /// Hands a packet that came from the device listening on `from` to its QP: a connected QP
-/// takes only its peer device's packets of its own transport, a UD QP only datagrams.
-/// Returns whether a QP took it. Under the lock.
-fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) -> bool {
+/// takes only its peer device's packets of its own transport, a UD QP only datagrams. A
+/// notice that a request was dropped goes to the queue pair connected to the one that
+/// dropped it. Under the lock.
+fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) -> Delivery {
+    if p.kind == PacketKind::Nak(Nak::Dropped) {
+        requests_dropped(st, p, from, now);
+        return Delivery::Taken;
+    }
     let State { qps, srqs, mrs, .. } = st;
     let Some(d) = qps.get_mut(&p.dest_qpn) else {
-        return false;
+        return Delivery::NoQp;
     };
     let remote = d.remote();
     let srq = d.srq.and_then(|h| srqs.get_mut(&h)).map(|s| &mut s.core);
     let datagram = matches!(p.kind, PacketKind::Datagram { .. });
     match &mut d.core {
         QpCore::Rc(q) if !datagram && (remote == from || is_own(remote) && is_own(from)) => {
-            q.handle_packet(p, mrs, &mut ProcessMemory, srq, || now.get());
+            let handled = q.handle_packet(p, mrs, &mut ProcessMemory, srq, || now.get());
+            if handled == Handled::Dropped {
+                return Delivery::Dropped;
+            }
+        }
+        // Not (or no longer) connected: whatever it was connected to, a request is dropped
+        // here, as by a NIC, and its requester hears of it.
+        QpCore::Rc(q)
+            if !datagram
+                && p.kind.is_request()
+                && !q.config().unreliable
+                && matches!(q.state(), QpState::Reset | QpState::Init | QpState::Error) =>
+        {
+            return Delivery::Dropped;
         }
         QpCore::Ud(q) if datagram => {
             let src = UdSource {
@@ -677,7 +718,40 @@ fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) -> 
         }
         _ => {}
     }
-    true
+    Delivery::Taken
+}
+
+/// The device listening on `from` says that its queue pair `p.dest_qpn` dropped our request
+/// `p.psn` unexecuted: the queue pair connected to that one hears of it (and sends again
+/// after its timeout, or fails the request).
+fn requests_dropped(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) {
+    let State { qps, mrs, .. } = st;
+    for e in qps.values_mut() {
+        let remote = e.remote();
+        let QpCore::Rc(q) = &mut e.core else {
+            continue;
+        };
+        if q.dest_qpn() == p.dest_qpn && (remote == from || is_own(remote) && is_own(from)) {
+            let notice = p.clone();
+            let _ = q.handle_packet(notice, mrs, &mut ProcessMemory, None, || now.get());
+        }
+    }
+}
+
+/// Tells the device listening on `to` that queue pair `qpn` here dropped its request `psn`.
+fn tell_dropped(to: SocketAddrV4, qpn: u32, psn: u32) {
+    let dev = device();
+    if let Some(l) = &dev.links {
+        let notice = Packet {
+            dest_qpn: qpn,
+            psn,
+            kind: PacketKind::Nak(Nak::Dropped),
+            payload: Payload::default(),
+        };
+        // A link that cannot be started: that device's requester learns of it as of a dead
+        // peer, from the link.
+        let _ = l.send(to, notice, &dev.deliver);
+    }
 }
 
 /// Whether a device address names this device (port 0: "this process", as a QP connected
@@ -744,11 +818,25 @@ fn pump(st: &mut State, now: &mut LazyNow) {
                     }
                     continue;
                 }
-                // The peer QP is gone: as a peer that died, its sender's link breaks.
-                if !deliver(st, pkt, own_addr(), now) && request {
-                    if let Some(e) = st.qps.get_mut(&qpn) {
-                        e.core.handle_link_down();
+                let (psn, to_qpn) = (pkt.psn, pkt.dest_qpn);
+                match deliver(st, pkt, own_addr(), now) {
+                    // The peer QP is gone: as a peer that died, its sender's link breaks.
+                    Delivery::NoQp if request => {
+                        if let Some(e) = st.qps.get_mut(&qpn) {
+                            e.core.handle_link_down();
+                        }
                     }
+                    // The peer QP dropped it (not in RTR or RTS): its sender hears of it.
+                    Delivery::Dropped => {
+                        let notice = Packet {
+                            dest_qpn: to_qpn,
+                            psn,
+                            kind: PacketKind::Nak(Nak::Dropped),
+                            payload: Payload::default(),
+                        };
+                        requests_dropped(st, notice, own_addr(), now);
+                    }
+                    _ => {}
                 }
             }
         }
@@ -959,16 +1047,13 @@ unsafe fn push_completion(cq: *mut SoftCq, c: &Completion) -> bool {
     let cq = unsafe { &*cq };
     let mut st = cq.state.lock().unwrap_or_else(|p| p.into_inner());
     if st.wcs.len() >= st.capacity {
-        if !st.overrun {
-            // As a NIC's CQ overrun: the CQ is broken, and its context hears of it.
-            let mut a: ffi::ibv_async_event = zeroed();
-            a.event_type = ffi::ibv_event_type::IBV_EVENT_CQ_ERR;
-            a.element.cq = std::ptr::from_ref(&cq.raw).cast_mut();
-            // SAFETY: a CQ's context outlives it; soft CQs are made on soft contexts.
-            unsafe { push_event(cq.raw.context.cast::<SoftContext>(), a) };
-        }
-        st.overrun = true;
-        cq.pending.store(true, Ordering::Release);
+        // As rxe: the completion is lost, the context hears of it (CQ_ERR, each time), and
+        // what the CQ holds stays there to be polled.
+        let mut a: ffi::ibv_async_event = zeroed();
+        a.event_type = ffi::ibv_event_type::IBV_EVENT_CQ_ERR;
+        a.element.cq = std::ptr::from_ref(&cq.raw).cast_mut();
+        // SAFETY: a CQ's context outlives it; soft CQs are made on soft contexts.
+        unsafe { push_event(cq.raw.context.cast::<SoftContext>(), a) };
         return false;
     }
     st.wcs.push_back(wc);
@@ -1084,6 +1169,11 @@ fn rnr_timer(code: u8) -> Duration {
         163_840, 245_760, 327_680, 491_520,
     ];
     Duration::from_micros(u64::from(US[usize::from(code & 31)]))
+}
+
+/// `ibv_qp_attr::timeout` codes: 4.096 µs × 2^code; 0 waits for ever.
+fn ack_timeout(code: u8) -> Option<Duration> {
+    (code != 0).then(|| Duration::from_nanos(4096u64 << (code & 31)))
 }
 
 // ----- the data path (the context's operation table) ----------------------------------------
@@ -1375,9 +1465,6 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
         return 0;
     }
     let mut st = cq.state.lock().unwrap_or_else(|p| p.into_inner());
-    if st.overrun {
-        return -libc::EOVERFLOW;
-    }
     let mut k = 0;
     while k < n.max(0) {
         let Some(w) = st.wcs.pop_front() else {
@@ -1821,7 +1908,6 @@ pub(crate) unsafe fn create_cq(
             wcs: VecDeque::new(),
             capacity: cqe as usize,
             armed: false,
-            overrun: false,
         }),
         pending: AtomicBool::new(false),
         busy: AtomicBool::new(false),
@@ -1985,6 +2071,9 @@ pub(crate) unsafe fn create_qp(
         max_inline: c.max_inline_data,
         rnr_retry: 7,
         min_rnr_timer: rnr_timer(12),
+        // What a zeroed attribute says (RTS sets both: `check_modify` requires them).
+        retry_cnt: 0,
+        ack_timeout: None,
         sq_sig_all: a.sq_sig_all != 0,
         uses_srq: srq_handle.is_some(),
         unreliable: a.qp_type == ffi::ibv_qp_type::IBV_QPT_UC,
@@ -2129,9 +2218,12 @@ pub(crate) unsafe fn modify_qp(
     }
     if has(M::IBV_QP_TIMEOUT) {
         saved.timeout = a.timeout;
+        e.core
+            .set_config(|c| c.ack_timeout = ack_timeout(a.timeout));
     }
     if has(M::IBV_QP_RETRY_CNT) {
         saved.retry_cnt = a.retry_cnt;
+        e.core.set_config(|c| c.retry_cnt = a.retry_cnt.min(7));
     }
     if has(M::IBV_QP_MAX_QP_RD_ATOMIC) {
         saved.max_rd_atomic = a.max_rd_atomic;

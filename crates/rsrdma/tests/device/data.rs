@@ -584,3 +584,99 @@ fn a_receive_into_memory_without_local_write_fails_both_ends() {
     assert_eq!(r[0].status(), WcStatus::LOC_QP_OP_ERR, "the receive");
     assert_eq!(s[0].status(), WcStatus::REM_OP_ERR, "the send");
 }
+
+/// Two RC queue pairs on the device under test, `a` connected to `b` with `opts` (a short
+/// transport timer), `b` left in RESET: the caller brings it up when it likes.
+fn a_before_b(opts: &rsrdma::ConnectOptions) -> (crate::common::Pair, rsrdma::QpEndpoint) {
+    use crate::common::{ctx, gid_index};
+    use rsrdma::{Cq, Pd, Qp, QpType};
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let (cq_a, cq_b) = (
+        Cq::new(&ctx, 64, None).unwrap(),
+        Cq::new(&ctx, 64, None).unwrap(),
+    );
+    let a = Qp::builder(QpType::Rc).build(&pd, &cq_a, &cq_a).unwrap();
+    let b = Qp::builder(QpType::Rc).build(&pd, &cq_b, &cq_b).unwrap();
+    let ea = a.endpoint(1, Some(gid_index()), 0x1000).unwrap();
+    let eb = b.endpoint(1, Some(gid_index()), 0x2000).unwrap();
+    a.connect(opts, ea.psn, &eb).unwrap();
+    let p = crate::common::Pair {
+        ctx,
+        pd,
+        cq_a,
+        cq_b,
+        a,
+        b,
+    };
+    (p, ea)
+}
+
+/// A peer queue pair that is not in RTR or RTS (failed, or reset) drops what arrives, as a
+/// NIC does: the requester sends again after its timeout, `retry_cnt` times, then ends the
+/// request with `RETRY_EXC_ERR` and flushes the rest. (soft0 let them wait for ever.)
+#[test]
+fn requests_to_a_peer_that_failed_or_was_reset_end_in_retry_exceeded() {
+    let mut opts = crate::common::connect_opts(AccessFlags::NONE);
+    (opts.timeout, opts.retry_cnt) = (10, 2);
+    for reset in [false, true] {
+        let (p, ea) = a_before_b(&opts);
+        let eb =
+            p.b.endpoint(1, Some(crate::common::gid_index()), 0x2000)
+                .unwrap();
+        p.b.connect(&opts, eb.psn, &ea).unwrap();
+        match reset {
+            false => p.b.to_error().unwrap(),
+            true => p.b.reset().unwrap(),
+        }
+        let src = Mr::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+        let sge = [src.sge(0, 8).unwrap()];
+        // SAFETY: `src` outlives the completions polled below.
+        unsafe {
+            p.a.post_send(&SendWr::send(1, &sge)).unwrap();
+            p.a.post_send(&SendWr::send(2, &sge)).unwrap();
+        }
+        let wcs = poll_n(&p.cq_a, 2);
+        let got: Vec<_> = wcs.iter().map(|w| (w.wr_id(), w.status())).collect();
+        assert_eq!(
+            got,
+            [(1, WcStatus::RETRY_EXC_ERR), (2, WcStatus::WR_FLUSH_ERR)],
+            "peer reset: {reset}"
+        );
+    }
+}
+
+/// A SEND that reaches its peer before the peer is ready (still in INIT: two sides of a
+/// connection come up one after the other) is delivered once it is, by the requester's
+/// retry after its timeout, exactly once.
+#[test]
+fn a_send_that_arrives_before_its_peer_is_ready_is_delivered_once_it_is() {
+    let mut opts = crate::common::connect_opts(AccessFlags::NONE);
+    (opts.timeout, opts.retry_cnt) = (12, 7);
+    let (p, ea) = a_before_b(&opts);
+    let mut init = rsrdma::InitAttr::default();
+    init.port = 1;
+    p.b.to_init(&init).unwrap();
+    let dst = Mr::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut src = Mr::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    src.write_at(0, b"too early").unwrap();
+    // SAFETY: `dst` and `src` outlive the completions polled below.
+    unsafe {
+        p.b.post_recv(&RecvWr::new(9, &[dst.sge(0, 64).unwrap()]))
+            .unwrap();
+        p.a.post_send(&SendWr::send(1, &[src.sge(0, 9).unwrap()]))
+            .unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    let eb =
+        p.b.endpoint(1, Some(crate::common::gid_index()), 0x2000)
+            .unwrap();
+    p.b.connect(&opts, eb.psn, &ea).unwrap();
+    assert_eq!(poll_ok(&p.cq_a).wr_id(), 1);
+    let wc = poll_ok(&p.cq_b);
+    assert_eq!((wc.wr_id(), wc.byte_len()), (9, 9));
+    let mut got = [0u8; 9];
+    dst.read_at(0, &mut got).unwrap();
+    assert_eq!(&got, b"too early");
+    assert_quiet(&p.cq_b);
+}

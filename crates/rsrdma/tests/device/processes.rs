@@ -75,12 +75,17 @@ fn one_sided_target_child() {
         "run by the parent test"
     );
     let (_ctx, pd, _cq, qp) = rc_qp();
+    let mut qp = Some(qp);
     let mut mr = Some(Mr::new(&pd, LEN, access()).unwrap());
     let bytes: Vec<u8> = (0..LEN).map(pattern).collect();
     let m = mr.as_mut().unwrap();
     m.write_at(0, &bytes).unwrap();
     m.write_at(WORD, &100u64.to_ne_bytes()).unwrap();
-    let me = qp.endpoint(1, Some(gid_index()), 0x3000).unwrap();
+    let me = qp
+        .as_ref()
+        .unwrap()
+        .endpoint(1, Some(gid_index()), 0x3000)
+        .unwrap();
     let r = m.remote();
     println!("TARGET {} {} {}", endpoint_words(&me), r.addr, r.rkey);
     let stdin = std::io::stdin();
@@ -90,8 +95,18 @@ fn one_sided_target_child() {
         match w.first().copied() {
             Some("CONNECT") => {
                 let peer = parse_endpoint(&w[1..]);
+                let qp = qp.as_ref().unwrap();
                 qp.connect(&connect_opts(access()), me.psn, &peer).unwrap();
                 println!("CONNECTED");
+            }
+            // The queue pair fails, or goes, while the process lives on.
+            Some("FAIL") => {
+                qp.as_ref().unwrap().to_error().unwrap();
+                println!("FAILED");
+            }
+            Some("DESTROY") => {
+                qp = None;
+                println!("DESTROYED");
             }
             Some("SHOW") => {
                 let (at, len) = (w[1].parse().unwrap(), w[2].parse().unwrap());
@@ -108,6 +123,7 @@ fn one_sided_target_child() {
         std::io::stdout().flush().unwrap();
     }
     drop(mr);
+    drop(qp);
 }
 
 /// The parent's end of the child's pipes.
@@ -147,8 +163,8 @@ impl Child {
     }
 }
 
-#[test]
-fn one_sided_requests_between_processes_land_in_the_targets_memory() {
+/// The target child, started: its endpoint, and its region's address and key.
+fn spawn_target() -> (Child, QpEndpoint, u64, u32) {
     let mut proc = Command::new(std::env::current_exe().unwrap())
         .args([
             "processes::one_sided_target_child",
@@ -168,7 +184,12 @@ fn one_sided_requests_between_processes_land_in_the_targets_memory() {
     let w: Vec<&str> = t.iter().map(String::as_str).collect();
     let target = parse_endpoint(&w[..4]);
     let (raddr, rkey): (u64, u32) = (w[4].parse().unwrap(), w[5].parse().unwrap());
+    (child, target, raddr, rkey)
+}
 
+#[test]
+fn one_sided_requests_between_processes_land_in_the_targets_memory() {
+    let (mut child, target, raddr, rkey) = spawn_target();
     let (_ctx, pd, cq, qp) = rc_qp();
     let me = qp.endpoint(1, Some(gid_index()), 0x4000).unwrap();
     qp.connect(&connect_opts(AccessFlags::LOCAL_WRITE), me.psn, &target)
@@ -289,4 +310,54 @@ fn one_sided_requests_between_processes_land_in_the_targets_memory() {
     child.say("QUIT");
     let status = child.proc.wait().unwrap();
     assert!(status.success(), "the target child failed: {status}");
+}
+
+/// A peer queue pair that fails, or is destroyed, in a process that lives on drops what
+/// arrives for it, as a NIC does; the requester sends again after its timeout, `retry_cnt`
+/// times, and then ends the request with `RETRY_EXC_ERR` and flushes the rest (rxe's
+/// transport timer; soft0's device tells the requester's that it dropped the request). Before,
+/// on soft0, the requests waited for ever.
+#[test]
+fn a_peer_queue_pair_that_fails_or_goes_in_a_live_process_ends_requests_with_retry_exceeded() {
+    for (say, reply) in [("FAIL", "FAILED"), ("DESTROY", "DESTROYED")] {
+        let (mut child, target, raddr, rkey) = spawn_target();
+        let (_ctx, pd, cq, qp) = rc_qp();
+        let me = qp.endpoint(1, Some(gid_index()), 0x4000).unwrap();
+        // Retries every 4 ms (code 10), twice.
+        let mut opts = connect_opts(AccessFlags::LOCAL_WRITE);
+        opts.timeout = 10;
+        opts.retry_cnt = 2;
+        qp.connect(&opts, me.psn, &target).unwrap();
+        child.say(&format!("CONNECT {}", endpoint_words(&me)));
+        child.expect("CONNECTED");
+        let local = Mr::new(&pd, LEN, AccessFlags::LOCAL_WRITE).unwrap();
+        let sge = [local.sge(0, 64).unwrap()];
+        // SAFETY: `local` outlives every completion polled below, untouched meanwhile.
+        unsafe {
+            qp.post_send(&SendWr::rdma_write(1, &sge, raddr, rkey))
+                .unwrap()
+        };
+        assert_eq!(poll_ok(&cq).wr_id(), 1, "{say}: the WRITE before");
+        child.say(say);
+        child.expect(reply);
+        let t0 = std::time::Instant::now();
+        // SAFETY: as above.
+        unsafe {
+            qp.post_send(&SendWr::rdma_write(2, &sge, raddr, rkey))
+                .unwrap();
+            qp.post_send(&SendWr::rdma_read(3, &sge, raddr, rkey))
+                .unwrap();
+        }
+        let wcs = poll_n(&cq, 2);
+        let got: Vec<_> = wcs.iter().map(|w| (w.wr_id(), w.status())).collect();
+        assert_eq!(
+            got,
+            [(2, WcStatus::RETRY_EXC_ERR), (3, WcStatus::WR_FLUSH_ERR)],
+            "{say}"
+        );
+        eprintln!("{say}: RETRY_EXC_ERR after {:?}", t0.elapsed());
+        child.say("QUIT");
+        let status = child.proc.wait().unwrap();
+        assert!(status.success(), "the target child failed: {status}");
+    }
 }
