@@ -133,6 +133,7 @@ const DYNAMIC_FUNCTIONS: &[&str] = &[
     "rdma_connect",
     "rdma_listen",
     "rdma_accept",
+    "rdma_init_qp_attr",
     "rdma_reject",
     "rdma_disconnect",
     "rdma_get_cm_event",

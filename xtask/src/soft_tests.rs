@@ -128,6 +128,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "a_listener_out_of_descriptors_waits_and_then_accepts",
             "a_qp_forced_to_error_fails_both_sides_promptly",
             "a_secret_is_checked_on_rdma_cm",
+            "a_stranger_on_rdma_cm_reaches_nothing_of_a_shared_protection_domain",
             "a_silent_half_handshake_does_not_delay_a_good_client",
             "a_timeout_inside_a_message_keeps_it_whole_on_both_sides",
             "batches_from_two_threads_stay_contiguous",
@@ -148,6 +149,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "short_buffer_keeps_the_message_and_the_cap_is_enforced",
             "shutdown_read_discards_and_reports_eof_while_credits_flow",
             "small_messages_go_the_short_way_beside_large_ones",
+            "strangers_that_never_prove_the_secret_on_rdma_cm_hold_a_listener_only_for_the_opening",
         ],
     ),
     (

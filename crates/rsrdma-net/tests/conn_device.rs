@@ -637,6 +637,152 @@ fn peers_that_stall_after_their_endpoint_do_not_hold_a_conn_listener() {
     drop(stalled);
 }
 
+/// On rdma_cm, a peer that has not proven the listener's secret gets nothing through the
+/// queue pair the listener brought up for it: rdma_cm's own accept grants REMOTE_WRITE (and
+/// READ), which reached every region of a shared protection domain (an outside tester wrote
+/// into and read a RawConn-style region beside the listener). The listener's QP now comes up
+/// granting nothing until the proof checks, and then only READ (rendezvous).
+#[test]
+fn a_stranger_on_rdma_cm_reaches_nothing_of_a_shared_protection_domain() {
+    use rsrdma::{AccessFlags, Mr, Pd, SendWr};
+    let key = b"a cluster secret of 32 bytes....";
+    // The domain must be on rdma_cm's context of the device (librdmacm opens its own).
+    let bound = rsrdma::cm::CmId::new().unwrap();
+    bound
+        .bind(format!("{}:0", support::ip()).parse().unwrap())
+        .unwrap();
+    let pd = Pd::new(&bound.context().unwrap()).unwrap();
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let mut target = Mr::new(&pd, 4096, all).unwrap();
+    target.write_at(100, b"server-private").unwrap();
+    let l = Arc::new(listen(opts(Establish::Cm).pd(pd.clone()).secret(key)));
+    let addr = l.local_addr();
+    let server = {
+        let l = l.clone();
+        thread::spawn(move || l.accept_timeout(Duration::from_secs(20)).map(drop))
+    };
+    let stranger = cm_stranger(addr);
+    let (qp, cq, apd) = (&stranger.qp, &stranger.cq, &stranger.pd);
+    let mut local = Mr::new(apd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    local.write_at(0, b"OWNED-BY-STRNGR!").unwrap();
+    let (r, rkey) = (target.remote().addr, target.remote().rkey);
+    // SAFETY: `local` outlives the completions polled below.
+    unsafe {
+        qp.post_send(&SendWr::rdma_write(
+            1,
+            &[local.sge(0, 16).unwrap()],
+            r,
+            rkey,
+        ))
+        .unwrap();
+        qp.post_send(&SendWr::rdma_read(
+            2,
+            &[local.sge(32, 14).unwrap()],
+            r + 100,
+            rkey,
+        ))
+        .unwrap();
+    }
+    let mut wcs = [rsrdma::Wc::default(); 2];
+    let mut got = 0;
+    let t0 = Instant::now();
+    while got < 2 && t0.elapsed() < Duration::from_secs(20) {
+        got += cq.poll(&mut wcs[got..]).unwrap();
+    }
+    assert_eq!(got, 2, "both requests ended");
+    for wc in &wcs {
+        assert!(
+            !wc.is_ok(),
+            "the stranger's request {} succeeded",
+            wc.wr_id()
+        );
+    }
+    let mut back = [0u8; 14];
+    local.read_at(32, &mut back).unwrap();
+    assert_ne!(&back, b"server-private", "the stranger read the region");
+    let mut now = [0u8; 16];
+    target.read_at(0, &mut now).unwrap();
+    assert_eq!(now, [0u8; 16], "the stranger wrote the region");
+    drop(stranger);
+    // A client with the secret still gets a working connection on that domain.
+    let good = thread::spawn(move || Conn::dial(addr, opts(Establish::Cm).secret(key)));
+    server.join().unwrap().expect("the good client is accepted");
+    let c = good.join().unwrap().unwrap();
+    drop(c);
+}
+
+/// A peer of a Conn listener on rdma_cm with a secret that connects announcing a Conn that
+/// will prove the secret, and never proves it (the listener accepts before the proof).
+struct CmStranger {
+    qp: rsrdma::Qp,
+    cq: rsrdma::Cq,
+    pd: rsrdma::Pd,
+    _id: rsrdma::cm::CmId,
+}
+
+fn cm_stranger(addr: SocketAddr) -> CmStranger {
+    use rsrdma::cm::{CmId, ConnParam};
+    use rsrdma::{Cq, Pd, Qp, QpType};
+    let t = Duration::from_secs(5);
+    let id = CmId::new().unwrap();
+    id.resolve_addr(None, addr, t).unwrap();
+    id.resolve_route(t).unwrap();
+    let ctx = id.context().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 16, None).unwrap();
+    let qp = id
+        .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
+        .unwrap();
+    // Conn's announcement, the mark of a secret ('A') and a nonce.
+    let mut offer = rsrdma_proto::Config::default().params().encode().to_vec();
+    offer.push(b'A');
+    offer.extend_from_slice(&[0x55; 16]);
+    id.connect(&ConnParam::default().with_private_data(offer), t)
+        .expect("the listener accepts before the proof");
+    CmStranger {
+        qp,
+        cq,
+        pd,
+        _id: id,
+    }
+}
+
+/// On rdma_cm with a secret, strangers that never prove it hold a listener's places for its
+/// opening timeout, not for the whole handshake's limit: eight of them fill a listener of
+/// eight, and a good client gets in once the first of them is dropped (an outside tester's
+/// good client waited 9.7 s behind 64, just inside its own 10 s limit).
+#[test]
+fn strangers_that_never_prove_the_secret_on_rdma_cm_hold_a_listener_only_for_the_opening() {
+    let key = b"a cluster secret of 32 bytes....";
+    let l = Arc::new(listen(
+        opts(Establish::Cm)
+            .secret(key)
+            .max_handshakes(8)
+            .opening_timeout(Duration::from_millis(500)),
+    ));
+    let addr = l.local_addr();
+    let server = {
+        let l = l.clone();
+        thread::spawn(move || l.accept_timeout(Duration::from_secs(20)))
+    };
+    let strangers: Vec<_> = (0..8).map(|_| cm_stranger(addr)).collect();
+    let t0 = Instant::now();
+    let c = Conn::dial(addr, opts(Establish::Cm).secret(key)).unwrap();
+    let s = server.join().unwrap().unwrap();
+    let took = t0.elapsed();
+    eprintln!(
+        "good client behind 8 strangers on rdma_cm in {took:?}; {:?}",
+        l.counters()
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "the good client waited {took:?}"
+    );
+    c.send_msg(b"proven").unwrap();
+    assert_eq!(s.recv_msg().unwrap().unwrap(), b"proven");
+    drop(strangers);
+}
+
 /// A plain rdma_cm client up to (not including) `connect`: its id with a route to `addr`,
 /// and an RC QP on it (with the Pd and CQ it needs kept alive).
 struct CmClient {

@@ -70,4 +70,5 @@ dynamic_functions! {
     rdmacm: fn rdma_free_devices(list: *mut *mut ibv_context);
     rdmacm: fn rdma_event_str(event: rdma_cm_event_type) -> *const ::std::os::raw::c_char;
     rdmacm: fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> ::std::os::raw::c_int;
+    rdmacm: fn rdma_init_qp_attr(id: *mut rdma_cm_id, qp_attr: *mut ibv_qp_attr, qp_attr_mask: *mut ::std::os::raw::c_int) -> ::std::os::raw::c_int;
 }

@@ -700,6 +700,22 @@ pub unsafe fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c
     )
 }
 
+/// `rdma_init_qp_attr`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_init_qp_attr(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
+    route_cm!(
+        id,
+        soft::cm::init_qp_attr(id, attr, mask),
+        rsrdma_sys::rdma_init_qp_attr(id, attr, mask)
+    )
+}
+
 /// `rdma_reject`.
 ///
 /// # Safety

@@ -121,7 +121,8 @@ pub struct ConnOptions {
     /// prove the secret when there is one; without a secret, send its first step after the
     /// hello, since anyone can send a hello) before it is dropped. Much shorter than a good
     /// client's [`ConnOptions::connect_timeout`], so silent sockets cannot hold the listener.
-    /// Default 3 s.
+    /// On rdma_cm: from the connect request until the connection is established and, with a
+    /// secret, the peer's proof has checked. Default 3 s.
     pub opening_timeout: Duration,
     /// Listener only: handshakes running at once (plus connections finished and not yet
     /// accepted). A new peer past it sheds the oldest handshake that has not opened yet,

@@ -511,6 +511,102 @@ impl CmId {
             .map(drop)
     }
 
+    /// As [`CmId::accept`], but the queue pair grants its peer exactly `access` (its remote
+    /// flags), not what rdma_cm grants (REMOTE_WRITE always, and READ and ATOMIC when it
+    /// serves reads). The QP is brought up here, with the attributes the CM gives
+    /// (`rdma_init_qp_attr`) and these flags, before the acceptance goes out, so the peer
+    /// never has more, not even for a moment (librdmacm's accept would bring the QP up itself
+    /// and set the CM's flags again). A server that checks its peer after the connection is
+    /// up (a proof of a shared secret) grants nothing here, and its rights once it has.
+    ///
+    /// # Errors
+    /// As [`CmId::accept`]; [`Error::InvalidArgument`] without a QP made by
+    /// [`CmId::create_qp`]; [`Error::Verbs`] naming `rdma_init_qp_attr` or `ibv_modify_qp`.
+    pub fn accept_granting(
+        &self,
+        p: &ConnParam,
+        access: crate::AccessFlags,
+        timeout: Duration,
+    ) -> Result<()> {
+        use ffi::ibv_qp_state as S;
+        let ctx = self.context()?;
+        let dev = ctx.attr();
+        let defaults = match self.inner.requester {
+            Some(asked) => Depths::accepting(asked, dev.max_qp_rd_atom, dev.max_qp_init_rd_atom),
+            None => Depths::device_max(dev),
+        };
+        let mut param = p.to_raw(MAX_ACCEPT_PRIVATE_DATA, dev, defaults)?;
+        let guard = self.inner.channel.guard_qp();
+        // SAFETY: live id; its `qp` field is read under the guard.
+        let qp = unsafe { (*self.inner.raw).qp };
+        if qp.is_null() {
+            return Err(Error::InvalidArgument(
+                "accept_granting brings up the id's queue pair: make it with create_qp first"
+                    .into(),
+            ));
+        }
+        // SAFETY: live id.
+        let port = unsafe { (*self.inner.raw).port_num };
+        let infiniband = ctx
+            .query_port(port)
+            .is_ok_and(|a| a.link_layer == crate::LinkLayer::Infiniband);
+        for state in [S::IBV_QPS_INIT, S::IBV_QPS_RTR, S::IBV_QPS_RTS] {
+            let mut attr = ffi::ibv_qp_attr {
+                qp_state: state,
+                ..Default::default()
+            };
+            let mut mask: std::os::raw::c_int = 0;
+            // SAFETY: live id from a connect request; `attr` and `mask` are writable.
+            if unsafe { ffi::rdma_init_qp_attr(self.inner.raw, &mut attr, &mut mask) } != 0 {
+                return Err(Error::last_os("rdma_init_qp_attr"));
+            }
+            // The CM names the flags at INIT (a soft CM, at RTR too): ours, wherever.
+            let flags = ffi::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0 as std::os::raw::c_int;
+            if state == S::IBV_QPS_INIT || mask & flags != 0 {
+                attr.qp_access_flags = access.bits();
+                mask |= flags;
+            }
+            match state {
+                S::IBV_QPS_INIT => {}
+                S::IBV_QPS_RTR => {
+                    attr.max_dest_rd_atomic = param.responder_resources;
+                    // As librdmacm: the kernel marks RoCE-only attributes (bits 21 to 24)
+                    // that an InfiniBand port refuses.
+                    if infiniband {
+                        mask &= !0xe0_0000;
+                    }
+                }
+                _ => attr.max_rd_atomic = param.initiator_depth,
+            }
+            // SAFETY: the id's live QP (in INIT since create_qp, then RTR); valid attributes.
+            let rc = unsafe { ffi::ibv_modify_qp(qp, &mut attr, mask) };
+            if rc != 0 {
+                return Err(Error::from_errno("ibv_modify_qp", rc));
+            }
+        }
+        // SAFETY: the id's live QP.
+        (param.qp_num, param.srq) = unsafe { ((*qp).qp_num, u8::from(!(*qp).srq.is_null())) };
+        // With no QP on the id, librdmacm's accept leaves the QP alone and announces the one
+        // the parameters name; the id gets its QP back at once (under the guard, so nobody
+        // sees it without).
+        // SAFETY: live id; `param` outlives the call; the id's `qp` field is restored below.
+        let rc = unsafe {
+            (*self.inner.raw).qp = std::ptr::null_mut();
+            let rc = ffi::rdma_accept(self.inner.raw, &mut param);
+            (*self.inner.raw).qp = qp;
+            rc
+        };
+        let accepted = if rc != 0 {
+            Err(Error::last_os("rdma_accept"))
+        } else {
+            Ok(())
+        };
+        drop(guard);
+        accepted?;
+        self.expect("rdma_accept", CmEventType::ESTABLISHED, timeout)
+            .map(drop)
+    }
+
     /// Rejects a connection request, with optional private data for the requester (who sees
     /// REJECTED with reason 28, "consumer reject").
     ///

@@ -47,6 +47,16 @@ pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> 
     let reply = id
         .connect(&announce, left())
         .map_err(|e| rejected(e, addr))?;
+    // rdma_cm brought the QP up granting REMOTE_WRITE (and READ): a Conn's peer needs READ
+    // at most (rendezvous), and a listener that has not proven the secret yet, nothing.
+    // (librdmacm's connect sets the CM's flags itself; they are taken back here, a moment
+    // after, where the listener's accept grants its own before its answer goes out.)
+    let grant = granted(opts);
+    qp.set_access(if secret.is_some() {
+        rsrdma::AccessFlags::NONE
+    } else {
+        grant
+    })?;
     let peer = decode_params(&reply)?;
     match (secret, cm_auth::demands(&reply)) {
         (Some(s), true) => cm_auth::prove(
@@ -74,6 +84,9 @@ pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> 
         }
         (None, false) => {}
     }
+    if secret.is_some() {
+        qp.set_access(grant)?;
+    }
     let addrs = addrs_of(&id, addr);
     local.finish(qp, &peer, Liveness::Cm(id), (Establish::Cm, opts), addrs)
 }
@@ -97,7 +110,12 @@ pub(crate) fn accept(
         Ok(p) => p,
         Err(e) => return Err(refuse(&id, e)),
     };
-    let deadline = crate::deadline::deadline_after(opts.connect_timeout);
+    // The opening, as on the TCP path: a peer has `opening_timeout` from its request until
+    // the connection is up and, with a secret, its proof checked. A stranger that never
+    // proves (or never answers the accept) holds the listener's place, a queue pair and its
+    // memory that long, not for the whole handshake's limit (rdma_cm requests are never shed).
+    let opening = opts.opening_timeout.min(opts.connect_timeout);
+    let deadline = crate::deadline::deadline_after(opening);
     match (opts.secret.is_some(), cm_auth::demands(&req.private_data)) {
         (true, false) => {
             return Err(refuse(
@@ -146,9 +164,23 @@ pub(crate) fn accept(
     let reply = ConnParam::default()
         .with_private_data(offer.clone())
         .with_rnr_retry_count(rnr_retry);
+    // The QP grants what a Conn's peer needs (READ, for rendezvous) from the start, and
+    // nothing at all to a peer that has yet to prove the secret (rdma_cm's own accept would
+    // grant REMOTE_WRITE to anyone: to every region of a shared protection domain).
+    let grant = granted(opts);
+    let first = match opts.secret {
+        Some(_) => rsrdma::AccessFlags::NONE,
+        None => grant,
+    };
     // From the accept the QP may receive: a failure gives back what the peer's SENDs took.
     let accepted = id
-        .accept(&reply, opts.connect_timeout)
+        .accept_granting(
+            &reply,
+            first,
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        )
         .map_err(NetError::from)
         .and_then(|()| match opts.secret.as_deref() {
             // Before any core exists: nothing is delivered, and nothing exposed, until the
@@ -161,7 +193,8 @@ pub(crate) fn accept(
                 &qp,
                 &id,
                 deadline,
-            ),
+            )
+            .and_then(|()| qp.set_access(grant).map_err(NetError::from)),
             None => Ok(()),
         });
     if let Err(e) = accepted {
@@ -177,6 +210,15 @@ pub(crate) fn accept(
     let fallback = peer_seen.unwrap_or_else(|| SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
     let addrs = addrs_of(&id, fallback);
     local.finish(qp, &peer, Liveness::Cm(id), (Establish::Cm, opts), addrs)
+}
+
+/// What a connection's peer may do to this side's memory through its queue pair: READ the
+/// messages it is offered, when rendezvous is on (as the TCP path grants); nothing else.
+fn granted(opts: &ConnOptions) -> rsrdma::AccessFlags {
+    match opts.rendezvous {
+        Some(_) => rsrdma::AccessFlags::REMOTE_READ,
+        None => rsrdma::AccessFlags::NONE,
+    }
 }
 
 fn addrs_of(id: &CmId, peer_fallback: SocketAddr) -> (SocketAddr, SocketAddr) {

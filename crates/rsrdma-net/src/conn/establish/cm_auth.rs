@@ -161,6 +161,7 @@ fn poll_until(
 ) -> Result<()> {
     // One at a time: what follows the peer's proof belongs to the driver.
     let mut wcs = [Wc::default(); 1];
+    let started = Instant::now();
     loop {
         let n = local.cq.poll(&mut wcs)?;
         for wc in &wcs[..n] {
@@ -190,7 +191,7 @@ fn poll_until(
         if Instant::now() >= deadline {
             return Err(NetError::Timeout {
                 op: "rdma_cm authentication",
-                millis: 0,
+                millis: started.elapsed().as_millis().try_into().unwrap_or(u64::MAX),
             });
         }
         if n == 0 {

@@ -611,11 +611,9 @@ pub(crate) unsafe fn destroy_qp(id: *mut ffi::rdma_cm_id) {
     }
 }
 
-/// Moves `qp` to RTR and RTS towards `peer`; `mine` is this side's part of the exchange.
-///
-/// # Safety
-/// `qp` is a live soft QP in INIT.
-unsafe fn connect_qp(qp: *mut ffi::ibv_qp, mine: &Endpoint, peer: &Endpoint) -> c_int {
+/// The attributes that bring a connected QP to RTR towards `peer` (`mine`: this side's part
+/// of the exchange), and their mask, as the kernel's CM gives them.
+fn rtr_attr(mine: &Endpoint, peer: &Endpoint) -> (ffi::ibv_qp_attr, c_int) {
     use ffi::ibv_access_flags as A;
     use ffi::ibv_qp_attr_mask as M;
     let mut a: ffi::ibv_qp_attr = zeroed();
@@ -646,11 +644,12 @@ unsafe fn connect_qp(qp: *mut ffi::ibv_qp, mine: &Endpoint, peer: &Endpoint) -> 
         | M::IBV_QP_MAX_DEST_RD_ATOMIC.0
         | M::IBV_QP_MIN_RNR_TIMER.0
         | M::IBV_QP_ACCESS_FLAGS.0;
-    // SAFETY: the caller's contract.
-    let rc = unsafe { verbs::modify_qp(qp, &mut a, mask as c_int) };
-    if rc != 0 {
-        return rc;
-    }
+    (a, mask as c_int)
+}
+
+/// The attributes that bring a connected QP from RTR to RTS, and their mask.
+fn rts_attr(mine: &Endpoint, peer: &Endpoint) -> (ffi::ibv_qp_attr, c_int) {
+    use ffi::ibv_qp_attr_mask as M;
     let mut a: ffi::ibv_qp_attr = zeroed();
     a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
     a.sq_psn = mine.psn;
@@ -665,8 +664,82 @@ unsafe fn connect_qp(qp: *mut ffi::ibv_qp, mine: &Endpoint, peer: &Endpoint) -> 
         | M::IBV_QP_RETRY_CNT.0
         | M::IBV_QP_RNR_RETRY.0
         | M::IBV_QP_MAX_QP_RD_ATOMIC.0;
-    // SAFETY: as above.
-    unsafe { verbs::modify_qp(qp, &mut a, mask as c_int) }
+    (a, mask as c_int)
+}
+
+/// Moves `qp` to RTR and RTS towards `peer`; `mine` is this side's part of the exchange.
+///
+/// # Safety
+/// `qp` is a live soft QP in INIT.
+unsafe fn connect_qp(qp: *mut ffi::ibv_qp, mine: &Endpoint, peer: &Endpoint) -> c_int {
+    for (mut a, mask) in [rtr_attr(mine, peer), rts_attr(mine, peer)] {
+        // SAFETY: the caller's contract.
+        let rc = unsafe { verbs::modify_qp(qp, &mut a, mask) };
+        if rc != 0 {
+            return rc;
+        }
+    }
+    0
+}
+
+/// `rdma_init_qp_attr` for an id from a connect request (the passive side, before or after
+/// its accept): the attributes for `attr.qp_state` (INIT, RTR or RTS) as the kernel's CM
+/// gives them, with no read depths (the caller sets those of its `rdma_conn_param`, as
+/// librdmacm does). An application that brings its QP up itself (to grant other access
+/// flags than the CM's) uses them, then accepts with the QP's number in its parameters.
+///
+/// # Safety
+/// `id` is a live soft id; `attr` and `mask` are writable.
+pub(crate) unsafe fn init_qp_attr(
+    id: *mut ffi::rdma_cm_id,
+    attr: *mut ffi::ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
+    use ffi::ibv_qp_attr_mask as M;
+    use ffi::ibv_qp_state as S;
+    // SAFETY: the caller's contract.
+    let (s, want) = unsafe { (soft(id), (*attr).qp_state) };
+    let st = lock(&s.shared.state);
+    let Some(peer) = st.peer.clone() else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    let mine = Endpoint {
+        qpn: 0,
+        lid: own_lid(),
+        gid: own_gid(),
+        psn: st.psn,
+        responder_resources: 0,
+        initiator_depth: 0,
+        rnr_retry: 0,
+        private: Vec::new(),
+    };
+    drop(st);
+    let (a, m) = match want {
+        S::IBV_QPS_INIT => {
+            let mut a: ffi::ibv_qp_attr = zeroed();
+            a.qp_state = S::IBV_QPS_INIT;
+            a.port_num = 1;
+            a.qp_access_flags = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+            let m = M::IBV_QP_STATE.0
+                | M::IBV_QP_PORT.0
+                | M::IBV_QP_PKEY_INDEX.0
+                | M::IBV_QP_ACCESS_FLAGS.0;
+            (a, m as c_int)
+        }
+        S::IBV_QPS_RTR => rtr_attr(&mine, &peer),
+        S::IBV_QPS_RTS => rts_attr(&mine, &peer),
+        _ => {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+    };
+    // SAFETY: the caller's contract.
+    unsafe {
+        *attr = a;
+        *mask = m;
+    }
+    0
 }
 
 /// This side's part of the exchange, from the id's QP and the caller's parameters.
@@ -681,10 +754,9 @@ unsafe fn endpoint(
     // SAFETY: the caller's contract.
     let (qpn, p) = unsafe {
         let qp = (*id).qp;
-        (
-            if qp.is_null() { 0 } else { (*qp).qp_num },
-            if param.is_null() { zeroed() } else { *param },
-        )
+        let p: ffi::rdma_conn_param = if param.is_null() { zeroed() } else { *param };
+        // Without a QP on the id, its parameters name one (as librdmacm's accept takes it).
+        (if qp.is_null() { p.qp_num } else { (*qp).qp_num }, p)
     };
     let private = if p.private_data.is_null() || p.private_data_len == 0 {
         Vec::new()
@@ -770,7 +842,9 @@ pub(crate) unsafe fn connect(id: *mut ffi::rdma_cm_id, param: *mut ffi::rdma_con
 }
 
 /// # Safety
-/// `id` is a live soft id from a connect request, with a QP; `param` null or valid.
+/// `id` is a live soft id from a connect request; `param` null or valid. Without a QP on
+/// the id, `param` names the QP, which the caller brought to RTS itself
+/// ([`init_qp_attr`]), as librdmacm's accept then does nothing to a QP either.
 pub(crate) unsafe fn accept(id: *mut ffi::rdma_cm_id, param: *mut ffi::rdma_conn_param) -> c_int {
     // SAFETY: the caller's contract.
     let s = unsafe { soft(id) };
@@ -781,17 +855,19 @@ pub(crate) unsafe fn accept(id: *mut ffi::rdma_cm_id, param: *mut ffi::rdma_conn
         set_errno(libc::EINVAL);
         return -1;
     };
-    if qp.is_null() || st.stream.is_none() {
+    if (qp.is_null() && param.is_null()) || st.stream.is_none() {
         set_errno(libc::EINVAL);
         return -1;
     }
     // SAFETY: as above.
     let mine = unsafe { endpoint(id, st.psn, param) };
-    // SAFETY: the id's QP, in INIT since rdma_create_qp.
-    let rc = unsafe { connect_qp(qp, &mine, &peer) };
-    if rc != 0 {
-        set_errno(rc);
-        return -1;
+    if !qp.is_null() {
+        // SAFETY: the id's QP, in INIT since rdma_create_qp.
+        let rc = unsafe { connect_qp(qp, &mine, &peer) };
+        if rc != 0 {
+            set_errno(rc);
+            return -1;
+        }
     }
     let sent = st
         .stream
