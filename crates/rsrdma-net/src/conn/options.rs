@@ -70,7 +70,9 @@ pub struct ConnOptions {
     /// GID index (TCP path); `None` lets [`rsrdma::Context::resolve_gid_index`] choose.
     pub gid_index: Option<u8>,
     /// A protection domain to create the connection in (TCP path; rdma_cm needs the domain to
-    /// be on the device the address resolves to, which is checked).
+    /// be on the device the address resolves to, which is checked, and made on rdma_cm's own
+    /// context of it: librdmacm opens its devices itself, so take the context from a
+    /// [`rsrdma::cm::CmId`] bound to that address, `CmId::context`).
     pub pd: Option<Pd>,
     /// Bytes per slot, the 16-byte frame header included. Default 32 KiB + 16 B: exactly
     /// 32 KiB of payload a frame, so power-of-two messages fill whole frames.

@@ -151,7 +151,10 @@ pub(crate) fn accept(
         account: Some(pools.account.clone()),
     };
     let mut local = Local::new(pd, opts, from).map_err(|e| refuse(&id, e))?;
-    let qp = id.create_qp(&local.pd, &local.builder, &local.cq, &local.cq)?;
+    // (A domain of another context of the device than rdma_cm's is refused here.)
+    let qp = id
+        .create_qp(&local.pd, &local.builder, &local.cq, &local.cq)
+        .map_err(|e| refuse(&id, e.into()))?;
     local.post_receives(&qp)?;
     // The accept's RNR retry count is the one the *peer's* QP uses: with a pool that may run
     // empty for a moment, it retries without limit.
