@@ -1515,6 +1515,28 @@ unsafe extern "C" fn req_notify_cq_op(cq: *mut ffi::ibv_cq, _solicited: c_int) -
 // ----- the control path (called through `crate::ffi`) ---------------------------------------
 
 /// `ibv_open_device` of the soft device.
+/// At the process's exit (from `main`, or `std::process::exit`), waits (up to a second) until
+/// what the links still hold has been written: a datagram or an acknowledgement completes
+/// once it is queued, where a NIC completes it once it is on the wire, so a program that
+/// sends, sees the completion (or `PacketConn::flush` returns) and exits would otherwise
+/// lose it, with the first packets to a new peer while its link is being set up. A process
+/// that is killed loses them still (a NIC would have sent them).
+fn flush_links_at_exit() {
+    extern "C" fn at_exit() {
+        if let Some(l) = &device().links {
+            l.flush(LINK_FLUSH_LIMIT);
+        }
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `at_exit` is a plain function that stays valid for the process's life; it
+        // takes no lock the exiting thread could hold (the links' own, and only theirs).
+        if unsafe { libc::atexit(at_exit) } != 0 {
+            tracing::debug!("soft0: no exit handler; links are flushed when their QPs go");
+        }
+    });
+}
+
 pub(crate) fn open_device() -> *mut ffi::ibv_context {
     if let Err(e) = super::faults::from_env() {
         tracing::error!("soft0 cannot open: {e}");
@@ -1538,6 +1560,7 @@ pub(crate) fn open_device() -> *mut ffi::ibv_context {
         return std::ptr::null_mut();
     }
     super::mark_opened();
+    flush_links_at_exit();
     let fd = new_eventfd();
     if fd < 0 {
         return std::ptr::null_mut();

@@ -184,6 +184,13 @@ fn ud_sender_child() {
         poll_ok(&cq);
     }
     println!("sent");
+    if std::env::var_os("UD_EXIT_AT_ONCE").is_some() {
+        // Nothing dropped, no destructor run: the process just ends.
+        use std::io::Write;
+        std::io::stdout().flush().unwrap();
+        std::mem::forget((qp, ah, src, cq, pd, ctx));
+        std::process::exit(0);
+    }
 }
 
 const DATAGRAMS: u64 = 20;
@@ -194,6 +201,19 @@ const DATAGRAMS: u64 = 20;
 /// last datagrams to a second peer.)
 #[test]
 fn datagrams_sent_just_before_the_sender_exits_arrive() {
+    datagrams_arrive_from_a_child(false);
+}
+
+/// As above, from a sender that calls `exit` without dropping anything: soft0's links are
+/// flushed at the process's exit. (The datagrams to a peer whose link was still being set
+/// up were lost: an outside tester's `PacketConn::flush` returned and the process exited,
+/// 28 times in 30 with nothing delivered.)
+#[test]
+fn datagrams_of_a_sender_that_exits_without_dropping_anything_arrive() {
+    datagrams_arrive_from_a_child(true);
+}
+
+fn datagrams_arrive_from_a_child(exit_at_once: bool) {
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
     let cq = Cq::new(&ctx, 64, None).unwrap();
@@ -214,6 +234,7 @@ fn datagrams_sent_just_before_the_sender_exits_arrive() {
             "--nocapture",
         ])
         .env("UD_TARGET", format!("{hex} {}", qp.qp_num()))
+        .envs(exit_at_once.then_some(("UD_EXIT_AT_ONCE", "1")))
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
