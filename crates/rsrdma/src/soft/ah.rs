@@ -30,11 +30,14 @@ pub(crate) unsafe fn create_ah(
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
-    let gid = if a.is_global != 0 {
+    let gid = match a.is_global != 0 {
         // SAFETY: `raw` is the GID's plain bytes.
-        unsafe { a.grh.dgid.raw }
-    } else {
-        [0; 16]
+        true => match unsafe { a.grh.dgid.raw } {
+            // A GRH to `::` names no device (the all-zero GID stands for "no GRH" here).
+            g if g == [0; 16] => NO_DEVICE_GID,
+            g => g,
+        },
+        false => [0; 16],
     };
     let lid = match (a.dlid, a.is_global != 0) {
         (0, true) => lid_of_gid(&gid),
@@ -51,6 +54,10 @@ pub(crate) unsafe fn create_ah(
     };
     Box::into_raw(Box::new(ah)).cast()
 }
+
+/// A GID that no soft device has (and the form `names_a_soft_device` refuses): where a
+/// GRH to `::` goes.
+const NO_DEVICE_GID: [u8; 16] = [0xff; 16];
 
 /// `ibv_destroy_ah`.
 ///

@@ -769,10 +769,24 @@ fn transmit(st: &mut State, qpn: u32) -> Option<(SocketAddrV4, Packet)> {
     let remote = e.remote();
     match &mut e.core {
         QpCore::Rc(q) => q.poll_transmit().map(|p| (remote, p)),
-        QpCore::Ud(q) => q
-            .poll_transmit()
-            .map(|(to, p)| (peer_addr(Some(&to.gid), to.lid), p)),
+        // A datagram to a GID no soft device has goes nowhere (as into a fabric without that
+        // port); it must not reach this device's QP of that number.
+        QpCore::Ud(q) => loop {
+            let (to, p) = q.poll_transmit()?;
+            if names_a_soft_device(&to.gid) {
+                return Some((peer_addr(Some(&to.gid), to.lid), p));
+            }
+        },
     }
+}
+
+/// Whether a UD destination's GID can name a soft device: an IPv4-mapped address (any host's
+/// device), a soft device's link-local GID, or none (an address handle without a GRH, which
+/// goes by its LID).
+pub(super) fn names_a_soft_device(gid: &[u8; 16]) -> bool {
+    gid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]
+        || gid[..14] == link_local_gid(0)[..14]
+        || *gid == [0; 16]
 }
 
 /// Hands every packet to its destination until none is left, then delivers completions and

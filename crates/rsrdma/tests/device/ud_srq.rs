@@ -265,3 +265,51 @@ fn an_srq_refuses_a_receive_with_more_sges_than_it_takes() {
     // SAFETY: as above; `mr` outlives the SRQ.
     unsafe { srq.post_recv(&RecvWr::new(2, &two[..1])).unwrap() };
 }
+
+/// A datagram addressed to a GID that is not the receiver's (a link-local address of no
+/// device here, a documentation address, `::`) does not reach a QP of that number on this
+/// device: it goes nowhere, or its address handle cannot be made (rxe, for an address it
+/// cannot resolve). (soft0 took any GID it did not know for its own, so such a datagram
+/// reached whichever local QP had the number.)
+#[test]
+fn a_datagram_to_a_gid_of_no_device_here_reaches_no_local_queue_pair() {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let (cq_a, cq_b) = (
+        Cq::new(&ctx, 64, None).unwrap(),
+        Cq::new(&ctx, 64, None).unwrap(),
+    );
+    let (a, b) = (ud_qp(&pd, &cq_a), ud_qp(&pd, &cq_b));
+    let dst = Mr::new(&pd, 64 * 1024, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..8u64 {
+        let sge = [dst.sge(i as usize * 1024, GRH + 64).unwrap()];
+        // SAFETY: the MR outlives the completions polled below.
+        unsafe { b.post_recv(&RecvWr::new(i, &sge)) }.unwrap();
+    }
+    let src = Mr::new(&pd, 64, AccessFlags::NONE).unwrap();
+    let sge = [src.sge(0, 64).unwrap()];
+    let mut fe80_1 = [0u8; 16];
+    fe80_1[0] = 0xfe;
+    fe80_1[1] = 0x80;
+    fe80_1[15] = 1;
+    let mut doc = [0u8; 16];
+    doc[..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+    doc[15] = 0x42;
+    for (i, gid) in [fe80_1, doc, [0; 16]].into_iter().enumerate() {
+        let ah = Ah::new(
+            &pd,
+            &AhAttr {
+                port_num: 1,
+                grh: Some(GlobalRoute::new(rsrdma::Gid(gid), gid_index())),
+                ..Default::default()
+            },
+        );
+        let Ok(ah) = ah else {
+            continue;
+        };
+        // SAFETY: the MR and the AH outlive the completion polled below.
+        unsafe { a.post_send(&SendWr::send(i as u64, &sge).ud(&ah, b.qp_num(), QKEY)) }.unwrap();
+        let _sent = poll_n(&cq_a, 1);
+    }
+    assert_quiet(&cq_b);
+}
