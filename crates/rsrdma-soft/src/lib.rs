@@ -59,9 +59,9 @@
 //! Differences, on purpose: a message is one packet (the pipes carry any length, so there is
 //! no MTU to cut at and no PSN per MTU); every request is acknowledged (no coalescing yet);
 //! there is no go-back-N except after an RNR NAK or a dropped request (the pipes lose
-//! nothing); fences and
-//! `max_rd_atomic` are not enforced yet (requests execute in order at the responder, which
-//! gives what a fence promises on a reliable, ordered pipe).
+//! nothing); `max_rd_atomic` is not enforced yet (requests execute in order at the
+//! responder). A fenced request starts only once the READs and atomics before it have
+//! completed (its bytes are gathered then), and what is posted after it waits behind it.
 //!
 //! Windows, where soft0 differs from rxe: type 1 and zero-based windows are not there (their
 //! allocation fails with `EOPNOTSUPP`; a zero-based bind with `MW_BIND_ERR`); a request

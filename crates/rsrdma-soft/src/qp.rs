@@ -107,6 +107,9 @@ struct Pending {
     /// then, as rxe's requester stops at the bad request and its completer reports it in
     /// order. What is posted after it waits to be flushed.
     failure: Option<Status>,
+    /// A fenced request (or one behind it) that waits for the READs and atomics before it:
+    /// its bytes are gathered, and its packet made, when they have completed.
+    held: bool,
 }
 
 /// The longest message (`max_msg_sz`, as rxe's): a packet's length field holds it, and a
@@ -311,10 +314,7 @@ impl RcQp {
         if self.sq.len() >= self.cfg.max_send_wr as usize {
             return Err(PostError::Full);
         }
-        let moves_data = matches!(
-            wr.op,
-            SendOp::Send { .. } | SendOp::SendWithInv { .. } | SendOp::Write { .. }
-        );
+        let moves_data = wr.moves_data();
         if let Some(data) = &wr.inline {
             if !moves_data {
                 return Err(PostError::Invalid(
@@ -372,58 +372,22 @@ impl RcQp {
         }
         let psn = self.next_psn;
         self.next_psn = self.next_psn.wrapping_add(1);
-        let payload = match (&wr.inline, moves_data) {
-            (Some(d), _) => Payload::from_slice(d),
-            (None, true) => gather_payload(&wr.sges, mem),
-            (None, false) => Payload::default(),
-        };
-        let kind = match wr.op {
-            SendOp::Send { imm } => PacketKind::Send { imm },
-            SendOp::SendWithInv { rkey } => PacketKind::SendInv { rkey },
-            SendOp::Write {
-                remote_addr,
-                rkey,
-                imm,
-            } => PacketKind::Write {
-                addr: remote_addr,
-                rkey,
-                imm,
-            },
-            SendOp::Read { remote_addr, rkey } => PacketKind::ReadRequest {
-                addr: remote_addr,
-                rkey,
-                len: u32::try_from(wr.sge_len()).unwrap_or(u32::MAX),
-            },
-            SendOp::CompareSwap {
-                remote_addr,
-                rkey,
-                compare,
-                swap,
-            } => PacketKind::CompareSwap {
-                addr: remote_addr,
-                rkey,
-                compare,
-                swap,
-            },
-            SendOp::FetchAdd {
-                remote_addr,
-                rkey,
-                add,
-            } => PacketKind::FetchAdd {
-                addr: remote_addr,
-                rkey,
-                add,
-            },
-            SendOp::BindMw(_) | SendOp::LocalInv { .. } => {
-                unreachable!("local operations return above")
-            }
-        };
-        let packet = Packet {
-            dest_qpn: self.dest_qpn,
-            psn,
-            kind,
-            payload,
-        };
+        // A fence: not before the READs and atomics ahead have completed (their data may be
+        // what this one sends); and nothing overtakes a request that waits.
+        if self.sq.iter().any(|p| p.held)
+            || (wr.fence && self.sq.iter().any(|p| p.wr.wants_response()))
+        {
+            self.sq.push_back(Pending {
+                wr,
+                psn,
+                packet: None,
+                signaled,
+                failure: None,
+                held: true,
+            });
+            return Ok(());
+        }
+        let packet = request_packet(&wr, self.dest_qpn, psn, mem);
         if self.cfg.unreliable {
             // Nothing comes back: the request is done once it leaves.
             self.out.push_back(packet);
@@ -441,8 +405,33 @@ impl RcQp {
             packet: Some(packet),
             signaled,
             failure: None,
+            held: false,
         });
         Ok(())
+    }
+
+    /// Starts the held requests whose fence is passed (no READ or atomic before them is
+    /// unanswered), in order: their bytes are gathered now.
+    fn release_held(&mut self, mem: &dyn Memory) {
+        let mut reads_ahead = false;
+        for i in 0..self.sq.len() {
+            let p = &self.sq[i];
+            if !p.held {
+                reads_ahead |= p.wr.wants_response();
+                continue;
+            }
+            if p.wr.fence && reads_ahead {
+                break;
+            }
+            reads_ahead |= p.wr.wants_response();
+            let packet = request_packet(&p.wr, self.dest_qpn, p.psn, mem);
+            if self.resend.is_none() {
+                self.out.push_back(packet.clone());
+            }
+            let p = &mut self.sq[i];
+            p.packet = Some(packet);
+            p.held = false;
+        }
     }
 
     /// Does a window bind or a local invalidation now; it completes in send-queue order.
@@ -471,6 +460,7 @@ impl RcQp {
             packet: None,
             signaled,
             failure,
+            held: false,
         });
         self.complete_local_ops();
     }
@@ -485,7 +475,11 @@ impl RcQp {
     /// them has completed. (So the head is always a request waiting for the peer.) A failed
     /// one completes with its status and fails the QP, flushing what follows it.
     fn complete_local_ops(&mut self) {
-        while self.sq.front().is_some_and(|h| h.packet.is_none()) {
+        while self
+            .sq
+            .front()
+            .is_some_and(|h| h.packet.is_none() && !h.held)
+        {
             let Some(h) = self.sq.pop_front() else {
                 return;
             };
@@ -815,6 +809,8 @@ impl RcQp {
                     }
                 };
                 self.succeed(&h, len);
+                // The fences it held are passed (those behind no other READ or atomic).
+                self.release_held(mem);
                 self.complete_local_ops();
                 self.rnr_left = self.cfg.rnr_retry;
                 self.retry_left = self.cfg.retry_cnt;
@@ -1172,6 +1168,63 @@ enum Answer {
     Reply(PacketKind, Vec<u8>),
     Nak(Nak),
     Rnr,
+}
+
+/// The packet of request `wr` (not a local operation), PSN `psn`, for queue pair `dest_qpn`:
+/// a SEND's or WRITE's bytes gathered from `mem` now.
+fn request_packet(wr: &SendWr, dest_qpn: u32, psn: u32, mem: &dyn Memory) -> Packet {
+    let payload = match (&wr.inline, wr.moves_data()) {
+        (Some(d), _) => Payload::from_slice(d),
+        (None, true) => gather_payload(&wr.sges, mem),
+        (None, false) => Payload::default(),
+    };
+    let kind = match wr.op {
+        SendOp::Send { imm } => PacketKind::Send { imm },
+        SendOp::SendWithInv { rkey } => PacketKind::SendInv { rkey },
+        SendOp::Write {
+            remote_addr,
+            rkey,
+            imm,
+        } => PacketKind::Write {
+            addr: remote_addr,
+            rkey,
+            imm,
+        },
+        SendOp::Read { remote_addr, rkey } => PacketKind::ReadRequest {
+            addr: remote_addr,
+            rkey,
+            len: u32::try_from(wr.sge_len()).unwrap_or(u32::MAX),
+        },
+        SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => PacketKind::CompareSwap {
+            addr: remote_addr,
+            rkey,
+            compare,
+            swap,
+        },
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => PacketKind::FetchAdd {
+            addr: remote_addr,
+            rkey,
+            add,
+        },
+        SendOp::BindMw(_) | SendOp::LocalInv { .. } => {
+            unreachable!("local operations are done where they are posted")
+        }
+    };
+    Packet {
+        dest_qpn,
+        psn,
+        kind,
+        payload,
+    }
 }
 
 /// The bytes of `sges`, in order.

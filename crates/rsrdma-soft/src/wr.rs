@@ -106,6 +106,9 @@ pub struct SendWr {
     pub inline: Option<Vec<u8>>,
     /// Ask for a completion on success (errors always complete).
     pub signaled: bool,
+    /// Fence: it starts (its bytes are gathered, its packet leaves) only once every READ and
+    /// atomic posted before it has completed.
+    pub fence: bool,
 }
 
 /// A receive request.
@@ -213,7 +216,14 @@ impl SendWr {
         }
     }
 
-    /// The bytes its local SGEs hold in total.
+    /// Whether it carries the caller's bytes to the peer (SEND, SEND with invalidate, WRITE).
+    pub(crate) fn moves_data(&self) -> bool {
+        matches!(
+            self.op,
+            SendOp::Send { .. } | SendOp::SendWithInv { .. } | SendOp::Write { .. }
+        )
+    }
+
     /// Whether the peer answers it with data (a READ response, an atomic's old value), not
     /// with an ACK.
     pub(crate) fn wants_response(&self) -> bool {
@@ -223,6 +233,7 @@ impl SendWr {
         )
     }
 
+    /// The bytes its local SGEs hold in total.
     pub(crate) fn sge_len(&self) -> u64 {
         self.sges.iter().map(|s| u64::from(s.len)).sum()
     }

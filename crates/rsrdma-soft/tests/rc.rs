@@ -274,6 +274,7 @@ fn send(wr_id: u64, sges: Vec<Sge>, signaled: bool) -> SendWr {
         sges,
         inline: None,
         signaled,
+        fence: false,
     }
 }
 
@@ -297,6 +298,7 @@ fn send_lands_in_the_oldest_receive_across_sges_with_immediate_and_selective_sig
         sges: vec![p.sge(0, BASE, 6), p.sge(0, BASE + 6, 11)],
         inline: None,
         signaled: true,
+        fence: false,
     };
     p.post_send(0, wr).unwrap();
     p.run();
@@ -325,6 +327,7 @@ fn write_read_and_atomics_move_exactly_their_bytes() {
         sges,
         inline: None,
         signaled: true,
+        fence: false,
     };
     let w = wr(
         1,
@@ -377,6 +380,7 @@ fn write_read_and_atomics_move_exactly_their_bytes() {
         sges: Vec::new(),
         inline: Some(b"inline!".to_vec()),
         signaled: true,
+        fence: false,
     };
     p.post_send(0, inline).unwrap();
     p.run();
@@ -435,6 +439,7 @@ fn a_bad_rkey_fails_both_sides_and_flushes_everything_after_it() {
         sges: vec![s],
         inline: None,
         signaled: false,
+        fence: false,
     };
     p.post_send(0, bad).unwrap();
     p.post_send(0, send(2, vec![s], false)).unwrap();
@@ -477,6 +482,7 @@ fn a_bad_rkey_fails_both_sides_and_flushes_everything_after_it() {
             sges: vec![p.sge(0, BASE, len)],
             inline: None,
             signaled: true,
+            fence: false,
         };
         p.post_send(0, w).unwrap();
         p.run();
@@ -501,6 +507,7 @@ fn requests_the_responder_does_not_allow_are_invalid_requests() {
         sges: vec![s8],
         inline: None,
         signaled: true,
+        fence: false,
     };
     p.post_send(0, w).unwrap();
     p.run();
@@ -519,6 +526,7 @@ fn requests_the_responder_does_not_allow_are_invalid_requests() {
         sges: vec![p.sge(0, BASE, 8)],
         inline: None,
         signaled: true,
+        fence: false,
     };
     p.post_send(0, a).unwrap();
     p.run();
@@ -547,6 +555,7 @@ fn a_zero_length_write_checks_no_key() {
         sges: Vec::new(),
         inline: None,
         signaled: true,
+        fence: false,
     };
     p.post_send(0, w).unwrap();
     p.run();
@@ -626,6 +635,51 @@ fn with_no_timeout_a_dropped_request_waits_for_ever() {
     assert_eq!(p.s[0].qp.state(), QpState::Rts);
 }
 
+/// A fenced SEND starts only once the READ before it has completed, so it carries what the
+/// READ brought (its bytes are gathered then, not when it was posted); what is posted after
+/// it waits behind it, in order. (soft0 gathered them at the post: the SEND carried the
+/// buffer's old bytes, as an outside tester found.)
+#[test]
+fn a_fenced_send_carries_what_the_read_before_it_brought() {
+    let mut p = Pair::new(0);
+    p.fill(0, BASE, &[0xee; 8]);
+    p.fill(1, BASE + 200, b"fresh!!!");
+    p.post_recv(1, 7, BASE + 300, 8);
+    p.post_recv(1, 8, BASE + 400, 8);
+    let rkey = p.s[1].key;
+    let read = SendWr {
+        wr_id: 1,
+        op: SendOp::Read {
+            remote_addr: BASE + 200,
+            rkey,
+        },
+        sges: vec![p.sge(0, BASE, 8)],
+        inline: None,
+        signaled: true,
+        fence: false,
+    };
+    p.post_send(0, read).unwrap();
+    let mut fenced = send(2, vec![p.sge(0, BASE, 8)], true);
+    fenced.fence = true;
+    p.post_send(0, fenced).unwrap();
+    // Not fenced itself, but behind the fenced one: it goes after it.
+    p.post_send(0, send(3, vec![p.sge(0, BASE, 8)], true))
+        .unwrap();
+    assert!(p.transmit(0));
+    assert_eq!(p.wire[0].len(), 1, "only the READ leaves before its answer");
+    p.run();
+    assert_eq!(
+        ids(&p.completions(0)),
+        [
+            (1, Status::Success),
+            (2, Status::Success),
+            (3, Status::Success)
+        ]
+    );
+    assert_eq!(p.bytes(1, BASE + 300, 8), b"fresh!!!");
+    assert_eq!(p.bytes(1, BASE + 400, 8), b"fresh!!!");
+}
+
 #[test]
 fn rnr_retries_as_rnr_retry_says() {
     // 0: no retry.
@@ -667,6 +721,7 @@ fn rnr_retries_as_rnr_retry_says() {
         sges: vec![p.sge(0, BASE + 4, 4)],
         inline: None,
         signaled: true,
+        fence: false,
     };
     p.post_send(0, w).unwrap();
     for _ in 0..20 {
@@ -709,6 +764,7 @@ fn a_write_with_immediate_consumes_a_receive() {
         sges: vec![p.sge(0, BASE, 4)],
         inline: None,
         signaled: true,
+        fence: false,
     };
     p.post_send(0, w).unwrap();
     p.post_recv(1, 3, BASE + 1000, 0);
@@ -752,6 +808,7 @@ fn local_errors_and_posting_rules() {
         }],
         inline: None,
         signaled: true,
+        fence: false,
     };
     p.post_send(0, r).unwrap();
     assert_eq!(ids(&p.completions(0)), [(2, Status::LocProtErr)]);
@@ -776,6 +833,7 @@ fn local_errors_and_posting_rules() {
         sges: Vec::new(),
         inline: Some(vec![0; 65]),
         signaled: true,
+        fence: false,
     };
     assert!(matches!(p.post_send(0, long), Err(PostError::Invalid(_))));
     for k in 0..64 {
@@ -984,7 +1042,7 @@ proptest! {
                         }
                         _ => unreachable!(),
                     };
-                    let wr = SendWr { wr_id: sent, op, sges: vec![s], inline: None, signaled: true };
+                    let wr = SendWr { wr_id: sent, op, sges: vec![s], inline: None, signaled: true, fence: false };
                     p.post_send(0, wr).unwrap();
                     sent += 1;
                 }
@@ -998,6 +1056,7 @@ proptest! {
                         sges: vec![p.sge(0, addr, u32::from(*len))],
                         inline: None,
                         signaled: true,
+                        fence: false,
                     };
                     p.post_send(0, wr).unwrap();
                     sent += 1;
@@ -1017,6 +1076,7 @@ proptest! {
                         sges: vec![p.sge(0, addr, 8)],
                         inline: None,
                         signaled: true,
+                        fence: false,
                     };
                     p.post_send(0, wr).unwrap();
                     sent += 1;
@@ -1098,6 +1158,7 @@ fn unreliable_connected_sends_and_writes_complete_as_they_leave_and_drop_what_fa
         }],
         inline: None,
         signaled: true,
+        fence: false,
     };
     let (bad, good) = (
         write(3, p.s[1].key ^ 0x100, BASE + 2000),
@@ -1125,6 +1186,7 @@ fn unreliable_connected_sends_and_writes_complete_as_they_leave_and_drop_what_fa
         sges: vec![p.sge(0, BASE, 8)],
         inline: None,
         signaled: true,
+        fence: false,
     };
     assert!(matches!(p.post_send(0, read), Err(PostError::Invalid(_))));
     p.s[0].qp.handle_link_down();
@@ -1175,6 +1237,7 @@ fn bind_wr(wr_id: u64, mw_key: u32, mr_key: u32, addr: u64, len: u64, access: Ac
         sges: Vec::new(),
         inline: None,
         signaled: true,
+        fence: false,
     }
 }
 
@@ -1190,6 +1253,7 @@ fn local_inv(wr_id: u64, rkey: u32) -> SendWr {
         sges: Vec::new(),
         inline: None,
         signaled: true,
+        fence: false,
     }
 }
 
@@ -1200,6 +1264,7 @@ fn read(wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32) -> SendWr {
         sges: vec![sge],
         inline: None,
         signaled: true,
+        fence: false,
     }
 }
 
@@ -1288,6 +1353,7 @@ fn a_bound_window_serves_its_range_with_its_rights_until_it_is_invalidated() {
             sges: vec![p.sge(0, BASE, 8)],
             inline: None,
             signaled: true,
+            fence: false,
         };
         p.post_send(0, wr).unwrap();
         p.run();
@@ -1478,6 +1544,7 @@ fn a_send_with_invalidate_frees_the_peers_window_bound_to_its_qp() {
         sges: vec![p.sge(0, BASE, 4)],
         inline: None,
         signaled: true,
+        fence: false,
     };
     p.post_send(0, inv.clone()).unwrap();
     p.run();
@@ -1515,6 +1582,7 @@ fn a_send_with_invalidate_frees_the_peers_window_bound_to_its_qp() {
         sges: Vec::new(),
         inline: None,
         signaled: true,
+        fence: false,
     };
     assert!(matches!(p.post_send(0, inv), Err(PostError::Invalid(_))));
     // But binds a window (done as it is posted).
@@ -1536,6 +1604,7 @@ fn write_wr(wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, imm: Option<u32>)
         sges: vec![sge],
         inline: None,
         signaled: true,
+        fence: false,
     }
 }
 
@@ -1561,6 +1630,7 @@ fn direct_requests_complete_at_once_take_no_psn_and_leave_everything_else_to_pac
         sges: vec![p.sge(0, BASE + 24, 8)],
         inline: None,
         signaled: true,
+        fence: false,
     };
     p.post_send(0, add).unwrap();
     assert!(!p.transmit(0), "no packet went");
@@ -1698,6 +1768,7 @@ fn an_answer_of_the_wrong_kind_fails_the_request_and_writes_nothing() {
                 sges: vec![sge],
                 inline: None,
                 signaled: true,
+                fence: false,
             },
             PacketKind::Ack,
             &[],
@@ -1746,6 +1817,7 @@ fn a_message_over_two_gib_is_refused_at_its_post() {
         sges: big.clone(),
         inline: None,
         signaled: true,
+        fence: false,
     };
     for wr in [send(1, big.clone(), true), read] {
         assert!(
@@ -1825,6 +1897,7 @@ fn an_answer_for_a_deregistered_destination_writes_nothing() {
                 sges: vec![sge],
                 inline: None,
                 signaled: true,
+                fence: false,
             }
         } else {
             read(5, sge, BASE + 2048, rkey)

@@ -80,6 +80,7 @@ impl Side {
             sges,
             inline: None,
             signaled: true,
+            fence: false,
         };
         self.qp.post_send(wr, dest, &self.mrs, &self.mem).unwrap();
     }
@@ -235,6 +236,7 @@ fn posting_rules_and_errors() {
         sges: vec![],
         inline: None,
         signaled: true,
+        fence: false,
     };
     assert!(matches!(
         a.qp.post_send(write, to_b(QKEY), &a.mrs, &a.mem),
@@ -248,6 +250,7 @@ fn posting_rules_and_errors() {
         sges: vec![],
         inline: Some(vec![1, 2, 3]),
         signaled: false,
+        fence: false,
     };
     assert_eq!(
         fresh.post_send(send.clone(), to_b(QKEY), &a.mrs, &a.mem),

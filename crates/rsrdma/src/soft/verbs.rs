@@ -1278,6 +1278,7 @@ unsafe fn send_wr(w: &ffi::ibv_send_wr) -> Result<SendWr, c_int> {
         sges: if inline.is_some() { Vec::new() } else { list },
         inline,
         signaled: w.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
+        fence: w.send_flags & ffi::ibv_send_flags::IBV_SEND_FENCE.0 != 0,
     })
 }
 

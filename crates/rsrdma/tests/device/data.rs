@@ -680,3 +680,41 @@ fn a_send_that_arrives_before_its_peer_is_ready_is_delivered_once_it_is() {
     assert_eq!(&got, b"too early");
     assert_quiet(&p.cq_b);
 }
+
+/// A fenced SEND waits for the READ before it, so it carries what the READ brought into its
+/// buffer. (soft0 accepted the fence and ignored it: the SEND carried the buffer's old bytes.)
+#[test]
+fn a_fenced_send_carries_what_the_read_before_it_brought() {
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+    let p = rc_pair(QpCaps::default(), access);
+    let mut theirs = Mr::new(&p.pd, 64, access).unwrap();
+    theirs.write_at(0, b"fresh!!!").unwrap();
+    let mut mine = Mr::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    mine.write_at(0, &[0xee; 8]).unwrap();
+    let inbox = Mr::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let r = theirs.remote();
+    let x = [mine.sge(0, 8).unwrap()];
+    // SAFETY: the regions outlive the completions polled below.
+    unsafe {
+        p.b.post_recv(&RecvWr::new(9, &[inbox.sge(0, 8).unwrap()]))
+            .unwrap();
+        // One post, so that nothing of the READ is done before the SEND is taken.
+        p.a.post_send_batch(&mut [
+            SendWr::rdma_read(1, &x, r.addr, r.rkey),
+            SendWr::send(2, &x).fence(),
+        ])
+        .unwrap();
+    }
+    let got: Vec<_> = poll_n(&p.cq_a, 2)
+        .iter()
+        .map(|w| (w.wr_id(), w.status()))
+        .collect();
+    assert_eq!(got, [(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]);
+    assert_eq!(poll_ok(&p.cq_b).wr_id(), 9);
+    let mut sent = [0u8; 8];
+    inbox.read_at(0, &mut sent).unwrap();
+    assert_eq!(
+        &sent, b"fresh!!!",
+        "the SEND carried the buffer before the READ landed"
+    );
+}
