@@ -286,6 +286,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "interop::write_bw_rc::rs_client_rs_server",
             "interop::write_lat_rc::rs_client_rs_server",
             "latency_duration::atomic_lat_rs_client_rs_server",
+            "latency_duration::write_lat_rs_client_rs_server",
             "loopback::atomic_bw",
             "loopback::atomic_lat",
             "loopback::events_bidirectional_and_duration",

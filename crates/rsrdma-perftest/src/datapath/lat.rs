@@ -12,6 +12,10 @@ use crate::resources::Res;
 use crate::watch::{Clock, Watchdog};
 use rsrdma::{Cq, SendWr, Sge, Wc};
 
+/// How far apart the two sides' durations may end (both start at one handshake; 1 s is
+/// far more than it takes).
+const PEER_END_SKEW: u64 = 1_000_000_000;
+
 /// What one latency run produced.
 #[derive(Debug, Clone, Default)]
 pub struct LatRun {
@@ -90,16 +94,44 @@ impl Pace {
     ) -> Result<bool> {
         loop {
             if poll(cq, &mut self.wcs, p.events)? > 0 {
+                if self.peer_ended_first() {
+                    return Ok(false);
+                }
                 if !self.wcs[0].is_ok() {
                     return Err(wc_error(&self.wcs[0], p.is_server(), counts()));
                 }
                 return Ok(true);
             }
-            if self.stopped() {
+            if self.stopped() || !self.idle(progress, oob, &counts)? {
                 return Ok(false);
             }
-            self.wd.idle(progress, oob, &counts)?;
         }
+    }
+
+    /// The watchdog's look between polls; false (the run is over) when, with `-D`, it finds
+    /// the peer gone as this side's duration is about to end (see
+    /// [`Pace::peer_ended_first`]).
+    fn idle(&mut self, progress: u64, oob: &Oob, counts: impl FnOnce() -> String) -> Result<bool> {
+        match self.wd.idle(progress, oob, counts) {
+            Ok(()) => Ok(true),
+            Err(_) if self.near_the_end() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// With `-D`: as close to this side's end as the peer's may be.
+    fn near_the_end(&self) -> bool {
+        self.window
+            .is_some_and(|w| self.clock.now() + PEER_END_SKEW >= w.stop_at())
+    }
+
+    /// With `-D`: the completion just polled says the peer is gone (`RETRY_EXC_ERR`) as this
+    /// side's duration is about to end. write_lat has no closing handshake (as perftest's),
+    /// so the side whose duration runs out first exits, and the other's last request finds no
+    /// peer: the end of the run, not a failure. (On a NIC the transport timer outlasts the
+    /// rest of the duration; soft0 knows at once.)
+    fn peer_ended_first(&self) -> bool {
+        self.wcs[0].status() == rsrdma::WcStatus::RETRY_EXC_ERR && self.near_the_end()
     }
 
     fn finish(self) -> LatRun {
@@ -207,12 +239,13 @@ pub fn write_lat(p: &Params, res: &mut Res, ends: &mut Ends<'_>, size: u64) -> R
                 if v == want {
                     break;
                 }
-                if pace.stopped() {
+                if pace.stopped()
+                    || !pace.idle(scnt + rcnt, ends.oob, || {
+                        format!(" scnt={scnt}, rcnt={rcnt}")
+                    })?
+                {
                     return Ok(pace.finish());
                 }
-                pace.wd.idle(scnt + rcnt, ends.oob, || {
-                    format!(" scnt={scnt}, rcnt={rcnt}")
-                })?;
                 std::hint::spin_loop();
             }
         }
