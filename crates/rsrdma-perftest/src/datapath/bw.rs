@@ -420,8 +420,13 @@ impl Run {
     fn idle(&mut self, oob: &Oob) -> Result<()> {
         let (s, c, r) = (self.tot_s, self.tot_c, self.tot_r);
         let (send_goal, recv_goal) = (self.plan.send_goal(), self.plan.recv_goal());
-        self.wd.idle(c + r, oob, || {
-            format!("sent {s}, send completions {c} of {send_goal}, received {r} of {recv_goal}")
+        // With -D there is no goal (the -n default would only mislead).
+        let timed = self.window.is_some();
+        self.wd.idle(c + r, oob, || match timed {
+            true => format!("sent {s}, send completions {c}, received {r}"),
+            false => format!(
+                "sent {s}, send completions {c} of {send_goal}, received {r} of {recv_goal}"
+            ),
         })
     }
 
