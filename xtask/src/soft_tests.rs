@@ -121,6 +121,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         &[
             "a_100_mib_stream_with_io_copy_verified_by_hash",
             "a_burst_of_dials_from_one_host_is_served_whole",
+            "a_burst_of_dials_past_the_listeners_bound_is_served_whole",
             "a_byte_stream_with_io_copy",
             "a_cm_listener_out_of_descriptors_waits_and_then_accepts",
             "a_close_racing_another_waits_for_its_end_and_says_the_same",

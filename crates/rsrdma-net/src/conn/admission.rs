@@ -4,7 +4,10 @@
 //! The table of running handshakes is bounded in all ([`ConnOptions::max_handshakes`]).
 //! When a new peer finds it full, a handshake that has not yet *opened* (proven the secret
 //! when there is one; without one, sent a valid hello and then its first step of the
-//! handshake) is shed: its socket is shut down, which ends its handshake at once. The
+//! handshake) and has had its chance to (an eighth of the opening timeout,
+//! [`YOUNG_DIVISOR`]) is shed: its socket is shut down, which ends its handshake at once.
+//! Younger ones are left alone, so a burst of good dials past the bound waits in the
+//! kernel's queue rather than shedding its own members. The
 //! victim is the oldest unopened handshake of a source that holds at least
 //! [`ConnOptions::max_handshakes_per_source`] unopened ones (the greediest such source),
 //! else the oldest unopened one of all. Below the total nothing is shed: a host that opens
@@ -36,6 +39,11 @@ use std::time::{Duration, Instant};
 /// timeout divided by this may be shed for a new peer when the listener is full.
 pub(crate) const STALL_GRACE_DIVISOR: u32 = 4;
 
+/// An unopened handshake younger than the opening timeout divided by this is not shed: a
+/// good client needs a round trip or two to open, and a burst of them past the listener's
+/// bound would otherwise shed its own members (they wait in the kernel's queue instead).
+pub(crate) const YOUNG_DIVISOR: u32 = 8;
+
 /// What a listener has done with its peers so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -66,6 +74,8 @@ pub(crate) struct Admission {
     per_source: usize,
     /// How long an opened, unproven peer may keep the server waiting before it may be shed.
     stall_grace: Duration,
+    /// How long an unopened handshake has to open before it may be shed.
+    young: Duration,
     accepted: AtomicU64,
     failed: AtomicU64,
     shed: AtomicU64,
@@ -86,6 +96,8 @@ struct Entry {
     socket: Option<TcpStream>,
     standing: Arc<Standing>,
     shed: Arc<AtomicBool>,
+    /// When it started: an unopened handshake is shed only once it had its chance.
+    started: Instant,
 }
 
 /// One running handshake's place in the table; dropping it frees the place.
@@ -129,6 +141,7 @@ impl Admission {
             max: max.max(1),
             per_source: per_source.max(1),
             stall_grace: opening / STALL_GRACE_DIVISOR,
+            young: opening / YOUNG_DIVISOR,
             accepted: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             shed: AtomicU64::new(0),
@@ -147,17 +160,23 @@ impl Admission {
         t.running.len() + waiting < self.max
             || t.running
                 .iter()
-                .any(|e| e.unopened() || e.stalled(now, self.stall_grace))
+                .any(|e| self.sheddable_at(e).is_some_and(|at| at <= now))
     }
 
-    /// When an opened, unproven handshake will have stalled past its grace (and so could be
-    /// shed), if one is waiting for its peer: a full listener's accept loop wakes then.
+    /// When a running handshake becomes one a new peer may shed (an unopened one once it
+    /// is no longer young, an opened and unproven one once it stalls past its grace): a full
+    /// listener's accept loop wakes then.
     pub(crate) fn next_stall(&self) -> Option<Instant> {
         let t = self.lock();
-        t.running
-            .iter()
-            .filter_map(|e| e.standing.stalls_at(self.stall_grace))
-            .min()
+        t.running.iter().filter_map(|e| self.sheddable_at(e)).min()
+    }
+
+    /// From when `e` may be shed, if ever (as it stands now).
+    fn sheddable_at(&self, e: &Entry) -> Option<Instant> {
+        match e.unopened() {
+            true => Some(e.started + self.young),
+            false => e.standing.stalls_at(self.stall_grace),
+        }
     }
 
     /// A place for `peer`'s handshake, shedding the oldest unopened handshake (of the same
@@ -209,6 +228,7 @@ impl Admission {
             socket: socket.and_then(|s| s.try_clone().ok()),
             standing: standing.clone(),
             shed: shed.clone(),
+            started: Instant::now(),
         });
         Some(Ticket {
             id,
@@ -224,6 +244,8 @@ impl Admission {
     /// one, else the oldest unopened one goes, else the unproven one stalled longest past
     /// its grace. Peers that proved a secret, and rdma_cm requests, are never shed.
     fn victim(&self, running: &[Entry]) -> Option<usize> {
+        let now = Instant::now();
+        let old_enough = |e: &Entry| e.unopened() && e.started + self.young <= now;
         let greedy = running
             .iter()
             .filter(|e| e.unopened())
@@ -238,10 +260,12 @@ impl Admission {
             .max_by_key(|&(n, _)| n)
             .map(|(_, s)| s);
         let unopened = match greedy {
-            Some(s) => running.iter().position(|e| e.source == s && e.unopened()),
-            None => running.iter().position(Entry::unopened),
+            Some(s) => running
+                .iter()
+                .position(|e| e.source == s && old_enough(e))
+                .or_else(|| running.iter().position(old_enough)),
+            None => running.iter().position(old_enough),
         };
-        let now = Instant::now();
         unopened.or_else(|| {
             running
                 .iter()
@@ -345,10 +369,6 @@ impl Entry {
         !self.standing.opened()
     }
 
-    fn stalled(&self, now: Instant, grace: Duration) -> bool {
-        self.standing.stalls_at(grace).is_some_and(|at| at <= now)
-    }
-
     /// Marks the handshake shed (its failure is then no one's news) and shuts its socket
     /// down, which ends its waits at once (it reads the end of the stream).
     fn shed(&self) {
@@ -370,10 +390,8 @@ mod tests {
 
     #[test]
     fn the_oldest_unopened_handshake_of_a_source_is_shed_never_an_opened_one() {
-        let opts = ConnOptions::default()
-            .max_handshakes(4)
-            .max_handshakes_per_source(2);
-        let a = Admission::new(&opts);
+        // No youth: an unopened handshake may be shed at once.
+        let a = Admission::with_limits(4, 2, Duration::ZERO);
         let t1 = a.start(addr([10, 0, 0, 1], 1), None, 0).unwrap();
         t1.standing().open(true);
         let t2 = a.start(addr([10, 0, 0, 1], 2), None, 0).unwrap();
@@ -407,10 +425,7 @@ mod tests {
     /// good connections at once (64 rdma_cm clients of a test, a client pool) is not refused.
     #[test]
     fn opened_handshakes_count_only_against_the_total() {
-        let opts = ConnOptions::default()
-            .max_handshakes(8)
-            .max_handshakes_per_source(1);
-        let a = Admission::new(&opts);
+        let a = Admission::with_limits(8, 1, Duration::ZERO);
         let held: Vec<_> = (0..8)
             .map(|i| {
                 let t = a.start(addr([10, 0, 0, 1], i), None, 0).unwrap();
@@ -425,7 +440,7 @@ mod tests {
 
     #[test]
     fn a_peer_that_opened_from_the_start_is_never_shed() {
-        let a = Admission::with_limits(2, 16, Duration::from_secs(3));
+        let a = Admission::with_limits(2, 16, Duration::ZERO);
         let peer: SocketAddr = "10.0.0.1:1".parse().unwrap();
         let _cm = a.start_entry(Some(peer), None, 0, true).unwrap();
         let _tcp = a.start(Some(peer), None, 0).unwrap();
@@ -441,8 +456,9 @@ mod tests {
     /// proved a secret never is.
     #[test]
     fn an_unproven_peer_is_shed_only_when_it_stalls_past_its_grace() {
-        let grace = Duration::from_secs(3) / STALL_GRACE_DIVISOR;
-        let a = Admission::with_limits(4, 16, Duration::from_secs(3));
+        let opening = Duration::from_millis(800);
+        let grace = opening / STALL_GRACE_DIVISOR;
+        let a = Admission::with_limits(4, 16, opening);
         let peer = addr([10, 0, 0, 1], 1);
         let proven = a.start(peer, None, 0).unwrap();
         proven.standing().open(true);
@@ -454,13 +470,21 @@ mod tests {
         for t in [&older, &newer] {
             t.standing().open(false);
         }
+        // The unopened one is young: nothing to shed yet, and a wake-up when it no longer is.
+        let t0 = Instant::now();
+        assert!(!a.has_room(0));
+        assert!(
+            a.next_stall().is_some_and(|t| t > t0),
+            "{:?}",
+            a.next_stall()
+        );
+        std::thread::sleep(opening / YOUNG_DIVISOR);
         let now = Instant::now();
-        // Waiting, within the grace: no room, and a wake-up when the first grace ends.
+        // Waiting, within the grace.
         older.standing().set_waiting(Some(now - grace / 2));
         newer.standing().set_waiting(Some(now - grace / 4));
         proven.standing().set_waiting(Some(now - grace * 10));
-        assert_eq!(a.next_stall(), Some(now - grace / 2 + grace));
-        // The unopened one goes first.
+        // Once it had its chance, the unopened one goes first.
         let _t5 = a.start(peer, None, 0).unwrap();
         assert!(unopened.shed.load(Ordering::Acquire));
         _t5.standing().open(true);
@@ -486,7 +510,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, peer) = l.accept().unwrap();
-        let a = Admission::new(&ConnOptions::default().max_handshakes(1));
+        let a = Admission::with_limits(1, 16, Duration::ZERO);
         let _old = a.start(Some(peer), Some(&s), 0).unwrap();
         let _new = a.start(Some(peer), None, 0).unwrap();
         let mut buf = [0u8; 1];

@@ -127,8 +127,9 @@ pub struct ConnOptions {
     /// secret, the peer's proof has checked. Default 3 s.
     pub opening_timeout: Duration,
     /// Listener only: handshakes running at once (plus connections finished and not yet
-    /// accepted). A new peer past it sheds the oldest handshake that has not opened yet,
-    /// else (without a secret, when a well-formed endpoint proves nothing) one that has kept
+    /// accepted). A new peer past it sheds the oldest handshake that has not opened yet and
+    /// had an eighth of [`ConnOptions::opening_timeout`] to (younger ones are left alone:
+    /// the new peer waits in the kernel's queue), else (without a secret, when a well-formed endpoint proves nothing) one that has kept
     /// the listener waiting for its next step longer than a quarter of
     /// [`ConnOptions::opening_timeout`]; a peer that proved the secret is never shed.
     /// Default 64.
