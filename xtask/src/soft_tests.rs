@@ -131,6 +131,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "a_large_send_ended_by_close_says_ok_exactly_when_the_peer_got_it",
             "a_listener_out_of_descriptors_waits_and_then_accepts",
             "a_qp_forced_to_error_fails_both_sides_promptly",
+            "a_shed_peer_is_told_the_listener_is_full",
             "a_secret_is_checked_on_rdma_cm",
             "a_stranger_on_rdma_cm_reaches_nothing_of_a_shared_protection_domain",
             "a_silent_half_handshake_does_not_delay_a_good_client",

@@ -783,6 +783,37 @@ fn strangers_that_never_prove_the_secret_on_rdma_cm_hold_a_listener_only_for_the
     drop(strangers);
 }
 
+/// A peer shed to make room is told why: its handshake ends with the listener's reason
+/// (overload, try again), not a bare close that looks like an attack or a crash.
+#[test]
+fn a_shed_peer_is_told_the_listener_is_full() {
+    use rsrdma_net::handshake::{Channel, Role};
+    let l = Arc::new(listen(
+        opts(Establish::Tcp)
+            .max_handshakes(1)
+            .opening_timeout(Duration::from_millis(800)),
+    ));
+    let addr = l.local_addr();
+    let _server = {
+        let l = l.clone();
+        thread::spawn(move || l.accept_timeout(Duration::from_secs(10)).map(drop))
+    };
+    // A peer that opens slowly: its hello, and no endpoint yet.
+    let s = TcpStream::connect(addr).unwrap();
+    let mut slow = Channel::new(s, Role::Client, Duration::from_secs(5)).unwrap();
+    slow.authenticate(None).unwrap();
+    // Past its youth (an eighth of the opening), a new peer sheds it.
+    thread::sleep(Duration::from_millis(200));
+    let _newer = support::hello_then_silent(addr, 1);
+    let e = slow.recv_endpoint().unwrap_err();
+    eprintln!("the shed peer: {e}");
+    assert!(
+        matches!(&e, NetError::PeerAborted(why) if why.contains("too many handshakes")),
+        "{e:?}"
+    );
+    assert_eq!(l.counters().shed, 1, "{:?}", l.counters());
+}
+
 /// A plain rdma_cm client up to (not including) `connect`: its id with a route to `addr`,
 /// and an RC QP on it (with the Pd and CQ it needs kept alive).
 struct CmClient {

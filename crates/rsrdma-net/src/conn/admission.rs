@@ -373,8 +373,11 @@ impl Entry {
     /// down, which ends its waits at once (it reads the end of the stream).
     fn shed(&self) {
         self.shed.store(true, Ordering::Release);
+        self.standing.shed();
+        // The reading end only: the handshake's wait wakes (it reads the end of the stream),
+        // tells the peer why, and ends; its socket then closes.
         if let Some(s) = &self.socket {
-            let _ = s.shutdown(Shutdown::Both);
+            let _ = s.shutdown(Shutdown::Read);
         }
     }
 }
@@ -506,15 +509,24 @@ mod tests {
     }
 
     #[test]
-    fn shedding_shuts_the_socket_down() {
+    fn shedding_ends_the_handshakes_reading_and_marks_it() {
+        use std::io::{Read, Write};
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (s, peer) = l.accept().unwrap();
+        let (mut s, peer) = l.accept().unwrap();
         let a = Admission::with_limits(1, 16, Duration::ZERO);
-        let _old = a.start(Some(peer), Some(&s), 0).unwrap();
+        let old = a.start(Some(peer), Some(&s), 0).unwrap();
         let _new = a.start(Some(peer), None, 0).unwrap();
+        // The handshake's next wait finds the end of the stream, and the mark that says why
+        // (it then tells the peer, which still reads what it is sent).
         let mut buf = [0u8; 1];
-        use std::io::Read;
-        assert_eq!(c.read(&mut buf).unwrap(), 0, "the shed peer sees the end");
+        assert_eq!(
+            s.read(&mut buf).unwrap(),
+            0,
+            "the shed handshake reads the end"
+        );
+        assert!(old.standing().is_shed());
+        s.write_all(b"x").unwrap();
+        assert_eq!(c.read(&mut buf).unwrap(), 1);
     }
 }

@@ -148,8 +148,9 @@ impl Channel {
         if role == Role::Server {
             ch.set_opening_timeout(opening);
         }
-        ch.authenticate(secret)?;
+        // Before the opening: a peer shed while it opens is told why.
         ch.standing = standing;
+        ch.authenticate(secret)?;
         if ch.opening_until.is_none() {
             ch.mark_opened();
         }
@@ -471,6 +472,15 @@ impl Channel {
             if self.held {
                 self.take_frames()?;
                 continue;
+            }
+            // Shed by the listener (which shut the socket's reading end): say why, so the
+            // peer's error tells overload from an attack, and end.
+            if self.standing.as_ref().is_some_and(|s| s.is_shed()) {
+                let why = std::io::Error::other(
+                    "too many handshakes at once (max_handshakes): this one was dropped to \
+                     make room, or the listener is closing; try again",
+                );
+                return Err(self.abort(NetError::io("the listener", why)));
             }
             if let Some(end) = &self.peer_end {
                 return Err(end.error(op));

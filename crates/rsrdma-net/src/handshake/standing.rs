@@ -19,6 +19,9 @@ pub(crate) struct Standing {
     proven: AtomicBool,
     /// Since when the server waits for an opened, unproven peer's next step.
     waiting_since: Mutex<Option<Instant>>,
+    /// The listener shed it (to make room, or because it is closing): the handshake tells
+    /// the peer so at its next wait, and ends.
+    shed: AtomicBool,
 }
 
 impl Standing {
@@ -33,6 +36,15 @@ impl Standing {
     pub(crate) fn open(&self, proven: bool) {
         self.proven.store(proven, Ordering::Release);
         self.opened.store(true, Ordering::Release);
+    }
+
+    /// The listener shed the handshake.
+    pub(crate) fn shed(&self) {
+        self.shed.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_shed(&self) -> bool {
+        self.shed.load(Ordering::Acquire)
     }
 
     pub(crate) fn opened(&self) -> bool {
