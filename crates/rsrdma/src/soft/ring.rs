@@ -295,6 +295,11 @@ impl Consumer {
         Peek(self.map.clone())
     }
 
+    /// How far it has read (bytes since the ring was made): it moves whenever anyone reads.
+    pub(super) fn position(&self) -> u64 {
+        self.tail
+    }
+
     /// Bytes waiting to be read.
     ///
     /// # Errors
