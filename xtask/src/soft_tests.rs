@@ -39,6 +39,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "cm_local::cm_event_loop_sees_disconnected_without_blocking",
             "cm_local::cm_requests_nobody_takes_are_refused",
             "data::a_fenced_send_carries_what_the_read_before_it_brought",
+            "data::a_misaligned_atomic_is_refused_at_the_post",
             "data::a_receive_into_memory_without_local_write_fails_both_ends",
             "data::a_send_that_arrives_before_its_peer_is_ready_is_delivered_once_it_is",
             "data::atomics_compare_swap_and_fetch_add",

@@ -26,8 +26,9 @@
 //! atomics on their response; RNR NAK with `rnr_retry` (7: retry for ever) and the peer's
 //! `min_rnr_timer`; key, bounds and access checks with rxe's statuses (a bad remote key or
 //! range: `REM_ACCESS_ERR`, and the responder's QP goes to ERROR; an access right missing on
-//! the responder's QP, a misaligned atomic or a receive buffer too short:
-//! `REM_INV_REQ_ERR`; a bad local key or range: `LOC_PROT_ERR`; an answer of the wrong kind
+//! the responder's QP, a misaligned atomic that arrives anyway or a receive buffer too
+//! short: `REM_INV_REQ_ERR`; an atomic whose remote word is misaligned, or whose local
+//! memory holds less than 8 bytes, is refused at the post, as rxe's provider does; a bad local key or range: `LOC_PROT_ERR`; an answer of the wrong kind
 //! from the peer, such as a READ response to a SEND or an ACK past a READ: `FATAL_ERR`, with
 //! nothing of it written); an error completes the
 //! failing request even when unsignalled, moves the QP to ERROR and flushes every other

@@ -353,11 +353,22 @@ impl RcQp {
             self.local_op(wr, mrs);
             return Ok(());
         }
-        let atomic = matches!(wr.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. });
-        if atomic && (wr.sges.len() != 1 || wr.sges[0].len != 8) {
-            return Err(PostError::Invalid(
-                "an atomic needs one local SGE of 8 bytes",
-            ));
+        // Checked where rxe's provider checks them, at the post: the local memory holds the
+        // word (at least 8 bytes; the first 8 get it) and the remote word is aligned.
+        match wr.op {
+            SendOp::CompareSwap { remote_addr, .. } | SendOp::FetchAdd { remote_addr, .. } => {
+                if wr.sge_len() < 8 {
+                    return Err(PostError::Invalid(
+                        "an atomic needs at least 8 bytes of local memory",
+                    ));
+                }
+                if remote_addr % 8 != 0 {
+                    return Err(PostError::Invalid(
+                        "an atomic's remote address must be 8-byte aligned",
+                    ));
+                }
+            }
+            _ => {}
         }
         let signaled = wr.signaled || self.cfg.sq_sig_all;
         // Local checks: gathered memory is read, READ and atomic destinations written.
@@ -543,7 +554,8 @@ impl RcQp {
                     return self.post_send(wr, mrs, mem);
                 };
                 scatter(&wr.sges, &old.to_le_bytes(), mem);
-                8
+                // As rxe: the completion's length is the local memory's, not the word's.
+                wr.sge_len() as u32
             }
             SendOp::FetchAdd {
                 remote_addr,
@@ -555,7 +567,8 @@ impl RcQp {
                     return self.post_send(wr, mrs, mem);
                 };
                 scatter(&wr.sges, &old.to_le_bytes(), mem);
-                8
+                // As rxe: the completion's length is the local memory's, not the word's.
+                wr.sge_len() as u32
             }
             _ => return self.post_send(wr, mrs, mem),
         };
@@ -801,7 +814,7 @@ impl RcQp {
                 let len = match p.kind {
                     PacketKind::AtomicResponse { old } => {
                         scatter(&h.wr.sges, &old.to_le_bytes(), mem);
-                        8
+                        h.wr.sge_len() as u32
                     }
                     _ => {
                         scatter(&h.wr.sges, &p.payload, mem);

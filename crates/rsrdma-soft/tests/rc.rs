@@ -528,9 +528,32 @@ fn requests_the_responder_does_not_allow_are_invalid_requests() {
         signaled: true,
         fence: false,
     };
-    p.post_send(0, a).unwrap();
-    p.run();
-    assert_eq!(ids(&p.completions(0)), [(2, Status::RemInvReqErr)]);
+    // Refused at the post, as rxe's provider does (nothing fails)...
+    assert_eq!(
+        p.post_send(0, a),
+        Err(PostError::Invalid(
+            "an atomic's remote address must be 8-byte aligned"
+        ))
+    );
+    // ...and a responder that gets one anyway (from a peer that does not check) refuses it
+    // as an invalid request.
+    let now = p.now;
+    let r = &mut p.s[1];
+    let misaligned = Packet {
+        dest_qpn: 20,
+        psn: 100,
+        kind: PacketKind::FetchAdd {
+            addr: BASE + 4,
+            rkey,
+            add: 1,
+        },
+        payload: Payload::default(),
+    };
+    let handled =
+        r.qp.handle_packet(misaligned, &mut r.mrs, &mut r.mem, None, || now);
+    assert_eq!(handled, Handled::Taken);
+    let answer = r.qp.poll_transmit().expect("an answer");
+    assert_eq!(answer.kind, PacketKind::Nak(Nak::InvalidRequest));
 
     // A receive too short: both the send and the receive fail.
     let mut p = Pair::new(0);

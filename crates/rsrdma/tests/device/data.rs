@@ -718,3 +718,50 @@ fn a_fenced_send_carries_what_the_read_before_it_brought() {
         "the SEND carried the buffer before the READ landed"
     );
 }
+
+/// Atomics checked where rxe's provider checks them, at the post: a remote address that is
+/// not 8-byte aligned is refused (`EINVAL`), and nothing fails (soft0 posted it, then
+/// failed both queue pairs with `REM_INV_REQ_ERR`).
+#[test]
+fn a_misaligned_atomic_is_refused_at_the_post() {
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC;
+    let p = rc_pair(QpCaps::default(), access);
+    let target = Mr::new(&p.pd, 64, access).unwrap();
+    let t = target.remote();
+    let result = Mr::new(&p.pd, 16, AccessFlags::LOCAL_WRITE).unwrap();
+    let sge = [result.sge(0, 8).unwrap()];
+    // SAFETY: MRs outlive the completions; untouched until polled.
+    let r = unsafe {
+        p.a.post_send(&SendWr::atomic_fetch_add(1, &sge, t.addr + 4, t.rkey, 1))
+    };
+    let e = r.expect_err("a misaligned fetch-and-add was posted");
+    assert_eq!(e.errno(), Some(libc::EINVAL), "{e}");
+    // SAFETY: as above.
+    let r = unsafe {
+        p.a.post_send(&SendWr::atomic_cmp_swap(2, &sge, t.addr + 1, t.rkey, 0, 1))
+    };
+    assert_eq!(
+        r.expect_err("a misaligned compare-and-swap was posted")
+            .errno(),
+        Some(libc::EINVAL)
+    );
+    // Both queue pairs are fine: an aligned one works, and a local SGE longer than the word
+    // takes the old value in its first 8 bytes (rxe's provider asks for at least 8; soft0
+    // refused anything but 8).
+    let wide = [result.sge(0, 16).unwrap()];
+    // SAFETY: as above.
+    unsafe {
+        p.a.post_send(&SendWr::atomic_fetch_add(3, &wide, t.addr, t.rkey, 5))
+            .unwrap()
+    };
+    assert_eq!(poll_ok(&p.cq_a).wr_id(), 3);
+    // SAFETY: as above.
+    unsafe {
+        p.a.post_send(&SendWr::atomic_fetch_add(4, &wide, t.addr, t.rkey, 1))
+            .unwrap()
+    };
+    // (Its completion's length is the local memory's, as rxe reports it.)
+    let wc = poll_ok(&p.cq_a);
+    assert_eq!((wc.wr_id(), wc.byte_len()), (4, 16));
+    assert_eq!(snap(&result)[..8], 5u64.to_ne_bytes());
+}
