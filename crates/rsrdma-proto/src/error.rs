@@ -192,17 +192,64 @@ pub enum Fatal {
     Disconnected,
 }
 
+/// What a failed completion's `ibv_wc_status` says, for the statuses a connection meets
+/// when its peer or its link goes (the others are named by number only).
+fn meaning(status: u32) -> &'static str {
+    match status {
+        4 => ": local protection error",
+        5 => {
+            ": flushed, the queue pair had failed: the peer disconnected or died, or an \
+              earlier error broke the connection"
+        }
+        9 => ": the peer refused an invalid request",
+        10 => ": the peer refused a remote access",
+        12 => ": transport retries exceeded, the peer does not answer (gone, or unreachable)",
+        13 => ": RNR retries exceeded, the peer posted no receive in time",
+        _ => "",
+    }
+}
+
 impl fmt::Display for Fatal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::SendCompletion { status } => {
-                write!(f, "send completion failed (status {status})")
+                write!(
+                    f,
+                    "send completion failed (status {status}{})",
+                    meaning(*status)
+                )
             }
             Self::RecvCompletion { status } => {
-                write!(f, "receive completion failed (status {status})")
+                write!(
+                    f,
+                    "receive completion failed (status {status}{})",
+                    meaning(*status)
+                )
             }
             Self::QpError => f.write_str("the queue pair entered the error state"),
             Self::Disconnected => f.write_str("disconnected"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed completion says what its status means where a peer's death or a broken
+    /// link causes it (an outside tester read "status 5" after its peer was killed).
+    #[test]
+    fn failed_completions_say_what_their_status_means() {
+        let flushed = Fatal::RecvCompletion { status: 5 }.to_string();
+        assert!(
+            flushed.contains("status 5: flushed") && flushed.contains("died"),
+            "{flushed}"
+        );
+        let retry = Fatal::SendCompletion { status: 12 }.to_string();
+        assert!(retry.contains("does not answer"), "{retry}");
+        assert_eq!(
+            Fatal::SendCompletion { status: 99 }.to_string(),
+            "send completion failed (status 99)"
+        );
     }
 }
