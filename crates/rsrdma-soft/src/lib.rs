@@ -22,7 +22,8 @@
 //! # What it does (and where it differs from rxe)
 //! SEND, SEND with immediate, RDMA WRITE (with immediate, which consumes a receive), RDMA
 //! READ, compare-and-swap and fetch-and-add; inline data; selective signalling and
-//! `sq_sig_all`; completions in send-queue order, SENDs and WRITEs on their ACK, READs and
+//! `sq_sig_all`; solicited events (a receive consumed by a request that asks for one
+//! completes [`Completion::solicited`], as does a failed receive); completions in send-queue order, SENDs and WRITEs on their ACK, READs and
 //! atomics on their response; RNR NAK with `rnr_retry` (7: retry for ever) and the peer's
 //! `min_rnr_timer`; key, bounds and access checks with rxe's statuses (a bad remote key or
 //! range: `REM_ACCESS_ERR`, and the responder's QP goes to ERROR; an access right missing on

@@ -693,6 +693,7 @@ impl RcQp {
                     self.on_request(p.psn, Answer::Rnr);
                     return Handled::Taken;
                 }
+                let before = self.cq.len();
                 let mut responder = Responder {
                     cfg: &self.cfg,
                     own: &mut self.rq,
@@ -700,6 +701,14 @@ impl RcQp {
                     cq: &mut self.cq,
                 };
                 let answer = responder.execute(&p, mrs, mem);
+                if p.solicited {
+                    // The receive it consumed completes solicited (it wakes a CQ armed for
+                    // solicited completions only).
+                    self.cq
+                        .iter_mut()
+                        .skip(before)
+                        .for_each(|c| c.solicited = true);
+                }
                 self.on_request(p.psn, answer);
             }
         }
@@ -738,6 +747,7 @@ impl RcQp {
 
     fn reply(&mut self, psn: u32, kind: PacketKind, payload: Vec<u8>) {
         self.out.push_back(Packet {
+            solicited: false,
             dest_qpn: self.dest_qpn,
             psn,
             kind,
@@ -899,6 +909,7 @@ impl RcQp {
                 src_qp: 0,
                 slid: 0,
                 grh: false,
+                solicited: false,
             });
         }
     }
@@ -916,6 +927,8 @@ impl RcQp {
             src_qp: 0,
             slid: 0,
             grh: false,
+            // A send's completion is never solicited (rxe posts them so, errors too).
+            solicited: false,
         });
     }
 
@@ -1173,6 +1186,9 @@ fn push_recv(
         src_qp: 0,
         slid: 0,
         grh: false,
+        // Marked after a solicited request landed ([`RcQp::handle_packet`]); a failed
+        // receive wakes a solicited-only arm, as rxe's do.
+        solicited: status != Status::Success,
     });
 }
 
@@ -1233,6 +1249,14 @@ fn request_packet(wr: &SendWr, dest_qpn: u32, psn: u32, mem: &dyn Memory) -> Pac
         }
     };
     Packet {
+        // What consumes a receive at the peer carries the request's wish for an event.
+        solicited: wr.solicited
+            && matches!(
+                kind,
+                PacketKind::Send { .. }
+                    | PacketKind::SendInv { .. }
+                    | PacketKind::Write { imm: Some(_), .. }
+            ),
         dest_qpn,
         psn,
         kind,

@@ -230,6 +230,7 @@ impl UdQp {
                 None => gather_payload(&wr.sges, mem),
             };
             let packet = Packet {
+                solicited: wr.solicited,
                 dest_qpn: dest.qpn,
                 psn: 0,
                 kind: PacketKind::Datagram {
@@ -339,6 +340,11 @@ impl UdQp {
             imm,
             source,
         );
+        if p.solicited {
+            if let Some(c) = self.cq.back_mut() {
+                c.solicited = true;
+            }
+        }
     }
 
     /// A completion; `source` (QP, LID) marks a UD receive, which carries a GRH.
@@ -363,6 +369,9 @@ impl UdQp {
             src_qp,
             slid,
             grh: source.is_some() && status == Status::Success,
+            // Marked after a solicited datagram landed ([`UdQp::handle_datagram`]); a
+            // failed receive wakes a solicited-only arm, as rxe's do.
+            solicited: status != Status::Success,
         });
     }
 }

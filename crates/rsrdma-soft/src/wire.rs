@@ -4,7 +4,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 1 | kind: 1 SEND, 2 WRITE, 3 READ request, 4 READ response, 5 compare-and-swap, 6 fetch-and-add, 7 atomic response, 8 ACK, 9 NAK, 10 UD datagram, 11 SEND with invalidate |
-//! | 1 | 1 | flags: bit 0 immediate data present |
+//! | 1 | 1 | flags: bit 0 immediate data present, bit 1 solicited event |
 //! | 2 | 2 | NAK code (1 RNR, 2 invalid request, 3 remote access, 4 remote operation, 5 dropped) |
 //! | 4 | 4 | destination QP number (a dropped-request NAK: the QP that dropped it) |
 //! | 8 | 4 | PSN: the request's (a response or ACK names the request it answers) |
@@ -157,6 +157,9 @@ pub struct Packet {
     pub kind: PacketKind,
     /// Its bytes (SEND, WRITE, READ response).
     pub payload: Payload,
+    /// The sender asked for a solicited event (a SEND, a WRITE with immediate data, a
+    /// datagram): the receive's completion wakes a CQ armed for solicited completions only.
+    pub solicited: bool,
 }
 
 /// The longest payload a packet holds in itself (an acknowledgement's none, a small
@@ -354,7 +357,7 @@ impl Packet {
             ),
         };
         h[0] = kind;
-        h[1] = flags;
+        h[1] = flags | if self.solicited { 2 } else { 0 };
         h[2..4].copy_from_slice(&code.to_le_bytes());
         h[4..8].copy_from_slice(&self.dest_qpn.to_le_bytes());
         h[8..12].copy_from_slice(&self.psn.to_le_bytes());
@@ -400,6 +403,7 @@ impl Packet {
             return Err(WireError("payload length"));
         }
         let imm = (h[1] & 1 != 0).then(|| u32_at(16));
+        let solicited = h[1] & 2 != 0;
         let (rkey, a, b, c) = (u32_at(20), u64_at(24), u64_at(32), u64_at(40));
         let kind = match h[0] {
             1 => PacketKind::Send { imm },
@@ -446,6 +450,7 @@ impl Packet {
             return Err(WireError("a payload on a kind that carries none"));
         }
         Ok(Packet {
+            solicited,
             dest_qpn: u32_at(4),
             psn: u32_at(8),
             kind,
@@ -500,7 +505,7 @@ mod tests {
             payload in prop::collection::vec(any::<u8>(), 0..64),
         ) {
             let carries = k.carries_payload();
-            let p = Packet { dest_qpn, psn, kind: k, payload: if carries { payload } else { Vec::new() }.into() };
+            let p = Packet { dest_qpn, psn, kind: k, payload: if carries { payload } else { Vec::new() }.into(), solicited: carries };
             prop_assert_eq!(Packet::decode(&p.encode()), Ok(p));
         }
 
@@ -535,6 +540,7 @@ mod tests {
     #[test]
     fn malformed_packets_are_refused() {
         let p = Packet {
+            solicited: false,
             dest_qpn: 1,
             psn: 2,
             kind: PacketKind::Send { imm: None },
@@ -548,6 +554,7 @@ mod tests {
         b.push(0);
         assert_eq!(Packet::decode(&b), Err(WireError("payload length")));
         let mut ack = Packet {
+            solicited: false,
             kind: PacketKind::Ack,
             payload: Vec::new().into(),
             ..p

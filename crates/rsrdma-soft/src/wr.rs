@@ -109,6 +109,9 @@ pub struct SendWr {
     /// Fence: it starts (its bytes are gathered, its packet leaves) only once every READ and
     /// atomic posted before it has completed.
     pub fence: bool,
+    /// Solicited event: the receive it consumes at the peer (a SEND, a WRITE with immediate
+    /// data) wakes a CQ armed for solicited completions only.
+    pub solicited: bool,
 }
 
 /// A receive request.
@@ -200,6 +203,9 @@ pub struct Completion {
     pub slid: u16,
     /// A UD receive: its first 40 bytes are a GRH.
     pub grh: bool,
+    /// It wakes a CQ armed for solicited completions only: a receive whose sender asked for
+    /// it, or one that failed (as rxe posts them).
+    pub solicited: bool,
 }
 
 impl SendWr {

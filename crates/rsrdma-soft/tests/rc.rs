@@ -208,6 +208,7 @@ impl Pair {
             // The device tells the requester (routed to it, as the device finds it).
             self.dropped[i] += 1;
             let notice = Packet {
+                solicited: false,
                 dest_qpn: requester,
                 psn,
                 kind: PacketKind::Nak(Nak::Dropped),
@@ -275,6 +276,7 @@ fn send(wr_id: u64, sges: Vec<Sge>, signaled: bool) -> SendWr {
         inline: None,
         signaled,
         fence: false,
+        solicited: false,
     }
 }
 
@@ -299,6 +301,7 @@ fn send_lands_in_the_oldest_receive_across_sges_with_immediate_and_selective_sig
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     p.post_send(0, wr).unwrap();
     p.run();
@@ -328,6 +331,7 @@ fn write_read_and_atomics_move_exactly_their_bytes() {
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     let w = wr(
         1,
@@ -381,6 +385,7 @@ fn write_read_and_atomics_move_exactly_their_bytes() {
         inline: Some(b"inline!".to_vec()),
         signaled: true,
         fence: false,
+        solicited: false,
     };
     p.post_send(0, inline).unwrap();
     p.run();
@@ -440,6 +445,7 @@ fn a_bad_rkey_fails_both_sides_and_flushes_everything_after_it() {
         inline: None,
         signaled: false,
         fence: false,
+        solicited: false,
     };
     p.post_send(0, bad).unwrap();
     p.post_send(0, send(2, vec![s], false)).unwrap();
@@ -483,6 +489,7 @@ fn a_bad_rkey_fails_both_sides_and_flushes_everything_after_it() {
             inline: None,
             signaled: true,
             fence: false,
+            solicited: false,
         };
         p.post_send(0, w).unwrap();
         p.run();
@@ -508,6 +515,7 @@ fn requests_the_responder_does_not_allow_are_invalid_requests() {
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     p.post_send(0, w).unwrap();
     p.run();
@@ -527,6 +535,7 @@ fn requests_the_responder_does_not_allow_are_invalid_requests() {
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     // Refused at the post, as rxe's provider does (nothing fails)...
     assert_eq!(
@@ -540,6 +549,7 @@ fn requests_the_responder_does_not_allow_are_invalid_requests() {
     let now = p.now;
     let r = &mut p.s[1];
     let misaligned = Packet {
+        solicited: false,
         dest_qpn: 20,
         psn: 100,
         kind: PacketKind::FetchAdd {
@@ -579,6 +589,7 @@ fn a_zero_length_write_checks_no_key() {
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     p.post_send(0, w).unwrap();
     p.run();
@@ -680,6 +691,7 @@ fn a_fenced_send_carries_what_the_read_before_it_brought() {
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     p.post_send(0, read).unwrap();
     let mut fenced = send(2, vec![p.sge(0, BASE, 8)], true);
@@ -701,6 +713,51 @@ fn a_fenced_send_carries_what_the_read_before_it_brought() {
     );
     assert_eq!(p.bytes(1, BASE + 300, 8), b"fresh!!!");
     assert_eq!(p.bytes(1, BASE + 400, 8), b"fresh!!!");
+}
+
+/// A receive consumed by a solicited SEND (or WRITE with immediate data) completes
+/// solicited; one of an unsolicited SEND does not; a send's own completion never is; a
+/// failed receive is (it wakes a solicited-only arm, as on rxe).
+#[test]
+fn solicited_requests_mark_the_receives_they_consume() {
+    let mut p = Pair::new(0);
+    for id in 1..=3 {
+        p.post_recv(1, id, BASE + 100 * id, 8);
+    }
+    let rkey = p.s[1].key;
+    let mut plain = send(1, vec![p.sge(0, BASE, 8)], true);
+    plain.solicited = false;
+    let mut asked = send(2, vec![p.sge(0, BASE, 8)], true);
+    asked.solicited = true;
+    let write_imm = SendWr {
+        wr_id: 3,
+        op: SendOp::Write {
+            remote_addr: BASE + 500,
+            rkey,
+            imm: Some(7),
+        },
+        sges: vec![p.sge(0, BASE, 8)],
+        inline: None,
+        signaled: true,
+        fence: false,
+        solicited: true,
+    };
+    for w in [plain, asked, write_imm] {
+        p.post_send(0, w).unwrap();
+    }
+    p.run();
+    let marks: Vec<_> = p
+        .completions(1)
+        .iter()
+        .map(|c| (c.wr_id, c.solicited))
+        .collect();
+    assert_eq!(marks, [(1, false), (2, true), (3, true)]);
+    assert!(p.completions(0).iter().all(|c| !c.solicited));
+    // A flushed receive is solicited.
+    p.post_recv(1, 9, BASE, 8);
+    p.s[1].qp.to_error();
+    let flushed = p.completions(1);
+    assert_eq!((flushed[0].wr_id, flushed[0].solicited), (9, true));
 }
 
 #[test]
@@ -745,6 +802,7 @@ fn rnr_retries_as_rnr_retry_says() {
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     p.post_send(0, w).unwrap();
     for _ in 0..20 {
@@ -788,6 +846,7 @@ fn a_write_with_immediate_consumes_a_receive() {
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     p.post_send(0, w).unwrap();
     p.post_recv(1, 3, BASE + 1000, 0);
@@ -832,6 +891,7 @@ fn local_errors_and_posting_rules() {
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     p.post_send(0, r).unwrap();
     assert_eq!(ids(&p.completions(0)), [(2, Status::LocProtErr)]);
@@ -857,6 +917,7 @@ fn local_errors_and_posting_rules() {
         inline: Some(vec![0; 65]),
         signaled: true,
         fence: false,
+        solicited: false,
     };
     assert!(matches!(p.post_send(0, long), Err(PostError::Invalid(_))));
     for k in 0..64 {
@@ -1065,7 +1126,7 @@ proptest! {
                         }
                         _ => unreachable!(),
                     };
-                    let wr = SendWr { wr_id: sent, op, sges: vec![s], inline: None, signaled: true, fence: false };
+                    let wr = SendWr { wr_id: sent, op, sges: vec![s], inline: None, signaled: true, fence: false, solicited: false };
                     p.post_send(0, wr).unwrap();
                     sent += 1;
                 }
@@ -1080,6 +1141,7 @@ proptest! {
                         inline: None,
                         signaled: true,
                         fence: false,
+                        solicited: false,
                     };
                     p.post_send(0, wr).unwrap();
                     sent += 1;
@@ -1100,6 +1162,7 @@ proptest! {
                         inline: None,
                         signaled: true,
                         fence: false,
+                        solicited: false,
                     };
                     p.post_send(0, wr).unwrap();
                     sent += 1;
@@ -1182,6 +1245,7 @@ fn unreliable_connected_sends_and_writes_complete_as_they_leave_and_drop_what_fa
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     let (bad, good) = (
         write(3, p.s[1].key ^ 0x100, BASE + 2000),
@@ -1210,6 +1274,7 @@ fn unreliable_connected_sends_and_writes_complete_as_they_leave_and_drop_what_fa
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     assert!(matches!(p.post_send(0, read), Err(PostError::Invalid(_))));
     p.s[0].qp.handle_link_down();
@@ -1261,6 +1326,7 @@ fn bind_wr(wr_id: u64, mw_key: u32, mr_key: u32, addr: u64, len: u64, access: Ac
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     }
 }
 
@@ -1277,6 +1343,7 @@ fn local_inv(wr_id: u64, rkey: u32) -> SendWr {
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     }
 }
 
@@ -1288,6 +1355,7 @@ fn read(wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32) -> SendWr {
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     }
 }
 
@@ -1377,6 +1445,7 @@ fn a_bound_window_serves_its_range_with_its_rights_until_it_is_invalidated() {
             inline: None,
             signaled: true,
             fence: false,
+            solicited: false,
         };
         p.post_send(0, wr).unwrap();
         p.run();
@@ -1568,6 +1637,7 @@ fn a_send_with_invalidate_frees_the_peers_window_bound_to_its_qp() {
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     p.post_send(0, inv.clone()).unwrap();
     p.run();
@@ -1606,6 +1676,7 @@ fn a_send_with_invalidate_frees_the_peers_window_bound_to_its_qp() {
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     assert!(matches!(p.post_send(0, inv), Err(PostError::Invalid(_))));
     // But binds a window (done as it is posted).
@@ -1628,6 +1699,7 @@ fn write_wr(wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, imm: Option<u32>)
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     }
 }
 
@@ -1654,6 +1726,7 @@ fn direct_requests_complete_at_once_take_no_psn_and_leave_everything_else_to_pac
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     p.post_send(0, add).unwrap();
     assert!(!p.transmit(0), "no packet went");
@@ -1759,6 +1832,7 @@ fn an_unreliable_connected_queue_pair_never_goes_direct() {
 fn an_answer_of_the_wrong_kind_fails_the_request_and_writes_nothing() {
     use rsrdma_soft::{PacketKind, Payload};
     let forged = |kind: PacketKind, payload: &[u8]| Packet {
+        solicited: false,
         dest_qpn: 10,
         psn: 100,
         kind,
@@ -1792,6 +1866,7 @@ fn an_answer_of_the_wrong_kind_fails_the_request_and_writes_nothing() {
                 inline: None,
                 signaled: true,
                 fence: false,
+                solicited: false,
             },
             PacketKind::Ack,
             &[],
@@ -1841,6 +1916,7 @@ fn a_message_over_two_gib_is_refused_at_its_post() {
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     for wr in [send(1, big.clone(), true), read] {
         assert!(
@@ -1921,6 +1997,7 @@ fn an_answer_for_a_deregistered_destination_writes_nothing() {
                 inline: None,
                 signaled: true,
                 fence: false,
+                solicited: false,
             }
         } else {
             read(5, sge, BASE + 2048, rkey)

@@ -81,6 +81,7 @@ impl Side {
             inline: None,
             signaled: true,
             fence: false,
+            solicited: false,
         };
         self.qp.post_send(wr, dest, &self.mrs, &self.mem).unwrap();
     }
@@ -237,6 +238,7 @@ fn posting_rules_and_errors() {
         inline: None,
         signaled: true,
         fence: false,
+        solicited: false,
     };
     assert!(matches!(
         a.qp.post_send(write, to_b(QKEY), &a.mrs, &a.mem),
@@ -251,6 +253,7 @@ fn posting_rules_and_errors() {
         inline: Some(vec![1, 2, 3]),
         signaled: false,
         fence: false,
+        solicited: false,
     };
     assert_eq!(
         fresh.post_send(send.clone(), to_b(QKEY), &a.mrs, &a.mem),

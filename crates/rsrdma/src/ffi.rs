@@ -308,7 +308,7 @@ pub unsafe fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
 pub unsafe fn ibv_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     route!(
         (*cq).context,
-        soft::verbs::req_notify_cq(cq),
+        soft::verbs::req_notify_cq(cq, solicited_only != 0),
         rsrdma_sys::ibv_req_notify_cq(cq, solicited_only)
     )
 }

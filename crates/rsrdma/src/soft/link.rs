@@ -728,6 +728,7 @@ mod tests {
 
     fn packet(dest_qpn: u32, payload: Vec<u8>) -> Packet {
         Packet {
+            solicited: false,
             dest_qpn,
             psn: 1,
             kind: PacketKind::Send { imm: None },

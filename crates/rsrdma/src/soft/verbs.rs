@@ -71,7 +71,9 @@ struct SoftCq {
 struct CqState {
     wcs: VecDeque<ffi::ibv_wc>,
     capacity: usize,
-    armed: bool,
+    /// Armed for the next completion (`Some(false)`), or for the next solicited one only
+    /// (`Some(true)`).
+    armed: Option<bool>,
 }
 
 #[repr(C)]
@@ -743,6 +745,7 @@ fn tell_dropped(to: SocketAddrV4, qpn: u32, psn: u32) {
     let dev = device();
     if let Some(l) = &dev.links {
         let notice = Packet {
+            solicited: false,
             dest_qpn: qpn,
             psn,
             kind: PacketKind::Nak(Nak::Dropped),
@@ -843,6 +846,7 @@ fn pump(st: &mut State, now: &mut LazyNow) {
                     // The peer QP dropped it (not in RTR or RTS): its sender hears of it.
                     Delivery::Dropped => {
                         let notice = Packet {
+                            solicited: false,
                             dest_qpn: to_qpn,
                             psn,
                             kind: PacketKind::Nak(Nak::Dropped),
@@ -1072,8 +1076,10 @@ unsafe fn push_completion(cq: *mut SoftCq, c: &Completion) -> bool {
     }
     st.wcs.push_back(wc);
     cq.pending.store(true, Ordering::Release);
-    if st.armed {
-        st.armed = false;
+    // As rxe: an arm for any completion fires on this one; an arm for solicited ones only,
+    // on a solicited receive (or a failed receive: those are solicited).
+    if st.armed.is_some_and(|only| !only || c.solicited) {
+        st.armed = None;
         super::shm_link::cq_fired();
         let channel = cq.raw.channel.cast::<SoftChannel>();
         if !channel.is_null() {
@@ -1279,6 +1285,7 @@ unsafe fn send_wr(w: &ffi::ibv_send_wr) -> Result<SendWr, c_int> {
         inline,
         signaled: w.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
         fence: w.send_flags & ffi::ibv_send_flags::IBV_SEND_FENCE.0 != 0,
+        solicited: w.send_flags & ffi::ibv_send_flags::IBV_SEND_SOLICITED.0 != 0,
     })
 }
 
@@ -1522,9 +1529,9 @@ fn empty_poll(empty: bool) {
     }
 }
 
-unsafe extern "C" fn req_notify_cq_op(cq: *mut ffi::ibv_cq, _solicited: c_int) -> c_int {
+unsafe extern "C" fn req_notify_cq_op(cq: *mut ffi::ibv_cq, solicited_only: c_int) -> c_int {
     // SAFETY: the caller's contract.
-    unsafe { req_notify_cq(cq) }
+    unsafe { req_notify_cq(cq, solicited_only != 0) }
 }
 
 // ----- the control path (called through `crate::ffi`) ---------------------------------------
@@ -1945,7 +1952,7 @@ pub(crate) unsafe fn create_cq(
         state: Mutex::new(CqState {
             wcs: VecDeque::new(),
             capacity: cqe as usize,
-            armed: false,
+            armed: None,
         }),
         pending: AtomicBool::new(false),
         busy: AtomicBool::new(false),
@@ -1958,7 +1965,13 @@ pub(crate) unsafe fn create_cq(
 pub(crate) unsafe fn destroy_cq(cq: *mut ffi::ibv_cq) -> c_int {
     // SAFETY: made by `create_cq`, freed once (the caller's contract).
     let cq = unsafe { Box::from_raw(cq.cast::<SoftCq>()) };
-    if cq.state.lock().unwrap_or_else(|p| p.into_inner()).armed {
+    if cq
+        .state
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .armed
+        .is_some()
+    {
         super::shm_link::cq_fired();
     }
     let channel = cq.raw.channel.cast::<SoftChannel>();
@@ -2040,14 +2053,19 @@ pub(crate) fn ack_cq_events() {}
 
 /// # Safety
 /// `cq` is a live soft CQ.
-pub(crate) unsafe fn req_notify_cq(cq: *mut ffi::ibv_cq) -> c_int {
+pub(crate) unsafe fn req_notify_cq(cq: *mut ffi::ibv_cq, solicited_only: bool) -> c_int {
     // SAFETY: the caller's contract.
     let cq = unsafe { &*cq.cast::<SoftCq>() };
     {
         let mut st = cq.state.lock().unwrap_or_else(|p| p.into_inner());
-        if !st.armed {
-            st.armed = true;
-            super::shm_link::cq_armed();
+        // An arm for any completion is not narrowed by a later solicited-only one (as a NIC
+        // keeps the wider request until it fires).
+        match st.armed {
+            None => {
+                st.armed = Some(solicited_only);
+                super::shm_link::cq_armed();
+            }
+            Some(only) => st.armed = Some(only && solicited_only),
         }
     }
     // Someone is about to sleep rather than poll: the shared rings' readers must take what
