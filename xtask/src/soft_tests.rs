@@ -137,6 +137,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "a_stranger_on_rdma_cm_reaches_nothing_of_a_shared_protection_domain",
             "a_silent_half_handshake_does_not_delay_a_good_client",
             "a_timeout_inside_a_message_keeps_it_whole_on_both_sides",
+            "an_rdma_cm_dial_to_a_tcp_listener_names_the_path",
             "batches_from_two_threads_stay_contiguous",
             "close_wakes_a_blocked_reader_and_writer_on_other_threads",
             "close_wakes_a_send_blocked_for_credit_and_the_peer_still_reads_what_was_sent",

@@ -1598,6 +1598,26 @@ fn dialing_on_the_other_path_names_the_path_the_listener_may_be_on() {
     assert_eq!(e.io_kind(), std::io::ErrorKind::ConnectionRefused);
 }
 
+/// An rdma_cm dial to a listener of the TCP path says which path to dial, on both devices
+/// (soft0's CM reaches the port, and the listener resets its request: that said
+/// "expected ESTABLISHED, got UNREACHABLE (status -104 ...)").
+#[test]
+fn an_rdma_cm_dial_to_a_tcp_listener_names_the_path() {
+    let tcp =
+        Arc::new(Listener::bind(format!("{}:0", support::ip()), opts(Establish::Tcp)).unwrap());
+    let addr = tcp.local_addr();
+    // Handshakes run only while someone accepts.
+    let _accepting = {
+        let tcp = tcp.clone();
+        thread::spawn(move || tcp.accept_timeout(Duration::from_secs(20)).map(drop))
+    };
+    for _ in 0..3 {
+        let e = Conn::dial(addr, opts(Establish::Cm)).unwrap_err();
+        assert!(matches!(e, NetError::NotListening { .. }), "{e:?}");
+        assert!(e.to_string().contains("dial it with Establish::Tcp"), "{e}");
+    }
+}
+
 /// F5: a secret on rdma_cm (the default path) is checked, in both directions, before either
 /// side delivers or exposes anything: the same secret connects (and carries messages, large
 /// ones by rendezvous too); a wrong one, none, or a listener without one does not, and a

@@ -256,5 +256,22 @@ fn rejected(e: rsrdma::Error, addr: SocketAddr) -> NetError {
             return NetError::PeerAborted(String::from_utf8_lossy(&rest[..end]).into_owned());
         }
     }
+    // soft0's CM reaches the port and finds no CM there (a TCP-path Listener reads its
+    // request as garbage and resets it).
+    if let rsrdma::Error::CmEvent {
+        got: CmEventType::UNREACHABLE,
+        status,
+        ..
+    } = &e
+    {
+        if *status == -libc::ECONNRESET {
+            return NetError::NotListening {
+                addr,
+                path: "rdma_cm (Establish::Cm)",
+                hint: "something answered there but not rdma_cm: a Listener bound with \
+                       Establish::Tcp takes no rdma_cm connections: dial it with Establish::Tcp",
+            };
+        }
+    }
     e.into()
 }
