@@ -173,7 +173,10 @@ impl Watchdog {
             let why = if self.peer_waiting {
                 "the peer has finished its part and waits in the next handshake: the two ends were probably started with a different -n (iterations), or messages were lost (UD)"
             } else {
-                "the peer does not answer"
+                // A receiver that got its -n and waits in the closing handshake (which the
+                // other side opens) looks the same from here as one that stopped.
+                "the peer does not answer: it stopped or died, or it had fewer iterations to \
+                 do (were both ends started with the same -n?)"
             };
             return Err(Error::Stalled(format!(
                 " No progress for {} s while waiting for {} ({}): {why}",
