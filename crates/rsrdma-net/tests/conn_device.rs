@@ -713,38 +713,19 @@ fn a_stranger_on_rdma_cm_reaches_nothing_of_a_shared_protection_domain() {
 
 /// A peer of a Conn listener on rdma_cm with a secret that connects announcing a Conn that
 /// will prove the secret, and never proves it (the listener accepts before the proof).
-struct CmStranger {
-    qp: rsrdma::Qp,
-    cq: rsrdma::Cq,
-    pd: rsrdma::Pd,
-    _id: rsrdma::cm::CmId,
-}
-
-fn cm_stranger(addr: SocketAddr) -> CmStranger {
-    use rsrdma::cm::{CmId, ConnParam};
-    use rsrdma::{Cq, Pd, Qp, QpType};
-    let t = Duration::from_secs(5);
-    let id = CmId::new().unwrap();
-    id.resolve_addr(None, addr, t).unwrap();
-    id.resolve_route(t).unwrap();
-    let ctx = id.context().unwrap();
-    let pd = Pd::new(&ctx).unwrap();
-    let cq = Cq::new(&ctx, 16, None).unwrap();
-    let qp = id
-        .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
-        .unwrap();
+fn cm_stranger(addr: SocketAddr) -> CmClient {
+    use rsrdma::cm::ConnParam;
+    let c = cm_client(addr);
     // Conn's announcement, the mark of a secret ('A') and a nonce.
     let mut offer = rsrdma_proto::Config::default().params().encode().to_vec();
     offer.push(b'A');
     offer.extend_from_slice(&[0x55; 16]);
-    id.connect(&ConnParam::default().with_private_data(offer), t)
-        .expect("the listener accepts before the proof");
-    CmStranger {
-        qp,
-        cq,
-        pd,
-        _id: id,
-    }
+    c.id.connect(
+        &ConnParam::default().with_private_data(offer),
+        Duration::from_secs(5),
+    )
+    .expect("the listener accepts before the proof");
+    c
 }
 
 /// On rdma_cm with a secret, strangers that never prove it hold a listener's places for its
@@ -818,9 +799,9 @@ fn a_shed_peer_is_told_the_listener_is_full() {
 /// and an RC QP on it (with the Pd and CQ it needs kept alive).
 struct CmClient {
     id: rsrdma::cm::CmId,
-    _qp: rsrdma::Qp,
-    _cq: rsrdma::Cq,
-    _pd: rsrdma::Pd,
+    qp: rsrdma::Qp,
+    cq: rsrdma::Cq,
+    pd: rsrdma::Pd,
 }
 
 fn cm_client(addr: SocketAddr) -> CmClient {
@@ -832,16 +813,11 @@ fn cm_client(addr: SocketAddr) -> CmClient {
     id.resolve_route(t).unwrap();
     let ctx = id.context().unwrap();
     let pd = Pd::new(&ctx).unwrap();
-    let cq = Cq::new(&ctx, 4, None).unwrap();
+    let cq = Cq::new(&ctx, 16, None).unwrap();
     let qp = id
         .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
         .unwrap();
-    CmClient {
-        id,
-        _qp: qp,
-        _cq: cq,
-        _pd: pd,
-    }
+    CmClient { id, qp, cq, pd }
 }
 
 /// Connects with plain rdma_cm and `data` as private data; returns the error text.

@@ -570,35 +570,12 @@ fn send_into_the_pool(addr: std::net::SocketAddr, sends: usize, barrier: bool) {
     let gid_index = ctx.resolve_gid_index(1, support::gid_index()).unwrap();
     let me = qp.endpoint(1, gid_index, 0x1234).unwrap();
     // A Conn's announcement under the client's keys (as `small` would make it).
-    let params = rsrdma_proto::Config::default()
+    let config = rsrdma_proto::Config::default()
         .with_slot_size(4096)
         .with_recv_slots(8)
         .with_send_slots(4)
-        .with_sq_depth(16)
-        .params()
-        .encode();
-    let words = (0..4)
-        .map(|i| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&params[i * 8..i * 8 + 8]);
-            (0xC100 + i as u16, u64::from_le_bytes(w))
-        })
-        .collect();
-    let ep = Endpoint {
-        qp_num: me.qp_num,
-        psn: me.psn,
-        lid: me.lid,
-        gid: me.gid,
-        gid_index: gid_index.unwrap_or(0),
-        mtu: 1024,
-        qp_type: 0,
-        send_depth: 128,
-        recv_depth: 1,
-        max_inline: 0,
-        max_rd_atomic: 0,
-        max_dest_rd_atomic: 0,
-        params: words,
-    };
+        .with_sq_depth(16);
+    let ep = support::conn_client_endpoint(&qp, &me, gid_index, config);
     let (peer, _) = ch.exchange_endpoints(&ep, |k| format!("{k:#x}")).unwrap();
     let mut bring_up = ConnectOptions::default();
     bring_up.gid_index = gid_index;

@@ -267,17 +267,10 @@ pub struct EndpointThenStall {
 
 /// `n` peers that each stall after their endpoint (see [`EndpointThenStall`]).
 pub fn endpoint_then_stall(addr: std::net::SocketAddr, n: usize) -> Vec<EndpointThenStall> {
-    use rsrdma_net::handshake::{Channel, Endpoint, Role};
+    use rsrdma_net::handshake::{Channel, Role};
     let ctx = rsrdma::open(&device()).unwrap();
     let pd = rsrdma::Pd::new(&ctx).unwrap();
     let gid_index = ctx.resolve_gid_index(1, gid_index()).unwrap();
-    let bytes = rsrdma_proto::Config::default().params().encode();
-    // The announcement as four little-endian words under the client's keys (0xC100..).
-    let params: Vec<(u16, u64)> = bytes
-        .chunks(8)
-        .enumerate()
-        .map(|(i, w)| (0xC100 + i as u16, u64::from_le_bytes(w.try_into().unwrap())))
-        .collect();
     (0..n)
         .map(|_| {
             let cq = rsrdma::Cq::new(&ctx, 64, None).unwrap();
@@ -285,21 +278,7 @@ pub fn endpoint_then_stall(addr: std::net::SocketAddr, n: usize) -> Vec<Endpoint
                 .build(&pd, &cq, &cq)
                 .unwrap();
             let me = qp.endpoint(1, gid_index, 1).unwrap();
-            let ep = Endpoint {
-                qp_num: me.qp_num,
-                psn: me.psn,
-                lid: me.lid,
-                gid: me.gid,
-                gid_index: gid_index.unwrap_or(0),
-                mtu: 1024,
-                qp_type: 0,
-                send_depth: qp.caps().max_send_wr,
-                recv_depth: qp.caps().max_recv_wr,
-                max_inline: qp.caps().max_inline_data,
-                max_rd_atomic: 0,
-                max_dest_rd_atomic: 0,
-                params: params.clone(),
-            };
+            let ep = conn_client_endpoint(&qp, &me, gid_index, rsrdma_proto::Config::default());
             let s = std::net::TcpStream::connect(addr).unwrap();
             let mut ch = Channel::new(s, Role::Client, std::time::Duration::from_secs(5)).unwrap();
             ch.authenticate(None).unwrap();
@@ -311,4 +290,36 @@ pub fn endpoint_then_stall(addr: std::net::SocketAddr, n: usize) -> Vec<Endpoint
             }
         })
         .collect()
+}
+
+/// The endpoint a Conn dialer announces over the TCP handshake for `qp` (whose endpoint is
+/// `me`), with `config`'s parameters as four little-endian words under the client's keys
+/// (`0xC100..`).
+pub fn conn_client_endpoint(
+    qp: &rsrdma::Qp,
+    me: &rsrdma::QpEndpoint,
+    gid_index: Option<u8>,
+    config: rsrdma_proto::Config,
+) -> rsrdma_net::handshake::Endpoint {
+    let bytes = config.params().encode();
+    let params = bytes
+        .chunks(8)
+        .enumerate()
+        .map(|(i, w)| (0xC100 + i as u16, u64::from_le_bytes(w.try_into().unwrap())))
+        .collect();
+    rsrdma_net::handshake::Endpoint {
+        qp_num: me.qp_num,
+        psn: me.psn,
+        lid: me.lid,
+        gid: me.gid,
+        gid_index: gid_index.unwrap_or(0),
+        mtu: 1024,
+        qp_type: 0,
+        send_depth: qp.caps().max_send_wr,
+        recv_depth: qp.caps().max_recv_wr,
+        max_inline: qp.caps().max_inline_data,
+        max_rd_atomic: 0,
+        max_dest_rd_atomic: 0,
+        params,
+    }
 }

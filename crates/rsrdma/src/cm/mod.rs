@@ -491,13 +491,7 @@ impl CmId {
     /// # Errors
     /// As [`CmId::connect`], naming `rdma_accept`.
     pub fn accept(&self, p: &ConnParam, timeout: Duration) -> Result<()> {
-        let ctx = self.context()?;
-        let dev = ctx.attr();
-        let defaults = match self.inner.requester {
-            Some(asked) => Depths::accepting(asked, dev.max_qp_rd_atom, dev.max_qp_init_rd_atom),
-            None => Depths::device_max(dev),
-        };
-        let mut param = p.to_raw(MAX_ACCEPT_PRIVATE_DATA, dev, defaults)?;
+        let (_, mut param) = self.accept_param(p)?;
         // SAFETY: live id from a connect request; `param` outlives the call.
         let rc = {
             let _qp = self.inner.channel.guard_qp();
@@ -529,13 +523,7 @@ impl CmId {
         timeout: Duration,
     ) -> Result<()> {
         use ffi::ibv_qp_state as S;
-        let ctx = self.context()?;
-        let dev = ctx.attr();
-        let defaults = match self.inner.requester {
-            Some(asked) => Depths::accepting(asked, dev.max_qp_rd_atom, dev.max_qp_init_rd_atom),
-            None => Depths::device_max(dev),
-        };
-        let mut param = p.to_raw(MAX_ACCEPT_PRIVATE_DATA, dev, defaults)?;
+        let (ctx, mut param) = self.accept_param(p)?;
         let guard = self.inner.channel.guard_qp();
         // SAFETY: live id; its `qp` field is read under the guard.
         let qp = unsafe { (*self.inner.raw).qp };
@@ -605,6 +593,19 @@ impl CmId {
         accepted?;
         self.expect("rdma_accept", CmEventType::ESTABLISHED, timeout)
             .map(drop)
+    }
+
+    /// The context and `p` for `rdma_accept`, with the depths left `None` filled in (see
+    /// [`CmId::accept`]).
+    fn accept_param(&self, p: &ConnParam) -> Result<(Context, ffi::rdma_conn_param)> {
+        let ctx = self.context()?;
+        let dev = ctx.attr();
+        let defaults = match self.inner.requester {
+            Some(asked) => Depths::accepting(asked, dev.max_qp_rd_atom, dev.max_qp_init_rd_atom),
+            None => Depths::device_max(dev),
+        };
+        let param = p.to_raw(MAX_ACCEPT_PRIVATE_DATA, dev, defaults)?;
+        Ok((ctx, param))
     }
 
     /// Rejects a connection request, with optional private data for the requester (who sees
