@@ -55,6 +55,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "data::requests_to_a_peer_that_failed_or_was_reset_end_in_retry_exceeded",
             "data::transitions_are_checked_and_queryable",
             "data::uc_send_and_rdma_write",
+            "data::uc_messages_after_one_lost_before_the_peer_was_up_arrive",
             "data::unsignaled_sends_with_every_nth_signaled",
             "data::wrong_rkey_ends_in_remote_access_error",
             "drops::children_keep_their_parents_alive",

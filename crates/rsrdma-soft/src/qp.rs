@@ -83,6 +83,16 @@ pub enum QpEvent {
     LastWqeReached,
 }
 
+/// Why a queue pair will send its requests again from a PSN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resend {
+    /// The responder had no receive: after its RNR timer.
+    Rnr,
+    /// The responder dropped the request (see [`Nak::Dropped`]): after the transport timer
+    /// (`timeout`), if retries are left.
+    Unanswered,
+}
+
 /// What became of a packet handed to [`RcQp::handle_packet`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
@@ -130,8 +140,8 @@ pub struct RcQp {
     rq: VecDeque<RecvWr>,
     out: VecDeque<Packet>,
     cq: VecDeque<Completion>,
-    /// After an RNR NAK or a dropped request: the PSN to send again from, and when.
-    resend: Option<(u32, Instant)>,
+    /// After an RNR NAK or a dropped request: the PSN to send again from, when, and why.
+    resend: Option<(u32, Instant, Resend)>,
     rnr_left: u8,
     /// Sends again left for a request the responder dropped (see [`Nak::Dropped`]).
     retry_left: u8,
@@ -350,6 +360,20 @@ impl RcQp {
             return Ok(());
         }
         if local_op {
+            if self.must_wait(&wr) {
+                // Done when its turn comes ([`RcQp::release_held`]).
+                let signaled = wr.signaled || self.cfg.sq_sig_all;
+                let psn = self.next_psn;
+                self.sq.push_back(Pending {
+                    wr,
+                    psn,
+                    packet: None,
+                    signaled,
+                    failure: None,
+                    held: true,
+                });
+                return Ok(());
+            }
             self.local_op(wr, mrs);
             return Ok(());
         }
@@ -383,11 +407,7 @@ impl RcQp {
         }
         let psn = self.next_psn;
         self.next_psn = self.next_psn.wrapping_add(1);
-        // A fence: not before the READs and atomics ahead have completed (their data may be
-        // what this one sends); and nothing overtakes a request that waits.
-        if self.sq.iter().any(|p| p.held)
-            || (wr.fence && self.sq.iter().any(|p| p.wr.wants_response()))
-        {
+        if self.must_wait(&wr) {
             self.sq.push_back(Pending {
                 wr,
                 psn,
@@ -423,7 +443,7 @@ impl RcQp {
 
     /// Starts the held requests whose fence is passed (no READ or atomic before them is
     /// unanswered), in order: their bytes are gathered now.
-    fn release_held(&mut self, mem: &dyn Memory) {
+    fn release_held(&mut self, mrs: &mut MrTable, mem: &dyn Memory) {
         let mut reads_ahead = false;
         for i in 0..self.sq.len() {
             let p = &self.sq[i];
@@ -435,6 +455,14 @@ impl RcQp {
                 break;
             }
             reads_ahead |= p.wr.wants_response();
+            if matches!(p.wr.op, SendOp::BindMw(_) | SendOp::LocalInv { .. }) {
+                // A local operation: done now, completed in order with the others.
+                let failed = self.local_effect(&self.sq[i].wr, mrs);
+                let p = &mut self.sq[i];
+                p.failure = failed;
+                p.held = false;
+                continue;
+            }
             let packet = request_packet(&p.wr, self.dest_qpn, p.psn, mem);
             if self.resend.is_none() {
                 self.out.push_back(packet.clone());
@@ -447,15 +475,28 @@ impl RcQp {
 
     /// Does a window bind or a local invalidation now; it completes in send-queue order.
     fn local_op(&mut self, wr: SendWr, mrs: &mut MrTable) {
+        let failed = self.local_effect(&wr, mrs);
+        self.queue_local(wr, failed);
+    }
+
+    /// Binds or invalidates as `wr` says, in `mrs`; the status it fails with, if it does.
+    fn local_effect(&self, wr: &SendWr, mrs: &mut MrTable) -> Option<Status> {
         let (pd, qp_num) = (self.cfg.pd, self.cfg.qp_num);
-        let failed = match wr.op {
+        match wr.op {
             SendOp::BindMw(b) => mrs.bind(pd, qp_num, &b).err().map(|_| Status::MwBindErr),
             SendOp::LocalInv { rkey } => {
                 (!mrs.invalidate(pd, None, rkey)).then_some(Status::LocQpOpErr)
             }
             _ => None,
-        };
-        self.queue_local(wr, failed);
+        }
+    }
+
+    /// Whether `wr` must wait before it starts: a fence with a READ or atomic unanswered
+    /// before it (their data may be what it sends, their rights what it takes away), or a
+    /// request before it that waits (nothing overtakes one).
+    fn must_wait(&self, wr: &SendWr) -> bool {
+        self.sq.iter().any(|p| p.held)
+            || (wr.fence && self.sq.iter().any(|p| p.wr.wants_response()))
     }
 
     /// Queues a request that sends nothing to the peer (a local operation, or one that
@@ -633,18 +674,26 @@ impl RcQp {
 
     /// When [`RcQp::handle_timeout`] is due (a retry after an RNR NAK or a dropped request).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.resend.map(|(_, at)| at)
+        self.resend.map(|(_, at, _)| at)
     }
 
     /// Time passed: a retry that is due sends again every request from the refused one.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let Some((from, at)) = self.resend else {
+        let Some((from, at, why)) = self.resend else {
             return;
         };
         if now < at {
             return;
         }
         self.resend = None;
+        if why == Resend::Unanswered {
+            // The transport timer ran out: once more, or, with no retry left, the end.
+            if self.retry_left == 0 {
+                self.fail_head(Status::RetryExcErr);
+                return;
+            }
+            self.retry_left -= 1;
+        }
         for p in self.sq.iter().filter(|p| not_after(from, p.psn)) {
             self.out.extend(p.packet.clone());
         }
@@ -678,9 +727,23 @@ impl RcQp {
             | PacketKind::AtomicResponse { .. } => self.on_answer(p, mrs, mem, now),
             _ => {
                 if p.psn != self.expected_psn {
-                    // After an RNR NAK the requester sends again from the refused PSN; what
-                    // it had sent after it is dropped here and comes again.
-                    return Handled::Taken;
+                    if self.cfg.unreliable {
+                        // UC has no retries: a message lost (dropped before this QP was up)
+                        // leaves a gap, and the next message starts at a later PSN; take it
+                        // (as rxe's UC does), or the connection is wedged for good.
+                        if not_after(p.psn, self.expected_psn.wrapping_sub(1)) {
+                            return Handled::Taken;
+                        }
+                        self.expected_psn = p.psn;
+                    } else {
+                        // Not the request this QP expects: after an RNR NAK the requester
+                        // sends again from the refused PSN, and what it had sent after it is
+                        // dropped here (it comes again); a PSN that never fits (the peers
+                        // disagree on it, or this QP now talks to another) is dropped each
+                        // time. Either way the requester hears of it: only a notice naming
+                        // its oldest request moves it, to its timeout and retries.
+                        return Handled::Dropped;
+                    }
                 }
                 let consumes = matches!(
                     p.kind,
@@ -760,7 +823,7 @@ impl RcQp {
     fn on_answer(
         &mut self,
         p: Packet,
-        mrs: &MrTable,
+        mrs: &mut MrTable,
         mem: &mut dyn Memory,
         now: impl FnOnce() -> Instant,
     ) {
@@ -833,7 +896,7 @@ impl RcQp {
                 };
                 self.succeed(&h, len);
                 // The fences it held are passed (those behind no other READ or atomic).
-                self.release_held(mem);
+                self.release_held(mrs, mem);
                 self.complete_local_ops();
                 self.rnr_left = self.cfg.rnr_retry;
                 self.retry_left = self.cfg.retry_cnt;
@@ -853,7 +916,11 @@ impl RcQp {
                 // Requests queued after the refused one go again after the timer (answers to
                 // the peer's requests still go now).
                 self.out.retain(|q| !q.kind.is_request());
-                self.resend = Some((p.psn, now() + Duration::from_micros(u64::from(timer_us))));
+                self.resend = Some((
+                    p.psn,
+                    now() + Duration::from_micros(u64::from(timer_us)),
+                    Resend::Rnr,
+                ));
             }
             PacketKind::Nak(Nak::Dropped) => {
                 // Every request after the head was dropped too (each says so): the head's
@@ -861,17 +928,14 @@ impl RcQp {
                 if head.psn != p.psn || self.resend.is_some() {
                     return;
                 }
-                // Timeout code 0: the transport timer never runs out (as on a NIC).
+                // Timeout code 0: the transport timer never runs out (as on a NIC). Else it
+                // runs out after `wait`, as rxe's would have for a request nobody answers:
+                // then it is sent again, or fails with no retry left ((retry_cnt + 1) waits).
                 let Some(wait) = self.cfg.ack_timeout else {
                     return;
                 };
-                if self.retry_left == 0 {
-                    self.fail_head(Status::RetryExcErr);
-                    return;
-                }
-                self.retry_left -= 1;
                 self.out.retain(|q| !q.kind.is_request());
-                self.resend = Some((p.psn, now() + wait));
+                self.resend = Some((p.psn, now() + wait, Resend::Unanswered));
             }
             PacketKind::Nak(n) => {
                 if head.psn != p.psn {

@@ -614,13 +614,63 @@ fn a_request_to_a_responder_in_error_is_sent_retry_cnt_more_times_then_fails() {
         [(1, Status::RetryExcErr), (2, Status::WrFlushErr)]
     );
     assert_eq!(p.s[0].qp.state(), QpState::Error);
-    // retry_cnt 3: the first send and three more, one timeout (1 ms) before each of these.
-    assert_eq!(p.now - t0, Duration::from_millis(3));
+    // retry_cnt 3: the first send and three more, each followed by a timeout (1 ms) that
+    // runs out, as rxe's transport timer: (retry_cnt + 1) timeouts in all.
+    assert_eq!(p.now - t0, Duration::from_millis(4));
     assert_eq!(
         p.dropped[0],
         4 * 2,
         "each send of both requests was dropped"
     );
+}
+
+/// A request whose PSN the responder does not expect (the two sides disagree on it, or the
+/// responder now talks to another QP) is dropped each time; its requester times out and,
+/// after its retries, fails it with `RETRY_EXC_ERR` (soft0 let it wait for ever).
+#[test]
+fn a_request_with_a_psn_the_responder_does_not_expect_ends_in_retry_exceeded() {
+    for delta in [5u32, 5u32.wrapping_neg()] {
+        let mut p = Pair::new(0);
+        p.s[1].qp.reset();
+        p.s[1].qp.to_init().unwrap();
+        p.s[1].qp.to_rtr(10, 100u32.wrapping_add(delta)).unwrap();
+        p.post_recv(1, 9, BASE, 8);
+        let s = p.sge(0, BASE, 8);
+        p.post_send(0, send(1, vec![s], true)).unwrap();
+        p.run();
+        assert_eq!(
+            ids(&p.completions(0)),
+            [(1, Status::RetryExcErr)],
+            "{delta}"
+        );
+        assert!(p.completions(1).is_empty(), "{delta}");
+    }
+}
+
+/// UC: a message dropped before the receiver was up leaves a gap in the PSNs; the next
+/// message is taken all the same (as rxe's UC does), not every later one dropped for good.
+#[test]
+fn uc_takes_the_next_message_after_one_was_lost() {
+    let mut p = Pair::with(uc_cfg(10), uc_cfg(20));
+    p.s[1].qp.reset();
+    p.s[1].qp.to_init().unwrap();
+    p.fill(0, BASE, b"lost....later...");
+    p.post_send(0, send(1, vec![p.sge(0, BASE, 8)], true))
+        .unwrap();
+    p.run();
+    p.s[1].qp.to_rtr(10, 100).unwrap();
+    p.post_recv(1, 7, BASE + 100, 8);
+    p.post_recv(1, 8, BASE + 200, 8);
+    p.post_send(0, send(2, vec![p.sge(0, BASE + 8, 8)], true))
+        .unwrap();
+    p.post_send(0, send(3, vec![p.sge(0, BASE + 8, 8)], true))
+        .unwrap();
+    p.run();
+    assert_eq!(
+        ids(&p.completions(1)),
+        [(7, Status::Success), (8, Status::Success)]
+    );
+    assert_eq!(p.bytes(1, BASE + 100, 8), b"later...");
 }
 
 /// A request that reaches its responder before it is ready (still in INIT: the two sides
@@ -1542,6 +1592,49 @@ fn a_window_works_only_through_the_qp_it_was_bound_on() {
     // Through QP 20, the one it was bound on.
     assert_eq!(exchange(&mut qps, 0, &mut mrs_a), Status::Success);
     assert_eq!(qps[2].state(), QpState::Rts);
+}
+
+/// A fenced invalidation waits for the READ before it: the window it takes away stays valid
+/// until then (soft0 invalidated it at the post, and the peer's WRITE through it failed).
+#[test]
+fn a_fenced_invalidation_waits_for_the_read_before_it() {
+    let mut p = Pair::new(0);
+    let (mr, mw) = window_on_side_1(&mut p);
+    p.post_send(1, bind_wr(1, mw, mr, BASE, 64, Access::REMOTE_WRITE))
+        .unwrap();
+    p.run();
+    let key = next_key(mw);
+    let _ = p.completions(1);
+    let rkey = p.s[0].key;
+    let read = SendWr {
+        wr_id: 2,
+        op: SendOp::Read {
+            remote_addr: BASE,
+            rkey,
+        },
+        sges: vec![p.sge(1, BASE + 200, 8)],
+        inline: None,
+        signaled: true,
+        fence: false,
+        solicited: false,
+    };
+    p.post_send(1, read).unwrap();
+    let mut inv = local_inv(3, key);
+    inv.fence = true;
+    p.post_send(1, inv).unwrap();
+    assert!(
+        p.s[1].mrs.window(key).and_then(|w| w.binding).is_some(),
+        "the window is still bound while the READ is unanswered"
+    );
+    p.run();
+    assert_eq!(
+        opcodes(&p.completions(1)),
+        [
+            (2, Status::Success, WcOpcode::RdmaRead),
+            (3, Status::Success, WcOpcode::LocalInv)
+        ]
+    );
+    assert_eq!(p.s[1].mrs.window(key).and_then(|w| w.binding), None);
 }
 
 #[test]

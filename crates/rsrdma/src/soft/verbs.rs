@@ -701,14 +701,10 @@ fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) -> 
                 return Delivery::Dropped;
             }
         }
-        // Not (or no longer) connected: whatever it was connected to, a request is dropped
-        // here, as by a NIC, and its requester hears of it.
-        QpCore::Rc(q)
-            if !datagram
-                && p.kind.is_request()
-                && !q.config().unreliable
-                && matches!(q.state(), QpState::Reset | QpState::Init | QpState::Error) =>
-        {
+        // Not (or no longer) connected to the device it came from (not up yet, failed, or
+        // reset and connected elsewhere): a request is dropped here, as by a NIC, and its
+        // requester hears of it.
+        QpCore::Rc(q) if !datagram && p.kind.is_request() && !q.config().unreliable => {
             return Delivery::Dropped;
         }
         QpCore::Ud(q) if datagram => {

@@ -585,19 +585,22 @@ fn a_receive_into_memory_without_local_write_fails_both_ends() {
     assert_eq!(s[0].status(), WcStatus::REM_OP_ERR, "the send");
 }
 
-/// Two RC queue pairs on the device under test, `a` connected to `b` with `opts` (a short
-/// transport timer), `b` left in RESET: the caller brings it up when it likes.
-fn a_before_b(opts: &rsrdma::ConnectOptions) -> (crate::common::Pair, rsrdma::QpEndpoint) {
+/// Two queue pairs of `kind` (RC or UC) on the device under test, `a` connected to `b` with
+/// `opts` (a short transport timer), `b` left in RESET: the caller brings it up when it likes.
+fn a_before_b(
+    kind: rsrdma::QpType,
+    opts: &rsrdma::ConnectOptions,
+) -> (crate::common::Pair, rsrdma::QpEndpoint) {
     use crate::common::{ctx, gid_index};
-    use rsrdma::{Cq, Pd, Qp, QpType};
+    use rsrdma::{Cq, Pd, Qp};
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
     let (cq_a, cq_b) = (
         Cq::new(&ctx, 64, None).unwrap(),
         Cq::new(&ctx, 64, None).unwrap(),
     );
-    let a = Qp::builder(QpType::Rc).build(&pd, &cq_a, &cq_a).unwrap();
-    let b = Qp::builder(QpType::Rc).build(&pd, &cq_b, &cq_b).unwrap();
+    let a = Qp::builder(kind).build(&pd, &cq_a, &cq_a).unwrap();
+    let b = Qp::builder(kind).build(&pd, &cq_b, &cq_b).unwrap();
     let ea = a.endpoint(1, Some(gid_index()), 0x1000).unwrap();
     let eb = b.endpoint(1, Some(gid_index()), 0x2000).unwrap();
     a.connect(opts, ea.psn, &eb).unwrap();
@@ -620,7 +623,7 @@ fn requests_to_a_peer_that_failed_or_was_reset_end_in_retry_exceeded() {
     let mut opts = crate::common::connect_opts(AccessFlags::NONE);
     (opts.timeout, opts.retry_cnt) = (10, 2);
     for reset in [false, true] {
-        let (p, ea) = a_before_b(&opts);
+        let (p, ea) = a_before_b(rsrdma::QpType::Rc, &opts);
         let eb =
             p.b.endpoint(1, Some(crate::common::gid_index()), 0x2000)
                 .unwrap();
@@ -653,7 +656,7 @@ fn requests_to_a_peer_that_failed_or_was_reset_end_in_retry_exceeded() {
 fn a_send_that_arrives_before_its_peer_is_ready_is_delivered_once_it_is() {
     let mut opts = crate::common::connect_opts(AccessFlags::NONE);
     (opts.timeout, opts.retry_cnt) = (12, 7);
-    let (p, ea) = a_before_b(&opts);
+    let (p, ea) = a_before_b(rsrdma::QpType::Rc, &opts);
     let mut init = rsrdma::InitAttr::default();
     init.port = 1;
     p.b.to_init(&init).unwrap();
@@ -764,4 +767,43 @@ fn a_misaligned_atomic_is_refused_at_the_post() {
     let wc = poll_ok(&p.cq_a);
     assert_eq!((wc.wr_id(), wc.byte_len()), (4, 16));
     assert_eq!(snap(&result)[..8], 5u64.to_ne_bytes());
+}
+
+/// UC: a message sent before the peer was up is lost (UC never retries), and the messages
+/// after it arrive all the same. (soft0 then dropped every later one for good, each sender
+/// completing with success.)
+#[test]
+fn uc_messages_after_one_lost_before_the_peer_was_up_arrive() {
+    let opts = crate::common::connect_opts(AccessFlags::NONE);
+    let (p, ea) = a_before_b(rsrdma::QpType::Uc, &opts);
+    let mut src = Mr::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    src.write_at(0, b"lost....arrives.").unwrap();
+    // SAFETY: the regions outlive the completions polled below.
+    unsafe {
+        p.a.post_send(&SendWr::send(1, &[src.sge(0, 8).unwrap()]))
+            .unwrap()
+    };
+    poll_ok(&p.cq_a);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let eb =
+        p.b.endpoint(1, Some(crate::common::gid_index()), 0x2000)
+            .unwrap();
+    p.b.connect(&opts, eb.psn, &ea).unwrap();
+    let dst = Mr::new(&p.pd, 64 * 4, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..3u64 {
+        // SAFETY: as above.
+        unsafe {
+            p.b.post_recv(&RecvWr::new(
+                10 + i,
+                &[dst.sge(i as usize * 64, 64).unwrap()],
+            ))
+            .unwrap();
+            p.a.post_send(&SendWr::send(2 + i, &[src.sge(8, 8).unwrap()]))
+                .unwrap();
+        }
+        poll_ok(&p.cq_a);
+    }
+    let got: Vec<u64> = poll_n(&p.cq_b, 3).iter().map(|w| w.wr_id()).collect();
+    assert_eq!(got, [10, 11, 12]);
+    assert_eq!(&snap(&dst)[128..136], b"arrives.");
 }
