@@ -191,6 +191,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "a_cancelled_start_send_buffer_queued_nothing_and_a_retry_sends_each_message_once",
             "an_idle_async_peer_answers_pings_and_withdrawals_at_once",
             "an_async_listener_sheds_a_peer_that_stalls_after_its_endpoint",
+            "cancelled_accepts_of_a_full_async_listener_leave_no_sleepers_behind",
             "a_cancelled_recv_msg_loses_nothing",
             "a_connection_waiting_for_its_accept_answers_keepalives",
             "a_receiver_waiting_for_the_side_is_woken_when_its_owner_is_done",

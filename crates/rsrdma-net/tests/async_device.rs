@@ -1201,6 +1201,31 @@ fn an_async_listener_sheds_a_peer_that_stalls_after_its_endpoint() {
     });
 }
 
+/// A full async listener waiting for a stalled peer's grace to end keeps one sleeper, however
+/// often its `accept` is cancelled (a server loop with a short timeout around it): an outside
+/// tester's 929 cancelled accepts left 522 sleeping blocking-pool threads, the whole pool.
+#[test]
+fn cancelled_accepts_of_a_full_async_listener_leave_no_sleepers_behind() {
+    run(async {
+        let l = listen(opts(Establish::Tcp).max_handshakes(1));
+        let addr = l.local_addr();
+        // The stalling peer's handshake runs while someone accepts.
+        let stalling = tokio::task::spawn_blocking(move || support::endpoint_then_stall(addr, 1));
+        while !stalling.is_finished() {
+            let _ = timeout(Duration::from_millis(5), l.accept()).await;
+        }
+        let stalled = stalling.await.unwrap();
+        let before = thread_count();
+        for _ in 0..100 {
+            let _ = timeout(Duration::from_millis(1), l.accept()).await;
+        }
+        let after = thread_count();
+        eprintln!("threads: {before} before 100 cancelled accepts, {after} after");
+        assert!(after < before + 10, "{before} -> {after}");
+        drop(stalled);
+    });
+}
+
 /// Options whose connections declare a silent peer dead within a second.
 fn quick(path: Establish) -> ConnOptions {
     let mut o = opts(path);

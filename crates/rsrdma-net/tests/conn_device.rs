@@ -784,7 +784,7 @@ fn a_shed_peer_is_told_the_listener_is_full() {
     let mut slow = Channel::new(s, Role::Client, Duration::from_secs(5)).unwrap();
     slow.authenticate(None).unwrap();
     // Past its youth (an eighth of the opening), a new peer sheds it.
-    thread::sleep(Duration::from_millis(200));
+    thread::sleep(Duration::from_millis(300));
     let _newer = support::hello_then_silent(addr, 1);
     let e = slow.recv_endpoint().unwrap_err();
     eprintln!("the shed peer: {e}");

@@ -59,6 +59,11 @@ pub struct AsyncListener {
     /// wake-ups).
     finished: tokio::sync::Mutex<Accepting>,
     report: mpsc::UnboundedSender<Finished>,
+    /// A full listener's wait for a handshake to become sheddable: one blocking-pool thread
+    /// sleeps it at a time (an `accept` cancelled meanwhile leaves no sleeper behind it to
+    /// pile up), and wakes whoever accepts then.
+    stall_sleeper: Arc<std::sync::atomic::AtomicBool>,
+    stall_wake: Arc<tokio::sync::Notify>,
 }
 
 /// What `accept` callers take turns on.
@@ -126,6 +131,8 @@ impl AsyncListener {
                 parked: None,
             }),
             report,
+            stall_sleeper: Arc::default(),
+            stall_wake: Arc::default(),
         })
     }
 
@@ -172,10 +179,8 @@ impl AsyncListener {
                         // thread sleeps, as the runtime may have no timer.
                         false => match self.admission.next_stall() {
                             Some(at) => {
-                                let pause = at.saturating_duration_since(Instant::now());
-                                let _ =
-                                    tokio::task::spawn_blocking(move || std::thread::sleep(pause))
-                                        .await;
+                                self.sleep_until_stall(at);
+                                self.stall_wake.notified().await;
                                 None
                             }
                             None => std::future::pending().await,
@@ -198,6 +203,22 @@ impl AsyncListener {
                 Either::Right(None) => {}
             }
         }
+    }
+
+    /// Starts the one sleeper that wakes `stall_wake` at `at` (or a little
+    /// later, when one already sleeps to a later time: the wait is bounded by a grace).
+    fn sleep_until_stall(&self, at: Instant) {
+        use std::sync::atomic::Ordering;
+        if self.stall_sleeper.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (sleeping, wake) = (self.stall_sleeper.clone(), self.stall_wake.clone());
+        let pause = at.saturating_duration_since(Instant::now());
+        drop(tokio::task::spawn_blocking(move || {
+            std::thread::sleep(pause);
+            sleeping.store(false, Ordering::Release);
+            wake.notify_one();
+        }));
     }
 
     /// The next peer off the listener, waiting on the reactor.

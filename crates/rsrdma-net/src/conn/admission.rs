@@ -41,7 +41,10 @@ pub(crate) const STALL_GRACE_DIVISOR: u32 = 4;
 
 /// An unopened handshake younger than the opening timeout divided by this is not shed: a
 /// good client needs a round trip or two to open, and a burst of them past the listener's
-/// bound would otherwise shed its own members (they wait in the kernel's queue instead).
+/// bound would otherwise shed its own members (they wait in the kernel's queue instead). A
+/// client whose round trip is longer than that (375 ms by default: an RDMA fabric's are
+/// micro- to milliseconds) may still be shed in a burst: give such links a longer opening
+/// timeout. Longer youth would let floods of silent sockets hold places longer.
 pub(crate) const YOUNG_DIVISOR: u32 = 8;
 
 /// What a listener has done with its peers so far.
@@ -160,7 +163,7 @@ impl Admission {
         t.running.len() + waiting < self.max
             || t.running
                 .iter()
-                .any(|e| self.sheddable_at(e).is_some_and(|at| at <= now))
+                .any(|e| self.sheddable_at(e, now).is_some_and(|at| at <= now))
     }
 
     /// When a running handshake becomes one a new peer may shed (an unopened one once it
@@ -168,14 +171,25 @@ impl Admission {
     /// listener's accept loop wakes then.
     pub(crate) fn next_stall(&self) -> Option<Instant> {
         let t = self.lock();
-        t.running.iter().filter_map(|e| self.sheddable_at(e)).min()
+        let now = Instant::now();
+        t.running
+            .iter()
+            .filter_map(|e| self.sheddable_at(e, now))
+            .min()
     }
 
-    /// From when `e` may be shed, if ever (as it stands now).
-    fn sheddable_at(&self, e: &Entry) -> Option<Instant> {
-        match e.unopened() {
-            true => Some(e.started + self.young),
-            false => e.standing.stalls_at(self.stall_grace),
+    /// From when `e` may be shed, if ever (as it stands now); for an opened, unproven peer
+    /// whose server is busy with its own part (not yet waiting for the peer), a time to look
+    /// again: it waits soon, and may stall then (nothing else would wake a full listener's
+    /// accept loop for it).
+    fn sheddable_at(&self, e: &Entry, now: Instant) -> Option<Instant> {
+        if e.unopened() {
+            return Some(e.started + self.young);
+        }
+        match e.standing.stalls_at(self.stall_grace) {
+            Some(at) => Some(at),
+            None if e.standing.unproven() => Some(now + self.stall_grace),
+            None => None,
         }
     }
 
@@ -506,6 +520,29 @@ mod tests {
         assert!(a.start(peer, None, 0).is_none());
         assert!(!proven.shed.load(Ordering::Acquire));
         assert_eq!(a.counters().shed, 4);
+    }
+
+    /// An opened, unproven peer whose server is still busy with its own part (not waiting
+    /// for it) cannot be shed yet, but a full listener's accept loop is told to look again
+    /// within the grace, so that it sees the peer stall once it waits (an outside tester
+    /// timed its endpoint to just before its youth ended: nothing woke the accept loop then,
+    /// and the listener stayed full for the handshake's whole limit).
+    #[test]
+    fn a_full_listener_looks_again_at_an_opened_peer_it_does_not_wait_for_yet() {
+        let opening = Duration::from_secs(4);
+        let a = Admission::with_limits(1, 16, opening);
+        let t = a.start(addr([10, 0, 0, 1], 1), None, 0).unwrap();
+        t.standing().open(false);
+        let now = Instant::now();
+        assert!(!a.has_room(0));
+        let again = a.next_stall().expect("a time to look again");
+        assert!(again > now && again <= Instant::now() + opening / STALL_GRACE_DIVISOR);
+        // Once it waits for its peer, it stalls at the end of its grace.
+        let since = Instant::now() - opening;
+        t.standing().set_waiting(Some(since));
+        assert!(a.has_room(0));
+        assert!(a.start(addr([10, 0, 0, 2], 1), None, 0).is_some());
+        assert!(t.shed.load(Ordering::Acquire));
     }
 
     #[test]

@@ -129,9 +129,11 @@ pub struct ConnOptions {
     /// Listener only: handshakes running at once (plus connections finished and not yet
     /// accepted). A new peer past it sheds the oldest handshake that has not opened yet and
     /// had an eighth of [`ConnOptions::opening_timeout`] to (younger ones are left alone:
-    /// the new peer waits in the kernel's queue), else (without a secret, when a well-formed endpoint proves nothing) one that has kept
-    /// the listener waiting for its next step longer than a quarter of
-    /// [`ConnOptions::opening_timeout`]; a peer that proved the secret is never shed.
+    /// the new peer waits in the kernel's queue; so a burst of clients whose round trip is
+    /// longer than that needs a longer opening timeout), else (without a secret, when a
+    /// well-formed endpoint proves nothing) one that has kept the listener waiting for its
+    /// next step longer than a quarter of [`ConnOptions::opening_timeout`]; a peer that
+    /// proved the secret is never shed.
     /// Default 64.
     pub max_handshakes: usize,
     /// Listener only: handshakes from one source address that have not opened yet (see

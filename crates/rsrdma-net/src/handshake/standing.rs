@@ -51,7 +51,8 @@ impl Standing {
         self.opened.load(Ordering::Acquire)
     }
 
-    fn unproven(&self) -> bool {
+    /// Opened without proving a secret.
+    pub(crate) fn unproven(&self) -> bool {
         self.opened() && !self.proven.load(Ordering::Acquire)
     }
 
