@@ -361,17 +361,8 @@ impl RcQp {
         }
         if local_op {
             if self.must_wait(&wr) {
-                // Done when its turn comes ([`RcQp::release_held`]).
-                let signaled = wr.signaled || self.cfg.sq_sig_all;
-                let psn = self.next_psn;
-                self.sq.push_back(Pending {
-                    wr,
-                    psn,
-                    packet: None,
-                    signaled,
-                    failure: None,
-                    held: true,
-                });
+                // Done when its turn comes ([`RcQp::release_held`]); no PSN of its own.
+                self.hold(wr, self.next_psn);
                 return Ok(());
             }
             self.local_op(wr, mrs);
@@ -408,14 +399,7 @@ impl RcQp {
         let psn = self.next_psn;
         self.next_psn = self.next_psn.wrapping_add(1);
         if self.must_wait(&wr) {
-            self.sq.push_back(Pending {
-                wr,
-                psn,
-                packet: None,
-                signaled,
-                failure: None,
-                held: true,
-            });
+            self.hold(wr, psn);
             return Ok(());
         }
         let packet = request_packet(&wr, self.dest_qpn, psn, mem);
@@ -489,6 +473,19 @@ impl RcQp {
             }
             _ => None,
         }
+    }
+
+    /// Queues `wr` (PSN `psn`) to start once [`RcQp::release_held`] lets it.
+    fn hold(&mut self, wr: SendWr, psn: u32) {
+        let signaled = wr.signaled || self.cfg.sq_sig_all;
+        self.sq.push_back(Pending {
+            wr,
+            psn,
+            packet: None,
+            signaled,
+            failure: None,
+            held: true,
+        });
     }
 
     /// Whether `wr` must wait before it starts: a fence with a READ or atomic unanswered

@@ -17,15 +17,21 @@ fn ud_qp(pd: &Pd, cq: &Cq) -> Qp {
     qp
 }
 
+/// Two UD queue pairs, each with a CQ of its own: (CQ of a, CQ of b, a, b).
+fn ud_pair(ctx: &rsrdma::Context, pd: &Pd) -> (Cq, Cq, Qp, Qp) {
+    let (cq_a, cq_b) = (
+        Cq::new(ctx, 64, None).unwrap(),
+        Cq::new(ctx, 64, None).unwrap(),
+    );
+    let (a, b) = (ud_qp(pd, &cq_a), ud_qp(pd, &cq_b));
+    (cq_a, cq_b, a, b)
+}
+
 #[test]
 fn ud_send_recv_with_grh_and_reply_by_wc() {
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
-    let (cq_a, cq_b) = (
-        Cq::new(&ctx, 64, None).unwrap(),
-        Cq::new(&ctx, 64, None).unwrap(),
-    );
-    let (a, b) = (ud_qp(&pd, &cq_a), ud_qp(&pd, &cq_b));
+    let (cq_a, cq_b, a, b) = ud_pair(&ctx, &pd);
     let payload = 1000usize; // under the port's 1024-byte active MTU
     let mut src = Mr::new(&pd, 4096, AccessFlags::NONE).unwrap();
     let dst = Mr::new(&pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
@@ -275,11 +281,7 @@ fn an_srq_refuses_a_receive_with_more_sges_than_it_takes() {
 fn a_datagram_to_a_gid_of_no_device_here_reaches_no_local_queue_pair() {
     let ctx = ctx();
     let pd = Pd::new(&ctx).unwrap();
-    let (cq_a, cq_b) = (
-        Cq::new(&ctx, 64, None).unwrap(),
-        Cq::new(&ctx, 64, None).unwrap(),
-    );
-    let (a, b) = (ud_qp(&pd, &cq_a), ud_qp(&pd, &cq_b));
+    let (cq_a, cq_b, a, b) = ud_pair(&ctx, &pd);
     let dst = Mr::new(&pd, 64 * 1024, AccessFlags::LOCAL_WRITE).unwrap();
     for i in 0..8u64 {
         let sge = [dst.sge(i as usize * 1024, GRH + 64).unwrap()];
