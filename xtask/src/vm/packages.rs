@@ -73,7 +73,7 @@ fn missing_packages<'a>(pkgs: &[&'a str]) -> Result<Vec<&'a str>> {
         .collect())
 }
 
-/// The installed package names in a `dpkg-query` listing of "<name>[:arch] <status>" lines.
+/// The installed package names in a `dpkg-query` listing of `<name>[:arch] <status>` lines.
 fn installed_names(listing: &str) -> Vec<&str> {
     listing
         .lines()

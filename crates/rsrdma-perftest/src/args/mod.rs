@@ -2,7 +2,7 @@
 //!
 //! Parsing is pure (no device is opened): [`parse`] turns `argv` into [`Params`] or a
 //! [`ParseOutcome`] saying what to print and which exit code to use. clap reads the flags and
-//! checks every value ([`cli`], [`values`]); [`rules`] applies what depends on the tool and on
+//! checks every value (`cli`, `values`); `rules` applies what depends on the tool and on
 //! other flags. Rules that need the device (inline defaults, the UD size cap, outstanding
 //! reads) are applied later by the engine.
 

@@ -1,7 +1,7 @@
 //! The busy loops (spec 2.4, 2.5): work requests are built before the loop, completions are
 //! polled into a reused array, and nothing on the hot path allocates, locks or formats.
 //!
-//! [`bw`] holds the bandwidth loop, [`lat`] the latency loops; this module the pieces both use:
+//! `bw` holds the bandwidth loop, `lat` the latency loops; this module the pieces both use:
 //! polling, receives, completion errors.
 
 mod bw;
