@@ -47,6 +47,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "data::batch_post_reports_which_request_failed",
             "data::immediate_data_reaches_the_receiver",
             "data::inline_sends_need_no_registration_and_respect_the_limit",
+            "data::many_requests_behind_a_short_rnr_timer_complete_once_receives_come",
             "data::memory_without_remote_write_refuses_writes",
             "data::out_of_bounds_remote_address_ends_in_remote_access_error",
             "data::qp_moved_to_error_flushes_its_requests",

@@ -725,12 +725,11 @@ impl RcQp {
             _ => {
                 if p.psn != self.expected_psn {
                     if self.cfg.unreliable {
-                        // UC has no retries: a message lost (dropped before this QP was up)
-                        // leaves a gap, and the next message starts at a later PSN; take it
-                        // (as rxe's UC does), or the connection is wedged for good.
-                        if not_after(p.psn, self.expected_psn.wrapping_sub(1)) {
-                            return Handled::Taken;
-                        }
+                        // UC has no retries, and soft0's pipes neither lose nor repeat: a
+                        // PSN that is not the one expected follows a message lost (dropped
+                        // before this QP was up) or a sender brought up again from another
+                        // PSN. Take it, as rxe's UC takes any first packet of a message, or
+                        // the connection is wedged for good.
                         self.expected_psn = p.psn;
                     } else {
                         // Not the request this QP expects: after an RNR NAK the requester

@@ -1152,6 +1152,11 @@ pub(super) fn set_errno(e: c_int) {
 }
 
 /// RNR retries that are due run on this thread, with nobody calling in.
+/// The least time the timer thread leaves the device to others between two turns that have
+/// due work (a retry after an RNR NAK, a held completion): such waits are this much longer
+/// at most, when many are due at once.
+const TIMER_GAP: Duration = Duration::from_micros(50);
+
 fn timer_thread() {
     let dev = device();
     let mut st = dev.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -1164,6 +1169,15 @@ fn timer_thread() {
                     e.core.handle_timeout(now);
                 }
                 pump(&mut st, &mut LazyNow(Some(now)));
+                // Let go of the device between turns: with a short RNR timer and many
+                // requests, a turn can outlast the timer, and a thread that never lets go
+                // starves the application's posts (the receive that would end the retries
+                // among them) for good.
+                st = dev
+                    .timer
+                    .wait_timeout(st, TIMER_GAP)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
             }
             Some(t) => {
                 st = dev

@@ -807,3 +807,47 @@ fn uc_messages_after_one_lost_before_the_peer_was_up_arrive() {
     assert_eq!(got, [10, 11, 12]);
     assert_eq!(&snap(&dst)[128..136], b"arrives.");
 }
+
+/// Many requests meeting a peer with no receive, behind a short RNR timer (10 µs) and
+/// endless RNR retries: they all complete once the receives come, and the program can post
+/// those receives meanwhile. (soft0's timer thread, resending them all each turn, kept the
+/// device for itself once a turn outlasted the timer: the receive was never posted, and the
+/// process hung.)
+#[test]
+fn many_requests_behind_a_short_rnr_timer_complete_once_receives_come() {
+    let mut opts = crate::common::connect_opts(AccessFlags::NONE);
+    (opts.rnr_retry, opts.min_rnr_timer) = (7, 1);
+    let (p, ea) = a_before_b(rsrdma::QpType::Rc, &opts);
+    let eb =
+        p.b.endpoint(1, Some(crate::common::gid_index()), 0x2000)
+            .unwrap();
+    p.b.connect(&opts, eb.psn, &ea).unwrap();
+    let n = 40;
+    let src = Mr::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = Mr::new(&p.pd, 64 * n, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..n as u64 {
+        // SAFETY: the regions outlive the completions polled below.
+        unsafe {
+            p.a.post_send(&SendWr::send(i, &[src.sge(0, 8).unwrap()]))
+                .unwrap()
+        };
+    }
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    for i in 0..n {
+        // SAFETY: as above.
+        unsafe {
+            p.b.post_recv(&RecvWr::new(i as u64, &[dst.sge(64 * i, 64).unwrap()]))
+                .unwrap()
+        };
+    }
+    let sent: Vec<u64> = poll_n(&p.cq_a, n)
+        .iter()
+        .map(|w| w.ok().unwrap().wr_id())
+        .collect();
+    assert_eq!(sent, (0..n as u64).collect::<Vec<_>>());
+    let got: Vec<u64> = poll_n(&p.cq_b, n)
+        .iter()
+        .map(|w| w.ok().unwrap().wr_id())
+        .collect();
+    assert_eq!(got, (0..n as u64).collect::<Vec<_>>());
+}
