@@ -909,14 +909,8 @@ impl RcQp {
                 if self.rnr_left != 7 {
                     self.rnr_left -= 1;
                 }
-                // Requests queued after the refused one go again after the timer (answers to
-                // the peer's requests still go now).
-                self.out.retain(|q| !q.kind.is_request());
-                self.resend = Some((
-                    p.psn,
-                    now() + Duration::from_micros(u64::from(timer_us)),
-                    Resend::Rnr,
-                ));
+                let at = now() + Duration::from_micros(u64::from(timer_us));
+                self.resend_from(p.psn, at, Resend::Rnr);
             }
             PacketKind::Nak(Nak::Dropped) => {
                 // Every request after the head was dropped too (each says so): the head's
@@ -930,8 +924,7 @@ impl RcQp {
                 let Some(wait) = self.cfg.ack_timeout else {
                     return;
                 };
-                self.out.retain(|q| !q.kind.is_request());
-                self.resend = Some((p.psn, now() + wait, Resend::Unanswered));
+                self.resend_from(p.psn, now() + wait, Resend::Unanswered);
             }
             PacketKind::Nak(n) => {
                 if head.psn != p.psn {
@@ -946,6 +939,13 @@ impl RcQp {
             }
             _ => {}
         }
+    }
+
+    /// Sends every request from PSN `psn` again at `at` ([`RcQp::handle_timeout`]): those
+    /// queued after it wait until then (answers to the peer's requests still go now).
+    fn resend_from(&mut self, psn: u32, at: Instant, why: Resend) {
+        self.out.retain(|q| !q.kind.is_request());
+        self.resend = Some((psn, at, why));
     }
 
     /// The oldest request fails with `status`, and the QP with it (what follows is flushed).

@@ -296,6 +296,18 @@ impl std::fmt::Display for WireError {
 impl std::error::Error for WireError {}
 
 impl Packet {
+    /// The notice that queue pair `by_qpn` dropped request `psn` unexecuted
+    /// ([`Nak::Dropped`]: its `dest_qpn` names the queue pair that dropped it).
+    pub fn dropped(by_qpn: u32, psn: u32) -> Packet {
+        Packet {
+            solicited: false,
+            dest_qpn: by_qpn,
+            psn,
+            kind: PacketKind::Nak(Nak::Dropped),
+            payload: Payload::default(),
+        }
+    }
+
     /// The packet's bytes: header, then payload.
     pub fn encode(&self) -> Vec<u8> {
         let h = self.header();

@@ -205,15 +205,10 @@ impl Pair {
             .handle_packet(p, &mut peer.mrs, &mut peer.mem, None, || now)
             == Handled::Dropped
         {
-            // The device tells the requester (routed to it, as the device finds it).
+            // The device tells the requester (routed to it, as the device finds it: the
+            // harness addresses it to the requester's number).
             self.dropped[i] += 1;
-            let notice = Packet {
-                solicited: false,
-                dest_qpn: requester,
-                psn,
-                kind: PacketKind::Nak(Nak::Dropped),
-                payload: Payload::default(),
-            };
+            let notice = Packet::dropped(requester, psn);
             self.wire[1 - i].push_back(notice.encode());
         }
         true

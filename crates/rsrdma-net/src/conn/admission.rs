@@ -69,6 +69,16 @@ pub(crate) enum Incoming {
     Tcp(TcpStream, SocketAddr),
 }
 
+impl Incoming {
+    /// Where the peer comes from, when known.
+    pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Incoming::Cm(req) => req.id.peer_addr(),
+            Incoming::Tcp(_, addr) => Some(*addr),
+        }
+    }
+}
+
 /// The running handshakes of one listener, and its counters.
 #[derive(Debug)]
 pub(crate) struct Admission {
@@ -259,7 +269,8 @@ impl Admission {
     /// its grace. Peers that proved a secret, and rdma_cm requests, are never shed.
     fn victim(&self, running: &[Entry]) -> Option<usize> {
         let now = Instant::now();
-        let old_enough = |e: &Entry| e.unopened() && e.started + self.young <= now;
+        let due = |e: &Entry| self.sheddable_at(e, now).is_some_and(|at| at <= now);
+        let old_enough = |e: &Entry| e.unopened() && due(e);
         let greedy = running
             .iter()
             .filter(|e| e.unopened())
@@ -273,22 +284,20 @@ impl Admission {
             .filter(|&(n, _)| n >= self.per_source)
             .max_by_key(|&(n, _)| n)
             .map(|(_, s)| s);
-        let unopened = match greedy {
-            Some(s) => running
-                .iter()
-                .position(|e| e.source == s && old_enough(e))
-                .or_else(|| running.iter().position(old_enough)),
-            None => running.iter().position(old_enough),
-        };
-        unopened.or_else(|| {
-            running
-                .iter()
-                .enumerate()
-                .filter_map(|(i, e)| Some((e.standing.stalls_at(self.stall_grace)?, i)))
-                .filter(|&(at, _)| at <= now)
-                .min()
-                .map(|(_, i)| i)
-        })
+        greedy
+            .and_then(|s| running.iter().position(|e| e.source == s && old_enough(e)))
+            .or_else(|| running.iter().position(old_enough))
+            .or_else(|| {
+                // The opened one stalled longest.
+                running
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, e)| !e.unopened())
+                    .filter_map(|(i, e)| Some((self.sheddable_at(e, now)?, i)))
+                    .filter(|&(at, _)| at <= now)
+                    .min()
+                    .map(|(_, i)| i)
+            })
     }
 
     /// The listener is gone: every handshake still running ends at once (its socket is shut
@@ -310,11 +319,10 @@ impl Admission {
     ) -> Option<Ticket> {
         let t = self.place_for(peer, waiting);
         if t.is_none() {
-            let addr = match peer {
-                Incoming::Cm(req) => req.id.peer_addr(),
-                Incoming::Tcp(_, addr) => Some(*addr),
-            };
-            self.count_shed(addr, "no room: every running handshake has opened");
+            self.count_shed(
+                peer.peer_addr(),
+                "no room: every running handshake has opened",
+            );
         }
         t
     }

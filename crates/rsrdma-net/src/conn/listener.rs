@@ -173,10 +173,7 @@ impl Listener {
             }
             super::wait_listener(self.fd).map_err(|e| NetError::io("poll", e))?;
         };
-        let addr = match &peer {
-            Incoming::Cm(req) => req.id.peer_addr(),
-            Incoming::Tcp(_, addr) => Some(*addr),
-        };
+        let addr = peer.peer_addr();
         let ticket = self.hs.admission.start_incoming(&peer, 0).ok_or_else(|| {
             NetError::InvalidArgument("accept_first: every handshake place is taken".into())
         })?;

@@ -10,8 +10,7 @@ use super::qp_core::QpCore;
 use crate::ffi;
 use rsrdma_soft::{
     Access, Bind, Completion, DeregError, Handled, Memory, MrTable, Nak, Packet, PacketKind,
-    Payload, PostError, QpConfig, QpEvent, QpState, RcQp, RecvWr, SendOp, SendWr, Sge, Srq, UdQp,
-    UdSource,
+    PostError, QpConfig, QpEvent, QpState, RcQp, RecvWr, SendOp, SendWr, Sge, Srq, UdQp, UdSource,
 };
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -740,13 +739,7 @@ fn requests_dropped(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut Laz
 fn tell_dropped(to: SocketAddrV4, qpn: u32, psn: u32) {
     let dev = device();
     if let Some(l) = &dev.links {
-        let notice = Packet {
-            solicited: false,
-            dest_qpn: qpn,
-            psn,
-            kind: PacketKind::Nak(Nak::Dropped),
-            payload: Payload::default(),
-        };
+        let notice = Packet::dropped(qpn, psn);
         // A link that cannot be started: that device's requester learns of it as of a dead
         // peer, from the link.
         let _ = l.send(to, notice, &dev.deliver);
@@ -841,13 +834,7 @@ fn pump(st: &mut State, now: &mut LazyNow) {
                     }
                     // The peer QP dropped it (not in RTR or RTS): its sender hears of it.
                     Delivery::Dropped => {
-                        let notice = Packet {
-                            solicited: false,
-                            dest_qpn: to_qpn,
-                            psn,
-                            kind: PacketKind::Nak(Nak::Dropped),
-                            payload: Payload::default(),
-                        };
+                        let notice = Packet::dropped(to_qpn, psn);
                         requests_dropped(st, notice, own_addr(), now);
                     }
                     _ => {}
