@@ -694,7 +694,7 @@ fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) -> 
     let srq = d.srq.and_then(|h| srqs.get_mut(&h)).map(|s| &mut s.core);
     let datagram = matches!(p.kind, PacketKind::Datagram { .. });
     match &mut d.core {
-        QpCore::Rc(q) if !datagram && (remote == from || is_own(remote) && is_own(from)) => {
+        QpCore::Rc(q) if !datagram && same_device(remote, from) => {
             let handled = q.handle_packet(p, mrs, &mut ProcessMemory, srq, || now.get());
             if handled == Handled::Dropped {
                 return Delivery::Dropped;
@@ -728,7 +728,7 @@ fn requests_dropped(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut Laz
         let QpCore::Rc(q) = &mut e.core else {
             continue;
         };
-        if q.dest_qpn() == p.dest_qpn && (remote == from || is_own(remote) && is_own(from)) {
+        if q.dest_qpn() == p.dest_qpn && same_device(remote, from) {
             let notice = p.clone();
             let _ = q.handle_packet(notice, mrs, &mut ProcessMemory, None, || now.get());
         }
@@ -744,6 +744,11 @@ fn tell_dropped(to: SocketAddrV4, qpn: u32, psn: u32) {
         // peer, from the link.
         let _ = l.send(to, notice, &dev.deliver);
     }
+}
+
+/// Whether two device addresses name the same device (this one, however named).
+fn same_device(a: SocketAddrV4, b: SocketAddrV4) -> bool {
+    a == b || is_own(a) && is_own(b)
 }
 
 /// Whether a device address names this device (port 0: "this process", as a QP connected
