@@ -134,6 +134,7 @@ const DYNAMIC_FUNCTIONS: &[&str] = &[
     "rdma_listen",
     "rdma_accept",
     "rdma_init_qp_attr",
+    "rdma_establish",
     "rdma_reject",
     "rdma_disconnect",
     "rdma_get_cm_event",

@@ -711,6 +711,89 @@ fn a_stranger_on_rdma_cm_reaches_nothing_of_a_shared_protection_domain() {
     drop(c);
 }
 
+/// The dialer's side of the stranger test above: a server on rdma_cm that answers a Conn
+/// dialer as a Conn listener would, then writes into a region of the dialer's shared
+/// protection domain the moment its accept returns. rdma_cm's connect brought the dialer's
+/// QP up granting REMOTE_WRITE, taken back only a moment later: an outside tester's fake
+/// server wrote in 1 of 5 tries, and on soft0 this test lost all five of five runs that way.
+/// The dialer's QP now never grants more than READ (rendezvous), and nothing until the
+/// listener has proven the secret.
+#[test]
+fn a_server_on_rdma_cm_reaches_nothing_of_a_dialers_shared_protection_domain() {
+    use rsrdma::cm::{CmId, ConnParam};
+    use rsrdma::{AccessFlags, Cq, Mr, Pd, Qp, QpType, SendWr};
+    let key = b"a cluster secret of 32 bytes....";
+    let bound = CmId::new().unwrap();
+    bound
+        .bind(format!("{}:0", support::ip()).parse().unwrap())
+        .unwrap();
+    let pd = Pd::new(&bound.context().unwrap()).unwrap();
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let target = Mr::new(&pd, 4096, all).unwrap();
+    let (raddr, rkey) = (target.remote().addr, target.remote().rkey);
+    let tries = std::iter::repeat_n(false, 4).chain(std::iter::repeat_n(true, 4));
+    for with_secret in tries {
+        let t = Duration::from_secs(5);
+        let l = CmId::listener(format!("{}:0", support::ip()).parse().unwrap(), 4).unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = thread::spawn(move || {
+            let req = l.get_request(t).unwrap();
+            let ctx = req.id.context().unwrap();
+            let pd = Pd::new(&ctx).unwrap();
+            let cq = Cq::new(&ctx, 4, None).unwrap();
+            let qp = req
+                .id
+                .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
+                .unwrap();
+            // A Conn listener's answer (with a secret: the mark and a nonce).
+            let mut offer = rsrdma_proto::Config::default().params().encode().to_vec();
+            if with_secret {
+                offer.push(b'A');
+                offer.extend_from_slice(&[0x55; 16]);
+            }
+            req.id
+                .accept(&ConnParam::default().with_private_data(offer), t)
+                .unwrap();
+            let mut src = Mr::new(&pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+            src.write_at(0, b"OWNED-BY-SERVER!").unwrap();
+            // SAFETY: `src` outlives the completion polled below.
+            unsafe {
+                qp.post_send(&SendWr::rdma_write(
+                    1,
+                    &[src.sge(0, 16).unwrap()],
+                    raddr,
+                    rkey,
+                ))
+                .unwrap();
+            }
+            let mut wc = [rsrdma::Wc::default()];
+            let t0 = Instant::now();
+            while cq.poll(&mut wc).unwrap() == 0 {
+                assert!(t0.elapsed() < t, "the server's WRITE never ended");
+            }
+            wc[0]
+        });
+        let mut o = opts(Establish::Cm)
+            .pd(pd.clone())
+            .connect_timeout(Duration::from_secs(5));
+        if with_secret {
+            o = o.secret(key);
+        }
+        // Without a secret the dial succeeds; with one it fails once the server, which
+        // cannot prove the secret, has gone. Either way the region stays as it was.
+        let dialed = Conn::dial(addr, o);
+        let wc = server.join().unwrap();
+        drop(dialed);
+        assert!(
+            !wc.is_ok(),
+            "the server's WRITE into the dialer's domain succeeded (secret: {with_secret})"
+        );
+        let mut now = [0u8; 16];
+        target.read_at(0, &mut now).unwrap();
+        assert_eq!(now, [0u8; 16], "the server wrote the dialer's region");
+    }
+}
+
 /// A peer of a Conn listener on rdma_cm with a secret that connects announcing a Conn that
 /// will prove the secret, and never proves it (the listener accepts before the proof).
 fn cm_stranger(addr: SocketAddr) -> CmClient {

@@ -73,6 +73,16 @@ pub fn rdmacm_loaded() -> bool {
     RDMACM.loaded()
 }
 
+/// Whether the installed librdmacm exports `name`: for a function newer than some
+/// librdmacm still in use (`rdma_establish`, rdma-core 23), whose absence changes how a
+/// caller goes about it rather than failing it.
+pub fn rdmacm_exports(name: &CStr) -> bool {
+    RDMACM.handle().is_some_and(|h| {
+        // SAFETY: a live handle and a NUL-terminated name.
+        !unsafe { libc::dlsym(h.0, name.as_ptr()) }.is_null()
+    })
+}
+
 /// The address of one function, resolved once.
 pub(crate) struct Symbol {
     name: &'static CStr,

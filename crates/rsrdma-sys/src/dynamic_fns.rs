@@ -60,6 +60,7 @@ dynamic_functions! {
     rdmacm: fn rdma_create_qp(id: *mut rdma_cm_id, pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> ::std::os::raw::c_int;
     rdmacm: fn rdma_destroy_qp(id: *mut rdma_cm_id);
     rdmacm: fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> ::std::os::raw::c_int;
+    rdmacm: fn rdma_establish(id: *mut rdma_cm_id) -> ::std::os::raw::c_int;
     rdmacm: fn rdma_listen(id: *mut rdma_cm_id, backlog: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
     rdmacm: fn rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> ::std::os::raw::c_int;
     rdmacm: fn rdma_reject(id: *mut rdma_cm_id, private_data: *const ::std::os::raw::c_void, private_data_len: u8) -> ::std::os::raw::c_int;

@@ -700,6 +700,21 @@ pub unsafe fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c
     )
 }
 
+/// `rdma_establish`.
+///
+/// # Safety
+/// As the C function.
+pub unsafe fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
+    route_cm!(id, soft::cm::establish(id), rsrdma_sys::rdma_establish(id))
+}
+
+/// Whether `rdma_establish` can complete a connect made with no QP on `id`: always on a soft
+/// id; with librdmacm, from rdma-core 23 (before, its connect response brings up the QP the
+/// id does not have, and fails).
+pub fn establish_supported(id: *mut rdma_cm_id) -> bool {
+    soft::cm::is_id(id) || rsrdma_sys::dynamic::rdmacm_exports(c"rdma_establish")
+}
+
 /// `rdma_init_qp_attr`.
 ///
 /// # Safety

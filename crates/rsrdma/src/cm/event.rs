@@ -161,11 +161,29 @@ impl Channel {
 
     /// The next event if one is queued, copied and acknowledged; never blocks.
     pub(super) fn try_take(self: &Arc<Self>) -> Result<Option<RawEvent>> {
+        self.try_take_holding(None)
+    }
+
+    /// As [`Channel::try_take`]; with `held`, librdmacm reads the event with no QP on that
+    /// id, so it leaves the QP alone (a connect response is then handed over as it came,
+    /// not acted on: see `CmId::connect_granting`). The id has its QP back before the
+    /// guard is released, so nobody else ever sees it without.
+    pub(super) fn try_take_holding(
+        self: &Arc<Self>,
+        held: Option<*mut ffi::rdma_cm_id>,
+    ) -> Result<Option<RawEvent>> {
         let mut ev = std::ptr::null_mut();
         let _qp = self.guard_qp();
+        // SAFETY: `held` is a live id on this channel (the caller's); its `qp` field is
+        // touched only under the guard, and restored below.
+        let qp = held.map(|id| unsafe { std::mem::replace(&mut (*id).qp, std::ptr::null_mut()) });
         // SAFETY: live channel; valid out-pointer. The fd is non-blocking, so an empty queue
         // gives EAGAIN instead of a wait.
         let rc = unsafe { ffi::rdma_get_cm_event(self.raw, &mut ev) };
+        if let (Some(id), Some(qp)) = (held, qp) {
+            // SAFETY: as above.
+            unsafe { (*id).qp = qp };
+        }
         if rc != 0 {
             let e = Error::last_os("rdma_get_cm_event");
             return match e.errno() {
@@ -189,8 +207,19 @@ impl Channel {
         deadline: Instant,
         timeout: Duration,
     ) -> Result<RawEvent> {
+        self.take_holding(op, deadline, timeout, None)
+    }
+
+    /// As [`Channel::take`], holding `held`'s QP back as [`Channel::try_take_holding`] does.
+    pub(super) fn take_holding(
+        self: &Arc<Self>,
+        op: &'static str,
+        deadline: Instant,
+        timeout: Duration,
+        held: Option<*mut ffi::rdma_cm_id>,
+    ) -> Result<RawEvent> {
         loop {
-            if let Some(ev) = self.try_take()? {
+            if let Some(ev) = self.try_take_holding(held)? {
                 return Ok(ev);
             }
             let left = deadline.saturating_duration_since(Instant::now());

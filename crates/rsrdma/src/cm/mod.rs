@@ -483,6 +483,169 @@ impl CmId {
         self.expect("rdma_connect", CmEventType::ESTABLISHED, timeout)
     }
 
+    /// As [`CmId::connect`], but the queue pair grants the acceptor exactly `access` (its
+    /// remote flags), not what rdma_cm grants (REMOTE_WRITE always, and READ and ATOMIC
+    /// when it serves reads). The connect goes out with no QP on the id, naming the QP in
+    /// its parameters; when the acceptance comes, the QP is brought up here (the attributes
+    /// `rdma_init_qp_attr` gives, with these flags) and the connection is completed with
+    /// `rdma_establish`. So the acceptor never has more than `access`, not even for a moment
+    /// (librdmacm's connect would bring the QP up itself, with the CM's flags, as it reads
+    /// the acceptance). A client that checks its peer after the connection is up (a proof of
+    /// a shared secret) grants nothing here, and its rights once it has.
+    ///
+    /// A librdmacm older than rdma-core 23 has no `rdma_establish`: there the connection
+    /// is made as by [`CmId::connect`] and the flags are set to `access` right after, so the
+    /// acceptor holds rdma_cm's flags for that moment.
+    ///
+    /// # Errors
+    /// As [`CmId::connect`]; [`Error::InvalidArgument`] without a QP made by
+    /// [`CmId::create_qp`]; [`Error::Verbs`] naming `rdma_init_qp_attr`, `ibv_modify_qp` or
+    /// `rdma_establish`.
+    pub fn connect_granting(
+        &self,
+        p: &ConnParam,
+        access: crate::AccessFlags,
+        timeout: Duration,
+    ) -> Result<Vec<u8>> {
+        const OP: &str = "rdma_connect";
+        let deadline = crate::error::deadline_after(timeout);
+        let ctx = self.context()?;
+        let dev = ctx.attr();
+        let mut param = p.to_raw(MAX_CONNECT_PRIVATE_DATA, dev, Depths::device_max(dev))?;
+        if !ffi::establish_supported(self.inner.raw) {
+            let reply = self.connect(p, timeout)?;
+            self.narrow_access(access)?;
+            return Ok(reply);
+        }
+        let guard = self.inner.channel.guard_qp();
+        // SAFETY: live id; its `qp` field is read under the guard.
+        let qp = unsafe { (*self.inner.raw).qp };
+        if qp.is_null() {
+            return Err(Error::InvalidArgument(
+                "connect_granting brings up the id's queue pair: make it with create_qp first"
+                    .into(),
+            ));
+        }
+        // SAFETY: the id's live QP.
+        (param.qp_num, param.srq) = unsafe { ((*qp).qp_num, u8::from(!(*qp).srq.is_null())) };
+        // SAFETY: live id with a resolved route; `param` outlives the call; the id's `qp`
+        // field is restored before the guard goes.
+        let rc = unsafe {
+            (*self.inner.raw).qp = std::ptr::null_mut();
+            let rc = ffi::rdma_connect(self.inner.raw, &mut param);
+            (*self.inner.raw).qp = qp;
+            rc
+        };
+        drop(guard);
+        if rc != 0 {
+            return Err(Error::last_os("rdma_connect"));
+        }
+        let ev = self
+            .inner
+            .channel
+            .take_holding(OP, deadline, timeout, Some(self.inner.raw))?;
+        if ev.kind != CmEventType::CONNECT_RESPONSE || ev.status != 0 {
+            return Err(ev.unexpected(OP, CmEventType::CONNECT_RESPONSE));
+        }
+        let guard = self.inner.channel.guard_qp();
+        self.bring_up(&ctx, qp, access, None)?;
+        // SAFETY: live id that took its connect response; with no QP on it, librdmacm only
+        // sends the RTU (the QP is up already). Its QP is restored before the guard goes.
+        let rc = unsafe {
+            (*self.inner.raw).qp = std::ptr::null_mut();
+            let rc = ffi::rdma_establish(self.inner.raw);
+            (*self.inner.raw).qp = qp;
+            rc
+        };
+        drop(guard);
+        if rc != 0 {
+            return Err(Error::last_os("rdma_establish"));
+        }
+        Ok(ev.private_data)
+    }
+
+    /// Sets the remote access flags of the id's connected QP (RTS to RTS).
+    fn narrow_access(&self, access: crate::AccessFlags) -> Result<()> {
+        let _guard = self.inner.channel.guard_qp();
+        // SAFETY: live id; its `qp` field is read under the guard.
+        let qp = unsafe { (*self.inner.raw).qp };
+        if qp.is_null() {
+            return Err(Error::InvalidArgument("the id has no queue pair".into()));
+        }
+        let mut attr = ffi::ibv_qp_attr {
+            qp_access_flags: access.bits(),
+            ..Default::default()
+        };
+        let mask = ffi::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0 as std::os::raw::c_int;
+        // SAFETY: the id's live QP; valid attributes.
+        let rc = unsafe { ffi::ibv_modify_qp(qp, &mut attr, mask) };
+        if rc != 0 {
+            return Err(Error::from_errno("ibv_modify_qp", rc));
+        }
+        Ok(())
+    }
+
+    /// Brings the id's QP (`qp`, held under the caller's guard) from INIT to RTS with the
+    /// attributes the CM gives and `access` as its remote flags. `depths` (responder
+    /// resources, initiator depth) replace the CM's read depths, as an acceptor's
+    /// parameters do in librdmacm.
+    fn bring_up(
+        &self,
+        ctx: &Context,
+        qp: *mut ffi::ibv_qp,
+        access: crate::AccessFlags,
+        depths: Option<(u8, u8)>,
+    ) -> Result<()> {
+        use ffi::ibv_qp_state as S;
+        // SAFETY: live id.
+        let port = unsafe { (*self.inner.raw).port_num };
+        let infiniband = ctx
+            .query_port(port)
+            .is_ok_and(|a| a.link_layer == crate::LinkLayer::Infiniband);
+        for state in [S::IBV_QPS_INIT, S::IBV_QPS_RTR, S::IBV_QPS_RTS] {
+            let mut attr = ffi::ibv_qp_attr {
+                qp_state: state,
+                ..Default::default()
+            };
+            let mut mask: std::os::raw::c_int = 0;
+            // SAFETY: live id with a peer (a request or a response); `attr` and `mask` are
+            // writable.
+            if unsafe { ffi::rdma_init_qp_attr(self.inner.raw, &mut attr, &mut mask) } != 0 {
+                return Err(Error::last_os("rdma_init_qp_attr"));
+            }
+            // The CM names the flags at INIT (a soft CM, at RTR too): ours, wherever.
+            let flags = ffi::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0 as std::os::raw::c_int;
+            if state == S::IBV_QPS_INIT || mask & flags != 0 {
+                attr.qp_access_flags = access.bits();
+                mask |= flags;
+            }
+            match state {
+                S::IBV_QPS_INIT => {}
+                S::IBV_QPS_RTR => {
+                    if let Some((responder_resources, _)) = depths {
+                        attr.max_dest_rd_atomic = responder_resources;
+                    }
+                    // As librdmacm: the kernel marks RoCE-only attributes (bits 21 to 24)
+                    // that an InfiniBand port refuses.
+                    if infiniband {
+                        mask &= !0xe0_0000;
+                    }
+                }
+                _ => {
+                    if let Some((_, initiator_depth)) = depths {
+                        attr.max_rd_atomic = initiator_depth;
+                    }
+                }
+            }
+            // SAFETY: the id's live QP (in INIT since create_qp, then RTR); valid attributes.
+            let rc = unsafe { ffi::ibv_modify_qp(qp, &mut attr, mask) };
+            if rc != 0 {
+                return Err(Error::from_errno("ibv_modify_qp", rc));
+            }
+        }
+        Ok(())
+    }
+
     /// Accepts a connection request (after [`CmId::create_qp`]) and waits until it is
     /// established. Depths left `None` in `p` follow librdmacm's rule: serve as many RDMA
     /// reads/atomics as the requester issues and issue as many as it serves (see
@@ -522,7 +685,6 @@ impl CmId {
         access: crate::AccessFlags,
         timeout: Duration,
     ) -> Result<()> {
-        use ffi::ibv_qp_state as S;
         let (ctx, mut param) = self.accept_param(p)?;
         let guard = self.inner.channel.guard_qp();
         // SAFETY: live id; its `qp` field is read under the guard.
@@ -533,45 +695,12 @@ impl CmId {
                     .into(),
             ));
         }
-        // SAFETY: live id.
-        let port = unsafe { (*self.inner.raw).port_num };
-        let infiniband = ctx
-            .query_port(port)
-            .is_ok_and(|a| a.link_layer == crate::LinkLayer::Infiniband);
-        for state in [S::IBV_QPS_INIT, S::IBV_QPS_RTR, S::IBV_QPS_RTS] {
-            let mut attr = ffi::ibv_qp_attr {
-                qp_state: state,
-                ..Default::default()
-            };
-            let mut mask: std::os::raw::c_int = 0;
-            // SAFETY: live id from a connect request; `attr` and `mask` are writable.
-            if unsafe { ffi::rdma_init_qp_attr(self.inner.raw, &mut attr, &mut mask) } != 0 {
-                return Err(Error::last_os("rdma_init_qp_attr"));
-            }
-            // The CM names the flags at INIT (a soft CM, at RTR too): ours, wherever.
-            let flags = ffi::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0 as std::os::raw::c_int;
-            if state == S::IBV_QPS_INIT || mask & flags != 0 {
-                attr.qp_access_flags = access.bits();
-                mask |= flags;
-            }
-            match state {
-                S::IBV_QPS_INIT => {}
-                S::IBV_QPS_RTR => {
-                    attr.max_dest_rd_atomic = param.responder_resources;
-                    // As librdmacm: the kernel marks RoCE-only attributes (bits 21 to 24)
-                    // that an InfiniBand port refuses.
-                    if infiniband {
-                        mask &= !0xe0_0000;
-                    }
-                }
-                _ => attr.max_rd_atomic = param.initiator_depth,
-            }
-            // SAFETY: the id's live QP (in INIT since create_qp, then RTR); valid attributes.
-            let rc = unsafe { ffi::ibv_modify_qp(qp, &mut attr, mask) };
-            if rc != 0 {
-                return Err(Error::from_errno("ibv_modify_qp", rc));
-            }
-        }
+        self.bring_up(
+            &ctx,
+            qp,
+            access,
+            Some((param.responder_resources, param.initiator_depth)),
+        )?;
         // SAFETY: the id's live QP.
         (param.qp_num, param.srq) = unsafe { ((*qp).qp_num, u8::from(!(*qp).srq.is_null())) };
         // With no QP on the id, librdmacm's accept leaves the QP alone and announces the one

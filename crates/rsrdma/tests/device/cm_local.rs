@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 /// One end of a connection: the id and what its QP needs.
 struct End {
     id: CmId,
-    _pd: Pd,
-    _cq: Cq,
+    pd: Pd,
+    cq: Cq,
     qp: Qp,
 }
 
@@ -28,12 +28,7 @@ fn end(id: CmId) -> End {
     let qp = id
         .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
         .unwrap();
-    End {
-        id,
-        _pd: pd,
-        _cq: cq,
-        qp,
-    }
+    End { id, pd, cq, qp }
 }
 
 /// A client id with its QP, resolved to `server` but not connected.
@@ -265,4 +260,80 @@ fn cm_context_outlives_its_id_and_listener() {
     let c = CmId::new().unwrap();
     c.resolve_addr(None, addr, WAIT).unwrap();
     Pd::new(&c.context().unwrap()).unwrap();
+}
+
+/// `connect_granting` brings the dialer's QP up granting the acceptor exactly the flags it
+/// names, where rdma_cm's connect grants REMOTE_WRITE (and READ) to whoever answers: an
+/// acceptor's WRITE into a region of the dialer's domain fails with nothing granted, lands
+/// when WRITE is granted, and the QP carries the depths the CM negotiated. (A fake server
+/// of an outside tester wrote into a Conn dialer's shared domain in 1 of 5 tries, in the
+/// moment between librdmacm's bring-up and the dialer taking the flags back; connecting and
+/// then taking the flags back loses some of the eight tries here.)
+#[test]
+fn connect_granting_gives_the_acceptor_exactly_what_it_names() {
+    use rsrdma::SendWr;
+    let tries = std::iter::repeat_n(AccessFlags::NONE, 8);
+    for access in tries.chain([AccessFlags::REMOTE_WRITE]) {
+        let (l, addr) = listener();
+        let (to_server, from_client) = mpsc::channel::<(u64, u32)>();
+        let (done, wait_done) = mpsc::channel::<()>();
+        let server = thread::spawn(move || {
+            let req = l.get_request(WAIT).unwrap();
+            let s = end(req.id);
+            s.id.accept(&ConnParam::default(), WAIT).unwrap();
+            let (raddr, rkey) = from_client.recv().unwrap();
+            let mut src = Mr::new(&s.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+            src.write_at(0, b"ACCEPTOR").unwrap();
+            // SAFETY: `src` outlives the completion polled below.
+            unsafe {
+                s.qp.post_send(&SendWr::rdma_write(
+                    1,
+                    &[src.sge(0, 8).unwrap()],
+                    raddr,
+                    rkey,
+                ))
+                .unwrap();
+            }
+            let wc = poll_one(&s.cq);
+            wait_done.recv().unwrap();
+            wc
+        });
+        let c = client(addr);
+        let writable = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let target = Mr::new(&c.pd, 64, writable).unwrap();
+        to_server
+            .send((target.remote().addr, target.remote().rkey))
+            .unwrap();
+        c.id.connect_granting(&ConnParam::default().with_initiator_depth(1), access, WAIT)
+            .unwrap();
+        // The acceptor writes as soon as its accept returns, maybe before this side is back.
+        done.send(()).unwrap();
+        let wc = server.join().unwrap();
+        let info = c.qp.query().unwrap();
+        let mut now = [0u8; 8];
+        target.read_at(0, &mut now).unwrap();
+        if access.contains(AccessFlags::REMOTE_WRITE) {
+            assert!(wc.is_ok(), "the granted WRITE failed: {wc:?}");
+            assert_eq!(&now, b"ACCEPTOR");
+            assert_eq!(info.state, rsrdma::QpState::Rts);
+        } else {
+            // A QP without the flag refuses the opcode itself (rxe's NAK: invalid request).
+            assert_eq!(wc.status(), rsrdma::WcStatus::REM_INV_REQ_ERR, "{wc:?}");
+            assert_eq!(now, [0u8; 8], "the acceptor wrote the dialer's region");
+        }
+        assert_eq!(info.access, access, "the QP's remote flags");
+        assert_eq!(info.max_rd_atomic, 1, "the depth the dialer asked for");
+    }
+}
+
+/// The first completion on `cq`, whatever its status, within [`WAIT`].
+fn poll_one(cq: &Cq) -> Wc {
+    let mut wc = [Wc::default()];
+    let t0 = Instant::now();
+    while t0.elapsed() < WAIT {
+        if cq.poll(&mut wc).unwrap() == 1 {
+            return wc[0];
+        }
+    }
+    panic!("no completion within {WAIT:?}");
 }

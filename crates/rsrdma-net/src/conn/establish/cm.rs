@@ -44,19 +44,18 @@ pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> 
     let announce = ConnParam::default()
         .with_private_data(mine.clone())
         .with_rnr_retry_count(RNR_RETRY);
-    let reply = id
-        .connect(&announce, left())
-        .map_err(|e| rejected(e, addr))?;
-    // rdma_cm brought the QP up granting REMOTE_WRITE (and READ): a Conn's peer needs READ
-    // at most (rendezvous), and a listener that has not proven the secret yet, nothing.
-    // (librdmacm's connect sets the CM's flags itself; they are taken back here, a moment
-    // after, where the listener's accept grants its own before its answer goes out.)
+    // The QP grants what a Conn's peer needs (READ, for rendezvous) from the start, and
+    // nothing at all to a listener that has yet to prove the secret (rdma_cm's own connect
+    // would grant REMOTE_WRITE to whoever answers: to every region of a shared protection
+    // domain).
     let grant = granted(opts);
-    qp.set_access(if secret.is_some() {
-        rsrdma::AccessFlags::NONE
-    } else {
-        grant
-    })?;
+    let first = match secret {
+        Some(_) => rsrdma::AccessFlags::NONE,
+        None => grant,
+    };
+    let reply = id
+        .connect_granting(&announce, first, left())
+        .map_err(|e| rejected(e, addr))?;
     let peer = decode_params(&reply)?;
     match (secret, cm_auth::demands(&reply)) {
         (Some(s), true) => cm_auth::prove(

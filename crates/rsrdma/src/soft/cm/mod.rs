@@ -704,7 +704,9 @@ pub(crate) unsafe fn init_qp_attr(
         set_errno(libc::EINVAL);
         return -1;
     };
-    let mine = Endpoint {
+    // The active side's part is its REQ (with the depths it asked for, as the kernel's CM
+    // gives them after the REP); the passive side's, no depths.
+    let mine = st.mine.clone().unwrap_or_else(|| Endpoint {
         qpn: 0,
         lid: own_lid(),
         gid: own_gid(),
@@ -713,7 +715,7 @@ pub(crate) unsafe fn init_qp_attr(
         initiator_depth: 0,
         rnr_retry: 0,
         private: Vec::new(),
-    };
+    });
     drop(st);
     let (a, m) = match want {
         S::IBV_QPS_INIT => {
@@ -780,7 +782,8 @@ unsafe fn endpoint(
 }
 
 /// # Safety
-/// `id` is a live soft id with a resolved route and a QP; `param` valid.
+/// `id` is a live soft id with a resolved route; `param` valid (naming the QP when the id
+/// has none).
 pub(crate) unsafe fn connect(id: *mut ffi::rdma_cm_id, param: *mut ffi::rdma_conn_param) -> c_int {
     use ffi::rdma_cm_event_type as E;
     // SAFETY: the caller's contract.
@@ -789,8 +792,10 @@ pub(crate) unsafe fn connect(id: *mut ffi::rdma_cm_id, param: *mut ffi::rdma_con
         let st = lock(&s.shared.state);
         (st.remote, st.psn)
     };
+    // Without a QP on the id, the parameters name one (the caller brings it up when the
+    // response comes, then calls `establish`).
     // SAFETY: as above.
-    if remote.is_none() || unsafe { (*id).qp.is_null() } {
+    if remote.is_none() || (unsafe { (*id).qp.is_null() } && param.is_null()) {
         set_errno(libc::EINVAL);
         return -1;
     }
@@ -878,6 +883,33 @@ pub(crate) unsafe fn accept(id: *mut ffi::rdma_cm_id, param: *mut ffi::rdma_conn
         return -1;
     }
     0
+}
+
+/// `rdma_establish`: the active side, which connected with no QP on the id and brought the
+/// QP up itself on CONNECT_RESPONSE, completes the connection (the RTU).
+///
+/// # Safety
+/// `id` is a live soft id.
+pub(crate) unsafe fn establish(id: *mut ffi::rdma_cm_id) -> c_int {
+    // SAFETY: the caller's contract.
+    let (s, qp) = unsafe { (soft(id), (*id).qp) };
+    let mut st = lock(&s.shared.state);
+    if !qp.is_null() || st.mine.is_none() || st.peer.is_none() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    let sent = st.stream.as_mut().map(|t| write_frame(t, RTU, &[]));
+    match sent {
+        Some(Ok(())) => 0,
+        Some(Err(e)) => {
+            set_errno(e.raw_os_error().unwrap_or(libc::ECONNRESET));
+            -1
+        }
+        None => {
+            set_errno(libc::ENOTCONN);
+            -1
+        }
+    }
 }
 
 /// # Safety
@@ -978,6 +1010,12 @@ pub(crate) unsafe fn get_cm_event(
         let id = e.raw.id;
         match action {
             Action::None => {}
+            // With no QP on the id, the response is handed over as it came (librdmacm's
+            // CONNECT_RESPONSE): the caller brings its QP up and calls `establish`.
+            Action::Established(peer) if (*id).qp.is_null() => {
+                e.raw.event = ffi::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_RESPONSE;
+                lock(&soft(id).shared.state).peer = Some(peer);
+            }
             Action::Established(peer) => {
                 let s = soft(id);
                 let mine = lock(&s.shared.state).mine.clone();
