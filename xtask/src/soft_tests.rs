@@ -69,6 +69,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "events::try_event_takes_a_ready_event_without_blocking",
             "events::waiting_without_a_channel_is_an_error",
             "processes::a_peer_queue_pair_that_fails_or_goes_in_a_live_process_ends_requests_with_retry_exceeded",
+            "processes::a_send_and_then_a_refused_request_between_processes_both_complete",
             "processes::one_sided_requests_between_processes_land_in_the_targets_memory",
             "qp_ex::an_extended_cq_hands_each_completion_with_the_fields_it_was_made_with",
             "qp_ex::an_extended_qp_posts_a_batch_of_every_operation_and_an_aborted_batch_posts_nothing",
@@ -360,6 +361,7 @@ pub(crate) const SOFT_TESTS_OVER_TCP: &[(&str, &str, &[&str])] = &[
         &[
             "cm::rdma_cm_connect_accept_between_processes",
             "processes::a_peer_queue_pair_that_fails_or_goes_in_a_live_process_ends_requests_with_retry_exceeded",
+            "processes::a_send_and_then_a_refused_request_between_processes_both_complete",
             "processes::one_sided_requests_between_processes_land_in_the_targets_memory",
             "ud_srq::datagrams_of_a_sender_that_exits_without_dropping_anything_arrive",
             "ud_srq::datagrams_sent_just_before_the_sender_exits_arrive",

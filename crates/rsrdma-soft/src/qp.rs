@@ -792,10 +792,16 @@ impl RcQp {
             }
             Answer::Nak(n) => {
                 self.reply(psn, PacketKind::Nak(n), Vec::new());
-                // rxe moves the responder to ERROR on these (class A and C errors).
-                let nak = self.out.pop_back();
+                // rxe moves the responder to ERROR on these (class A and C errors). The
+                // answers queued before the NAK (a SEND's acknowledgement, a READ's
+                // response) were as good as sent (rxe sends each as it executes): they go,
+                // before the NAK; what this QP was itself sending is flushed with it.
+                let answers: VecDeque<Packet> = std::mem::take(&mut self.out)
+                    .into_iter()
+                    .filter(|q| !q.kind.is_request())
+                    .collect();
                 self.to_error();
-                self.out.extend(nak);
+                self.out = answers;
             }
             Answer::Reply(kind, payload) => {
                 self.expected_psn = self.expected_psn.wrapping_add(1);
@@ -927,7 +933,17 @@ impl RcQp {
                 self.resend_from(p.psn, now() + wait, Resend::Unanswered);
             }
             PacketKind::Nak(n) => {
-                if head.psn != p.psn {
+                // A NAK acknowledges the SENDs and WRITEs before the request it refuses, as
+                // an ACK of the PSN before it would (as rxe completes them).
+                while self.sq.front().is_some_and(|h| {
+                    h.psn != p.psn && not_after(h.psn, p.psn) && !h.wr.wants_response()
+                }) {
+                    if let Some(h) = self.sq.pop_front() {
+                        self.succeed(&h, 0);
+                    }
+                    self.complete_local_ops();
+                }
+                if self.sq.front().map_or(true, |h| h.psn != p.psn) {
                     return;
                 }
                 let status = match n {

@@ -492,6 +492,100 @@ fn a_bad_rkey_fails_both_sides_and_flushes_everything_after_it() {
     }
 }
 
+/// A SEND and then a request the responder refuses, arriving together (as the rings between
+/// processes deliver them, in one batch before the responder sends anything): the SEND's
+/// acknowledgement still goes, before the NAK. The responder's move to ERROR dropped it with
+/// everything else it had queued, and the requester, whose oldest request was the SEND, took
+/// the NAK for another and waited for ever (an outside tester, on soft0 between processes).
+#[test]
+fn an_answer_queued_before_a_nak_still_goes() {
+    for refused in ["bad key", "long send"] {
+        let mut p = Pair::new(0);
+        let rkey = p.s[1].key;
+        p.post_recv(1, 50, BASE, 64);
+        p.post_recv(1, 51, BASE + 64, 64);
+        let s = p.sge(0, BASE, 8);
+        let second = match refused {
+            "bad key" => SendWr {
+                wr_id: 2,
+                op: SendOp::Write {
+                    remote_addr: BASE,
+                    rkey: rkey ^ 0x100,
+                    imm: None,
+                },
+                sges: vec![s],
+                inline: None,
+                signaled: true,
+                fence: false,
+                solicited: false,
+            },
+            _ => send(2, vec![p.sge(0, BASE, 65)], true),
+        };
+        p.post_send(0, send(1, vec![s], true)).unwrap();
+        p.post_send(0, second).unwrap();
+        // Both requests reach the responder before it answers either.
+        p.transmit(0);
+        while p.deliver(0) {}
+        p.run();
+        let nak = match refused {
+            "bad key" => Status::RemAccessErr,
+            _ => Status::RemInvReqErr,
+        };
+        assert_eq!(
+            ids(&p.completions(0)),
+            [(1, Status::Success), (2, nak)],
+            "{refused}"
+        );
+        assert_eq!(p.s[0].qp.state(), QpState::Error);
+    }
+}
+
+/// A NAK acknowledges the requests before the one it refuses, as an ACK of the PSN before
+/// it would (rxe completes SENDs and WRITEs older than an answer's PSN as acknowledged): the
+/// requester completes them even when no ACK of theirs came.
+#[test]
+fn a_nak_acknowledges_the_sends_before_it() {
+    let mut p = Pair::new(0);
+    let rkey = p.s[1].key;
+    p.post_recv(1, 50, BASE, 64);
+    p.post_recv(1, 51, BASE + 64, 64);
+    let s = p.sge(0, BASE, 8);
+    let bad = SendWr {
+        wr_id: 3,
+        op: SendOp::Write {
+            remote_addr: BASE,
+            rkey: rkey ^ 0x100,
+            imm: None,
+        },
+        sges: vec![s],
+        inline: None,
+        signaled: true,
+        fence: false,
+        solicited: false,
+    };
+    p.post_send(0, send(1, vec![s], true)).unwrap();
+    p.post_send(0, send(2, vec![s], false)).unwrap();
+    p.post_send(0, bad).unwrap();
+    p.transmit(0);
+    while p.deliver(0) {}
+    p.transmit(1);
+    // Only the NAK reaches the requester.
+    let before = p.wire[1].len();
+    p.wire[1].retain(|b| {
+        let k = Packet::decode(b).unwrap().kind;
+        matches!(k, PacketKind::Nak(_))
+    });
+    assert!(
+        p.wire[1].len() < before,
+        "an acknowledgement went before the NAK"
+    );
+    p.run();
+    assert_eq!(
+        ids(&p.completions(0)),
+        [(1, Status::Success), (3, Status::RemAccessErr)]
+    );
+}
+
 #[test]
 fn requests_the_responder_does_not_allow_are_invalid_requests() {
     // The responder's QP grants no remote access at all.
