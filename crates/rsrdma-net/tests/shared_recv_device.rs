@@ -644,3 +644,56 @@ fn shared_recv_a_peer_that_fills_the_pool_and_fails_gives_every_slot_back() {
         }
     }
 }
+
+/// Connections whose applications do not read yet must not starve the others of the pool:
+/// eight clients each send one message that nobody reads for a while, into a pool of eight
+/// slots, while a ninth connection runs request-and-answer round trips. Each unread message
+/// kept its pool slot, the pool ran dry, the busy connection's frames (and its keepalive
+/// answers) waited in RNR retries for ever, and both of its ends died at `peer_timeout`
+/// (an outside tester, every run; with seven idle clients all was well). Once the pool is
+/// crowded a connection copies what it takes out of its slot and gives the slot back.
+#[test]
+fn shared_recv_unread_messages_do_not_starve_a_busy_connection() {
+    let o = small(Establish::Cm).peer_timeout(Duration::from_secs(5));
+    let server = o.clone().shared_recv(SharedRecv::new(8));
+    let (l, mut pairs) = connect_n(server, o, 9);
+    let (busy_client, busy_server) = pairs.pop().unwrap();
+    for (i, (c, _)) in pairs.iter().enumerate() {
+        c.send_msg(&pattern(100, i as u64)).unwrap();
+    }
+    // The idle clients' messages have landed (taken from the pool) before the round trips.
+    thread::sleep(Duration::from_millis(200));
+    let echo = thread::spawn(move || {
+        busy_server.set_read_timeout(Some(WAIT)).unwrap();
+        while let Some(m) = busy_server.recv_msg().unwrap() {
+            busy_server.send_msg(&m).unwrap();
+        }
+        busy_server
+    });
+    busy_client.set_read_timeout(Some(WAIT)).unwrap();
+    let t0 = Instant::now();
+    for i in 0..100u64 {
+        let m = pattern(1000, 1000 + i);
+        busy_client
+            .send_msg(&m)
+            .unwrap_or_else(|e| panic!("round trip {i} after {:?}: {e}", t0.elapsed()));
+        let back = busy_client
+            .recv_msg()
+            .unwrap_or_else(|e| panic!("round trip {i} after {:?}: {e}", t0.elapsed()))
+            .expect("the answer");
+        assert_eq!(back, m, "round trip {i}");
+    }
+    println!(
+        "100 round trips beside 8 unread messages in a pool of 8: {:?}; {:?}",
+        t0.elapsed(),
+        l.recv_memory()
+    );
+    // The unread messages are all there, whole.
+    for (i, (_, s)) in pairs.iter().enumerate() {
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let m = s.recv_msg().unwrap().expect("the idle client's message");
+        assert_eq!(m, pattern(100, i as u64), "idle client {i}");
+    }
+    busy_client.close().unwrap();
+    echo.join().unwrap().close().unwrap();
+}

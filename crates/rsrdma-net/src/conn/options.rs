@@ -34,7 +34,10 @@ pub enum Establish {
 /// of connections. Each connection still grants its peer [`ConnOptions::recv_slots`] credits
 /// (keep them small, e.g. 8–16); when the credits of all connections exceed the pool, a send
 /// that finds the pool empty is retried by its sender after a short RNR delay (the listener
-/// brings its QPs up so the peer retries without limit), so it is late, never lost. Both
+/// brings its QPs up so the peer retries without limit), so it is late, never lost. Messages
+/// an application has not read yet leave the pool for the connection's own memory once the
+/// pool is crowded (all but an eighth of its slots taken), so slow readers do not hold up
+/// the other connections. Both
 /// establishment paths support it; [`crate::Conn::dial`] refuses it (it is a listener option).
 /// The pool is made per device when the first peer arrives; see
 /// [`crate::Listener::recv_memory`].

@@ -15,6 +15,12 @@
 //!   SRQ empty is answered with an RNR NAK and retried by the sender: the listener's QPs are
 //!   brought up so that the peer retries without limit (rnr_retry 7) after a short timer
 //!   ([`MIN_RNR_TIMER`]). A momentarily empty pool is therefore a delay, never a failure.
+//!   A message waits unread in its slot only while the pool has room: once all but an eighth
+//!   of the slots are bound, a connection copies each message it takes out of its slot into
+//!   memory of its own and gives the slot back at once ([`RecvPool::bind`]), so connections
+//!   whose application does not read cannot hold the slots the others' frames need (then
+//!   every connection holds up to `recv_slots` unread messages in its own memory, as without
+//!   a pool).
 //!   The pool is not grown at run time; the SRQ limit event says when it runs low
 //!   ([`super::pool_events`]).
 //! - **Lifetime.** The listener and every connection's slot memory hold the pool (`Arc`). A
@@ -30,7 +36,7 @@ use super::region::Region;
 use super::wr_id::{POOL_TAG, RECV_TAG};
 use crate::error::Result;
 use rsrdma::{AccessFlags, Context, Pd, RecvWr, Srq};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The RNR NAK timer code the listener's QPs announce with a pool: 0.64 ms (code 12 in the
@@ -95,6 +101,9 @@ pub(crate) struct RecvPool {
     slots: u32,
     /// Slots whose repost failed (they stay out of use).
     lost: AtomicU64,
+    /// Slots bound to a connection's virtual slot now: a message its application has not
+    /// read yet, mostly ([`RecvPool::bind`]).
+    bound: AtomicU32,
     /// What the device's asynchronous events said ([`super::pool_events`]).
     events: PoolEvents,
     /// Serialises posts to the SRQ, which every connection of the listener reposts to from
@@ -127,6 +136,7 @@ impl RecvPool {
             slot_size: size,
             slots,
             lost: AtomicU64::new(0),
+            bound: AtomicU32::new(0),
             events: PoolEvents::default(),
             post_lock: std::sync::Mutex::new(()),
         };
@@ -178,6 +188,24 @@ impl RecvPool {
         // order, and every holder of the pool outlives its QP); the slot was released by the
         // one connection that had it bound, so no CPU copy touches it until it completes.
         unsafe { self.srq.post_recv(&wr) }
+    }
+
+    /// A connection bound a slot to one of its virtual slots; whether the pool is now so
+    /// crowded with bound slots that the connection should copy this one out and give it
+    /// back at once ([`super::slots`]): messages nobody reads yet must not take the slots
+    /// every other connection's frames (their credits, their keepalive answers) land in, or
+    /// a few idle readers starve every busy connection of the listener until its peer is
+    /// declared dead. The last eighth of the slots (at least one) stays for frames that are
+    /// handled as they land.
+    pub(crate) fn bind(&self) -> bool {
+        let now = self.bound.fetch_add(1, Ordering::Relaxed) + 1;
+        let reserve = (self.slots / 8).max(1);
+        now > self.slots.saturating_sub(reserve)
+    }
+
+    /// A slot bound to a virtual slot was given back ([`RecvPool::give_back`] follows).
+    pub(crate) fn unbind(&self) {
+        self.bound.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Reposts pool slot `p`, done with by the connection it was bound to.

@@ -56,6 +56,9 @@ struct PoolShare {
     bound: Box<[u32]>,
     /// Virtual slots the core holds as posted and that no completion is bound to.
     free: Vec<u16>,
+    /// Virtual slot → the bytes of its message, copied out of the pool slot it came in (which
+    /// went back at once) while the pool was crowded ([`RecvPool::bind`]).
+    copied: Box<[Option<Box<[u8]>>]>,
 }
 
 const UNBOUND: u32 = u32::MAX;
@@ -98,6 +101,7 @@ impl Slots {
                     pool,
                     bound: vec![UNBOUND; usize::from(recv_slots)].into_boxed_slice(),
                     free: (0..recv_slots).rev().collect(),
+                    copied: (0..recv_slots).map(|_| None).collect(),
                 })
             }
         };
@@ -155,8 +159,10 @@ impl Slots {
         let b = share.bound.get_mut(usize::from(slot))?;
         let p = std::mem::replace(b, UNBOUND);
         if p != UNBOUND {
+            share.pool.unbind();
             share.pool.give_back(p);
         }
+        share.copied[usize::from(slot)] = None;
         // The core hands back only a slot it held, which is not on the free list.
         share.free.push(slot);
         Some(Repost::Pooled)
@@ -165,8 +171,10 @@ impl Slots {
     /// The receive slot a completion with WR id `wr_id` filled, for the core: own slots
     /// are named in the id; a pool slot is bound to a free virtual slot. `None` when no
     /// virtual slot is free (the peer sent beyond its credits) or the id is not ours: the
-    /// pool slot goes straight back, and the driver fails the connection.
-    pub(crate) fn take_recv(&mut self, wr_id: u64) -> Option<u16> {
+    /// pool slot goes straight back, and the driver fails the connection. `landed`: the
+    /// bytes a successful receive brought (`None` for a failed one); while the pool is
+    /// crowded they are copied out and the pool slot goes back at once.
+    pub(crate) fn take_recv(&mut self, wr_id: u64, landed: Option<usize>) -> Option<u16> {
         let share = match &mut self.recv {
             RecvSide::Own(_) if wr_id & POOL_TAG == 0 => return Some((wr_id & 0xffff) as u16),
             RecvSide::Own(_) => return None,
@@ -177,7 +185,17 @@ impl Slots {
             share.pool.give_back(p);
             return None;
         };
+        let crowded = share.pool.bind();
         share.bound[usize::from(v)] = p;
+        if let (true, Some(len)) = (crowded, landed) {
+            let mut copy = vec![0u8; len.min(self.slot_size)].into_boxed_slice();
+            if share.pool.read(p, 0, &mut copy) {
+                share.copied[usize::from(v)] = Some(copy);
+                share.bound[usize::from(v)] = UNBOUND;
+                share.pool.unbind();
+                share.pool.give_back(p);
+            }
+        }
         Some(v)
     }
 
@@ -231,6 +249,7 @@ impl Drop for Slots {
             for b in share.bound.iter_mut() {
                 let p = std::mem::replace(b, UNBOUND);
                 if p != UNBOUND {
+                    share.pool.unbind();
                     share.pool.give_back(p);
                 }
             }
@@ -267,6 +286,14 @@ impl SlotMemory for Slots {
                 }
             }
             RecvSide::Pooled(share) => {
+                let copied = share.copied.get(usize::from(slot)).and_then(Option::as_ref);
+                if let Some(copy) = copied {
+                    match copy.get(offset..offset + out.len()) {
+                        Some(src) => rsrdma_proto::memory::copy_small(out, src),
+                        None => self.fault.set(true),
+                    }
+                    return;
+                }
                 let p = share.bound.get(usize::from(slot)).copied();
                 let fits = offset + out.len() <= self.slot_size;
                 match p {

@@ -114,7 +114,8 @@ impl Driver {
         let mut recv_slot = None;
         if is_recv {
             self.recvs_posted = self.recvs_posted.saturating_sub(1);
-            recv_slot = self.core.memory_mut().take_recv(id);
+            let landed = wc.is_ok().then(|| wc.byte_len() as usize);
+            recv_slot = self.core.memory_mut().take_recv(id, landed);
         } else {
             self.sends_done = self.sends_done.max(id + 1);
         }
