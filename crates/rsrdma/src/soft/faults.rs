@@ -59,12 +59,16 @@ pub fn refuse_receives(qp_num: u32, count: u32) -> Result<()> {
 
 /// The queue pair's completions reach its completion queues only `delay` after they
 /// happened (in their order), so completions of other queue pairs overtake them, and a
-/// waiter sees them late. `Duration::ZERO` ends it.
+/// waiter sees them late. `Duration::ZERO` ends it; a delay beyond a day counts as a day.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] when soft0 has no such queue pair.
 pub fn delay_completions(qp_num: u32, delay: Duration) -> Result<()> {
-    done(super::verbs::delay_completions(qp_num, delay), qp_num, "")
+    done(
+        super::verbs::delay_completions(qp_num, delay.min(LONGEST)),
+        qp_num,
+        "",
+    )
 }
 
 /// The device reports a fatal error to the context that holds the queue pair: it gets
@@ -112,7 +116,8 @@ pub fn port_up(qp_num: u32) -> Result<()> {
 /// - `cut_after=DURATION`: every queue pair loses its peer `DURATION` after it was created
 ///   ([`cut_link`]): the peer "vanishes".
 ///
-/// A value soft0 cannot read makes opening it fail (`EINVAL`, the reason logged at ERROR
+/// Durations are at most a day, and each key comes at most once. A value soft0 cannot read
+/// (or one beyond those bounds) makes opening it fail (`EINVAL`, the reason logged at ERROR
 /// through `tracing`): a fault asked for is never silently left out.
 pub const ENV: &str = "RSRDMA_SOFT_FAULTS";
 
@@ -128,12 +133,17 @@ pub(crate) struct EnvFaults {
 /// Reads [`ENV`]'s value.
 pub(crate) fn parse(spec: &str) -> std::result::Result<EnvFaults, String> {
     let mut f = EnvFaults::default();
+    let mut seen: Vec<&str> = Vec::new();
     for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let (key, value) = item
             .split_once('=')
             .ok_or_else(|| format!("{item:?} is not key=value"))?;
-        let value = value.trim();
-        match key.trim() {
+        let (key, value) = (key.trim(), value.trim());
+        if seen.contains(&key) {
+            return Err(format!("{key} is given twice"));
+        }
+        seen.push(key);
+        match key {
             "delay" => f.delay = Some(duration(value)?),
             "refuse" => {
                 f.refuse = value
@@ -152,20 +162,29 @@ pub(crate) fn parse(spec: &str) -> std::result::Result<EnvFaults, String> {
     Ok(f)
 }
 
-/// `500ms`, `2s`, `100us`.
+/// `500ms`, `2s`, `100us`; at most [`LONGEST`].
 fn duration(v: &str) -> std::result::Result<Duration, String> {
     let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
     let (n, unit) = v.split_at(split);
     let n: u64 = n
         .parse()
         .map_err(|_| format!("{v:?}: not a duration (500ms, 2s, 100us)"))?;
-    match unit {
-        "s" => Ok(Duration::from_secs(n)),
-        "ms" => Ok(Duration::from_millis(n)),
-        "us" => Ok(Duration::from_micros(n)),
-        _ => Err(format!("{v:?}: not a duration (500ms, 2s, 100us)")),
+    let d = match unit {
+        "s" => Duration::from_secs(n),
+        "ms" => Duration::from_millis(n),
+        "us" => Duration::from_micros(n),
+        _ => return Err(format!("{v:?}: not a duration (500ms, 2s, 100us)")),
+    };
+    if d > LONGEST {
+        return Err(format!("{v:?}: longer than a day"));
     }
+    Ok(d)
 }
+
+/// The longest fault time the variable takes (and the longest completion delay
+/// [`delay_completions`] applies): a day is beyond any test, and far from the end of
+/// `Instant`'s range.
+pub(crate) const LONGEST: Duration = Duration::from_secs(86_400);
 
 /// [`ENV`], read once per process.
 pub(crate) fn from_env() -> &'static std::result::Result<EnvFaults, String> {
@@ -277,6 +296,9 @@ mod tests {
             "refuse=-1",
             "explode=1s",
             "cut_after=ms",
+            "delay=18446744073709551615s",
+            "cut_after=86401s",
+            "cut_after=1s,cut_after=60s",
         ] {
             assert!(parse(bad).is_err(), "{bad} accepted");
         }
