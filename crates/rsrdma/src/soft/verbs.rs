@@ -796,7 +796,6 @@ fn pump(st: &mut State, now: &mut LazyNow) {
         for i in 0..st.order.len() {
             let qpn = st.order[i];
             while let Some((to, pkt)) = transmit(st, qpn) {
-                moved = true;
                 let request = pkt.kind.is_request();
                 if !is_own(to) {
                     // The destination lives in another process.
@@ -829,6 +828,9 @@ fn pump(st: &mut State, now: &mut LazyNow) {
                     }
                     continue;
                 }
+                // Only a packet delivered here can make another queue pair of this device
+                // send (its answer): then every queue pair is looked at again.
+                moved = true;
                 let (psn, to_qpn) = (pkt.psn, pkt.dest_qpn);
                 match deliver(st, pkt, own_addr(), now) {
                     // The peer QP is gone: as a peer that died, its sender's link breaks.
