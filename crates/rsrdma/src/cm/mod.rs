@@ -59,7 +59,9 @@ mod status;
 
 pub(crate) use addr::{sockaddr_to_std, write_sockaddr};
 pub use event::{CmEvent, CmEventType};
-pub use param::{ConnParam, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA};
+pub use param::{
+    ConnParam, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA, MAX_REJECT_PRIVATE_DATA,
+};
 pub(crate) use status::explain as explain_status;
 pub use status::{describe_status, reject_reason};
 
@@ -493,16 +495,37 @@ impl CmId {
     /// the acceptance). A client that checks its peer after the connection is up (a proof of
     /// a shared secret) grants nothing here, and its rights once it has.
     ///
+    /// `qp` is the id's queue pair ([`CmId::create_qp`]); it is borrowed for the call, so it
+    /// stays alive while the connection is made. When the connect fails (a timeout, a
+    /// rejection, a bring-up that fails), the queue pair is moved to ERROR: a response that
+    /// comes late can then bring it up for nobody, with no rights. An id connects once.
+    ///
     /// A librdmacm older than rdma-core 23 has no `rdma_establish`: there the connection
     /// is made as by [`CmId::connect`] and the flags are set to `access` right after, so the
     /// acceptor holds rdma_cm's flags for that moment.
     ///
     /// # Errors
-    /// As [`CmId::connect`]; [`Error::InvalidArgument`] without a QP made by
-    /// [`CmId::create_qp`]; [`Error::Verbs`] naming `rdma_init_qp_attr`, `ibv_modify_qp` or
+    /// As [`CmId::connect`]; [`Error::InvalidArgument`] when `qp` is not the id's queue
+    /// pair; [`Error::Verbs`] naming `rdma_init_qp_attr`, `ibv_modify_qp` or
     /// `rdma_establish`.
     pub fn connect_granting(
         &self,
+        qp: &Qp,
+        p: &ConnParam,
+        access: crate::AccessFlags,
+        timeout: Duration,
+    ) -> Result<Vec<u8>> {
+        let done = self.connect_granting_inner(qp, p, access, timeout);
+        if done.is_err() {
+            // Whatever answer comes later finds a queue pair that cannot come up.
+            let _ = qp.to_error();
+        }
+        done
+    }
+
+    fn connect_granting_inner(
+        &self,
+        qp: &Qp,
         p: &ConnParam,
         access: crate::AccessFlags,
         timeout: Duration,
@@ -512,19 +535,25 @@ impl CmId {
         let ctx = self.context()?;
         let dev = ctx.attr();
         let mut param = p.to_raw(MAX_CONNECT_PRIVATE_DATA, dev, Depths::device_max(dev))?;
+        let guard = self.inner.channel.guard_qp();
+        // SAFETY: live id; its `qp` field is read under the guard.
+        let on_id = unsafe { (*self.inner.raw).qp };
+        // The caller's borrow keeps this QP alive, and so on the id, for the whole call.
+        let qp = match qp.as_raw() {
+            Some(raw) if !on_id.is_null() && raw == on_id => raw,
+            _ => {
+                return Err(Error::InvalidArgument(
+                    "connect_granting brings up the id's queue pair: pass the one create_qp \
+                     made"
+                        .into(),
+                ))
+            }
+        };
         if !ffi::establish_supported(self.inner.raw) {
+            drop(guard);
             let reply = self.connect(p, timeout)?;
             self.narrow_access(access)?;
             return Ok(reply);
-        }
-        let guard = self.inner.channel.guard_qp();
-        // SAFETY: live id; its `qp` field is read under the guard.
-        let qp = unsafe { (*self.inner.raw).qp };
-        if qp.is_null() {
-            return Err(Error::InvalidArgument(
-                "connect_granting brings up the id's queue pair: make it with create_qp first"
-                    .into(),
-            ));
         }
         // SAFETY: the id's live QP.
         (param.qp_num, param.srq) = unsafe { ((*qp).qp_num, u8::from(!(*qp).srq.is_null())) };
@@ -738,14 +767,22 @@ impl CmId {
     }
 
     /// Rejects a connection request, with optional private data for the requester (who sees
-    /// REJECTED with reason 28, "consumer reject").
+    /// REJECTED with reason 28, "consumer reject"): at most [`MAX_REJECT_PRIVATE_DATA`] bytes,
+    /// what the IB CM's REJ carries.
     ///
     /// # Errors
-    /// [`Error::Verbs`] naming `rdma_reject`.
+    /// [`Error::Limit`] for longer private data (nothing is sent); [`Error::Verbs`] naming
+    /// `rdma_reject`.
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
-        let len = u8::try_from(private_data.len()).map_err(|_| {
-            Error::InvalidArgument("reject private data is at most 255 bytes".into())
-        })?;
+        let len = u8::try_from(private_data.len())
+            .ok()
+            .filter(|&n| usize::from(n) <= MAX_REJECT_PRIVATE_DATA)
+            .ok_or(Error::Limit {
+                what: "reject private data",
+                requested: private_data.len() as u64,
+                limit: MAX_REJECT_PRIVATE_DATA as u64,
+                source_of_limit: "the IB CM's REJ",
+            })?;
         // SAFETY: live id from a connect request; the data outlives the call.
         let rc = unsafe { ffi::rdma_reject(self.inner.raw, private_data.as_ptr().cast(), len) };
         if rc != 0 {

@@ -10,6 +10,8 @@ use crate::ffi;
 pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
 /// Most private data an accept carries on IB/RoCE (the CM REP).
 pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
+/// Most private data a reject carries on IB/RoCE (the CM REJ).
+pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
 
 /// Connection parameters of [`CmId::connect`](super::CmId::connect) and
 /// [`CmId::accept`](super::CmId::accept).

@@ -196,6 +196,20 @@ fn cm_requests_nobody_takes_are_refused() {
     let text = e.to_string();
     assert!(text.contains("status 28: consumer reject"), "{text}");
     assert!(text.contains("62757379"), "{text}");
+
+    // A reject carries at most 148 bytes (the IB CM's REJ): more is refused, not cut short
+    // (the soft CM cut it to 148 and said Ok; the kernel refuses it), and 148 arrive whole.
+    let c = client(addr);
+    let connecting = thread::spawn(move || c.id.connect(&ConnParam::default(), WAIT));
+    let req = l.get_request(WAIT).unwrap();
+    let e = req.id.reject(&[9; 149]).unwrap_err();
+    assert!(matches!(e, Error::Limit { limit: 148, .. }), "{e}");
+    req.id.reject(&[9; 148]).unwrap();
+    let e = connecting.join().unwrap().unwrap_err();
+    let Error::CmEvent { private_data, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(private_data[..], [9; 148], "{e}");
 }
 
 /// Every order of `0..n`.
@@ -304,8 +318,13 @@ fn connect_granting_gives_the_acceptor_exactly_what_it_names() {
         to_server
             .send((target.remote().addr, target.remote().rkey))
             .unwrap();
-        c.id.connect_granting(&ConnParam::default().with_initiator_depth(1), access, WAIT)
-            .unwrap();
+        c.id.connect_granting(
+            &c.qp,
+            &ConnParam::default().with_initiator_depth(1),
+            access,
+            WAIT,
+        )
+        .unwrap();
         // The acceptor writes as soon as its accept returns, maybe before this side is back.
         done.send(()).unwrap();
         let wc = server.join().unwrap();
@@ -328,12 +347,127 @@ fn connect_granting_gives_the_acceptor_exactly_what_it_names() {
 
 /// The first completion on `cq`, whatever its status, within [`WAIT`].
 fn poll_one(cq: &Cq) -> Wc {
+    poll_within(cq, WAIT).unwrap_or_else(|| panic!("no completion within {WAIT:?}"))
+}
+
+/// The first completion on `cq` within `limit`, if one comes.
+fn poll_within(cq: &Cq, limit: Duration) -> Option<Wc> {
     let mut wc = [Wc::default()];
     let t0 = Instant::now();
-    while t0.elapsed() < WAIT {
+    while t0.elapsed() < limit {
         if cq.poll(&mut wc).unwrap() == 1 {
-            return wc[0];
+            return Some(wc[0]);
         }
     }
-    panic!("no completion within {WAIT:?}");
+    None
+}
+
+/// A `connect_granting` that failed leaves nothing for an acceptor that answers late, and an
+/// id connects once (outside tester's findings): the timed-out connect's queue pair went on to
+/// be brought up by rdma_cm itself when the late acceptance was read (with REMOTE_WRITE, READ
+/// and ATOMIC: the acceptor wrote the dialer's region), and a second connect on the same id
+/// (soft CM) opened a second connection and left the two sides disagreeing. The connect also
+/// returns within its own timeout when the listener's host drops the connect (the soft CM
+/// waited its own 3 s).
+#[test]
+fn a_failed_connect_granting_leaves_nothing_for_a_late_acceptor() {
+    use rsrdma::{QpState, SendWr};
+    let (l, addr) = listener();
+    let (timed_out, wait_timed_out) = mpsc::channel::<(u64, u32)>();
+    let server = thread::spawn(move || {
+        let req = l.get_request(WAIT).unwrap();
+        let s = end(req.id);
+        let (raddr, rkey) = wait_timed_out.recv().unwrap();
+        // The acceptance comes after the dialer gave up; the dialer never completes it.
+        let _ =
+            s.id.accept(&ConnParam::default(), Duration::from_millis(500));
+        let mut src = Mr::new(&s.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+        src.write_at(0, b"LATECOME").unwrap();
+        // SAFETY: `src` outlives the completion polled below.
+        let posted = unsafe {
+            s.qp.post_send(&SendWr::rdma_write(
+                1,
+                &[src.sge(0, 8).unwrap()],
+                raddr,
+                rkey,
+            ))
+        };
+        // rxe drops what reaches a queue pair in ERROR and retries for seconds; soft0 says so
+        // at once: either way nothing may land, and a completion, if any, is not a success.
+        let wc = posted
+            .ok()
+            .and_then(|()| poll_within(&s.cq, Duration::from_secs(2)));
+        (wc, s)
+    });
+    let c = client(addr);
+    let writable = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let target = Mr::new(&c.pd, 64, writable).unwrap();
+    let t0 = Instant::now();
+    let e =
+        c.id.connect_granting(
+            &c.qp,
+            &ConnParam::default(),
+            AccessFlags::NONE,
+            Duration::from_millis(300),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    timed_out
+        .send((target.remote().addr, target.remote().rkey))
+        .unwrap();
+    // The late acceptance is read as an event loop would read it.
+    let late = c.id.next_event(WAIT);
+    assert!(
+        late.as_ref()
+            .map_or(true, |ev| ev.kind != CmEventType::ESTABLISHED),
+        "{late:?}"
+    );
+    let (wc, _s) = server.join().unwrap();
+    assert!(
+        wc.map_or(true, |wc| !wc.is_ok()),
+        "the late acceptor's WRITE landed"
+    );
+    let mut now = [0u8; 8];
+    target.read_at(0, &mut now).unwrap();
+    assert_eq!(now, [0u8; 8], "the late acceptor wrote the dialer's region");
+    let info = c.qp.query().unwrap();
+    assert_eq!(info.state, QpState::Error);
+    // The id connected once: a second connect is refused.
+    let again = c.id.connect_granting(
+        &c.qp,
+        &ConnParam::default(),
+        AccessFlags::NONE,
+        Duration::from_millis(300),
+    );
+    assert!(again.is_err(), "{again:?}");
+}
+
+/// A connect whose listener never answers at the transport (its host drops the connect)
+/// returns within the caller's timeout, not the CM's own.
+#[test]
+fn connect_granting_returns_within_its_timeout() {
+    // A TCP listener with a full queue on the port: on soft0 the CM's connect gets no
+    // answer; on rxe an rdma_cm connect to that port finds no rdma_cm listener.
+    let l = std::net::TcpListener::bind(SocketAddr::new(device_ip(), 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    // SAFETY: a listening socket of ours; a backlog of 0 keeps at most one connection queued.
+    unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&l), 0) };
+    let fillers: Vec<_> = (0..4)
+        .filter_map(|_| {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()
+        })
+        .collect();
+    let c = client(addr);
+    let t0 = Instant::now();
+    let r = c.id.connect_granting(
+        &c.qp,
+        &ConnParam::default(),
+        AccessFlags::NONE,
+        Duration::from_millis(400),
+    );
+    let took = t0.elapsed();
+    assert!(r.is_err(), "{r:?}");
+    assert!(took < Duration::from_millis(1500), "took {took:?}: {r:?}");
+    drop(fillers);
 }

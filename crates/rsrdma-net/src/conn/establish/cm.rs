@@ -54,7 +54,7 @@ pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> 
         None => grant,
     };
     let reply = id
-        .connect_granting(&announce, first, left())
+        .connect_granting(&qp, &announce, first, left())
         .map_err(|e| rejected(e, addr))?;
     let peer = decode_params(&reply)?;
     match (secret, cm_auth::demands(&reply)) {
@@ -90,6 +90,20 @@ pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> 
     local.finish(qp, &peer, Liveness::Cm(id), (Establish::Cm, opts), addrs)
 }
 
+/// The reject private data that says `why`: the prefix and as much of the reason as the
+/// IB CM's REJ carries (cut at a character boundary: the kernel refuses longer data, and the
+/// dialer would then wait out its timeout instead of reading the reason).
+fn reject_data(why: &str) -> Vec<u8> {
+    let room = rsrdma::cm::MAX_REJECT_PRIVATE_DATA - REJECT_PREFIX.len();
+    let mut end = why.len().min(room);
+    while !why.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut data = REJECT_PREFIX.to_vec();
+    data.extend_from_slice(&why.as_bytes()[..end]);
+    data
+}
+
 /// Accepts one connect request, receiving from the listener's pool if it has one.
 pub(crate) fn accept(
     req: ConnectRequest,
@@ -100,9 +114,7 @@ pub(crate) fn accept(
     let peer_seen = id.peer_addr();
     // Refuse a bad announcement before building anything, and say why.
     let refuse = |id: &CmId, e: NetError| {
-        let mut why = REJECT_PREFIX.to_vec();
-        why.extend(e.to_string().bytes().take(200));
-        let _ = id.reject(&why);
+        let _ = id.reject(&reject_data(&e.to_string()));
         e
     };
     let peer = match decode_params(&req.private_data) {
@@ -273,4 +285,22 @@ fn rejected(e: rsrdma::Error, addr: SocketAddr) -> NetError {
         }
     }
     e.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reject_reason_fits_the_rej_and_is_cut_at_a_character_boundary() {
+        let short = reject_data("too many handshakes");
+        assert_eq!(&short[..REJECT_PREFIX.len()], REJECT_PREFIX);
+        assert_eq!(&short[REJECT_PREFIX.len()..], b"too many handshakes");
+        // A long reason of two-byte characters: cut to fit, never inside a character.
+        let long = "é".repeat(200);
+        let data = reject_data(&long);
+        assert!(data.len() <= rsrdma::cm::MAX_REJECT_PRIVATE_DATA);
+        assert!(data.len() >= rsrdma::cm::MAX_REJECT_PRIVATE_DATA - 1);
+        assert!(std::str::from_utf8(&data[REJECT_PREFIX.len()..]).is_ok());
+    }
 }

@@ -781,37 +781,64 @@ unsafe fn endpoint(
     }
 }
 
+/// `rdma_connect`. As the kernel's CM, it only starts the connection: the TCP connect and
+/// the REQ go on in a thread of their own, so the caller's wait for the answer is bounded by
+/// its own timeout, not by the connect's. An id connects once (`EINVAL` after that, as the
+/// kernel answers an id that is not in its route-resolved state).
+///
 /// # Safety
 /// `id` is a live soft id with a resolved route; `param` valid (naming the QP when the id
 /// has none).
 pub(crate) unsafe fn connect(id: *mut ffi::rdma_cm_id, param: *mut ffi::rdma_conn_param) -> c_int {
-    use ffi::rdma_cm_event_type as E;
     // SAFETY: the caller's contract.
     let s = unsafe { soft(id) };
-    let (remote, psn) = {
-        let st = lock(&s.shared.state);
-        (st.remote, st.psn)
-    };
+    let mut st = lock(&s.shared.state);
+    let connected_before = st.mine.is_some() || st.stream.is_some() || st.listener.is_some();
     // Without a QP on the id, the parameters name one (the caller brings it up when the
     // response comes, then calls `establish`).
     // SAFETY: as above.
-    if remote.is_none() || (unsafe { (*id).qp.is_null() } && param.is_null()) {
+    let no_qp = unsafe { (*id).qp.is_null() } && param.is_null();
+    let Some(remote) = st.remote.filter(|_| !connected_before && !no_qp) else {
         set_errno(libc::EINVAL);
         return -1;
-    }
-    let remote = remote.unwrap_or_else(|| unreachable!("checked above"));
+    };
     // SAFETY: as above.
-    let mine = unsafe { endpoint(id, psn, param) };
+    let mine = unsafe { endpoint(id, st.psn, param) };
+    let req = mine.encode();
+    st.mine = Some(mine);
+    drop(st);
+    let shared = s.shared.clone();
+    let started = std::thread::Builder::new()
+        .name("rsrdma-soft-cm-connect".into())
+        .spawn(move || send_request(&shared, remote, &req));
+    if started.is_err() {
+        lock(&s.shared.state).mine = None;
+        set_errno(libc::EAGAIN);
+        return -1;
+    }
+    0
+}
+
+/// The background half of [`connect`]: the TCP connection to the listener's CM and the REQ;
+/// its failure is the connect's event (rxe's answers: nobody listening is a reject by the
+/// remote CM, status 8; anything else, unreachable).
+fn send_request(shared: &Arc<Shared>, remote: SocketAddr, req: &[u8]) {
+    use ffi::rdma_cm_event_type as E;
     let stream = TcpStream::connect_timeout(&remote, CONNECT_TIMEOUT).and_then(|mut t| {
         t.set_nodelay(true)?;
-        write_frame(&mut t, REQ, &mine.encode())?;
+        write_frame(&mut t, REQ, req)?;
         Ok(t)
     });
-    let mut st = lock(&s.shared.state);
-    let t = match stream {
+    let mut st = lock(&shared.state);
+    if st.dead {
+        if let Ok(t) = stream {
+            let _ = t.shutdown(Shutdown::Both);
+        }
+        return;
+    }
+    let t = match stream.and_then(|t| t.try_clone().map(|reader| (t, reader))) {
         Ok(t) => t,
         Err(e) => {
-            // rxe's answers: nobody listening is a reject by the remote CM (status 8).
             let (kind, status) = match e.kind() {
                 std::io::ErrorKind::ConnectionRefused => {
                     (E::RDMA_CM_EVENT_REJECTED, REJ_INVALID_SERVICE_ID)
@@ -822,28 +849,24 @@ pub(crate) unsafe fn connect(id: *mut ffi::rdma_cm_id, param: *mut ffi::rdma_con
                 ),
             };
             push(&st, kind, status, Vec::new(), Action::None);
-            return 0;
+            return;
         }
     };
+    let (t, reader) = t;
     if let Ok(a) = t.local_addr() {
         st.local = Some(a);
-        // SAFETY: as above.
-        unsafe { set_addr(id, true, a) };
+        // SAFETY: the id lives while it is not dead (checked under this lock, which its
+        // destruction takes).
+        unsafe { set_addr(st.id, true, a) };
     }
-    let Ok(reader) = t.try_clone() else {
-        set_errno(libc::EMFILE);
-        return -1;
-    };
     st.stream = Some(t);
-    st.mine = Some(mine);
     drop(st);
     watch(Conn::Open {
         s: reader,
         buf: Vec::new(),
-        id: s.shared.clone(),
+        id: shared.clone(),
         active: true,
     });
-    0
 }
 
 /// # Safety
@@ -915,6 +938,11 @@ pub(crate) unsafe fn establish(id: *mut ffi::rdma_cm_id) -> c_int {
 /// # Safety
 /// `id` is a live soft id from a connect request; `data` has `len` readable bytes.
 pub(crate) unsafe fn reject(id: *mut ffi::rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+    // As the kernel's CM: more than a REJ carries is refused, not cut.
+    if usize::from(len) > wire::REJ_PRIVATE {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
     // SAFETY: the caller's contract.
     let s = unsafe { soft(id) };
     let body = if data.is_null() || len == 0 {
