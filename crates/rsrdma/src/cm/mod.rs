@@ -498,7 +498,10 @@ impl CmId {
     /// `qp` is the id's queue pair ([`CmId::create_qp`]); it is borrowed for the call, so it
     /// stays alive while the connection is made. When the connect fails (a timeout, a
     /// rejection, a bring-up that fails), the queue pair is moved to ERROR: a response that
-    /// comes late can then bring it up for nobody, with no rights. An id connects once.
+    /// comes late can then bring it up for nobody, with no rights. An id connects once. The
+    /// call reads the id's events itself: an event loop that takes this id's events from
+    /// another thread meanwhile would take the response, and librdmacm would bring the queue
+    /// pair up with its own flags.
     ///
     /// A librdmacm older than rdma-core 23 has no `rdma_establish`: there the connection
     /// is made as by [`CmId::connect`] and the flags are set to `access` right after, so the

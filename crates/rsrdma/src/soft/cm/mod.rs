@@ -853,12 +853,9 @@ fn send_request(shared: &Arc<Shared>, remote: SocketAddr, req: &[u8]) {
         }
     };
     let (t, reader) = t;
-    if let Ok(a) = t.local_addr() {
-        st.local = Some(a);
-        // SAFETY: the id lives while it is not dead (checked under this lock, which its
-        // destruction takes).
-        unsafe { set_addr(st.id, true, a) };
-    }
+    // Written into the id when its answer is handed over (`get_cm_event`), on the thread
+    // that reads its events, not from here while the caller may be reading the id.
+    st.local = t.local_addr().ok();
     st.stream = Some(t);
     drop(st);
     watch(Conn::Open {
@@ -1036,6 +1033,12 @@ pub(crate) unsafe fn get_cm_event(
         let e = &mut *ev;
         let action = std::mem::replace(&mut e.action, Action::None);
         let id = e.raw.id;
+        if matches!(action, Action::Established(_)) {
+            // The connect's answer: the id's local address is the connection's now.
+            if let Some(a) = lock(&soft(id).shared.state).local {
+                set_addr(id, true, a);
+            }
+        }
         match action {
             Action::None => {}
             // With no QP on the id, the response is handed over as it came (librdmacm's
