@@ -471,3 +471,41 @@ fn connect_granting_returns_within_its_timeout() {
     assert!(took < Duration::from_millis(1500), "took {took:?}: {r:?}");
     drop(fillers);
 }
+
+/// A request whose requester gave up (its id dropped) before the listener took it fails
+/// the accept at once: the end of the request, reported before it was taken, moves with the
+/// request to its own channel. The soft CM left it on the listener's channel, where
+/// `get_request` skipped it, and the accept waited out its whole timeout (an outside tester:
+/// 10 s, and a server behind on its backlog paid a full timeout per dead request).
+#[test]
+fn an_accept_of_a_request_whose_requester_left_fails_at_once() {
+    let (l, addr) = listener();
+    {
+        let c = client(addr);
+        let gave_up =
+            c.id.connect(&ConnParam::default(), Duration::from_millis(50));
+        assert!(gave_up.is_err(), "nobody accepted yet: {gave_up:?}");
+    }
+    // The requester's end reaches the listener before the request is taken.
+    thread::sleep(Duration::from_millis(300));
+    let req = l.get_request(WAIT).unwrap();
+    let t0 = Instant::now();
+    // rxe's CM knows at once (making the queue pair fails); soft0's hears it in the accept.
+    let ctx = req.id.context().unwrap();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 8, None).unwrap();
+    let r = req
+        .id
+        .create_qp(&pd, &Qp::builder(QpType::Rc), &cq, &cq)
+        .and_then(|qp| {
+            req.id
+                .accept(&ConnParam::default(), Duration::from_secs(10))
+                .map(|()| qp)
+        });
+    assert!(r.is_err(), "{r:?}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "the accept waited {:?}: {r:?}",
+        t0.elapsed()
+    );
+}

@@ -375,9 +375,39 @@ pub(crate) unsafe fn migrate_id(
 ) -> c_int {
     // SAFETY: the caller's contract.
     let s = unsafe { soft(id) };
-    lock(&s.shared.state).channel = ch.cast();
+    let mut st = lock(&s.shared.state);
+    let (from, to) = (st.channel, ch.cast::<Channel>());
+    st.channel = to;
     // SAFETY: the caller's contract; the field is the id's own.
     unsafe { (*id).channel = ch };
+    // The id's events not taken yet go with it, as the kernel's migrate moves them: a
+    // request whose requester left before it was taken carries its CONNECT_ERROR, and
+    // left behind on the listener's channel it was skipped there while the accept waited
+    // out its timeout.
+    let reg = registry();
+    let live = |c: *mut Channel| reg.channels.contains(&(c as usize));
+    if from != to && live(from) && live(to) {
+        // SAFETY: both channels are live (registered; their destruction waits for the
+        // registry's lock, held here).
+        let (from, to) = unsafe { (&*from, &*to) };
+        let mut moved = Vec::new();
+        lock(&from.queue).retain(|&ev| {
+            // SAFETY: queued events are live until taken.
+            let mine = unsafe { (*ev).raw.id } == id;
+            if mine {
+                moved.push(ev);
+            }
+            !mine
+        });
+        for ev in moved {
+            // Its count on the old channel goes too (a reader that took it first finds the
+            // queue shorter and says EAGAIN, as for any event taken by another reader).
+            verbs::take_signal(from.raw.fd);
+            lock(&to.queue).push_back(ev);
+            verbs::signal(to.raw.fd);
+        }
+    }
+    drop(st);
     0
 }
 
