@@ -697,3 +697,45 @@ fn shared_recv_unread_messages_do_not_starve_a_busy_connection() {
     busy_client.close().unwrap();
     echo.join().unwrap().close().unwrap();
 }
+
+/// Busy connections on a pool far smaller than their credits: each connection's frames
+/// (its keepalive answers among them) wait their turn in RNR retries, sometimes longer than
+/// `peer_timeout`, while the listener's side hears nothing. Its silence is not the peer's:
+/// while the pool runs low, a peer gets up to four times `peer_timeout` before it is
+/// declared dead (an outside tester: 51 of 64 connections died on a pool of 256 slots in a
+/// debug build, and 2 to 4 of 8 async ones on a pool of 2).
+#[test]
+fn shared_recv_busy_connections_on_a_small_pool_are_not_declared_dead() {
+    let o = small(Establish::Tcp)
+        .recv_slots(16)
+        .keepalive(Duration::from_millis(100))
+        .peer_timeout(Duration::from_millis(500));
+    let server = o.clone().shared_recv(SharedRecv::new(2));
+    let (l, pairs) = connect_n(server, o, 8);
+    let t0 = Instant::now();
+    thread::scope(|sc| {
+        for (i, (c, s)) in pairs.iter().enumerate() {
+            sc.spawn(move || {
+                for k in 0..150u64 {
+                    c.send_msg(&pattern(100, i as u64 * 1000 + k))
+                        .unwrap_or_else(|e| panic!("client {i}, message {k}: {e}"));
+                }
+            });
+            sc.spawn(move || {
+                s.set_read_timeout(Some(WAIT)).unwrap();
+                for k in 0..150u64 {
+                    let m = s
+                        .recv_msg()
+                        .unwrap_or_else(|e| panic!("server {i}, message {k}: {e}"))
+                        .expect("a message");
+                    assert_eq!(m, pattern(100, i as u64 * 1000 + k), "server {i}, {k}");
+                }
+            });
+        }
+    });
+    println!(
+        "8 connections × 150 messages through a pool of 2 slots: {:?}; {:?}",
+        t0.elapsed(),
+        l.recv_memory()
+    );
+}

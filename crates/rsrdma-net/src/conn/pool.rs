@@ -200,7 +200,11 @@ impl RecvPool {
     pub(crate) fn bind(&self) -> bool {
         let now = self.bound.fetch_add(1, Ordering::Relaxed) + 1;
         let reserve = (self.slots / 8).max(1);
-        now > self.slots.saturating_sub(reserve)
+        let crowded = now > self.slots.saturating_sub(reserve);
+        if crowded {
+            self.events.note_low(std::time::Instant::now());
+        }
+        crowded
     }
 
     /// A slot bound to a virtual slot was given back ([`RecvPool::give_back`] follows).

@@ -47,6 +47,9 @@ pub(crate) struct PoolEvents {
     raises_last_wqe: AtomicBool,
     /// SRQ limit events.
     low: AtomicU64,
+    /// When the pool last ran low (an SRQ limit event, or a connection that found it
+    /// crowded): nanoseconds after [`epoch`], 0 for never.
+    low_at: AtomicU64,
 }
 
 impl PoolEvents {
@@ -123,6 +126,23 @@ impl PoolEvents {
     /// SRQ limit events so far.
     pub(crate) fn low_events(&self) -> u64 {
         self.low.load(Ordering::Relaxed)
+    }
+
+    /// The pool ran low at `at` (peers may be waiting in RNR retries).
+    pub(crate) fn note_low(&self, at: Instant) {
+        let nanos = at.saturating_duration_since(epoch()).as_nanos();
+        self.low_at.fetch_max(
+            u64::try_from(nanos).unwrap_or(u64::MAX).max(1),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// When the pool last ran low, if it ever did.
+    pub(crate) fn low_at(&self) -> Option<Instant> {
+        match self.low_at.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(epoch() + Duration::from_nanos(n)),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<u32>> {
@@ -225,6 +245,7 @@ fn run(ctx: &Context, key: usize, reader: &Reader) {
                     continue;
                 };
                 let n = pool.events().low.fetch_add(1, Ordering::Relaxed) + 1;
+                pool.events().note_low(now);
                 if !w
                     .last_warning
                     .is_some_and(|t| now.duration_since(t) < REARM_AFTER)
@@ -257,4 +278,10 @@ fn run(ctx: &Context, key: usize, reader: &Reader) {
             _ => tracing::debug!(device = ctx.name(), ?event, "rsrdma-net: device event"),
         }
     }
+}
+
+/// The instant the pools' timestamps count from (the first use in the process).
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
 }

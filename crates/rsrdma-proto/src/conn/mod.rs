@@ -190,6 +190,10 @@ pub struct Conn<M: SlotMemory> {
     granted: bool,
 }
 
+/// How many times `peer_timeout` of silence a peer is allowed while this side's receive pool
+/// runs low ([`Conn::excuse_silence`]).
+pub const EXCUSED_SILENCE: u32 = 4;
+
 impl<M: SlotMemory> Conn<M> {
     /// A connection over `memory` (laid out as `memory` module docs say). Queues a
     /// `PostRecv` for every receive slot: the driver posts them before the peer may send.
@@ -475,6 +479,39 @@ impl<M: SlotMemory> Conn<M> {
             self.timers.set(Timer::KeepAlive, Some(later(now, every)));
             self.flush();
         }
+    }
+
+    /// This side's receive queue ran low at `low_at` (a listener's shared pool: the peer's
+    /// frames then wait in RNR retries, and they may be its keepalive answers): when the
+    /// peer-dead deadline has come and that was since the peer was last heard, the silence
+    /// is not held against the peer yet. The peer gets a PING and another `peer_timeout`,
+    /// up to [`EXCUSED_SILENCE`] times `peer_timeout` of silence in all, after which it is
+    /// declared dead as usual (a dead peer on a pool that stays crowded is still found).
+    /// Returns whether the silence was excused; the driver calls it before
+    /// [`Conn::handle_timeout`].
+    pub fn excuse_silence(&mut self, now: Instant, low_at: Instant) -> bool {
+        if self.failed.is_some()
+            || !self.timers.expired(Timer::PeerDead, now)
+            || low_at < self.last_heard
+        {
+            return false;
+        }
+        let silent = now.saturating_duration_since(self.last_heard);
+        if silent >= self.lim.peer_timeout.saturating_mul(EXCUSED_SILENCE) {
+            return false;
+        }
+        tracing::debug!(
+            silent_ms = silent.as_millis() as u64,
+            "rsrdma-proto: the receive pool ran low; probing the peer before any verdict"
+        );
+        self.ctl.ping = true;
+        if let Some(every) = self.lim.keepalive {
+            self.timers.set(Timer::KeepAlive, Some(later(now, every)));
+        }
+        self.timers
+            .set(Timer::PeerDead, Some(later(now, self.lim.peer_timeout)));
+        self.flush();
+        true
     }
 
     /// The transport broke (a failed completion the driver saw first, the QP in ERROR, a

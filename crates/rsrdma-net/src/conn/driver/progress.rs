@@ -33,6 +33,13 @@ impl Driver {
         if !self.peer_gone {
             if let Some(t) = self.core.poll_timeout() {
                 if now >= t {
+                    // A peer whose frames wait for room in this side's shared pool is not
+                    // silent by its own doing (see `Conn::excuse_silence`).
+                    if let Some(low_at) =
+                        self.core.memory().pool().and_then(|p| p.events().low_at())
+                    {
+                        self.core.excuse_silence(now, low_at);
+                    }
                     self.core.handle_timeout(now);
                     changed = true;
                 }
