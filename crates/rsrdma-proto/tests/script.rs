@@ -475,6 +475,73 @@ fn stream_reads_cross_messages_and_skip_empty_ones() {
     assert_eq!(s.c.recv_msg(), Ok(Recv::Eof), "EOF");
 }
 
+/// A stream read that got what it asked for stops there: an empty message after the one it
+/// finished is left for a message read (an outside tester's `read_exact` of a 100-byte
+/// message swallowed the empty message behind it, and `recv_msg` returned the one after).
+#[test]
+fn a_satisfied_stream_read_leaves_the_empty_message_after_it() {
+    let mut s = Script::new(cfg());
+    s.arrive(single(0, b"ab"), b"ab");
+    s.arrive(single(1, b""), b"");
+    s.arrive(single(2, b"c"), b"c");
+    let mut two = [0u8; 2];
+    assert_eq!(s.c.read(&mut two), Ok(Recv::Data(2)));
+    assert_eq!(
+        s.c.recv_msg(),
+        Ok(Recv::Data(Vec::new())),
+        "the empty message"
+    );
+    assert_eq!(s.c.recv_msg(), Ok(Recv::Data(b"c".to_vec())));
+}
+
+/// While this side's receive pool ran low, a silent peer is probed and given more time, up
+/// to four times `peer_timeout` of silence (its frames may be waiting in RNR retries for
+/// room in the pool); silence from before the pool ran low is held against it as usual.
+#[test]
+fn a_low_pool_excuses_a_silent_peer_for_a_while() {
+    let mut s = Script::new(cfg());
+    let t0 = s.t0;
+    let sec = Duration::from_secs;
+    // Ticking every second; the pool ran low at 1 s, after the peer was last heard (at 0).
+    for t in 1..5 {
+        s.c.handle_timeout(t0 + sec(t));
+    }
+    let _ = s.work();
+    assert!(
+        s.c.excuse_silence(t0 + sec(5), t0 + sec(1)),
+        "excused at 5 s"
+    );
+    s.c.handle_timeout(t0 + sec(5));
+    assert!(s.c.error().is_none());
+    let w = s.work();
+    assert!(
+        w.iter().any(|w| s.sent(w).0.kind == FrameType::Ping),
+        "probed: {w:?}"
+    );
+    for t in 6..20 {
+        s.c.excuse_silence(t0 + sec(t), t0 + sec(1));
+        s.c.handle_timeout(t0 + sec(t));
+        assert!(s.c.error().is_none(), "at {t} s");
+    }
+    // Twenty seconds of silence is four peer timeouts: no more excuses.
+    assert!(!s.c.excuse_silence(t0 + sec(20), t0 + sec(1)));
+    s.c.handle_timeout(t0 + sec(20));
+    assert_eq!(
+        s.c.error(),
+        Some(&ProtoError::PeerDead { silent_ms: 20_000 })
+    );
+    // A pool that ran low before the peer was last heard (at the start) excuses nothing.
+    let mut s = Script::new(cfg());
+    let t0 = s.t0;
+    for t in 1..5 {
+        s.c.handle_timeout(t0 + sec(t));
+    }
+    let before = t0
+        .checked_sub(sec(1))
+        .expect("the clock runs longer than a second");
+    assert!(!s.c.excuse_silence(t0 + sec(5), before));
+}
+
 #[test]
 fn a_side_that_did_not_run_probes_the_peer_before_declaring_it_dead() {
     let mut s = Script::new(cfg());

@@ -9,8 +9,9 @@
 //!
 //! Message reads and stream reads mix: `read` consumes the head message from its current
 //! offset and may stop inside it; `recv_msg*` then returns the unread rest of that message.
-//! `read` consumes a message as soon as nothing of it is left, which skips empty messages (a
-//! byte stream has nothing to show for them).
+//! `read` consumes a message as soon as nothing of it is left, and skips the empty messages
+//! it meets while it still needs bytes (a byte stream has nothing to show for them); once it
+//! has what it asked for it stops, so an empty message after that is left for `recv_msg`.
 
 use super::send::release_if_large;
 use super::{Conn, ReadState, RxFrame};
@@ -184,13 +185,17 @@ impl<M: SlotMemory> Conn<M> {
         self.check_read("read")?;
         let mut n = 0;
         loop {
+            if n == buf.len() {
+                // The message this read finished is taken; the ones after it wait, empty
+                // ones too: a `recv_msg` after this read returns them (a read that needs
+                // bytes skips them, below).
+                self.take_if_read_to_end();
+                break;
+            }
             self.skip_finished();
             let Some((head, len)) = self.head() else {
                 break;
             };
-            if n == buf.len() {
-                break;
-            }
             if let Head::Rendezvous(_) = head {
                 if n == 0 {
                     self.flush();
@@ -460,6 +465,19 @@ impl<M: SlotMemory> Conn<M> {
     }
 
     /// Consumes head messages with nothing left to read (read to the end, or empty).
+    /// Takes the head message when a read reached its end (nothing of it is left, and it had
+    /// something to read).
+    fn take_if_read_to_end(&mut self) {
+        if let Some((head, len)) = self.head() {
+            if self.rx.read_off > 0
+                && self.rx.read_off == len
+                && !matches!(head, Head::Rendezvous(_))
+            {
+                self.consume_head(head);
+            }
+        }
+    }
+
     fn skip_finished(&mut self) {
         while let Some((head, len)) = self.head() {
             if len > self.rx.read_off || matches!(head, Head::Rendezvous(_)) {
