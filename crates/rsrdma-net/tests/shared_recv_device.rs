@@ -738,4 +738,12 @@ fn shared_recv_busy_connections_on_a_small_pool_are_not_declared_dead() {
         t0.elapsed(),
         l.recv_memory()
     );
+    // Messages copied out of the crowded pool were counted while held, and are no more.
+    drop(pairs);
+    let deadline = Instant::now() + WAIT;
+    while l.recv_memory().connections > 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+    }
+    let m = l.recv_memory();
+    assert_eq!((m.connections, m.connection_bytes), (0, 0), "{m:?}");
 }

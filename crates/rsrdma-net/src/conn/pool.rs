@@ -56,7 +56,8 @@ pub struct RecvMemory {
     /// Accepted connections alive now (from their handshake until their memory is freed).
     pub connections: usize,
     /// Receive memory those connections hold themselves: their receive regions without a
-    /// pool, the virtual slots' bookkeeping with one.
+    /// pool; with one, the virtual slots' bookkeeping and the messages copied out of a
+    /// crowded pool that wait to be read.
     pub connection_bytes: usize,
     /// Times a shared pool fell below an eighth of its slots posted (the device's SRQ limit
     /// event, where it has one; each is also logged at WARN, at most once a second). Peers
@@ -88,6 +89,15 @@ impl RecvAccount {
     pub(crate) fn remove(&self, bytes: usize) {
         self.bytes.fetch_sub(bytes, Ordering::Relaxed);
         self.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// A connection holds `bytes` more (a message copied out of the pool), or fewer.
+    pub(crate) fn held(&self, bytes: usize, more: bool) {
+        if more {
+            self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        } else {
+            self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        }
     }
 }
 

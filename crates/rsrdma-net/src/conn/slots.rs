@@ -162,7 +162,11 @@ impl Slots {
             share.pool.unbind();
             share.pool.give_back(p);
         }
-        share.copied[usize::from(slot)] = None;
+        if let Some(copy) = share.copied[usize::from(slot)].take() {
+            if let Some((account, _)) = &self.account {
+                account.held(copy.len(), false);
+            }
+        }
         // The core hands back only a slot it held, which is not on the free list.
         share.free.push(slot);
         Some(Repost::Pooled)
@@ -190,6 +194,9 @@ impl Slots {
         if let (true, Some(len)) = (crowded, landed) {
             let mut copy = vec![0u8; len.min(self.slot_size)].into_boxed_slice();
             if share.pool.read(p, 0, &mut copy) {
+                if let Some((account, _)) = &self.account {
+                    account.held(copy.len(), true);
+                }
                 share.copied[usize::from(v)] = Some(copy);
                 share.bound[usize::from(v)] = UNBOUND;
                 share.pool.unbind();
@@ -252,6 +259,10 @@ impl Drop for Slots {
                     share.pool.unbind();
                     share.pool.give_back(p);
                 }
+            }
+            let copies: usize = share.copied.iter().flatten().map(|c| c.len()).sum();
+            if let (Some((account, _)), true) = (&self.account, copies > 0) {
+                account.held(copies, false);
             }
         }
         if let Some((account, bytes)) = self.account.take() {
