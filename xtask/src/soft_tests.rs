@@ -15,6 +15,11 @@
 //! runs alone, before and after the last change to soft0); a test that measures the
 //! whole process's CPU time (`an_idle_connection_uses_no_cpu`: this stage runs four tests at
 //! once).
+//! `shared_recv_busy_connections_on_a_small_pool_are_not_declared_dead` needs a device whose
+//! RNR retries are served in the NIC: on soft0 its eight connections live in one process,
+//! whose device thread resends every refused frame behind the lock the applications need,
+//! and under this stage's parallel load whole connections starved past any peer timeout (it
+//! failed twice in a row here; it passes in the VM, and fails there without its fix).
 //! `features::the_new_post_send_path_runs_every_kind_of_test` (tools) needs extended QPs,
 //! which soft0 does not have (its own device test checks that soft0 refuses them clearly).
 //! The differential test (`differential::*`) compares the device under test with soft0, so
@@ -265,7 +270,6 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         &[
             "shared_recv_256_connections_within_64_mib",
             "shared_recv_a_peer_that_fills_the_pool_and_fails_gives_every_slot_back",
-            "shared_recv_busy_connections_on_a_small_pool_are_not_declared_dead",
             "shared_recv_close_of_one_leaves_the_others_working",
             "shared_recv_every_pool_slot_comes_back_after_closes_mid_stream",
             "shared_recv_few_connections_both_ways_over_rdma_cm",

@@ -551,7 +551,7 @@ fn shared_recv_rendezvous_is_only_through_windows() {
 /// sends completed (they landed in the listener's pool slots).
 fn send_into_the_pool(addr: std::net::SocketAddr, sends: usize, barrier: bool) {
     use rsrdma::{AccessFlags, ConnectOptions, Cq, Mr, Pd, Qp, QpCaps, QpType, SendWr};
-    use rsrdma_net::handshake::{Channel, Endpoint, Role};
+    use rsrdma_net::handshake::{Channel, Role};
     let s = std::net::TcpStream::connect(addr).unwrap();
     let mut ch = Channel::new(s, Role::Client, Duration::from_secs(10)).unwrap();
     ch.authenticate(None).unwrap();
@@ -708,8 +708,8 @@ fn shared_recv_unread_messages_do_not_starve_a_busy_connection() {
 fn shared_recv_busy_connections_on_a_small_pool_are_not_declared_dead() {
     let o = small(Establish::Tcp)
         .recv_slots(16)
-        .keepalive(Duration::from_millis(100))
-        .peer_timeout(Duration::from_millis(500));
+        .keepalive(Duration::from_millis(200))
+        .peer_timeout(Duration::from_secs(1));
     let server = o.clone().shared_recv(SharedRecv::new(2));
     let (l, pairs) = connect_n(server, o, 8);
     let t0 = Instant::now();

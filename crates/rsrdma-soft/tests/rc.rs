@@ -275,6 +275,23 @@ fn send(wr_id: u64, sges: Vec<Sge>, signaled: bool) -> SendWr {
     }
 }
 
+/// An RDMA WRITE of `sge` to `remote_addr` under `rkey`.
+fn write_to(wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::Write {
+            remote_addr,
+            rkey,
+            imm: None,
+        },
+        sges: vec![sge],
+        inline: None,
+        signaled,
+        fence: false,
+        solicited: false,
+    }
+}
+
 fn ids(c: &[Completion]) -> Vec<(u64, Status)> {
     c.iter().map(|c| (c.wr_id, c.status)).collect()
 }
@@ -429,19 +446,7 @@ fn a_bad_rkey_fails_both_sides_and_flushes_everything_after_it() {
     let rkey = p.s[1].key;
     p.post_recv(1, 50, BASE, 64);
     let s = p.sge(0, BASE, 8);
-    let bad = SendWr {
-        wr_id: 1,
-        op: SendOp::Write {
-            remote_addr: BASE,
-            rkey: rkey ^ 0x100,
-            imm: None,
-        },
-        sges: vec![s],
-        inline: None,
-        signaled: false,
-        fence: false,
-        solicited: false,
-    };
+    let bad = write_to(1, s, BASE, rkey ^ 0x100, false);
     p.post_send(0, bad).unwrap();
     p.post_send(0, send(2, vec![s], false)).unwrap();
     p.post_send(0, send(3, vec![s], true)).unwrap();
@@ -506,19 +511,7 @@ fn an_answer_queued_before_a_nak_still_goes() {
         p.post_recv(1, 51, BASE + 64, 64);
         let s = p.sge(0, BASE, 8);
         let second = match refused {
-            "bad key" => SendWr {
-                wr_id: 2,
-                op: SendOp::Write {
-                    remote_addr: BASE,
-                    rkey: rkey ^ 0x100,
-                    imm: None,
-                },
-                sges: vec![s],
-                inline: None,
-                signaled: true,
-                fence: false,
-                solicited: false,
-            },
+            "bad key" => write_to(2, s, BASE, rkey ^ 0x100, true),
             _ => send(2, vec![p.sge(0, BASE, 65)], true),
         };
         p.post_send(0, send(1, vec![s], true)).unwrap();
@@ -550,19 +543,7 @@ fn a_nak_acknowledges_the_sends_before_it() {
     p.post_recv(1, 50, BASE, 64);
     p.post_recv(1, 51, BASE + 64, 64);
     let s = p.sge(0, BASE, 8);
-    let bad = SendWr {
-        wr_id: 3,
-        op: SendOp::Write {
-            remote_addr: BASE,
-            rkey: rkey ^ 0x100,
-            imm: None,
-        },
-        sges: vec![s],
-        inline: None,
-        signaled: true,
-        fence: false,
-        solicited: false,
-    };
+    let bad = write_to(3, s, BASE, rkey ^ 0x100, true);
     p.post_send(0, send(1, vec![s], true)).unwrap();
     p.post_send(0, send(2, vec![s], false)).unwrap();
     p.post_send(0, bad).unwrap();

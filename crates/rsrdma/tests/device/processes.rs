@@ -76,7 +76,7 @@ fn one_sided_target_child() {
     );
     let (_ctx, pd, cq, qp) = rc_qp();
     let mut qp = Some(qp);
-    let mut inbox = Mr::new(&pd, LEN, AccessFlags::LOCAL_WRITE).unwrap();
+    let inbox = Mr::new(&pd, LEN, AccessFlags::LOCAL_WRITE).unwrap();
     let mut mr = Some(Mr::new(&pd, LEN, access()).unwrap());
     let bytes: Vec<u8> = (0..LEN).map(pattern).collect();
     let m = mr.as_mut().unwrap();
@@ -209,15 +209,24 @@ fn spawn_target() -> (Child, QpEndpoint, u64, u32) {
     (child, target, raddr, rkey)
 }
 
-#[test]
-fn one_sided_requests_between_processes_land_in_the_targets_memory() {
+/// The target child, and a queue pair of this process connected to its own (reading
+/// locally only): the child, its region's address and key, and the local objects.
+fn connected_target() -> (Child, u64, u32, (Context, Pd, Cq, Qp)) {
     let (mut child, target, raddr, rkey) = spawn_target();
-    let (_ctx, pd, cq, qp) = rc_qp();
-    let me = qp.endpoint(1, Some(gid_index()), 0x4000).unwrap();
-    qp.connect(&connect_opts(AccessFlags::LOCAL_WRITE), me.psn, &target)
+    let local = rc_qp();
+    let me = local.3.endpoint(1, Some(gid_index()), 0x4000).unwrap();
+    local
+        .3
+        .connect(&connect_opts(AccessFlags::LOCAL_WRITE), me.psn, &target)
         .unwrap();
     child.say(&format!("CONNECT {}", endpoint_words(&me)));
     child.expect("CONNECTED");
+    (child, raddr, rkey, local)
+}
+
+#[test]
+fn one_sided_requests_between_processes_land_in_the_targets_memory() {
+    let (mut child, raddr, rkey, (_ctx, pd, cq, qp)) = connected_target();
 
     let mut local = Mr::new(&pd, LEN, AccessFlags::LOCAL_WRITE).unwrap();
     let mut want: Vec<u8> = (0..LEN).map(pattern).collect();
@@ -392,13 +401,7 @@ fn a_peer_queue_pair_that_fails_or_goes_in_a_live_process_ends_requests_with_ret
 #[test]
 fn a_send_and_then_a_refused_request_between_processes_both_complete() {
     for refused in ["long send", "bad key"] {
-        let (mut child, target, raddr, rkey) = spawn_target();
-        let (_ctx, pd, cq, qp) = rc_qp();
-        let me = qp.endpoint(1, Some(gid_index()), 0x4000).unwrap();
-        qp.connect(&connect_opts(AccessFlags::LOCAL_WRITE), me.psn, &target)
-            .unwrap();
-        child.say(&format!("CONNECT {}", endpoint_words(&me)));
-        child.expect("CONNECTED");
+        let (mut child, raddr, rkey, (_ctx, pd, cq, qp)) = connected_target();
         child.say("RECV 2 300");
         child.expect("POSTED");
         let local = Mr::new(&pd, LEN, AccessFlags::LOCAL_WRITE).unwrap();
