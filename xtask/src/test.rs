@@ -76,6 +76,11 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
                 "clippy",
                 "--workspace",
                 "--all-targets",
+                // The device tests too: they are `test = false` targets (run by this
+                // command, not by `cargo test`), which `--all-targets` leaves out, and
+                // warnings in them went unseen.
+                "--test",
+                "*",
                 // Feature-gated code (tokio, bench-support) is linted too.
                 "--all-features",
                 "--",
