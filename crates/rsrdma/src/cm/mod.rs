@@ -542,7 +542,7 @@ impl CmId {
         // SAFETY: live id; its `qp` field is read under the guard.
         let on_id = unsafe { (*self.inner.raw).qp };
         // The caller's borrow keeps this QP alive, and so on the id, for the whole call.
-        let qp = match qp.as_raw() {
+        let raw = match qp.as_raw() {
             Some(raw) if !on_id.is_null() && raw == on_id => raw,
             _ => {
                 return Err(Error::InvalidArgument(
@@ -555,19 +555,14 @@ impl CmId {
         if !ffi::establish_supported(self.inner.raw) {
             drop(guard);
             let reply = self.connect(p, timeout)?;
-            self.narrow_access(access)?;
+            qp.set_access(access)?;
             return Ok(reply);
         }
         // SAFETY: the id's live QP.
-        (param.qp_num, param.srq) = unsafe { ((*qp).qp_num, u8::from(!(*qp).srq.is_null())) };
-        // SAFETY: live id with a resolved route; `param` outlives the call; the id's `qp`
-        // field is restored before the guard goes.
-        let rc = unsafe {
-            (*self.inner.raw).qp = std::ptr::null_mut();
-            let rc = ffi::rdma_connect(self.inner.raw, &mut param);
-            (*self.inner.raw).qp = qp;
-            rc
-        };
+        (param.qp_num, param.srq) = unsafe { ((*raw).qp_num, u8::from(!(*raw).srq.is_null())) };
+        // SAFETY: the guard is held and `raw` is the id's live QP; live id with a resolved
+        // route; `param` outlives the call.
+        let rc = unsafe { self.with_qp_held_back(raw, |id| ffi::rdma_connect(id, &mut param)) };
         drop(guard);
         if rc != 0 {
             return Err(Error::last_os("rdma_connect"));
@@ -580,15 +575,10 @@ impl CmId {
             return Err(ev.unexpected(OP, CmEventType::CONNECT_RESPONSE));
         }
         let guard = self.inner.channel.guard_qp();
-        self.bring_up(&ctx, qp, access, None)?;
-        // SAFETY: live id that took its connect response; with no QP on it, librdmacm only
-        // sends the RTU (the QP is up already). Its QP is restored before the guard goes.
-        let rc = unsafe {
-            (*self.inner.raw).qp = std::ptr::null_mut();
-            let rc = ffi::rdma_establish(self.inner.raw);
-            (*self.inner.raw).qp = qp;
-            rc
-        };
+        self.bring_up(&ctx, raw, access, None)?;
+        // SAFETY: the guard is held and `raw` is the id's live QP; the id took its connect
+        // response, and with no QP on it librdmacm only sends the RTU (the QP is up already).
+        let rc = unsafe { self.with_qp_held_back(raw, |id| ffi::rdma_establish(id)) };
         drop(guard);
         if rc != 0 {
             return Err(Error::last_os("rdma_establish"));
@@ -596,25 +586,25 @@ impl CmId {
         Ok(ev.private_data)
     }
 
-    /// Sets the remote access flags of the id's connected QP (RTS to RTS).
-    fn narrow_access(&self, access: crate::AccessFlags) -> Result<()> {
-        let _guard = self.inner.channel.guard_qp();
-        // SAFETY: live id; its `qp` field is read under the guard.
-        let qp = unsafe { (*self.inner.raw).qp };
-        if qp.is_null() {
-            return Err(Error::InvalidArgument("the id has no queue pair".into()));
+    /// Runs `call` on this id with no QP on it, so librdmacm leaves the QP alone (a connect
+    /// or accept announces the QP its parameters name; a connect response is handed over,
+    /// not acted on; an establish only sends the RTU); the id has `qp` back before this
+    /// returns, so nobody else ever sees it without.
+    ///
+    /// # Safety
+    /// The caller holds the QP guard (`guard_qp`), and `qp` is the id's live QP.
+    unsafe fn with_qp_held_back(
+        &self,
+        qp: *mut ffi::ibv_qp,
+        call: impl FnOnce(*mut ffi::rdma_cm_id) -> std::os::raw::c_int,
+    ) -> std::os::raw::c_int {
+        // SAFETY: live id; its `qp` field is the caller's to touch (the guard), and restored.
+        unsafe {
+            (*self.inner.raw).qp = std::ptr::null_mut();
+            let rc = call(self.inner.raw);
+            (*self.inner.raw).qp = qp;
+            rc
         }
-        let mut attr = ffi::ibv_qp_attr {
-            qp_access_flags: access.bits(),
-            ..Default::default()
-        };
-        let mask = ffi::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0 as std::os::raw::c_int;
-        // SAFETY: the id's live QP; valid attributes.
-        let rc = unsafe { ffi::ibv_modify_qp(qp, &mut attr, mask) };
-        if rc != 0 {
-            return Err(Error::from_errno("ibv_modify_qp", rc));
-        }
-        Ok(())
     }
 
     /// Brings the id's QP (`qp`, held under the caller's guard) from INIT to RTS with the
@@ -738,13 +728,8 @@ impl CmId {
         // With no QP on the id, librdmacm's accept leaves the QP alone and announces the one
         // the parameters name; the id gets its QP back at once (under the guard, so nobody
         // sees it without).
-        // SAFETY: live id; `param` outlives the call; the id's `qp` field is restored below.
-        let rc = unsafe {
-            (*self.inner.raw).qp = std::ptr::null_mut();
-            let rc = ffi::rdma_accept(self.inner.raw, &mut param);
-            (*self.inner.raw).qp = qp;
-            rc
-        };
+        // SAFETY: the guard is held and `qp` is the id's live QP; `param` outlives the call.
+        let rc = unsafe { self.with_qp_held_back(qp, |id| ffi::rdma_accept(id, &mut param)) };
         let accepted = if rc != 0 {
             Err(Error::last_os("rdma_accept"))
         } else {
