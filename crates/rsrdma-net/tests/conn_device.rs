@@ -1919,10 +1919,16 @@ fn a_burst_of_dials_from_one_host_is_served_whole() {
 /// that had their chance to open (older than an eighth of the opening timeout), so the
 /// burst waits its turn and is served whole. (Before: a new peer shed the oldest unopened
 /// handshake however young, so a burst past `max_handshakes` shed its own good dials; an
-/// outside tester lost 7 to 14 of 100 with the default bound of 64.)
+/// outside tester lost 7 to 14 of 100 with the default bound of 64.) The opening timeout is
+/// longer than the default, as the docs advise for links whose round trip is long: under the
+/// emulated VM with the machine busy, 16 handshakes at once took longer than the default's
+/// eighth (375 ms), and 3 good dials of 48 were shed.
 #[test]
 fn a_burst_of_dials_past_the_listeners_bound_is_served_whole() {
-    burst_of_dials(48, opts(Establish::Tcp).max_handshakes(16));
+    let listener = opts(Establish::Tcp)
+        .max_handshakes(16)
+        .opening_timeout(Duration::from_secs(16));
+    burst_of_dials(48, listener);
 }
 
 fn burst_of_dials(n: usize, listener: ConnOptions) {

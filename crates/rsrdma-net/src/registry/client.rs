@@ -9,7 +9,7 @@ use crate::packet::Addr;
 use rsrdma::option_setters as setters;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Options of [`RegistryClient::connect`].
 #[derive(Debug, Clone)]
@@ -78,16 +78,42 @@ impl RegistryClient {
             Some(o) => o,
             None => random_owner()?,
         };
-        let (stream, peer) = dial(registry, opts.timeout)?;
-        let mut c = RegistryClient {
-            fs: FrameStream::new(stream)?,
-            timeout: opts.timeout,
-            out_of_step: false,
-            peer,
-            owner,
-        };
-        c.open(opts.secret.as_deref())?;
-        Ok(c)
+        let addrs: Vec<SocketAddr> = registry
+            .to_socket_addrs()
+            .map_err(|e| NetError::io("resolve registry address", e))?
+            .collect();
+        let started = Instant::now();
+        let mut cut = 0;
+        loop {
+            let left = opts.timeout.saturating_sub(started.elapsed());
+            let (stream, peer) = dial(&addrs, left.max(Duration::from_millis(1)))?;
+            let mut c = RegistryClient {
+                fs: FrameStream::new(stream)?,
+                timeout: left.max(Duration::from_millis(1)),
+                out_of_step: false,
+                peer,
+                owner,
+            };
+            match c.open(opts.secret.as_deref()) {
+                Ok(()) => {
+                    c.timeout = opts.timeout;
+                    return Ok(c);
+                }
+                // A full registry sheds a client that has not opened in time for a newcomer
+                // (a thread of a busy host scheduled late): the opening starts again, a few
+                // times, within the timeout. Nothing was asked yet, so nothing is repeated.
+                Err(e) if cut_short(&e) && cut < OPENING_RETRIES => {
+                    cut += 1;
+                    let pause = Duration::from_millis(5 << cut);
+                    if started.elapsed() + pause >= opts.timeout {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, "the registry cut the opening short; again");
+                    std::thread::sleep(pause);
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The registry's address.
@@ -196,8 +222,8 @@ impl RegistryClient {
         self.register(name, addr)
     }
 
-    /// Registers with a lease of `lease` (cut to the registry's longest; zero asks for its
-    /// default); returns the lease granted.
+    /// Registers with a lease of `lease` (rounded up to whole milliseconds, cut to the
+    /// registry's longest; zero asks for its default); returns the lease granted.
     ///
     /// # Errors
     /// As [`RegistryClient::register`].
@@ -206,7 +232,9 @@ impl RegistryClient {
         let req = Message::Register {
             name: name.to_owned(),
             addr: *addr,
-            lease_ms: lease.as_millis().min(u32::MAX.into()) as u32,
+            // Rounded up: a lease under a millisecond is the shortest one, not zero (which
+            // asks for the registry's default, its longest).
+            lease_ms: lease.as_nanos().div_ceil(1_000_000).min(u32::MAX.into()) as u32,
             owner: self.owner,
         };
         match self.call(&req)? {
@@ -300,12 +328,26 @@ fn unexpected(expected: &'static str, got: &Message) -> NetError {
     }
 }
 
-fn dial(registry: impl ToSocketAddrs, timeout: Duration) -> Result<(TcpStream, SocketAddr)> {
-    let addrs = registry
-        .to_socket_addrs()
-        .map_err(|e| NetError::io("resolve registry address", e))?;
+/// How many times [`RegistryClient::connect`] opens again after the registry cut its
+/// opening short.
+const OPENING_RETRIES: u32 = 3;
+
+/// Whether the registry ended the connection in the middle of the opening (as it sheds an
+/// unopened client when full), rather than answering it.
+fn cut_short(e: &NetError) -> bool {
+    match e {
+        NetError::PeerClosed(_) => true,
+        NetError::Io { source, .. } => matches!(
+            source.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        ),
+        _ => false,
+    }
+}
+
+fn dial(addrs: &[SocketAddr], timeout: Duration) -> Result<(TcpStream, SocketAddr)> {
     let mut last = None;
-    for a in addrs {
+    for &a in addrs {
         match TcpStream::connect_timeout(&a, timeout) {
             Ok(s) => return Ok((s, a)),
             Err(e) => last = Some(e),

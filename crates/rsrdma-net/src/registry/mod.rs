@@ -32,7 +32,9 @@ pub use codec::{DecodeError, EncodeError};
 pub use directory::{Directory, WATCH_POLL};
 pub use etcd::{EtcdDirectory, EtcdOptions};
 pub use kept::Registration;
-pub use server::{Registry, RegistryHandle, RegistryOptions};
+pub use server::{
+    Registry, RegistryHandle, RegistryOptions, BUSY_GRACE, MIN_IDLE_TO_SHED, OPENING_GRACE,
+};
 
 use std::fmt;
 

@@ -2,9 +2,12 @@
 //!
 //! A full registry makes room for a new client rather than turning it away: it first sheds
 //! the oldest client that has not finished its opening (hello, and proof with a secret;
-//! [`RegistryOptions::opening_timeout`] bounds it anyway), then the client idle longest
-//! (silent for at least [`MIN_IDLE_TO_SHED`]). So silent sockets cannot lock lookups out, and
-//! idle clients keep their slots only while nobody else needs them.
+//! [`RegistryOptions::opening_timeout`] bounds it anyway) once that client had its chance to
+//! ([`OPENING_GRACE`]), then the client idle longest (silent for at least
+//! [`MIN_IDLE_TO_SHED`]). So silent sockets cannot lock lookups out, idle clients keep their
+//! slots only while nobody else needs them, and a burst of good clients is not shed for one
+//! another: while nobody can be shed yet, newcomers wait in the kernel's queue (up to
+//! [`BUSY_GRACE`]; past it, each is let in to hear `Busy`).
 
 use super::codec::Message;
 use super::stream::FrameStream;
@@ -24,6 +27,17 @@ const ACCEPT_TICK: Duration = Duration::from_millis(10);
 /// An opened client silent this long may lose its slot to a new client when the registry is
 /// full.
 pub const MIN_IDLE_TO_SHED: Duration = Duration::from_secs(1);
+/// An unopened client younger than this (or than an eighth of
+/// [`RegistryOptions::opening_timeout`], when that is shorter) is not shed for a newcomer. A
+/// good client opens within a round trip, but a burst of them (threads started at once on a
+/// busy host) needs milliseconds to be scheduled: shedding them for one another turned half
+/// of an outside tester's good lookups away (8 threads on a registry of 4 places).
+pub const OPENING_GRACE: Duration = Duration::from_millis(50);
+/// How long newcomers wait in the kernel's queue for a place when the registry is full and
+/// nobody can be shed yet; past it, each is let in to hear `Busy`.
+pub const BUSY_GRACE: Duration = Duration::from_millis(200);
+/// How often the accept loop looks again for a place while newcomers wait.
+const FULL_TICK: Duration = Duration::from_millis(2);
 
 /// Options of [`Registry::serve_with`].
 #[derive(Debug, Clone)]
@@ -35,7 +49,10 @@ pub struct RegistryOptions {
     pub lease: Duration,
     /// Entries held at most; a registration of a new name beyond it is refused.
     pub max_entries: usize,
-    /// Clients served at once; one more gets a `Busy` error and is closed.
+    /// Clients served at once. One more waits (in the kernel's queue) until one leaves or can
+    /// be shed (an unopened one past its [`OPENING_GRACE`], an idle one past
+    /// [`MIN_IDLE_TO_SHED`]), for at most [`BUSY_GRACE`]; then it gets a `Busy` error and is
+    /// closed.
     pub max_clients: usize,
     /// A client silent this long is disconnected.
     pub idle_timeout: Duration,
@@ -109,6 +126,8 @@ struct Slot {
     socket: TcpStream,
     opened: Arc<AtomicBool>,
     last_active: Arc<Mutex<Instant>>,
+    /// When it was let in: an unopened client is shed only after its [`OPENING_GRACE`].
+    since: Instant,
 }
 
 /// A client thread's hold on its slot: dropped (even by a panic), it frees the slot.
@@ -230,8 +249,18 @@ impl Drop for RegistryHandle {
 
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     let mut workers: Vec<JoinHandle<()>> = Vec::new();
+    // Since when the registry has been full with nobody to shed.
+    let mut full_since: Option<Instant> = None;
     while !shared.stop.load(Ordering::Relaxed) {
         workers.retain(|w| !w.is_finished());
+        let now = Instant::now();
+        if has_room(&lock(&shared.slots), shared, now) {
+            full_since = None;
+        } else if now.duration_since(*full_since.get_or_insert(now)) < BUSY_GRACE {
+            // Newcomers wait in the kernel's queue for a place.
+            std::thread::sleep(FULL_TICK);
+            continue;
+        }
         match listener.accept() {
             Ok((stream, peer)) => admit(stream, peer, shared, &mut workers),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_TICK),
@@ -273,11 +302,12 @@ fn admit(
         return;
     };
     let opened = Arc::new(AtomicBool::new(false));
-    let last_active = Arc::new(Mutex::new(Instant::now()));
+    let since = Instant::now();
+    let last_active = Arc::new(Mutex::new(since));
     let id = shared.next_slot.fetch_add(1, Ordering::Relaxed);
     {
         let mut slots = lock(&shared.slots);
-        if slots.len() >= max && !shed_one(&mut slots, shared) {
+        if slots.len() >= max && !shed_one(&mut slots, shared, since) {
             drop(slots);
             tracing::warn!(%peer, max, "registry busy: client turned away");
             turn_away(
@@ -291,6 +321,7 @@ fn admit(
             socket,
             opened: opened.clone(),
             last_active: last_active.clone(),
+            since,
         });
         shared.clients.fetch_add(1, Ordering::AcqRel);
     }
@@ -323,23 +354,35 @@ struct Client {
     last_active: Arc<Mutex<Instant>>,
 }
 
-/// Sheds one client to make room: the oldest unopened one, else the one idle longest (at
-/// least [`MIN_IDLE_TO_SHED`]). False when every client is opened and busy.
-fn shed_one(slots: &mut Vec<Slot>, shared: &Shared) -> bool {
-    let victim = slots
+/// Whether a newcomer can be served now: a place is free, or a client can be shed for it.
+fn has_room(slots: &[Slot], shared: &Shared, now: Instant) -> bool {
+    slots.len() < shared.opts.max_clients || victim(slots, shared, now).is_some()
+}
+
+/// The client to shed for a newcomer: the oldest unopened one that had its
+/// [`OPENING_GRACE`], else the one idle longest (at least [`MIN_IDLE_TO_SHED`]).
+fn victim(slots: &[Slot], shared: &Shared, now: Instant) -> Option<usize> {
+    let grace = OPENING_GRACE.min(shared.opts.opening_timeout / 8);
+    slots
         .iter()
-        .position(|s| !s.opened.load(Ordering::Acquire))
+        .position(|s| {
+            !s.opened.load(Ordering::Acquire) && now.saturating_duration_since(s.since) >= grace
+        })
         .or_else(|| {
-            let now = Instant::now();
             slots
                 .iter()
                 .enumerate()
+                .filter(|(_, s)| s.opened.load(Ordering::Acquire))
                 .map(|(i, s)| (i, now.saturating_duration_since(*lock(&s.last_active))))
                 .filter(|(_, idle)| *idle >= MIN_IDLE_TO_SHED)
                 .max_by_key(|(_, idle)| *idle)
                 .map(|(i, _)| i)
-        });
-    let Some(i) = victim else {
+        })
+}
+
+/// Sheds one client to make room (see [`victim`]). False when nobody can be shed.
+fn shed_one(slots: &mut Vec<Slot>, shared: &Shared, now: Instant) -> bool {
+    let Some(i) = victim(slots, shared, now) else {
         return false;
     };
     let s = slots.remove(i);
