@@ -110,7 +110,7 @@ impl FrameStream {
             if now >= deadline {
                 return Err(NetError::Timeout {
                     op,
-                    millis: deadline.duration_since(started).as_millis() as u64,
+                    millis: deadline.duration_since(started).as_nanos().div_ceil(1_000_000) as u64,
                 });
             }
             let wait = (deadline - now).min(TICK).max(Duration::from_millis(1));
