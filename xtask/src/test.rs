@@ -13,9 +13,11 @@
 //! test = false
 //! ```
 //!
-//! They are found through `cargo metadata`, built on the host, and run in the guest one binary
-//! after another with `--test-threads=1` (soft RDMA under emulation is slow, and a test may spawn
-//! child processes of its own binary).
+//! They are found through `cargo metadata`, built on the host, and run in the guest with
+//! `--test-threads=1` each (soft RDMA under emulation is slow, and a test may spawn child
+//! processes of its own binary): the binaries of `SOLO` first, alone, then the others in two
+//! lanes at once (`SECOND_LANE`; `RSRDMA_VM_LANES=1` runs them one after another).
+//! `--vm-only` runs only this stage and the VM's examples.
 
 use crate::examples;
 use crate::vm::{self, sh_quote, VmOpts};
@@ -24,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "usage: cargo xtask test [--no-vm] [--filter SUBSTRING] \
+const USAGE: &str = "usage: cargo xtask test [--no-vm | --vm-only] [--filter SUBSTRING] \
                      [--timeout SECS] [--mem MB] [--cpus N] [--verbose]";
 
 pub fn main(root: &Path, args: &[String]) -> Result<i32> {
@@ -34,6 +36,9 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         ..VmOpts::default()
     };
     let mut no_vm = false;
+    // Only the VM's device tests and examples (the host's stages are skipped): for work on
+    // the VM stage itself.
+    let mut vm_only = false;
     let mut filter: Option<String> = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -42,6 +47,7 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         }
         match arg.as_str() {
             "--no-vm" => no_vm = true,
+            "--vm-only" => vm_only = true,
             "--filter" => {
                 filter = Some(
                     it.next()
@@ -103,7 +109,10 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
             ],
         ),
         ("unit tests", &["test", "--workspace", "--all-features"]),
-    ] {
+    ]
+    .into_iter()
+    .filter(|_| !vm_only)
+    {
         banner(&format!("{name}: cargo {}", args.join(" ")));
         let started = Instant::now();
         let ok = if name == "unit tests" {
@@ -124,138 +133,140 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         steps.push((name.to_string(), ok, started.elapsed()));
     }
 
-    banner("docs: mdbook build docs/guide, then every link checked");
-    let started = Instant::now();
-    let ok = match crate::docs::run(root) {
-        Ok(report) => {
-            let (p, f) = report.counts();
-            total_passed += p;
-            total_failed += f;
-            f == 0
-        }
-        Err(e) => {
-            eprintln!("[test] docs FAILED: {e:#}");
-            total_failed += 1;
-            false
-        }
-    };
-    if !ok {
-        eprintln!("[test] docs FAILED");
-    }
-    steps.push(("docs".into(), ok, started.elapsed()));
-
-    banner("device tests on the software device soft0, on the host, rdma-core hidden");
-    let started = Instant::now();
-    // In a mount namespace without rdma-core's libraries and headers (see no_rdma_core.rs):
-    // the tests' build and every test run as on a machine that never had rdma-core.
-    // `RSRDMA_KEEP_RDMA_CORE=1` runs them with it.
-    // Where no namespace can be made (no unshare, no privilege for it), the stage runs with
-    // rdma-core and says so in the summary.
-    let mut hide = std::env::var_os("RSRDMA_KEEP_RDMA_CORE").is_none_or(|v| v != "1");
-    let mut soft_step = "device tests (soft0)".to_string();
-    if hide {
-        if let Err(e) = crate::no_rdma_core::available() {
-            eprintln!("[test] *** rdma-core NOT hidden for this stage: {e:#} ***");
-            soft_step = "device tests (soft0, rdma-core NOT hidden)".into();
-            hide = false;
-        }
-    } else {
-        soft_step = "device tests (soft0, rdma-core kept)".into();
-    }
-    // The one crate that meets C, built afresh with neither headers nor libraries; the tests
-    // run only once it builds.
-    let built = !hide || {
-        let mut cmd = cargo(&["build", "-p", "rsrdma-sys", "--target-dir"]);
-        cmd.arg(root.join("target/no-rdma-core"));
-        crate::no_rdma_core::wrap(&cmd)?
-            .status()
-            .context("building rsrdma-sys without rdma-core")?
-            .success()
-    };
-    if !built {
-        eprintln!("[test] rsrdma-sys did not build without rdma-core");
-    }
-    let mut soft_ok = built;
-    let lists = [
-        (crate::soft_tests::SOFT_TESTS, "1"),
-        (crate::soft_tests::SOFT_TESTS_OVER_TCP, "0"),
-    ];
-    let runs: Vec<_> = lists
-        .iter()
-        .flat_map(|(list, shm)| list.iter().map(move |t| (t, *shm)))
-        .collect();
-    // One build of every target (see build.rs), in the namespace as the runs.
-    let targets: Vec<&str> = runs.iter().map(|((_, target, _), _)| *target).collect();
-    let metadata = vm::cargo_metadata()?;
-    let soft_built = if built {
-        crate::build::with_unit_selection(root, &metadata, &targets, hide)
-            .inspect_err(|e| eprintln!("[test] building the device tests: {e:#}"))
-            .ok()
-    } else {
-        None
-    };
-    soft_ok &= soft_built.is_some();
-    let built = soft_built.unwrap_or_default();
-    for ((pkg, target, tests), shm) in runs.iter().filter(|_| !built.is_empty()) {
-        let dir = crate::build::manifest_dir_of(&metadata, pkg)?;
-        let exe = &crate::build::find(&built, &dir, "test", target)?.exe;
-        eprintln!("[test] ==> {pkg}/{target} on soft0 (RSRDMA_SOFT_SHM={shm})");
-        let mut cmd = Command::new(exe);
-        cmd.args(["--exact", "--test-threads", "4"])
-            .args(tests.iter())
-            .current_dir(&dir)
-            .env("CARGO_MANIFEST_DIR", &dir)
-            .env("RSRDMA_TEST_DEVICE", "soft0")
-            .env("RSRDMA_TEST_IP", "127.0.0.1")
-            .env("RSRDMA_SOFT_DEVICE", "1")
-            .env("RSRDMA_SOFT_SHM", shm);
-        if hide {
-            cmd.env("RSRDMA_EXPECT_NO_RDMA_CORE", "1");
-            cmd = crate::no_rdma_core::wrap(&cmd)?;
-        }
-        let (ok, p, f) = run_counting(cmd)?;
-        total_passed += p;
-        total_failed += f;
-        // Every named test must have run: a renamed test would otherwise drop out unseen.
-        let ran_all = p + f == tests.len() as u64;
-        if !ran_all {
-            eprintln!(
-                "[test] {pkg}/{target} on soft0 (RSRDMA_SOFT_SHM={shm}): {} of {} named tests ran",
-                p + f,
-                tests.len()
-            );
-        }
-        soft_ok &= ok && ran_all;
-    }
-    if !soft_ok {
-        eprintln!("[test] device tests on soft0 FAILED");
-    }
-    steps.push((soft_step, soft_ok, started.elapsed()));
-
-    // The examples on soft0 too, as a user without RDMA runs them (rdma-core hidden as above).
-    let on_soft = examples::on_soft(examples::selected(filter.as_deref()));
-    if !on_soft.is_empty() {
-        banner("examples on soft0, on the host");
+    if !vm_only {
+        banner("docs: mdbook build docs/guide, then every link checked");
         let started = Instant::now();
-        let ok = match examples::build(root, &on_soft)
-            .and_then(|exe_dir| examples::run_on_host(&on_soft, &exe_dir, hide))
-        {
-            Ok(output) => {
-                let (p, f) = examples::report(&on_soft, &output, vm_opts.verbose);
+        let ok = match crate::docs::run(root) {
+            Ok(report) => {
+                let (p, f) = report.counts();
                 total_passed += p;
                 total_failed += f;
                 f == 0
             }
             Err(e) => {
-                eprintln!("[test] examples on soft0: {e:#}");
+                eprintln!("[test] docs FAILED: {e:#}");
                 total_failed += 1;
                 false
             }
         };
         if !ok {
-            eprintln!("[test] examples on soft0 FAILED");
+            eprintln!("[test] docs FAILED");
         }
-        steps.push(("examples (soft0)".into(), ok, started.elapsed()));
+        steps.push(("docs".into(), ok, started.elapsed()));
+
+        banner("device tests on the software device soft0, on the host, rdma-core hidden");
+        let started = Instant::now();
+        // In a mount namespace without rdma-core's libraries and headers (see no_rdma_core.rs):
+        // the tests' build and every test run as on a machine that never had rdma-core.
+        // `RSRDMA_KEEP_RDMA_CORE=1` runs them with it.
+        // Where no namespace can be made (no unshare, no privilege for it), the stage runs with
+        // rdma-core and says so in the summary.
+        let mut hide = std::env::var_os("RSRDMA_KEEP_RDMA_CORE").is_none_or(|v| v != "1");
+        let mut soft_step = "device tests (soft0)".to_string();
+        if hide {
+            if let Err(e) = crate::no_rdma_core::available() {
+                eprintln!("[test] *** rdma-core NOT hidden for this stage: {e:#} ***");
+                soft_step = "device tests (soft0, rdma-core NOT hidden)".into();
+                hide = false;
+            }
+        } else {
+            soft_step = "device tests (soft0, rdma-core kept)".into();
+        }
+        // The one crate that meets C, built afresh with neither headers nor libraries; the tests
+        // run only once it builds.
+        let built = !hide || {
+            let mut cmd = cargo(&["build", "-p", "rsrdma-sys", "--target-dir"]);
+            cmd.arg(root.join("target/no-rdma-core"));
+            crate::no_rdma_core::wrap(&cmd)?
+                .status()
+                .context("building rsrdma-sys without rdma-core")?
+                .success()
+        };
+        if !built {
+            eprintln!("[test] rsrdma-sys did not build without rdma-core");
+        }
+        let mut soft_ok = built;
+        let lists = [
+            (crate::soft_tests::SOFT_TESTS, "1"),
+            (crate::soft_tests::SOFT_TESTS_OVER_TCP, "0"),
+        ];
+        let runs: Vec<_> = lists
+            .iter()
+            .flat_map(|(list, shm)| list.iter().map(move |t| (t, *shm)))
+            .collect();
+        // One build of every target (see build.rs), in the namespace as the runs.
+        let targets: Vec<&str> = runs.iter().map(|((_, target, _), _)| *target).collect();
+        let metadata = vm::cargo_metadata()?;
+        let soft_built = if built {
+            crate::build::with_unit_selection(root, &metadata, &targets, hide)
+                .inspect_err(|e| eprintln!("[test] building the device tests: {e:#}"))
+                .ok()
+        } else {
+            None
+        };
+        soft_ok &= soft_built.is_some();
+        let built = soft_built.unwrap_or_default();
+        for ((pkg, target, tests), shm) in runs.iter().filter(|_| !built.is_empty()) {
+            let dir = crate::build::manifest_dir_of(&metadata, pkg)?;
+            let exe = &crate::build::find(&built, &dir, "test", target)?.exe;
+            eprintln!("[test] ==> {pkg}/{target} on soft0 (RSRDMA_SOFT_SHM={shm})");
+            let mut cmd = Command::new(exe);
+            cmd.args(["--exact", "--test-threads", "4"])
+                .args(tests.iter())
+                .current_dir(&dir)
+                .env("CARGO_MANIFEST_DIR", &dir)
+                .env("RSRDMA_TEST_DEVICE", "soft0")
+                .env("RSRDMA_TEST_IP", "127.0.0.1")
+                .env("RSRDMA_SOFT_DEVICE", "1")
+                .env("RSRDMA_SOFT_SHM", shm);
+            if hide {
+                cmd.env("RSRDMA_EXPECT_NO_RDMA_CORE", "1");
+                cmd = crate::no_rdma_core::wrap(&cmd)?;
+            }
+            let (ok, p, f) = run_counting(cmd)?;
+            total_passed += p;
+            total_failed += f;
+            // Every named test must have run: a renamed test would otherwise drop out unseen.
+            let ran_all = p + f == tests.len() as u64;
+            if !ran_all {
+                eprintln!(
+                "[test] {pkg}/{target} on soft0 (RSRDMA_SOFT_SHM={shm}): {} of {} named tests ran",
+                p + f,
+                tests.len()
+            );
+            }
+            soft_ok &= ok && ran_all;
+        }
+        if !soft_ok {
+            eprintln!("[test] device tests on soft0 FAILED");
+        }
+        steps.push((soft_step, soft_ok, started.elapsed()));
+
+        // The examples on soft0 too, as a user without RDMA runs them (rdma-core hidden as above).
+        let on_soft = examples::on_soft(examples::selected(filter.as_deref()));
+        if !on_soft.is_empty() {
+            banner("examples on soft0, on the host");
+            let started = Instant::now();
+            let ok = match examples::build(root, &on_soft)
+                .and_then(|exe_dir| examples::run_on_host(&on_soft, &exe_dir, hide))
+            {
+                Ok(output) => {
+                    let (p, f) = examples::report(&on_soft, &output, vm_opts.verbose);
+                    total_passed += p;
+                    total_failed += f;
+                    f == 0
+                }
+                Err(e) => {
+                    eprintln!("[test] examples on soft0: {e:#}");
+                    total_failed += 1;
+                    false
+                }
+            };
+            if !ok {
+                eprintln!("[test] examples on soft0 FAILED");
+            }
+            steps.push(("examples (soft0)".into(), ok, started.elapsed()));
+        }
     }
 
     if no_vm {
@@ -399,15 +410,22 @@ fn run_counting(mut cmd: Command) -> Result<(bool, u64, u64)> {
     Ok((child.wait()?.success(), passed, failed))
 }
 
-/// The device-test binaries of the VM's second lane, run beside the others. One test at a
-/// time left the VM's two vCPUs mostly idle (a typical binary kept about half of one busy:
-/// the tests wait on the emulated network, on timers and on child processes), and the stage
-/// took 8 of CI's 15 minutes. Balanced by the stage's measured times; the tools' two binaries
-/// share a lane (their port ranges could meet); the examples run after both lanes.
+/// The device-test binaries the VM runs alone, before the lanes: those that run C perftest,
+/// whose clock calibration fails (r² < 0.9, "Can't produce a report") when the other lane
+/// keeps the VM's CPUs busy.
+const SOLO: &[&str] = &["rsrdma-perftest/device"];
+
+/// The device-test binaries of the VM's second lane, run beside the others (after [`SOLO`]).
+/// One test at a time left the VM's two vCPUs mostly idle (a typical binary kept about half
+/// of one busy: the tests wait on the emulated network, on timers and on child processes),
+/// and the stage took 8 of CI's 15 minutes. Balanced by the stage's measured times; the
+/// examples run after both lanes. A test that counts the device's resources counts only its
+/// own process's (the other lane's come and go).
 const SECOND_LANE: &[&str] = &[
-    "rsrdma-perftest/device",
-    "rsrdma-perftest/rdmanet_device",
     "rsrdma-net/async_device",
+    "rsrdma-net/shared_recv_device",
+    "rsrdma-net/rails_device",
+    "rsrdma-perftest/rdmanet_device",
     "rsrdma-net/zerocopy_device",
     "rsrdma-net/packet_device",
 ];
@@ -474,13 +492,20 @@ fn device_tests(
                 .unwrap_or_default()
         )
     };
-    // Two lanes of binaries at once (see SECOND_LANE), unless `RSRDMA_VM_LANES=1`. The second
-    // lane's output is kept in a file and shown after the first's, so that each binary's lines
-    // stay together for the parser.
+    // The binaries of SOLO first, alone; then two lanes of the others at once (see
+    // SECOND_LANE), unless `RSRDMA_VM_LANES=1` (one after another). The second lane's output
+    // is kept in a file and shown after the first's, so that each binary's lines stay
+    // together for the parser.
     let lanes = std::env::var("RSRDMA_VM_LANES").map_or(2, |v| if v == "1" { 1 } else { 2 });
-    let (second, first): (Vec<_>, Vec<_>) = runs
+    let (solo, rest): (Vec<_>, Vec<_>) = runs
         .iter()
+        .partition(|(t, _)| SOLO.contains(&t.label().as_str()));
+    let (second, first): (Vec<_>, Vec<_>) = rest
+        .into_iter()
         .partition(|(t, _)| lanes == 2 && SECOND_LANE.contains(&t.label().as_str()));
+    for (t, exe) in &solo {
+        script.push_str(&run_line(t, exe));
+    }
     if !second.is_empty() {
         script.push_str("lane2_log=$(mktemp /tmp/lane2.XXXXXX)\n(\n");
         for (t, exe) in &second {

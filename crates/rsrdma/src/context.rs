@@ -56,6 +56,12 @@ impl Drop for ContextInner {
 }
 
 impl Context {
+    /// Whether `other` is this context (the same open device, not only the same device):
+    /// objects of one context may be used only with objects of the same context.
+    pub(crate) fn is(&self, other: &Context) -> bool {
+        std::ptr::eq(self.inner.raw, other.inner.raw)
+    }
+
     /// Opens `device`.
     ///
     /// # Errors

@@ -38,7 +38,7 @@ pub struct CompChannel {
 
 struct ChannelInner {
     raw: *mut ffi::ibv_comp_channel,
-    _ctx: Context,
+    ctx: Context,
     /// The CQs attached to this channel, by their `ibv_cq` address: where events are routed.
     cqs: Mutex<HashMap<usize, Weak<CqInner>>>,
     /// True while one waiter blocks on the fd; the others sleep on `wake`.
@@ -93,7 +93,7 @@ impl CompChannel {
         let ch = CompChannel {
             inner: Arc::new(ChannelInner {
                 raw,
-                _ctx: ctx.clone(),
+                ctx: ctx.clone(),
                 cqs: Mutex::new(HashMap::new()),
                 reading: Mutex::new(false),
                 wake: Condvar::new(),
@@ -307,9 +307,11 @@ impl Cq {
     ///
     /// # Errors
     /// [`Error::Limit`] above the device's `max_cqe` (checked before any verb);
-    /// [`Error::InvalidArgument`] for 0; [`Error::Verbs`] naming `ibv_create_cq`.
+    /// [`Error::InvalidArgument`] for 0 or a channel of another context; [`Error::Verbs`]
+    /// naming `ibv_create_cq`.
     pub fn new(ctx: &Context, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
         Cq::check_size(ctx, cqe)?;
+        Cq::check_channel(ctx, channel)?;
         let ch = channel.map_or(std::ptr::null_mut(), |c| c.inner.raw);
         // SAFETY: the context is open; `ch` is null or a live channel of the same device that
         // the CQ keeps alive (its clone is stored below).
@@ -319,6 +321,19 @@ impl Cq {
             return Err(Error::last_os("ibv_create_cq"));
         }
         Ok(Cq::created(raw, std::ptr::null_mut(), ctx, channel))
+    }
+
+    /// Refuses a completion channel of another context: the verbs call picks the provider by
+    /// the CQ's context, and would hand it another context's (another provider's) channel.
+    pub(crate) fn check_channel(ctx: &Context, channel: Option<&CompChannel>) -> Result<()> {
+        match channel {
+            Some(c) if !c.inner.ctx.is(ctx) => Err(Error::InvalidArgument(
+                "the completion channel belongs to another device context than the CQ \
+                 (open the device once and make every object from it)"
+                    .into(),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Checks a CQ's size against the device before any verb.
@@ -390,8 +405,15 @@ impl Cq {
     /// never allocates. A failed completion is returned like any other: check
     /// [`Wc::status`]/[`Wc::ok`].
     ///
+    /// A CQ that overran (more completions than it holds) reports it on some devices as an
+    /// error here; on rxe and soft0 the completions that found no room are lost, the queue
+    /// pair whose completion was lost goes to ERROR, and the context raises
+    /// [`AsyncEventKind::CqErr`](crate::AsyncEventKind::CqErr): size a CQ for every
+    /// completion that can be outstanding.
+    ///
     /// # Errors
-    /// [`Error::Verbs`] naming `ibv_poll_cq` (a CQ overrun or a broken device).
+    /// [`Error::Verbs`] naming `ibv_poll_cq` (a CQ overrun on devices that report it here, or
+    /// a broken device).
     #[inline]
     pub fn poll(&self, wcs: &mut [Wc]) -> Result<usize> {
         let n = i32::try_from(wcs.len()).unwrap_or(i32::MAX);

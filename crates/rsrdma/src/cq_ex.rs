@@ -58,6 +58,7 @@ impl Cq {
         fields: WcFields,
     ) -> Result<Cq> {
         Cq::check_size(ctx, cqe)?;
+        Cq::check_channel(ctx, channel)?;
         let mut attr = ffi::ibv_cq_init_attr_ex {
             cqe,
             channel: channel.map_or(std::ptr::null_mut(), CompChannel::raw),

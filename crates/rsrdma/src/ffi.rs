@@ -429,8 +429,8 @@ pub unsafe fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_asy
     )
 }
 
-/// `ibv_ack_async_event`. The soft device's events need no acknowledgement; it raises
-/// events of QPs and SRQs only, so the object says whose event it is.
+/// `ibv_ack_async_event`. The soft device raises events of QPs, SRQs and CQs only, so the
+/// object says whose event it is.
 ///
 /// # Safety
 /// As the C function.
@@ -438,7 +438,10 @@ pub unsafe fn ibv_ack_async_event(event: *mut ibv_async_event) {
     // SAFETY: the caller passes an event `ibv_get_async_event` returned, not yet
     // acknowledged: the union member its type names points at a live object.
     let soft_event = unsafe { soft::is_soft_event(event) };
-    if !soft_event {
+    if soft_event {
+        // SAFETY: as above.
+        unsafe { soft::verbs::ack_async_event(event) }
+    } else {
         // SAFETY: the caller's contract.
         unsafe { rsrdma_sys::ibv_ack_async_event(event) }
     }

@@ -270,6 +270,7 @@ impl QpBuilder {
     /// [`Error::Limit`] from [`QpBuilder::validate`], or when the provider grants less inline
     /// room than asked; [`Error::Verbs`] naming `ibv_create_qp`.
     pub fn build(&self, pd: &Pd, send_cq: &Cq, recv_cq: &Cq) -> Result<Qp> {
+        self.check_one_context(pd, send_cq, recv_cq)?;
         self.validate(pd)?;
         let mut init = self.init_attr(send_cq, recv_cq);
         // SAFETY: live PD and CQs of the same device (the QP keeps them alive); `init` is valid.
@@ -288,6 +289,30 @@ impl QpBuilder {
         let qp = unsafe { Qp::from_parts(raw, self, init.cap, pd, send_cq, recv_cq, None) };
         qp.check_inline_granted(self.requested_inline())?;
         Ok(qp)
+    }
+
+    /// Refuses CQs or an SRQ of another context than the PD's: the verbs call picks the
+    /// provider by the PD's context, and would hand it another context's objects (another
+    /// provider's, where a machine has soft0 beside a NIC).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the object.
+    pub(crate) fn check_one_context(&self, pd: &Pd, send_cq: &Cq, recv_cq: &Cq) -> Result<()> {
+        let ctx = pd.context();
+        let srq = self.srq.as_ref().map(|s| s.inner.pd.context());
+        for (what, other) in [
+            ("send CQ", Some(send_cq.context())),
+            ("receive CQ", Some(recv_cq.context())),
+            ("shared receive queue", srq),
+        ] {
+            if other.is_some_and(|o| !o.is(ctx)) {
+                return Err(Error::InvalidArgument(format!(
+                    "the queue pair's {what} belongs to another device context than its \
+                     protection domain (open the device once and make every object from it)"
+                )));
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn init_attr(&self, send_cq: &Cq, recv_cq: &Cq) -> ffi::ibv_qp_init_attr {
@@ -846,13 +871,26 @@ impl Qp {
             ..Default::default()
         };
         let mut mask = M::IBV_QP_STATE;
+        self.check_rtr_values(a)?;
         if self.qp_type() != QpType::Ud {
-            check_psn("rq_psn", a.rq_psn)?;
             attr.path_mtu = a.path_mtu.to_raw();
             attr.dest_qp_num = a.dest_qp_num;
             attr.rq_psn = a.rq_psn;
             attr.ah_attr = a.ah.to_raw();
             mask |= M::IBV_QP_AV | M::IBV_QP_PATH_MTU | M::IBV_QP_DEST_QPN | M::IBV_QP_RQ_PSN;
+        }
+        if self.qp_type() == QpType::Rc {
+            attr.max_dest_rd_atomic = a.max_dest_rd_atomic;
+            attr.min_rnr_timer = a.min_rnr_timer;
+            mask |= M::IBV_QP_MAX_DEST_RD_ATOMIC | M::IBV_QP_MIN_RNR_TIMER;
+        }
+        self.modify(&mut attr, mask)
+    }
+
+    /// [`Qp::to_rtr`]'s checks of the values alone (no device call, in any state).
+    fn check_rtr_values(&self, a: &RtrAttr) -> Result<()> {
+        if self.qp_type() != QpType::Ud {
+            check_psn("rq_psn", a.rq_psn)?;
         }
         if self.qp_type() == QpType::Rc {
             let dev = self.inner.pd.context().attr();
@@ -868,11 +906,8 @@ impl Qp {
                 31,
                 "the 5-bit RNR timer code",
             )?;
-            attr.max_dest_rd_atomic = a.max_dest_rd_atomic;
-            attr.min_rnr_timer = a.min_rnr_timer;
-            mask |= M::IBV_QP_MAX_DEST_RD_ATOMIC | M::IBV_QP_MIN_RNR_TIMER;
         }
-        self.modify(&mut attr, mask)
+        Ok(())
     }
 
     /// RTR→RTS.
@@ -883,13 +918,31 @@ impl Qp {
     /// included: its attributes cannot change there); [`Error::Verbs`].
     pub fn to_rts(&self, a: &RtsAttr) -> Result<()> {
         use ffi::ibv_qp_attr_mask as M;
-        check_psn("sq_psn", a.sq_psn)?;
+        self.check_rts_values(a)?;
         let mut attr = ffi::ibv_qp_attr {
             qp_state: QpState::Rts.to_raw(),
             sq_psn: a.sq_psn,
             ..Default::default()
         };
         let mut mask = M::IBV_QP_STATE | M::IBV_QP_SQ_PSN;
+        if self.qp_type() == QpType::Rc {
+            attr.timeout = a.timeout;
+            attr.retry_cnt = a.retry_cnt;
+            attr.rnr_retry = a.rnr_retry;
+            attr.max_rd_atomic = a.max_rd_atomic;
+            mask |= M::IBV_QP_TIMEOUT
+                | M::IBV_QP_RETRY_CNT
+                | M::IBV_QP_RNR_RETRY
+                | M::IBV_QP_MAX_QP_RD_ATOMIC;
+        }
+        // After the values' checks: a value out of range is that, in any state.
+        self.check_transition(QpState::Rts)?;
+        self.modify(&mut attr, mask)
+    }
+
+    /// [`Qp::to_rts`]'s checks of the values alone (no device call, in any state).
+    fn check_rts_values(&self, a: &RtsAttr) -> Result<()> {
+        check_psn("sq_psn", a.sq_psn)?;
         if self.qp_type() == QpType::Rc {
             let dev = self.inner.pd.context().attr();
             check_limit(
@@ -906,18 +959,8 @@ impl Qp {
                 7,
                 "the 3-bit RNR retry count",
             )?;
-            attr.timeout = a.timeout;
-            attr.retry_cnt = a.retry_cnt;
-            attr.rnr_retry = a.rnr_retry;
-            attr.max_rd_atomic = a.max_rd_atomic;
-            mask |= M::IBV_QP_TIMEOUT
-                | M::IBV_QP_RETRY_CNT
-                | M::IBV_QP_RNR_RETRY
-                | M::IBV_QP_MAX_QP_RD_ATOMIC;
         }
-        // After the values' checks: a value out of range is that, in any state.
-        self.check_transition(QpState::Rts)?;
-        self.modify(&mut attr, mask)
+        Ok(())
     }
 
     /// Sets what the peer may do to this side's memory through an RC or UC queue pair that
@@ -1074,8 +1117,10 @@ impl Qp {
     /// - UD: INIT (with [`crate::qp::DEFAULT_QKEY`]), RTR, RTS; `remote` is unused, since each
     ///   send names its peer.
     ///
-    /// On failure the QP stays in the last state reached ([`Qp::state`] says which step
-    /// failed).
+    /// The options' values (the GID index on RoCE, the read depths, the timer and retry
+    /// codes) are checked first, before any transition: one out of range leaves the QP as it
+    /// was. A transition the device refuses leaves it in the last state reached ([`Qp::state`]
+    /// says which step failed).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when a RoCE port is used without a GID index; the errors of
@@ -1089,12 +1134,6 @@ impl Qp {
         let ctx = self.inner.pd.context().clone();
         let port = ctx.query_port(opts.port)?;
         let dev = ctx.attr();
-        self.to_init(&InitAttr {
-            port: opts.port,
-            pkey_index: opts.pkey_index,
-            access: opts.access,
-            ..Default::default()
-        })?;
         let grh = match opts.gid_index {
             Some(i) => Some(GlobalRoute {
                 dgid: remote.gid,
@@ -1114,7 +1153,7 @@ impl Qp {
         };
         let mtu = opts.mtu.or(port.active_mtu).unwrap_or(Mtu::Mtu1024);
         let clamp = |v: u32| v.min(u8::MAX as u32) as u8;
-        self.to_rtr(&RtrAttr {
+        let rtr = RtrAttr {
             path_mtu: mtu,
             dest_qp_num: remote.qp_num,
             rq_psn: remote.psn & 0xff_ffff,
@@ -1127,17 +1166,31 @@ impl Qp {
                 grh,
                 ..Default::default()
             },
-        })?;
-        if !opts.ready_to_send {
-            return Ok(());
-        }
-        self.to_rts(&RtsAttr {
+        };
+        let rts = RtsAttr {
             sq_psn: local_psn & 0xff_ffff,
             timeout: opts.timeout,
             retry_cnt: opts.retry_cnt,
             rnr_retry: opts.rnr_retry,
             max_rd_atomic: opts.max_rd_atomic.unwrap_or(clamp(dev.max_qp_init_rd_atom)),
-        })
+        };
+        // Every value is checked before the first transition: one out of range leaves the QP
+        // where it was (in RESET, connect can be called again with better options).
+        self.check_rtr_values(&rtr)?;
+        if opts.ready_to_send {
+            self.check_rts_values(&rts)?;
+        }
+        self.to_init(&InitAttr {
+            port: opts.port,
+            pkey_index: opts.pkey_index,
+            access: opts.access,
+            ..Default::default()
+        })?;
+        self.to_rtr(&rtr)?;
+        if !opts.ready_to_send {
+            return Ok(());
+        }
+        self.to_rts(&rts)
     }
 
     /// Posts one send-queue work request.

@@ -77,6 +77,7 @@ impl QpBuilder {
     /// As [`QpBuilder::build`]; [`Error::Unsupported`] naming `ibv_create_qp_ex` where the
     /// device has no extended QPs (soft0), or gives a QP without the entries `ops` needs.
     pub fn build_ex(&self, pd: &Pd, send_cq: &Cq, recv_cq: &Cq, ops: SendOps) -> Result<Qp> {
+        self.check_one_context(pd, send_cq, recv_cq)?;
         self.validate(pd)?;
         let base = self.init_attr(send_cq, recv_cq);
         let mut attr = ffi::ibv_qp_init_attr_ex {

@@ -16,7 +16,7 @@ pub(crate) struct SrqInner {
     pub(crate) raw: *mut ffi::ibv_srq,
     max_wr: u32,
     max_sge: u32,
-    _pd: Pd,
+    pub(crate) pd: Pd,
 }
 
 // SAFETY: libibverbs providers serialise posting to an SRQ with their own lock. A provider
@@ -79,7 +79,7 @@ impl Srq {
                 raw,
                 max_wr: init.attr.max_wr,
                 max_sge: init.attr.max_sge,
-                _pd: pd.clone(),
+                pd: pd.clone(),
             }),
         })
     }

@@ -423,6 +423,15 @@ impl CmId {
                 "rdma_cm ids in the TCP port space carry RC queue pairs".into(),
             ));
         }
+        builder.check_one_context(pd, send_cq, recv_cq)?;
+        // The id's device context, where it has one (else librdmacm refuses the call).
+        if self.context().is_ok_and(|c| !c.is(pd.context())) {
+            return Err(Error::InvalidArgument(
+                "the protection domain belongs to another device context than the rdma_cm \
+                 id (make the queue pair's objects from the id's context())"
+                    .into(),
+            ));
+        }
         builder.validate(pd)?;
         let mut init = builder.init_attr(send_cq, recv_cq);
         // The id's `qp` field is written here and by rdma_destroy_qp of an earlier Qp that

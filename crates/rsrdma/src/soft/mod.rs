@@ -107,17 +107,29 @@ pub(crate) unsafe fn is_context(ctx: *mut ffi::ibv_context) -> bool {
     !ctx.is_null() && is_device(unsafe { (*ctx).device })
 }
 
-/// Whether an event from `ibv_get_async_event` came from the soft device (it raises QP and
-/// SRQ events only).
+/// Whether an event from `ibv_get_async_event` came from the soft device (it raises QP, SRQ
+/// and CQ events only).
 ///
 /// # Safety
 /// `event` is an event `ibv_get_async_event` returned and that was not acknowledged yet.
 pub(crate) unsafe fn is_soft_event(event: *mut ffi::ibv_async_event) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe { event_context(&*event) }.is_some_and(|ctx| {
+        // SAFETY: the context of a live object is live.
+        unsafe { is_context(ctx) }
+    })
+}
+
+/// The context of the object an event names (`None` for other events than QP, SRQ and CQ
+/// ones).
+///
+/// # Safety
+/// `e` was returned by `ibv_get_async_event` and not acknowledged yet: the union member its
+/// type names points at a live object (unacknowledged events keep their objects alive).
+pub(crate) unsafe fn event_context(e: &ffi::ibv_async_event) -> Option<*mut ffi::ibv_context> {
     use ffi::ibv_event_type as T;
-    // SAFETY: the member the event type names points at a live object (the caller's
-    // contract: unacknowledged events keep their objects alive).
+    // SAFETY: the caller's contract.
     unsafe {
-        let e = &*event;
         match e.event_type {
             T::IBV_EVENT_QP_LAST_WQE_REACHED
             | T::IBV_EVENT_QP_FATAL
@@ -126,12 +138,10 @@ pub(crate) unsafe fn is_soft_event(event: *mut ffi::ibv_async_event) -> bool {
             | T::IBV_EVENT_COMM_EST
             | T::IBV_EVENT_SQ_DRAINED
             | T::IBV_EVENT_PATH_MIG
-            | T::IBV_EVENT_PATH_MIG_ERR => is_context((*e.element.qp).context),
-            T::IBV_EVENT_SRQ_ERR | T::IBV_EVENT_SRQ_LIMIT_REACHED => {
-                is_context((*e.element.srq).context)
-            }
-            T::IBV_EVENT_CQ_ERR => is_context((*e.element.cq).context),
-            _ => false,
+            | T::IBV_EVENT_PATH_MIG_ERR => Some((*e.element.qp).context),
+            T::IBV_EVENT_SRQ_ERR | T::IBV_EVENT_SRQ_LIMIT_REACHED => Some((*e.element.srq).context),
+            T::IBV_EVENT_CQ_ERR => Some((*e.element.cq).context),
+            _ => None,
         }
     }
 }

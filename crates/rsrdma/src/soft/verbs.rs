@@ -37,6 +37,12 @@ struct SoftContext {
     raw: ffi::ibv_context,
     /// Asynchronous events, each also counted on `raw.async_fd` (a semaphore eventfd).
     events: Mutex<VecDeque<ffi::ibv_async_event>>,
+    /// The objects named by events the application took and has not acknowledged yet (one
+    /// entry per event): their destroy waits for the acknowledgement, as libibverbs' does,
+    /// since reading the event reads the object.
+    handed: Mutex<Vec<usize>>,
+    /// Signalled on each acknowledgement.
+    acked: Condvar,
 }
 
 #[repr(C)]
@@ -1097,8 +1103,10 @@ unsafe fn push_event(ctx: *mut SoftContext, e: ffi::ibv_async_event) {
     signal(ctx.raw.async_fd);
 }
 
-/// Drops the queued events of a QP or SRQ that is being destroyed (an event must not name a
-/// freed object).
+/// Drops the queued events of a QP, SRQ or CQ that is being destroyed, then waits until the
+/// application has acknowledged those of its events it already took: an event must not name
+/// a freed object (reading an event reads its object; libibverbs' destroy verbs wait the
+/// same way). Not under the device lock.
 ///
 /// # Safety
 /// `ctx` is a live soft context.
@@ -1107,10 +1115,40 @@ unsafe fn forget_events(ctx: *mut SoftContext, of: *mut c_void) {
     let ctx = unsafe { &*ctx };
     let mut q = ctx.events.lock().unwrap_or_else(|p| p.into_inner());
     let before = q.len();
-    // SAFETY: reading the pointer member of events this module made (QP or SRQ events).
+    // SAFETY: reading the pointer member of events this module made (QP, SRQ or CQ events;
+    // a port's number never equals an object's address).
     q.retain(|e| unsafe { e.element.qp.cast::<c_void>() } != of);
     for _ in q.len()..before {
         take_signal(ctx.raw.async_fd);
+    }
+    drop(q);
+    let mut handed = ctx.handed.lock().unwrap_or_else(|p| p.into_inner());
+    while handed.contains(&(of as usize)) {
+        handed = ctx.acked.wait(handed).unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+/// `ibv_ack_async_event` of a soft event: its object may now be destroyed.
+///
+/// # Safety
+/// `event` came from [`get_async_event`] and is acknowledged once; its object is alive (its
+/// destroy waits for this).
+pub(crate) unsafe fn ack_async_event(event: *mut ffi::ibv_async_event) {
+    // SAFETY: the caller's contract; every soft event's object starts with its verbs struct,
+    // and QP, SRQ and CQ structs hold their context at the same place as the event type says.
+    let (of, ctx) = unsafe {
+        let e = &*event;
+        let of = e.element.qp.cast::<c_void>();
+        let ctx = match super::event_context(e) {
+            Some(c) => c.cast::<SoftContext>(),
+            None => return,
+        };
+        (of, &*ctx)
+    };
+    let mut handed = ctx.handed.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(i) = handed.iter().position(|&o| o == of as usize) {
+        handed.swap_remove(i);
+        ctx.acked.notify_all();
     }
 }
 
@@ -1606,6 +1644,8 @@ pub(crate) fn open_device() -> *mut ffi::ibv_context {
     let ctx = Box::new(SoftContext {
         raw,
         events: Mutex::new(VecDeque::new()),
+        handed: Mutex::new(Vec::new()),
+        acked: Condvar::new(),
     });
     Box::into_raw(ctx).cast()
 }
@@ -1647,6 +1687,8 @@ pub(crate) unsafe fn query_device(attr: *mut ffi::ibv_device_attr) -> c_int {
     a.device_cap_flags = ffi::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0;
     a.max_mw = 0x4_0000;
     a.max_srq = 0x1_0000;
+    // As rxe's (RXE_MAX_AH).
+    a.max_ah = 0x3fff;
     a.max_srq_wr = MAX_QP_WR as c_int;
     a.max_srq_sge = MAX_SRQ_SGE as c_int;
     a.max_pkeys = 1;
@@ -1978,6 +2020,14 @@ pub(crate) unsafe fn destroy_cq(cq: *mut ffi::ibv_cq) -> c_int {
     {
         super::shm_link::cq_fired();
     }
+    // Its overrun events (CQ_ERR) go with it.
+    // SAFETY: a CQ's context outlives it; soft CQs are made on soft contexts.
+    unsafe {
+        forget_events(
+            cq.raw.context.cast::<SoftContext>(),
+            std::ptr::from_ref(&cq.raw).cast_mut().cast(),
+        )
+    };
     let channel = cq.raw.channel.cast::<SoftChannel>();
     if !channel.is_null() {
         // SAFETY: the channel outlives its CQs.
@@ -2200,7 +2250,9 @@ pub(crate) unsafe fn destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
     }
     let mut st = lock();
     st.order.retain(|&n| n != qp.raw.qp_num);
-    if let Some(e) = st.qps.remove(&qp.raw.qp_num) {
+    let gone = st.qps.remove(&qp.raw.qp_num);
+    drop(st);
+    if let Some(e) = gone {
         if let (Some(dir), Some(_)) = (&device().directory, e.published) {
             dir.publish_qp(qp.raw.qp_num, None);
         }
@@ -2587,7 +2639,8 @@ pub(crate) unsafe fn create_srq(
 pub(crate) unsafe fn destroy_srq(srq: *mut ffi::ibv_srq) -> c_int {
     // SAFETY: made by `create_srq`, freed once (the caller's contract).
     let srq = unsafe { Box::from_raw(srq.cast::<SoftSrq>()) };
-    if let Some(s) = lock().srqs.remove(&srq.raw.handle) {
+    let gone = lock().srqs.remove(&srq.raw.handle);
+    if let Some(s) = gone {
         // SAFETY: the SRQ's context outlives it.
         unsafe { forget_events(s.ctx, s.raw.cast()) };
     }
@@ -2639,6 +2692,13 @@ pub(crate) unsafe fn get_async_event(
         set_errno(libc::EAGAIN);
         return -1;
     };
+    // Its object now waits for the acknowledgement before it may be destroyed.
+    // SAFETY: reading the pointer member of an event this module made.
+    let of = unsafe { e.element.qp } as usize;
+    ctx.handed
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(of);
     // SAFETY: the caller's contract.
     unsafe { *event = e };
     0

@@ -509,3 +509,38 @@ fn an_accept_of_a_request_whose_requester_left_fails_at_once() {
         t0.elapsed()
     );
 }
+
+/// `reject` and `disconnect` on an id that never connected, and `reject` after `accept`, are
+/// errors naming their call (EINVAL, as from the kernel's CM), and a late reject leaves the
+/// connection as it is: the peer's disconnect still reaches this side. soft0's CM answered
+/// each with Ok, and its late reject lost the peer's disconnect (an outside tester).
+#[test]
+fn reject_and_disconnect_out_of_turn_are_refused() {
+    let fresh = CmId::new().unwrap();
+    let e = fresh.reject(b"no").unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EINVAL), "{e}");
+    assert!(e.to_string().contains("rdma_reject"), "{e}");
+    let e = fresh.disconnect().unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EINVAL), "{e}");
+    assert!(e.to_string().contains("rdma_disconnect"), "{e}");
+
+    let (l, addr) = listener();
+    let server = thread::spawn(move || {
+        let req = l.get_request(WAIT).unwrap();
+        let s = end(req.id);
+        s.id.accept(&ConnParam::default(), WAIT).unwrap();
+        let e = s.id.reject(b"too late").unwrap_err();
+        assert_eq!(e.errno(), Some(libc::EINVAL), "{e}");
+        s.id.wait_disconnected(WAIT).unwrap();
+        // Answering the peer's disconnect completes its own.
+        s.id.disconnect().unwrap();
+        s
+    });
+    let c = client(addr);
+    c.id.connect(&ConnParam::default(), WAIT).unwrap();
+    // The server's reject came and went: the connection is up until this side ends it.
+    thread::sleep(Duration::from_millis(100));
+    c.id.disconnect().unwrap();
+    c.id.wait_disconnected(WAIT).unwrap();
+    drop(server.join().unwrap());
+}

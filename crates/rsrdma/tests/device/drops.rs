@@ -1,28 +1,41 @@
 //! Every object dropped in every order: no crash, no hang, and nothing left behind (file
-//! descriptors and the kernel's per-device resource counts come back to where they were).
+//! descriptors and this process's kernel resources on the device come back to where they
+//! were).
 
 use crate::common::{ctx, device_name};
 use rsrdma::{AccessFlags, Ah, AhAttr, CompChannel, Cq, GlobalRoute, Mr, Pd, Qp, QpType, Srq};
 use std::any::Any;
 use std::collections::BTreeMap;
 
-/// Kernel resource counts of the device under test, from `rdma resource show`.
+/// The kinds of kernel resource `rdma resource show` lists.
+const KINDS: [&str; 7] = ["cm_id", "cq", "ctx", "mr", "pd", "qp", "srq"];
+
+/// This thread's kernel resources on the device under test, per kind, from `rdma -j
+/// resource show KIND` (only those whose `pid` is this thread's: the kernel names the task
+/// that made each, and the VM runs other test binaries beside this one, whose objects come
+/// and go meanwhile).
 fn resource_counts() -> BTreeMap<String, u64> {
-    let out = std::process::Command::new("rdma")
-        .args(["resource", "show"])
-        .output()
-        .expect("run rdma");
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
-    let dev = format!("{}:", device_name());
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(&dev))
-        .expect("device in rdma resource show");
-    let words: Vec<&str> = line.split_whitespace().skip(2).collect();
-    words
-        .chunks(2)
-        .filter_map(|kv| Some((kv[0].to_string(), kv.get(1)?.parse().ok()?)))
+    let dev = format!("\"ifname\":\"{}\"", device_name());
+    // SAFETY: gettid has no preconditions.
+    let pid = unsafe { libc::gettid() };
+    let mine = |chunk: &str| {
+        chunk.contains(&dev)
+            && [",", "}"]
+                .iter()
+                .any(|end| chunk.contains(&format!("\"pid\":{pid}{end}")))
+    };
+    KINDS
+        .iter()
+        .map(|kind| {
+            let out = std::process::Command::new("rdma")
+                .args(["-j", "resource", "show", kind])
+                .output()
+                .expect("run rdma");
+            assert!(out.status.success(), "rdma -j resource show {kind}");
+            let text = String::from_utf8(out.stdout).unwrap();
+            let n = text.split("},{").filter(|c| mine(c)).count() as u64;
+            (kind.to_string(), n)
+        })
         .collect()
 }
 
@@ -95,6 +108,16 @@ fn every_drop_order_is_safe_and_leaks_nothing() {
     drop(make_all());
     let fds = open_fds();
     let counts = resource_counts();
+    // The counts see this process's objects (else the comparison below proves nothing).
+    let held = make_all();
+    let with = resource_counts();
+    for kind in ["ctx", "pd", "cq", "qp", "mr"] {
+        assert!(
+            with[kind] > counts[kind],
+            "{kind}: {counts:?} then {with:?}"
+        );
+    }
+    drop(held);
 
     // All 120 orders of the five core objects, with the other three dropped first…
     let core = ["ctx", "pd", "cq", "qp", "mr"];

@@ -398,3 +398,41 @@ fn a_cq_that_overruns_raises_cq_err_and_fails_the_queue_pair() {
     assert_eq!(small.poll(&mut wcs).unwrap(), 0, "then nothing more");
     drop((rx, tx));
 }
+
+/// A CQ that overran and is then dropped takes its `CQ_ERR` events with it: reading the
+/// context's events afterwards is safe and names no dropped CQ. soft0 once kept them, and
+/// reading one read the freed CQ (a crash from safe code, found by an outside tester).
+#[test]
+fn the_events_of_a_dropped_cq_go_with_it() {
+    use rsrdma::{AsyncElement, QpState};
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let small = Cq::new(&ctx, 1, None).unwrap();
+    let a_send = Cq::new(&ctx, 256, None).unwrap();
+    let b_cq = Cq::new(&ctx, 256, None).unwrap();
+    let (rx, tx) = connected(&pd, &a_send, &small, &b_cq);
+    let n = small.capacity() as usize + 4;
+    let dst = Mr::new(&pd, 64 * n, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = Mr::new(&pd, 64, AccessFlags::NONE).unwrap();
+    for i in 0..n {
+        // SAFETY: `dst` and `src` outlive the queue pairs' work (dropped after them below).
+        unsafe {
+            rx.post_recv(&RecvWr::new(i as u64, &[dst.sge(64 * i, 64).unwrap()]))
+                .unwrap();
+            tx.post_send(&SendWr::send(i as u64, &[src.sge(0, 8).unwrap()]))
+                .unwrap();
+        }
+    }
+    let t0 = Instant::now();
+    while rx.query().unwrap().state != QpState::Error {
+        assert!(t0.elapsed() < WAIT, "the overrun did not fail the QP");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Whatever else the overrun raises has been raised by now.
+    std::thread::sleep(Duration::from_millis(100));
+    let gone = small.handle();
+    drop((rx, tx, small));
+    while let Some(ev) = ctx.read_async_event().unwrap() {
+        assert_ne!(ev.element, AsyncElement::Cq(gone), "{ev:?}");
+    }
+}

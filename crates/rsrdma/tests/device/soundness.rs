@@ -303,3 +303,77 @@ fn state_changes_follow_the_verbs_table() {
     p.a.to_error().unwrap();
     assert!(p.a.set_access(AccessFlags::NONE).is_err(), "in ERROR");
 }
+
+/// Objects of two contexts (two opens of one device) are not mixed: a queue pair whose CQs or
+/// SRQ, or a CQ whose channel, belong to another context than its own, is refused before any
+/// verb. The verbs call picks the provider by the one context; where soft0 sits beside a NIC,
+/// it would be handed the other provider's objects (an outside tester built each of these).
+#[test]
+fn objects_of_another_context_are_refused() {
+    use crate::common::ctx;
+    use rsrdma::{CompChannel, Cq, Pd, Qp, QpType, Srq};
+    let (one, two) = (ctx(), ctx());
+    let pd = Pd::new(&one).unwrap();
+    let (cq_one, cq_two) = (
+        Cq::new(&one, 8, None).unwrap(),
+        Cq::new(&two, 8, None).unwrap(),
+    );
+    let refused = |r: rsrdma::Result<Qp>, what: &str| match r {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains(what), "{m}"),
+        Err(e) => panic!("{what}: {e}"),
+        Ok(_) => panic!("{what}: a queue pair of mixed contexts was made"),
+    };
+    let rc = Qp::builder(QpType::Rc);
+    refused(rc.build(&pd, &cq_two, &cq_one), "send CQ");
+    refused(rc.build(&pd, &cq_one, &cq_two), "receive CQ");
+    let srq_two = Srq::new(&Pd::new(&two).unwrap(), 8, 1).unwrap();
+    refused(
+        Qp::builder(QpType::Rc)
+            .srq(&srq_two)
+            .build(&pd, &cq_one, &cq_one),
+        "shared receive queue",
+    );
+    let channel_one = CompChannel::new(&one).unwrap();
+    match Cq::new(&two, 8, Some(&channel_one)) {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("completion channel"), "{m}"),
+        other => panic!("a CQ on another context's channel: {:?}", other.map(|_| ())),
+    }
+    // Of one context, all is well.
+    rc.build(&pd, &cq_one, &cq_one).unwrap();
+    Cq::new(&one, 8, Some(&channel_one)).unwrap();
+}
+
+/// `Qp::connect` checks its options' values before the first transition: one out of range
+/// leaves the queue pair in RESET, and a second connect with good options succeeds. (It once
+/// moved the QP to RTR first and then refused `max_rd_atomic`, leaving it stuck there.)
+#[test]
+fn connect_checks_its_values_before_any_transition() {
+    use crate::common::{connect_opts, ctx, gid_index};
+    use rsrdma::{Cq, Pd, Qp, QpState, QpType};
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 8, None).unwrap();
+    let a = Qp::builder(QpType::Rc).build(&pd, &cq, &cq).unwrap();
+    let b = Qp::builder(QpType::Rc).build(&pd, &cq, &cq).unwrap();
+    let ea = a.endpoint(1, Some(gid_index()), 0x10).unwrap();
+    let eb = b.endpoint(1, Some(gid_index()), 0x20).unwrap();
+    let good = connect_opts(AccessFlags::NONE);
+    let too_deep = connect_opts(AccessFlags::NONE).max_rd_atomic(Some(200));
+    match a.connect(&too_deep, ea.psn, &eb) {
+        Err(Error::Limit { what, .. }) => assert_eq!(what, "max_rd_atomic"),
+        other => panic!("max_rd_atomic 200: {other:?}"),
+    }
+    assert_eq!(a.query().unwrap().state, QpState::Reset);
+    let late_code = connect_opts(AccessFlags::NONE).timeout(40);
+    assert!(matches!(
+        a.connect(&late_code, ea.psn, &eb),
+        Err(Error::Limit {
+            what: "timeout",
+            ..
+        })
+    ));
+    assert_eq!(a.query().unwrap().state, QpState::Reset);
+    a.connect(&good, ea.psn, &eb).unwrap();
+    b.connect(&good, eb.psn, &ea).unwrap();
+    assert_eq!(a.query().unwrap().state, QpState::Rts);
+}

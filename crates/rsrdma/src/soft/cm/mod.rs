@@ -157,6 +157,9 @@ struct IdState {
     /// What this side sent in its REQ (the active side's RTR/RTS need its depths).
     mine: Option<Endpoint>,
     established: bool,
+    /// The passive side answered the request (`rdma_accept` or `rdma_reject`): a reject comes
+    /// too late now, as on the kernel's CM.
+    answered: bool,
     /// DISCONNECTED was reported (or the exchange failed).
     disconnected: bool,
     /// This side called `rdma_disconnect`.
@@ -306,6 +309,7 @@ fn new_id(channel: *mut Channel, context: *mut c_void, ps: ffi::rdma_port_space)
                 peer: None,
                 mine: None,
                 established: false,
+                answered: false,
                 disconnected: false,
                 local_disconnect: false,
                 timewait: false,
@@ -910,7 +914,7 @@ pub(crate) unsafe fn accept(id: *mut ffi::rdma_cm_id, param: *mut ffi::rdma_conn
         set_errno(libc::EINVAL);
         return -1;
     };
-    if (qp.is_null() && param.is_null()) || st.stream.is_none() {
+    if (qp.is_null() && param.is_null()) || st.stream.is_none() || st.answered {
         set_errno(libc::EINVAL);
         return -1;
     }
@@ -932,6 +936,7 @@ pub(crate) unsafe fn accept(id: *mut ffi::rdma_cm_id, param: *mut ffi::rdma_conn
         set_errno(e.raw_os_error().unwrap_or(libc::ECONNRESET));
         return -1;
     }
+    st.answered = true;
     0
 }
 
@@ -979,6 +984,14 @@ pub(crate) unsafe fn reject(id: *mut ffi::rdma_cm_id, data: *const c_void, len: 
         unsafe { std::slice::from_raw_parts(data.cast::<u8>(), usize::from(len)) }.to_vec()
     };
     let mut st = lock(&s.shared.state);
+    // As the kernel's CM: only a request not yet answered (or, on the active side, a
+    // response not yet completed) can be rejected; on any other id it is EINVAL, and the
+    // connection is left as it is.
+    if st.peer.is_none() || st.answered || st.established || st.stream.is_none() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    st.answered = true;
     st.disconnected = true;
     if let Some(t) = st.stream.as_mut() {
         let _ = write_frame(t, REJ, &body);
@@ -991,6 +1004,12 @@ pub(crate) unsafe fn reject(id: *mut ffi::rdma_cm_id, data: *const c_void, len: 
 pub(crate) unsafe fn disconnect(id: *mut ffi::rdma_cm_id) -> c_int {
     // SAFETY: the caller's contract.
     let s = unsafe { soft(id) };
+    // As the kernel's CM: an id that never connected (nor had a request) has nothing to
+    // disconnect.
+    if lock(&s.shared.state).stream.is_none() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
     // SAFETY: as above.
     unsafe { error_qp((*id).qp) };
     let mut st = lock(&s.shared.state);
