@@ -26,9 +26,28 @@ pub(crate) fn deadline_within(timeout: Option<Duration>) -> Option<Instant> {
     timeout.map(deadline_after)
 }
 
+/// `d` in whole milliseconds, rounded up (saturating), for an error that names a limit: a
+/// wait that measured what was left of its deadline from a moment after it was set (1 s less a
+/// few microseconds) says 1000 ms, not 999.
+pub(crate) fn whole_millis(d: Duration) -> u64 {
+    d.as_nanos()
+        .div_ceil(1_000_000)
+        .try_into()
+        .unwrap_or(u64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_are_named_in_whole_milliseconds_rounded_up() {
+        assert_eq!(whole_millis(Duration::from_nanos(999_999_999)), 1000);
+        assert_eq!(whole_millis(Duration::from_millis(1000)), 1000);
+        assert_eq!(whole_millis(Duration::from_nanos(1)), 1);
+        assert_eq!(whole_millis(Duration::ZERO), 0);
+        assert_eq!(whole_millis(Duration::MAX), u64::MAX);
+    }
 
     #[test]
     fn huge_durations_clamp_instead_of_panicking() {

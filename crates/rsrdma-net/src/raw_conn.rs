@@ -658,7 +658,8 @@ impl RawConn {
     /// nothing completes for [`RawOptions::timeout`] (at most 5 s); [`NetError::PeerClosed`]
     /// when the peer is gone ([`NetError::PeerAborted`] with its reason when it aborted);
     /// [`NetError::Closed`] after an earlier run failed; [`NetError::InvalidArgument`] for a
-    /// completion the run did not post.
+    /// depth of 0, a batch over the depth as cut above (naming each bound), or a completion
+    /// the run did not post.
     pub unsafe fn pipeline<'a>(
         &mut self,
         iters: u64,
@@ -702,14 +703,24 @@ impl RawConn {
         // Every request in flight may come back as a completion before the next poll, so
         // the depth also stays within the send CQ (a provider may round the queue pair's
         // depth up past the CQ's; an overrun CQ breaks the queue pair).
+        if depth == 0 {
+            return Err(NetError::InvalidArgument(
+                "a pipeline's depth must be at least 1".into(),
+            ));
+        }
+        let asked = depth;
         let depth = depth
             .min(self.settled.send_depth)
             .min(self.qp.caps().max_send_wr)
-            .min(self.send_cq.capacity())
-            .max(1);
+            .min(self.send_cq.capacity());
         if batch > depth {
             return Err(NetError::InvalidArgument(format!(
-                "batch {batch} exceeds the settled send depth {depth}"
+                "batch {batch} exceeds the pipeline's depth {depth} (the least of the depth \
+                 asked for, {asked}, the settled send depth, {}, the send queue's, {}, and the \
+                 send CQ's, {})",
+                self.settled.send_depth,
+                self.qp.caps().max_send_wr,
+                self.send_cq.capacity()
             )));
         }
         // SAFETY: forwarded contract.

@@ -316,6 +316,50 @@ fn a_run_refuses_a_completion_it_did_not_post() {
     drop(server.join().unwrap());
 }
 
+/// A pipeline's depth of 0 is refused, and a batch over the depth names each bound the depth
+/// was cut to (it once named the caller's own depth as "the settled send depth", and took a
+/// depth of 0 as 1). Neither stops the connection: a good run follows.
+#[test]
+fn a_pipelines_bad_depth_or_batch_names_its_bounds() {
+    let remote = AccessFlags::REMOTE_WRITE;
+    let (mut c, mut s) = connected(
+        opts().send_depth(256),
+        opts().recv_depth(512).remote_access(remote),
+    );
+    let exposed = s
+        .register_memory(4096, AccessFlags::LOCAL_WRITE | remote)
+        .unwrap();
+    let server = thread::spawn(move || {
+        s.exchange_memory(&[&exposed]).unwrap();
+        (exposed, s)
+    });
+    let peer = c.exchange_memory(&[]).unwrap()[0];
+    let local = c.register_memory(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let sge = [local.sge(0, 64).unwrap()];
+    let at = peer.addr_at(0, 64).unwrap();
+    let write = |id| SendWr::rdma_write(id, &sge, at, peer.rkey);
+    // SAFETY: `local` and the peer's region outlive every request here.
+    let r = unsafe { c.pipeline(4, 0, write) };
+    match r {
+        Err(NetError::InvalidArgument(m)) => assert!(m.contains("at least 1"), "{m}"),
+        other => panic!("a depth of 0: {other:?}"),
+    }
+    // SAFETY: as above.
+    let r = unsafe { c.pipeline_batch(4, 64, 100, write) };
+    match r {
+        Err(NetError::InvalidArgument(m)) => {
+            assert!(m.contains("depth 64"), "{m}");
+            assert!(m.contains("asked for, 64"), "{m}");
+            assert!(m.contains("settled send depth, 256"), "{m}");
+        }
+        other => panic!("a batch over the depth: {other:?}"),
+    }
+    // SAFETY: as above.
+    let done = unsafe { c.pipeline_batch(16, 8, 4, write) }.unwrap();
+    assert_eq!(done.completed, 16);
+    drop(server.join().unwrap());
+}
+
 /// Waits until `l` counted `n` failed peers: a bad peer the listener has not finished with
 /// yet has not opened, so the flood of silent sockets after it could shed it instead.
 fn wait_failed(l: &RawListener, n: u64) {

@@ -53,7 +53,7 @@ pub fn sys(oob: &mut Oob) -> Result<(usize, usize)> {
         &mut b4,
         Wait::Prompt,
     )?;
-    let page = local_page.max(wire::parse_sys(&b4)).clamp(64, 1 << 30) as usize;
+    let page = settle_page(local_page, wire::parse_sys(&b4));
     let local_line = cache_line();
     oob.exchange(
         "the cache line size",
@@ -63,6 +63,16 @@ pub fn sys(oob: &mut Oob) -> Result<(usize, usize)> {
     )?;
     let line = local_line.max(wire::parse_sys(&b4)).clamp(16, 4096) as usize;
     Ok((page, line))
+}
+
+/// The largest page size taken from a peer: the largest base page of any Linux platform.
+const MAX_PEER_PAGE: u32 = 64 << 10;
+
+/// The page size both ends use: the larger of the two, the peer's cut to [`MAX_PEER_PAGE`]. The
+/// buffers are sized by it before the peer has shown its endpoint: a peer that announced
+/// 2 GiB once made a tool server fill about 4 GiB of memory before it gave up on that peer.
+fn settle_page(local: u32, peer: u32) -> usize {
+    local.max(peer.min(MAX_PEER_PAGE)).clamp(64, 1 << 30) as usize
 }
 
 /// Exchanges MTUs; both ends use the smaller one. An explicit `-m` on either end must match.
@@ -134,4 +144,20 @@ fn cache_line() -> u32 {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peers_page_size_is_taken_up_to_64_kib() {
+        assert_eq!(settle_page(4096, 4096), 4096);
+        assert_eq!(settle_page(4096, 65536), 65536);
+        assert_eq!(settle_page(65536, 4096), 65536);
+        // A peer's absurd page size (a bad or hostile peer) no longer sizes the buffers.
+        assert_eq!(settle_page(4096, 0x7fff_ffff), 65536);
+        assert_eq!(settle_page(4096, u32::MAX), 65536);
+        assert_eq!(settle_page(4096, 0), 4096);
+    }
 }

@@ -862,8 +862,9 @@ pub(crate) fn tcp_connect_error(addr: SocketAddr, e: std::io::Error) -> NetError
         return NetError::NotListening {
             addr,
             path: "the TCP handshake (Establish::Tcp)",
-            hint: "a Listener on the default Establish::Cm path takes no TCP connections: \
-                   dial it with Establish::Cm",
+            hint: "is the server running, on this port? A Listener on the default \
+                   Establish::Cm path takes no TCP connections: if that is what listens \
+                   there, dial it with Establish::Cm",
         };
     }
     NetError::io("connect", e)

@@ -156,6 +156,11 @@ impl Conn {
                 d.drop_send(msg, true);
                 return Ok(Some(()));
             }
+            // Read whole by a peer that left after its FIN: delivered, its memory cut off.
+            if d.peer_gone() && d.core_ref().rendezvous_read(msg) {
+                d.release_read_by_gone_peer(msg);
+                return Ok(Some(()));
+            }
             d.check_failed().map(|()| None)
         });
         // A close that detached the driver before this looked says what the answer was.
@@ -277,11 +282,13 @@ impl<L: Link + SliceRendezvous> Op<L> for SendMsg<'_> {
             if d.core().write_closed() {
                 return Err(NetError::Closed { op: self.name });
             }
-            // A rendezvous message the peer read and released before it left was delivered
-            // whole: it completes, and only what would still have to go fails.
+            // A rendezvous message the peer read before it left was delivered whole: it
+            // completes (its window's invalidation may never complete through the ended
+            // transport: see `Driver::release_read_by_gone_peer`), and only what would still
+            // have to go fails.
             if d.peer_gone() {
-                let released = self.rdv.as_ref().and_then(|r| r.msg);
-                if !released.is_some_and(|msg| d.core().rendezvous_released(msg)) {
+                let offered = self.rdv.as_ref().and_then(|r| r.msg);
+                if !offered.is_some_and(|msg| d.core().rendezvous_read(msg)) {
                     return Err(NetError::PeerGone { op: self.name });
                 }
             }
@@ -447,6 +454,12 @@ fn send_slice_rdv(d: &mut Driver, m: &[u8], slot: &mut Option<SliceRdv>) -> Resu
         }
         Some(msg) if d.core_ref().rendezvous_released(msg) => {
             d.drop_send(msg, true);
+            *slot = None;
+            Ok(true)
+        }
+        // Read whole by a peer that left after its FIN: delivered, its memory cut off.
+        Some(msg) if d.peer_gone() && d.core_ref().rendezvous_read(msg) => {
+            d.release_read_by_gone_peer(msg);
             *slot = None;
             Ok(true)
         }

@@ -503,7 +503,7 @@ impl Channel {
     fn timed_out(&self, op: &'static str, limit: Duration) -> NetError {
         NetError::Timeout {
             op,
-            millis: limit.as_millis() as u64,
+            millis: crate::deadline::whole_millis(limit),
         }
     }
 

@@ -110,7 +110,7 @@ impl FrameStream {
             if now >= deadline {
                 return Err(NetError::Timeout {
                     op,
-                    millis: deadline.duration_since(started).as_nanos().div_ceil(1_000_000) as u64,
+                    millis: crate::deadline::whole_millis(deadline.duration_since(started)),
                 });
             }
             let wait = (deadline - now).min(TICK).max(Duration::from_millis(1));

@@ -163,6 +163,16 @@ impl<M: SlotMemory> Conn<M> {
             && !self.tx.invalidating.iter().any(|&(m, _)| m == msg)
     }
 
+    /// Whether the peer read rendezvous message `msg` whole: its DONE arrived (its window's
+    /// invalidation may still be pending, so [`Conn::rendezvous_released`] may not say so
+    /// yet). False while its RTS waits, until the DONE, and for a message withdrawn unread.
+    pub fn rendezvous_read(&self, msg: u64) -> bool {
+        let waiting_rts = self.is_current(msg) && self.tx.rts.is_some();
+        !waiting_rts
+            && !self.tx.unreleased.iter().any(|&(m, _)| m == msg)
+            && !self.tx.withdrawn.contains(&msg)
+    }
+
     /// Withdraws rendezvous message `msg` if its RTS has not gone out yet (the caller gives
     /// up): `true` when withdrawn (as if never sent; its memory is free at once).
     pub fn withdraw_rendezvous(&mut self, msg: u64) -> bool {

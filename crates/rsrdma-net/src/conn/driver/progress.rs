@@ -17,6 +17,8 @@ impl Driver {
     /// ([`rsrdma_proto::Conn::handle_recv_completion_into`]), and `take.got` says its length.
     pub(crate) fn progress_taking(&mut self, now: Instant, take: &mut Take<'_>) -> bool {
         let mut changed = self.poll_cq(now, take);
+        // The transport's end after the peer's FIN (`peer_gone`) releases too.
+        changed |= self.check_end(now);
         if changed && !self.rdv_sends.is_empty() {
             self.release_rendezvous();
         }
@@ -28,7 +30,6 @@ impl Driver {
             self.read_hold
                 .settle(core, peer_gone, sends_done, |h, len| h.landed(len).to_vec());
         }
-        changed |= self.check_end(now);
         changed |= self.look_at_device(now);
         if !self.peer_gone {
             if let Some(t) = self.core.poll_timeout() {

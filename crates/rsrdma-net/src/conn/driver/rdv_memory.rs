@@ -279,20 +279,25 @@ impl Driver {
     }
 
     /// Releases rendezvous sends whose DONE arrived and lent sends whose last completion was
-    /// reaped (never after a failure: those wait for the flush at teardown).
+    /// reaped (never after a failure: those wait for the flush at teardown), and rendezvous
+    /// sends a peer that is gone read whole ([`Driver::release_read_by_gone_peer`]).
     pub(super) fn release_rendezvous(&mut self) {
         if self.core.error().is_some() {
             return;
         }
         let mut i = 0;
         while let Some(r) = self.rdv_sends.get(i) {
-            let released = if r.mr.is_some() || r.window.is_some() {
+            let exposed = r.mr.is_some() || r.window.is_some();
+            let released = if exposed {
                 self.core.rendezvous_released(r.msg)
             } else {
                 self.core.lent_released(r.msg)
             };
             if !released {
-                i += 1;
+                let msg = r.msg;
+                if !(exposed && self.release_read_by_gone_peer(msg)) {
+                    i += 1;
+                }
                 continue;
             }
             let Some(mut r) = self.rdv_sends.remove(i) else {
@@ -303,6 +308,24 @@ impl Driver {
                 self.put_window(w);
             }
         }
+    }
+
+    /// A rendezvous send (`msg`) that the peer read whole (its DONE came) before it left
+    /// after its FIN ([`Driver::peer_gone`]): the window's invalidation, and so the core's
+    /// release, will not complete through a transport that ended, though the message was
+    /// delivered. The QP goes to ERROR, so it serves no READ of that memory (what the peer
+    /// sent before its FIN is still read, to EOF: a gone peer's flushes are not the core's),
+    /// then the message's window and registration go. True when `msg` was such a send (it is
+    /// given up here, as [`Driver::drop_send`] does).
+    pub(crate) fn release_read_by_gone_peer(&mut self, msg: u64) -> bool {
+        if !self.peer_gone || !self.core.rendezvous_read(msg) {
+            return false;
+        }
+        if let Err(e) = self.qp.to_error() {
+            tracing::debug!(error = %e, "moving the QP to ERROR failed");
+        }
+        self.drop_send(msg, false);
+        true
     }
 
     /// Before the driver leaves the connection for its teardown (close): a caller's slice

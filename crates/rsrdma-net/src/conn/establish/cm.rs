@@ -258,8 +258,9 @@ fn rejected(e: rsrdma::Error, addr: SocketAddr) -> NetError {
             return NetError::NotListening {
                 addr,
                 path: "rdma_cm (Establish::Cm)",
-                hint: "a Listener bound with Establish::Tcp takes no rdma_cm connections: \
-                       dial it with Establish::Tcp",
+                hint: "is the server running, on this port? A Listener bound with \
+                       Establish::Tcp takes no rdma_cm connections: if that is what listens \
+                       there, dial it with Establish::Tcp",
             };
         }
         if let Some(rest) = private_data.strip_prefix(REJECT_PREFIX) {
