@@ -1117,9 +1117,9 @@ impl Qp {
     /// - UD: INIT (with [`crate::qp::DEFAULT_QKEY`]), RTR, RTS; `remote` is unused, since each
     ///   send names its peer.
     ///
-    /// The options' values (the GID index on RoCE, the read depths, the timer and retry
-    /// codes) are checked first, before any transition: one out of range leaves the QP as it
-    /// was. A transition the device refuses leaves it in the last state reached ([`Qp::state`]
+    /// The options' values (a GID index, needed on RoCE and within the port's GID table; the
+    /// read depths; the timer and retry codes) are checked first, before any transition: one
+    /// out of range leaves the QP as it was. A transition the device refuses leaves it in the last state reached ([`Qp::state`]
     /// says which step failed).
     ///
     /// # Errors
@@ -1134,6 +1134,14 @@ impl Qp {
         let ctx = self.inner.pd.context().clone();
         let port = ctx.query_port(opts.port)?;
         let dev = ctx.attr();
+        if let Some(i) = opts.gid_index {
+            check_limit(
+                "gid_index",
+                i.into(),
+                port.gid_tbl_len.saturating_sub(1).into(),
+                "the port's GID table",
+            )?;
+        }
         let grh = match opts.gid_index {
             Some(i) => Some(GlobalRoute {
                 dgid: remote.gid,

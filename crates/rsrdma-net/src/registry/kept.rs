@@ -143,10 +143,18 @@ fn renew<D: Directory>(
     loop {
         match stopped.recv_timeout(every) {
             Err(RecvTimeoutError::Timeout) => {}
-            // Dropped: unregister (best effort) and stop.
+            // Dropped: unregister (best effort) and stop. On the connection it has, else (none,
+            // or it broke: a full registry sheds clients idle for a second, as this one mostly
+            // is) on a new one: the name must not outlive its Registration by a lease.
             _ => {
-                if let Some(mut d) = dir {
-                    let _ = d.unregister(name);
+                let answered = dir
+                    .as_mut()
+                    .map(|d| d.unregister(name))
+                    .is_some_and(|r| matches!(r, Ok(()) | Err(NetError::Registry { .. })));
+                if !answered {
+                    if let Ok(mut d) = connect() {
+                        let _ = d.unregister(name);
+                    }
                 }
                 return;
             }

@@ -6,8 +6,8 @@
 //! ([`OPENING_GRACE`]), then the client idle longest (silent for at least
 //! [`MIN_IDLE_TO_SHED`]). So silent sockets cannot lock lookups out, idle clients keep their
 //! slots only while nobody else needs them, and a burst of good clients is not shed for one
-//! another: while nobody can be shed yet, newcomers wait in the kernel's queue (up to
-//! [`BUSY_GRACE`]; past it, each is let in to hear `Busy`).
+//! another: while nobody can be shed yet, each newcomer waits for a place, in the order it
+//! came, up to [`BUSY_GRACE`]; past it, it hears `Busy`.
 
 use super::codec::Message;
 use super::stream::FrameStream;
@@ -16,6 +16,7 @@ use super::ErrorCode;
 use crate::error::{NetError, Result};
 use crate::handshake::{auth, Role};
 use rsrdma::option_setters as setters;
+use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -33,11 +34,13 @@ pub const MIN_IDLE_TO_SHED: Duration = Duration::from_secs(1);
 /// busy host) needs milliseconds to be scheduled: shedding them for one another turned half
 /// of an outside tester's good lookups away (8 threads on a registry of 4 places).
 pub const OPENING_GRACE: Duration = Duration::from_millis(50);
-/// How long newcomers wait in the kernel's queue for a place when the registry is full and
-/// nobody can be shed yet; past it, each is let in to hear `Busy`.
+/// How long each newcomer waits for a place when the registry is full and nobody can be shed
+/// yet; past it, it hears `Busy`.
 pub const BUSY_GRACE: Duration = Duration::from_millis(200);
 /// How often the accept loop looks again for a place while newcomers wait.
 const FULL_TICK: Duration = Duration::from_millis(2);
+/// Newcomers that wait for a place at most; one more hears `Busy` at once.
+const MAX_WAITING: usize = 1024;
 
 /// Options of [`Registry::serve_with`].
 #[derive(Debug, Clone)]
@@ -49,7 +52,7 @@ pub struct RegistryOptions {
     pub lease: Duration,
     /// Entries held at most; a registration of a new name beyond it is refused.
     pub max_entries: usize,
-    /// Clients served at once. One more waits (in the kernel's queue) until one leaves or can
+    /// Clients served at once. One more waits (in the order it came) until one leaves or can
     /// be shed (an unopened one past its [`OPENING_GRACE`], an idle one past
     /// [`MIN_IDLE_TO_SHED`]), for at most [`BUSY_GRACE`]; then it gets a `Busy` error and is
     /// closed.
@@ -249,27 +252,49 @@ impl Drop for RegistryHandle {
 
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     let mut workers: Vec<JoinHandle<()>> = Vec::new();
-    // Since when the registry has been full with nobody to shed.
-    let mut full_since: Option<Instant> = None;
+    // Newcomers taken from the kernel's queue while the registry was full, oldest first,
+    // each with the time it came: each waits for a place up to BUSY_GRACE.
+    let mut waiting: VecDeque<(TcpStream, SocketAddr, Instant)> = VecDeque::new();
+    let max = shared.opts.max_clients;
     while !shared.stop.load(Ordering::Relaxed) {
         workers.retain(|w| !w.is_finished());
-        let now = Instant::now();
-        if has_room(&lock(&shared.slots), shared, now) {
-            full_since = None;
-        } else if now.duration_since(*full_since.get_or_insert(now)) < BUSY_GRACE {
-            // Newcomers wait in the kernel's queue for a place.
-            std::thread::sleep(FULL_TICK);
-            continue;
-        }
-        match listener.accept() {
-            Ok((stream, peer)) => admit(stream, peer, shared, &mut workers),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_TICK),
-            Err(e) => {
-                // Out of descriptors and the like: back off instead of spinning.
-                tracing::warn!(error = %e, "registry accept failed");
-                std::thread::sleep(ACCEPT_TICK * 10);
+        loop {
+            match listener.accept() {
+                Ok((stream, peer)) if waiting.len() < MAX_WAITING => {
+                    waiting.push_back((stream, peer, Instant::now()));
+                }
+                Ok((stream, peer)) => turn_away(stream, peer, max),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    // Out of descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "registry accept failed");
+                    std::thread::sleep(ACCEPT_TICK * 10);
+                    break;
+                }
             }
         }
+        // The oldest gets a place (or someone to shed) first; those past their grace hear
+        // Busy.
+        let now = Instant::now();
+        while let Some(&(_, _, came)) = waiting.front() {
+            let room = has_room(&lock(&shared.slots), shared, now);
+            if !room && now.saturating_duration_since(came) < BUSY_GRACE {
+                break;
+            }
+            let Some((stream, peer, _)) = waiting.pop_front() else {
+                break;
+            };
+            if room {
+                admit(stream, peer, shared, &mut workers);
+            } else {
+                turn_away(stream, peer, max);
+            }
+        }
+        std::thread::sleep(if waiting.is_empty() {
+            ACCEPT_TICK
+        } else {
+            FULL_TICK
+        });
     }
     for w in workers {
         if w.join().is_err() {
@@ -285,15 +310,6 @@ fn admit(
     shared: &Arc<Shared>,
     workers: &mut Vec<JoinHandle<()>>,
 ) {
-    let turn_away = |stream: TcpStream, why: String| {
-        if let Ok(mut fs) = FrameStream::new(stream) {
-            let msg = Message::Error {
-                code: ErrorCode::Busy,
-                text: why,
-            };
-            let _ = fs.send(&msg, Duration::from_millis(100));
-        }
-    };
     if stream.set_nonblocking(false).is_err() {
         return;
     }
@@ -309,11 +325,7 @@ fn admit(
         let mut slots = lock(&shared.slots);
         if slots.len() >= max && !shed_one(&mut slots, shared, since) {
             drop(slots);
-            tracing::warn!(%peer, max, "registry busy: client turned away");
-            turn_away(
-                stream,
-                format!("the registry serves its maximum of {max} clients"),
-            );
+            turn_away(stream, peer, max);
             return;
         }
         slots.push(Slot {
@@ -345,6 +357,21 @@ fn admit(
         Ok(w) => workers.push(w),
         // The closure, and the guard in it, are dropped: the slot is free again.
         Err(e) => tracing::warn!(error = %e, "cannot start a registry client thread"),
+    }
+}
+
+/// Tells a newcomer the registry is full (`Busy`), and closes its connection.
+fn turn_away(stream: TcpStream, peer: SocketAddr, max: usize) {
+    tracing::warn!(%peer, max, "registry busy: client turned away");
+    if stream.set_nonblocking(false).is_err() {
+        return;
+    }
+    if let Ok(mut fs) = FrameStream::new(stream) {
+        let msg = Message::Error {
+            code: ErrorCode::Busy,
+            text: format!("the registry serves its maximum of {max} clients"),
+        };
+        let _ = fs.send(&msg, Duration::from_millis(100));
     }
 }
 

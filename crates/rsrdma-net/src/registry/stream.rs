@@ -110,7 +110,11 @@ impl FrameStream {
             if now >= deadline {
                 return Err(NetError::Timeout {
                     op,
-                    millis: crate::deadline::whole_millis(deadline.duration_since(started)),
+                    millis: crate::deadline::whole_millis(
+                        deadline
+                            .duration_since(started)
+                            .max(Duration::from_nanos(1)),
+                    ),
                 });
             }
             let wait = (deadline - now).min(TICK).max(Duration::from_millis(1));

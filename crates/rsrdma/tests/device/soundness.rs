@@ -364,6 +364,15 @@ fn connect_checks_its_values_before_any_transition() {
         other => panic!("max_rd_atomic 200: {other:?}"),
     }
     assert_eq!(a.query().unwrap().state, QpState::Reset);
+    let no_such_gid = connect_opts(AccessFlags::NONE).gid_index(Some(200));
+    assert!(matches!(
+        a.connect(&no_such_gid, ea.psn, &eb),
+        Err(Error::Limit {
+            what: "gid_index",
+            ..
+        })
+    ));
+    assert_eq!(a.query().unwrap().state, QpState::Reset);
     let late_code = connect_opts(AccessFlags::NONE).timeout(40);
     assert!(matches!(
         a.connect(&late_code, ea.psn, &eb),
