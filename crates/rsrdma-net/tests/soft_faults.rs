@@ -438,3 +438,33 @@ fn a_large_reply_read_whole_by_a_peer_that_closes_at_once_succeeds() {
     // What the peer sent before it left still reads to its end.
     assert_eq!(s.recv_msg().unwrap(), None);
 }
+
+/// A large message the peer left unread, unanswered (its close ran out of linger before its
+/// driver saw the offer), ends its `send_msg` with `PeerGone` at once, its memory cut off.
+/// It once waited out the 10 s grace and failed the connection (an outside tester: 9 of 200
+/// connections of a client that sent a request and closed without reading the reply). Here
+/// the client's completions are held back past its linger, so its driver never sees the
+/// offer.
+#[test]
+fn a_large_message_a_closing_peer_left_unanswered_fails_at_once() {
+    let l = Listener::bind("127.0.0.1:0", opts()).unwrap();
+    let addr = l.local_addr();
+    let accepted = thread::spawn(move || l.accept().unwrap());
+    let c = Conn::dial(addr, opts().linger(Duration::from_millis(50))).unwrap();
+    let s = accepted.join().unwrap();
+    s.set_write_timeout(Some(WAIT)).unwrap();
+    soft_faults::delay_completions(c.info().local_qpn, Duration::from_millis(150)).unwrap();
+    let server = thread::spawn(move || {
+        let t0 = Instant::now();
+        let sent = s.send_msg(&vec![9u8; 1 << 20]);
+        (sent, t0.elapsed())
+    });
+    thread::sleep(Duration::from_millis(20));
+    let _ = c.close();
+    let (sent, took) = server.join().unwrap();
+    assert!(
+        matches!(sent, Err(NetError::PeerGone { .. }) | Ok(())),
+        "{sent:?} after {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "{sent:?} after {took:?}");
+}

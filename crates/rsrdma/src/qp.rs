@@ -891,6 +891,7 @@ impl Qp {
     fn check_rtr_values(&self, a: &RtrAttr) -> Result<()> {
         if self.qp_type() != QpType::Ud {
             check_psn("rq_psn", a.rq_psn)?;
+            check_limit("sl", a.ah.sl.into(), 15, "the 4-bit service level")?;
         }
         if self.qp_type() == QpType::Rc {
             let dev = self.inner.pd.context().attr();
@@ -1141,6 +1142,14 @@ impl Qp {
                 port.gid_tbl_len.saturating_sub(1).into(),
                 "the port's GID table",
             )?;
+            // An empty entry of the table (rxe's has 1024, most of them empty).
+            if ctx.query_gid(opts.port, i.into()).is_err() {
+                return Err(Error::InvalidArgument(format!(
+                    "GID index {i} of port {} of {} holds no GID",
+                    opts.port,
+                    ctx.name()
+                )));
+            }
         }
         let grh = match opts.gid_index {
             Some(i) => Some(GlobalRoute {

@@ -106,6 +106,13 @@ impl Op for BufferIdle<'_> {
         if !self.buf.is_busy() {
             return Ok(Some(()));
         }
+        // The peer left after its FIN with the buffer's message unread (one it read is
+        // released by then: `Driver::release_rendezvous`) or a READ into it unfinished:
+        // nothing will release it through the ended transport. The buffer stays in flight
+        // until the teardown's flush, as after a failure.
+        if d.peer_gone() {
+            return Err(NetError::PeerGone { op: self.name });
+        }
         d.check_failed().map(|()| None)
     }
 }

@@ -147,6 +147,8 @@ impl Conn {
         // else cut the NIC off before the registration goes.
         let mut ask = r.is_err();
         let mut withdrawn = false;
+        // The peer left after its FIN before its answer: whether it had read the message.
+        let mut gone_having_read = None;
         let mut done = self.block(name, Some(RDV_GRACE), |d| {
             if std::mem::take(&mut ask) {
                 d.core().ask_withdraw(msg);
@@ -156,13 +158,22 @@ impl Conn {
                 d.drop_send(msg, true);
                 return Ok(Some(()));
             }
-            // Read whole by a peer that left after its FIN: delivered, its memory cut off.
-            if d.peer_gone() && d.core_ref().rendezvous_read(msg) {
-                d.release_read_by_gone_peer(msg);
+            // Nothing more comes through the ended transport: the memory is cut off now
+            // (see `Driver::release_offer_of_gone_peer`); delivered if its DONE came.
+            if d.peer_gone() {
+                gone_having_read = Some(d.release_offer_of_gone_peer(msg));
                 return Ok(Some(()));
             }
             d.check_failed().map(|()| None)
         });
+        if let Some(read) = gone_having_read {
+            drop(mr);
+            return match (read, r) {
+                (true, _) => Ok(()),
+                (false, Err(e)) => Err(e),
+                (false, Ok(())) => Err(NetError::PeerGone { op: name }),
+            };
+        }
         // A close that detached the driver before this looked says what the answer was.
         if let (Err(NetError::Closed { .. }), Some(end)) = (&done, self.end_at_detach(msg)) {
             if end != OfferEnd::Unanswered {
@@ -284,7 +295,7 @@ impl<L: Link + SliceRendezvous> Op<L> for SendMsg<'_> {
             }
             // A rendezvous message the peer read before it left was delivered whole: it
             // completes (its window's invalidation may never complete through the ended
-            // transport: see `Driver::release_read_by_gone_peer`), and only what would still
+            // transport: see `Driver::release_offer_of_gone_peer`), and only what would still
             // have to go fails.
             if d.peer_gone() {
                 let offered = self.rdv.as_ref().and_then(|r| r.msg);
@@ -459,7 +470,7 @@ fn send_slice_rdv(d: &mut Driver, m: &[u8], slot: &mut Option<SliceRdv>) -> Resu
         }
         // Read whole by a peer that left after its FIN: delivered, its memory cut off.
         Some(msg) if d.peer_gone() && d.core_ref().rendezvous_read(msg) => {
-            d.release_read_by_gone_peer(msg);
+            d.release_offer_of_gone_peer(msg);
             *slot = None;
             Ok(true)
         }

@@ -280,7 +280,7 @@ impl Driver {
 
     /// Releases rendezvous sends whose DONE arrived and lent sends whose last completion was
     /// reaped (never after a failure: those wait for the flush at teardown), and rendezvous
-    /// sends a peer that is gone read whole ([`Driver::release_read_by_gone_peer`]).
+    /// sends a peer that is gone read whole ([`Driver::release_offer_of_gone_peer`]).
     pub(super) fn release_rendezvous(&mut self) {
         if self.core.error().is_some() {
             return;
@@ -294,8 +294,13 @@ impl Driver {
                 self.core.lent_released(r.msg)
             };
             if !released {
+                // Read whole by a peer that is gone: released here (its buffer is free, and
+                // a wait for it says Ok). Unread, it stays, for the teardown's flush.
                 let msg = r.msg;
-                if !(exposed && self.release_read_by_gone_peer(msg)) {
+                let gone_read = exposed && self.peer_gone && self.core.rendezvous_read(msg);
+                if gone_read {
+                    self.release_offer_of_gone_peer(msg);
+                } else {
                     i += 1;
                 }
                 continue;
@@ -310,22 +315,19 @@ impl Driver {
         }
     }
 
-    /// A rendezvous send (`msg`) that the peer read whole (its DONE came) before it left
-    /// after its FIN ([`Driver::peer_gone`]): the window's invalidation, and so the core's
-    /// release, will not complete through a transport that ended, though the message was
-    /// delivered. The QP goes to ERROR, so it serves no READ of that memory (what the peer
-    /// sent before its FIN is still read, to EOF: a gone peer's flushes are not the core's),
-    /// then the message's window and registration go. True when `msg` was such a send (it is
-    /// given up here, as [`Driver::drop_send`] does).
-    pub(crate) fn release_read_by_gone_peer(&mut self, msg: u64) -> bool {
-        if !self.peer_gone || !self.core.rendezvous_read(msg) {
-            return false;
-        }
+    /// A rendezvous send (`msg`) not released when the peer left after its FIN
+    /// ([`Driver::peer_gone`]): nothing more comes through the ended transport (neither the
+    /// peer's DONE nor the completion of the window's invalidation). The QP goes to ERROR, so
+    /// it serves no READ of that memory (what the peer sent before its FIN is still read, to
+    /// EOF: a gone peer's flushes are not the core's), then the message's window and
+    /// registration go, as [`Driver::drop_send`] does. Returns whether the peer had read it
+    /// whole (its DONE came): delivered, though never released by the core.
+    pub(crate) fn release_offer_of_gone_peer(&mut self, msg: u64) -> bool {
         if let Err(e) = self.qp.to_error() {
             tracing::debug!(error = %e, "moving the QP to ERROR failed");
         }
         self.drop_send(msg, false);
-        true
+        self.core.rendezvous_read(msg)
     }
 
     /// Before the driver leaves the connection for its teardown (close): a caller's slice
