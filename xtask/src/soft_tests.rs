@@ -115,6 +115,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "a_connection_in_the_accept_queue_reaches_no_memory",
             "a_failed_recv_drain_leaves_nothing_in_flight_and_ends_the_data_plane",
             "a_listener_whose_options_cannot_work_is_refused_at_bind",
+            "a_pipelines_bad_depth_or_batch_names_its_bounds",
             "a_run_refuses_a_completion_it_did_not_post",
             "a_sender_whose_peer_goes_mid_run_hears_that_it_left",
             "a_receiver_notices_a_dead_sender_within_seconds",

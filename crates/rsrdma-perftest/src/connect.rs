@@ -101,9 +101,16 @@ fn ud_path(p: &Params, r: &Dest, gid_index: Option<u8>) -> AhAttr {
 fn failed_transition(qp: &Qp, e: rsrdma::Error) -> Error {
     let n = qp.qp_num();
     let to = match qp.state() {
-        QpState::Reset => {
-            return Error::rdma(format!(" Failed to modify QP {n} to INIT"), e);
-        }
+        // `Qp::connect` checks the RTR and RTS values before its first transition: a value
+        // it refused is the failure of the step that takes it, as perftest reports it.
+        QpState::Reset => match &e {
+            rsrdma::Error::Limit {
+                what: "max_rd_atomic" | "timeout" | "retry_cnt" | "rnr_retry" | "sq_psn",
+                ..
+            } => "RTS",
+            rsrdma::Error::Limit { .. } | rsrdma::Error::InvalidArgument(_) => "RTR",
+            _ => return Error::rdma(format!(" Failed to modify QP {n} to INIT"), e),
+        },
         QpState::Rtr => "RTS",
         state => {
             if state != QpState::Init {
