@@ -68,7 +68,7 @@ pub enum AsyncEventKind {
 }
 
 impl AsyncEventKind {
-    fn from_raw(t: ffi::ibv_event_type) -> AsyncEventKind {
+    pub(crate) fn from_raw(t: ffi::ibv_event_type) -> AsyncEventKind {
         use AsyncEventKind as K;
         match t {
             ffi::ibv_event_type::IBV_EVENT_CQ_ERR => K::CqErr,
@@ -96,7 +96,7 @@ impl AsyncEventKind {
     }
 
     /// The object kind the event names, from the verbs rules for each event type.
-    fn target(self) -> Target {
+    pub(crate) fn target(self) -> Target {
         use AsyncEventKind as K;
         match self {
             K::CqErr => Target::Cq,
@@ -122,7 +122,8 @@ impl AsyncEventKind {
     }
 }
 
-enum Target {
+/// The kind of object an asynchronous event names.
+pub(crate) enum Target {
     Cq,
     Qp,
     Srq,

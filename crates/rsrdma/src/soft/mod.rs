@@ -127,21 +127,14 @@ pub(crate) unsafe fn is_soft_event(event: *mut ffi::ibv_async_event) -> bool {
 /// `e` was returned by `ibv_get_async_event` and not acknowledged yet: the union member its
 /// type names points at a live object (unacknowledged events keep their objects alive).
 pub(crate) unsafe fn event_context(e: &ffi::ibv_async_event) -> Option<*mut ffi::ibv_context> {
-    use ffi::ibv_event_type as T;
+    use crate::async_event::{AsyncEventKind, Target};
     // SAFETY: the caller's contract.
     unsafe {
-        match e.event_type {
-            T::IBV_EVENT_QP_LAST_WQE_REACHED
-            | T::IBV_EVENT_QP_FATAL
-            | T::IBV_EVENT_QP_REQ_ERR
-            | T::IBV_EVENT_QP_ACCESS_ERR
-            | T::IBV_EVENT_COMM_EST
-            | T::IBV_EVENT_SQ_DRAINED
-            | T::IBV_EVENT_PATH_MIG
-            | T::IBV_EVENT_PATH_MIG_ERR => Some((*e.element.qp).context),
-            T::IBV_EVENT_SRQ_ERR | T::IBV_EVENT_SRQ_LIMIT_REACHED => Some((*e.element.srq).context),
-            T::IBV_EVENT_CQ_ERR => Some((*e.element.cq).context),
-            _ => None,
+        match AsyncEventKind::from_raw(e.event_type).target() {
+            Target::Qp => Some((*e.element.qp).context),
+            Target::Srq => Some((*e.element.srq).context),
+            Target::Cq => Some((*e.element.cq).context),
+            Target::Wq | Target::Port | Target::Device => None,
         }
     }
 }

@@ -1131,20 +1131,10 @@ unsafe fn forget_events(ctx: *mut SoftContext, of: *mut c_void) {
 /// Whether an event of this type names an object (a QP, SRQ or CQ) rather than a port or
 /// the device.
 fn names_object(t: ffi::ibv_event_type) -> bool {
-    use ffi::ibv_event_type as T;
+    use crate::async_event::{AsyncEventKind, Target};
     matches!(
-        t,
-        T::IBV_EVENT_QP_LAST_WQE_REACHED
-            | T::IBV_EVENT_QP_FATAL
-            | T::IBV_EVENT_QP_REQ_ERR
-            | T::IBV_EVENT_QP_ACCESS_ERR
-            | T::IBV_EVENT_COMM_EST
-            | T::IBV_EVENT_SQ_DRAINED
-            | T::IBV_EVENT_PATH_MIG
-            | T::IBV_EVENT_PATH_MIG_ERR
-            | T::IBV_EVENT_SRQ_ERR
-            | T::IBV_EVENT_SRQ_LIMIT_REACHED
-            | T::IBV_EVENT_CQ_ERR
+        AsyncEventKind::from_raw(t).target(),
+        Target::Qp | Target::Srq | Target::Cq
     )
 }
 
