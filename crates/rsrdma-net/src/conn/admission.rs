@@ -235,8 +235,10 @@ impl Admission {
             }
             let i = self.victim(&t.running)?;
             let old = t.running.remove(i);
-            old.shed();
+            // Counted before the peer can hear of it: whoever it tells may read the counters
+            // at once (a test did, under CI's load, and read 0).
             self.shed.fetch_add(1, Ordering::Relaxed);
+            old.shed();
             tracing::debug!(source = ?old.source, opened = old.standing.opened(), "listener shed a handshake");
         }
         let id = t.next_id;
