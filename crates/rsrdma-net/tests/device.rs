@@ -283,14 +283,21 @@ fn a_listener_whose_options_cannot_work_is_refused_at_bind() {
     drop(RawListener::bind("127.0.0.1:0", opts()).unwrap());
 }
 
-/// A run takes the send CQ's completions as its own: one of the caller's own requests, not
-/// reaped before the run (its `wr_id` the largest there is), is refused with a clear error,
-/// not counted as the run's (which could end the run with its own requests in flight) nor
-/// overflowing its count.
-#[test]
-fn a_run_refuses_a_completion_it_did_not_post() {
+/// A client (`client`'s options) connected to a server (`server`'s, granting remote WRITE)
+/// that exposes a 4 KiB region: the client, the server's region as the client sees it, a
+/// 4 KiB region of the client's, and the server's thread (join it last: it returns the
+/// exposed region and the server).
+fn writing_to_an_exposed_region(
+    client: RawOptions,
+    server: RawOptions,
+) -> (
+    RawConn,
+    rsrdma_net::RemoteMemory,
+    Mr,
+    thread::JoinHandle<(Mr, RawConn)>,
+) {
     let remote = AccessFlags::REMOTE_WRITE;
-    let (mut c, mut s) = connected(opts(), opts().remote_access(remote));
+    let (mut c, mut s) = connected(client, server.remote_access(remote));
     let exposed = s
         .register_memory(4096, AccessFlags::LOCAL_WRITE | remote)
         .unwrap();
@@ -300,6 +307,16 @@ fn a_run_refuses_a_completion_it_did_not_post() {
     });
     let peer = c.exchange_memory(&[]).unwrap()[0];
     let local = c.register_memory(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    (c, peer, local, server)
+}
+
+/// A run takes the send CQ's completions as its own: one of the caller's own requests, not
+/// reaped before the run (its `wr_id` the largest there is), is refused with a clear error,
+/// not counted as the run's (which could end the run with its own requests in flight) nor
+/// overflowing its count.
+#[test]
+fn a_run_refuses_a_completion_it_did_not_post() {
+    let (mut c, peer, local, server) = writing_to_an_exposed_region(opts(), opts());
     let sge = [local.sge(0, 64).unwrap()];
     let at = peer.addr_at(0, 64).unwrap();
     let mine = SendWr::rdma_write(u64::MAX, &sge, at, peer.rkey).signaled(true);
@@ -321,20 +338,8 @@ fn a_run_refuses_a_completion_it_did_not_post() {
 /// depth of 0 as 1). Neither stops the connection: a good run follows.
 #[test]
 fn a_pipelines_bad_depth_or_batch_names_its_bounds() {
-    let remote = AccessFlags::REMOTE_WRITE;
-    let (mut c, mut s) = connected(
-        opts().send_depth(256),
-        opts().recv_depth(512).remote_access(remote),
-    );
-    let exposed = s
-        .register_memory(4096, AccessFlags::LOCAL_WRITE | remote)
-        .unwrap();
-    let server = thread::spawn(move || {
-        s.exchange_memory(&[&exposed]).unwrap();
-        (exposed, s)
-    });
-    let peer = c.exchange_memory(&[]).unwrap()[0];
-    let local = c.register_memory(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let (mut c, peer, local, server) =
+        writing_to_an_exposed_region(opts().send_depth(256), opts().recv_depth(512));
     let sge = [local.sge(0, 64).unwrap()];
     let at = peer.addr_at(0, 64).unwrap();
     let write = |id| SendWr::rdma_write(id, &sge, at, peer.rkey);

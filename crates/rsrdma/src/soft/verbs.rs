@@ -2261,11 +2261,13 @@ pub(crate) unsafe fn destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
     let mut st = lock();
     st.order.retain(|&n| n != qp.raw.qp_num);
     let gone = st.qps.remove(&qp.raw.qp_num);
+    if let (Some(dir), Some(Some(_))) = (&device().directory, gone.as_ref().map(|e| e.published)) {
+        dir.publish_qp(qp.raw.qp_num, None);
+    }
+    // Its events are forgotten outside the lock: that may wait for the application's
+    // acknowledgement.
     drop(st);
     if let Some(e) = gone {
-        if let (Some(dir), Some(_)) = (&device().directory, e.published) {
-            dir.publish_qp(qp.raw.qp_num, None);
-        }
         // SAFETY: the QP's context outlives it.
         unsafe { forget_events(e.ctx, e.raw.cast()) };
     }

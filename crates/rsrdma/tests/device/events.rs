@@ -343,6 +343,46 @@ fn a_solicited_only_arm_wakes_for_a_solicited_send() {
     }
 }
 
+/// A queue pair whose receive CQ (`small`, of `cqe` entries) is sent four more SENDs than it
+/// holds, each into a posted receive: the CQ overruns. Fields drop in order: the queue pairs
+/// before the memory their work uses.
+struct Overrun {
+    rx: Qp,
+    tx: Qp,
+    small: Cq,
+    /// How many SENDs.
+    n: usize,
+    _keep: (Mr, Mr, Cq, Cq, Pd),
+}
+
+fn overrun(ctx: &rsrdma::Context, cqe: u32) -> Overrun {
+    let pd = Pd::new(ctx).unwrap();
+    let small = Cq::new(ctx, cqe, None).unwrap();
+    let a_send = Cq::new(ctx, 256, None).unwrap();
+    let b_cq = Cq::new(ctx, 256, None).unwrap();
+    let (rx, tx) = connected(&pd, &a_send, &small, &b_cq);
+    let n = small.capacity() as usize + 4;
+    let dst = Mr::new(&pd, 64 * n, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = Mr::new(&pd, 64, AccessFlags::NONE).unwrap();
+    for i in 0..n {
+        // SAFETY: `dst` and `src` outlive the queue pairs' work (kept in `_keep`, dropped
+        // after them).
+        unsafe {
+            rx.post_recv(&RecvWr::new(i as u64, &[dst.sge(64 * i, 64).unwrap()]))
+                .unwrap();
+            tx.post_send(&SendWr::send(i as u64, &[src.sge(0, 8).unwrap()]))
+                .unwrap();
+        }
+    }
+    Overrun {
+        rx,
+        tx,
+        small,
+        n,
+        _keep: (dst, src, a_send, b_cq, pd),
+    }
+}
+
 /// More receive completions than their CQ holds: the CQ overruns, the context hears of it
 /// (`CQ_ERR`, naming the CQ), and the queue pair whose completion found no room fails, as
 /// on rxe (before, soft0 raised nothing and left the queue pair in RTS, posting into a dead
@@ -351,43 +391,28 @@ fn a_solicited_only_arm_wakes_for_a_solicited_send() {
 fn a_cq_that_overruns_raises_cq_err_and_fails_the_queue_pair() {
     use rsrdma::{AsyncElement, AsyncEvent, AsyncEventKind, QpState};
     let ctx = ctx();
-    let pd = Pd::new(&ctx).unwrap();
-    let small = Cq::new(&ctx, 4, None).unwrap();
-    let a_send = Cq::new(&ctx, 256, None).unwrap();
-    let b_cq = Cq::new(&ctx, 256, None).unwrap();
-    let (rx, tx) = connected(&pd, &a_send, &small, &b_cq);
-    let n = small.capacity() as usize + 4;
-    let dst = Mr::new(&pd, 64 * n, AccessFlags::LOCAL_WRITE).unwrap();
-    let src = Mr::new(&pd, 64, AccessFlags::NONE).unwrap();
-    for i in 0..n {
-        // SAFETY: `dst` and `src` outlive the queue pairs' work (dropped after them below).
-        unsafe {
-            rx.post_recv(&RecvWr::new(i as u64, &[dst.sge(64 * i, 64).unwrap()]))
-                .unwrap();
-            tx.post_send(&SendWr::send(i as u64, &[src.sge(0, 8).unwrap()]))
-                .unwrap();
-        }
-    }
+    let o = overrun(&ctx, 4);
     let want = AsyncEvent {
         kind: AsyncEventKind::CqErr,
-        element: AsyncElement::Cq(small.handle()),
+        element: AsyncElement::Cq(o.small.handle()),
     };
     if let Err(seen) = wait_for_event(&ctx, want, WAIT) {
         panic!("no CQ_ERR for the overrun CQ; saw {seen:?}");
     }
     let t0 = Instant::now();
-    while rx.query().unwrap().state != QpState::Error {
+    while o.rx.query().unwrap().state != QpState::Error {
         assert!(
             t0.elapsed() < WAIT,
             "the QP whose completion was lost is still {:?}",
-            rx.state()
+            o.rx.state()
         );
         std::thread::sleep(Duration::from_millis(10));
     }
     // What the CQ took before it overran stays there to be polled, as on rxe (soft0 used to
     // answer every later poll with EOVERFLOW, losing them): successes, in order.
-    let mut wcs = vec![Wc::default(); n];
-    let got = small
+    let mut wcs = vec![Wc::default(); o.n];
+    let got = o
+        .small
         .poll(&mut wcs)
         .expect("an overrun CQ still gives what it holds");
     assert!(got >= 1, "nothing polled from the overrun CQ");
@@ -395,8 +420,9 @@ fn a_cq_that_overruns_raises_cq_err_and_fails_the_queue_pair() {
         assert!(wc.is_ok(), "{i}: {:?}", wc.status());
         assert_eq!(wc.wr_id(), i as u64);
     }
-    assert_eq!(small.poll(&mut wcs).unwrap(), 0, "then nothing more");
-    drop((rx, tx));
+    assert_eq!(o.small.poll(&mut wcs).unwrap(), 0, "then nothing more");
+    // The queue pairs first, then what their work used (the fields' order).
+    drop(o);
 }
 
 /// A CQ that overran and is then dropped takes its `CQ_ERR` events with it: reading the
@@ -406,32 +432,16 @@ fn a_cq_that_overruns_raises_cq_err_and_fails_the_queue_pair() {
 fn the_events_of_a_dropped_cq_go_with_it() {
     use rsrdma::{AsyncElement, QpState};
     let ctx = ctx();
-    let pd = Pd::new(&ctx).unwrap();
-    let small = Cq::new(&ctx, 1, None).unwrap();
-    let a_send = Cq::new(&ctx, 256, None).unwrap();
-    let b_cq = Cq::new(&ctx, 256, None).unwrap();
-    let (rx, tx) = connected(&pd, &a_send, &small, &b_cq);
-    let n = small.capacity() as usize + 4;
-    let dst = Mr::new(&pd, 64 * n, AccessFlags::LOCAL_WRITE).unwrap();
-    let src = Mr::new(&pd, 64, AccessFlags::NONE).unwrap();
-    for i in 0..n {
-        // SAFETY: `dst` and `src` outlive the queue pairs' work (dropped after them below).
-        unsafe {
-            rx.post_recv(&RecvWr::new(i as u64, &[dst.sge(64 * i, 64).unwrap()]))
-                .unwrap();
-            tx.post_send(&SendWr::send(i as u64, &[src.sge(0, 8).unwrap()]))
-                .unwrap();
-        }
-    }
+    let o = overrun(&ctx, 1);
     let t0 = Instant::now();
-    while rx.query().unwrap().state != QpState::Error {
+    while o.rx.query().unwrap().state != QpState::Error {
         assert!(t0.elapsed() < WAIT, "the overrun did not fail the QP");
         std::thread::sleep(Duration::from_millis(10));
     }
     // Whatever else the overrun raises has been raised by now.
     std::thread::sleep(Duration::from_millis(100));
-    let gone = small.handle();
-    drop((rx, tx, small));
+    let gone = o.small.handle();
+    drop(o);
     while let Some(ev) = ctx.read_async_event().unwrap() {
         assert_ne!(ev.element, AsyncElement::Cq(gone), "{ev:?}");
     }
