@@ -223,7 +223,7 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
                 cmd.env("RSRDMA_EXPECT_NO_RDMA_CORE", "1");
                 cmd = crate::no_rdma_core::wrap(&cmd)?;
             }
-            let (ok, p, f) = run_counting(cmd)?;
+            let (ok, p, f) = run_counting_within(cmd, Some(SOFT_BINARY_LIMIT))?;
             total_passed += p;
             total_failed += f;
             // Every named test must have run: a renamed test would otherwise drop out unseen.
@@ -376,14 +376,51 @@ struct BinaryResult {
 const START: &str = "[test] ==> ";
 const FINISH: &str = "[test] <== ";
 
+/// How long one soft0 device-test binary may run (each takes seconds; the whole stage about
+/// a minute): past it, its threads' stacks are shown and it is killed, so a hang fails the
+/// stage at once with where it hung, not CI's whole limit later with nothing.
+const SOFT_BINARY_LIMIT: Duration = Duration::from_secs(300);
+
+/// How long one device-test binary may run in the VM (the slowest takes about three minutes
+/// under load): past it, `timeout` ends it and the stage goes on, its failure shown.
+const VM_BINARY_LIMIT_SECS: u64 = 600;
+
 /// Runs `cmd` with its stdout streamed through, and adds up libtest's "test result:" lines.
 /// Returns whether it succeeded, and the tests passed and failed.
-fn run_counting(mut cmd: Command) -> Result<(bool, u64, u64)> {
+fn run_counting(cmd: Command) -> Result<(bool, u64, u64)> {
+    run_counting_within(cmd, None)
+}
+
+/// [`run_counting`], killing `cmd` (and every process of its group) past `limit`, after
+/// showing its threads' stacks where gdb is installed.
+fn run_counting_within(mut cmd: Command, limit: Option<Duration>) -> Result<(bool, u64, u64)> {
     use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    // Under a limit, a group of its own: the children a test spawns go with it. (Not
+    // otherwise: a group of its own leaves a terminal's Ctrl-C to xtask alone.)
+    if limit.is_some() {
+        cmd.process_group(0);
+    }
     let mut child = cmd
         .stdout(Stdio::piped())
         .spawn()
         .context("running cargo test")?;
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let pid = child.id();
+    let watchdog = limit.map(|limit| {
+        std::thread::spawn(move || {
+            if finished.recv_timeout(limit) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                return;
+            }
+            eprintln!(
+                "[test] *** still running after {} s: its threads' stacks, then killed ***",
+                limit.as_secs()
+            );
+            show_stacks(pid);
+            // SAFETY: kill has no memory preconditions; the group is the child's own.
+            unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+        })
+    });
     let (mut passed, mut failed) = (0, 0);
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
         let line = line.context("reading cargo test's output")?;
@@ -407,7 +444,32 @@ fn run_counting(mut cmd: Command) -> Result<(bool, u64, u64)> {
             failed += count("failed");
         }
     }
-    Ok((child.wait()?.success(), passed, failed))
+    let status = child.wait()?;
+    drop(done);
+    if let Some(w) = watchdog {
+        let _ = w.join();
+    }
+    Ok((status.success(), passed, failed))
+}
+
+/// Prints every thread's stack of process `pid` with gdb, where it is installed.
+fn show_stacks(pid: u32) {
+    let shown = Command::new("timeout")
+        .args([
+            "60",
+            "gdb",
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-ex",
+            "thread apply all bt",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::inherit())
+        .status();
+    if !shown.is_ok_and(|s| s.success()) {
+        eprintln!("[test] (no stacks: gdb is not installed or could not attach)");
+    }
 }
 
 /// The device-test binaries the VM runs alone, before the lanes: those that run C perftest,
@@ -469,13 +531,14 @@ fn device_tests(
     } else {
         "times=\n"
     });
+    script.push_str(&format!("limit={VM_BINARY_LIMIT_SECS}\n"));
     script.push_str(
         "failed=0\n\
          : \"${RUST_BACKTRACE:=1}\"; export RUST_BACKTRACE\n\
          run() {\n\
          \x20   label=$1; dir=$2; exe=$3; shift 3\n\
          \x20   echo \"[test] ==> $label\"\n\
-         \x20   (cd \"$dir\" && CARGO_MANIFEST_DIR=\"$dir\" exec \"$exe\" --test-threads=1 $times \"$@\")\n\
+         \x20   (cd \"$dir\" && CARGO_MANIFEST_DIR=\"$dir\" exec timeout -k 10 $limit \"$exe\" --test-threads=1 $times \"$@\")\n\
          \x20   st=$?\n\
          \x20   echo \"[test] <== $label $st\"\n\
          \x20   [ $st -eq 0 ] || failed=1\n\
@@ -628,6 +691,26 @@ fn parse_results(output: &str) -> Vec<(String, BinaryResult)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A binary past its limit is killed with the processes it started (a child holding the
+    /// output open kept the stage waiting for it), and counts as failed.
+    #[test]
+    fn a_binary_past_its_limit_ends_with_its_children() {
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            "sleep 120 & echo 'test result: ok. 1 passed; 0 failed'; wait",
+        ]);
+        let t0 = Instant::now();
+        let (ok, passed, failed) =
+            run_counting_within(cmd, Some(Duration::from_millis(500))).unwrap();
+        assert!(!ok && passed == 1 && failed == 0);
+        assert!(
+            t0.elapsed() < Duration::from_secs(100),
+            "{:?}",
+            t0.elapsed()
+        );
+    }
 
     #[test]
     fn parses_libtest_summaries_per_binary() {

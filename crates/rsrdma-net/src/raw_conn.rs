@@ -45,7 +45,8 @@ const STALL_LIMIT: Duration = Duration::from_secs(5);
 /// a peer has [`RawOptions::opening_timeout`] to send its
 /// hello and proof (without a secret, its hello and its endpoint). A peer that fails is
 /// logged and counted ([`RawListener::counters`]), never returned, so one silent or garbage
-/// socket delays no good client. Handshakes start only from `accept`, and a connection grants
+/// socket delays no good client. Handshakes start only from `accept` (each call starts every
+/// peer already queued, while there is room, before it returns one), and a connection grants
 /// its peer [`RawOptions::remote_access`] only once `accept` returns it.
 pub struct RawListener {
     tcp: TcpListener,

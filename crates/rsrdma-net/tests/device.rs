@@ -40,6 +40,32 @@ fn pattern(mr: &mut Mr, seed: u8) {
 }
 
 /// A copy of the region's bytes (`read_at`: no reference to memory a peer may write).
+/// How many connections wait in the kernel's accept queue of the IPv4 listening socket at
+/// `addr` (`/proc/net/tcp`'s rx_queue of a socket in LISTEN).
+fn listen_backlog(addr: std::net::SocketAddr) -> u32 {
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let local = match addr {
+        std::net::SocketAddr::V4(a) => {
+            format!(
+                "{:08X}:{:04X}",
+                u32::from_ne_bytes(a.ip().octets()),
+                a.port()
+            )
+        }
+        std::net::SocketAddr::V6(_) => panic!("an IPv4 listener"),
+    };
+    tcp.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f.get(1) == Some(&local.as_str()) && f.get(3) == Some(&"0A")).then(|| {
+                let rx = f[4].split(':').nth(1).unwrap();
+                u32::from_str_radix(rx, 16).unwrap()
+            })
+        })
+        .sum()
+}
+
 fn snap(mr: &Mr) -> Vec<u8> {
     let mut v = vec![0u8; mr.len()];
     mr.read_at(0, &mut v).unwrap();
@@ -631,14 +657,33 @@ fn a_connection_in_the_accept_queue_reaches_no_memory() {
     for i in 0..2u64 {
         let tx = tx.clone();
         thread::spawn(move || {
-            let c = RawConn::dial(addr, opts().params(vec![(1, i)])).unwrap();
-            tx.send((i, c)).unwrap();
+            let _ = tx.send((i, RawConn::dial(addr, opts().params(vec![(1, i)]))));
         });
     }
-    let accepted = l.accept().unwrap();
+    drop(tx);
+    // A handshake starts only from an `accept`: both peers wait in the kernel's queue before
+    // the first one, which starts both handshakes before it returns the first to finish.
+    // (Before: a finished one was returned before the other was taken, whose dial then
+    // timed out, and the test hung in CI on a channel that never closed.)
+    let t0 = Instant::now();
+    while listen_backlog(addr) < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the dials never came"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    let accepted = l.accept_timeout(Duration::from_secs(20)).unwrap();
     let accepted_id = accepted.peer_endpoint().params[0].1;
     // Both dials returned: the other connection's handshake is done, and it waits, queued.
-    let mut clients: Vec<(u64, RawConn)> = (0..2).map(|_| rx.recv().unwrap()).collect();
+    let mut clients: Vec<(u64, RawConn)> = (0..2)
+        .map(|_| {
+            let (i, c) = rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("a dial returns");
+            (i, c.unwrap())
+        })
+        .collect();
     clients.sort_by_key(|(i, _)| (*i != accepted_id) as u8);
     let target = hub_mr.remote();
     let write = |c: &RawConn, seed: u8| {
@@ -659,8 +704,20 @@ fn a_connection_in_the_accept_queue_reaches_no_memory() {
         "the accepted peer wrote"
     );
     // The queued peer's refused request failed its queue pair: that is its failure, not the
-    // listener's. The next accept skips it and hands out the next peer (it returned the
-    // grant's EINVAL, which ends a `loop { accept()? }` service: an outside tester's find).
+    // listener's. An accept skips it (it returned the grant's EINVAL, which ends a
+    // `loop { accept()? }` service: an outside tester's find). Its dial returned once this
+    // side's last message was in, so this side's handshake thread may still be finishing:
+    // accept until the queued peer was taken, each accept ending by its timeout.
+    let t0 = Instant::now();
+    while l.counters().failed == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the queued peer was never taken"
+        );
+        let e = l.accept_timeout(Duration::from_millis(100)).unwrap_err();
+        assert!(matches!(e, NetError::Timeout { .. }), "{e}");
+    }
+    // The next accept hands out the next peer.
     let next = thread::spawn(move || RawConn::dial(addr, opts().params(vec![(1, 9)])));
     let c = l.accept_timeout(Duration::from_secs(20)).unwrap();
     assert_eq!(c.peer_endpoint().params[0].1, 9, "the next peer");

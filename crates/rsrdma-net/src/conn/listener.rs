@@ -43,7 +43,8 @@ enum Inner {
 /// the listener. A peer that fails its handshake is logged (`tracing`, WARN) and counted
 /// ([`Listener::counters`]); `accept` never returns it, so `loop { listener.accept()? }`
 /// keeps serving. Handshakes start only from `accept`, so a listener nobody accepts on does
-/// no work.
+/// no work; each call starts every peer already queued (while there is room) before it
+/// returns a finished connection, so peers that dial together are served together.
 pub struct Listener {
     inner: Inner,
     opts: ConnOptions,

@@ -348,7 +348,8 @@ fn a_solicited_only_arm_wakes_for_a_solicited_send() {
 /// before the memory their work uses.
 struct Overrun {
     rx: Qp,
-    tx: Qp,
+    /// The sender, kept alive (and dropped before the memory).
+    _tx: Qp,
     small: Cq,
     /// How many SENDs.
     n: usize,
@@ -376,7 +377,7 @@ fn overrun(ctx: &rsrdma::Context, cqe: u32) -> Overrun {
     }
     Overrun {
         rx,
-        tx,
+        _tx: tx,
         small,
         n,
         _keep: (dst, src, a_send, b_cq, pd),
