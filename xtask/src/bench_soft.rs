@@ -15,6 +15,10 @@
 //! (`RSRDMA_SOFT_SHM=0`), so that its processes talk over loopback TCP as soft devices on two
 //! hosts do. Conn against RawConn on soft0 is
 //! `RSRDMA_SOFT_DEVICE=1 cargo xtask bench rdmanet --no-vm -d soft0 -x 1`.
+//!
+//! After the table (without `--sizes`), rsrdma's `idle_queue_pairs` example measures what
+//! idle queue pairs cost the busy ones on soft0: a send and its receive with 2 queue pairs
+//! in the process against beside 1024 more, in alternating rounds (its own table).
 
 use crate::bench::{self, BenchArgs, Case, Metric};
 use crate::vm;
@@ -40,6 +44,17 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
         root,
         &["build", "--release", "-p", "rsrdma-perftest", "--bins"],
     )?;
+    bench::cargo_build(
+        root,
+        &[
+            "build",
+            "--release",
+            "-p",
+            "rsrdma",
+            "--example",
+            "idle_queue_pairs",
+        ],
+    )?;
     let target = vm::target_dir()?;
     let bin = target.join("release");
     let cases = match &a.sizes {
@@ -54,6 +69,17 @@ pub fn main(root: &Path, args: &[String]) -> Result<i32> {
     let title = "soft0 against UCX, libfabric and kernel TCP on this host";
     let table = bench::report(&cases, &runs, &out_dir, a.rounds, title, &value)?;
     bench::write_chart(&a, &cases, &runs, &out_dir, title, &value)?;
+    let mut table = table;
+    if a.sizes.is_none() {
+        let out = std::process::Command::new(bin.join("examples/idle_queue_pairs"))
+            .args(["-d", "soft0", "--rounds", &a.rounds.max(3).to_string()])
+            .output()?;
+        table.push_str(&format!(
+            "\nidle queue pairs (rsrdma's idle_queue_pairs example):\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
     print!("{table}");
     std::fs::write(target.join("bench-soft.txt"), &table)?;
     eprintln!(

@@ -479,6 +479,13 @@ pub const EXAMPLES: &[Example] = &[
         check: |o| o.has("run", "pipeline step: post 1, poll 1"),
         ..verbs("post_overhead")
     },
+    Example {
+        name: "idle_queue_pairs",
+        // Small: a check that it runs (`cargo xtask bench soft` measures).
+        procs: &[fg("run", "--idle 16 --iters 200 --rounds 1")],
+        check: |o| o.has("run", "idle queue pairs: ratio"),
+        ..verbs("idle_queue_pairs")
+    },
 ];
 
 /// An rsrdma-net example's entry, to fill in.

@@ -171,6 +171,8 @@ struct QpEntry {
     held: VecDeque<(Instant, Completion)>,
     /// What the device's directory says of it (connected queue pairs only).
     published: Option<SharedQp>,
+    /// It waits in [`State::dirty`] for the next pump.
+    dirty: bool,
 }
 
 struct SrqEntry {
@@ -185,9 +187,12 @@ struct SrqEntry {
 struct State {
     mrs: MrTable,
     qps: FastMap<u32, QpEntry>,
-    /// The QP numbers in ascending order (numbers only grow), the order a pump serves them
-    /// in: kept here so a pump, on every post, neither allocates nor sorts.
-    order: Vec<u32>,
+    /// The queue pairs the next pump serves, each once ([`QpEntry::dirty`]): those posted
+    /// to, delivered to, changed or timed out since the last one ([`State::touch`]). A pump
+    /// serves only these, so its cost does not grow with idle queue pairs. (It served every
+    /// one, on every post and poll: with 1024 queue pairs in a process, a send and its
+    /// receive took about 100 µs against 1 µs with two.)
+    dirty: Vec<u32>,
     srqs: FastMap<u32, SrqEntry>,
     next_qpn: u32,
     next_handle: u32,
@@ -208,7 +213,22 @@ const MAX_SPARE: usize = 32;
 /// Payload memory for the next requests' gathers ([`ProcessMemory::buffer`]).
 static PAYLOADS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
+/// Puts `e` (QP `qpn`) in `dirty` for the next pump, once.
+fn mark(dirty: &mut Vec<u32>, e: &mut QpEntry, qpn: u32) {
+    if !e.dirty {
+        e.dirty = true;
+        dirty.push(qpn);
+    }
+}
+
 impl State {
+    /// QP `qpn` may have something to send, complete or report: the next pump serves it.
+    fn touch(&mut self, qpn: u32) {
+        if let Some(e) = self.qps.get_mut(&qpn) {
+            mark(&mut self.dirty, e, qpn);
+        }
+    }
+
     /// Takes back the memory of the oldest lent payloads that nothing holds any more.
     fn reclaim_payloads(&mut self) {
         while self
@@ -279,7 +299,7 @@ fn device() -> &'static Device {
             state: Mutex::new(State {
                 mrs: MrTable::new(),
                 qps: FastMap::default(),
-                order: Vec::new(),
+                dirty: Vec::new(),
                 srqs: FastMap::default(),
                 next_qpn: FIRST_QPN,
                 next_handle: 1,
@@ -368,9 +388,11 @@ impl Deliver for FromPeers {
 
     fn link_down(&self, peer: SocketAddrV4) {
         let mut st = lock();
-        for e in st.qps.values_mut() {
+        let State { qps, dirty, .. } = &mut *st;
+        for (&qpn, e) in qps.iter_mut() {
             if e.remote() == peer && e.core.state() != QpState::Error {
                 e.core.handle_link_down();
+                mark(dirty, e, qpn);
             }
         }
         pump(&mut st, &mut LazyNow::default());
@@ -692,10 +714,17 @@ fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) -> 
         requests_dropped(st, p, from, now);
         return Delivery::Taken;
     }
-    let State { qps, srqs, mrs, .. } = st;
+    let State {
+        qps,
+        srqs,
+        mrs,
+        dirty,
+        ..
+    } = st;
     let Some(d) = qps.get_mut(&p.dest_qpn) else {
         return Delivery::NoQp;
     };
+    mark(dirty, d, p.dest_qpn);
     let remote = d.remote();
     let srq = d.srq.and_then(|h| srqs.get_mut(&h)).map(|s| &mut s.core);
     let datagram = matches!(p.kind, PacketKind::Datagram { .. });
@@ -728,8 +757,10 @@ fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) -> 
 /// `p.psn` unexecuted: the queue pair connected to that one hears of it (and sends again
 /// after its timeout, or fails the request).
 fn requests_dropped(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) {
-    let State { qps, mrs, .. } = st;
-    for e in qps.values_mut() {
+    let State {
+        qps, mrs, dirty, ..
+    } = st;
+    for (&qpn, e) in qps.iter_mut() {
         let remote = e.remote();
         let QpCore::Rc(q) = &mut e.core else {
             continue;
@@ -737,6 +768,7 @@ fn requests_dropped(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut Laz
         if q.dest_qpn() == p.dest_qpn && same_device(remote, from) {
             let notice = p.clone();
             let _ = q.handle_packet(notice, mrs, &mut ProcessMemory, None, || now.get());
+            mark(dirty, e, qpn);
         }
     }
 }
@@ -792,73 +824,102 @@ pub(super) fn names_a_soft_device(gid: &[u8; 16]) -> bool {
         || *gid == [0; 16]
 }
 
-/// Hands every packet to its destination until none is left, then delivers completions and
-/// events. Under the lock.
+/// Serves the queue pairs touched since the last pump ([`State::dirty`]): hands each one's
+/// packets to their destinations (a queue pair of this process delivered to is touched in
+/// turn, and served in this pump), then its completions and events. Under the lock.
 fn pump(st: &mut State, now: &mut LazyNow) {
     st.reclaim_payloads();
-    loop {
-        let mut moved = false;
-        // Delivery creates and destroys no QP, so the order stays put meanwhile.
-        for i in 0..st.order.len() {
-            let qpn = st.order[i];
-            while let Some((to, pkt)) = transmit(st, qpn) {
-                let request = pkt.kind.is_request();
-                if !is_own(to) {
-                    // The destination lives in another process.
-                    let dev = device();
-                    match &dev.links {
-                        Some(l) => {
-                            if pkt.payload.len() >= REUSE_FROM {
-                                st.lent.push_back(pkt.payload.clone());
-                            }
-                            // A connected QP's packets take the link it keeps.
-                            let sent = match st.qps.get_mut(&qpn) {
-                                Some(e) if e.remote == to => {
-                                    route_to(&mut e.route, to, l, &dev.deliver)
-                                        .is_some_and(|r| Links::send_on(r, pkt))
-                                }
-                                _ => l.send(to, pkt, &dev.deliver),
-                            };
-                            if !sent {
-                                if let Some(e) = st.qps.get_mut(&qpn) {
-                                    e.core.handle_link_down();
-                                }
-                            }
-                        }
-                        // A datagram is simply lost; a connection breaks.
-                        None => {
-                            if let Some(e) = st.qps.get_mut(&qpn) {
-                                e.core.handle_link_down();
-                            }
-                        }
+    let mut timer = false;
+    let mut i = 0;
+    while i < st.dirty.len() {
+        let qpn = st.dirty[i];
+        i += 1;
+        // A queue pair destroyed since it was touched is simply not there.
+        let Some(e) = st.qps.get_mut(&qpn) else {
+            continue;
+        };
+        e.dirty = false;
+        send_packets(st, qpn, now);
+        let Some(e) = st.qps.get_mut(&qpn) else {
+            continue;
+        };
+        e.finish_turn(now);
+        timer |= e.next_due().is_some();
+    }
+    st.dirty.clear();
+    for s in st.srqs.values_mut() {
+        if s.core.poll_limit_event() {
+            let mut a: ffi::ibv_async_event = zeroed();
+            a.event_type = ffi::ibv_event_type::IBV_EVENT_SRQ_LIMIT_REACHED;
+            a.element.srq = s.raw;
+            // SAFETY: the SRQ's context outlives it.
+            unsafe { push_event(s.ctx, a) };
+        }
+    }
+    // The timer thread only needs to hear of a retry or a held completion now due.
+    if timer {
+        device().timer.notify_one();
+    }
+}
+
+/// Hands every packet QP `qpn` has to send to its destination: another process's device
+/// through a link, or a queue pair of this one (delivered now).
+fn send_packets(st: &mut State, qpn: u32, now: &mut LazyNow) {
+    while let Some((to, pkt)) = transmit(st, qpn) {
+        let request = pkt.kind.is_request();
+        if !is_own(to) {
+            // The destination lives in another process.
+            let dev = device();
+            match &dev.links {
+                Some(l) => {
+                    if pkt.payload.len() >= REUSE_FROM {
+                        st.lent.push_back(pkt.payload.clone());
                     }
-                    continue;
-                }
-                // Only a packet delivered here can make another queue pair of this device
-                // send (its answer): then every queue pair is looked at again.
-                moved = true;
-                let (psn, to_qpn) = (pkt.psn, pkt.dest_qpn);
-                match deliver(st, pkt, own_addr(), now) {
-                    // The peer QP is gone: as a peer that died, its sender's link breaks.
-                    Delivery::NoQp if request => {
+                    // A connected QP's packets take the link it keeps.
+                    let sent = match st.qps.get_mut(&qpn) {
+                        Some(e) if e.remote == to => route_to(&mut e.route, to, l, &dev.deliver)
+                            .is_some_and(|r| Links::send_on(r, pkt)),
+                        _ => l.send(to, pkt, &dev.deliver),
+                    };
+                    if !sent {
                         if let Some(e) = st.qps.get_mut(&qpn) {
                             e.core.handle_link_down();
                         }
                     }
-                    // The peer QP dropped it (not in RTR or RTS): its sender hears of it.
-                    Delivery::Dropped => {
-                        let notice = Packet::dropped(to_qpn, psn);
-                        requests_dropped(st, notice, own_addr(), now);
+                }
+                // A datagram is simply lost; a connection breaks.
+                None => {
+                    if let Some(e) = st.qps.get_mut(&qpn) {
+                        e.core.handle_link_down();
                     }
-                    _ => {}
                 }
             }
+            continue;
         }
-        if !moved {
-            break;
+        let (psn, to_qpn) = (pkt.psn, pkt.dest_qpn);
+        match deliver(st, pkt, own_addr(), now) {
+            // The peer QP is gone: as a peer that died, its sender's link breaks.
+            Delivery::NoQp if request => {
+                if let Some(e) = st.qps.get_mut(&qpn) {
+                    e.core.handle_link_down();
+                }
+            }
+            // The peer QP dropped it (not in RTR or RTS): its sender hears of it.
+            Delivery::Dropped => {
+                let notice = Packet::dropped(to_qpn, psn);
+                requests_dropped(st, notice, own_addr(), now);
+            }
+            _ => {}
         }
     }
-    for e in st.qps.values_mut() {
+}
+
+impl QpEntry {
+    /// The end of its turn in a pump: its state republished if that changed, its
+    /// completions to its CQs (or held, under an injected delay), its events to its
+    /// context.
+    fn finish_turn(&mut self, now: &mut LazyNow) {
+        let e = self;
         e.republish_state();
         // A completion its CQ had no room for (the CQ overran): as rxe, the QP fails.
         let mut lost = false;
@@ -892,19 +953,6 @@ fn pump(st: &mut State, now: &mut LazyNow) {
             // SAFETY: the QP's context outlives it.
             unsafe { push_event(e.ctx, a) };
         }
-    }
-    for s in st.srqs.values_mut() {
-        if s.core.poll_limit_event() {
-            let mut a: ffi::ibv_async_event = zeroed();
-            a.event_type = ffi::ibv_event_type::IBV_EVENT_SRQ_LIMIT_REACHED;
-            a.element.srq = s.raw;
-            // SAFETY: the SRQ's context outlives it.
-            unsafe { push_event(s.ctx, a) };
-        }
-    }
-    // The timer thread only needs to hear of a retry or a held completion now due.
-    if st.qps.values().any(|e| e.next_due().is_some()) {
-        device().timer.notify_one();
     }
 }
 
@@ -943,6 +991,7 @@ fn with_qp(qp_num: u32, f: impl FnOnce(&mut QpEntry) -> bool) -> bool {
         return false;
     };
     let done = f(e);
+    st.touch(qp_num);
     pump(&mut st, &mut LazyNow::default());
     done
 }
@@ -1207,8 +1256,12 @@ fn timer_thread() {
         let due = st.qps.values().filter_map(QpEntry::next_due).min();
         match due {
             Some(t) if t <= now => {
-                for e in st.qps.values_mut() {
-                    e.core.handle_timeout(now);
+                let State { qps, dirty, .. } = &mut *st;
+                for (&qpn, e) in qps.iter_mut() {
+                    if e.next_due().is_some_and(|t| t <= now) {
+                        e.core.handle_timeout(now);
+                        mark(dirty, e, qpn);
+                    }
                 }
                 pump(&mut st, &mut LazyNow(Some(now)));
                 // Let go of the device between turns: with a short RNR timer and many
@@ -1446,6 +1499,7 @@ unsafe extern "C" fn post_send(
         // SAFETY: as above.
         w = unsafe { (*w).next };
     }
+    st.touch(qpn);
     pump(&mut st, &mut LazyNow::default());
     rc
 }
@@ -1462,10 +1516,14 @@ unsafe extern "C" fn post_recv(
     let _one = Exclusive::enter(&soft.rq_busy, "the receive queue of QP", qpn);
     // SAFETY: the caller's contract.
     unsafe {
-        post_recv_list(wr, bad, |st, recv| match st.qps.get_mut(&qpn) {
-            Some(e) if recv.sges.len() as u32 > e.caps.max_recv_sge => Err(libc::EINVAL),
-            Some(e) => e.core.post_recv(recv).map_err(post_errno),
-            None => Err(libc::EINVAL),
+        post_recv_list(wr, bad, |st, recv| {
+            // A receive posted to a QP in ERROR completes at once (flushed).
+            st.touch(qpn);
+            match st.qps.get_mut(&qpn) {
+                Some(e) if recv.sges.len() as u32 > e.caps.max_recv_sge => Err(libc::EINVAL),
+                Some(e) => e.core.post_recv(recv).map_err(post_errno),
+                None => Err(libc::EINVAL),
+            }
         })
     }
 }
@@ -2217,7 +2275,6 @@ pub(crate) unsafe fn create_qp(
     .cast::<ffi::ibv_qp>();
     let mut saved: ffi::ibv_qp_attr = zeroed();
     saved.cap = *c;
-    st.order.push(qpn);
     st.qps.insert(
         qpn,
         QpEntry {
@@ -2238,6 +2295,7 @@ pub(crate) unsafe fn create_qp(
             delay: Duration::ZERO,
             held: VecDeque::new(),
             published: None,
+            dirty: false,
         },
     );
     drop(st);
@@ -2259,7 +2317,6 @@ pub(crate) unsafe fn destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
         l.flush(LINK_FLUSH_LIMIT);
     }
     let mut st = lock();
-    st.order.retain(|&n| n != qp.raw.qp_num);
     let gone = st.qps.remove(&qp.raw.qp_num);
     if let (Some(dir), Some(Some(_))) = (&device().directory, gone.as_ref().map(|e| e.published)) {
         dir.publish_qp(qp.raw.qp_num, None);
@@ -2409,6 +2466,7 @@ pub(crate) unsafe fn modify_qp(
         }
         // SAFETY: the caller's contract; the state field is the QP's own.
         unsafe { (*qp).state = to };
+        st.touch(qpn);
         pump(&mut st, &mut LazyNow::default());
     }
     if let Some(e) = st.qps.get_mut(&qpn) {
