@@ -139,6 +139,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         &[
             "a_100_mib_stream_with_io_copy_verified_by_hash",
             "a_burst_of_dials_from_one_host_is_served_whole",
+            "a_dropped_listener_refuses_what_it_never_handed_out",
             "a_burst_of_dials_past_the_listeners_bound_is_served_whole",
             "a_byte_stream_with_io_copy",
             "a_cm_listener_out_of_descriptors_waits_and_then_accepts",
@@ -229,7 +230,6 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "one_async_accept_loop_serves_a_good_client_through_a_flood",
             "packet_conn_send_to_and_recv_from",
             "peer_death_surfaces_as_an_error",
-            "sixty_four_connections_on_one_current_thread_runtime",
             "split_halves_run_full_duplex_and_reunite",
             "the_keeper_answers_keepalives_while_nobody_awaits",
             "tokio_io_copy_of_many_mib_is_verified",
@@ -361,6 +361,14 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "rdmanet_lat_zero_copy_both_ends",
             "rdmanet_raw_client_exits_1_within_5_s_when_the_server_is_killed",
         ],
+    ),
+    // Alone, in a process of its own: it counts the process's threads (a blocking `Conn`'s
+    // progress thread, or another test's runtime, started by a test running beside it
+    // failed it once).
+    (
+        "rsrdma-net",
+        "async_device",
+        &["sixty_four_connections_on_one_current_thread_runtime"],
     ),
 ];
 

@@ -193,6 +193,12 @@ impl RawListener {
     }
 }
 
+impl crate::conn::Unaccepted for RawConn {
+    /// Dropped: its control channel tells the peer it closed, and the peer's waits on it
+    /// (`sync`, `exchange_memory`) fail (a RawConn has no end-of-stream to mistake).
+    fn refuse(self) {}
+}
+
 impl Drop for RawListener {
     fn drop(&mut self) {
         // Connections nobody accepted close now; running handshakes drop theirs.
@@ -282,7 +288,7 @@ impl RawConn {
             Err(e) => return Err(e),
         };
         // Both queue pairs are ready to receive before either side may send.
-        ctrl.barrier(0)?;
+        ctrl.closing_barrier(0)?;
         Ok(RawConn {
             qp: p.qp,
             send_cq: p.send_cq,
@@ -1086,7 +1092,7 @@ impl StallWatch {
         if self.last_progress.elapsed() > self.limit {
             return Err(NetError::Timeout {
                 op: "waiting for a completion",
-                millis: self.limit.as_millis().try_into().unwrap_or(u64::MAX),
+                millis: crate::deadline::whole_millis(self.limit),
             });
         }
         Ok(())

@@ -1961,3 +1961,48 @@ fn burst_of_dials(n: usize, listener: ConnOptions) {
     assert_eq!((k.accepted, k.failed, k.shed), (n as u64, 0, 0), "{k:?}");
     drop(clients);
 }
+
+/// A connection whose handshake finished but that nobody accepted ends in an error at its
+/// dialer when the listener is dropped, not in an end-of-stream: that would say the server
+/// read what the dialer sent, and closed. (An outside tester's find: a dropped listener
+/// closed them cleanly, and the dialer's message was lost behind `Ok(None)`.) The accepted
+/// connection goes on.
+#[test]
+fn a_dropped_listener_refuses_what_it_never_handed_out() {
+    let server = opts(Establish::Tcp);
+    let l = Listener::bind(listen_addr(&server), server).unwrap();
+    let addr = l.local_addr();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..2 {
+        let tx = tx.clone();
+        thread::spawn(move || {
+            let _ = tx.send(Conn::dial(addr, opts(Establish::Tcp)));
+        });
+    }
+    drop(tx);
+    // Both wait in the kernel's queue: the accept starts both handshakes, returns one.
+    support::await_backlog(addr, 2);
+    let s = l.accept_timeout(Duration::from_secs(20)).unwrap();
+    let dialed: Vec<Conn> = (0..2)
+        .map(|_| rx.recv_timeout(Duration::from_secs(30)).unwrap().unwrap())
+        .collect();
+    let (mut accepted, mut queued): (Vec<Conn>, Vec<Conn>) = dialed
+        .into_iter()
+        .partition(|c| c.local_addr() == s.peer_addr());
+    let (c, unaccepted) = (accepted.pop().unwrap(), queued.pop().unwrap());
+    unaccepted
+        .send_msg(b"for a server that never reads it")
+        .unwrap();
+    drop(l);
+    unaccepted
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let r = unaccepted.recv_msg();
+    assert!(
+        matches!(r, Err(NetError::ConnFailed(_))),
+        "an unaccepted connection's dialer: {r:?}"
+    );
+    c.send_msg(b"still here").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(s.recv_msg().unwrap().as_deref(), Some(&b"still here"[..]));
+}

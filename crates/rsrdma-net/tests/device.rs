@@ -40,32 +40,6 @@ fn pattern(mr: &mut Mr, seed: u8) {
 }
 
 /// A copy of the region's bytes (`read_at`: no reference to memory a peer may write).
-/// How many connections wait in the kernel's accept queue of the IPv4 listening socket at
-/// `addr` (`/proc/net/tcp`'s rx_queue of a socket in LISTEN).
-fn listen_backlog(addr: std::net::SocketAddr) -> u32 {
-    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap();
-    let local = match addr {
-        std::net::SocketAddr::V4(a) => {
-            format!(
-                "{:08X}:{:04X}",
-                u32::from_ne_bytes(a.ip().octets()),
-                a.port()
-            )
-        }
-        std::net::SocketAddr::V6(_) => panic!("an IPv4 listener"),
-    };
-    tcp.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            (f.get(1) == Some(&local.as_str()) && f.get(3) == Some(&"0A")).then(|| {
-                let rx = f[4].split(':').nth(1).unwrap();
-                u32::from_str_radix(rx, 16).unwrap()
-            })
-        })
-        .sum()
-}
-
 fn snap(mr: &Mr) -> Vec<u8> {
     let mut v = vec![0u8; mr.len()];
     mr.read_at(0, &mut v).unwrap();
@@ -665,14 +639,7 @@ fn a_connection_in_the_accept_queue_reaches_no_memory() {
     // the first one, which starts both handshakes before it returns the first to finish.
     // (Before: a finished one was returned before the other was taken, whose dial then
     // timed out, and the test hung in CI on a channel that never closed.)
-    let t0 = Instant::now();
-    while listen_backlog(addr) < 2 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the dials never came"
-        );
-        thread::sleep(Duration::from_millis(5));
-    }
+    support::await_backlog(addr, 2);
     let accepted = l.accept_timeout(Duration::from_secs(20)).unwrap();
     let accepted_id = accepted.peer_endpoint().params[0].1;
     // Both dials returned: the other connection's handshake is done, and it waits, queued.

@@ -391,7 +391,7 @@ impl Driven {
                     Poll::Pending if Instant::now() >= until => {
                         Poll::Ready(Err(NetError::Timeout {
                             op: "close",
-                            millis: linger.as_millis().try_into().unwrap_or(u64::MAX),
+                            millis: crate::deadline::whole_millis(linger),
                         }))
                     }
                     Poll::Pending => {

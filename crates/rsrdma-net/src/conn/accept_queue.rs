@@ -102,6 +102,13 @@ fn out_of_resources(e: &NetError) -> bool {
 /// out a finished connection: a flood of dials cannot hold back one that is ready.
 const TAKES_PER_LOOK: usize = 64;
 
+/// What a listener does with a finished connection nobody will accept (the listener is
+/// gone): the peer must hear an error, not a clean end.
+pub(crate) trait Unaccepted {
+    /// Ends it as refused.
+    fn refuse(self);
+}
+
 /// Longest single wait inside an `accept` without a deadline.
 const WAIT_SLICE: Duration = Duration::from_secs(3600);
 
@@ -110,6 +117,10 @@ pub(crate) struct AcceptQueue<T> {
     state: Mutex<Finished<T>>,
     /// Made readable when a handshake finishes.
     done: Wake,
+    /// Held while an `accept` looks for room and takes peers: two accepts that both saw
+    /// room for one more each took a peer, and the second peer, finding none left, was
+    /// turned away (counted as shed) instead of waiting in the kernel's queue.
+    taking: Mutex<()>,
     pub(crate) admission: Arc<Admission>,
 }
 
@@ -120,7 +131,7 @@ struct Finished<T> {
     closed: bool,
 }
 
-impl<T> AcceptQueue<T> {
+impl<T: Unaccepted> AcceptQueue<T> {
     /// An empty queue under `admission`.
     ///
     /// # Errors
@@ -132,6 +143,7 @@ impl<T> AcceptQueue<T> {
                 closed: false,
             }),
             done: Wake::new().map_err(|e| NetError::io("eventfd", e))?,
+            taking: Mutex::new(()),
             admission,
         }))
     }
@@ -155,7 +167,9 @@ impl<T> AcceptQueue<T> {
             other => other,
         };
         drop(q);
-        drop(late);
+        if let Some(c) = late {
+            c.refuse();
+        }
         self.done.wake();
     }
 
@@ -169,7 +183,7 @@ impl<T> AcceptQueue<T> {
             std::mem::take(&mut q.ready)
         };
         self.admission.close_all();
-        drop(ready);
+        ready.into_iter().for_each(Unaccepted::refuse);
     }
 
     /// Waits for the next good connection until `deadline` (`timeout` is what the caller
@@ -201,6 +215,7 @@ impl<T> AcceptQueue<T> {
             let mut room;
             let mut starved = false;
             let mut took = 0;
+            let taking = self.taking.lock().unwrap_or_else(|p| p.into_inner());
             let failed_take = loop {
                 let waiting = self.lock().ready.len();
                 room = self.admission.has_room(waiting);
@@ -221,6 +236,7 @@ impl<T> AcceptQueue<T> {
                     Err(e) => break Some(e),
                 }
             };
+            drop(taking);
             {
                 let mut q = self.lock();
                 if let Some(c) = q.ready.pop_front() {
@@ -244,7 +260,7 @@ impl<T> AcceptQueue<T> {
             if left.is_zero() {
                 return Err(NetError::Timeout {
                     op: "accept",
-                    millis: timeout.as_millis().try_into().unwrap_or(u64::MAX),
+                    millis: crate::deadline::whole_millis(timeout),
                 });
             }
             // Starved: the queued peer keeps the socket readable; wait on the handshakes
@@ -268,6 +284,10 @@ impl<T> AcceptQueue<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Unaccepted for u32 {
+        fn refuse(self) {}
+    }
 
     /// A queue with one finished connection (`7`).
     fn one_ready(max: usize) -> Arc<AcceptQueue<u32>> {
@@ -310,6 +330,42 @@ mod tests {
             })
             .unwrap();
         assert_eq!((c, running.len()), (7, TAKES_PER_LOOK));
+    }
+
+    /// Two accepts at once, one place: the second peer waits in the kernel's queue (before:
+    /// both accepts saw room and took a peer, and the second was turned away).
+    #[test]
+    fn two_accepts_at_once_turn_no_peer_away() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let q =
+            AcceptQueue::<u32>::new(Admission::with_limits(1, 1, Duration::from_secs(8))).unwrap();
+        let queued = AtomicUsize::new(2);
+        let turned_away = AtomicUsize::new(0);
+        let running = Mutex::new(Vec::new());
+        let accept = || {
+            let limit = Duration::from_millis(300);
+            let _ = q.accept_until(-1, Some(Instant::now() + limit), limit, |waiting| {
+                if queued
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_err()
+                {
+                    return Ok(false);
+                }
+                // The other accept looks for room meanwhile.
+                std::thread::sleep(Duration::from_millis(50));
+                match q.admission.start(None, None, waiting) {
+                    Some(t) => running.lock().unwrap().push(t),
+                    None => _ = turned_away.fetch_add(1, Ordering::SeqCst),
+                }
+                Ok(true)
+            });
+        };
+        std::thread::scope(|s| {
+            s.spawn(accept);
+            s.spawn(accept);
+        });
+        assert_eq!(turned_away.load(Ordering::SeqCst), 0);
+        assert_eq!(queued.load(Ordering::SeqCst), 1, "one peer waits its turn");
     }
 
     /// A listener's error while a connection is ready hands the connection out first.

@@ -143,7 +143,7 @@ impl Conn {
             (None, Err(NetError::Timeout { .. })) if ours_done => Ok(()),
             (None, Err(NetError::Timeout { .. })) => Err(NetError::Timeout {
                 op: UNDELIVERED,
-                millis: self.linger.as_millis().try_into().unwrap_or(u64::MAX),
+                millis: crate::deadline::whole_millis(self.linger),
             }),
             (None, Err(NetError::ConnFailed(e))) => Err(NetError::ConnFailed(e)),
             (None, _) => Ok(()),
@@ -152,6 +152,23 @@ impl Conn {
         st.closed = Some(CloseEnd::of(&r));
         self.shared.changed(&mut st);
         r
+    }
+
+    /// Ends a connection its listener never handed out (the listener is gone) without a
+    /// FIN and without a linger: the peer's reads end in an error (its peer left without
+    /// closing), not in the end-of-stream that says this side read what it was sent and
+    /// closed. (A dropped listener closed them cleanly: a dialer's messages were lost
+    /// behind an end-of-stream.)
+    pub(crate) fn abort_unaccepted(&self) {
+        {
+            let mut st = self.shared.lock();
+            if st.closing {
+                return;
+            }
+            st.closing = true;
+            self.shared.changed(&mut st);
+        }
+        let _ = self.finish_close(None, Ok(()));
     }
 
     /// How the close ended, once its teardown is done (`None` before).
@@ -174,7 +191,7 @@ impl Conn {
                 || {
                     Err(NetError::Timeout {
                         op: "close: waiting for another close of this connection",
-                        millis: limit.as_millis().try_into().unwrap_or(u64::MAX),
+                        millis: crate::deadline::whole_millis(limit),
                     })
                 },
                 |end| end.result(),

@@ -253,6 +253,12 @@ impl Listener {
     }
 }
 
+impl super::Unaccepted for Conn {
+    fn refuse(self) {
+        self.abort_unaccepted();
+    }
+}
+
 impl Drop for Listener {
     fn drop(&mut self) {
         // Connections accepted by nobody close now; running handshakes drop theirs.

@@ -70,7 +70,7 @@ mod transfer;
 mod worker;
 mod wr_id;
 
-pub(crate) use accept_queue::{take_tcp_peer, AcceptQueue};
+pub(crate) use accept_queue::{take_tcp_peer, AcceptQueue, Unaccepted};
 #[cfg(feature = "tokio")]
 pub(crate) use accept_queue::{AcceptError, STARVED_PAUSE};
 

@@ -152,7 +152,7 @@ pub(crate) fn block_on<T, W: Waitable>(
     })?;
     out.ok_or(NetError::Timeout {
         op,
-        millis: timeout.map_or(0, |t| t.as_millis().try_into().unwrap_or(u64::MAX)),
+        millis: timeout.map_or(0, crate::deadline::whole_millis),
     })
 }
 

@@ -713,6 +713,26 @@ impl Channel {
         self.barrier_wait(step)
     }
 
+    /// A handshake's last step: a barrier ordered so that the client's success means the
+    /// server's. The client sends `step` and waits; the server waits for the client's, then
+    /// sends its own and is done. (With [`Channel::barrier`] the client returned as soon as
+    /// the server's step came, while the server still waited for the client's: a server
+    /// shed meanwhile, under load, or one whose listener closed, left the client a
+    /// connection that failed at its first use.) Each side's queue pair is up before it
+    /// sends, so neither sends a request before the other can receive it.
+    ///
+    /// # Errors
+    /// As [`Channel::barrier`].
+    pub(crate) fn closing_barrier(&mut self, step: u32) -> Result<()> {
+        match self.role {
+            Role::Client => self.barrier(step),
+            Role::Server => {
+                self.barrier_wait(step)?;
+                self.barrier_send(step)
+            }
+        }
+    }
+
     /// The first half of [`Channel::barrier`]: sends this side's `step`.
     pub(crate) fn barrier_send(&mut self, step: u32) -> Result<()> {
         self.send(&Message::Sync(step))
@@ -782,5 +802,32 @@ impl Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         self.0.set_waiting(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+
+    /// The handshake's last barrier: the server sends its step only once the client's came,
+    /// so a client that has the server's step knows the server is done (before, both sent
+    /// first, and a server shed while it still waited left its client a dead connection).
+    #[test]
+    fn the_closing_barrier_answers_only_after_the_clients_step() {
+        let limit = Duration::from_secs(10);
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let mut client = Channel::new(c, Role::Client, limit).unwrap();
+        let mut server = Channel::new(s, Role::Server, limit).unwrap();
+        let server = std::thread::spawn(move || server.closing_barrier(0));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            client.try_recv_kind(MessageKind::Sync).unwrap().is_none(),
+            "the server sent its step before the client's came"
+        );
+        client.closing_barrier(0).unwrap();
+        server.join().unwrap().unwrap();
     }
 }

@@ -542,7 +542,7 @@ impl Drop for PacketConn {
 fn timed_out(op: &'static str, t: Option<Duration>) -> NetError {
     NetError::Timeout {
         op,
-        millis: t.map_or(0, |t| t.as_millis() as u64),
+        millis: t.map_or(0, crate::deadline::whole_millis),
     }
 }
 

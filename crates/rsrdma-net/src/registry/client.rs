@@ -356,7 +356,7 @@ fn dial(addrs: &[SocketAddr], timeout: Duration) -> Result<(TcpStream, SocketAdd
     Err(match last {
         Some(e) if e.kind() == std::io::ErrorKind::TimedOut => NetError::Timeout {
             op: "connect to the registry",
-            millis: timeout.as_millis() as u64,
+            millis: crate::deadline::whole_millis(timeout),
         },
         Some(e) => NetError::io("connect to the registry", e),
         None => NetError::InvalidArgument("the registry address resolved to nothing".into()),

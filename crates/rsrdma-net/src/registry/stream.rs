@@ -64,7 +64,7 @@ impl FrameStream {
             .map_err(|e| match e.kind() {
                 ErrorKind::WouldBlock | ErrorKind::TimedOut => NetError::Timeout {
                     op: "registry write",
-                    millis: timeout.as_millis() as u64,
+                    millis: crate::deadline::whole_millis(timeout),
                 },
                 _ => NetError::io("registry write", e),
             })

@@ -323,3 +323,42 @@ pub fn conn_client_endpoint(
         params,
     }
 }
+
+/// How many connections wait in the kernel's accept queue of the IPv4 listening socket at
+/// `addr` (`/proc/net/tcp`'s rx_queue of a socket in LISTEN).
+pub fn listen_backlog(addr: std::net::SocketAddr) -> u32 {
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let local = match addr {
+        std::net::SocketAddr::V4(a) => {
+            format!(
+                "{:08X}:{:04X}",
+                u32::from_ne_bytes(a.ip().octets()),
+                a.port()
+            )
+        }
+        std::net::SocketAddr::V6(_) => panic!("an IPv4 listener"),
+    };
+    tcp.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f.get(1) == Some(&local.as_str()) && f.get(3) == Some(&"0A")).then(|| {
+                let rx = f[4].split(':').nth(1).unwrap();
+                u32::from_str_radix(rx, 16).unwrap()
+            })
+        })
+        .sum()
+}
+
+/// Waits (at most 20 s) until `n` connections wait in the kernel's queue of the listener at
+/// `addr`: an `accept` then takes them all before it returns one.
+pub fn await_backlog(addr: std::net::SocketAddr, n: u32) {
+    let t0 = std::time::Instant::now();
+    while listen_backlog(addr) < n {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "the dials never came"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}

@@ -234,7 +234,7 @@ fn bring_up(
         .map_err(NetError::from)
         .and_then(|()| local.post_receives(&qp))
         // Both sides have every receive posted before either may send.
-        .and_then(|()| ch.barrier(0));
+        .and_then(|()| ch.closing_barrier(0));
     if let Err(e) = ready {
         local.abandon(qp);
         return Err(e);

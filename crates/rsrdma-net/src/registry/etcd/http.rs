@@ -27,7 +27,7 @@ pub(crate) fn post(
         if d.is_zero() {
             Err(NetError::Timeout {
                 op: "etcd request",
-                millis: timeout.as_millis().try_into().unwrap_or(u64::MAX),
+                millis: crate::deadline::whole_millis(timeout),
             })
         } else {
             Ok(d)
