@@ -292,6 +292,8 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         "device",
         &[
             "atomics::different_atomic_types_between_rs_tools",
+            "failures::event_mode_send_bw_client_killed_rs_server_survives",
+            "failures::duration_mismatch_between_two_rs_tools",
             "failures::garbage_instead_of_a_version",
             "failures::garbage_instead_of_an_endpoint",
             "failures::gid_index_out_of_range_is_a_parser_error",

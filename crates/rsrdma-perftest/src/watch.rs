@@ -94,10 +94,13 @@ pub fn stall_limit() -> Duration {
 
 /// Watches a busy loop: when it stops making progress, or the peer's TCP connection closes,
 /// it ends the run with a message instead of spinning forever. Cheap on the hot path: only
-/// every 1024th idle turn looks at the clock.
+/// every 1024th idle turn looks at the clock (every one in event mode, see
+/// [`Watchdog::events`]).
 #[derive(Debug)]
 pub struct Watchdog {
     idle: u32,
+    /// Idle turns between two looks, less one (a power of two less one).
+    every: u32,
     last_progress: u64,
     last_change: Instant,
     last_peek: Instant,
@@ -112,6 +115,7 @@ impl Watchdog {
         let now = Instant::now();
         Watchdog {
             idle: 0,
+            every: 1023,
             last_progress: 0,
             last_change: now,
             last_peek: now,
@@ -119,6 +123,15 @@ impl Watchdog {
             limit: stall_limit(),
             what,
         }
+    }
+
+    /// In event mode (`-e`) an idle turn already slept on the completion channel (up to
+    /// 50 ms): every one looks. (Every 1024th looked, about 51 s apart: a receiver whose
+    /// sender was killed noticed after 34 to 48 s, or, with `-D`, never, and reported a
+    /// result with status 0.)
+    pub fn events(mut self, events: bool) -> Watchdog {
+        self.every = if events { 0 } else { 1023 };
+        self
     }
 
     /// Called on every turn that made no progress; `progress` is any counter that grows when
@@ -133,7 +146,7 @@ impl Watchdog {
         expected: impl FnOnce() -> String,
     ) -> Result<()> {
         self.idle = self.idle.wrapping_add(1);
-        if self.idle & 1023 != 0 {
+        if self.idle & self.every != 0 {
             return Ok(());
         }
         self.check(progress, oob, expected)

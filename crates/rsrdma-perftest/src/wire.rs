@@ -32,6 +32,9 @@ pub struct Trailer {
     pub size: u32,
     /// Number of QPs.
     pub num_qps: u16,
+    /// `-D`'s seconds, at most 255 (0: not in duration mode, or a peer whose trailer did
+    /// not carry them).
+    pub duration_secs: u8,
 }
 
 const TRAILER_MAGIC: [u8; 2] = *b"rs";
@@ -71,6 +74,7 @@ impl Trailer {
             flags,
             size: if p.all { 0 } else { p.size as u32 },
             num_qps: p.num_qps.min(u16::MAX as u32) as u16,
+            duration_secs: p.duration.map_or(0, |d| d.clamp(1, 255) as u8),
         }
     }
 
@@ -116,6 +120,25 @@ impl Trailer {
                 on(peer.flags, FLAG_DURATION),
             ));
         }
+        // Both in duration mode, for different times (0: a peer that did not say): the one
+        // that stops first leaves the other waiting, which blamed -n or the connection type.
+        if self.duration_secs != peer.duration_secs
+            && self.duration_secs != 0
+            && peer.duration_secs != 0
+        {
+            let secs = |d: u8| {
+                if d == u8::MAX {
+                    "255 s or more".to_string()
+                } else {
+                    format!("{d} s")
+                }
+            };
+            return Some((
+                "-D (duration)",
+                secs(self.duration_secs),
+                secs(peer.duration_secs),
+            ));
+        }
         if (self.flags ^ peer.flags) & FLAG_CAS != 0 {
             let name = |f: u8| {
                 if f & FLAG_CAS != 0 {
@@ -156,6 +179,7 @@ pub fn encode_version(trailer: Option<&Trailer>) -> [u8; VER_LEN] {
         b[8] = t.flags;
         b[9..13].copy_from_slice(&t.size.to_be_bytes());
         b[13..15].copy_from_slice(&t.num_qps.to_be_bytes());
+        b[15] = t.duration_secs;
     }
     b
 }
@@ -169,6 +193,7 @@ pub fn parse_version(b: &[u8; VER_LEN]) -> (f64, Option<Trailer>) {
         flags: b[8],
         size: u32::from_be_bytes([b[9], b[10], b[11], b[12]]),
         num_qps: u16::from_be_bytes([b[13], b[14]]),
+        duration_secs: b[15],
     });
     (version, trailer)
 }
@@ -431,6 +456,7 @@ mod tests {
             flags: 2 | FLAG_ALL,
             size: 65536,
             num_qps: 2,
+            duration_secs: 4,
         };
         let b = encode_version(Some(&t));
         assert_eq!(&b[..5], b"6.06\0");
@@ -454,6 +480,7 @@ mod tests {
             flags: 0,
             size: 65536,
             num_qps: 1,
+            duration_secs: 0,
         };
         assert_eq!(a.first_difference(&a), None);
         let b = Trailer { size: 1024, ..a };
@@ -464,6 +491,22 @@ mod tests {
         assert_eq!(a.first_difference(&c).unwrap().2, "UD");
         let d = Trailer { tool: 2, ..a };
         assert_eq!(a.first_difference(&d).unwrap().2, "rs_write_bw");
+        // Durations: compared only when both ends said theirs.
+        let timed = |secs| Trailer {
+            flags: FLAG_DURATION,
+            duration_secs: secs,
+            ..a
+        };
+        let (opt, mine, theirs) = timed(4).first_difference(&timed(2)).unwrap();
+        assert_eq!(
+            (opt, mine.as_str(), theirs.as_str()),
+            ("-D (duration)", "4 s", "2 s")
+        );
+        assert_eq!(
+            timed(4).first_difference(&timed(0)),
+            None,
+            "an older rs tool"
+        );
     }
 
     #[test]

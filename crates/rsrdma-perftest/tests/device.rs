@@ -846,15 +846,32 @@ mod failures {
 
     /// As [`killed`], over rdma_cm (`-R`) when `cm`.
     fn killed_with(tool: &str, kill_server: bool, srv_side: Side, cli_side: Side, cm: bool) {
+        killed_with_flags(
+            tool,
+            kill_server,
+            srv_side,
+            cli_side,
+            if cm { &["-R"] } else { &[] },
+        );
+    }
+
+    /// As [`killed`], both ends with `flags` too (and many iterations unless they name a
+    /// duration).
+    fn killed_with_flags(
+        tool: &str,
+        kill_server: bool,
+        srv_side: Side,
+        cli_side: Side,
+        flags: &[&str],
+    ) {
         let port = port();
-        let mut extra: Vec<&str> = if tool.ends_with("_bw") {
-            vec!["-n", "5000000"]
-        } else {
-            vec!["-n", "10000000"]
+        let cm = flags.contains(&"-R");
+        let mut extra: Vec<&str> = match (flags.contains(&"-D"), tool.ends_with("_bw")) {
+            (true, _) => vec![],
+            (false, true) => vec!["-n", "5000000"],
+            (false, false) => vec!["-n", "10000000"],
         };
-        if cm {
-            extra.push("-R");
-        }
+        extra.extend(flags);
         let mut s = Proc::spawn(&program(srv_side, tool), &with(common(port), &extra));
         let host = if cm {
             wait_listening_cm(port, &mut s);
@@ -887,6 +904,16 @@ mod failures {
     #[test]
     fn rdma_cm_send_lat_ib_server_killed_rs_client_survives() {
         killed_with("send_lat", true, Side::Ib, Side::Rs, true);
+    }
+
+    /// In event mode too, with iterations or a duration (the receiver's watchdog looked
+    /// only every 1024th idle turn, each a 50 ms sleep on the channel: it noticed the
+    /// killed sender after 34 to 48 s, and with `-D` not at all, reporting a result with
+    /// status 0; an outside tester's find).
+    #[test]
+    fn event_mode_send_bw_client_killed_rs_server_survives() {
+        killed_with_flags("send_bw", false, Side::Rs, Side::Rs, &["-e"]);
+        killed_with_flags("send_bw", false, Side::Rs, Side::Rs, &["-e", "-D", "20"]);
     }
 
     #[test]
@@ -965,6 +992,27 @@ mod failures {
             assert!(d.stderr.contains("-s (message size)"), "{ctx}");
             assert!(
                 d.stderr.contains("1024") && d.stderr.contains("4096"),
+                "{ctx}"
+            );
+        }
+    }
+
+    /// Two durations (`-D`) are named as such (before: only whether `-D` was on was
+    /// compared, and the end left waiting blamed `-n` or the connection type: an outside
+    /// tester's find).
+    #[test]
+    fn duration_mismatch_between_two_rs_tools() {
+        let (s, c) = pair(
+            (Side::Rs, "send_bw", &["-D", "4"]),
+            (Side::Rs, "send_bw", &["-D", "2"]),
+            Duration::from_secs(30),
+        );
+        for (who, d) in [("server", &s), ("client", &c)] {
+            let ctx = show(who, d);
+            assert_eq!(d.code, Some(1), "{ctx}");
+            assert!(d.stderr.contains("-D (duration)"), "{ctx}");
+            assert!(
+                d.stderr.contains("4 s") && d.stderr.contains("2 s"),
                 "{ctx}"
             );
         }

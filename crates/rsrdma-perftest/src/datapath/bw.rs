@@ -256,7 +256,8 @@ impl Run {
                 "send completions"
             } else {
                 "receive completions"
-            }),
+            })
+            .events(p.events),
             clock,
             window,
         }

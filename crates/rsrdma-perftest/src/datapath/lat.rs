@@ -51,7 +51,7 @@ impl Pace {
             window,
             completed: 0,
             clock,
-            wd: Watchdog::new(what),
+            wd: Watchdog::new(what).events(p.events),
             wcs: [Wc::default(); 1],
         }
     }
