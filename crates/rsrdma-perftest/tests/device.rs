@@ -981,19 +981,27 @@ mod failures {
 
     #[test]
     fn size_mismatch_between_two_rs_tools() {
+        named_mismatch(
+            &["-s", "1024", "-n", "100"],
+            &["-s", "4096", "-n", "100"],
+            "-s (message size)",
+            ["1024", "4096"],
+        );
+    }
+
+    /// Two rs_send_bw ends started with `server` and `client` flags both exit 1 naming
+    /// `option` and both `values`.
+    fn named_mismatch(server: &[&str], client: &[&str], option: &str, values: [&str; 2]) {
         let (s, c) = pair(
-            (Side::Rs, "send_bw", &["-s", "1024", "-n", "100"]),
-            (Side::Rs, "send_bw", &["-s", "4096", "-n", "100"]),
+            (Side::Rs, "send_bw", server),
+            (Side::Rs, "send_bw", client),
             Duration::from_secs(30),
         );
         for (who, d) in [("server", &s), ("client", &c)] {
             let ctx = show(who, d);
             assert_eq!(d.code, Some(1), "{ctx}");
-            assert!(d.stderr.contains("-s (message size)"), "{ctx}");
-            assert!(
-                d.stderr.contains("1024") && d.stderr.contains("4096"),
-                "{ctx}"
-            );
+            assert!(d.stderr.contains(option), "{ctx}");
+            assert!(values.iter().all(|v| d.stderr.contains(v)), "{ctx}");
         }
     }
 
@@ -1002,20 +1010,7 @@ mod failures {
     /// tester's find).
     #[test]
     fn duration_mismatch_between_two_rs_tools() {
-        let (s, c) = pair(
-            (Side::Rs, "send_bw", &["-D", "4"]),
-            (Side::Rs, "send_bw", &["-D", "2"]),
-            Duration::from_secs(30),
-        );
-        for (who, d) in [("server", &s), ("client", &c)] {
-            let ctx = show(who, d);
-            assert_eq!(d.code, Some(1), "{ctx}");
-            assert!(d.stderr.contains("-D (duration)"), "{ctx}");
-            assert!(
-                d.stderr.contains("4 s") && d.stderr.contains("2 s"),
-                "{ctx}"
-            );
-        }
+        named_mismatch(&["-D", "4"], &["-D", "2"], "-D (duration)", ["4 s", "2 s"]);
     }
 
     #[test]
