@@ -572,6 +572,27 @@ impl RailConn {
     }
 }
 
+impl RailConn {
+    /// Ends a connection no accept handed out (its listener is gone): every rail aborted,
+    /// with no FIN and no linger, so its dialer reads an error, not an end-of-stream.
+    fn refuse(mut self) {
+        match &mut self.inner {
+            Inner::Plain(c) => c.abort_unaccepted(),
+            Inner::Striped { shared, threads } => {
+                shared.lock().closing = true;
+                shared.changed.notify_all();
+                shared.to_send.notify_all();
+                for c in &shared.rails {
+                    c.abort_unaccepted();
+                }
+                for t in std::mem::take(threads) {
+                    let _ = t.join();
+                }
+            }
+        }
+    }
+}
+
 impl Drop for RailConn {
     fn drop(&mut self) {
         // A plain connection's own drop lingers; the rails' threads are joined here (a
@@ -832,6 +853,8 @@ struct JoinState {
     joining: HashMap<u64, Joining>,
     /// Connections complete (or plain), oldest first.
     ready: std::collections::VecDeque<RailConn>,
+    /// The listener is gone: what joins or completes from now on is refused.
+    closed: bool,
 }
 
 struct Joining {
@@ -998,6 +1021,11 @@ impl Joins {
         };
         self.expire(opts.join_timeout);
         let mut st = self.lock();
+        if st.closed {
+            drop(st);
+            c.abort_unaccepted();
+            return;
+        }
         let j = st.joining.entry(h.id).or_insert_with(|| Joining {
             since: Instant::now(),
             cfg,
@@ -1038,10 +1066,39 @@ impl Joins {
                 RailConn::start(rails, cfg, peer, opts.rails[0].linger)
             });
         match done {
-            Ok(c) => self.lock().ready.push_back(c),
+            Ok(c) => {
+                let mut st = self.lock();
+                if st.closed {
+                    drop(st);
+                    c.refuse();
+                } else {
+                    st.ready.push_back(c);
+                }
+            }
             Err(e) => {
                 tracing::warn!(%peer, error = %e, "striped listener: a client's set-up failed")
             }
+        }
+    }
+}
+
+impl Drop for RailListener {
+    /// Connections nobody accepted, and the rails of those still joining, are aborted: their
+    /// dialers read an error, not an end-of-stream (they closed cleanly, and a dialer's
+    /// messages were lost behind `Ok(None)`: an outside tester's find). The plain
+    /// listener's own queue is refused by its drop, after this.
+    fn drop(&mut self) {
+        let (ready, joining) = {
+            let mut st = self.joins.lock();
+            st.closed = true;
+            (
+                std::mem::take(&mut st.ready),
+                std::mem::take(&mut st.joining),
+            )
+        };
+        ready.into_iter().for_each(RailConn::refuse);
+        for j in joining.into_values() {
+            j.rails.iter().flatten().for_each(Conn::abort_unaccepted);
         }
     }
 }
