@@ -308,7 +308,11 @@ impl Admission {
     /// rdma_cm handshakes have no socket: they end at their own timeout.
     pub(crate) fn close_all(&self) {
         let t = self.lock();
-        t.running.iter().for_each(Entry::shed);
+        for e in &t.running {
+            // Told as a close, not as a want of room.
+            e.standing.close();
+            e.shed();
+        }
     }
 
     /// [`Admission::start`] for an incoming peer: its source, and its socket to shut down if

@@ -475,11 +475,13 @@ impl Channel {
             }
             // Shed by the listener (which shut the socket's reading end): say why, so the
             // peer's error tells overload from an attack, and end.
-            if self.standing.as_ref().is_some_and(|s| s.is_shed()) {
-                let why = std::io::Error::other(
+            if let Some(s) = self.standing.as_ref().filter(|s| s.is_shed()) {
+                let why = std::io::Error::other(if s.closing() {
+                    "the listener closed before this connection was accepted"
+                } else {
                     "too many handshakes at once (max_handshakes): this one was dropped to \
-                     make room, or the listener is closing; try again",
-                );
+                     make room; try again"
+                });
                 return Err(self.abort(NetError::io("the listener", why)));
             }
             if let Some(end) = &self.peer_end {

@@ -22,6 +22,8 @@ pub(crate) struct Standing {
     /// The listener shed it (to make room, or because it is closing): the handshake tells
     /// the peer so at its next wait, and ends.
     shed: AtomicBool,
+    /// It was shed because the listener is closing (not to make room).
+    closing: AtomicBool,
 }
 
 impl Standing {
@@ -45,6 +47,17 @@ impl Standing {
 
     pub(crate) fn is_shed(&self) -> bool {
         self.shed.load(Ordering::Acquire)
+    }
+
+    /// The listener is closing: shed, and the peer is told that instead of "no room".
+    pub(crate) fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.shed();
+    }
+
+    /// Shed because the listener is closing.
+    pub(crate) fn closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
     }
 
     pub(crate) fn opened(&self) -> bool {
