@@ -92,6 +92,9 @@ pub fn stall_limit() -> Duration {
         .map_or(Duration::from_secs(5), Duration::from_secs)
 }
 
+/// A busy loop's watchdog looks at every 1024th idle turn ([`Watchdog::every`]).
+const BUSY_LOOK_EVERY: u32 = 1023;
+
 /// Watches a busy loop: when it stops making progress, or the peer's TCP connection closes,
 /// it ends the run with a message instead of spinning forever. Cheap on the hot path: only
 /// every 1024th idle turn looks at the clock (every one in event mode, see
@@ -115,7 +118,7 @@ impl Watchdog {
         let now = Instant::now();
         Watchdog {
             idle: 0,
-            every: 1023,
+            every: BUSY_LOOK_EVERY,
             last_progress: 0,
             last_change: now,
             last_peek: now,
@@ -130,7 +133,7 @@ impl Watchdog {
     /// sender was killed noticed after 34 to 48 s, or, with `-D`, never, and reported a
     /// result with status 0.)
     pub fn events(mut self, events: bool) -> Watchdog {
-        self.every = if events { 0 } else { 1023 };
+        self.every = if events { 0 } else { BUSY_LOOK_EVERY };
         self
     }
 

@@ -309,7 +309,7 @@ impl Admission {
     pub(crate) fn close_all(&self) {
         let t = self.lock();
         for e in &t.running {
-            // Told as a close, not as a want of room.
+            // Told as a close, not as a want of room (marked before the shed is seen).
             e.standing.close();
             e.shed();
         }

@@ -49,10 +49,10 @@ impl Standing {
         self.shed.load(Ordering::Acquire)
     }
 
-    /// The listener is closing: shed, and the peer is told that instead of "no room".
+    /// The listener is closing: when it is then shed, the peer is told that instead of
+    /// "no room" (set before [`Standing::shed`], which the handshake looks at first).
     pub(crate) fn close(&self) {
         self.closing.store(true, Ordering::Release);
-        self.shed();
     }
 
     /// Shed because the listener is closing.

@@ -557,18 +557,24 @@ impl RailConn {
                     result = Err(NetError::PeerGone { op: "close" });
                 }
             }
-            st.closing = true;
         }
-        sh.changed.notify_all();
-        sh.to_send.notify_all();
         // A rail's close also ends the writer's send on it, if one waits for credits.
-        for c in &sh.rails {
+        stop(&sh, threads, |c| {
             let _ = c.close();
-        }
-        for t in threads {
-            let _ = t.join();
-        }
+        });
         result
+    }
+}
+
+/// Marks a striped connection closing, wakes its writer and waiters, ends every rail with
+/// `end`, and joins the rails' readers and the writer.
+fn stop(sh: &Shared, threads: Vec<JoinHandle<()>>, end: impl Fn(&Conn)) {
+    sh.lock().closing = true;
+    sh.changed.notify_all();
+    sh.to_send.notify_all();
+    sh.rails.iter().for_each(end);
+    for t in threads {
+        let _ = t.join();
     }
 }
 
@@ -579,15 +585,7 @@ impl RailConn {
         match &mut self.inner {
             Inner::Plain(c) => c.abort_unaccepted(),
             Inner::Striped { shared, threads } => {
-                shared.lock().closing = true;
-                shared.changed.notify_all();
-                shared.to_send.notify_all();
-                for c in &shared.rails {
-                    c.abort_unaccepted();
-                }
-                for t in std::mem::take(threads) {
-                    let _ = t.join();
-                }
+                stop(shared, std::mem::take(threads), Conn::abort_unaccepted);
             }
         }
     }

@@ -919,45 +919,41 @@ impl QpEntry {
     /// completions to its CQs (or held, under an injected delay), its events to its
     /// context.
     fn finish_turn(&mut self, now: &mut LazyNow) {
-        let e = self;
-        e.republish_state();
+        self.republish_state();
         // A completion its CQ had no room for (the CQ overran): as rxe, the QP fails.
         let mut lost = false;
-        while let Some(c) = e.core.poll_completion() {
-            if e.delay.is_zero() && e.held.is_empty() {
-                lost |= !e.complete(&c);
+        while let Some(c) = self.core.poll_completion() {
+            if self.delay.is_zero() && self.held.is_empty() {
+                lost |= !self.complete(&c);
             } else {
                 // Behind those already held: a QP's completions keep their order.
-                e.held.push_back((now.get() + e.delay, c));
+                self.held.push_back((now.get() + self.delay, c));
             }
         }
-        while e.held.front().is_some_and(|(t, _)| *t <= now.get()) {
-            if let Some((_, c)) = e.held.pop_front() {
-                lost |= !e.complete(&c);
+        while self.held.front().is_some_and(|(t, _)| *t <= now.get()) {
+            if let Some((_, c)) = self.held.pop_front() {
+                lost |= !self.complete(&c);
             }
         }
-        if lost && e.core.state() != QpState::Error {
-            e.core.move_to_error();
-            while let Some(c) = e.core.poll_completion() {
-                e.complete(&c);
+        if lost && self.core.state() != QpState::Error {
+            self.core.move_to_error();
+            while let Some(c) = self.core.poll_completion() {
+                self.complete(&c);
             }
-            e.republish_state();
+            self.republish_state();
         }
-        while let Some(ev) = e.core.poll_event() {
+        while let Some(ev) = self.core.poll_event() {
             if ev != QpEvent::LastWqeReached {
                 continue;
             }
             let mut a: ffi::ibv_async_event = zeroed();
             a.event_type = ffi::ibv_event_type::IBV_EVENT_QP_LAST_WQE_REACHED;
-            a.element.qp = e.raw;
+            a.element.qp = self.raw;
             // SAFETY: the QP's context outlives it.
-            unsafe { push_event(e.ctx, a) };
+            unsafe { push_event(self.ctx, a) };
         }
     }
-}
 
-impl QpEntry {
-    /// Hands a completion to the QP's send or receive CQ.
     /// Hands a completion to the QP's send or receive CQ; false when that CQ overran (the
     /// completion is lost with it).
     fn complete(&self, c: &Completion) -> bool {
@@ -1517,11 +1513,14 @@ unsafe extern "C" fn post_recv(
     // SAFETY: the caller's contract.
     unsafe {
         post_recv_list(wr, bad, |st, recv| {
-            // A receive posted to a QP in ERROR completes at once (flushed).
-            st.touch(qpn);
-            match st.qps.get_mut(&qpn) {
+            let State { qps, dirty, .. } = st;
+            match qps.get_mut(&qpn) {
                 Some(e) if recv.sges.len() as u32 > e.caps.max_recv_sge => Err(libc::EINVAL),
-                Some(e) => e.core.post_recv(recv).map_err(post_errno),
+                Some(e) => {
+                    // A receive posted to a QP in ERROR completes at once (flushed).
+                    mark(dirty, e, qpn);
+                    e.core.post_recv(recv).map_err(post_errno)
+                }
                 None => Err(libc::EINVAL),
             }
         })
