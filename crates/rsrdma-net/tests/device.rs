@@ -397,6 +397,10 @@ fn authentication_and_bad_peers() {
         matches!(e, NetError::Auth(_) | NetError::PeerAborted(_)),
         "{e}"
     );
+    if matches!(e, NetError::PeerAborted(_)) {
+        // The listener told it why: it counted the failure before it did.
+        assert_eq!(l.counters().failed, 2, "{:?}", l.counters());
+    }
     let e = RawConn::dial(addr, opts().secret(b"a guess of 16+ bytes".to_vec())).unwrap_err();
     assert!(
         matches!(e, NetError::Auth(_) | NetError::PeerAborted(_)),

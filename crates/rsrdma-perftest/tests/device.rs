@@ -798,13 +798,19 @@ mod features {
     }
 
     /// `-a` runs one handshake pair per size (send_bw) or none until the end (write_bw).
+    ///
+    /// `-F` on both sides: C perftest calibrates its clock again for every size's report (23
+    /// of them) and exits when one calibration fails, which under emulation on a loaded
+    /// machine happened three runs in a row (CI, stop 39). With `-F` it prints that size's
+    /// figures as zero and goes on; this test reads only which sizes ran, not their figures.
+    /// Our tools take `-F` and ignore it, as they have no calibration.
     #[test]
     fn all_sizes_against_ib() {
         for (tool, srv, cli) in [
             ("send_bw", Side::Ib, Side::Rs),
             ("write_bw", Side::Rs, Side::Ib),
         ] {
-            let args: &[&str] = &["-a", "-n", "5"];
+            let args: &[&str] = &["-a", "-n", "5", "-F"];
             let (s, c) = pair(
                 (srv, tool, args),
                 (cli, tool, args),

@@ -275,7 +275,9 @@ impl AsyncListener {
         drop(tokio::task::spawn_blocking(move || {
             let result = match peer {
                 // Its ticket says it opened from the start (`Admission::start_incoming`).
-                Incoming::Cm(req) => Conn::accept_cm_threadless(req, &opts, &pools),
+                Incoming::Cm(req) => {
+                    Conn::accept_cm_threadless(req, &opts, &pools, &ticket.standing())
+                }
                 Incoming::Tcp(stream, _) => {
                     Conn::accept_tcp_threadless(stream, &opts, &pools, ticket.standing())
                 }

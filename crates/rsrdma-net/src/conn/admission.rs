@@ -69,7 +69,33 @@ pub(crate) enum Incoming {
     Tcp(TcpStream, SocketAddr),
 }
 
+/// Why a peer is refused when every running handshake has opened and none may be shed.
+const NO_ROOM: &str = "too many handshakes at once (max_handshakes), every one of them opened: \
+                       no room for this one; try again";
+
 impl Incoming {
+    /// Tells a peer refused for want of room why (best effort, never waiting), so that its
+    /// dial fails with the reason rather than with "peer closed during hello": a TCP peer
+    /// gets an abort frame (into a fresh socket's empty send buffer, then the end of the
+    /// stream), an rdma_cm peer a reject that carries the reason.
+    fn refuse_for_want_of_room(&self) {
+        match self {
+            Incoming::Cm(req) => {
+                let _ = req.id.reject(&super::establish::cm::reject_data(NO_ROOM));
+            }
+            Incoming::Tcp(s, _) => {
+                let Ok(frame) = crate::handshake::codec::Message::abort(NO_ROOM).to_bytes() else {
+                    return;
+                };
+                if s.set_nonblocking(true).is_ok() {
+                    let mut w: &TcpStream = s;
+                    let _ = std::io::Write::write_all(&mut w, &frame);
+                    let _ = s.shutdown(Shutdown::Write);
+                }
+            }
+        }
+    }
+
     /// Where the peer comes from, when known.
     pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
         match self {
@@ -90,7 +116,9 @@ pub(crate) struct Admission {
     /// How long an unopened handshake has to open before it may be shed.
     young: Duration,
     accepted: AtomicU64,
-    failed: AtomicU64,
+    /// Shared with each handshake's [`Standing`], which counts its own failure before it
+    /// tells its peer.
+    failed: Arc<AtomicU64>,
     shed: AtomicU64,
 }
 
@@ -156,7 +184,7 @@ impl Admission {
             stall_grace: opening / STALL_GRACE_DIVISOR,
             young: opening / YOUNG_DIVISOR,
             accepted: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
+            failed: Arc::new(AtomicU64::new(0)),
             shed: AtomicU64::new(0),
         })
     }
@@ -243,9 +271,10 @@ impl Admission {
         }
         let id = t.next_id;
         t.next_id += 1;
+        let failures = self.failed.clone();
         let standing = Arc::new(match opened {
-            true => Standing::proven(),
-            false => Standing::default(),
+            true => Standing::proven(failures),
+            false => Standing::counting_into(failures),
         });
         let shed = Arc::new(AtomicBool::new(false));
         t.running.push(Entry {
@@ -325,10 +354,12 @@ impl Admission {
     ) -> Option<Ticket> {
         let t = self.place_for(peer, waiting);
         if t.is_none() {
+            // Counted before the peer can hear of it (see `start_entry`).
             self.count_shed(
                 peer.peer_addr(),
                 "no room: every running handshake has opened",
             );
+            peer.refuse_for_want_of_room();
         }
         t
     }
@@ -358,17 +389,26 @@ impl Admission {
             Ok(c) => Some(c),
             Err(_) if ticket.shed.load(Ordering::Acquire) => None,
             Err(e) => {
-                self.failed(ticket.peer, &e);
+                self.ticket_failed(&ticket, &e);
                 None
             }
+        }
+    }
+
+    /// Counts (unless its handshake counted itself before telling the peer) and logs a
+    /// ticket's failed handshake.
+    pub(crate) fn ticket_failed(&self, ticket: &Ticket, e: &NetError) {
+        if ticket.standing.failure_counted() {
+            log_failure(ticket.peer, e);
+        } else {
+            self.failed(ticket.peer, e);
         }
     }
 
     /// Counts and logs a peer that failed after its handshake (say, the async start).
     pub(crate) fn failed(&self, peer: Option<SocketAddr>, e: &NetError) {
         self.failed.fetch_add(1, Ordering::Relaxed);
-        let peer = peer.map_or_else(|| "an unknown peer".to_string(), |p| p.to_string());
-        tracing::warn!(%peer, error = %e, "rsrdma-net listener: a peer failed its handshake");
+        log_failure(peer, e);
     }
 
     /// Counts a connection handed out.
@@ -390,6 +430,11 @@ impl Admission {
             shed: self.shed.load(Ordering::Relaxed),
         }
     }
+}
+
+fn log_failure(peer: Option<SocketAddr>, e: &NetError) {
+    let peer = peer.map_or_else(|| "an unknown peer".to_string(), |p| p.to_string());
+    tracing::warn!(%peer, error = %e, "rsrdma-net listener: a peer failed its handshake");
 }
 
 impl Entry {
@@ -579,5 +624,65 @@ mod tests {
         assert!(old.standing().is_shed());
         s.write_all(b"x").unwrap();
         assert_eq!(c.read(&mut buf).unwrap(), 1);
+    }
+
+    /// A TCP peer refused because every running handshake has opened (none may be shed)
+    /// reads why before the end of the stream, even with its own hello unread.
+    #[test]
+    fn a_peer_refused_for_want_of_room_reads_the_reason() {
+        use crate::handshake::codec::{decode, Message};
+        use std::io::{Read, Write};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        c.write_all(b"a hello the listener never reads").unwrap();
+        let (s, peer) = l.accept().unwrap();
+        let a = Admission::with_limits(1, 16, Duration::ZERO);
+        let held = a.start(addr([10, 0, 0, 1], 1), None, 0).unwrap();
+        held.standing().open(true);
+        let incoming = Incoming::Tcp(s, peer);
+        assert!(a.start_incoming(&incoming, 0).is_none());
+        assert_eq!(a.counters().shed, 1, "counted before the peer hears");
+        drop(incoming);
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        let reason = loop {
+            if let Some((m, _)) = decode(&got).unwrap() {
+                break m;
+            }
+            match c.read(&mut buf) {
+                Ok(0) | Err(_) => panic!("the stream ended before a whole frame: {got:?}"),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        };
+        match reason {
+            Message::Abort(why) => assert!(why.contains("max_handshakes"), "{why}"),
+            other => panic!("expected an abort, got {other:?}"),
+        }
+    }
+
+    /// A handshake that counts its failure before telling the peer is counted once, however
+    /// its outcome is taken; a shed one is not a failure.
+    #[test]
+    fn a_failure_counted_before_the_peer_hears_is_counted_once() {
+        let a = Admission::with_limits(4, 4, Duration::ZERO);
+        let t = a.start(addr([10, 0, 0, 1], 1), None, 0).unwrap();
+        t.standing().count_failure();
+        assert_eq!(a.counters().failed, 1, "at once, before the outcome");
+        t.standing().count_failure();
+        let r: Result<()> = Err(NetError::Auth("wrong secret".into()));
+        assert!(a.outcome(t, r).is_none());
+        assert_eq!(a.counters().failed, 1);
+        // A failure not counted early is counted with its outcome.
+        let t = a.start(addr([10, 0, 0, 1], 2), None, 0).unwrap();
+        assert!(a
+            .outcome(t, Err::<(), _>(NetError::Auth("x".into())))
+            .is_none());
+        assert_eq!(a.counters().failed, 2);
+        // Shed: told as such, never counted as failed.
+        let t = a.start(addr([10, 0, 0, 1], 3), None, 0).unwrap();
+        t.standing().shed();
+        t.standing().count_failure();
+        assert_eq!(a.counters().failed, 2);
     }
 }

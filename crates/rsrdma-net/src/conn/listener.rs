@@ -174,14 +174,13 @@ impl Listener {
             }
             super::wait_listener(self.fd).map_err(|e| NetError::io("poll", e))?;
         };
-        let addr = peer.peer_addr();
         let ticket = self.hs.admission.start_incoming(&peer, 0).ok_or_else(|| {
             NetError::InvalidArgument("accept_first: every handshake place is taken".into())
         })?;
         let r = handshake(peer, &self.opts, &self.recv, &ticket);
         match &r {
             Ok(_) => self.hs.admission.accepted(),
-            Err(e) => self.hs.admission.failed(addr, e),
+            Err(e) => self.hs.admission.ticket_failed(&ticket, e),
         }
         r
     }
@@ -276,9 +275,8 @@ fn handshake(
 ) -> Result<Conn> {
     match peer {
         // Its ticket says it opened from the start (`Admission::start_incoming`).
-        Incoming::Cm(req) => {
-            establish::cm::accept(req, opts, recv).and_then(|est| Conn::start(est, opts))
-        }
+        Incoming::Cm(req) => establish::cm::accept(req, opts, recv, &ticket.standing())
+            .and_then(|est| Conn::start(est, opts)),
         Incoming::Tcp(stream, _) => {
             establish::tcp::accept(stream, opts, Some(recv), Some(ticket.standing()))
                 .and_then(|est| Conn::start(est, opts))

@@ -691,8 +691,9 @@ impl Conn {
         req: rsrdma::cm::ConnectRequest,
         opts: &ConnOptions,
         pools: &pool::RecvPools,
+        standing: &crate::handshake::Standing,
     ) -> Result<Conn> {
-        Conn::start_threadless(establish::cm::accept(req, opts, pools)?, opts)
+        Conn::start_threadless(establish::cm::accept(req, opts, pools, standing)?, opts)
     }
 
     /// Runs the server side of the TCP handshake (blocking), without the thread.

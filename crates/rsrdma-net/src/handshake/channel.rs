@@ -529,8 +529,12 @@ impl Channel {
         r
     }
 
-    /// Tells the peer why this side gives up (best effort), and returns `err`.
+    /// Tells the peer why this side gives up (best effort), and returns `err`. A listener's
+    /// handshake counts its failure first (see [`Standing::count_failure`]).
     pub fn abort(&mut self, err: NetError) -> NetError {
+        if let Some(s) = &self.standing {
+            s.count_failure();
+        }
         let _ = self.send(&Message::abort(&err.to_string()));
         self.done_sending = true;
         err

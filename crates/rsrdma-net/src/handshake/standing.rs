@@ -1,8 +1,8 @@
 //! How far a server's peer has come in its handshake, shared between the handshake (which
 //! moves it on) and the listener's admission table (which may shed the peer to make room).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A server's peer, as its listener sees it.
@@ -24,14 +24,44 @@ pub(crate) struct Standing {
     shed: AtomicBool,
     /// It was shed because the listener is closing (not to make room).
     closing: AtomicBool,
+    /// The listener's count of failed handshakes: a handshake that is about to tell its peer
+    /// why it fails counts itself first, so a dialer that hears the reason and then reads
+    /// the listener's counters sees its failure there.
+    failures: Option<Arc<AtomicU64>>,
+    /// This handshake's failure is counted.
+    failure_counted: AtomicBool,
 }
 
 impl Standing {
+    /// A peer that has not opened yet, whose failure counts in `failures`.
+    pub(crate) fn counting_into(failures: Arc<AtomicU64>) -> Standing {
+        Standing {
+            failures: Some(failures),
+            ..Standing::default()
+        }
+    }
+
     /// A peer that opened, proven, from the start (an rdma_cm connect request).
-    pub(crate) fn proven() -> Standing {
-        let s = Standing::default();
+    pub(crate) fn proven(failures: Arc<AtomicU64>) -> Standing {
+        let s = Standing::counting_into(failures);
         s.open(true);
         s
+    }
+
+    /// The handshake fails and is about to tell its peer: counted now, once. A shed one is
+    /// not a failure (the listener counted it as shed).
+    pub(crate) fn count_failure(&self) {
+        if self.is_shed() || self.failure_counted.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some(f) = &self.failures {
+            f.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Its failure is counted already ([`Standing::count_failure`]).
+    pub(crate) fn failure_counted(&self) -> bool {
+        self.failure_counted.load(Ordering::Acquire)
     }
 
     /// The peer opened; `proven` when it proved a secret.

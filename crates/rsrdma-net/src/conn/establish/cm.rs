@@ -12,7 +12,7 @@ use crate::conn::driver::Liveness;
 use crate::conn::options::{ConnOptions, Establish};
 use crate::conn::pool::{RecvPools, MIN_RNR_TIMER, RNR_RETRY_FOREVER};
 use crate::error::{NetError, Result};
-use crate::handshake::Role;
+use crate::handshake::{Role, Standing};
 use rsrdma::cm::{CmEventType, CmId, ConnParam, ConnectRequest};
 use rsrdma_proto::settle;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -93,7 +93,7 @@ pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> 
 /// The reject private data that says `why`: the prefix and as much of the reason as the
 /// IB CM's REJ carries (cut at a character boundary: the kernel refuses longer data, and the
 /// dialer would then wait out its timeout instead of reading the reason).
-fn reject_data(why: &str) -> Vec<u8> {
+pub(crate) fn reject_data(why: &str) -> Vec<u8> {
     let room = rsrdma::cm::MAX_REJECT_PRIVATE_DATA - REJECT_PREFIX.len();
     let mut end = why.len().min(room);
     while !why.is_char_boundary(end) {
@@ -104,16 +104,20 @@ fn reject_data(why: &str) -> Vec<u8> {
     data
 }
 
-/// Accepts one connect request, receiving from the listener's pool if it has one.
+/// Accepts one connect request, receiving from the listener's pool if it has one. A
+/// failure is counted in `standing` before the peer can hear of it (a refusal, or the
+/// disconnect when the id drops).
 pub(crate) fn accept(
     req: ConnectRequest,
     opts: &ConnOptions,
     pools: &RecvPools,
+    standing: &Standing,
 ) -> Result<Established> {
     let id = req.id;
     let peer_seen = id.peer_addr();
     // Refuse a bad announcement before building anything, and say why.
     let refuse = |id: &CmId, e: NetError| {
+        standing.count_failure();
         let _ = id.reject(&reject_data(&e.to_string()));
         e
     };
@@ -212,6 +216,7 @@ pub(crate) fn accept(
             None => Ok(()),
         });
     if let Err(e) = accepted {
+        standing.count_failure();
         local.abandon(qp);
         return Err(e);
     }
