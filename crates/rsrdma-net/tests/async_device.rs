@@ -1743,3 +1743,48 @@ fn idle_async_peer_answers(mode: PollMode) {
         assert_eq!(server.await.unwrap(), vec![b"bye".to_vec()]);
     });
 }
+
+/// As the blocking listener's test of the same name: a connection whose establishment
+/// finished but that nobody accepted ends in an error at its dialer when the listener is
+/// dropped, not in an end-of-stream (which would say the server read what it was sent).
+#[test]
+fn a_dropped_listener_refuses_what_it_never_handed_out() {
+    run_multi_thread(async {
+        let l = listen(opts(Establish::Tcp));
+        let addr = l.local_addr();
+        let dials: Vec<_> = (0..2)
+            .map(|_| tokio::spawn(AsyncConn::dial(addr, opts(Establish::Tcp))))
+            .collect();
+        let s = timeout(Duration::from_secs(30), l.accept())
+            .await
+            .unwrap()
+            .unwrap();
+        let mut dialed = Vec::new();
+        for d in dials {
+            dialed.push(d.await.unwrap().unwrap());
+        }
+        let (mut accepted, mut queued): (Vec<AsyncConn>, Vec<AsyncConn>) = dialed
+            .into_iter()
+            .partition(|c| c.local_addr() == s.peer_addr());
+        let (c, unaccepted) = (accepted.pop().unwrap(), queued.pop().unwrap());
+        unaccepted
+            .send_msg(b"for a server that never reads it")
+            .await
+            .unwrap();
+        // Both finished (the second's report waits for an accept) before the drop.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(l);
+        let r = timeout(Duration::from_secs(20), unaccepted.recv_msg())
+            .await
+            .expect("the unaccepted connection's dialer waited past 20 s");
+        assert!(
+            matches!(r, Err(NetError::ConnFailed(_))),
+            "an unaccepted connection's dialer: {r:?}"
+        );
+        c.send_msg(b"still here").await.unwrap();
+        let got = timeout(Duration::from_secs(10), s.recv_msg())
+            .await
+            .unwrap();
+        assert_eq!(got.unwrap().as_deref(), Some(&b"still here"[..]));
+    });
+}

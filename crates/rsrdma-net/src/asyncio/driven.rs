@@ -66,6 +66,9 @@ pub(crate) struct Driven {
     live_ready: AtomicBool,
     /// A close of ours began and has not torn down yet (see [`Driven::close`]).
     close_pending: AtomicBool,
+    /// Its listener went before anyone accepted it: the drop aborts it (no FIN, no linger;
+    /// see [`Conn::abort_unaccepted`]) instead of closing it cleanly.
+    refused: AtomicBool,
     waiters: Arc<WakerSet>,
     fanout: Waker,
     keeper: Mutex<KeeperSlot>,
@@ -102,6 +105,7 @@ impl Driven {
             armed: AtomicBool::new(false),
             live_ready: AtomicBool::new(false),
             close_pending: AtomicBool::new(false),
+            refused: AtomicBool::new(false),
             fanout: Waker::from(waiters.clone()),
             waiters,
             keeper: Mutex::new(KeeperSlot::default()),
@@ -341,6 +345,11 @@ impl Driven {
         }
     }
 
+    /// Marks a connection nobody accepted, whose listener is gone: its drop aborts it.
+    pub(crate) fn refuse(&self) {
+        self.refused.store(true, Ordering::Release);
+    }
+
     /// Has the keeper step now: a call outside any step (a write half's drop queues its
     /// FIN; a dropped future leaves its message going out, its buffer in flight) may have
     /// left frames waiting for credit or memory waiting for its release, which only the
@@ -456,6 +465,7 @@ impl Drop for Driven {
         drop(lock(&self.live).take());
         drop(self.cq.take());
         let pending = self.close_pending.swap(false, Ordering::AcqRel);
+        let refused = self.refused.load(Ordering::Acquire);
         let Some(conn) = self.conn.take() else {
             return;
         };
@@ -465,7 +475,9 @@ impl Drop for Driven {
         // both ends on one current-thread runtime, a linger there would keep the peer from
         // ever reading what it waits to deliver. Outside a runtime, here.
         let finish = move || {
-            if pending {
+            if refused {
+                conn.abort_unaccepted();
+            } else if pending {
                 let unconfirmed = Err(NetError::Timeout {
                     op: "close",
                     millis: 0,

@@ -290,7 +290,11 @@ impl AsyncListener {
                 let _in_runtime = runtime.enter();
                 AsyncConn::start(c, &opts)
             });
-            let _ = report.send(Finished { ticket, result });
+            // A listener dropped meanwhile has closed its end: what it never handed out is
+            // refused, as the blocking listener refuses it.
+            if let Err(mpsc::error::SendError(late)) = report.send(Finished { ticket, result }) {
+                late.refuse();
+            }
         }));
         None
     }
@@ -301,6 +305,30 @@ impl Drop for AsyncListener {
         // Handshakes still running on the blocking pool end at once (their sockets shut
         // down) instead of holding their threads until their own timeouts.
         self.admission.close_all();
+        // Connections nobody accepted are refused (their dialers' reads fail), not closed
+        // cleanly: an end-of-stream would say this side read what it was sent. Closed first,
+        // so that an establishment finishing meanwhile finds the channel gone and refuses
+        // its connection itself.
+        let finished = &mut self.finished.get_mut().finished;
+        finished.close();
+        while let Ok(f) = finished.try_recv() {
+            f.refuse();
+        }
+    }
+}
+
+impl Finished {
+    /// The listener is gone: a connection it never handed out is refused.
+    fn refuse(self) {
+        if let Ok(c) = self.result {
+            crate::conn::Unaccepted::refuse(c);
+        }
+    }
+}
+
+impl crate::conn::Unaccepted for AsyncConn {
+    fn refuse(self) {
+        self.d.refuse();
     }
 }
 
