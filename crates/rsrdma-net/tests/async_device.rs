@@ -1788,3 +1788,38 @@ fn a_dropped_listener_refuses_what_it_never_handed_out() {
         assert_eq!(got.unwrap().as_deref(), Some(&b"still here"[..]));
     });
 }
+
+/// The async objects that register with tokio's reactor say so as an error, not a panic,
+/// outside a runtime or in one built without IO (an outside tester's find: a panic in
+/// `AsyncPacketConn::bind`).
+#[test]
+fn binding_outside_a_runtime_with_io_is_an_error_not_a_panic() {
+    let io_error = |r: Result<(), NetError>, what: &str| match r {
+        Err(NetError::Io { source, .. }) => {
+            assert!(source.to_string().contains(what), "{source}")
+        }
+        other => panic!("expected an Io error saying {what:?}: {other:?}"),
+    };
+    io_error(
+        AsyncPacketConn::bind(packet_opts()).map(drop),
+        "no tokio runtime",
+    );
+    io_error(
+        AsyncListener::bind("127.0.0.1:0", opts(Establish::Tcp)).map(drop),
+        "no tokio runtime",
+    );
+    let no_io = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    no_io.block_on(async {
+        io_error(
+            AsyncPacketConn::bind(packet_opts()).map(drop),
+            "no IO driver",
+        );
+        io_error(
+            AsyncListener::bind("127.0.0.1:0", opts(Establish::Tcp)).map(drop),
+            "no IO driver",
+        );
+    });
+}

@@ -210,6 +210,20 @@ fn oversized_datagrams_and_short_buffers_are_clear_errors() {
         .send_batch(&[(&ok[..], b.local_addr()), (&big[..], b.local_addr())])
         .unwrap_err();
     assert!(matches!(e, NetError::DatagramTooLarge { .. }));
+    // A queue pair number over 24 bits (the fields are public) is refused, not cut by the
+    // NIC into another one while the send says Ok (an outside tester's find), alone or in
+    // a batch.
+    let mut wide = b.local_addr();
+    wide.qpn |= 1 << 24;
+    let e = a.send_to(&ok, &wide).unwrap_err();
+    assert!(
+        matches!(&e, NetError::InvalidArgument(m) if m.contains("24 bits")),
+        "{e:?}"
+    );
+    let e = a
+        .send_batch(&[(&ok[..], b.local_addr()), (&ok[..], wide)])
+        .unwrap_err();
+    assert!(matches!(e, NetError::InvalidArgument(_)), "{e:?}");
     // Exactly the MTU goes through, and a short buffer leaves it queued.
     let full: Vec<u8> = (0..mtu).map(|i| i as u8).collect();
     a.send_to(&full, &b.local_addr()).unwrap();

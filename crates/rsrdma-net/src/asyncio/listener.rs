@@ -89,7 +89,8 @@ impl AsyncListener {
     /// with IO enabled.
     ///
     /// # Errors
-    /// As [`crate::Listener::bind`]; [`NetError::Io`] when the reactor refuses the fd.
+    /// As [`crate::Listener::bind`]; [`NetError::Io`] when the reactor refuses the fd, and
+    /// outside a tokio runtime or in one built without IO.
     pub fn bind(addr: impl ToSocketAddrs, opts: ConnOptions) -> Result<AsyncListener> {
         opts.check()?;
         let addr = addr
@@ -112,7 +113,7 @@ impl AsyncListener {
                 let l = std::net::TcpListener::bind(addr).map_err(|e| NetError::io("bind", e))?;
                 l.set_nonblocking(true)
                     .map_err(|e| NetError::io("set_nonblocking", e))?;
-                let l = tokio::net::TcpListener::from_std(l)
+                let l = super::watch::with_reactor(|| tokio::net::TcpListener::from_std(l))
                     .map_err(|e| NetError::io("register with the tokio reactor", e))?;
                 let local = l.local_addr().map_err(|e| NetError::io("local_addr", e))?;
                 (Inner::Tcp(l), local)

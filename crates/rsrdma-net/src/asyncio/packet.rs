@@ -71,7 +71,8 @@ impl AsyncPacketConn {
     /// place) and registers the CQs' channels with the current runtime's reactor.
     ///
     /// # Errors
-    /// As [`PacketConn::bind`]; [`NetError::Io`] when the reactor refuses an fd.
+    /// As [`PacketConn::bind`]; [`NetError::Io`] when the reactor refuses an fd, and
+    /// outside a tokio runtime or in one built without IO.
     pub fn bind(opts: PacketOptions) -> Result<AsyncPacketConn> {
         let inner = PacketConn::bind(opts)?;
         let (send_cq, recv_cq) = inner.cqs();

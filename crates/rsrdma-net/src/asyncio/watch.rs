@@ -21,6 +21,22 @@ impl AsRawFd for FdRef {
     }
 }
 
+/// Runs `register`, which needs the current tokio runtime's reactor: outside a runtime, or
+/// in one built without IO, tokio panics; this says so as an error instead. (tokio offers
+/// no way to ask whether IO is enabled, so that case is caught as the panic it is.)
+pub(crate) fn with_reactor<T>(register: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(io::Error::other(
+            "no tokio runtime: call this inside one (built with enable_io or enable_all)",
+        ));
+    }
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(register)).unwrap_or_else(|_| {
+        Err(io::Error::other(
+            "the tokio runtime has no IO driver: build it with enable_io (or enable_all)",
+        ))
+    })
+}
+
 /// A registered descriptor, for readability.
 #[derive(Debug)]
 pub(crate) struct Watch {
@@ -37,9 +53,11 @@ impl Watch {
     /// # Errors
     /// Outside a tokio runtime with IO enabled, or when epoll refuses the descriptor.
     pub(crate) unsafe fn new(fd: RawFd) -> io::Result<Watch> {
-        // SAFETY: the caller keeps `fd` open and unchanged for the Watch's lifetime.
-        let fd = unsafe { AsyncFd::register_with_interest(FdRef(fd), Interest::READABLE) }
-            .map_err(|e| e.into_parts().1)?;
+        let fd = with_reactor(|| {
+            // SAFETY: the caller keeps `fd` open and unchanged for the Watch's lifetime.
+            unsafe { AsyncFd::register_with_interest(FdRef(fd), Interest::READABLE) }
+                .map_err(|e| e.into_parts().1)
+        })?;
         Ok(Watch { fd })
     }
 

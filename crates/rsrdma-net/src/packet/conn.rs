@@ -1,6 +1,6 @@
 //! [`PacketConn`]: a UD endpoint with `send_to`/`recv_from`, safe to share between threads.
 
-use super::addr::Addr;
+use super::addr::{Addr, MAX_QPN};
 use super::gate::Gate;
 use super::grh::GRH_LEN;
 use super::options::PacketOptions;
@@ -240,7 +240,8 @@ impl PacketConn {
     /// posted (copied into a send buffer), waiting only when every buffer is in flight.
     ///
     /// # Errors
-    /// [`NetError::DatagramTooLarge`] (nothing sent); [`NetError::Timeout`] when no buffer
+    /// [`NetError::DatagramTooLarge`] (nothing sent); [`NetError::InvalidArgument`] for a
+    /// queue pair number over 24 bits (nothing sent); [`NetError::Timeout`] when no buffer
     /// freed up within the write timeout; a failed earlier send's completion error (the send
     /// queue stops at its first error, so every later send reports it); verbs errors.
     pub fn send_to(&self, buf: &[u8], to: &Addr) -> Result<usize> {
@@ -255,14 +256,11 @@ impl PacketConn {
     /// error, if it lasts, comes back then.
     ///
     /// # Errors
-    /// As [`PacketConn::send_to`], when none was sent; an oversized datagram anywhere
-    /// refuses the whole batch before anything is sent.
+    /// As [`PacketConn::send_to`], when none was sent; an oversized datagram or a bad
+    /// queue pair number anywhere refuses the whole batch before anything is sent.
     pub fn send_batch(&self, msgs: &[(&[u8], Addr)]) -> Result<usize> {
-        if let Some((data, _)) = msgs.iter().find(|(d, _)| d.len() > self.max_datagram) {
-            return Err(NetError::DatagramTooLarge {
-                len: data.len(),
-                limit: self.max_datagram,
-            });
+        for (data, to) in msgs {
+            self.check_datagram(data, to)?;
         }
         let timeout = self.write_timeout();
         let deadline = crate::deadline::deadline_within(timeout);
@@ -465,18 +463,33 @@ impl PacketConn {
     ///
     /// # Errors
     /// As [`PacketConn::send_to`], less the timeout.
+    /// What a datagram must be before anything is posted: no longer than the limit, to a
+    /// queue pair number that fits its 24 bits (the fields of an [`Addr`] are public, and a
+    /// wider one would be cut by the NIC, the datagram going to another queue pair or to
+    /// none while the send said `Ok`).
+    fn check_datagram(&self, data: &[u8], to: &Addr) -> Result<()> {
+        if data.len() > self.max_datagram {
+            return Err(NetError::DatagramTooLarge {
+                len: data.len(),
+                limit: self.max_datagram,
+            });
+        }
+        if to.qpn > MAX_QPN {
+            return Err(NetError::InvalidArgument(format!(
+                "the destination's queue pair number {:#x} is over 24 bits",
+                to.qpn
+            )));
+        }
+        Ok(())
+    }
+
     pub(crate) fn try_send_to(
         &self,
         buf: &[u8],
         to: &Addr,
         made: &mut Option<Made>,
     ) -> Result<SendAttempt> {
-        if buf.len() > self.max_datagram {
-            return Err(NetError::DatagramTooLarge {
-                len: buf.len(),
-                limit: self.max_datagram,
-            });
-        }
+        self.check_datagram(buf, to)?;
         let posted = {
             let mut ring = lock(&self.send);
             ring.take_failure()?;

@@ -38,7 +38,8 @@ pub struct PacketOptions {
     /// it takes (a UD send completes without the peer, so only a failing device holds one).
     /// Zero is refused.
     pub write_timeout: Option<Duration>,
-    /// Address handles kept (least recently used ones are destroyed past this).
+    /// Address handles kept (least recently used ones are destroyed past this). At least
+    /// one is kept, whatever this says: the handle a send just used.
     pub ah_cache: usize,
     /// GRH hop limit of sends (routable RoCE v2 needs more than 1).
     pub hop_limit: u8,

@@ -116,6 +116,11 @@ impl Registration {
     }
 }
 
+/// Unregisters the name, waiting for the registry's answer: at most about one client timeout
+/// ([`ClientOptions::timeout`], 5 s by default) when the registry does not answer, plus
+/// what a renewal in progress still takes. A name that could not be unregistered lapses
+/// with its lease. In async code, drop it on the blocking pool
+/// (`tokio::task::spawn_blocking`).
 impl Drop for Registration {
     fn drop(&mut self) {
         // Dropping the sender wakes the renewer, which unregisters and returns.
@@ -145,12 +150,18 @@ fn renew<D: Directory>(
             Err(RecvTimeoutError::Timeout) => {}
             // Dropped: unregister (best effort) and stop. On the connection it has, else (none,
             // or it broke: a full registry sheds clients idle for a second, as this one mostly
-            // is) on a new one: the name must not outlive its Registration by a lease.
+            // is) on a new one: the name must not outlive its Registration by a lease. Not
+            // after a timeout: a registry that does not answer one connection would not
+            // answer a new one either, and the drop would wait twice (the name then lapses
+            // with its lease).
             _ => {
-                let answered = dir
-                    .as_mut()
-                    .map(|d| d.unregister(name))
-                    .is_some_and(|r| matches!(r, Ok(()) | Err(NetError::Registry { .. })));
+                let first = dir.as_mut().map(|d| d.unregister(name));
+                let answered = first.as_ref().is_some_and(|r| {
+                    matches!(
+                        r,
+                        Ok(()) | Err(NetError::Registry { .. } | NetError::Timeout { .. })
+                    )
+                });
                 if !answered {
                     if let Ok(mut d) = connect() {
                         let _ = d.unregister(name);
@@ -188,5 +199,53 @@ fn renew<D: Directory>(
                 every = retry_floor.max(every / 2);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A directory that registers, then times out on every unregistration.
+    struct Silent;
+
+    impl Directory for Silent {
+        fn owner(&self) -> [u8; super::super::codec::OWNER_LEN] {
+            [1; super::super::codec::OWNER_LEN]
+        }
+        fn register_for(&mut self, _: &str, _: &Addr, _: Duration) -> Result<Duration> {
+            Ok(Duration::from_secs(30))
+        }
+        fn lookup(&mut self, _: &str) -> Result<Addr> {
+            Err(NetError::InvalidArgument("none".into()))
+        }
+        fn unregister(&mut self, _: &str) -> Result<()> {
+            Err(NetError::Timeout {
+                op: "registry call",
+                millis: 5000,
+            })
+        }
+    }
+
+    /// A registry that does not answer the unregistration is asked once, not again on a new
+    /// connection (an outside tester's find: the drop waited for two timeouts).
+    #[test]
+    fn a_drop_asks_a_registry_that_timed_out_only_once() {
+        let connects = Arc::new(AtomicUsize::new(0));
+        let counted = connects.clone();
+        let r = Registration::keep_on(
+            move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Ok(Silent)
+            },
+            "name",
+            "fe80::1%0x12".parse().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(connects.load(Ordering::SeqCst), 1);
+        drop(r);
+        assert_eq!(connects.load(Ordering::SeqCst), 1, "no second connection");
     }
 }
