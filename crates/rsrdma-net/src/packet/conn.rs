@@ -236,6 +236,26 @@ impl PacketConn {
         }
     }
 
+    /// What a datagram must be before anything is posted: no longer than the limit, to a
+    /// queue pair number that fits its 24 bits (the fields of an [`Addr`] are public, and a
+    /// wider one would be cut by the NIC, the datagram going to another queue pair or to
+    /// none while the send said `Ok`).
+    fn check_datagram(&self, data: &[u8], to: &Addr) -> Result<()> {
+        if data.len() > self.max_datagram {
+            return Err(NetError::DatagramTooLarge {
+                len: data.len(),
+                limit: self.max_datagram,
+            });
+        }
+        if to.qpn > MAX_QPN {
+            return Err(NetError::InvalidArgument(format!(
+                "the destination's queue pair number {:#x} is over 24 bits",
+                to.qpn
+            )));
+        }
+        Ok(())
+    }
+
     /// Sends one datagram to `to`, returning its length. Returns once the datagram is
     /// posted (copied into a send buffer), waiting only when every buffer is in flight.
     ///
@@ -463,26 +483,6 @@ impl PacketConn {
     ///
     /// # Errors
     /// As [`PacketConn::send_to`], less the timeout.
-    /// What a datagram must be before anything is posted: no longer than the limit, to a
-    /// queue pair number that fits its 24 bits (the fields of an [`Addr`] are public, and a
-    /// wider one would be cut by the NIC, the datagram going to another queue pair or to
-    /// none while the send said `Ok`).
-    fn check_datagram(&self, data: &[u8], to: &Addr) -> Result<()> {
-        if data.len() > self.max_datagram {
-            return Err(NetError::DatagramTooLarge {
-                len: data.len(),
-                limit: self.max_datagram,
-            });
-        }
-        if to.qpn > MAX_QPN {
-            return Err(NetError::InvalidArgument(format!(
-                "the destination's queue pair number {:#x} is over 24 bits",
-                to.qpn
-            )));
-        }
-        Ok(())
-    }
-
     pub(crate) fn try_send_to(
         &self,
         buf: &[u8],
