@@ -76,6 +76,8 @@ pub struct Channel {
     last_heard: Instant,
     /// A close notice or abort went out, or a write stopped mid-frame: send nothing more.
     done_sending: bool,
+    /// The write that stopped found the peer gone: later sends say so.
+    peer_gone_on_send: bool,
     /// After authentication: the session key and sequence numbers that seal every frame.
     seal: Option<Box<auth::Seal>>,
     /// A sealed frame received and waiting for its tag (the next frame).
@@ -116,6 +118,7 @@ impl Channel {
             peer_end: None,
             last_heard: Instant::now(),
             done_sending: false,
+            peer_gone_on_send: false,
             seal: None,
             unsealed: None,
             peer_hello: None,
@@ -206,16 +209,23 @@ impl Channel {
     /// [`NetError::Encode`] for a message over a codec limit (nothing is sent);
     /// [`NetError::PeerClosed`], [`NetError::Io`] or [`NetError::Timeout`].
     pub fn send(&mut self, msg: &Message) -> Result<()> {
+        const OP: &str = "send control message";
         if self.done_sending {
+            // A send that found the peer gone says so again (an outside tester's find: the
+            // calls after it said this side had sent its close).
+            if self.peer_gone_on_send {
+                return Err(NetError::PeerClosed(OP));
+            }
             return Err(NetError::InvalidArgument(
                 "the control channel already sent its close (or stopped mid-frame)".into(),
             ));
         }
         let bytes = self.frame(msg)?;
-        let r = self.write_all(&bytes, "send control message");
-        if r.is_err() {
+        let r = self.write_all(&bytes, OP);
+        if let Err(e) = &r {
             // Whatever part went out leaves the peer's decoder mid-frame.
             self.done_sending = true;
+            self.peer_gone_on_send = matches!(e, NetError::PeerClosed(_));
         }
         r
     }
@@ -835,5 +845,32 @@ mod tests {
         );
         client.closing_barrier(0).unwrap();
         server.join().unwrap().unwrap();
+    }
+
+    /// A send that found the peer gone says so, and so does every send after it (an outside
+    /// tester's find: they said this side had already sent its close).
+    #[test]
+    fn sends_after_the_peer_left_say_it_left() {
+        let limit = Duration::from_secs(5);
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let mut server = Channel::new(s, Role::Server, limit).unwrap();
+        drop(c);
+        // The first write may still be taken by the kernel; a later one meets the reset.
+        let first_failure = (0..100)
+            .find_map(|_| {
+                std::thread::sleep(Duration::from_millis(5));
+                server.send_keepalive().err()
+            })
+            .expect("a send to a closed peer failed");
+        assert!(
+            matches!(first_failure, NetError::PeerClosed(_)),
+            "{first_failure:?}"
+        );
+        for _ in 0..2 {
+            let e = server.send_keepalive().unwrap_err();
+            assert!(matches!(e, NetError::PeerClosed(_)), "{e:?}");
+        }
     }
 }
