@@ -112,6 +112,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         "rsrdma-net",
         "device",
         &[
+            "posts_past_the_send_cqs_room_are_refused_and_none_is_lost",
             "a_connection_in_the_accept_queue_reaches_no_memory",
             "a_failed_recv_drain_leaves_nothing_in_flight_and_ends_the_data_plane",
             "a_listener_whose_options_cannot_work_is_refused_at_bind",

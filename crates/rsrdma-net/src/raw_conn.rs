@@ -29,6 +29,7 @@ use rsrdma::{
 };
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -232,6 +233,16 @@ pub struct RawConn {
     /// A pipeline or drain failed: its queue pair was moved to ERROR and what it had in
     /// flight reaped (see [`RawConn::stop_after_failed_run`]); no run starts again.
     stopped: bool,
+    /// Signaled send requests posted and not yet reaped. A provider may free a send queue
+    /// slot when it makes the completion, before anyone polls it (rxe and soft0 do): a
+    /// caller who posts without polling would then overrun the send CQ, whose overrun loses
+    /// completions and fails the queue pair (an outside tester's find: 129 WRITEs posted
+    /// `Ok`, 128 completions). Posts are refused (`ENOMEM`, as a full send queue) past
+    /// [`RawConn::signal_limit`].
+    unreaped: AtomicU32,
+    /// How many signaled requests may wait unreaped: what the send CQ holds beyond a flush
+    /// of the whole send queue.
+    signal_limit: u32,
 }
 
 impl std::fmt::Debug for RawConn {
@@ -289,6 +300,11 @@ impl RawConn {
         };
         // Both queue pairs are ready to receive before either side may send.
         ctrl.closing_barrier(0)?;
+        let signal_limit = p
+            .send_cq
+            .capacity()
+            .saturating_sub(p.qp.caps().max_send_wr)
+            .max(1);
         Ok(RawConn {
             qp: p.qp,
             send_cq: p.send_cq,
@@ -305,6 +321,8 @@ impl RawConn {
             probe: probe_enabled(),
             new_post_send: opts.new_post_send,
             stopped: false,
+            unreaped: AtomicU32::new(0),
+            signal_limit,
         })
     }
 
@@ -435,7 +453,13 @@ fn create_cqs(ctx: &Context, opts: &RawOptions) -> Result<(Cq, Cq)> {
             Completion::Event => Some(CompChannel::new(ctx)?),
         })
     };
-    let send_cq = Cq::new(ctx, opts.send_depth.max(1), channel()?.as_ref())?;
+    // Room for every signaled request the caller may leave unreaped (the send depth, see
+    // `RawConn::unreaped`) besides a flush of the whole send queue.
+    let send_cq = Cq::new(
+        ctx,
+        opts.send_depth.max(1).saturating_mul(2),
+        channel()?.as_ref(),
+    )?;
     let recv_cq = Cq::new(ctx, opts.recv_depth.max(1), channel()?.as_ref())?;
     Ok((send_cq, recv_cq))
 }
@@ -563,19 +587,68 @@ impl RawConn {
 
     /// Posts one send-queue request.
     ///
+    /// Reap completions ([`RawConn::poll_send`]) as you post: at most the send depth of
+    /// signaled requests may wait unreaped (the send CQ's room), past which a post is refused
+    /// as a full send queue refuses it, so that no completion is ever lost to an overrun CQ.
+    ///
     /// # Safety
     /// As [`rsrdma::Qp::post_send`].
     ///
     /// # Errors
-    /// As [`rsrdma::Qp::post_send`].
+    /// As [`rsrdma::Qp::post_send`]: [`rsrdma::Error::Post`] with `ENOMEM` when the send
+    /// queue, or the room for unreaped signaled completions, is full.
     #[inline]
     pub unsafe fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
-        if self.new_post_send {
+        let signaled = u32::from(wr.is_signaled());
+        self.take_signal_room(signaled, 0, 1)?;
+        let r = if self.new_post_send {
             // SAFETY: the caller's contract is the QP's.
-            return unsafe { self.post_new(std::slice::from_ref(wr)) };
+            unsafe { self.post_new(std::slice::from_ref(wr)) }
+        } else {
+            // SAFETY: the caller's contract is the QP's.
+            unsafe { self.qp.post_send(wr) }.map_err(NetError::from)
+        };
+        if r.is_err() {
+            self.unreaped.fetch_sub(signaled, Ordering::Relaxed);
         }
-        // SAFETY: the caller's contract is the QP's.
-        Ok(unsafe { self.qp.post_send(wr) }?)
+        r
+    }
+
+    /// Counts `signaled` more requests as waiting to be reaped, or refuses them (as a full
+    /// send queue refuses a post: `ENOMEM`, naming request `index` of `count`) when the
+    /// send CQ could not hold their completions.
+    fn take_signal_room(&self, signaled: u32, index: usize, count: usize) -> Result<()> {
+        if signaled == 0 {
+            return Ok(());
+        }
+        let taken = self
+            .unreaped
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                n.checked_add(signaled).filter(|&m| m <= self.signal_limit)
+            });
+        match taken {
+            Ok(_) => Ok(()),
+            Err(_) => Err(NetError::Verbs(rsrdma::Error::Post {
+                op: "ibv_post_send (RawConn: reap the send completions first)",
+                index,
+                count,
+                errno: libc::ENOMEM,
+            })),
+        }
+    }
+
+    /// Polls the send CQ, counting what it reaps off [`RawConn::unreaped`].
+    fn reap_send(&self, wcs: &mut [Wc]) -> rsrdma::Result<usize> {
+        let n = self.send_cq.poll(wcs)?;
+        if n > 0 {
+            // Flushes of unsignaled requests come back too: never below zero.
+            let _ = self
+                .unreaped
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                    Some(u.saturating_sub(n as u32))
+                });
+        }
+        Ok(n)
     }
 
     /// Posts a list of send requests with one FFI call; on failure the error names the first
@@ -590,12 +663,70 @@ impl RawConn {
     /// [`rsrdma::WrBatch::complete`] on the extended path).
     #[inline]
     pub unsafe fn post_send_batch(&self, wrs: &mut [SendWr<'_>]) -> Result<()> {
-        if self.new_post_send {
+        let count = wrs.len();
+        let signaled = wrs.iter().filter(|w| w.is_signaled()).count() as u32;
+        // What does not fit the send CQ is refused from the first request that does not:
+        // those before it are posted, as a provider's full send queue does.
+        let (fit, refused) = match self.take_signal_room(signaled, 0, count) {
+            Ok(()) => (count, None),
+            Err(e) => {
+                let room = self
+                    .signal_limit
+                    .saturating_sub(self.unreaped.load(Ordering::Relaxed));
+                let mut seen = 0;
+                let fit = wrs
+                    .iter()
+                    .position(|w| {
+                        seen += u32::from(w.is_signaled());
+                        seen > room
+                    })
+                    .unwrap_or(count);
+                let first = wrs[..fit].iter().filter(|w| w.is_signaled()).count() as u32;
+                match self.take_signal_room(first, fit, count) {
+                    Ok(()) => (fit, Some(e)),
+                    Err(e) => (0, Some(e)),
+                }
+            }
+        };
+        let counted = wrs[..fit].iter().filter(|w| w.is_signaled()).count() as u32;
+        let r = if fit == 0 {
+            Ok(())
+        } else if self.new_post_send {
             // SAFETY: the caller's contract is the QP's.
-            return unsafe { self.post_new(wrs) };
+            unsafe { self.post_new(&wrs[..fit]) }
+        } else {
+            // SAFETY: the caller's contract is the QP's.
+            unsafe { self.qp.post_send_batch(&mut wrs[..fit]) }.map_err(NetError::from)
+        };
+        match (r, refused) {
+            (Ok(()), None) => Ok(()),
+            (
+                Ok(()),
+                Some(NetError::Verbs(rsrdma::Error::Post {
+                    op, count, errno, ..
+                })),
+            ) => Err(NetError::Verbs(rsrdma::Error::Post {
+                op,
+                index: fit,
+                count,
+                errno,
+            })),
+            (Ok(()), Some(e)) => Err(e),
+            (Err(e), _) => {
+                // The provider posted those before the one it refused (none for another
+                // error): the rest never will complete.
+                // (The extended path posts all or nothing.)
+                let posted = match &e {
+                    _ if self.new_post_send => 0,
+                    NetError::Verbs(rsrdma::Error::Post { index, .. }) => (*index).min(fit),
+                    _ => 0,
+                };
+                let unposted = wrs[posted..fit].iter().filter(|w| w.is_signaled()).count();
+                self.unreaped
+                    .fetch_sub((unposted as u32).min(counted), Ordering::Relaxed);
+                Err(e)
+            }
         }
-        // SAFETY: the caller's contract is the QP's.
-        Ok(unsafe { self.qp.post_send_batch(wrs) }?)
     }
 
     /// Posts `wrs` as one batch of the extended API.
@@ -630,7 +761,7 @@ impl RawConn {
     /// As [`rsrdma::Cq::poll`].
     #[inline]
     pub fn poll_send(&self, wcs: &mut [Wc]) -> Result<usize> {
-        Ok(self.send_cq.poll(wcs)?)
+        Ok(self.reap_send(wcs)?)
     }
 
     /// Polls the receive completion queue into `wcs`.
@@ -719,7 +850,8 @@ impl RawConn {
         let depth = depth
             .min(self.settled.send_depth)
             .min(self.qp.caps().max_send_wr)
-            .min(self.send_cq.capacity());
+            .min(self.send_cq.capacity())
+            .min(self.signal_limit);
         if batch > depth {
             return Err(NetError::InvalidArgument(format!(
                 "batch {batch} exceeds the pipeline's depth {depth} (the least of the depth \
@@ -775,7 +907,7 @@ impl RawConn {
         let mut last = Instant::now();
         loop {
             let got =
-                self.send_cq.poll(&mut wcs).unwrap_or(0) + self.recv_cq.poll(&mut wcs).unwrap_or(0);
+                self.reap_send(&mut wcs).unwrap_or(0) + self.recv_cq.poll(&mut wcs).unwrap_or(0);
             let now = Instant::now();
             if got > 0 {
                 last = now;
@@ -844,7 +976,7 @@ impl RawConn {
                 }
             }
             let t = probe.then(Instant::now);
-            let n = self.send_cq.poll(&mut wcs)?;
+            let n = self.reap_send(&mut wcs)?;
             if let Some(t) = t {
                 poll_t += t.elapsed();
             }
@@ -997,7 +1129,7 @@ impl RawConn {
         let r = r.and_then(|()| self.ctrl.barrier(u32::MAX));
         let _ = self.qp.to_error();
         let mut wcs = [Wc::default(); 32];
-        while matches!(self.send_cq.poll(&mut wcs), Ok(n) if n > 0) {}
+        while matches!(self.reap_send(&mut wcs), Ok(n) if n > 0) {}
         while matches!(self.recv_cq.poll(&mut wcs), Ok(n) if n > 0) {}
         r
     }

@@ -333,6 +333,76 @@ fn a_run_refuses_a_completion_it_did_not_post() {
     drop(server.join().unwrap());
 }
 
+/// Posting without reaping: a provider may free a send queue slot when it makes the
+/// completion (rxe, soft0), so nothing stopped a caller's posts before the send CQ overran,
+/// losing completions and failing the queue pair (an outside tester's find: 129 signaled
+/// WRITEs posted `Ok`, 128 completions, the 129th's never). Now a post past what the send CQ
+/// holds is refused with ENOMEM, as a full send queue is, singly and in a batch (those before
+/// the refused one posted); every accepted request completes, and after reaping, posts go on.
+#[test]
+fn posts_past_the_send_cqs_room_are_refused_and_none_is_lost() {
+    let (c, peer, local, server) = writing_to_an_exposed_region(opts(), opts());
+    let sge = [local.sge(0, 64).unwrap()];
+    let at = peer.addr_at(0, 64).unwrap();
+    let write = |id| SendWr::rdma_write(id, &sge, at, peer.rkey).signaled(true);
+    let refused = |r: Result<(), NetError>| match r {
+        Err(NetError::Verbs(rsrdma::Error::Post { errno, index, .. })) => {
+            assert_eq!(errno, libc::ENOMEM);
+            index
+        }
+        other => panic!("expected ENOMEM: {other:?}"),
+    };
+    let reap_all = |want: u64| {
+        let mut wcs = [Wc::default(); 32];
+        let (mut got, t0) = (0u64, Instant::now());
+        while got < want {
+            assert!(t0.elapsed() < Duration::from_secs(20), "{got} of {want}");
+            let n = c.poll_send(&mut wcs).unwrap();
+            for wc in &wcs[..n] {
+                wc.ok().unwrap();
+            }
+            got += n as u64;
+        }
+        thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            c.poll_send(&mut wcs).unwrap(),
+            0,
+            "no completion beyond those posted"
+        );
+    };
+    // One at a time, without polling, until refused (give every request time to complete,
+    // which frees its send queue slot on these providers).
+    let mut posted = 0u64;
+    let first_refusal = loop {
+        assert!(posted < 4096, "4096 posts without reaping were all taken");
+        // SAFETY: `local` and the peer's region outlive every request here.
+        match unsafe { c.post_send(&write(posted)) } {
+            Ok(()) => posted += 1,
+            r => break r,
+        }
+        if posted % 16 == 0 {
+            thread::sleep(Duration::from_millis(5));
+        }
+    };
+    refused(first_refusal);
+    assert!(posted >= 1);
+    reap_all(posted);
+    // A batch past the room: the part that fits is posted, the rest refused from its first.
+    let mut batch: Vec<_> = (0..posted + 4).map(write).collect();
+    // SAFETY: as above.
+    let index = refused(unsafe { c.post_send_batch(&mut batch) });
+    assert!(
+        (1..batch.len()).contains(&index),
+        "the batch was cut where the room ended: {index} of {}",
+        batch.len()
+    );
+    reap_all(index as u64);
+    // SAFETY: as above.
+    unsafe { c.post_send(&write(0)) }.unwrap();
+    reap_all(1);
+    drop(server.join().unwrap());
+}
+
 /// A pipeline's depth of 0 is refused, and a batch over the depth names each bound the depth
 /// was cut to (it once named the caller's own depth as "the settled send depth", and took a
 /// depth of 0 as 1). Neither stops the connection: a good run follows.
