@@ -2001,8 +2001,16 @@ fn a_dropped_listener_refuses_what_it_never_handed_out() {
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     let r = unaccepted.recv_msg();
+    // Told why: an ABORT from the listener's side, not only a broken transport.
     assert!(
-        matches!(r, Err(NetError::ConnFailed(_))),
+        matches!(
+            r,
+            Err(NetError::ConnFailed(
+                rsrdma_proto::ProtoError::PeerAborted {
+                    code: rsrdma_proto::frame::abort_code::LISTENER_CLOSED
+                }
+            ))
+        ),
         "an unaccepted connection's dialer: {r:?}"
     );
     c.send_msg(b"still here").unwrap();

@@ -132,7 +132,7 @@ pub enum ProtoError {
     AllRailsFailed,
 
     /// The peer aborted the connection.
-    #[error("the peer aborted the connection (code {code})")]
+    #[error("the peer aborted the connection (code {code}{})", describe_abort(*code))]
     PeerAborted {
         /// The peer's abort code (see `frame::abort_code`).
         code: u32,
@@ -148,6 +148,11 @@ pub enum ProtoError {
     /// The driver reported a failed work completion or a broken queue pair.
     #[error("fatal transport failure: {0}")]
     Fatal(Fatal),
+
+    /// This side refused the connection: its listener closed before anyone accepted it
+    /// (`Conn::refuse`; the peer is told with an ABORT).
+    #[error("the listener closed before anyone accepted the connection")]
+    Refused,
 
     /// The driver broke the core's contract (a completion for a work request never posted).
     #[error("driver misuse: {reason}")]
@@ -229,6 +234,14 @@ impl fmt::Display for Fatal {
             Self::QpError => f.write_str("the queue pair entered the error state"),
             Self::Disconnected => f.write_str("disconnected"),
         }
+    }
+}
+
+/// `": <meaning>"` of an ABORT code, or nothing for one this version does not know.
+fn describe_abort(code: u32) -> String {
+    match crate::frame::abort_code::describe(code) {
+        "" => String::new(),
+        what => format!(": {what}"),
     }
 }
 

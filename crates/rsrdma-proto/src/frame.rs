@@ -250,4 +250,20 @@ pub mod abort_code {
     pub const UNSUPPORTED: u32 = 5;
     /// The peer was silent for longer than the timeout.
     pub const TIMEOUT: u32 = 6;
+    /// The sender's listener closed before anyone accepted this connection.
+    pub const LISTENER_CLOSED: u32 = 7;
+
+    /// What `code` says, for errors and logs (`""` for a code this version does not know).
+    pub fn describe(code: u32) -> &'static str {
+        match code {
+            BAD_FRAME => "a malformed frame",
+            CREDIT => "a credit overrun",
+            TOO_LARGE => "a fragment or message over the limits",
+            SEQUENCE => "fragments out of order, or data after FIN",
+            UNSUPPORTED => "a frame of a feature not negotiated",
+            TIMEOUT => "this side was silent past the peer's timeout",
+            LISTENER_CLOSED => "its listener closed before anyone accepted this connection",
+            _ => "",
+        }
+    }
 }

@@ -816,6 +816,40 @@ fn every_peer_violation_is_a_sticky_error() {
     }
 }
 
+/// A connection its listener never handed out is refused: one ABORT saying so goes to the
+/// peer (so its dialer does not read an end-of-stream, nor only a broken transport), and
+/// the peer's error names it.
+#[test]
+fn a_refused_connection_tells_the_peer_why() {
+    let mut s = Script::new(cfg());
+    s.c.refuse();
+    assert_eq!(s.c.error(), Some(&ProtoError::Refused));
+    let w = s.work();
+    assert_eq!(w.len(), 1, "{w:?}");
+    let (h, _) = s.sent(&w[0]);
+    assert_eq!(
+        h,
+        Header::control(
+            FrameType::Abort,
+            0,
+            h.credit_limit,
+            abort_code::LISTENER_CLOSED
+        )
+    );
+    s.c.handle_send_completion(WrId(0), Ok(()));
+    assert!(s.c.is_drained());
+    // The peer's side.
+    let mut p = Script::new(cfg());
+    p.arrive(h, &[]);
+    let e = p.c.error().cloned().unwrap();
+    assert_eq!(e, ProtoError::PeerAborted { code: 7 });
+    assert!(
+        e.to_string()
+            .contains("listener closed before anyone accepted"),
+        "{e}"
+    );
+}
+
 #[test]
 fn a_peer_abort_fails_without_an_answer() {
     let mut s = Script::new(cfg());

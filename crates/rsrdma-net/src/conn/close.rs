@@ -15,6 +15,9 @@ use std::time::Duration;
 /// How long teardown waits for the QP's flush before it leaks the memory instead.
 const FLUSH_LIMIT: Duration = Duration::from_secs(2);
 
+/// How long a refused connection waits for its ABORT to leave before its teardown.
+const REFUSAL_LIMIT: Duration = Duration::from_millis(200);
+
 /// How a close ended, kept in the shared state so that a close that raced it (another
 /// thread's or task's, which found it begun) waits for the same teardown and says the same.
 #[derive(Clone, Debug)]
@@ -166,7 +169,34 @@ impl Conn {
                 return;
             }
             st.closing = true;
+            // The peer is told why (an ABORT: "its listener closed before anyone accepted
+            // this connection"), where the teardown alone says only that the transport broke.
+            if let Some(d) = st.driver.as_mut() {
+                if d.core_ref().error().is_none() && !d.peer_gone() {
+                    d.core().refuse();
+                    d.post_work();
+                }
+            }
             self.shared.changed(&mut st);
+        }
+        // The ABORT must leave before the teardown flushes the queue pair: its completion is
+        // waited for, briefly (a connection with no progress thread is stepped here).
+        let deadline = crate::deadline::deadline_after(REFUSAL_LIMIT);
+        loop {
+            let sent = {
+                let mut st = self.shared.lock();
+                match st.driver.as_mut() {
+                    Some(d) => {
+                        d.progress(std::time::Instant::now());
+                        d.core_ref().is_drained()
+                    }
+                    None => true,
+                }
+            };
+            if sent || std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
         let _ = self.finish_close(None, Ok(()));
     }

@@ -819,6 +819,7 @@ fn abort_for(err: &ProtoError) -> Option<u32> {
         E::Sequence { .. } | E::DataAfterFin { .. } => abort_code::SEQUENCE,
         E::Unsupported { .. } => abort_code::UNSUPPORTED,
         E::PeerDead { .. } => abort_code::TIMEOUT,
+        E::Refused => abort_code::LISTENER_CLOSED,
         E::PeerAborted { .. } | E::Fatal(_) => return None,
         _ => abort_code::OTHER,
     })

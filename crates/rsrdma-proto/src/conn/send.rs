@@ -441,6 +441,15 @@ impl<M: SlotMemory> Conn<M> {
         Ok(())
     }
 
+    /// Refuses the connection (its listener closed before anyone accepted it): it fails
+    /// with [`ProtoError::Refused`], and one ABORT with
+    /// [`abort_code::LISTENER_CLOSED`](crate::frame::abort_code::LISTENER_CLOSED) tells the
+    /// peer, whose calls then fail with [`ProtoError::PeerAborted`] saying so. Nothing is
+    /// delivered after it.
+    pub fn refuse(&mut self) {
+        self.fail(ProtoError::Refused);
+    }
+
     /// Full close: `shutdown_write`, and from now on arriving data is discarded at once (its
     /// slots reposted, its credit returned), so a peer that is still sending never stalls on
     /// us. Control frames (credits, PONG) keep flowing until the driver tears down.
