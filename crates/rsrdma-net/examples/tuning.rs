@@ -157,8 +157,9 @@ fn print_settled(side: &str, c: &Conn) {
         "{side}: settled frame {} B, credits {} (peer {}), max message {} B, \
          {} B registered, device {} GID index {:?}, MTU {:?}",
         i.settled.frame_size,
-        i.settled.local_recv_slots,
+        // This side's credits are the receives the peer posts, and the reverse.
         i.settled.peer_recv_slots,
+        i.settled.local_recv_slots,
         i.settled.max_message,
         i.registered_bytes,
         i.device,

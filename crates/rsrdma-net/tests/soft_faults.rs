@@ -216,8 +216,14 @@ fn env_faults_child() {
 }
 
 fn run_child(faults: &str) -> String {
+    run_child_with(faults, &[])
+}
+
+/// [`run_child`] with more of the environment set.
+fn run_child_with(faults: &str, env: &[(&str, &str)]) -> String {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "env_faults_child", "--ignored", "--nocapture"])
+        .envs(env.iter().copied())
         .env(rsrdma::soft_faults::ENV, faults)
         .env("CHILD_STREAM_MS", "1500")
         .output()
@@ -257,6 +263,15 @@ fn faults_from_the_environment_reach_every_queue_pair() {
             && out.contains("unknown fault"),
         "{out}"
     );
+    // So does an address it cannot read, and the error names the variable (an outside
+    // tester's find: it said only "Invalid argument (os error 22)").
+    for bad in ["bogus", "127.0.0.1:99999"] {
+        let out = run_child_with("", &[("RSRDMA_SOFT_ADDR", bad)]);
+        assert!(
+            out.contains("refused: ") && out.contains(&format!("RSRDMA_SOFT_ADDR=\"{bad}\"")),
+            "{bad}: {out}"
+        );
+    }
 }
 
 /// F6: a device that reports a fatal error (`IBV_EVENT_DEVICE_FATAL`) fails the connections

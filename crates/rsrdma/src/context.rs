@@ -80,13 +80,27 @@ impl Context {
         // SAFETY: the device pointer is valid for the list's lifetime, which `device` borrows.
         let raw = unsafe { ffi::ibv_open_device(device.as_ptr()) };
         if raw.is_null() {
+            let os = Error::last_os("ibv_open_device");
             if crate::soft::is_device(device.as_ptr()) {
-                // The one reason soft0 refuses to open: its fault variable does not parse.
+                // Why soft0 refuses to open, naming the variable at fault: its faults do not
+                // parse, its address does not, or it cannot listen there.
                 if let Err(e) = crate::soft::faults::from_env() {
                     return Err(Error::InvalidArgument(format!("soft0: {e}")));
                 }
+                if let Err(e) = crate::soft::verbs::configured_addr() {
+                    return Err(Error::InvalidArgument(format!("soft0: {e}")));
+                }
+                let addr = std::env::var_os(crate::soft::verbs::SOFT_ADDR_ENV);
+                if let (Some(v), Some(libc::EADDRNOTAVAIL)) = (addr, os.errno()) {
+                    return Err(Error::InvalidArgument(format!(
+                        "soft0: it cannot listen where {}={:?} says (an address of this \
+                         host, a port nobody else holds): {os}",
+                        crate::soft::verbs::SOFT_ADDR_ENV,
+                        v.to_string_lossy()
+                    )));
+                }
             }
-            return Err(Error::last_os("ibv_open_device"));
+            return Err(os);
         }
         // SAFETY: `raw` is a freshly opened context that this call owns.
         unsafe { Self::from_raw(raw, Owner::Us) }

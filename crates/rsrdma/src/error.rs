@@ -45,7 +45,11 @@ impl std::fmt::Debug for PrivateData {
 }
 
 /// Everything that can go wrong in rsrdma.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` is the variant's name around its message (the `Display`), so that what
+/// `fn main() -> rsrdma::Result<()>` prints says what failed and what to do (the hint of
+/// [`Error::Unsupported`] included), as its message does.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A verb or rdma_cm call failed.
@@ -160,6 +164,24 @@ pub enum Error {
         /// The time limit.
         millis: u64,
     },
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self {
+            Error::Verbs { .. } => "Verbs",
+            Error::Unsupported { .. } => "Unsupported",
+            Error::NoDevice { .. } => "NoDevice",
+            Error::Limit { .. } => "Limit",
+            Error::InvalidArgument(_) => "InvalidArgument",
+            Error::InvalidTransition { .. } => "InvalidTransition",
+            Error::WorkCompletion { .. } => "WorkCompletion",
+            Error::Post { .. } => "Post",
+            Error::CmEvent { .. } => "CmEvent",
+            Error::Timeout { .. } => "Timeout",
+        };
+        write!(f, "{name}(\"{self}\")")
+    }
 }
 
 impl Error {
@@ -386,14 +408,33 @@ mod private_data_tests {
             private_data: PrivateData(bytes),
         };
         let d = format!("{e:?}");
-        assert!(
-            d.contains(r#"PrivateData(148 B: b"rsrdma:no\x01" + 138 zero bytes)"#),
-            "{d}"
-        );
+        assert!(d.starts_with("CmEvent(\"connect: expected"), "{d}");
         assert!(!d.contains("0, 0, 0"), "{d}");
+        let Error::CmEvent { private_data, .. } = &e else {
+            unreachable!()
+        };
+        assert_eq!(
+            format!("{private_data:?}"),
+            r#"PrivateData(148 B: b"rsrdma:no\x01" + 138 zero bytes)"#
+        );
         assert_eq!(
             format!("{:?}", PrivateData(vec![])),
             r#"PrivateData(0 B: b"")"#
         );
+    }
+
+    /// What `fn main() -> rsrdma::Result<()>` prints (the `Debug`) says what the message
+    /// says: without an RDMA stack, the hint (an outside tester's find: the guide's first
+    /// program printed only `Unsupported { op: .., errno: 38, no_stack: true }`).
+    #[test]
+    fn debug_carries_the_message_and_its_hint() {
+        let e = Error::Unsupported {
+            op: "ibv_get_device_list",
+            errno: libc::ENOSYS,
+            no_stack: true,
+        };
+        let d = format!("{e:?}");
+        assert!(d.starts_with("Unsupported(\"ibv_get_device_list"), "{d}");
+        assert!(d.contains(super::NO_RDMA_HINT), "{d}");
     }
 }

@@ -329,7 +329,7 @@ pub const SOFT_PORT: u16 = 4791;
 /// # Errors
 /// A text naming the variable when it is not such an address (unspecified, multicast and
 /// broadcast addresses are refused).
-pub(super) fn configured_addr() -> Result<SocketAddrV4, String> {
+pub(crate) fn configured_addr() -> Result<SocketAddrV4, String> {
     let Some(v) = std::env::var_os(SOFT_ADDR_ENV) else {
         return Ok(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0));
     };
