@@ -1810,6 +1810,13 @@ fn binding_outside_a_runtime_with_io_is_an_error_not_a_panic() {
         AsyncListener::bind("127.0.0.1:0", opts(Establish::Tcp)).map(drop),
         "no tokio runtime",
     );
+    // A dial polled by another executor than tokio's: it fails at its first poll.
+    let mut dial = std::pin::pin!(AsyncConn::dial("127.0.0.1:9", opts(Establish::Tcp)));
+    let waker = futures::task::noop_waker();
+    match dial.as_mut().poll(&mut Context::from_waker(&waker)) {
+        Poll::Ready(r) => io_error(r.map(drop), "no tokio runtime"),
+        Poll::Pending => panic!("a dial outside a runtime waited"),
+    }
     let no_io = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

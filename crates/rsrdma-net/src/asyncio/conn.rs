@@ -45,6 +45,8 @@ impl AsyncConn {
         opts: ConnOptions,
     ) -> Result<AsyncConn> {
         opts.check()?;
+        // Polled by another executor, tokio's blocking pool (below) would panic.
+        super::watch::in_runtime().map_err(|e| NetError::io("dial", e))?;
         let addrs = tokio::net::lookup_host(addr)
             .await
             .map_err(|e| NetError::io("resolve address", e))?;

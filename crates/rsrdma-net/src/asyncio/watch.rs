@@ -25,16 +25,23 @@ impl AsRawFd for FdRef {
 /// in one built without IO, tokio panics; this says so as an error instead. (tokio offers
 /// no way to ask whether IO is enabled, so that case is caught as the panic it is.)
 pub(crate) fn with_reactor<T>(register: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-    if tokio::runtime::Handle::try_current().is_err() {
-        return Err(io::Error::other(
-            "no tokio runtime: call this inside one (built with enable_io or enable_all)",
-        ));
-    }
+    in_runtime()?;
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(register)).unwrap_or_else(|_| {
         Err(io::Error::other(
             "the tokio runtime has no IO driver: build it with enable_io (or enable_all)",
         ))
     })
+}
+
+/// Whether this runs inside a tokio runtime (whose blocking pool and reactor the async faces
+/// use; outside one, tokio panics).
+pub(crate) fn in_runtime() -> io::Result<()> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(_) => Ok(()),
+        Err(_) => Err(io::Error::other(
+            "no tokio runtime: call this inside one (built with enable_io or enable_all)",
+        )),
+    }
 }
 
 /// A registered descriptor, for readability.
