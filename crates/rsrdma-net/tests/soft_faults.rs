@@ -483,3 +483,47 @@ fn a_large_message_a_closing_peer_left_unanswered_fails_at_once() {
     );
     assert!(took < Duration::from_secs(5), "{sent:?} after {took:?}");
 }
+
+/// `recv_msg_into` keeps to its read timeout while a large (rendezvous) message's READ lands
+/// slowly, and the connection stays usable: the message comes whole to a later read (an
+/// outside tester's find: a READ straight into the caller's slice had to end before the call
+/// returned, so a 20 ms read waited for it, up to 10 s, and then failed the connection).
+/// Completions of the reader's queue pair are held back 600 ms each.
+#[test]
+fn a_timed_out_recv_msg_into_leaves_a_slow_rendezvous_read_to_the_next_read() {
+    let o = ConnOptions::default()
+        .device("soft0")
+        .establish(Establish::Tcp);
+    let (c, s) = pair(o);
+    let big: Vec<u8> = (0..4usize << 20).map(|i| (i * 31 + 7) as u8).collect();
+    soft_faults::delay_completions(s.info().local_qpn, Duration::from_millis(600)).unwrap();
+    let sent = big.clone();
+    let sender = thread::spawn(move || c.send_msg(&sent).map(|()| c));
+    let limit = Duration::from_millis(50);
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = vec![0u8; big.len()];
+    let (t0, mut timeouts) = (Instant::now(), 0);
+    let n = loop {
+        assert!(t0.elapsed() < WAIT, "nothing arrived in {WAIT:?}");
+        let t = Instant::now();
+        let r = s.recv_msg_into(&mut buf);
+        let took = t.elapsed();
+        assert!(
+            took < limit + Duration::from_millis(450),
+            "a {limit:?} read took {took:?}: {r:?}"
+        );
+        match r {
+            Ok(Some(n)) => break n,
+            Err(NetError::Timeout { .. }) => timeouts += 1,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(n, big.len());
+    assert!(buf == big, "the message arrived whole");
+    assert!(timeouts > 0, "the read never waited");
+    let c = sender.join().unwrap().unwrap();
+    // Still usable both ways.
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    c.send_msg(b"after").unwrap();
+    assert_eq!(s.recv_msg().unwrap().as_deref(), Some(&b"after"[..]));
+}

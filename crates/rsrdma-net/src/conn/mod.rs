@@ -240,6 +240,11 @@ impl Conn {
     /// Receives the next message into `buf`: `Ok(Some(len))`, or `Ok(None)` at the end of
     /// the stream. A large message goes from the receive slots straight into `buf`, with no
     /// reassembly buffer (one `recv_msg_into` at a time does this; others wait their turn).
+    /// A rendezvous message (at or above the settled threshold) is READ straight into `buf`
+    /// when there is no read timeout; with one, it is READ into the connection's memory and
+    /// copied, so that a call that times out returns on time and the message goes to the
+    /// next read (a READ into `buf` must end before `buf` is handed back). For no copy and
+    /// a timeout, use [`Conn::recv_buffer`].
     ///
     /// # Errors
     /// [`NetError::ShortBuffer`] with the length the message needs when `buf` is too short;

@@ -35,7 +35,9 @@
 //!   An answer that does not come within [`RDV_GRACE`] (a peer without withdrawal, or one
 //!   whose process stopped) fails the connection rather than return memory the peer may
 //!   still read.
-//! - `recv_msg_into` and `recv_buffer` receive rendezvous messages with no copy;
+//! - `recv_buffer`, and `recv_msg_into` without a read timeout, receive rendezvous messages
+//!   with no copy; `recv_msg_into` with a read timeout reads them into the connection's
+//!   memory and copies (so its timeout holds and leaves the connection usable);
 //!   `recv_msg` allocates the message's vector and reads into it; `read` (byte stream) reads
 //!   into a vector the core then serves from. Eager messages (below the threshold, or from a
 //!   peer without rendezvous) are necessarily copied out of the receive slots.
@@ -49,9 +51,10 @@
 //!   [`Conn::start_send_buffer`] returns once the message is queued; [`Conn::wait_buffer`]
 //!   waits for the buffer.
 //!
-//! A READ in flight always completes or fails before the destination is given back: a read
-//! call that times out mid-READ keeps waiting (up to [`RDV_GRACE`]), and then fails the
-//! connection and deregisters the destination before returning.
+//! A READ in flight always completes or fails before the destination is given back: a call
+//! whose READ writes the caller's slice (`recv_msg_into` without a read timeout) and fails
+//! mid-READ keeps waiting (up to [`RDV_GRACE`]), and then fails the connection and
+//! deregisters the destination before returning.
 
 use super::buffer::Buffer;
 use super::driver::Driver;
@@ -664,9 +667,9 @@ pub(super) fn recv_msg_attempt(d: &mut Driver) -> Result<Option<Option<Vec<u8>>>
     }
 }
 
-/// One attempt of `recv_msg_into`'s copying form (the async face): as [`recv_msg_attempt`],
-/// then copied into `buf`; a message longer than `buf` stays queued (`ShortBuffer`).
-#[cfg(feature = "tokio")]
+/// One attempt of `recv_msg_into`'s copying form (the async face, and the blocking one with a
+/// read timeout): as [`recv_msg_attempt`], then copied into `buf`; a message longer than
+/// `buf` stays queued (`ShortBuffer`).
 pub(super) fn recv_msg_into_attempt(
     d: &mut Driver,
     buf: &mut [u8],

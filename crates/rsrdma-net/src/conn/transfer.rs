@@ -28,7 +28,7 @@ use crate::error::{from_core, NetError, Result};
 use rsrdma::{AccessFlags, Mr};
 use rsrdma_proto::{Recv, Step};
 use std::cell::Cell;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A rendezvous send of a caller's slice: once the core took it, the message number; and its
 /// registration (remote read only), unless a window exposes it (then the registration, for
@@ -216,9 +216,23 @@ impl Conn {
         timeout: Option<Duration>,
     ) -> Result<Option<usize>> {
         const OP: &str = "recv_msg_into";
+        let start = Instant::now();
         loop {
             match self.recv_lent_step(OP, &mut *buf, timeout)? {
                 RecvStep::Got(n) => return Ok(n),
+                // With a read timeout, a rendezvous message is read into the connection's
+                // memory and then copied: a call that times out leaves that READ landing
+                // (the message goes to the next read) and the connection usable. A READ
+                // straight into `buf` must end before `buf` is handed back, so such a call
+                // waited past its timeout (up to RDV_GRACE) and then failed the connection
+                // (an outside tester's find: a 20 ms read waited 10 s, then the connection
+                // was gone).
+                RecvStep::Rendezvous(_) if timeout.is_some() => {
+                    let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+                    return self.block(OP, left, |d| {
+                        super::rendezvous::recv_msg_into_attempt(d, &mut *buf)
+                    });
+                }
                 RecvStep::Rendezvous(len) => match self.pull(OP, len, Dest::Slice(&mut *buf))? {
                     Pulled::Done(n) => return Ok(Some(n)),
                     Pulled::Retry => continue,
