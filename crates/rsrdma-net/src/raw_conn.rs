@@ -464,6 +464,11 @@ fn create_cqs(ctx: &Context, opts: &RawOptions) -> Result<(Cq, Cq)> {
     Ok((send_cq, recv_cq))
 }
 
+/// How many of `wrs` are signaled (each makes a completion).
+fn signaled_in(wrs: &[SendWr<'_>]) -> u32 {
+    wrs.iter().filter(|w| w.is_signaled()).count() as u32
+}
+
 /// What the handshake set up, before it becomes a [`RawConn`].
 struct Parts {
     qp: Qp,
@@ -628,13 +633,18 @@ impl RawConn {
             });
         match taken {
             Ok(_) => Ok(()),
-            Err(_) => Err(NetError::Verbs(rsrdma::Error::Post {
-                op: "ibv_post_send (RawConn: reap the send completions first)",
-                index,
-                count,
-                errno: libc::ENOMEM,
-            })),
+            Err(_) => Err(self.no_signal_room(index, count)),
         }
+    }
+
+    /// The refusal of request `index` of `count` for want of room for its completion.
+    fn no_signal_room(&self, index: usize, count: usize) -> NetError {
+        NetError::Verbs(rsrdma::Error::Post {
+            op: "ibv_post_send (RawConn: reap the send completions first)",
+            index,
+            count,
+            errno: libc::ENOMEM,
+        })
     }
 
     /// Polls the send CQ, counting what it reaps off [`RawConn::unreaped`].
@@ -664,31 +674,9 @@ impl RawConn {
     #[inline]
     pub unsafe fn post_send_batch(&self, wrs: &mut [SendWr<'_>]) -> Result<()> {
         let count = wrs.len();
-        let signaled = wrs.iter().filter(|w| w.is_signaled()).count() as u32;
-        // What does not fit the send CQ is refused from the first request that does not:
-        // those before it are posted, as a provider's full send queue does.
-        let (fit, refused) = match self.take_signal_room(signaled, 0, count) {
-            Ok(()) => (count, None),
-            Err(e) => {
-                let room = self
-                    .signal_limit
-                    .saturating_sub(self.unreaped.load(Ordering::Relaxed));
-                let mut seen = 0;
-                let fit = wrs
-                    .iter()
-                    .position(|w| {
-                        seen += u32::from(w.is_signaled());
-                        seen > room
-                    })
-                    .unwrap_or(count);
-                let first = wrs[..fit].iter().filter(|w| w.is_signaled()).count() as u32;
-                match self.take_signal_room(first, fit, count) {
-                    Ok(()) => (fit, Some(e)),
-                    Err(e) => (0, Some(e)),
-                }
-            }
-        };
-        let counted = wrs[..fit].iter().filter(|w| w.is_signaled()).count() as u32;
+        // As many as the room for unreaped completions takes, from the first: the rest are
+        // refused from the first that does not fit, as a full send queue refuses them.
+        let fit = self.take_batch_room(wrs);
         let r = if fit == 0 {
             Ok(())
         } else if self.new_post_send {
@@ -698,35 +686,43 @@ impl RawConn {
             // SAFETY: the caller's contract is the QP's.
             unsafe { self.qp.post_send_batch(&mut wrs[..fit]) }.map_err(NetError::from)
         };
-        match (r, refused) {
-            (Ok(()), None) => Ok(()),
-            (
-                Ok(()),
-                Some(NetError::Verbs(rsrdma::Error::Post {
-                    op, count, errno, ..
-                })),
-            ) => Err(NetError::Verbs(rsrdma::Error::Post {
-                op,
-                index: fit,
-                count,
-                errno,
-            })),
-            (Ok(()), Some(e)) => Err(e),
-            (Err(e), _) => {
-                // The provider posted those before the one it refused (none for another
-                // error): the rest never will complete.
-                // (The extended path posts all or nothing.)
-                let posted = match &e {
-                    _ if self.new_post_send => 0,
-                    NetError::Verbs(rsrdma::Error::Post { index, .. }) => (*index).min(fit),
-                    _ => 0,
-                };
-                let unposted = wrs[posted..fit].iter().filter(|w| w.is_signaled()).count();
-                self.unreaped
-                    .fetch_sub((unposted as u32).min(counted), Ordering::Relaxed);
-                Err(e)
-            }
+        if let Err(e) = r {
+            // The provider posted those before the one it refused (the extended path all or
+            // none; none for another error): the rest never will complete.
+            let posted = match &e {
+                NetError::Verbs(rsrdma::Error::Post { index, .. }) if !self.new_post_send => {
+                    (*index).min(fit)
+                }
+                _ => 0,
+            };
+            self.unreaped
+                .fetch_sub(signaled_in(&wrs[posted..fit]), Ordering::Relaxed);
+            return Err(e);
         }
+        if fit < count {
+            return Err(self.no_signal_room(fit, count));
+        }
+        Ok(())
+    }
+
+    /// Counts the signaled requests of the longest prefix of `wrs` that the room for
+    /// unreaped completions takes, and returns its length.
+    fn take_batch_room(&self, wrs: &[SendWr<'_>]) -> usize {
+        let mut fit = 0;
+        let _ = self
+            .unreaped
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                let mut taken = n;
+                fit = wrs
+                    .iter()
+                    .position(|w| {
+                        taken += u32::from(w.is_signaled());
+                        taken > self.signal_limit
+                    })
+                    .unwrap_or(wrs.len());
+                Some(n + signaled_in(&wrs[..fit]))
+            });
+        fit
     }
 
     /// Posts `wrs` as one batch of the extended API.
