@@ -332,6 +332,12 @@ impl Conn {
     /// linger time; [`NetError::ConnFailed`] for a connection that had failed. The
     /// resources are released either way.
     pub fn close(&self) -> Result<()> {
+        self.close_lingering(self.linger)
+    }
+
+    /// [`Conn::close`], waiting at most `linger` for the delivery (a striped connection
+    /// closes its rails within what is left of its own linger).
+    pub(crate) fn close_lingering(&self, linger: Duration) -> Result<()> {
         let failed = match self.begin_close() {
             // Another thread's close began: its end is this one's (a close that returned
             // before the teardown would let the caller free what the NIC may still use).
@@ -340,7 +346,7 @@ impl Conn {
             close::CloseStart::Failed(e) => Some(e),
         };
         let delivered = match failed {
-            None => self.run(&mut close::CloseWait, Some(self.linger)),
+            None => self.run(&mut close::CloseWait, Some(linger)),
             Some(_) => Ok(()),
         };
         self.finish_close(failed, delivered)

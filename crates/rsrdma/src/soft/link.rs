@@ -136,6 +136,12 @@ struct OutQueue {
     dead: bool,
     /// Threads in [`Links::flush`], waiting for the queue to empty.
     flushing: usize,
+    /// Frames that left the queue for the peer, ever (its progress).
+    moved: u64,
+    /// A flush gave up on this link when it had moved this many: a later flush does not
+    /// wait again while nothing moved since (a peer that stopped reading would otherwise
+    /// hold every `destroy_qp` for the whole limit: 16 queue pairs, 16 s).
+    stuck_at: Option<u64>,
 }
 
 impl Links {
@@ -332,15 +338,18 @@ impl Links {
             .collect();
         for o in outs {
             let mut q = o.queue.lock().unwrap_or_else(|p| p.into_inner());
+            let pending = |q: &OutQueue| !q.dead && (!q.frames.is_empty() || q.writing > 0);
+            if q.stuck_at == Some(q.moved) && pending(&q) {
+                continue;
+            }
             q.flushing += 1;
             let left = deadline.saturating_duration_since(Instant::now());
             let mut q = o
                 .ready
-                .wait_timeout_while(q, left, |q| {
-                    !q.dead && (!q.frames.is_empty() || q.writing > 0)
-                })
+                .wait_timeout_while(q, left, |q| pending(q))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            q.stuck_at = pending(&q).then_some(q.moved);
             q.flushing -= 1;
         }
     }
@@ -368,6 +377,7 @@ impl Outbound {
                 return false;
             }
             q.frames.pop_front();
+            q.moved += 1;
         }
         self.set_queued(false);
         if q.flushing > 0 {
@@ -502,6 +512,7 @@ fn next_batch(
     }
     let n = q.frames.len().min(MAX_BATCH);
     q.writing = n;
+    q.moved += n as u64;
     Some(q.frames.drain(..n).collect())
 }
 
