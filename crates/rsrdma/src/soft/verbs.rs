@@ -839,12 +839,21 @@ fn pump(st: &mut State, now: &mut LazyNow) {
             continue;
         };
         e.dirty = false;
+        // Its completions reach their CQs before its packets leave, as rxe's responder
+        // completes before it acknowledges: a receive completion its CQ has no room for fails
+        // the queue pair, which drops the acknowledgement of that SEND, so its sender does
+        // not count delivered what the application never saw (an outside tester's find:
+        // SUCCESS at the sender, the receive completion lost). Then once more, for what
+        // sending completed (a datagram completes once it is queued).
+        let unanswered = e.finish_turn(now);
+        answer_dropped(st, qpn, unanswered, now);
         send_packets(st, qpn, now);
         let Some(e) = st.qps.get_mut(&qpn) else {
             continue;
         };
-        e.finish_turn(now);
+        let unanswered = e.finish_turn(now);
         timer |= e.next_due().is_some();
+        answer_dropped(st, qpn, unanswered, now);
     }
     st.dirty.clear();
     for s in st.srqs.values_mut() {
@@ -859,6 +868,22 @@ fn pump(st: &mut State, now: &mut LazyNow) {
     // The timer thread only needs to hear of a retry or a held completion now due.
     if timer {
         device().timer.notify_one();
+    }
+}
+
+/// Tells the requester connected to QP `qpn` that its request `psn` was dropped (`qpn` failed
+/// before it answered: see [`QpEntry::finish_turn`]), so that it sends it again after its
+/// transport timer and, finding `qpn` failed, ends with `RETRY_EXC_ERR`, as a requester
+/// whose answer never came does on a NIC.
+fn answer_dropped(st: &mut State, qpn: u32, psn: Option<u32>, now: &mut LazyNow) {
+    let (Some(psn), Some(e)) = (psn, st.qps.get(&qpn)) else {
+        return;
+    };
+    let to = e.remote();
+    if is_own(to) {
+        requests_dropped(st, Packet::dropped(qpn, psn), own_addr(), now);
+    } else {
+        tell_dropped(to, qpn, psn);
     }
 }
 
@@ -917,8 +942,10 @@ fn send_packets(st: &mut State, qpn: u32, now: &mut LazyNow) {
 impl QpEntry {
     /// The end of its turn in a pump: its state republished if that changed, its
     /// completions to its CQs (or held, under an injected delay), its events to its
-    /// context.
-    fn finish_turn(&mut self, now: &mut LazyNow) {
+    /// context. When a completion found no room, the queue pair fails before its answers
+    /// leave, and this returns the PSN of the first request left unanswered (its requester
+    /// must hear of it: [`answer_dropped`]).
+    fn finish_turn(&mut self, now: &mut LazyNow) -> Option<u32> {
         self.republish_state();
         // A completion its CQ had no room for (the CQ overran): as rxe, the QP fails.
         let mut lost = false;
@@ -935,7 +962,17 @@ impl QpEntry {
                 lost |= !self.complete(&c);
             }
         }
+        let mut unanswered = None;
         if lost && self.core.state() != QpState::Error {
+            // The answers not yet sent go with the failure; the first of them names the
+            // request its requester now waits for.
+            if let QpCore::Rc(q) = &mut self.core {
+                while let Some(p) = q.poll_transmit() {
+                    if !p.kind.is_request() && unanswered.is_none() && !q.config().unreliable {
+                        unanswered = Some(p.psn);
+                    }
+                }
+            }
             self.core.move_to_error();
             while let Some(c) = self.core.poll_completion() {
                 self.complete(&c);
@@ -952,6 +989,7 @@ impl QpEntry {
             // SAFETY: the QP's context outlives it.
             unsafe { push_event(self.ctx, a) };
         }
+        unanswered
     }
 
     /// Hands a completion to the QP's send or receive CQ; false when that CQ overran (the
