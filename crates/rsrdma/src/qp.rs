@@ -965,9 +965,10 @@ impl Qp {
     }
 
     /// Sets what the peer may do to this side's memory through an RC or UC queue pair that
-    /// is already up (an INIT→INIT, RTR→RTR or RTS→RTS modify of its access flags): a server
-    /// brings a connection up granting nothing and grants its remote access only once the
-    /// application has accepted the peer. Requests already under way keep the rights they
+    /// is already up (an INIT→INIT or RTS→RTS modify of its access flags; the verbs' table has
+    /// no RTR→RTR change, so a queue pair left in RTR is refused: bring it to RTS first): a
+    /// server brings a connection up granting nothing and grants its remote access only once
+    /// the application has accepted the peer. Requests already under way keep the rights they
     /// started with.
     ///
     /// # Errors

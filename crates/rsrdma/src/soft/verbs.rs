@@ -2539,8 +2539,13 @@ fn modify_rule(kind: QpKind, from: ffi::ibv_qp_state, to: ffi::ibv_qp_state) -> 
     use ffi::ibv_qp_attr_mask as M;
     use ffi::ibv_qp_state as S;
     let bits = |ms: &[M]| ms.iter().fold(0u32, |b, m| b | m.0);
-    // Every change may name the state it starts from.
-    let any = bits(&[M::IBV_QP_STATE, M::IBV_QP_CUR_STATE]);
+    let any = M::IBV_QP_STATE.0;
+    // As the kernel's table: only a change from RTR or RTS to RTS may name the state it
+    // starts from (`check_modify` holds it to the real one).
+    let cur = match (from, to) {
+        (S::IBV_QPS_RTR | S::IBV_QPS_RTS, S::IBV_QPS_RTS) => M::IBV_QP_CUR_STATE.0,
+        _ => 0,
+    };
     let (req, opt): (&[M], &[M]) = match (from, to, kind) {
         (_, S::IBV_QPS_RESET | S::IBV_QPS_ERR, _) => (&[], &[]),
         (S::IBV_QPS_RESET | S::IBV_QPS_INIT, S::IBV_QPS_INIT, k) => {
@@ -2631,7 +2636,7 @@ fn modify_rule(kind: QpKind, from: ffi::ibv_qp_state, to: ffi::ibv_qp_state) -> 
         ),
         _ => return None,
     };
-    Some((bits(req), bits(opt) | any))
+    Some((bits(req), bits(opt) | any | cur))
 }
 
 /// Checks a modify as a provider does before it changes anything: the state change exists,
@@ -2645,7 +2650,16 @@ fn check_modify(
     a: &ffi::ibv_qp_attr,
 ) -> Result<(), c_int> {
     use ffi::ibv_qp_attr_mask as M;
+    // Send-queue drain (SQD) is a state soft0 does not have: unsupported, not invalid.
+    if to == Some(ffi::ibv_qp_state::IBV_QPS_SQD) {
+        return Err(libc::EOPNOTSUPP);
+    }
     let (req, opt) = modify_rule(kind, from, to.unwrap_or(from)).ok_or(libc::EINVAL)?;
+    // A current state named is a claim about this queue pair: a wrong one is refused (rxe
+    // would take it as the state to change from, and its table would refuse the change).
+    if mask & M::IBV_QP_CUR_STATE.0 != 0 && a.cur_qp_state != from {
+        return Err(libc::EINVAL);
+    }
     let given = mask & !M::IBV_QP_STATE.0;
     if given & req != req || given & !(req | opt) != 0 {
         return Err(libc::EINVAL);
@@ -2847,5 +2861,67 @@ mod tests {
             while ctx.read_async_event().unwrap().is_some() {}
         }
         assert_eq!(handed(&ctx), 0);
+    }
+
+    /// A named current state is held to the real one, and only a change from RTR or RTS to
+    /// RTS may name it, as in the kernel's table (an outside tester's find: soft0 took it on
+    /// every change, whatever it said).
+    #[test]
+    fn a_named_current_state_must_be_the_real_one_and_allowed_there() {
+        use ffi::ibv_qp_attr_mask as M;
+        use ffi::ibv_qp_state as S;
+        let rts_attrs = M::IBV_QP_STATE.0
+            | M::IBV_QP_SQ_PSN.0
+            | M::IBV_QP_TIMEOUT.0
+            | M::IBV_QP_RETRY_CNT.0
+            | M::IBV_QP_RNR_RETRY.0
+            | M::IBV_QP_MAX_QP_RD_ATOMIC.0;
+        let mut a: ffi::ibv_qp_attr = zeroed();
+        let to = Some(S::IBV_QPS_RTS);
+        let with_cur = rts_attrs | M::IBV_QP_CUR_STATE.0;
+        a.cur_qp_state = S::IBV_QPS_RTR;
+        assert_eq!(
+            check_modify(QpKind::Rc, S::IBV_QPS_RTR, to, with_cur, &a),
+            Ok(())
+        );
+        assert_eq!(
+            check_modify(QpKind::Rc, S::IBV_QPS_RTR, to, rts_attrs, &a),
+            Ok(())
+        );
+        a.cur_qp_state = S::IBV_QPS_INIT;
+        assert_eq!(
+            check_modify(QpKind::Rc, S::IBV_QPS_RTR, to, with_cur, &a),
+            Err(libc::EINVAL),
+            "a wrong current state"
+        );
+        // RESET → INIT takes no current state.
+        a.cur_qp_state = S::IBV_QPS_RESET;
+        let init = M::IBV_QP_STATE.0
+            | M::IBV_QP_PKEY_INDEX.0
+            | M::IBV_QP_PORT.0
+            | M::IBV_QP_ACCESS_FLAGS.0;
+        a.port_num = 1;
+        let init_to = Some(S::IBV_QPS_INIT);
+        assert_eq!(
+            check_modify(QpKind::Rc, S::IBV_QPS_RESET, init_to, init, &a),
+            Ok(())
+        );
+        assert_eq!(
+            check_modify(
+                QpKind::Rc,
+                S::IBV_QPS_RESET,
+                init_to,
+                init | M::IBV_QP_CUR_STATE.0,
+                &a
+            ),
+            Err(libc::EINVAL)
+        );
+        // A drain of the send queue: a state soft0 does not have.
+        a.cur_qp_state = S::IBV_QPS_RTS;
+        let sqd = Some(S::IBV_QPS_SQD);
+        assert_eq!(
+            check_modify(QpKind::Rc, S::IBV_QPS_RTS, sqd, M::IBV_QP_STATE.0, &a),
+            Err(libc::EOPNOTSUPP)
+        );
     }
 }
