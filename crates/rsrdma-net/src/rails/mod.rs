@@ -930,7 +930,8 @@ impl RailListener {
     /// Listens at `addr` with the first rail's connection options (every rail of every
     /// connection arrives at this one address, or at the address of its NIC when `addr` is
     /// the unspecified one). `opts` bounds what dialers may propose: the settled stripe
-    /// size, window and message cap are the smaller of both.
+    /// size, window and message cap are the smaller of both. The number of rails is the
+    /// dialer's: a listener takes a connection of any number (1 to 16) whatever its own.
     ///
     /// # Errors
     /// As [`Listener::bind`].
