@@ -230,6 +230,17 @@ impl Oob {
                 .max(Duration::from_millis(1));
             stream.set_read_timeout(Some(slice)).ok();
             match stream.read(&mut buf[got..]) {
+                // Nothing at all: the listener may be another kind of server, where a
+                // socket's peer that went away tells this side no more.
+                Ok(0) if got == 0 => {
+                    return Err(fail(format!(
+                        "the peer {} closed the connection after 0 of {} bytes: it exited or was \
+                         killed, or it is not a server for this run (one started with -R takes \
+                         rdma_cm connections only: give both ends -R, or neither)",
+                        self.peer,
+                        buf.len()
+                    )))
+                }
                 Ok(0) => {
                     return Err(fail(format!(
                         "the peer {} closed the connection after {got} of {} bytes: it exited or was killed",
