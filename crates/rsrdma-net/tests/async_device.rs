@@ -1832,3 +1832,43 @@ fn binding_outside_a_runtime_with_io_is_an_error_not_a_panic() {
         );
     });
 }
+
+/// A close polled once and dropped, then the connection dropped: what was queued still
+/// reaches the peer whole, then the end of the stream, as with a drop without close (an
+/// outside tester's find: the drop tore down at once, and the peer lost a 1 MiB message still
+/// waiting for credits, 5 of 5).
+#[test]
+fn a_close_dropped_half_way_then_the_connection_still_delivers() {
+    run(async {
+        let l = listen(opts(Establish::Tcp));
+        let addr = l.local_addr();
+        let size = 1 << 20;
+        let server = tokio::spawn(async move {
+            let s = l.accept().await.unwrap();
+            let mut got = Vec::new();
+            loop {
+                match s.recv_msg().await {
+                    Ok(Some(m)) => got.push(m),
+                    Ok(None) => return Ok(got),
+                    Err(e) => return Err((got.len(), e)),
+                }
+            }
+        });
+        let c = AsyncConn::dial(addr, opts(Establish::Tcp)).await.unwrap();
+        let msg = pattern(size, 5);
+        c.send_msg(&msg).await.unwrap();
+        assert!(
+            poll_once(c.close()).await.is_none(),
+            "the close finished at once"
+        );
+        drop(c);
+        let got = timeout(Duration::from_secs(30), server)
+            .await
+            .unwrap()
+            .unwrap();
+        match got {
+            Ok(got) => assert!(got.len() == 1 && got[0] == msg, "{} messages", got.len()),
+            Err((n, e)) => panic!("after {n} messages: {e}"),
+        }
+    });
+}

@@ -91,6 +91,10 @@ impl AsyncListener {
     /// # Errors
     /// As [`crate::Listener::bind`]; [`NetError::Io`] when the reactor refuses the fd, and
     /// outside a tokio runtime or in one built without IO.
+    ///
+    /// # Panics
+    /// In a runtime built without IO, when the program is built with `panic = "abort"`
+    /// (tokio's own panic, which the error above is caught from otherwise).
     pub fn bind(addr: impl ToSocketAddrs, opts: ConnOptions) -> Result<AsyncListener> {
         opts.check()?;
         let addr = addr

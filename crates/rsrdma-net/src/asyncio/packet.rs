@@ -73,6 +73,10 @@ impl AsyncPacketConn {
     /// # Errors
     /// As [`PacketConn::bind`]; [`NetError::Io`] when the reactor refuses an fd, and
     /// outside a tokio runtime or in one built without IO.
+    ///
+    /// # Panics
+    /// In a runtime built without IO, when the program is built with `panic = "abort"`
+    /// (tokio's own panic, which the error above is caught from otherwise).
     pub fn bind(opts: PacketOptions) -> Result<AsyncPacketConn> {
         let inner = PacketConn::bind(opts)?;
         let (send_cq, recv_cq) = inner.cqs();

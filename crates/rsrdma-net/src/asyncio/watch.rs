@@ -23,7 +23,8 @@ impl AsRawFd for FdRef {
 
 /// Runs `register`, which needs the current tokio runtime's reactor: outside a runtime, or
 /// in one built without IO, tokio panics; this says so as an error instead. (tokio offers
-/// no way to ask whether IO is enabled, so that case is caught as the panic it is.)
+/// no way to ask whether IO is enabled, so that case is caught as the panic it is: tokio's
+/// message is still printed, and a program built with `panic = "abort"` aborts there.)
 pub(crate) fn with_reactor<T>(register: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
     in_runtime()?;
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(register)).unwrap_or_else(|_| {

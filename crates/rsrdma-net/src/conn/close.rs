@@ -201,6 +201,24 @@ impl Conn {
         let _ = self.finish_close(None, Ok(()));
     }
 
+    /// Finishes a close that was begun and left (an async close dropped half-way, then its
+    /// connection): waits for the delivery of what was queued up to the linger (stepping the
+    /// driver itself: a connection without a progress thread has nobody else), then tears
+    /// down.
+    pub(crate) fn finish_begun_close(&self) -> Result<()> {
+        let failed = {
+            let st = self.shared.lock();
+            st.driver
+                .as_ref()
+                .and_then(|d| d.core_ref().error().cloned())
+        };
+        let delivered = match failed {
+            Some(_) => Ok(()),
+            None => self.run(&mut CloseWait, Some(self.linger)),
+        };
+        self.finish_close(failed, delivered)
+    }
+
     /// How the close ended, once its teardown is done (`None` before).
     #[cfg(feature = "tokio")]
     pub(crate) fn close_end(&self) -> Option<Result<()>> {
