@@ -205,6 +205,7 @@ impl Conn {
     /// connection): waits for the delivery of what was queued up to the linger (stepping the
     /// driver itself: a connection without a progress thread has nobody else), then tears
     /// down.
+    #[cfg(feature = "tokio")]
     pub(crate) fn finish_begun_close(&self) -> Result<()> {
         let failed = {
             let st = self.shared.lock();

@@ -540,7 +540,7 @@ impl Channel {
     }
 
     /// Tells the peer why this side gives up (best effort), and returns `err`. A listener's
-    /// handshake counts its failure first (see [`Standing::count_failure`]).
+    /// handshake counts its failure first (its standing's `count_failure`).
     pub fn abort(&mut self, err: NetError) -> NetError {
         if let Some(s) = &self.standing {
             s.count_failure();
