@@ -18,6 +18,20 @@ fn opts() -> ConnOptions {
         .peer_timeout(Duration::from_millis(800))
 }
 
+/// A striped pair of `rails` rails (dialer, listener's side) on the TCP handshake (this
+/// binary also runs where soft0's rdma_cm is off); the listener's side reads with [`WAIT`].
+fn rail_pair(rails: usize) -> (rsrdma_net::RailConn, rsrdma_net::RailConn) {
+    use rsrdma_net::{RailConn, RailListener, RailOptions};
+    let o = RailOptions::new(opts(), rails);
+    let l = RailListener::bind("127.0.0.1:0", o.clone()).unwrap();
+    let addr = l.local_addr();
+    let server = thread::spawn(move || l.accept().unwrap());
+    let rc = RailConn::dial(addr, o).unwrap();
+    let rs = server.join().unwrap();
+    rs.set_read_timeout(Some(WAIT)).unwrap();
+    (rc, rs)
+}
+
 /// A connected pair (client, server).
 fn pair(o: ConnOptions) -> (Conn, Conn) {
     let l = Listener::bind("127.0.0.1:0", o.clone()).unwrap();
@@ -301,7 +315,6 @@ fn a_fatal_device_event_fails_its_connections_promptly() {
 
 #[test]
 fn a_rails_port_going_down_takes_the_rail_out_and_a_plain_conn_waits() {
-    use rsrdma_net::{RailConn, RailListener, RailOptions};
     // A plain connection whose port goes down only logs it: its queues still work here.
     let (c, s) = pair(opts());
     soft_faults::port_down(c.info().local_qpn).unwrap();
@@ -310,13 +323,7 @@ fn a_rails_port_going_down_takes_the_rail_out_and_a_plain_conn_waits() {
     assert_eq!(s.recv_msg().unwrap().as_deref(), Some(&b"still here"[..]));
     soft_faults::port_up(c.info().local_qpn).unwrap();
     // A striped connection takes the rail on that port out at once; its stripes go on.
-    let o = RailOptions::new(opts(), 2);
-    let l = RailListener::bind("127.0.0.1:0", o.clone()).unwrap();
-    let addr = l.local_addr();
-    let server = thread::spawn(move || l.accept().unwrap());
-    let rc = RailConn::dial(addr, o).unwrap();
-    let rs = server.join().unwrap();
-    rs.set_read_timeout(Some(WAIT)).unwrap();
+    let (rc, rs) = rail_pair(2);
     let rail1 = rc.rail(1).unwrap().info().local_qpn;
     let t0 = Instant::now();
     soft_faults::port_down(rail1).unwrap();
@@ -537,17 +544,9 @@ fn a_timed_out_recv_msg_into_leaves_a_slow_rendezvous_read_to_the_next_read() {
 /// no message follows the error).
 #[test]
 fn a_failed_striped_connection_reports_its_failure_after_every_message_and_for_good() {
-    use rsrdma_net::{RailConn, RailListener, RailOptions};
     let big = |k: usize| -> Vec<u8> { (0..1 << 20).map(|i| (i * 13 + k) as u8).collect() };
     for run in 0..4 {
-        // The TCP handshake: this binary also runs where soft0's rdma_cm is not enabled.
-        let o = RailOptions::new(opts(), 2);
-        let l = RailListener::bind("127.0.0.1:0", o.clone()).unwrap();
-        let addr = l.local_addr();
-        let server = thread::spawn(move || l.accept().unwrap());
-        let rc = RailConn::dial(addr, o).unwrap();
-        let rs = server.join().unwrap();
-        rs.set_read_timeout(Some(WAIT)).unwrap();
+        let (rc, rs) = rail_pair(2);
         rc.set_write_timeout(Some(WAIT)).unwrap();
         let writer_rails: Vec<u32> = (0..2)
             .map(|r| rc.rail(r).unwrap().info().local_qpn)
