@@ -610,3 +610,36 @@ fn a_dropped_rail_listener_refuses_what_it_never_handed_out() {
         served.close().unwrap();
     }
 }
+
+/// A later rail whose address is a plain listener's (`RailOptions::addrs`) is refused at
+/// once, and that listener's application is sent nothing (an outside tester's find: it got
+/// the rail's hello as a message, and the dial waited out `join_timeout`).
+#[test]
+fn a_later_rail_at_a_plain_listener_is_refused_at_once() {
+    let mut o = rails(Establish::Tcp, 2);
+    let rl = RailListener::bind(listen_addr(&o.rails[0]), o.clone()).unwrap();
+    let plain = Listener::bind(listen_addr(&o.rails[1]), o.rails[1].clone()).unwrap();
+    let rl_addr = rl.local_addr();
+    o.addrs = vec![rl_addr, plain.local_addr()];
+    // The striped listener runs rail 0's handshake in its accept (which then waits for a
+    // rail that never joins, and ends at its own time-out, unjoined).
+    thread::spawn(move || rl.accept_timeout(Duration::from_secs(15)).map(drop));
+    let served = thread::spawn(move || {
+        let c = plain.accept_timeout(Duration::from_secs(20)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.recv_msg().map(|m| m.map(|m| m.len()))
+    });
+    let t0 = std::time::Instant::now();
+    let r = RailConn::dial(rl_addr, o);
+    assert!(
+        matches!(r, Err(rsrdma_net::NetError::Unexpected { .. })),
+        "{:?}",
+        r.map(|c| c.rails())
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let got = served.join().unwrap();
+    assert!(
+        !matches!(got, Ok(Some(_))),
+        "the plain listener was sent {got:?}"
+    );
+}

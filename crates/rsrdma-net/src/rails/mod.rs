@@ -281,6 +281,15 @@ impl RailConn {
                     peer: addr,
                 });
             }
+            // A later rail that reached a plain listener (`RailOptions::addrs`): refused at
+            // once, its application sent nothing (an outside tester's find: it got the
+            // rail's hello as a message, and the dial waited out `join_timeout`).
+            if !speaks_rails(&c) {
+                return Err(NetError::Unexpected {
+                    expected: "a striped listener at every rail's address",
+                    got: "a plain listener at a later rail's",
+                });
+            }
             let hello = Hello {
                 id,
                 rail: i as u8,
