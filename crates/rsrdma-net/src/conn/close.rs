@@ -89,6 +89,26 @@ impl Op for CloseWait {
     }
 }
 
+/// The wait of a refused connection ([`Conn::abort_unaccepted`]): done when nothing is in
+/// flight any more (its ABORT completed), or the peer left.
+struct RefusalSent;
+
+impl Op for RefusalSent {
+    type Out = ();
+
+    fn name(&self) -> &'static str {
+        "refuse an unaccepted connection"
+    }
+
+    fn side(&self) -> Option<Side> {
+        None
+    }
+
+    fn poll(&mut self, d: &mut Driver) -> Result<Option<()>> {
+        Ok((d.peer_gone() || d.core_ref().is_drained()).then_some(()))
+    }
+}
+
 impl Conn {
     /// Starts a close without waiting: FIN after everything queued.
     pub(crate) fn begin_close(&self) -> CloseStart {
@@ -180,24 +200,8 @@ impl Conn {
             self.shared.changed(&mut st);
         }
         // The ABORT must leave before the teardown flushes the queue pair: its completion is
-        // waited for, briefly (a connection with no progress thread is stepped here).
-        let deadline = crate::deadline::deadline_after(REFUSAL_LIMIT);
-        loop {
-            let sent = {
-                let mut st = self.shared.lock();
-                match st.driver.as_mut() {
-                    Some(d) => {
-                        d.progress(std::time::Instant::now());
-                        d.core_ref().is_drained()
-                    }
-                    None => true,
-                }
-            };
-            if sent || std::time::Instant::now() >= deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        // waited for, briefly (the runner steps a connection that has no progress thread).
+        let _ = self.run(&mut RefusalSent, Some(REFUSAL_LIMIT));
         let _ = self.finish_close(None, Ok(()));
     }
 
