@@ -826,15 +826,21 @@ mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
 
+    /// Two ends of a loopback TCP connection: (client, server).
+    fn sockets() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (c, s)
+    }
+
     /// The handshake's last barrier: the server sends its step only once the client's came,
     /// so a client that has the server's step knows the server is done (before, both sent
     /// first, and a server shed while it still waited left its client a dead connection).
     #[test]
     fn the_closing_barrier_answers_only_after_the_clients_step() {
         let limit = Duration::from_secs(10);
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (s, _) = l.accept().unwrap();
+        let (c, s) = sockets();
         let mut client = Channel::new(c, Role::Client, limit).unwrap();
         let mut server = Channel::new(s, Role::Server, limit).unwrap();
         let server = std::thread::spawn(move || server.closing_barrier(0));
@@ -852,9 +858,7 @@ mod tests {
     #[test]
     fn sends_after_the_peer_left_say_it_left() {
         let limit = Duration::from_secs(5);
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (s, _) = l.accept().unwrap();
+        let (c, s) = sockets();
         let mut server = Channel::new(s, Role::Server, limit).unwrap();
         drop(c);
         // The first write may still be taken by the kernel; a later one meets the reset.
