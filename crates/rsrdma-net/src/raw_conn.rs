@@ -605,7 +605,10 @@ impl RawConn {
     #[inline]
     pub unsafe fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
         let signaled = u32::from(wr.is_signaled());
-        self.take_signal_room(signaled, 0, 1)?;
+        // (An unsignaled request makes no completion: no room to take, no atomic.)
+        if signaled == 1 && self.take_batch_room(std::slice::from_ref(wr)) == 0 {
+            return Err(self.no_signal_room(0, 1));
+        }
         let r = if self.new_post_send {
             // SAFETY: the caller's contract is the QP's.
             unsafe { self.post_new(std::slice::from_ref(wr)) }
@@ -617,24 +620,6 @@ impl RawConn {
             self.unreaped.fetch_sub(signaled, Ordering::Relaxed);
         }
         r
-    }
-
-    /// Counts `signaled` more requests as waiting to be reaped, or refuses them (as a full
-    /// send queue refuses a post: `ENOMEM`, naming request `index` of `count`) when the
-    /// send CQ could not hold their completions.
-    fn take_signal_room(&self, signaled: u32, index: usize, count: usize) -> Result<()> {
-        if signaled == 0 {
-            return Ok(());
-        }
-        let taken = self
-            .unreaped
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                n.checked_add(signaled).filter(|&m| m <= self.signal_limit)
-            });
-        match taken {
-            Ok(_) => Ok(()),
-            Err(_) => Err(self.no_signal_room(index, count)),
-        }
     }
 
     /// The refusal of request `index` of `count` for want of room for its completion.
