@@ -876,7 +876,11 @@ fn pump(st: &mut State, now: &mut LazyNow) {
 /// transport timer and, finding `qpn` failed, ends with `RETRY_EXC_ERR`, as a requester
 /// whose answer never came does on a NIC.
 fn answer_dropped(st: &mut State, qpn: u32, psn: Option<u32>, now: &mut LazyNow) {
-    let (Some(psn), Some(e)) = (psn, st.qps.get(&qpn)) else {
+    // Almost every turn leaves nothing unanswered: no look-up then.
+    let Some(psn) = psn else {
+        return;
+    };
+    let Some(e) = st.qps.get(&qpn) else {
         return;
     };
     let to = e.remote();
@@ -1550,18 +1554,28 @@ unsafe extern "C" fn post_recv(
     let _one = Exclusive::enter(&soft.rq_busy, "the receive queue of QP", qpn);
     // SAFETY: the caller's contract.
     unsafe {
-        post_recv_list(wr, bad, |st, recv| {
-            let State { qps, dirty, .. } = st;
-            match qps.get_mut(&qpn) {
-                Some(e) if recv.sges.len() as u32 > e.caps.max_recv_sge => Err(libc::EINVAL),
-                Some(e) => {
-                    // A receive posted to a QP in ERROR completes at once (flushed).
-                    mark(dirty, e, qpn);
-                    e.core.post_recv(recv).map_err(post_errno)
+        post_recv_list(
+            wr,
+            bad,
+            |st, recv| {
+                let State { qps, dirty, .. } = st;
+                match qps.get_mut(&qpn) {
+                    Some(e) if recv.sges.len() as u32 > e.caps.max_recv_sge => Err(libc::EINVAL),
+                    Some(e) => {
+                        // A receive posted to a QP in ERROR completes at once (flushed): the
+                        // pump hands that on. Otherwise the receive only waits in its queue,
+                        // which no pump needs to see (a request that found none was refused
+                        // with an RNR NAK, and its requester sends it again).
+                        if e.core.state() == QpState::Error {
+                            mark(dirty, e, qpn);
+                        }
+                        e.core.post_recv(recv).map_err(post_errno)
+                    }
+                    None => Err(libc::EINVAL),
                 }
-                None => Err(libc::EINVAL),
-            }
-        })
+            },
+            false,
+        )
     }
 }
 
@@ -1577,16 +1591,22 @@ unsafe extern "C" fn post_srq_recv(
     let _one = Exclusive::enter(&soft.busy, "SRQ", handle);
     // SAFETY: the caller's contract.
     unsafe {
-        post_recv_list(wr, bad, |st, recv| match st.srqs.get_mut(&handle) {
-            Some(s) if recv.sges.len() as u32 > s.max_sge => Err(libc::EINVAL),
-            Some(s) => s.core.post_recv(recv).map_err(post_errno),
-            None => Err(libc::EINVAL),
-        })
+        post_recv_list(
+            wr,
+            bad,
+            |st, recv| match st.srqs.get_mut(&handle) {
+                Some(s) if recv.sges.len() as u32 > s.max_sge => Err(libc::EINVAL),
+                Some(s) => s.core.post_recv(recv).map_err(post_errno),
+                None => Err(libc::EINVAL),
+            },
+            true,
+        )
     }
 }
 
 /// Posts a list of receive requests with `post`, under the device lock: stops at the first
-/// refused one (named in `bad`), and pumps.
+/// refused one (named in `bad`), and pumps when a queue pair was touched or `always_pump`
+/// (an SRQ's limit event is found by the pump).
 ///
 /// # Safety
 /// `wr` is a valid request list whose SGEs the caller vouches for; `bad` is writable.
@@ -1594,6 +1614,7 @@ unsafe fn post_recv_list(
     wr: *mut ffi::ibv_recv_wr,
     bad: *mut *mut ffi::ibv_recv_wr,
     mut post: impl FnMut(&mut State, RecvWr) -> Result<(), c_int>,
+    always_pump: bool,
 ) -> c_int {
     let mut st = lock();
     let mut w = wr;
@@ -1614,7 +1635,9 @@ unsafe fn post_recv_list(
         }
         w = r.next;
     }
-    pump(&mut st, &mut LazyNow::default());
+    if always_pump || !st.dirty.is_empty() {
+        pump(&mut st, &mut LazyNow::default());
+    }
     rc
 }
 
