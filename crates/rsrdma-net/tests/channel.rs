@@ -79,10 +79,36 @@ fn a_stranger_without_the_secret_learns_nothing() {
     let server = thread::spawn(move || s.authenticate(Some(KEY)).unwrap_err());
     let e = c.authenticate(None).unwrap_err();
     assert!(matches!(e, NetError::Auth(_)), "{e}");
-    assert!(matches!(
-        server.join().unwrap(),
-        NetError::PeerAborted(_) | NetError::Auth(_)
-    ));
+    // The server hears the client's refusal as its own authentication failure, worded from
+    // its side (before: `PeerAborted` saying "the peer requires a shared secret").
+    let se = server.join().unwrap();
+    assert!(matches!(se, NetError::Auth(_)), "{se}");
+    assert!(
+        se.to_string()
+            .contains("this side requires a shared secret and the peer has none"),
+        "{se}"
+    );
+    assert_eq!(
+        std::io::Error::from(se).kind(),
+        std::io::ErrorKind::PermissionDenied
+    );
+    drop(c);
+}
+
+/// A dialer with a secret at a listener without one reads an authentication failure that
+/// says which side lacks it.
+#[test]
+fn a_secret_the_peer_lacks_is_named_as_such() {
+    let (mut c, mut s) = pair();
+    let server = thread::spawn(move || s.authenticate(None).unwrap_err());
+    let e = c.authenticate(Some(KEY)).unwrap_err();
+    assert!(matches!(e, NetError::Auth(_)), "{e}");
+    assert!(
+        e.to_string()
+            .contains("this side requires a shared secret and the peer has none"),
+        "{e}"
+    );
+    assert!(matches!(server.join().unwrap(), NetError::Auth(_)));
 }
 
 #[test]
@@ -92,15 +118,12 @@ fn a_wrong_secret_is_refused_on_both_sides() {
     let e = c
         .authenticate(Some(b"another 16+ byte secret"))
         .unwrap_err();
-    assert!(
-        matches!(e, NetError::Auth(_) | NetError::PeerAborted(_)),
-        "{e}"
-    );
+    // The server refuses the client's proof; the client reads that as its own failure
+    // (before: `PeerAborted`, "the peer's proof does not match", the peer being itself).
+    assert!(matches!(e, NetError::Auth(_)), "{e}");
+    assert!(e.to_string().contains("shared secrets differ"), "{e}");
     let se = server.join().unwrap();
-    assert!(
-        matches!(se, NetError::Auth(_) | NetError::PeerAborted(_)),
-        "{se}"
-    );
+    assert!(matches!(se, NetError::Auth(_)), "{se}");
 }
 
 #[test]
@@ -414,18 +437,24 @@ fn an_injected_replayed_or_dropped_frame_is_refused() {
             let (s, _) = l.accept().unwrap();
             let mut s = Channel::new(s, Role::Server, T).unwrap();
             s.authenticate(Some(KEY)).unwrap();
-            let _ = s.barrier(1);
-            let _ = s.barrier(2);
-            let _ = s.barrier(3);
+            (1..=3).map(|step| s.barrier(step)).collect::<Vec<_>>()
         });
         let mut c = Channel::new(TcpStream::connect(addr).unwrap(), Role::Client, T).unwrap();
         c.authenticate(Some(KEY)).unwrap();
-        let r = (1..=3).try_for_each(|step| c.barrier(step));
-        let e = r.expect_err(attack);
-        assert!(matches!(e, NetError::Auth(_)), "{attack}: {e}");
+        // The client goes on after the first failure, as a program that ignores it would.
+        let r: Vec<_> = (1..=3).map(|step| c.barrier(step)).collect();
+        let first = r.iter().position(|r| r.is_err()).expect(attack);
+        for e in r[first..].iter().map(|r| r.as_ref().unwrap_err()) {
+            assert!(matches!(e, NetError::Auth(_)), "{attack}: {e}");
+            assert!(e.to_string().contains("tampered"), "{attack}: {e}");
+        }
+        // The server is told, while the client is still open: its last barrier fails (it
+        // completed before the fix, since the client still sent its step), saying why.
+        let s = server.join().unwrap();
+        let e = s[2].as_ref().expect_err(attack);
+        assert!(matches!(e, NetError::PeerAborted(_)), "{attack}: {e}");
         assert!(e.to_string().contains("tampered"), "{attack}: {e}");
         drop(c);
-        server.join().unwrap();
     }
 }
 

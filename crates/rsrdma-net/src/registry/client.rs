@@ -169,7 +169,9 @@ impl RegistryClient {
                         code: ErrorCode::AuthFailed,
                         ..
                     }) => Err(NetError::Auth(
-                        "the registry refused this side's secret (wrong secret)".into(),
+                        "the registry refused this side's proof: a wrong secret, or an opening \
+                         altered on the way"
+                            .into(),
                     )),
                     Err(e) => Err(e),
                 }

@@ -270,7 +270,9 @@ fn rejected(e: rsrdma::Error, addr: SocketAddr) -> NetError {
         }
         if let Some(rest) = private_data.strip_prefix(REJECT_PREFIX) {
             let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
-            return NetError::PeerAborted(String::from_utf8_lossy(&rest[..end]).into_owned());
+            let why = String::from_utf8_lossy(&rest[..end]).into_owned();
+            // A listener that refused this side's authentication: an `Auth` failure here.
+            return crate::handshake::refused_by_peer(NetError::PeerAborted(why));
         }
     }
     // soft0's CM reaches the port and finds no CM there (a TCP-path Listener reads its
