@@ -521,7 +521,11 @@ fn a_timed_out_recv_msg_into_leaves_a_slow_rendezvous_read_to_the_next_read() {
         );
         match r {
             Ok(Some(n)) => break n,
-            Err(NetError::Timeout { .. }) => timeouts += 1,
+            // It names the caller's timeout (it said 0 ms when a first wait used it up).
+            Err(NetError::Timeout { millis, .. }) => {
+                assert_eq!(millis, 50, "{r:?}");
+                timeouts += 1
+            }
             other => panic!("{other:?}"),
         }
     };

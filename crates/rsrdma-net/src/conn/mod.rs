@@ -265,7 +265,7 @@ impl Conn {
         let left = timeout
             .zip(start)
             .map(|(t, s)| t.saturating_sub(s.elapsed()));
-        self.recv_lent(buf, left)
+        transfer::reported_as(self.recv_lent(buf, left), timeout)
     }
 
     /// Waits (up to the read timeout) for at least one message, then takes every message
@@ -394,6 +394,12 @@ impl Conn {
     }
 
     /// Sets the write timeout (`None`: block indefinitely).
+    ///
+    /// A message at or above the rendezvous threshold is read by the peer straight from the
+    /// caller's slice, so a send that times out after offering it waits for the peer to give
+    /// the slice back or finish its read: a round trip late with a live peer, up to 10 s
+    /// (after which the connection fails) with a stalled one. Smaller messages are copied
+    /// and return on time.
     ///
     /// # Errors
     /// [`NetError::InvalidArgument`] for a zero duration.

@@ -229,9 +229,10 @@ impl Conn {
                 // was gone).
                 RecvStep::Rendezvous(_) if timeout.is_some() => {
                     let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
-                    return self.block(OP, left, |d| {
+                    let r = self.block(OP, left, |d| {
                         super::rendezvous::recv_msg_into_attempt(d, &mut *buf)
                     });
+                    return reported_as(r, timeout);
                 }
                 RecvStep::Rendezvous(len) => match self.pull(OP, len, Dest::Slice(&mut *buf))? {
                     Pulled::Done(n) => return Ok(Some(n)),
@@ -489,5 +490,17 @@ fn send_slice_rdv(d: &mut Driver, m: &[u8], slot: &mut Option<SliceRdv>) -> Resu
             Ok(true)
         }
         Some(_) => d.check_failed().map(|()| false),
+    }
+}
+
+/// A timeout of a wait that got what was left of the caller's `timeout`, reported as the
+/// caller's whole timeout (it said "after 0 ms" when the first wait had used it up).
+pub(super) fn reported_as<T>(r: Result<T>, timeout: Option<Duration>) -> Result<T> {
+    match r {
+        Err(NetError::Timeout { op, .. }) => Err(NetError::Timeout {
+            op,
+            millis: timeout.map_or(0, crate::deadline::whole_millis),
+        }),
+        r => r,
     }
 }
