@@ -12,7 +12,8 @@
 //!                             on the wire)
 //! 16     4    max_message     largest message this side accepts
 //! 20     4    features        bit set; the settled set is the intersection (bit 2 only
-//!                             with bit 0)
+//!                             with bit 0); bit 3 announces a shared receive pool and is
+//!                             read from the peer's set, not intersected
 //! 24     4    rdv_threshold   with FEATURE_RENDEZVOUS: messages of at least this many bytes
 //!                             may go by rendezvous (≥ 1); the settled one is the larger
 //!                             (sent 0 and ignored without the feature)
@@ -47,6 +48,13 @@ pub const FEATURE_RAILS: u32 = 1 << 1;
 /// message was delivered), or lets its read finish and sends DONE as usual. So a sender's
 /// timeout can mean "not sent" even for a message the peer was told about.
 pub const FEATURE_WITHDRAW: u32 = 1 << 2;
+/// Announcement bit (not negotiated: [`Settled::peer_pooled`] reads the peer's): this side
+/// receives from a pool shared with other connections (a listener's shared receive queue),
+/// so the peer's frames may wait in RNR retries while the pool is empty. The peer then does
+/// not count its own silence against this side while its sends make no progress
+/// (`Conn::handle_timeout`): its PINGs wait behind those sends, so this side cannot answer
+/// them. A peer that does not know the bit ignores it.
+pub const FEATURE_SHARED_POOL: u32 = 1 << 3;
 /// Features this version implements.
 pub const FEATURES_KNOWN: u32 = FEATURE_RENDEZVOUS | FEATURE_RAILS | FEATURE_WITHDRAW;
 /// Default rendezvous threshold (256 KiB): below it a copy through the slots is cheaper than
@@ -178,6 +186,8 @@ pub struct Settled {
     /// cheaper than a registration below its own threshold (say, a slow `ibv_reg_mr`);
     /// rendezvous is used only where both agree it pays. 0 when rendezvous is not settled.
     pub rdv_threshold: u32,
+    /// The peer announced [`FEATURE_SHARED_POOL`]: its receives come from a shared pool.
+    pub peer_pooled: bool,
 }
 
 impl Settled {
@@ -226,6 +236,7 @@ pub fn settle(local: &Params, peer: &Params) -> Result<Settled, ProtoError> {
         max_message: local.max_message.min(peer.max_message),
         features,
         rdv_threshold,
+        peer_pooled: peer.features & FEATURE_SHARED_POOL != 0,
     })
 }
 

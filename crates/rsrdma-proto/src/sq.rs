@@ -54,6 +54,16 @@ impl SendQueue {
         self.next - self.done
     }
 
+    /// The number the next WR gets: every WR below it has been posted.
+    pub(crate) fn next_index(&self) -> u64 {
+        self.next
+    }
+
+    /// Whether every WR below `index` has completed.
+    pub(crate) fn done_below(&self, index: u64) -> bool {
+        self.done >= index
+    }
+
     pub(crate) fn free_slots(&self) -> usize {
         self.free_slots.len()
     }

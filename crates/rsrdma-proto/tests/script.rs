@@ -9,7 +9,7 @@ mod util;
 use rsrdma_proto::frame::{abort_code, FLAG_FIRST, FLAG_LAST};
 use rsrdma_proto::{
     settle, Config, Conn, Event, FrameType, Header, LentPayload, ProtoError, Recv, Step, VecSlots,
-    Work, WrId, HEADER_LEN,
+    Work, WrId, FEATURE_SHARED_POOL, HEADER_LEN,
 };
 use std::time::{Duration, Instant};
 use util::done;
@@ -578,7 +578,8 @@ fn keepalive_pings_and_a_silent_peer_is_declared_dead() {
     assert_eq!(s.work(), [], "early timeout is a no-op");
     s.c.handle_timeout(t0 + Duration::from_secs(1));
     let w = s.work();
-    assert_eq!(w, [send(0, None, 16, false)]);
+    // Signalled: its completion says whether this side's frames get through.
+    assert_eq!(w, [send(0, None, 16, true)]);
     assert_eq!(s.sent(&w[0]).0, Header::control(FrameType::Ping, 0, 8, 0));
     assert_eq!(s.c.poll_timeout(), Some(t0 + Duration::from_secs(2)));
     // Hearing anything pushes both deadlines out.
@@ -1383,6 +1384,53 @@ fn withdrawal_frames_the_core_did_not_ask_for_or_settle_fail_the_connection() {
         assert_eq!(
             s.c.error(),
             Some(&ProtoError::Unsupported { frame: kind as u8 })
+        );
+    }
+}
+
+/// A peer that receives from a shared pool (a listener's) may refuse this side's frames for
+/// want of room, PINGs included (RNR retries): this side's sends then make no progress, and
+/// the peer, never having got a PING, has nothing to answer. Its silence is excused up to
+/// four times `peer_timeout`, as a listener excuses its peers' (an outside tester's find:
+/// dialers of a listener with a small pool declared it dead while it served them). Sends
+/// that complete, or a peer without a pool, excuse nothing.
+#[test]
+fn a_pooled_peer_that_takes_none_of_our_frames_is_excused_for_a_while() {
+    let sec = Duration::from_secs;
+    for (pooled, complete, dead_at) in [(true, false, 20), (false, false, 5), (true, true, 5)] {
+        let cfg = cfg();
+        let features = if pooled { FEATURE_SHARED_POOL } else { 0 };
+        let peer = cfg.clone().with_features(features).params();
+        let settled = settle(&cfg.params(), &peer).unwrap();
+        assert_eq!(settled.peer_pooled, pooled);
+        assert_eq!(settled.features, 0, "announced, not negotiated");
+        let t0 = Instant::now();
+        let mut c = Conn::new(&cfg, &settled, VecSlots::for_config(&cfg), t0).unwrap();
+        let mut died = None;
+        for t in 1..=25 {
+            c.handle_timeout(t0 + sec(t));
+            for w in std::iter::from_fn(|| c.poll_work()).collect::<Vec<_>>() {
+                if let (
+                    true,
+                    Work::PostSend {
+                        wr_id, signaled, ..
+                    },
+                ) = (complete, w)
+                {
+                    assert!(signaled, "a PING is signalled");
+                    c.handle_send_completion(wr_id, Ok(()));
+                }
+            }
+            if let Some(e) = c.error() {
+                died = Some((t, e.clone()));
+                break;
+            }
+        }
+        let silent_ms = dead_at * 1000;
+        assert_eq!(
+            died,
+            Some((dead_at, ProtoError::PeerDead { silent_ms })),
+            "pooled {pooled}, sends complete {complete}"
         );
     }
 }

@@ -180,6 +180,11 @@ pub struct Conn<M: SlotMemory> {
     /// runs ticks at least once a keepalive interval, so a much longer gap before a tick
     /// means this side did not run (see [`Conn::handle_timeout`]).
     last_tick: Instant,
+    /// At the latest keepalive tick, the number of the next send WR, when sends were
+    /// outstanding: if any WR below it is still outstanding at the peer-dead deadline, a
+    /// keepalive interval later, this side's frames are not getting through
+    /// ([`Conn::handle_timeout`]).
+    stall_mark: Option<u64>,
     failed: Option<ProtoError>,
     out: VecDeque<Work>,
     ev: EventFlags,
@@ -255,6 +260,7 @@ impl<M: SlotMemory> Conn<M> {
             timers: Timers::default(),
             last_heard: now,
             last_tick: now,
+            stall_mark: None,
             failed: None,
             out,
             ev: EventFlags::default(),
@@ -467,6 +473,16 @@ impl<M: SlotMemory> Conn<M> {
             return;
         }
         if self.timers.expired(Timer::PeerDead, now) {
+            // A peer that receives from a shared pool may be refusing this side's frames
+            // for want of room (RNR), PINGs included: this side's sends then make no
+            // progress, and the peer never got a PING to answer (an outside tester's find:
+            // dialers of a listener with a small pool declared it dead while it served
+            // them). Its silence is excused as the listener excuses its peers'
+            // (`excuse_silence`). A dead peer is still found: its NIC fails those sends, or
+            // the excuse runs out.
+            if self.settled.peer_pooled && self.sends_stalled() && self.excuse(now) {
+                return;
+            }
             let silent_ms = now.saturating_duration_since(self.last_heard).as_millis() as u64;
             self.fail(ProtoError::PeerDead { silent_ms });
             return;
@@ -478,7 +494,15 @@ impl<M: SlotMemory> Conn<M> {
             self.ctl.ping = true;
             self.timers.set(Timer::KeepAlive, Some(later(now, every)));
             self.flush();
+            self.stall_mark = (self.sq.outstanding() > 0).then(|| self.sq.next_index());
         }
+    }
+
+    /// Whether a send posted before the latest keepalive tick (a keepalive interval ago at
+    /// least) is still outstanding: the PING posted then is signalled, so a peer that takes
+    /// this side's frames would have completed it.
+    fn sends_stalled(&self) -> bool {
+        self.stall_mark.is_some_and(|m| !self.sq.done_below(m))
     }
 
     /// This side's receive queue ran low at `low_at` (a listener's shared pool: the peer's
@@ -496,13 +520,19 @@ impl<M: SlotMemory> Conn<M> {
         {
             return false;
         }
+        self.excuse(now)
+    }
+
+    /// Excuses the peer's silence until now, unless it has lasted [`EXCUSED_SILENCE`] times
+    /// `peer_timeout`: sends a PING and gives the peer another `peer_timeout`.
+    fn excuse(&mut self, now: Instant) -> bool {
         let silent = now.saturating_duration_since(self.last_heard);
         if silent >= self.lim.peer_timeout.saturating_mul(EXCUSED_SILENCE) {
             return false;
         }
         tracing::debug!(
             silent_ms = silent.as_millis() as u64,
-            "rsrdma-proto: the receive pool ran low; probing the peer before any verdict"
+            "rsrdma-proto: a shared receive pool (this side's or the peer's) may hold frames up; probing the peer before any verdict"
         );
         self.ctl.ping = true;
         if let Some(every) = self.lim.keepalive {

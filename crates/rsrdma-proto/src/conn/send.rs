@@ -583,7 +583,9 @@ impl<M: SlotMemory> Conn<M> {
         if !self.may_send(kind) || !self.sq.has_room(self.control_needs_slot()) {
             return None;
         }
-        let force = kind == FrameType::Fin;
+        // A PING is signalled so that its completion says whether this side's frames get
+        // through (see `Conn::handle_timeout`); there is one per keepalive interval at most.
+        let force = matches!(kind, FrameType::Fin | FrameType::Ping);
         Some(self.emit(Header::control(kind, msg_id, 0, aux), &[], force))
     }
 

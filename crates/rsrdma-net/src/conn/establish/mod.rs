@@ -155,6 +155,11 @@ impl Local {
                  memory windows would expose messages to other connections' QPs"
             );
         }
+        if from.pool.is_some() {
+            // The peer's frames may wait for room in the pool: it is told, so that its
+            // liveness check allows for it (`FEATURE_SHARED_POOL`).
+            config.features |= rsrdma_proto::FEATURE_SHARED_POOL;
+        }
         config
             .check()
             .map_err(|e| NetError::InvalidArgument(format!("ConnOptions: {e}")))?;
