@@ -158,6 +158,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "a_silent_half_handshake_does_not_delay_a_good_client",
             "a_timeout_inside_a_message_keeps_it_whole_on_both_sides",
             "an_rdma_cm_dial_to_a_tcp_listener_names_the_path",
+            "a_server_keeps_no_descriptors_of_peer_processes_that_left",
             "batches_from_two_threads_stay_contiguous",
             "close_wakes_a_blocked_reader_and_writer_on_other_threads",
             "close_wakes_a_send_blocked_for_credit_and_the_peer_still_reads_what_was_sent",
@@ -407,6 +408,11 @@ pub(crate) const SOFT_TESTS_OVER_TCP: &[(&str, &str, &[&str])] = &[
             "interop::send_bw_rc::rs_client_rs_server",
             "interop::write_bw_rc::rs_client_rs_server",
         ],
+    ),
+    (
+        "rsrdma-net",
+        "conn_device",
+        &["a_server_keeps_no_descriptors_of_peer_processes_that_left"],
     ),
     (
         "rsrdma-perftest",

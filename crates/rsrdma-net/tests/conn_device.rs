@@ -958,6 +958,78 @@ fn child_peer(path: Establish, server: ConnOptions) -> (Conn, std::process::Chil
     (s, child)
 }
 
+/// Set in the process that counts its descriptors ([`descriptors_of_peers_that_left`]).
+const COUNT_ENV: &str = "RSRDMA_CONN_COUNT_FDS";
+
+/// A long-lived server keeps nothing of peer processes that came and went (an outside
+/// tester's find: soft0 kept a ring, two eventfds and a socket for every client process that
+/// ever connected, so a server under `ulimit -n 1024` refused everyone after about 250
+/// client processes). Counted in a process of its own, where no other test opens or closes
+/// descriptors meanwhile.
+#[test]
+fn a_server_keeps_no_descriptors_of_peer_processes_that_left() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "descriptors_of_peers_that_left",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(COUNT_ENV, "1")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("descriptors:"), "{text}");
+    eprintln!(
+        "{}",
+        text.lines()
+            .find(|l| l.contains("descriptors:"))
+            .unwrap_or("")
+    );
+}
+
+/// The process [`a_server_keeps_no_descriptors_of_peer_processes_that_left`] starts.
+#[test]
+#[ignore = "started by a_server_keeps_no_descriptors_of_peer_processes_that_left"]
+fn descriptors_of_peers_that_left() {
+    if std::env::var_os(COUNT_ENV).is_none() {
+        return;
+    }
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    // A peer process on each path: it dials, then is killed; this side sees its end.
+    let serve_one = || {
+        for path in [Establish::Tcp, Establish::Cm] {
+            let (s, mut child) = child_peer(path, opts(path));
+            signal(&child, libc::SIGKILL);
+            child.wait().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            assert!(s.recv_msg().is_err(), "{path:?}: the peer's end is seen");
+            drop(s);
+        }
+    };
+    // The first ones start what the device keeps for good (its threads, listeners).
+    serve_one();
+    thread::sleep(Duration::from_millis(500));
+    let before = fds();
+    for _ in 0..4 {
+        serve_one();
+    }
+    // A link goes once its writer sees the peer gone (looked at every 100 ms).
+    let t0 = Instant::now();
+    let mut after = fds();
+    while after > before + 2 && t0.elapsed() < Duration::from_secs(5) {
+        thread::sleep(Duration::from_millis(100));
+        after = fds();
+    }
+    println!("descriptors: {before} before 8 peer processes, {after} after");
+    assert!(
+        after <= before + 2,
+        "descriptors grew from {before} to {after} over 8 peer processes that left"
+    );
+}
+
 fn signal(child: &std::process::Child, sig: libc::c_int) {
     // SAFETY: plain syscall on our own child's pid.
     assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, sig) }, 0);

@@ -36,6 +36,7 @@ use rsrdma_soft::{Packet, Payload, HEADER_LEN, INLINE_PAYLOAD};
 use std::collections::VecDeque;
 use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -66,13 +67,19 @@ pub(super) trait Deliver: Send + Sync + 'static {
 /// The device's listener and its connections to other devices.
 pub(super) struct Links {
     addr: SocketAddrV4,
-    out: Mutex<FastMap<SocketAddrV4, Arc<Outbound>>>,
+    out: Arc<OutMap>,
     /// The shared-memory links other devices dialled, for the polls to drain.
     inbound: Arc<RwLock<Vec<Arc<Inbound>>>>,
     readers: Arc<Readers>,
     /// Peers on this host are dialled over shared memory.
     shm: bool,
 }
+
+/// The links to peer devices, by the address each listens on. A link whose peer is gone
+/// leaves it (its writer removes it), so a long-lived device that served many short-lived
+/// peer processes does not keep a ring, two eventfds and a socket for each (an outside
+/// tester's find: a server ran out of descriptors after about 250 client processes).
+type OutMap = Mutex<FastMap<SocketAddrV4, Arc<Outbound>>>;
 
 /// How many reader threads each peer device has (TCP and shared memory), so that a writer
 /// whose connection failed can wait for them to deliver what they still hold.
@@ -176,7 +183,7 @@ impl Links {
             .spawn(move || accept_loop(&listener, &deliver, &r))?;
         Ok(Links {
             addr,
-            out: Mutex::new(FastMap::default()),
+            out: Arc::new(Mutex::new(FastMap::default())),
             inbound,
             readers,
             shm,
@@ -310,10 +317,20 @@ impl Links {
             direct: std::sync::OnceLock::new(),
         });
         let (w, d, me) = (o.clone(), deliver.clone(), self.addr);
-        let (r, shm) = (self.readers.clone(), self.shm);
+        let (r, shm, links) = (self.readers.clone(), self.shm, Arc::downgrade(&self.out));
         let spawned = std::thread::Builder::new()
             .name("rsrdma-soft0-link".into())
-            .spawn(move || write_loop(me, peer, shm, &w, &d, &r));
+            .spawn(move || {
+                write_loop(me, peer, shm, &w, &d, &r);
+                // Gone: out of the map, so that nothing keeps it but the queue pairs that
+                // still name it (their next request dials anew).
+                if let Some(links) = links.upgrade() {
+                    let mut map = links.lock().unwrap_or_else(|p| p.into_inner());
+                    if map.get(&peer).is_some_and(|o| Arc::ptr_eq(o, &w)) {
+                        map.remove(&peer);
+                    }
+                }
+            });
         if spawned.is_err() {
             return None;
         }
@@ -472,6 +489,9 @@ fn write_loop(
         tracing::debug!(%peer, error = %e, "soft0: the link to a peer device ended");
     }
     out.kill();
+    // Its ring, eventfds and life line go now (queue pairs may hold the link a while).
+    out.shm_ready.store(false, Ordering::Release);
+    drop(out.shm.lock().unwrap_or_else(|p| p.into_inner()).take());
     // What the peer sent before it went (its reader still holds it) goes first.
     readers.wait_gone(peer, READER_GRACE);
     deliver.link_down(peer);
@@ -569,9 +589,14 @@ fn tcp_write_loop(me: SocketAddrV4, peer: SocketAddrV4, out: &Outbound) -> std::
         let mut s = dial_from(me, peer)?;
         s.set_nodelay(true)?;
         s.write_all(&hello(me))?;
+        // The peer never writes on this connection: its end (the peer's process gone) makes
+        // it readable. Looked at while nothing is queued, so that the link ends then rather
+        // than at the next write (the writer held its thread and socket until then).
+        let life_line = s.try_clone()?;
+        let gone = || shm_link::hung_up(life_line.as_fd());
         loop {
-            let Some(batch) = next_batch(out, &|| false, &mut |_| false) else {
-                continue;
+            let Some(batch) = next_batch(out, &gone, &mut |_| false) else {
+                return Err(std::io::ErrorKind::BrokenPipe.into());
             };
             let headers: Vec<[u8; HEADER_LEN]> = batch.iter().map(Packet::header).collect();
             let mut bufs: Vec<&[u8]> = Vec::with_capacity(2 * batch.len());

@@ -130,8 +130,8 @@ fn wait(fds: &[BorrowedFd<'_>], sock: BorrowedFd<'_>, limit: Duration) -> Woke {
     }
 }
 
-/// Whether the life line `sock` ended (without waiting).
-fn hung_up(sock: BorrowedFd<'_>) -> bool {
+/// Whether the life line `sock` ended (without waiting): a socket the peer never writes on.
+pub(super) fn hung_up(sock: BorrowedFd<'_>) -> bool {
     wait(&[], sock, Duration::ZERO) == Woke::Hangup
 }
 
