@@ -163,6 +163,25 @@ pub enum ProtoError {
 }
 
 impl ProtoError {
+    /// Whether the peer broke the protocol (a frame, a credit, a sequence or a size it must
+    /// not send), as opposed to a transport failure, a silent or aborting peer, or a misuse
+    /// here. Such an error is the connection's outcome even when it came after this side's
+    /// close began (a close then says so instead of `Ok`).
+    pub fn is_peers_violation(&self) -> bool {
+        matches!(
+            self,
+            Self::BadFrame { .. }
+                | Self::CreditOverrun { .. }
+                | Self::ReserveViolated
+                | Self::OversizeFragment { .. }
+                | Self::MessageTooLarge { .. }
+                | Self::DataAfterFin { .. }
+                | Self::Sequence { .. }
+                | Self::Unsupported { .. }
+                | Self::BadStripe { .. }
+        )
+    }
+
     /// Whether this error ends the connection (it is then returned by every later call).
     pub fn is_sticky(&self) -> bool {
         !matches!(
@@ -214,6 +233,20 @@ fn meaning(status: u32) -> &'static str {
     }
 }
 
+/// What a failed receive completion's status says. A frame longer than the receive slot is
+/// `LOC_LEN_ERR` (1) on a NIC and `REM_INV_REQ_ERR` (9) on rxe and soft0, whose general
+/// meaning ("the peer refused an invalid request") reads the wrong way round on the side
+/// that refused it (an outside tester's find).
+fn recv_meaning(status: u32) -> &'static str {
+    match status {
+        1 | 9 => {
+            ": the peer sent a frame longer than this side's receive slot, which the protocol \
+              forbids (the peer is broken or hostile)"
+        }
+        other => meaning(other),
+    }
+}
+
 impl fmt::Display for Fatal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -228,7 +261,7 @@ impl fmt::Display for Fatal {
                 write!(
                     f,
                     "receive completion failed (status {status}{})",
-                    meaning(*status)
+                    recv_meaning(*status)
                 )
             }
             Self::QpError => f.write_str("the queue pair entered the error state"),

@@ -1434,3 +1434,50 @@ fn a_pooled_peer_that_takes_none_of_our_frames_is_excused_for_a_while() {
         );
     }
 }
+
+/// A frame that came with immediate data (the protocol sends none) fails the connection as
+/// a malformed frame and the peer is told (ABORT code 1); before, a hostile peer's SEND
+/// with immediate was delivered as an ordinary message. Its slot is no longer posted.
+#[test]
+fn a_frame_with_immediate_data_is_a_malformed_frame() {
+    let mut s = Script::new(cfg());
+    let slot = s.next_slot;
+    s.land(slot, single(0, b"hello"), b"hello");
+    s.c.handle_recv_with_immediate(slot, s.t0);
+    let e = s.c.error().cloned().unwrap();
+    assert!(matches!(e, ProtoError::BadFrame { .. }), "{e}");
+    assert!(e.is_peers_violation());
+    assert!(e.to_string().contains("immediate data"), "{e}");
+    let w = s.work();
+    let aborts: Vec<_> = w
+        .iter()
+        .map(|w| s.sent(w).0)
+        .filter(|h| h.kind == FrameType::Abort)
+        .collect();
+    assert_eq!(aborts.len(), 1, "{w:?}");
+    assert_eq!(aborts[0].aux, abort_code::BAD_FRAME);
+    assert_eq!(s.c.recv_msg(), Err(e.clone()), "nothing is delivered");
+    // The slot was taken: a second completion for it is the driver's misuse, not a frame.
+    s.c.handle_recv_with_immediate(slot, s.t0);
+    assert_eq!(s.c.error(), Some(&e), "the first error stays");
+}
+
+/// Which errors are the peer's breaking of the protocol (a close that began before one
+/// came reports it) and which are not.
+#[test]
+fn protocol_violations_are_told_from_transport_failures() {
+    assert!(ProtoError::DataAfterFin {
+        what: "a second FIN"
+    }
+    .is_peers_violation());
+    assert!(ProtoError::Sequence { reason: "x" }.is_peers_violation());
+    assert!(!ProtoError::PeerDead { silent_ms: 1 }.is_peers_violation());
+    assert!(!ProtoError::PeerAborted { code: 1 }.is_peers_violation());
+    assert!(!ProtoError::Fatal(rsrdma_proto::Fatal::QpError).is_peers_violation());
+    assert!(!ProtoError::Refused.is_peers_violation());
+    // A receive that a frame too long for its slot failed says so, on the side that got it.
+    for status in [1, 9] {
+        let e = rsrdma_proto::Fatal::RecvCompletion { status }.to_string();
+        assert!(e.contains("longer than this side's receive slot"), "{e}");
+    }
+}

@@ -391,6 +391,27 @@ impl<M: SlotMemory> Conn<M> {
         self.recv_completion(slot, len, status, now, None);
     }
 
+    /// A receive completion into `slot` that carried immediate data (a SEND or an RDMA
+    /// WRITE with immediate): the protocol sends none, so the peer broke it, as with any
+    /// malformed frame (ABORT code 1). An outside tester's hostile peer had its SEND with
+    /// immediate delivered as an ordinary message.
+    pub fn handle_recv_with_immediate(&mut self, slot: u16, now: Instant) {
+        let Some(posted) = self.recv_posted.get_mut(usize::from(slot)).filter(|p| **p) else {
+            self.fail(ProtoError::Misuse {
+                reason: "receive completion for a slot that is not posted",
+            });
+            return;
+        };
+        *posted = false;
+        if self.failed.is_some() {
+            return;
+        }
+        self.heard(now);
+        self.fail(ProtoError::BadFrame {
+            reason: "a frame with immediate data (the protocol sends none)",
+        });
+    }
+
     /// As [`Conn::handle_recv_completion`], for a driver whose caller waits in
     /// [`Conn::recv_msg_into`] with `buf`: when the frame is a whole message that would be
     /// the next one read and fits `buf`, it goes from its slot straight into `buf` and is

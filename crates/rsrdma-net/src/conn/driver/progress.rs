@@ -138,6 +138,10 @@ impl Driver {
                 return;
             }
         }
+        if let (true, Some(slot), Some(_)) = (is_recv && status.is_ok(), recv_slot, wc.imm_data()) {
+            self.core.handle_recv_with_immediate(slot, now);
+            return;
+        }
         if is_recv {
             match (recv_slot, take.wants()) {
                 (Some(slot), Some(buf)) => {
