@@ -6,9 +6,11 @@
 //! only in the VM, for one of these reasons: interoperation with C perftest (its tools need
 //! a libibverbs device); comparisons with `ibv_devinfo`, sysfs and the kernel's resource
 //! counts; addresses of the VM's subnet (`rdma_cm_unreachable_addresses_say_why`); the
-//! kernel's rdma_cm refusing a TCP dial (`dialing_on_the_other_path_*`: soft0's CM listens on
-//! a TCP socket, so the dial reaches it and fails in the handshake instead); tests that
-//! need a READ still in flight when their future is dropped
+//! kernel refusing at once both a TCP dial to an rdma_cm listener and an rdma_cm dial to a
+//! TCP listener that is not accepting (`dialing_on_the_other_path_*`: soft0 answers the
+//! first at once too, `a_tcp_dial_to_an_rdma_cm_listener_names_the_path`, but its CM
+//! reaches the TCP listener's port and waits for an answer until the dial's timeout); tests
+//! that need a READ still in flight when their future is dropped
 //! (`rendezvous_messages_reach_async_reads_and_cancelled_futures_lose_none`,
 //! `async_buffers_eager_and_rendezvous_with_cancelled_receives`: on soft0 the READ has
 //! mostly landed by then, and the test says it tested nothing; the second did so in 3 of 16
@@ -158,7 +160,9 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "a_silent_half_handshake_does_not_delay_a_good_client",
             "a_timeout_inside_a_message_keeps_it_whole_on_both_sides",
             "an_rdma_cm_dial_to_a_tcp_listener_names_the_path",
+            "a_request_nobody_took_is_told_why_when_its_listener_drops",
             "a_server_keeps_no_descriptors_of_peer_processes_that_left",
+            "a_tcp_dial_to_an_rdma_cm_listener_names_the_path",
             "batches_from_two_threads_stay_contiguous",
             "close_wakes_a_blocked_reader_and_writer_on_other_threads",
             "close_wakes_a_send_blocked_for_credit_and_the_peer_still_reads_what_was_sent",
@@ -170,6 +174,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "huge_durations_mean_no_limit_and_never_panic",
             "messages_up_to_64_mib_verified_by_hash_without_extra_buffers",
             "messages_that_arrived_before_a_failure_are_read_before_it",
+            "options_are_measured_against_the_device_by_their_names",
             "peer_death_is_detected_on_a_receive_only_side",
             "peers_that_send_a_hello_and_then_nothing_do_not_hold_a_conn_listener",
             "peers_that_stall_after_their_endpoint_do_not_hold_a_conn_listener",

@@ -46,10 +46,9 @@ pub(crate) fn check_device(device: Option<&str>, pd: Option<&Pd>) -> Result<()> 
 
 /// Checks at a listener's bind what every handshake would otherwise find on its own side,
 /// after the peer was accepted: the device exists, `port` is one of its ports, the GID index
-/// (or the default choice) is there, every `(what, depth)` of `depths` fits a queue of the
-/// device (`max_qp_wr` and `max_cqe`), and a shared receive queue `srq` (what, depth) fits
-/// `max_srq_wr`. Without it, a listener whose options cannot work bound fine and then failed
-/// every peer, its `accept` never returning.
+/// (or the default choice) is there, and the queues fit ([`check_fits`]). Without it, a
+/// listener whose options cannot work bound fine and then failed every peer, its `accept`
+/// never returning.
 ///
 /// # Errors
 /// [`NetError::InvalidArgument`] naming the option; the device's errors (no such device).
@@ -58,26 +57,48 @@ pub(crate) fn check_fits_device(
     pd: Option<&Pd>,
     port: u8,
     gid_index: Option<u8>,
-    depths: &[(&str, u32)],
-    srq: Option<(&str, u32)>,
+    fits: &Fits<'_>,
 ) -> Result<()> {
     let ctx = open_device(device, pd)?;
     ctx.query_port(port)?;
     ctx.resolve_gid_index(port, gid_index)?;
+    check_fits(&ctx, fits)
+}
+
+/// What a connection's queues need of a device, each with the option it comes from.
+#[derive(Default)]
+pub(crate) struct Fits<'a> {
+    /// Work requests of a queue pair's send or receive queue (`max_qp_wr`).
+    pub(crate) queues: &'a [(&'a str, u32)],
+    /// Entries of a completion queue (`max_cqe`).
+    pub(crate) cqs: &'a [(&'a str, u32)],
+    /// Work requests of a shared receive queue (`max_srq_wr`).
+    pub(crate) srq: Option<(&'a str, u32)>,
+}
+
+/// Refuses options whose queues `ctx`'s device cannot hold, naming the option and the
+/// device's limit (each against its own limit: a completion queue against `max_cqe`, not
+/// `max_qp_wr`, which refused depths that work). Run before any queue is made, so that the
+/// error names what the user set rather than a verbs field.
+///
+/// # Errors
+/// [`NetError::InvalidArgument`] naming the option.
+pub(crate) fn check_fits(ctx: &Context, fits: &Fits<'_>) -> Result<()> {
     let attr = ctx.attr();
-    if let Some((what, depth)) = srq.filter(|&(_, d)| d > attr.max_srq_wr) {
-        return Err(NetError::InvalidArgument(format!(
-            "{what} {depth} does not fit device {}: its shared receive queues hold at most {}",
-            ctx.name(),
-            attr.max_srq_wr
-        )));
-    }
-    let limit = attr.max_qp_wr.min(attr.max_cqe);
-    if let Some((what, depth)) = depths.iter().find(|(_, d)| *d > limit) {
-        return Err(NetError::InvalidArgument(format!(
-            "{what} {depth} does not fit device {}: its queues hold at most {limit}",
+    let refuse = |what: &str, n: u32, holds: &str, limit: u32| {
+        Err(NetError::InvalidArgument(format!(
+            "{what} {n} does not fit device {}: its {holds} hold at most {limit}",
             ctx.name()
-        )));
+        )))
+    };
+    if let Some((what, n)) = fits.srq.filter(|&(_, n)| n > attr.max_srq_wr) {
+        return refuse(what, n, "shared receive queues", attr.max_srq_wr);
+    }
+    if let Some(&(what, n)) = fits.queues.iter().find(|(_, n)| *n > attr.max_qp_wr) {
+        return refuse(what, n, "queue pairs' queues", attr.max_qp_wr);
+    }
+    if let Some(&(what, n)) = fits.cqs.iter().find(|(_, n)| *n > attr.max_cqe) {
+        return refuse(what, n, "completion queues", attr.max_cqe);
     }
     Ok(())
 }

@@ -80,11 +80,7 @@ impl RawListener {
             opts.pd.as_ref(),
             opts.port,
             opts.gid_index,
-            &[
-                ("RawOptions::send_depth", opts.send_depth),
-                ("RawOptions::recv_depth", opts.recv_depth),
-            ],
-            None,
+            &raw_fits(&opts).as_fits(),
         )?;
         let tcp = TcpListener::bind(addr).map_err(|e| NetError::io("bind", e))?;
         tcp.set_nonblocking(true)
@@ -444,9 +440,46 @@ fn check_options(opts: &RawOptions) -> Result<()> {
     crate::domain::check_device(opts.device.as_deref(), opts.pd.as_ref())
 }
 
+/// What a RawConn's queues need of its device, by option.
+struct RawFits {
+    queues: [(&'static str, u32); 2],
+    cqs: [(&'static str, u32); 2],
+}
+
+impl RawFits {
+    fn as_fits(&self) -> crate::domain::Fits<'_> {
+        crate::domain::Fits {
+            queues: &self.queues,
+            cqs: &self.cqs,
+            srq: None,
+        }
+    }
+}
+
+/// The queues of [`create_cqs`] and the queue pair, by option.
+fn raw_fits(opts: &RawOptions) -> RawFits {
+    RawFits {
+        queues: [
+            ("RawOptions::send_depth", opts.send_depth),
+            ("RawOptions::recv_depth", opts.recv_depth),
+        ],
+        cqs: [
+            (
+                "the send completion queue (twice RawOptions::send_depth)",
+                opts.send_depth.max(1).saturating_mul(2),
+            ),
+            (
+                "the receive completion queue (RawOptions::recv_depth)",
+                opts.recv_depth.max(1),
+            ),
+        ],
+    }
+}
+
 /// The send and receive CQs, each with its own completion channel in event mode (so each can
-/// be waited on alone).
+/// be waited on alone). Options the device cannot hold are refused first, by name.
 fn create_cqs(ctx: &Context, opts: &RawOptions) -> Result<(Cq, Cq)> {
+    crate::domain::check_fits(ctx, &raw_fits(opts).as_fits())?;
     let channel = || -> Result<Option<CompChannel>> {
         Ok(match opts.completion {
             Completion::Busy => None,

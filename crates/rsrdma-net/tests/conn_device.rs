@@ -1752,6 +1752,21 @@ fn an_rdma_cm_dial_to_a_tcp_listener_names_the_path() {
     }
 }
 
+/// A TCP-path dial to an rdma_cm listener says which path to dial, at once, on both devices
+/// (soft0's CM takes TCP connections on its port: it held the dial 3 s and then said "the
+/// peer closed the connection during handshake hello", an outside tester's find).
+#[test]
+fn a_tcp_dial_to_an_rdma_cm_listener_names_the_path() {
+    let cm = Listener::bind(format!("{}:0", support::ip()), opts(Establish::Cm)).unwrap();
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let e = Conn::dial(cm.local_addr(), opts(Establish::Tcp)).unwrap_err();
+        assert!(matches!(e, NetError::NotListening { .. }), "{e:?}");
+        assert!(e.to_string().contains("dial it with Establish::Cm"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    }
+}
+
 /// F5: a secret on rdma_cm (the default path) is checked, in both directions, before either
 /// side delivers or exposes anything: the same secret connects (and carries messages, large
 /// ones by rendezvous too); a wrong one, none, or a listener without one does not, and a
@@ -2091,4 +2106,87 @@ fn a_dropped_listener_refuses_what_it_never_handed_out() {
     c.send_msg(b"still here").unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     assert_eq!(s.recv_msg().unwrap().as_deref(), Some(&b"still here"[..]));
+}
+
+/// Options measured against the device, by the option's name (an outside tester's finds):
+/// a rdma_cm listener on a device's address refuses queues the device cannot hold at bind
+/// (it bound, and accept never returned); a TCP listener takes depths whose completion
+/// queue fits `max_cqe` (it checked them against `max_qp_wr`); a dial names the option, not
+/// a verbs field; and `max_message` settles no higher than the port's largest message, a
+/// rendezvous message being one READ (2 GiB + 1 on soft0 broke the connection).
+#[test]
+fn options_are_measured_against_the_device_by_their_names() {
+    let ctx = rsrdma::open(&support::device()).unwrap();
+    let (max_wr, max_cqe) = (ctx.attr().max_qp_wr, ctx.attr().max_cqe);
+    let max_msg = ctx.query_port(1).unwrap().max_msg_sz;
+    let too_deep = u16::try_from(max_wr + 1).unwrap_or(u16::MAX);
+    for path in [Establish::Cm, Establish::Tcp] {
+        let o = opts(path).recv_slots(too_deep).slot_size(64);
+        let e = Listener::bind(listen_addr(&o), o.clone()).unwrap_err();
+        assert!(
+            matches!(&e, NetError::InvalidArgument(m) if m.contains("ConnOptions::recv_slots")),
+            "{path:?}: {e}"
+        );
+        // A dialer says which of its options the device cannot hold (it said max_recv_wr).
+        let l = listen(opts(path));
+        let e = Conn::dial(l.local_addr(), o).unwrap_err();
+        assert!(
+            matches!(&e, NetError::InvalidArgument(m) if m.contains("ConnOptions::recv_slots")),
+            "{path:?}: {e}"
+        );
+    }
+    // A RawConn's too, on both sides (the dialer said "cqe = 32770 exceeds the limit").
+    let raw = rsrdma_net::RawOptions::default()
+        .device(support::device())
+        .gid_index(support::gid_index())
+        .timeout(Duration::from_secs(5));
+    let too_deep_raw = raw.clone().send_depth(max_wr + 1);
+    let e = rsrdma_net::RawListener::bind("127.0.0.1:0", too_deep_raw.clone()).unwrap_err();
+    assert!(e.to_string().contains("RawOptions::send_depth"), "{e}");
+    let rl = rsrdma_net::RawListener::bind("127.0.0.1:0", raw).unwrap();
+    let addr = rl.local_addr().unwrap();
+    let server = thread::spawn(move || rl.accept_timeout(Duration::from_secs(3)).map(drop));
+    let e = rsrdma_net::RawConn::dial(addr, too_deep_raw).unwrap_err();
+    assert!(
+        matches!(&e, NetError::InvalidArgument(m) if m.contains("RawOptions::send_depth")),
+        "{e}"
+    );
+    assert!(server.join().unwrap().is_err(), "nothing was accepted");
+    // The deepest receive queue whose connection's CQ still fits (recv + sq_depth + 1).
+    let o = opts(Establish::Tcp).slot_size(64).rendezvous(None);
+    let deepest = (max_cqe - u32::from(o.sq_depth) - 1).min(max_wr);
+    let o = o.recv_slots(u16::try_from(deepest).unwrap_or(u16::MAX).min(32768));
+    let (c, s) = pair(o.clone(), o);
+    c.send_msg(b"deep").unwrap();
+    assert_eq!(s.recv_msg().unwrap().unwrap(), b"deep");
+    c.close().unwrap();
+    s.close().unwrap();
+    // max_message: asked for u32::MAX, settled at the port's largest message.
+    for path in [Establish::Cm, Establish::Tcp] {
+        let o = opts(path).max_message(u32::MAX);
+        let (c, s) = pair(o.clone(), o);
+        for x in [&c, &s] {
+            assert_eq!(x.info().settled.max_message, max_msg, "{path:?}");
+        }
+        c.close().unwrap();
+        s.close().unwrap();
+    }
+}
+
+/// A connect request nobody took when its rdma_cm listener is dropped is refused with the
+/// reason (an outside tester's find: the dialer read a bare consumer reject, "REJECTED
+/// (status 28 …)"), as a connection established but never accepted is.
+#[test]
+fn a_request_nobody_took_is_told_why_when_its_listener_drops() {
+    let o = opts(Establish::Cm).connect_timeout(Duration::from_secs(10));
+    let l = listen(o.clone());
+    let addr = l.local_addr();
+    let dial = thread::spawn(move || Conn::dial(addr, o).map(drop));
+    thread::sleep(Duration::from_millis(500));
+    drop(l);
+    let e = dial.join().unwrap().unwrap_err();
+    assert!(
+        matches!(&e, NetError::PeerAborted(m) if m.contains("closed before anyone accepted")),
+        "{e}"
+    );
 }

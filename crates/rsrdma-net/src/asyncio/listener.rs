@@ -319,6 +319,12 @@ impl Drop for AsyncListener {
         while let Ok(f) = finished.try_recv() {
             f.refuse();
         }
+        // Requests nobody took are refused with the reason.
+        if let Inner::Cm { id, .. } = &self.inner {
+            crate::conn::refuse_waiting_requests(
+                &id.lock().unwrap_or_else(PoisonError::into_inner),
+            );
+        }
     }
 }
 

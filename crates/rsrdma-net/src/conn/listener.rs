@@ -78,19 +78,10 @@ impl Listener {
         opts.check()?;
         // On the TCP path the options pick the device (on rdma_cm's, the address does).
         if opts.establish == Establish::Tcp {
-            // A connection's CQ holds its receive slots and sends (a pooled one takes more, up
-            // to what the device allows: `Local::new`); a pool is one SRQ.
-            let cqe = establish::cq_entries(u32::from(opts.recv_slots), opts.sq_depth);
-            crate::domain::check_fits_device(
-                opts.device.as_deref(),
-                opts.pd.as_ref(),
-                opts.port,
-                opts.gid_index,
-                &[("the CQ of a connection (its receives, sends and one)", cqe)],
-                opts.shared_recv
-                    .as_ref()
-                    .map(|s| ("SharedRecv::pool_slots", s.pool_slots)),
-            )?;
+            let ctx = crate::domain::open_device(opts.device.as_deref(), opts.pd.as_ref())?;
+            ctx.query_port(opts.port)?;
+            ctx.resolve_gid_index(opts.port, opts.gid_index)?;
+            opts.check_fits(&ctx)?;
         }
         let addr = addr
             .to_socket_addrs()
@@ -106,6 +97,9 @@ impl Listener {
                 // brings its own.)
                 if let Ok(ctx) = id.context() {
                     opts.domain_on(&ctx)?;
+                    // Queues the device cannot hold fail every peer: refused here (an outside
+                    // tester's find: it bound, and accept never returned).
+                    opts.check_fits(&ctx)?;
                 }
                 let local = id.local_addr().unwrap_or(addr);
                 let fd = id.as_raw_fd();
@@ -262,6 +256,10 @@ impl Drop for Listener {
     fn drop(&mut self) {
         // Connections accepted by nobody close now; running handshakes drop theirs.
         self.hs.close();
+        // Requests nobody took are refused with the reason.
+        if let Inner::Cm(id) = &self.inner {
+            establish::cm::refuse_waiting_requests(&id.lock().unwrap_or_else(|p| p.into_inner()));
+        }
     }
 }
 

@@ -83,6 +83,8 @@ pub(crate) use admission::{Admission, Incoming, Ticket};
 pub use buffer::{Buffer, BufferPool};
 #[cfg(feature = "tokio")]
 pub(crate) use close::{CloseStart, CloseWait};
+#[cfg(feature = "tokio")]
+pub(crate) use establish::cm::refuse_waiting_requests;
 pub use info::{ConnInfo, RendezvousMode};
 pub use listener::Listener;
 #[cfg(feature = "tokio")]
@@ -191,6 +193,13 @@ impl Conn {
     /// peer that does not answer within 10 s (a stopped process, or a peer of a version
     /// before withdrawal, protocol 1.1) fails the connection, rather than return memory it
     /// may still read.
+    ///
+    /// `Ok` means the connection took the whole message and will deliver it, in order,
+    /// unless the connection fails or its close runs out of time: as with a TCP socket, only
+    /// a close that returns `Ok` confirms delivery. A call that returns `Ok` while fragments
+    /// of its message still wait for credits (it had begun when a timeout or a close came)
+    /// leaves them queued; a close whose linger runs out before the peer takes them says
+    /// `Timeout` ("close: delivering the queued data"), and that message may then be lost.
     ///
     /// A `close` (or `shutdown(Write)`) on another thread ends a call whose message has not
     /// begun with [`NetError::Closed`] at once; one that had begun goes whole before the FIN.

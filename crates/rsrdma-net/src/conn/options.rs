@@ -260,6 +260,34 @@ impl ConnOptions {
             )
     }
 
+    /// Refuses options whose queues `ctx`'s device cannot hold, naming the option (a dial,
+    /// an accept, and a listener's bind where it knows its device).
+    ///
+    /// # Errors
+    /// [`crate::NetError::InvalidArgument`] naming the option and the device's limit.
+    pub(crate) fn check_fits(&self, ctx: &rsrdma::Context) -> crate::Result<()> {
+        // rdma_cm authentication sends one proof beside the core's sends (`cm_auth`).
+        let proof = u32::from(self.secret.is_some() && self.establish == crate::Establish::Cm);
+        let cq = super::establish::cq_entries(u32::from(self.recv_slots), self.sq_depth);
+        crate::domain::check_fits(
+            ctx,
+            &crate::domain::Fits {
+                queues: &[
+                    ("ConnOptions::recv_slots", u32::from(self.recv_slots)),
+                    ("ConnOptions::sq_depth", u32::from(self.sq_depth) + proof),
+                ],
+                cqs: &[(
+                    "the completion queue of a connection (recv_slots + sq_depth + 1)",
+                    cq,
+                )],
+                srq: self
+                    .shared_recv
+                    .as_ref()
+                    .map(|s| ("SharedRecv::pool_slots", s.pool_slots)),
+            },
+        )
+    }
+
     /// Refuses options that cannot work, before any socket or verb.
     ///
     /// # Errors

@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 
 /// The IB CM reject reason for a connect request nobody listens for (invalid service ID).
 const NO_LISTENER: i32 = 8;
+/// The REJ status of a consumer's reject (`IB_CM_REJ_CONSUMER_DEFINED`).
+const CONSUMER_REJECT: i32 = 28;
 /// Prefix of the reject private data that carries a reason.
 const REJECT_PREFIX: &[u8] = b"RSCP reject: ";
 
@@ -102,6 +104,18 @@ pub(crate) fn reject_data(why: &str) -> Vec<u8> {
     let mut data = REJECT_PREFIX.to_vec();
     data.extend_from_slice(&why.as_bytes()[..end]);
     data
+}
+
+/// Refuses, with the reason, the connect requests waiting on a listener's id that nobody
+/// took (the listener is being dropped): their dialers read "the peer aborted: the listener
+/// closed before …" instead of a bare consumer reject (an outside tester's find).
+pub(crate) fn refuse_waiting_requests(id: &rsrdma::cm::CmId) {
+    const WHY: &str = "the listener closed before anyone accepted this connection";
+    while let Ok(Some(ev)) = id.try_next_event() {
+        if let Some(req) = ev.request {
+            let _ = req.id.reject(&reject_data(WHY));
+        }
+    }
 }
 
 /// Accepts one connect request, receiving from the listener's pool if it has one. A
@@ -273,6 +287,14 @@ fn rejected(e: rsrdma::Error, addr: SocketAddr) -> NetError {
             let why = String::from_utf8_lossy(&rest[..end]).into_owned();
             // A listener that refused this side's authentication: an `Auth` failure here.
             return crate::handshake::refused_by_peer(NetError::PeerAborted(why));
+        }
+        if *status == CONSUMER_REJECT {
+            // Refused by the application at that address, giving no reason of ours (not an
+            // rsrdma listener, or one whose id went away): say that, not the event's dump.
+            return NetError::PeerAborted(format!(
+                "the peer at {addr} refused the connection (an rdma_cm reject that gives no \
+                 reason: not an rsrdma listener, or one that went away)"
+            ));
         }
     }
     // soft0's CM reaches the port and finds no CM there (a TCP-path Listener reads its

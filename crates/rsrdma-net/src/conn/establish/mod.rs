@@ -141,6 +141,8 @@ impl Local {
     /// be the pool's).
     pub(crate) fn new(pd: Pd, opts: &ConnOptions, from: RecvFrom) -> Result<Local> {
         let ctx = pd.context().clone();
+        // Named by option, before a verb names its own field (max_recv_wr, cqe).
+        opts.check_fits(&ctx)?;
         let max_inline = pd.max_inline_data(QpType::Rc)?;
         let mut config = opts.proto_config(max_inline);
         // F7: without windows, a message is exposed through a registration whose rkey works
@@ -159,6 +161,22 @@ impl Local {
             // The peer's frames may wait for room in the pool: it is told, so that its
             // liveness check allows for it (`FEATURE_SHARED_POOL`).
             config.features |= rsrdma_proto::FEATURE_SHARED_POOL;
+        }
+        if config.features & rsrdma_proto::FEATURE_RENDEZVOUS != 0 {
+            // A rendezvous message is one READ, which the port carries up to its largest
+            // message: larger ones are announced as too large (settled down to it), so a
+            // send fails at once with MessageTooLarge (an outside tester's find: 2 GiB + 1
+            // on soft0 broke the connection, PeerDead on one side, QpError on the other).
+            if let Ok(port) = ctx.query_port(opts.port) {
+                if port.max_msg_sz > 0 && config.max_message > port.max_msg_sz {
+                    tracing::debug!(
+                        max_message = config.max_message,
+                        max_msg_sz = port.max_msg_sz,
+                        "max_message capped at the port's largest message"
+                    );
+                    config.max_message = port.max_msg_sz;
+                }
+            }
         }
         config
             .check()

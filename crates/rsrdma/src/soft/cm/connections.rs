@@ -208,6 +208,11 @@ fn step(c: Conn, ready: bool, now: Instant, added: &mut Vec<Conn>) -> Option<Con
             if ready && !matches!(fill(&mut s, &mut buf), Ok(true)) {
                 return None;
             }
+            // Not a CM's request (a TCP-path dialer's hello, say): dropped at once, so that
+            // its dialer hears the end now rather than after REQ_WAIT.
+            if buf.first().is_some_and(|&tag| tag != REQ) {
+                return None;
+            }
             match take_frame(&mut buf) {
                 Some((REQ, body)) => {
                     let req = Endpoint::decode(&body)?;
