@@ -257,7 +257,8 @@ fn a_listener_whose_options_cannot_work_is_refused_at_bind() {
     // a bound rdma_cm address is on.
     let tcp = rsrdma_net::ConnOptions::default().establish(rsrdma_net::Establish::Tcp);
     for (what, o) in [
-        ("ConnOptions::recv_slots", tcp.clone().recv_slots(32768)),
+        // Past max_qp_wr (soft0, 16384) or, where that is larger (rxe), past max_cqe.
+        ("recv_slots", tcp.clone().slot_size(64).recv_slots(32768)),
         (
             "completion queue",
             tcp.clone().slot_size(64).recv_slots(16384).sq_depth(16384),

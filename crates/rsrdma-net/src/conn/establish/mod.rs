@@ -162,22 +162,6 @@ impl Local {
             // liveness check allows for it (`FEATURE_SHARED_POOL`).
             config.features |= rsrdma_proto::FEATURE_SHARED_POOL;
         }
-        if config.features & rsrdma_proto::FEATURE_RENDEZVOUS != 0 {
-            // A rendezvous message is one READ, which the port carries up to its largest
-            // message: larger ones are announced as too large (settled down to it), so a
-            // send fails at once with MessageTooLarge (an outside tester's find: 2 GiB + 1
-            // on soft0 broke the connection, PeerDead on one side, QpError on the other).
-            if let Ok(port) = ctx.query_port(opts.port) {
-                if port.max_msg_sz > 0 && config.max_message > port.max_msg_sz {
-                    tracing::debug!(
-                        max_message = config.max_message,
-                        max_msg_sz = port.max_msg_sz,
-                        "max_message capped at the port's largest message"
-                    );
-                    config.max_message = port.max_msg_sz;
-                }
-            }
-        }
         config
             .check()
             .map_err(|e| NetError::InvalidArgument(format!("ConnOptions: {e}")))?;
