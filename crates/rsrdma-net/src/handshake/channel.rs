@@ -614,9 +614,7 @@ impl Channel {
             return Ok(());
         }
         let Some(secret) = secret else {
-            return Err(self.abort(NetError::Auth(
-                "the peer requires a shared secret and none is configured here".into(),
-            )));
+            return Err(self.abort(NetError::Auth(NO_SECRET_HERE.into())));
         };
         let peer_hello = self.peer_hello.take().unwrap_or_default();
         let version = peer_hello.get(4).copied().unwrap_or(0);
@@ -636,9 +634,7 @@ impl Channel {
                 self.send(&Message::Proof(Proof { tag: mine }))?;
                 let theirs = self.recv_proof(opening)?;
                 if !auth::verify_proof(secret, Role::Server, &transcript, &mine, &theirs) {
-                    return Err(self.abort(NetError::Auth(
-                        "the peer's proof does not match the shared secret".into(),
-                    )));
+                    return Err(self.abort(NetError::Auth(WRONG_PROOF.into())));
                 }
                 (mine, theirs)
             }
@@ -646,9 +642,7 @@ impl Channel {
                 let theirs = self.recv_proof(opening)?;
                 if !auth::verify_proof(secret, Role::Client, &transcript, &[], &theirs) {
                     // Nothing derived from the secret has gone to this peer, and nothing will.
-                    return Err(self.abort(NetError::Auth(
-                        "the peer's proof does not match the shared secret".into(),
-                    )));
+                    return Err(self.abort(NetError::Auth(WRONG_PROOF.into())));
                 }
                 let mine = auth::server_proof(secret, &transcript, &theirs);
                 self.send(&Message::Proof(Proof { tag: mine }))?;
@@ -816,15 +810,21 @@ impl AsRawFd for Channel {
     }
 }
 
+/// A side's refusal of a proof that does not check (both paths).
+pub(crate) const WRONG_PROOF: &str = "the peer's proof does not match the shared secret";
+/// A side's refusal of a peer that demands a secret it lacks (both paths).
+pub(crate) const NO_SECRET_HERE: &str =
+    "the peer requires a shared secret and none is configured here";
+
 /// The reasons a peer's opening gives when it refuses this side's authentication, as
 /// [`Channel::open_with`] words them, each with what it means seen from here.
 const REFUSALS: &[(&str, &str)] = &[
     (
-        "the peer's proof does not match the shared secret",
+        WRONG_PROOF,
         "the peer refused this side's proof: the two sides' shared secrets differ",
     ),
     (
-        "the peer requires a shared secret and none is configured here",
+        NO_SECRET_HERE,
         "this side requires a shared secret and the peer has none configured",
     ),
 ];

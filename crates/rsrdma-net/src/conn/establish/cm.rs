@@ -78,11 +78,7 @@ pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> 
         }
         // A listener that demands a secret rejects a request without one, so it never
         // accepts this one; refuse anyway rather than talk to it unauthenticated.
-        (None, true) => {
-            return Err(NetError::Auth(
-                "the peer requires a shared secret and none is configured here".into(),
-            ))
-        }
+        (None, true) => return Err(NetError::Auth(crate::handshake::NO_SECRET_HERE.into())),
         (None, false) => {}
     }
     if secret.is_some() {

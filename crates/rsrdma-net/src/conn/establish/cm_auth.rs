@@ -27,7 +27,7 @@ use super::Local;
 use crate::conn::wr_id::{AUTH_WR_ID as PROOF_WR_ID, RECV_TAG};
 use crate::error::{NetError, Result};
 use crate::handshake::auth;
-use crate::handshake::Role;
+use crate::handshake::{Role, WRONG_PROOF};
 use rsrdma::cm::{CmEventType, CmId};
 use rsrdma::{Qp, RecvWr, SendWr, Wc};
 use rsrdma_proto::{SlotMemory, PARAMS_LEN};
@@ -92,9 +92,7 @@ pub(super) fn prove(
             send_proof(qp, &mine)?;
             let theirs = wait(local, qp, id, deadline)?;
             if !auth::verify_proof(secret, Role::Server, &t, &mine, &theirs) {
-                return Err(NetError::Auth(
-                    "the peer's proof does not match the shared secret".into(),
-                ));
+                return Err(NetError::Auth(WRONG_PROOF.into()));
             }
         }
         Role::Server => {
@@ -102,9 +100,7 @@ pub(super) fn prove(
             if !auth::verify_proof(secret, Role::Client, &t, &[], &theirs) {
                 // Nothing derived from the secret has gone to this peer; the caller drops
                 // the connection.
-                return Err(NetError::Auth(
-                    "the peer's proof does not match the shared secret".into(),
-                ));
+                return Err(NetError::Auth(WRONG_PROOF.into()));
             }
             let mine = auth::server_proof(secret, &t, &theirs);
             send_proof(qp, &mine)?;
