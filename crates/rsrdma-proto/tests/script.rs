@@ -1481,3 +1481,55 @@ fn protocol_violations_are_told_from_transport_failures() {
         assert!(e.contains("longer than this side's receive slot"), "{e}");
     }
 }
+
+/// While this side READs a large rendezvous message, the peer's answers may wait behind the
+/// READ's data on a slow link (512 MiB through soft0's ring took longer than `peer_timeout`,
+/// and a live peer was declared dead: an outside tester's find). The silence is excused up
+/// to four times `peer_timeout` while the READ makes no progress; a READ that never ends is
+/// still a dead peer then.
+#[test]
+fn a_read_in_progress_excuses_the_peers_silence_for_a_while() {
+    use rsrdma_proto::FEATURE_RENDEZVOUS;
+    let sec = Duration::from_secs;
+    let mut s = Script::new(
+        cfg()
+            .with_features(FEATURE_RENDEZVOUS)
+            .with_rdv_threshold(1000),
+    );
+    let t0 = s.t0;
+    // At most the script's max_message (4096).
+    let len = 4000u32;
+    let rts = Header {
+        kind: FrameType::Rts,
+        flags: 0,
+        msg_id: 0,
+        credit_limit: 0,
+        payload_len: 16,
+        aux: len,
+    };
+    let mut payload = [0u8; 16];
+    payload[..8].copy_from_slice(&0x1000u64.to_le_bytes());
+    payload[8..12].copy_from_slice(&7u32.to_le_bytes());
+    s.arrive(rts, &payload);
+    assert_eq!(s.c.error(), None);
+    assert!(matches!(s.c.recv_msg(), Ok(Recv::NeedsRead { .. })));
+    assert!(matches!(
+        s.c.start_read(0x2000, 9, len as usize),
+        Ok(Step::Done(()))
+    ));
+    assert!(s.work().iter().any(|w| matches!(w, Work::PostRead { .. })));
+    let mut died = None;
+    for t in 1..=25 {
+        s.c.handle_timeout(t0 + sec(t));
+        let _ = s.work();
+        if let Some(e) = s.c.error() {
+            died = Some((t, e.clone()));
+            break;
+        }
+    }
+    assert_eq!(
+        died,
+        Some((20, ProtoError::PeerDead { silent_ms: 20_000 })),
+        "excused while the READ was outstanding, up to four peer timeouts"
+    );
+}

@@ -498,10 +498,15 @@ impl<M: SlotMemory> Conn<M> {
             // for want of room (RNR), PINGs included: this side's sends then make no
             // progress, and the peer never got a PING to answer (an outside tester's find:
             // dialers of a listener with a small pool declared it dead while it served
-            // them). Its silence is excused as the listener excuses its peers'
-            // (`excuse_silence`). A dead peer is still found: its NIC fails those sends, or
-            // the excuse runs out.
-            if self.settled.peer_pooled && self.sends_stalled() && self.excuse(now) {
+            // them). And a peer whose memory this side is READing (a large rendezvous
+            // message) sends its answers behind the READ's data on a slow link: 512 MiB
+            // through soft0's ring took longer than `peer_timeout`, and a live peer was
+            // declared dead (another tester's find). The silence is excused in both cases
+            // as the listener excuses its peers' (`excuse_silence`) while this side's work
+            // requests make no progress. A dead peer is still found: its NIC fails those
+            // requests, or the excuse runs out.
+            let reading = matches!(self.rx.read, ReadState::Reading(_));
+            if (self.settled.peer_pooled || reading) && self.sends_stalled() && self.excuse(now) {
                 return;
             }
             let silent_ms = now.saturating_duration_since(self.last_heard).as_millis() as u64;
