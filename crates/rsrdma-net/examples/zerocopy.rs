@@ -39,6 +39,15 @@ struct Args {
     size: usize,
 }
 
+/// The device's options, with room for a message of `-s` bytes (both ends take the smaller
+/// maximum, so both raise it).
+fn options(a: &Args) -> rsrdma_net::ConnOptions {
+    let max = u32::try_from(a.size).unwrap_or(u32::MAX);
+    let o = a.dev.conn_options();
+    let at_least = o.max_message.max(max);
+    o.max_message(at_least)
+}
+
 fn main() -> ExitCode {
     common::main("zerocopy", |a: Args| {
         a.role
@@ -54,7 +63,7 @@ fn recv_into(conn: &Conn, buf: &mut Buffer) -> Result<usize, Box<dyn std::error:
 }
 
 fn server(addr: &str, a: &Args) -> Outcome {
-    let conn = common::accept_one("zerocopy", addr, a.dev.conn_options())?;
+    let conn = common::accept_one("zerocopy", addr, options(a))?;
     // One registered buffer for both messages; it must hold the largest.
     let mut buf = conn.alloc_buffer(a.size.max(4096))?;
     let n = recv_into(&conn, &mut buf)?;
@@ -72,7 +81,7 @@ fn server(addr: &str, a: &Args) -> Outcome {
 }
 
 fn client(addr: &str, a: &Args) -> Outcome {
-    let conn = Conn::dial(addr, a.dev.conn_options())?;
+    let conn = Conn::dial(addr, options(a))?;
 
     let mut small = conn.alloc_buffer(64)?;
     let text = a.msg.as_bytes();
