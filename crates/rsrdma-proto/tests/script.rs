@@ -112,6 +112,19 @@ impl Script {
     }
 }
 
+/// The header of message 0 offered by rendezvous (an RTS), `len` bytes long; its 16-byte
+/// payload (address, rkey) is the caller's.
+fn rts(len: u32) -> Header {
+    Header {
+        kind: FrameType::Rts,
+        flags: 0,
+        msg_id: 0,
+        credit_limit: 0,
+        payload_len: 16,
+        aux: len,
+    }
+}
+
 fn send(wr: u64, slot: Option<u16>, len: u32, signaled: bool) -> Work {
     Work::PostSend {
         wr_id: WrId(wr),
@@ -772,15 +785,7 @@ fn every_peer_violation_is_a_sticky_error() {
         (
             "rendezvous not negotiated",
             |s| {
-                let rts = Header {
-                    kind: FrameType::Rts,
-                    flags: 0,
-                    msg_id: 0,
-                    credit_limit: 0,
-                    payload_len: 16,
-                    aux: 100,
-                };
-                s.arrive(rts, &[0; 16]);
+                s.arrive(rts(100), &[0; 16]);
             },
             ProtoError::Unsupported { frame: 7 },
         ),
@@ -1499,18 +1504,10 @@ fn a_read_in_progress_excuses_the_peers_silence_for_a_while() {
     let t0 = s.t0;
     // At most the script's max_message (4096).
     let len = 4000u32;
-    let rts = Header {
-        kind: FrameType::Rts,
-        flags: 0,
-        msg_id: 0,
-        credit_limit: 0,
-        payload_len: 16,
-        aux: len,
-    };
     let mut payload = [0u8; 16];
     payload[..8].copy_from_slice(&0x1000u64.to_le_bytes());
     payload[8..12].copy_from_slice(&7u32.to_le_bytes());
-    s.arrive(rts, &payload);
+    s.arrive(rts(len), &payload);
     assert_eq!(s.c.error(), None);
     assert!(matches!(s.c.recv_msg(), Ok(Recv::NeedsRead { .. })));
     assert!(matches!(
