@@ -834,11 +834,12 @@ const REFUSALS: &[(&str, &str)] = &[
 /// (an outside tester's find: a dialer with a wrong secret read `PeerAborted` saying "the
 /// peer's proof does not match", the peer being itself). Other errors pass unchanged.
 pub(crate) fn refused_by_peer(e: NetError) -> NetError {
-    const PREFIX: &str = "authentication failed: ";
     let NetError::PeerAborted(why) = &e else {
         return e;
     };
-    let Some(reason) = why.strip_prefix(PREFIX) else {
+    // The peer's abort carries its `Auth` error as displayed: that display's own prefix.
+    let prefix = NetError::Auth(String::new()).to_string();
+    let Some(reason) = why.strip_prefix(prefix.as_str()) else {
         return e;
     };
     let here = REFUSALS
