@@ -548,8 +548,14 @@ fn shared_recv_rendezvous_is_only_through_windows() {
 /// A peer of the TCP path that does the handshake up to the endpoints by hand, brings its QP
 /// up against the listener's, SENDs `sends` 64-byte messages into it (each takes a slot of
 /// the shared pool), then, unless `barrier`, breaks off before the barrier. Returns once its
-/// sends completed (they landed in the listener's pool slots).
-fn send_into_the_pool(addr: std::net::SocketAddr, sends: usize, barrier: bool) {
+/// sends completed, or a while after the listener is done with it (`listener_done`), and
+/// asserts that some landed in the listener's pool slots.
+fn send_into_the_pool(
+    addr: std::net::SocketAddr,
+    sends: usize,
+    barrier: bool,
+    listener_done: &std::sync::atomic::AtomicBool,
+) {
     use rsrdma::{AccessFlags, ConnectOptions, Cq, Mr, Pd, Qp, QpCaps, QpType, SendWr};
     use rsrdma_net::handshake::{Channel, Role};
     let s = std::net::TcpStream::connect(addr).unwrap();
@@ -593,18 +599,54 @@ fn send_into_the_pool(addr: std::net::SocketAddr, sends: usize, barrier: bool) {
         // SAFETY: `mr` outlives the sends, which are reaped below (or flushed with the QP).
         unsafe { qp.post_send(&SendWr::send(i as u64, &sge).signaled(true)) }.unwrap();
     }
-    // Sends past the pool's posted receives wait in RNR retries (for ever: `rnr_retry` 7)
-    // until the listener's connection fails or, past its 2 s read timeout and its linger, is
-    // torn down, and then end in RETRY_EXC_ERR: about 5 s, past 10 in the VM under the
-    // other lane's load (49 of 64 had completed at 10 s, once).
+    // Sends the listener's QP no longer takes (its connection failed at the first frame and
+    // was torn down) end in RETRY_EXC_ERR after the transport retries (about 0.5 s), and the
+    // rest flush. Not always on rxe: in the VM under the other lane's load this side's QP
+    // sometimes waits for ever with most of its sends neither acknowledged nor failed (4 of
+    // 64 had completed at 40 s while the listener had dropped the connection at 0.34 s; 1 in
+    // 10 runs). So this side stops waiting a while after the listener is done with it.
     let mut wcs = [rsrdma::Wc::default(); 16];
     let (mut done, t0) = (0, Instant::now());
+    let mut listener_done_at: Option<Instant> = None;
+    // What completed when, in runs of one status: shown if none landed.
+    let mut timeline: Vec<(String, usize, Duration)> = Vec::new();
     while done < sends && t0.elapsed() < Duration::from_secs(40) {
-        done += cq.poll(&mut wcs).unwrap();
+        if listener_done.load(std::sync::atomic::Ordering::Acquire) {
+            let at = *listener_done_at.get_or_insert_with(Instant::now);
+            if at.elapsed() > Duration::from_secs(5) {
+                break;
+            }
+        }
+        let n = cq.poll(&mut wcs).unwrap();
+        for wc in &wcs[..n] {
+            let status = format!("{:?}", wc.status());
+            match timeline.last_mut() {
+                Some((s, count, _)) if *s == status => *count += 1,
+                _ => timeline.push((status, 1, t0.elapsed())),
+            }
+        }
+        done += n;
     }
-    assert_eq!(done, sends, "the sends landed in the pool");
+    let landed = timeline
+        .first()
+        .filter(|(status, _, _)| status == "IBV_WC_SUCCESS")
+        .map_or(0, |(_, count, _)| *count);
+    assert!(
+        landed > 0,
+        "some sends landed in the pool (runs of one status: (status, count, first at)): \
+         {timeline:?}"
+    );
     drop(ch);
     thread::sleep(Duration::from_millis(300));
+}
+
+/// Sets its flag when dropped (at the end of a thread, also by a panic).
+struct SetOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// A peer that fills the listener's pool with SENDs and then breaks off its handshake (before
@@ -618,17 +660,35 @@ fn shared_recv_a_peer_that_fills_the_pool_and_fails_gives_every_slot_back() {
         let server = small(Establish::Tcp).shared_recv(SharedRecv::new(pool));
         let l = Arc::new(Listener::bind(listen_addr(&server), server).unwrap());
         let addr = l.local_addr();
+        let listener_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let acceptor = {
             let l = l.clone();
+            let done = listener_done.clone();
             thread::spawn(move || {
                 // The bad peer's connection (when it got that far) is dropped once it failed.
-                if let Ok(c) = l.accept_timeout(Duration::from_secs(5)) {
-                    c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-                    while c.recv_msg().is_ok_and(|m| m.is_some()) {}
+                let _done = SetOnDrop(done);
+                let t0 = Instant::now();
+                match l.accept_timeout(Duration::from_secs(5)) {
+                    Ok(c) => {
+                        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                        let end = loop {
+                            match c.recv_msg() {
+                                Ok(Some(_)) => continue,
+                                end => break end,
+                            }
+                        };
+                        println!(
+                            "acceptor: the bad peer's connection ended after {:?}: {end:?}",
+                            t0.elapsed()
+                        );
+                        drop(c);
+                        println!("acceptor: dropped after {:?}", t0.elapsed());
+                    }
+                    Err(e) => println!("acceptor: no connection after {:?}: {e}", t0.elapsed()),
                 }
             })
         };
-        send_into_the_pool(addr, pool as usize, barrier);
+        send_into_the_pool(addr, pool as usize, barrier, &listener_done);
         acceptor.join().unwrap();
         // A good client: 40 round trips need the pool's slots back.
         let good = small(Establish::Tcp);
