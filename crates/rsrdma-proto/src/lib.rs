@@ -118,8 +118,9 @@ pub use error::{Fatal, ProtoError};
 pub use frame::{FrameType, Header, HEADER_LEN};
 pub use memory::{SlotMemory, VecSlots};
 pub use params::{
-    settle, Config, Params, Settled, CONTROL_RESERVE, DEFAULT_RDV_THRESHOLD, DEFAULT_SLOT_SIZE,
-    FEATURE_RAILS, FEATURE_RENDEZVOUS, FEATURE_SHARED_POOL, FEATURE_WITHDRAW, PARAMS_LEN,
+    settle, Config, Params, Settled, CONTROL_RESERVE, DEFAULT_MAX_READ, DEFAULT_RDV_THRESHOLD,
+    DEFAULT_SLOT_SIZE, FEATURE_RAILS, FEATURE_RENDEZVOUS, FEATURE_SHARED_POOL, FEATURE_WITHDRAW,
+    PARAMS_LEN,
 };
 pub use step::{Recv, Step};
 pub use work::{Counters, Event, LentPayload, Work, WrId};

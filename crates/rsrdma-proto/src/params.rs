@@ -271,7 +271,15 @@ pub struct Config {
     /// With [`FEATURE_RENDEZVOUS`] offered: the smallest message to send by rendezvous.
     /// Default 256 KiB.
     pub rdv_threshold: u32,
+    /// The longest RDMA READ to post (the device's `max_msg_sz`): a rendezvous message
+    /// longer than this is read in pieces of at most this many bytes, one after another.
+    /// Default [`DEFAULT_MAX_READ`].
+    pub max_read: u32,
 }
+
+/// The longest READ when the device does not say ([`Config::max_read`]): 1 GiB, what mlx5
+/// devices report as `max_msg_sz` (the InfiniBand specification allows 2 GiB).
+pub const DEFAULT_MAX_READ: u32 = 1 << 30;
 
 /// The default slot: a 16-byte header and exactly 32 KiB of payload, so that a message of a
 /// power of two from 32 KiB up fills whole frames (a 64 KiB message is 2 frames; with 32 KiB
@@ -292,6 +300,7 @@ impl Default for Config {
             peer_timeout: Duration::from_secs(5),
             features: 0,
             rdv_threshold: DEFAULT_RDV_THRESHOLD,
+            max_read: DEFAULT_MAX_READ,
         }
     }
 }
@@ -318,6 +327,7 @@ impl Config {
     setter!(with_peer_timeout, peer_timeout, Duration);
     setter!(with_features, features, u32);
     setter!(with_rdv_threshold, rdv_threshold, u32);
+    setter!(with_max_read, max_read, u32);
 
     /// The announcement for the handshake.
     pub fn params(&self) -> Params {
@@ -352,6 +362,9 @@ impl Config {
         }
         if self.inline_size > MAX_INLINE {
             return bad("inline_size over 1024");
+        }
+        if self.max_read == 0 {
+            return bad("max_read is 0");
         }
         if let Some(k) = self.keepalive {
             if k.is_zero() || self.peer_timeout <= k {

@@ -103,11 +103,14 @@ fn config() -> impl Strategy<Value = Config> {
         1..9u16,
         prop_oneof![Just(0u16), Just(16), Just(64), Just(200)],
         (any::<bool>(), 1..2500u32),
+        // READs in pieces (a device's max_msg_sz below the message) or whole.
+        prop_oneof![Just(u32::MAX), 100..3000u32],
     )
         .prop_map(
-            |(slot, recv, send, depth, interval, inline, (rdv, threshold))| {
+            |(slot, recv, send, depth, interval, inline, (rdv, threshold), max_read)| {
                 let features = if rdv { FEATURE_RENDEZVOUS } else { 0 };
                 Config::default()
+                    .with_max_read(max_read)
                     .with_features(features)
                     .with_rdv_threshold(threshold)
                     .with_slot_size(slot)

@@ -70,6 +70,21 @@ fn messages_around_and_far_above_the_threshold_keep_their_order() {
     p.check_conservation();
 }
 
+/// A device's `max_msg_sz` below a message (mlx5 takes 1 GiB, a message may be 4 GiB):
+/// the receiver reads it in pieces of at most `max_read`, one after another, each into its
+/// place (the sim refuses a longer READ, and the checker compares every byte).
+#[test]
+fn a_message_longer_than_max_read_is_read_in_pieces() {
+    let mut p = Pair::new(cfg(true), cfg(true).with_max_read(4096));
+    let lens = [10_000, 4096, 4097, 60_000, 8192, 1000, 12_288];
+    let chk = transfer(&mut p, &lens);
+    assert!(chk.all_taken());
+    let pieces: usize = lens.iter().map(|l| l.div_ceil(4096)).sum();
+    assert_eq!(p.sides[1].reads_posted, pieces);
+    assert!(p.sides[0].rdv_sends.is_empty(), "every rendezvous released");
+    p.check_conservation();
+}
+
 #[test]
 fn a_peer_without_the_feature_gets_everything_eagerly() {
     let mut p = Pair::new(cfg(true), cfg(false));

@@ -59,6 +59,8 @@ use std::time::{Duration, Instant};
 const THRESHOLD: usize = 3000;
 /// The largest message.
 const MAX_MESSAGE: usize = 16 * 1024;
+/// The device's `max_msg_sz`: rendezvous messages above it are read in pieces.
+const MAX_READ: usize = 4096;
 /// The key of the receiver's buffer, which READs land in (at address 0).
 const BUFFER_LKEY: u32 = 1;
 
@@ -225,6 +227,7 @@ fn config() -> Config {
         .with_keepalive(None)
         .with_features(FEATURE_RENDEZVOUS | FEATURE_WITHDRAW)
         .with_rdv_threshold(THRESHOLD as u32)
+        .with_max_read(MAX_READ as u32)
 }
 
 impl SimPair {
@@ -424,6 +427,7 @@ impl SimPair {
                     .get(&rkey)
                     .expect("a READ of memory its sender already got back");
                 let (from, len, to) = (remote_addr as usize, len as usize, local_addr as usize);
+                assert!(len <= MAX_READ, "a READ of {len} bytes, over max_msg_sz");
                 let bytes = source[from..from + len].to_vec();
                 let me = &mut self.sides[i];
                 assert_eq!(

@@ -91,7 +91,8 @@ pub struct ConnOptions {
     /// grants. Default 128 (a 64-byte message goes inline).
     pub inline_size: u16,
     /// Largest message this side sends or accepts; the settled cap is the smaller of both
-    /// ends'. Default 16 MiB.
+    /// ends'. Default 16 MiB. A rendezvous message longer than the device's `max_msg_sz`
+    /// (1 GiB on mlx5) is read in pieces of that size.
     pub max_message: u32,
     /// PING after this long without hearing from the peer; `None` turns keepalive and
     /// dead-peer detection off. Default 1 s.

@@ -31,6 +31,8 @@ struct Limits {
     rendezvous: Option<u32>,
     /// Withdrawal was settled (WITHDRAW/WITHDRAWN frames).
     withdraw: bool,
+    /// The longest READ to post ([`Config::max_read`]).
+    max_read: u32,
 }
 
 /// The message being fragmented: frames go straight from the caller's slice into send slots
@@ -102,8 +104,11 @@ struct RxFrame {
 enum ReadState {
     #[default]
     Idle,
-    /// The READ is posted as this WR.
+    /// A READ (of the message, or of its next piece) is posted as this WR.
     Reading(WrId),
+    /// A piece of a message longer than `max_read` landed; the next waits for room in the
+    /// send queue.
+    NextPiece,
     /// The READ completed (its RTS slot is reposted, DONE queued): the driver takes it.
     Landed,
 }
@@ -125,6 +130,27 @@ struct RxState {
     direct: Option<usize>,
     /// The rendezvous read of the head message.
     read: ReadState,
+    /// Where that read goes and how much of it was posted.
+    read_plan: ReadPlan,
+}
+
+/// A rendezvous read, posted in pieces of at most `max_read` bytes.
+#[derive(Debug, Clone, Copy, Default)]
+struct ReadPlan {
+    local_addr: u64,
+    lkey: u32,
+    remote_addr: u64,
+    rkey: u32,
+    len: u32,
+    /// Bytes posted so far.
+    posted: u32,
+}
+
+impl ReadState {
+    /// A read started and has not landed (a piece in flight, or the next one waiting).
+    fn in_progress(self) -> bool {
+        matches!(self, ReadState::Reading(_) | ReadState::NextPiece)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,6 +258,7 @@ impl<M: SlotMemory> Conn<M> {
                 peer_timeout: config.peer_timeout,
                 rendezvous: settled.rendezvous(),
                 withdraw: settled.withdraw(),
+                max_read: config.max_read,
             },
             settled: *settled,
             sq,
@@ -372,7 +399,7 @@ impl<M: SlotMemory> Conn<M> {
             Ok(()) => {
                 if let ReadState::Reading(wr) = self.rx.read {
                     if self.sq.is_done(wr) {
-                        self.on_read_done();
+                        self.on_read_piece_done();
                     }
                 }
                 self.flush()
@@ -505,7 +532,7 @@ impl<M: SlotMemory> Conn<M> {
             // as the listener excuses its peers' (`excuse_silence`) while this side's work
             // requests make no progress. A dead peer is still found: its NIC fails those
             // requests, or the excuse runs out.
-            let reading = matches!(self.rx.read, ReadState::Reading(_));
+            let reading = self.rx.read.in_progress();
             if (self.settled.peer_pooled || reading) && self.sends_stalled() && self.excuse(now) {
                 return;
             }
@@ -594,7 +621,7 @@ impl<M: SlotMemory> Conn<M> {
             self.tx.active = false;
             self.tx.lent = None;
         }
-        if let ReadState::Reading(_) = self.rx.read {
+        if self.rx.read.in_progress() {
             self.rx.read = ReadState::Idle;
         }
     }

@@ -14,7 +14,7 @@
 //! has what it asked for it stops, so an empty message after that is left for `recv_msg`.
 
 use super::send::release_if_large;
-use super::{Conn, ReadState, RxFrame};
+use super::{Conn, ReadPlan, ReadState, RxFrame};
 use crate::error::ProtoError;
 use crate::frame::{Header, HEADER_LEN, RTS_PAYLOAD_LEN};
 use crate::memory::SlotMemory;
@@ -268,17 +268,59 @@ impl<M: SlotMemory> Conn<M> {
         let mut addr = [0u8; 8];
         addr.copy_from_slice(&rts[..8]);
         let rkey = u32::from_le_bytes([rts[8], rts[9], rts[10], rts[11]]);
-        let (wr_id, _, _) = self.sq.post(false, 0, true);
-        self.out.push_back(Work::PostRead {
-            wr_id,
+        self.rx.read_plan = ReadPlan {
             local_addr,
             lkey,
             remote_addr: u64::from_le_bytes(addr),
             rkey,
             len: len as u32,
-        });
-        self.rx.read = ReadState::Reading(wr_id);
+            posted: 0,
+        };
+        self.post_read_piece();
         Ok(Step::Done(()))
+    }
+
+    /// Posts the next piece of the read in progress (the send queue has room): the whole
+    /// message when it fits in one READ, else `max_read` bytes of it. Past the device's
+    /// `max_msg_sz` a READ fails (and its connection with it): mlx5 devices take 1 GiB, while
+    /// a message may be up to 4 GiB.
+    fn post_read_piece(&mut self) {
+        let plan = &mut self.rx.read_plan;
+        let len = (plan.len - plan.posted).min(self.lim.max_read);
+        let at = u64::from(plan.posted);
+        let (wr_id, _, _) = self.sq.post(false, 0, true);
+        self.out.push_back(Work::PostRead {
+            wr_id,
+            local_addr: plan.local_addr + at,
+            lkey: plan.lkey,
+            remote_addr: plan.remote_addr + at,
+            rkey: plan.rkey,
+            len,
+        });
+        plan.posted += len;
+        self.rx.read = ReadState::Reading(wr_id);
+    }
+
+    /// A READ of the read in progress completed: the next piece goes (now, or when the send
+    /// queue has room), or the message landed. A message this side no longer reads (a close
+    /// or `shutdown_read` came meanwhile) is not read further.
+    pub(super) fn on_read_piece_done(&mut self) {
+        let plan = self.rx.read_plan;
+        if plan.posted == plan.len || self.rx.read_closed || self.rx.read_shut {
+            self.on_read_done();
+        } else if self.sq.has_room(false) {
+            self.post_read_piece();
+        } else {
+            self.rx.read = ReadState::NextPiece;
+        }
+    }
+
+    /// The next piece of a read waits for room in the send queue: it goes first once there
+    /// is room (a driver steps while it waits: [`Conn::sends_waiting`]).
+    pub(super) fn post_waiting_read_piece(&mut self) {
+        if self.rx.read == ReadState::NextPiece && self.sq.has_room(false) {
+            self.post_read_piece();
+        }
     }
 
     /// The length of the head message when it is a rendezvous message that nobody reads
@@ -572,6 +614,11 @@ impl<M: SlotMemory> Conn<M> {
         // one whose READ landed has its slot back already.
         let reading = match self.rx.read {
             ReadState::Reading(_) => self.rx.queue.pop_front(),
+            // Between two pieces: nothing in flight, so it ends here (DONE below).
+            ReadState::NextPiece => {
+                self.rx.read = ReadState::Idle;
+                None
+            }
             ReadState::Landed => {
                 self.rx.queue.pop_front();
                 self.rx.read = ReadState::Idle;

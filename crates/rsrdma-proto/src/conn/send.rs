@@ -1,6 +1,6 @@
 //! The send side: accepting messages, building frames, control frames and close.
 
-use super::{Conn, Control, FinState, Rts};
+use super::{Conn, Control, FinState, ReadState, Rts};
 use crate::error::ProtoError;
 use crate::error::ProtoError as E;
 use crate::frame::{FrameType, Header, FLAG_FIRST, FLAG_LAST, HEADER_LEN, RTS_PAYLOAD_LEN};
@@ -488,7 +488,8 @@ impl<M: SlotMemory> Conn<M> {
             || !self.ctl.withdrawn.is_empty()
             || !self.ctl.invalidate.is_empty()
             || self.ctl.fin == FinState::Pending
-            || self.ctl.ping;
+            || self.ctl.ping
+            || self.rx.read == ReadState::NextPiece;
         data_waits || control_waits || self.credit_due()
     }
 
@@ -507,6 +508,7 @@ impl<M: SlotMemory> Conn<M> {
                 self.ctl.pong = None;
             }
         }
+        self.post_waiting_read_piece();
         self.send_ids(FrameType::Done, |c| &mut c.done);
         self.send_ids(FrameType::Withdrawn, |c| &mut c.withdrawn);
         self.send_ids(FrameType::Withdraw, |c| &mut c.withdraw);

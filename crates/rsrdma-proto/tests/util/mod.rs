@@ -452,6 +452,11 @@ impl Pair {
                 } => {
                     side.check_non_send(i, wr_id, "READ");
                     side.check_range(lkey, local_addr, len, "READ");
+                    assert!(
+                        len <= side.cfg.max_read,
+                        "side {i}: a READ of {len} bytes, over max_read {}",
+                        side.cfg.max_read
+                    );
                     side.reads_posted += 1;
                     side.sq.push_back((wr_id, true));
                     self.wire[i].push_back(Packet {

@@ -115,6 +115,19 @@ pub(crate) struct Local {
     pub(crate) rendezvous: RendezvousMode,
 }
 
+/// The longest RDMA READ `ctx`'s device takes: the least `max_msg_sz` of its ports (the
+/// connection's port is not known yet on rdma_cm's path; a device's ports report the same).
+/// A rendezvous message longer than this is read in pieces: past it a READ fails, and the
+/// connection with it (mlx5 devices report 1 GiB; a message may be up to 4 GiB).
+fn max_read(ctx: &rsrdma::Context) -> u32 {
+    (1..=ctx.attr().phys_port_cnt)
+        .filter_map(|port| ctx.query_port(port).ok())
+        .map(|p| p.max_msg_sz)
+        .filter(|&m| m > 0)
+        .min()
+        .unwrap_or(rsrdma_proto::DEFAULT_MAX_READ)
+}
+
 impl Local {
     /// A set-up that fails once `qp` could receive (a peer that sends and then breaks off
     /// the handshake): with a shared pool, the SENDs that landed took pool slots whose
@@ -144,7 +157,7 @@ impl Local {
         // Named by option, before a verb names its own field (max_recv_wr, cqe).
         opts.check_fits(&ctx)?;
         let max_inline = pd.max_inline_data(QpType::Rc)?;
-        let mut config = opts.proto_config(max_inline);
+        let mut config = opts.proto_config(max_inline).with_max_read(max_read(&ctx));
         // F7: without windows, a message is exposed through a registration whose rkey works
         // from every QP of its PD; on a shared PD those QPs belong to other connections.
         let windows = ctx.attr().has_type2_windows();
