@@ -96,4 +96,4 @@ pub use qp::{Handled, PostError, QpConfig, QpEvent, QpState, RcQp, MAX_MESSAGE};
 pub use srq::Srq;
 pub use ud::{grh, UdDest, UdQp, UdSource, GRH_LEN};
 pub use wire::{Nak, Packet, PacketKind, Payload, WireError, HEADER_LEN, INLINE_PAYLOAD};
-pub use wr::{Bind, Completion, RecvWr, SendOp, SendWr, Sge, Status, WcOpcode};
+pub use wr::{Bind, Completion, RecvWr, SendOp, SendWr, Sge, Sges, Status, WcOpcode};

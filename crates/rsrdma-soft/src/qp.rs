@@ -1279,7 +1279,7 @@ enum Answer {
 /// a SEND's or WRITE's bytes gathered from `mem` now.
 fn request_packet(wr: &SendWr, dest_qpn: u32, psn: u32, mem: &dyn Memory) -> Packet {
     let payload = match (&wr.inline, wr.moves_data()) {
-        (Some(d), _) => Payload::from_slice(d),
+        (Some(d), _) => d.clone(),
         (None, true) => gather_payload(&wr.sges, mem),
         (None, false) => Payload::default(),
     };

@@ -15,7 +15,7 @@ use crate::qp::{
     admit_recv, gather_payload, scatter, PostError, QpConfig, QpEvent, QpState, RecvAdmission,
 };
 use crate::srq::Srq;
-use crate::wire::{Packet, PacketKind, Payload};
+use crate::wire::{Packet, PacketKind};
 use crate::wr::{Completion, RecvWr, SendOp, SendWr, Status, WcOpcode};
 use std::collections::VecDeque;
 
@@ -226,7 +226,7 @@ impl UdQp {
         // Longer than the path MTU: "sent" and lost, as rxe does.
         if len <= u64::from(self.mtu) {
             let payload = match wr.inline {
-                Some(d) => Payload::from(d),
+                Some(d) => d,
                 None => gather_payload(&wr.sges, mem),
             };
             let packet = Packet {

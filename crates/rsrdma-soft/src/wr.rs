@@ -2,6 +2,7 @@
 //! numbers for statuses and opcodes so the device can write `ibv_wc` as they are.
 
 use crate::access::Access;
+use crate::wire::Payload;
 
 /// A scatter/gather entry: `len` bytes at `addr`, in the region with key `lkey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,6 +14,92 @@ pub struct Sge {
     /// The local key of the region it lies in.
     pub lkey: u32,
 }
+
+/// A work request's scatter/gather list: up to [`Sges::IN_PLACE`] entries in the list itself,
+/// so that posting a request (a send of one or two entries, a receive of one) allocates
+/// nothing; a longer list lives on the heap.
+#[derive(Clone)]
+pub struct Sges(SgesRepr);
+
+#[derive(Clone)]
+enum SgesRepr {
+    InPlace {
+        len: u8,
+        sges: [Sge; Sges::IN_PLACE],
+    },
+    Heap(Vec<Sge>),
+}
+
+const NO_SGE: Sge = Sge {
+    addr: 0,
+    len: 0,
+    lkey: 0,
+};
+
+impl Sges {
+    /// Entries kept in the list itself.
+    pub const IN_PLACE: usize = 4;
+
+    /// A list of a copy of `sges`.
+    pub fn from_slice(sges: &[Sge]) -> Sges {
+        if sges.len() <= Self::IN_PLACE {
+            let mut in_place = [NO_SGE; Self::IN_PLACE];
+            in_place[..sges.len()].copy_from_slice(sges);
+            Sges(SgesRepr::InPlace {
+                len: sges.len() as u8,
+                sges: in_place,
+            })
+        } else {
+            Sges(SgesRepr::Heap(sges.to_vec()))
+        }
+    }
+}
+
+impl Default for Sges {
+    fn default() -> Self {
+        Sges::from_slice(&[])
+    }
+}
+
+impl std::ops::Deref for Sges {
+    type Target = [Sge];
+    fn deref(&self) -> &[Sge] {
+        match &self.0 {
+            SgesRepr::InPlace { len, sges } => &sges[..usize::from(*len)],
+            SgesRepr::Heap(v) => v,
+        }
+    }
+}
+
+impl From<Vec<Sge>> for Sges {
+    fn from(v: Vec<Sge>) -> Self {
+        if v.len() <= Self::IN_PLACE {
+            Sges::from_slice(&v)
+        } else {
+            Sges(SgesRepr::Heap(v))
+        }
+    }
+}
+
+impl<const N: usize> From<[Sge; N]> for Sges {
+    fn from(a: [Sge; N]) -> Self {
+        Sges::from_slice(&a)
+    }
+}
+
+impl std::fmt::Debug for Sges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl PartialEq for Sges {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Sges {}
 
 /// What a window bind asks for (`IBV_WR_BIND_MW`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,9 +188,9 @@ pub struct SendWr {
     /// What it does.
     pub op: SendOp,
     /// The local memory it sends from (SEND, WRITE) or lands in (READ, atomics).
-    pub sges: Vec<Sge>,
+    pub sges: Sges,
     /// Inline data: the bytes, copied at posting, instead of the SGEs (SEND, WRITE only).
-    pub inline: Option<Vec<u8>>,
+    pub inline: Option<Payload>,
     /// Ask for a completion on success (errors always complete).
     pub signaled: bool,
     /// Fence: it starts (its bytes are gathered, its packet leaves) only once every READ and
@@ -120,7 +207,7 @@ pub struct RecvWr {
     /// The caller's id, given back in the completion.
     pub wr_id: u64,
     /// Where a SEND's bytes land, in order.
-    pub sges: Vec<Sge>,
+    pub sges: Sges,
 }
 
 /// A completion's status (`enum ibv_wc_status`: the same numbers).

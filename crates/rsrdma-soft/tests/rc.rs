@@ -174,7 +174,8 @@ impl Pair {
                     addr,
                     len,
                     lkey: key,
-                }],
+                }]
+                .into(),
             })
             .unwrap();
     }
@@ -267,7 +268,7 @@ fn send(wr_id: u64, sges: Vec<Sge>, signaled: bool) -> SendWr {
     SendWr {
         wr_id,
         op: SendOp::Send { imm: None },
-        sges,
+        sges: sges.into(),
         inline: None,
         signaled,
         fence: false,
@@ -284,7 +285,7 @@ fn write_to(wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -
             rkey,
             imm: None,
         },
-        sges: vec![sge],
+        sges: vec![sge].into(),
         inline: None,
         signaled,
         fence: false,
@@ -309,7 +310,7 @@ fn send_lands_in_the_oldest_receive_across_sges_with_immediate_and_selective_sig
     let wr = SendWr {
         wr_id: 2,
         op: SendOp::Send { imm: Some(0xabcd) },
-        sges: vec![p.sge(0, BASE, 6), p.sge(0, BASE + 6, 11)],
+        sges: vec![p.sge(0, BASE, 6), p.sge(0, BASE + 6, 11)].into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -352,7 +353,7 @@ fn write_read_and_atomics_move_exactly_their_bytes() {
             rkey,
             imm: None,
         },
-        vec![p.sge(0, BASE, 8)],
+        vec![p.sge(0, BASE, 8)].into(),
     );
     p.post_send(0, w).unwrap();
     let r = wr(
@@ -361,7 +362,7 @@ fn write_read_and_atomics_move_exactly_their_bytes() {
             remote_addr: BASE + 1000,
             rkey,
         },
-        vec![p.sge(0, BASE + 500, 12)],
+        vec![p.sge(0, BASE + 500, 12)].into(),
     );
     p.post_send(0, r).unwrap();
     let f = wr(
@@ -371,7 +372,7 @@ fn write_read_and_atomics_move_exactly_their_bytes() {
             rkey,
             add: 1,
         },
-        vec![p.sge(0, BASE + 600, 8)],
+        vec![p.sge(0, BASE + 600, 8)].into(),
     );
     p.post_send(0, f).unwrap();
     let c = wr(
@@ -382,7 +383,7 @@ fn write_read_and_atomics_move_exactly_their_bytes() {
             compare: 42,
             swap: 7,
         },
-        vec![p.sge(0, BASE + 608, 8)],
+        vec![p.sge(0, BASE + 608, 8)].into(),
     );
     p.post_send(0, c).unwrap();
     // Inline: copied at posting, so the source may change at once.
@@ -393,8 +394,8 @@ fn write_read_and_atomics_move_exactly_their_bytes() {
             rkey,
             imm: None,
         },
-        sges: Vec::new(),
-        inline: Some(b"inline!".to_vec()),
+        sges: Vec::new().into(),
+        inline: Some(b"inline!".to_vec().into()),
         signaled: true,
         fence: false,
         solicited: false,
@@ -485,7 +486,7 @@ fn a_bad_rkey_fails_both_sides_and_flushes_everything_after_it() {
                 rkey: key,
                 imm: None,
             },
-            sges: vec![p.sge(0, BASE, len)],
+            sges: vec![p.sge(0, BASE, len)].into(),
             inline: None,
             signaled: true,
             fence: false,
@@ -581,7 +582,7 @@ fn requests_the_responder_does_not_allow_are_invalid_requests() {
             remote_addr: BASE,
             rkey,
         },
-        sges: vec![s8],
+        sges: vec![s8].into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -601,7 +602,7 @@ fn requests_the_responder_does_not_allow_are_invalid_requests() {
             rkey,
             add: 1,
         },
-        sges: vec![p.sge(0, BASE, 8)],
+        sges: vec![p.sge(0, BASE, 8)].into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -655,7 +656,7 @@ fn a_zero_length_write_checks_no_key() {
             rkey: 0x1234_5678,
             imm: None,
         },
-        sges: Vec::new(),
+        sges: Vec::new().into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -819,7 +820,7 @@ fn a_fenced_send_carries_what_the_read_before_it_brought() {
             remote_addr: BASE + 200,
             rkey,
         },
-        sges: vec![p.sge(0, BASE, 8)],
+        sges: vec![p.sge(0, BASE, 8)].into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -868,7 +869,7 @@ fn solicited_requests_mark_the_receives_they_consume() {
             rkey,
             imm: Some(7),
         },
-        sges: vec![p.sge(0, BASE, 8)],
+        sges: vec![p.sge(0, BASE, 8)].into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -930,7 +931,7 @@ fn rnr_retries_as_rnr_retry_says() {
             rkey,
             imm: None,
         },
-        sges: vec![p.sge(0, BASE + 4, 4)],
+        sges: vec![p.sge(0, BASE + 4, 4)].into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -974,7 +975,7 @@ fn a_write_with_immediate_consumes_a_receive() {
             rkey,
             imm: Some(5),
         },
-        sges: vec![p.sge(0, BASE, 4)],
+        sges: vec![p.sge(0, BASE, 4)].into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -1019,7 +1020,8 @@ fn local_errors_and_posting_rules() {
             addr: BASE,
             len: 8,
             lkey: ro,
-        }],
+        }]
+        .into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -1037,7 +1039,7 @@ fn local_errors_and_posting_rules() {
     );
     let r = RecvWr {
         wr_id: 1,
-        sges: Vec::new(),
+        sges: Vec::new().into(),
     };
     assert_eq!(q.post_recv(r), Err(PostError::State(QpState::Reset)));
     assert_eq!(q.to_rts(0), Err(PostError::State(QpState::Reset)));
@@ -1045,8 +1047,8 @@ fn local_errors_and_posting_rules() {
     let long = SendWr {
         wr_id: 1,
         op: SendOp::Send { imm: None },
-        sges: Vec::new(),
-        inline: Some(vec![0; 65]),
+        sges: Vec::new().into(),
+        inline: Some(vec![0; 65].into()),
         signaled: true,
         fence: false,
         solicited: false,
@@ -1104,7 +1106,7 @@ fn queue_pairs_share_an_srq_in_posting_order_with_its_limit_and_last_wqe_events(
         .collect();
     let r = RecvWr {
         wr_id: 1,
-        sges: Vec::new(),
+        sges: Vec::new().into(),
     };
     assert!(matches!(qps[2].post_recv(r), Err(PostError::Invalid(_))));
     for k in 0..4u64 {
@@ -1113,7 +1115,11 @@ fn queue_pairs_share_an_srq_in_posting_order_with_its_limit_and_last_wqe_events(
             len: 16,
             lkey: kb,
         }];
-        srq.post_recv(RecvWr { wr_id: k, sges }).unwrap();
+        srq.post_recv(RecvWr {
+            wr_id: k,
+            sges: sges.into(),
+        })
+        .unwrap();
     }
     assert!(srq.arm_limit(8).is_err());
     srq.arm_limit(2).unwrap();
@@ -1258,7 +1264,7 @@ proptest! {
                         }
                         _ => unreachable!(),
                     };
-                    let wr = SendWr { wr_id: sent, op, sges: vec![s], inline: None, signaled: true, fence: false, solicited: false };
+                    let wr = SendWr { wr_id: sent, op, sges: vec![s].into(), inline: None, signaled: true, fence: false, solicited: false };
                     p.post_send(0, wr).unwrap();
                     sent += 1;
                 }
@@ -1269,7 +1275,7 @@ proptest! {
                     let wr = SendWr {
                         wr_id: sent,
                         op: SendOp::Read { remote_addr: BASE + u64::from(*at), rkey },
-                        sges: vec![p.sge(0, addr, u32::from(*len))],
+                        sges: vec![p.sge(0, addr, u32::from(*len))].into(),
                         inline: None,
                         signaled: true,
                         fence: false,
@@ -1290,7 +1296,7 @@ proptest! {
                     let wr = SendWr {
                         wr_id: sent,
                         op: SendOp::FetchAdd { remote_addr: BASE + at as u64, rkey, add: *add },
-                        sges: vec![p.sge(0, addr, 8)],
+                        sges: vec![p.sge(0, addr, 8)].into(),
                         inline: None,
                         signaled: true,
                         fence: false,
@@ -1373,7 +1379,8 @@ fn unreliable_connected_sends_and_writes_complete_as_they_leave_and_drop_what_fa
             addr: BASE + 13,
             len: 5,
             lkey: p.s[0].key,
-        }],
+        }]
+        .into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -1402,7 +1409,7 @@ fn unreliable_connected_sends_and_writes_complete_as_they_leave_and_drop_what_fa
             remote_addr: BASE,
             rkey: p.s[1].key,
         },
-        sges: vec![p.sge(0, BASE, 8)],
+        sges: vec![p.sge(0, BASE, 8)].into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -1454,7 +1461,7 @@ fn bind_wr(wr_id: u64, mw_key: u32, mr_key: u32, addr: u64, len: u64, access: Ac
             len,
             access,
         }),
-        sges: Vec::new(),
+        sges: Vec::new().into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -1471,7 +1478,7 @@ fn local_inv(wr_id: u64, rkey: u32) -> SendWr {
     SendWr {
         wr_id,
         op: SendOp::LocalInv { rkey },
-        sges: Vec::new(),
+        sges: Vec::new().into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -1483,7 +1490,7 @@ fn read(wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32) -> SendWr {
     SendWr {
         wr_id,
         op: SendOp::Read { remote_addr, rkey },
-        sges: vec![sge],
+        sges: vec![sge].into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -1573,7 +1580,7 @@ fn a_bound_window_serves_its_range_with_its_rights_until_it_is_invalidated() {
         let wr = SendWr {
             wr_id: 2,
             op,
-            sges: vec![p.sge(0, BASE, 8)],
+            sges: vec![p.sge(0, BASE, 8)].into(),
             inline: None,
             signaled: true,
             fence: false,
@@ -1694,7 +1701,7 @@ fn a_fenced_invalidation_waits_for_the_read_before_it() {
             remote_addr: BASE,
             rkey,
         },
-        sges: vec![p.sge(1, BASE + 200, 8)],
+        sges: vec![p.sge(1, BASE + 200, 8)].into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -1808,7 +1815,7 @@ fn a_send_with_invalidate_frees_the_peers_window_bound_to_its_qp() {
     let inv = SendWr {
         wr_id: 2,
         op: SendOp::SendWithInv { rkey: key },
-        sges: vec![p.sge(0, BASE, 4)],
+        sges: vec![p.sge(0, BASE, 4)].into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -1847,7 +1854,7 @@ fn a_send_with_invalidate_frees_the_peers_window_bound_to_its_qp() {
     let inv = SendWr {
         wr_id: 1,
         op: SendOp::SendWithInv { rkey: 1 },
-        sges: Vec::new(),
+        sges: Vec::new().into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -1870,7 +1877,7 @@ fn write_wr(wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, imm: Option<u32>)
             rkey,
             imm,
         },
-        sges: vec![sge],
+        sges: vec![sge].into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -1897,7 +1904,7 @@ fn direct_requests_complete_at_once_take_no_psn_and_leave_everything_else_to_pac
             rkey,
             add: 5,
         },
-        sges: vec![p.sge(0, BASE + 24, 8)],
+        sges: vec![p.sge(0, BASE + 24, 8)].into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -2037,7 +2044,7 @@ fn an_answer_of_the_wrong_kind_fails_the_request_and_writes_nothing() {
                     remote_addr: BASE + 4000,
                     rkey,
                 },
-                sges: vec![sge],
+                sges: vec![sge].into(),
                 inline: None,
                 signaled: true,
                 fence: false,
@@ -2087,7 +2094,7 @@ fn a_message_over_two_gib_is_refused_at_its_post() {
             remote_addr: BASE,
             rkey,
         },
-        sges: big.clone(),
+        sges: big.clone().into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -2168,7 +2175,7 @@ fn an_answer_for_a_deregistered_destination_writes_nothing() {
                     rkey,
                     add: 1,
                 },
-                sges: vec![sge],
+                sges: vec![sge].into(),
                 inline: None,
                 signaled: true,
                 fence: false,

@@ -77,7 +77,7 @@ impl Side {
         let wr = SendWr {
             wr_id,
             op: SendOp::Send { imm },
-            sges,
+            sges: sges.into(),
             inline: None,
             signaled: true,
             fence: false,
@@ -87,7 +87,12 @@ impl Side {
     }
 
     fn recv(&mut self, wr_id: u64, sges: Vec<Sge>) {
-        self.qp.post_recv(RecvWr { wr_id, sges }).unwrap();
+        self.qp
+            .post_recv(RecvWr {
+                wr_id,
+                sges: sges.into(),
+            })
+            .unwrap();
     }
 }
 
@@ -190,18 +195,18 @@ fn an_srq_receive_too_short_completes_with_an_error() {
     let mut srq = Srq::new(1, 8);
     srq.post_recv(RecvWr {
         wr_id: 1,
-        sges: vec![b.sge(0, 64)],
+        sges: vec![b.sge(0, 64)].into(),
     })
     .unwrap();
     srq.post_recv(RecvWr {
         wr_id: 2,
-        sges: vec![b.sge(1024, 1024)],
+        sges: vec![b.sge(1024, 1024)].into(),
     })
     .unwrap();
     assert_eq!(
         b.qp.post_recv(RecvWr {
             wr_id: 3,
-            sges: vec![]
+            sges: vec![].into()
         }),
         Err(PostError::Invalid("the QP receives from an SRQ"))
     );
@@ -234,7 +239,7 @@ fn posting_rules_and_errors() {
             rkey: 0,
             imm: None,
         },
-        sges: vec![],
+        sges: vec![].into(),
         inline: None,
         signaled: true,
         fence: false,
@@ -249,8 +254,8 @@ fn posting_rules_and_errors() {
     let send = SendWr {
         wr_id: 2,
         op: SendOp::Send { imm: None },
-        sges: vec![],
-        inline: Some(vec![1, 2, 3]),
+        sges: vec![].into(),
+        inline: Some(vec![1, 2, 3].into()),
         signaled: false,
         fence: false,
         solicited: false,

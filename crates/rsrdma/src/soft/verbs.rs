@@ -10,7 +10,8 @@ use super::qp_core::QpCore;
 use crate::ffi;
 use rsrdma_soft::{
     Access, Bind, Completion, DeregError, Handled, Memory, MrTable, Nak, Packet, PacketKind,
-    PostError, QpConfig, QpEvent, QpState, RcQp, RecvWr, SendOp, SendWr, Sge, Srq, UdQp, UdSource,
+    Payload, PostError, QpConfig, QpEvent, QpState, RcQp, RecvWr, SendOp, SendWr, Sge, Sges, Srq,
+    UdQp, UdSource,
 };
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -1410,21 +1411,20 @@ unsafe fn send_wr(w: &ffi::ibv_send_wr) -> Result<SendWr, c_int> {
         }
     };
     let inline = if w.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0 {
-        let mut bytes = Vec::new();
-        for s in &list {
-            let at = bytes.len();
-            bytes.resize(at + s.len as usize, 0);
-            // SAFETY: inline memory is valid for this call (the caller's contract).
-            unsafe { ProcessMemory.read_unchecked(s.addr, &mut bytes[at..]) };
-        }
-        Some(bytes)
+        let len: usize = list.iter().map(|s| s.len as usize).sum();
+        // SAFETY: inline memory is valid for this call (the caller's contract).
+        Some(unsafe { inline_payload(&list, len) })
     } else {
         None
     };
     Ok(SendWr {
         wr_id: w.wr_id,
         op,
-        sges: if inline.is_some() { Vec::new() } else { list },
+        sges: if inline.is_some() {
+            Sges::default()
+        } else {
+            list
+        },
         inline,
         signaled: w.send_flags & ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 != 0,
         fence: w.send_flags & ffi::ibv_send_flags::IBV_SEND_FENCE.0 != 0,
@@ -1445,19 +1445,57 @@ impl ProcessMemory {
 
 /// # Safety
 /// `list` has `n` valid entries (or `n` <= 0).
-unsafe fn sges(list: *const ffi::ibv_sge, n: c_int) -> Vec<Sge> {
+unsafe fn sges(list: *const ffi::ibv_sge, n: c_int) -> Sges {
     if n <= 0 || list.is_null() {
-        return Vec::new();
+        return Sges::default();
     }
     // SAFETY: the caller's contract.
     let s = unsafe { std::slice::from_raw_parts(list, n as usize) };
-    s.iter()
-        .map(|e| Sge {
-            addr: e.addr,
-            len: e.length,
-            lkey: e.lkey,
-        })
-        .collect()
+    let sge = |e: &ffi::ibv_sge| Sge {
+        addr: e.addr,
+        len: e.length,
+        lkey: e.lkey,
+    };
+    // A short list (almost every request) is copied into the request itself: no allocation.
+    if s.len() <= Sges::IN_PLACE {
+        let mut in_place = [Sge {
+            addr: 0,
+            len: 0,
+            lkey: 0,
+        }; Sges::IN_PLACE];
+        for (to, e) in in_place.iter_mut().zip(s) {
+            *to = sge(e);
+        }
+        Sges::from_slice(&in_place[..s.len()])
+    } else {
+        Sges::from(s.iter().map(sge).collect::<Vec<_>>())
+    }
+}
+
+/// The `len` bytes that `list` names, copied into a payload (in place when short: an inline
+/// send of a few bytes allocates nothing).
+///
+/// # Safety
+/// Every entry of `list` is valid for reads (inline memory: the caller's contract).
+unsafe fn inline_payload(list: &[Sge], len: usize) -> Payload {
+    let gather = |out: &mut [u8]| {
+        let mut at = 0;
+        for s in list {
+            let n = s.len as usize;
+            // SAFETY: valid for reads (the caller's contract).
+            unsafe { ProcessMemory.read_unchecked(s.addr, &mut out[at..at + n]) };
+            at += n;
+        }
+    };
+    if len <= rsrdma_soft::INLINE_PAYLOAD {
+        let mut bytes = [0u8; rsrdma_soft::INLINE_PAYLOAD];
+        gather(&mut bytes[..len]);
+        Payload::from_slice(&bytes[..len])
+    } else {
+        let mut bytes = vec![0u8; len];
+        gather(&mut bytes);
+        Payload::from(bytes)
+    }
 }
 
 fn post_errno(e: PostError) -> c_int {
