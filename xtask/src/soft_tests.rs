@@ -306,6 +306,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "atomics::different_atomic_types_between_rs_tools",
             "failures::event_mode_send_bw_client_killed_rs_server_survives",
             "failures::duration_mismatch_between_two_rs_tools",
+            "failures::write_lat_with_fewer_iterations_on_one_end_names_n",
             "failures::garbage_instead_of_a_version",
             "failures::garbage_instead_of_an_endpoint",
             "failures::gid_index_out_of_range_is_a_parser_error",

@@ -1140,7 +1140,7 @@ impl RawConn {
             Some(step) => self.ctrl.barrier_wait(step),
             None => Ok(()),
         };
-        let r = r.and_then(|()| self.ctrl.barrier(u32::MAX));
+        let r = r.and_then(|()| self.ctrl.barrier(crate::handshake::CLOSE_STEP));
         let _ = self.qp.to_error();
         let mut wcs = [Wc::default(); 32];
         while matches!(self.reap_send(&mut wcs), Ok(n) if n > 0) {}

@@ -362,7 +362,15 @@ fn server_error(e: rsrdma::Error) -> Error {
 }
 
 fn client_error(host: &str, port: u16, e: rsrdma::Error) -> Error {
+    // Refused by the CM: nothing takes rdma_cm there, maybe a server started without -R.
+    let hint = match &e {
+        rsrdma::Error::CmEvent { got, .. } if *got == rsrdma::cm::CmEventType::REJECTED => {
+            "\n (is the server started with -R? One without it takes TCP connections only: \
+             give both ends -R, or neither)"
+        }
+        _ => "",
+    };
     Error::Perftest(format!(
-        " Couldn't connect to {host}:{port} with rdma_cm: {e}\n Unable to perform rdma_client function\n Unable to init the socket connection"
+        " Couldn't connect to {host}:{port} with rdma_cm: {e}{hint}\n Unable to perform rdma_client function\n Unable to init the socket connection"
     ))
 }

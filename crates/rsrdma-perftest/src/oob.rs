@@ -232,7 +232,9 @@ impl Oob {
             match stream.read(&mut buf[got..]) {
                 // Nothing at all: the listener may be another kind of server, where a
                 // socket's peer that went away tells this side no more.
-                Ok(0) if got == 0 => {
+                // A client may have reached another kind of server; a server's client that
+                // goes away is just gone.
+                Ok(0) if got == 0 && !self.server => {
                     return Err(fail(format!(
                         "the peer {} closed the connection after 0 of {} bytes: it exited or was \
                          killed, or it is not a server for this run (one started with -R takes \

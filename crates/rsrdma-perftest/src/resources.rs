@@ -130,10 +130,16 @@ pub fn create_with(
     } else {
         None
     };
-    let send_cq = Cq::new(ctx, (p.tx_depth * p.num_qps).max(1), channel.as_ref())
-        .ctx("Couldn't create CQ")?;
+    // perftest's words, then the options that sized it (an outside tester asked what to lower).
+    let send_cq = Cq::new(ctx, (p.tx_depth * p.num_qps).max(1), channel.as_ref()).ctx(&format!(
+        "Couldn't create CQ (the send CQ holds -t {} x -q {} entries: lower either)",
+        p.tx_depth, p.num_qps
+    ))?;
     let recv_cq = if p.tool.verb == Verb::Send {
-        Cq::new(ctx, (p.rx_depth * p.num_qps).max(1), channel.as_ref()).ctx("Couldn't create CQ")?
+        Cq::new(ctx, (p.rx_depth * p.num_qps).max(1), channel.as_ref()).ctx(&format!(
+            "Couldn't create CQ (the receive CQ holds -r {} x -q {} entries: lower either)",
+            p.rx_depth, p.num_qps
+        ))?
     } else {
         send_cq.clone()
     };

@@ -166,12 +166,20 @@ impl Watchdog {
             self.last_peek = now;
             match oob.peek_state() {
                 Some(true) => {
+                    // write_lat has no closing handshake (as perftest's): a peer with fewer
+                    // iterations just exits after its last (an outside tester's -n 2000
+                    // against -n 1000 read as a crash).
+                    let shorter = if progress > 0 {
+                        ", or it finished a shorter run (were both ends started with the same -n?)"
+                    } else {
+                        ""
+                    };
                     return Err(Error::Oob(format!(
-                        " The peer ({}) closed the connection during the test: it exited or was killed\n (this side was waiting for {}; {})",
+                        " The peer ({}) closed the connection during the test: it exited or was killed{shorter}\n (this side was waiting for {}; {})",
                         oob.peer(),
                         self.what,
                         expected()
-                    )))
+                    )));
                 }
                 Some(false) => self.peer_waiting = true,
                 None => {}

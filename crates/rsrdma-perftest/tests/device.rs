@@ -1013,6 +1013,22 @@ mod failures {
         }
     }
 
+    /// write_lat has no closing handshake (as perftest's): the end with more iterations
+    /// finds its peer gone when the other finished, and says it may have had a shorter run
+    /// (an outside tester's -n 2000 against -n 1000 read as a crash).
+    #[test]
+    fn write_lat_with_fewer_iterations_on_one_end_names_n() {
+        let (s, c) = pair(
+            (Side::Rs, "write_lat", &["-n", "400"]),
+            (Side::Rs, "write_lat", &["-n", "200"]),
+            Duration::from_secs(30),
+        );
+        let (sctx, cctx) = (show("server", &s), show("client", &c));
+        assert_eq!(c.code, Some(0), "{cctx}");
+        assert_eq!(s.code, Some(1), "{sctx}");
+        assert!(s.stderr.contains("the same -n"), "{sctx}");
+    }
+
     /// Two durations (`-D`) are named as such (before: only whether `-D` was on was
     /// compared, and the end left waiting blamed `-n` or the connection type: an outside
     /// tester's find).

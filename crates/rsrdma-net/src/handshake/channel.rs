@@ -766,7 +766,8 @@ impl Channel {
         }
     }
 
-    /// The first half of [`Channel::barrier`]: sends this side's `step`.
+    /// The first half of [`Channel::barrier`]: sends this side's `step` ([`CLOSE_STEP`] is a
+    /// close's).
     pub(crate) fn barrier_send(&mut self, step: u32) -> Result<()> {
         self.send(&Message::Sync(step))
     }
@@ -776,6 +777,18 @@ impl Channel {
     pub(crate) fn barrier_wait(&mut self, step: u32) -> Result<()> {
         match self.recv_kind(MessageKind::Sync, "barrier")? {
             Message::Sync(s) if s == step => Ok(()),
+            // The close's step on one side only: say which side closed (an outside tester
+            // read "another step" when its peer closed during its sync).
+            Message::Sync(CLOSE_STEP) => Err(self.abort(NetError::Unexpected {
+                expected: "the same barrier step",
+                got: "the peer's close (it closed while this side waited in sync: call sync \
+                      as often on both ends before closing)",
+            })),
+            Message::Sync(_) if step == CLOSE_STEP => Err(self.abort(NetError::Unexpected {
+                expected: "the peer's close",
+                got: "a sync step (the peer waits in sync while this side closes: call sync \
+                      as often on both ends before closing)",
+            })),
             Message::Sync(_) => Err(self.abort(NetError::Unexpected {
                 expected: "the same barrier step",
                 got: "another step",
@@ -784,6 +797,10 @@ impl Channel {
         }
     }
 }
+
+/// The barrier step of a close ([`crate::RawConn::close`]): a peer at another step is told
+/// that this side closes.
+pub(crate) const CLOSE_STEP: u32 = u32::MAX;
 
 impl Drop for Channel {
     fn drop(&mut self) {
@@ -910,6 +927,21 @@ mod tests {
         );
         client.closing_barrier(0).unwrap();
         server.join().unwrap().unwrap();
+    }
+
+    /// A sync on one side met by a close on the other says which side closed (an outside
+    /// tester read "got another step" on both ends of a RawConn).
+    #[test]
+    fn a_sync_met_by_a_close_says_the_peer_closed() {
+        let limit = Duration::from_secs(10);
+        let (c, s) = sockets();
+        let mut client = Channel::new(c, Role::Client, limit).unwrap();
+        let mut server = Channel::new(s, Role::Server, limit).unwrap();
+        let closing = std::thread::spawn(move || server.barrier(CLOSE_STEP));
+        let syncing = client.barrier(3).unwrap_err().to_string();
+        let closing = closing.join().unwrap().unwrap_err().to_string();
+        assert!(syncing.contains("the peer's close"), "{syncing}");
+        assert!(closing.contains("the peer waits in sync"), "{closing}");
     }
 
     /// A send that found the peer gone says so, and so does every send after it (an outside

@@ -15,7 +15,7 @@ mod readiness;
 mod settle;
 mod standing;
 
-pub(crate) use channel::{refused_by_peer, NO_SECRET_HERE, WRONG_PROOF};
+pub(crate) use channel::{refused_by_peer, CLOSE_STEP, NO_SECRET_HERE, WRONG_PROOF};
 pub use channel::{Channel, MAX_QUEUED};
 pub use codec::{
     DecodeError, EncodeError, Endpoint, Hello, Message, MessageKind, Proof, Regions, Role,
