@@ -197,6 +197,26 @@ impl Payload {
         }
     }
 
+    /// A payload of `len` bytes that `fill` writes, in place when short enough (no copy
+    /// through another buffer). `fill` gets exactly `len` bytes.
+    #[inline]
+    pub fn from_fn(len: usize, fill: impl FnOnce(&mut [u8])) -> Payload {
+        if len <= INLINE_PAYLOAD {
+            let mut p = Payload(Repr::Inline {
+                len: len as u8,
+                bytes: [0u8; INLINE_PAYLOAD],
+            });
+            if let Repr::Inline { bytes, .. } = &mut p.0 {
+                fill(&mut bytes[..len]);
+            }
+            p
+        } else {
+            let mut v = vec![0u8; len];
+            fill(&mut v);
+            Payload(Repr::Shared(std::sync::Arc::new(v)))
+        }
+    }
+
     /// The bytes, as a vector (copied if another packet shares them, or if they are short).
     pub fn into_vec(self) -> Vec<u8> {
         match self.0 {

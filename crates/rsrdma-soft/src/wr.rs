@@ -38,7 +38,27 @@ const NO_SGE: Sge = Sge {
 
 impl Sges {
     /// Entries kept in the list itself.
-    pub const IN_PLACE: usize = 4;
+    pub const IN_PLACE: usize = 2;
+
+    /// A list of `n` entries, the `i`-th `at(i)`, made in place (no copy through another
+    /// list).
+    #[inline]
+    pub fn from_fn(n: usize, mut at: impl FnMut(usize) -> Sge) -> Sges {
+        if n <= Self::IN_PLACE {
+            let mut list = Sges(SgesRepr::InPlace {
+                len: n as u8,
+                sges: [NO_SGE; Self::IN_PLACE],
+            });
+            if let SgesRepr::InPlace { sges, .. } = &mut list.0 {
+                for (i, to) in sges[..n].iter_mut().enumerate() {
+                    *to = at(i);
+                }
+            }
+            list
+        } else {
+            Sges(SgesRepr::Heap((0..n).map(at).collect()))
+        }
+    }
 
     /// A list of a copy of `sges`.
     pub fn from_slice(sges: &[Sge]) -> Sges {
@@ -329,5 +349,38 @@ impl SendWr {
     /// The bytes its local SGEs hold in total.
     pub(crate) fn sge_len(&self) -> u64 {
         self.sges.iter().map(|s| u64::from(s.len)).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sge(i: usize) -> Sge {
+        Sge {
+            addr: 0x1000 * i as u64,
+            len: i as u32 + 1,
+            lkey: 7,
+        }
+    }
+
+    /// Short and long lists hold the same entries whichever way they were made, and compare
+    /// by their entries only.
+    #[test]
+    fn sges_in_place_and_on_the_heap_hold_their_entries() {
+        for n in 0..=Sges::IN_PLACE + 3 {
+            let want: Vec<Sge> = (0..n).map(sge).collect();
+            let made = [
+                Sges::from_fn(n, sge),
+                Sges::from_slice(&want),
+                Sges::from(want.clone()),
+            ];
+            for list in &made {
+                assert_eq!(&**list, &want[..], "{n} entries");
+                assert_eq!(list, &made[0]);
+            }
+        }
+        assert!(Sges::default().is_empty());
+        assert_ne!(Sges::from([sge(1)]), Sges::from([sge(2)]));
     }
 }

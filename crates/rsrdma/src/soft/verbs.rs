@@ -1451,25 +1451,12 @@ unsafe fn sges(list: *const ffi::ibv_sge, n: c_int) -> Sges {
     }
     // SAFETY: the caller's contract.
     let s = unsafe { std::slice::from_raw_parts(list, n as usize) };
-    let sge = |e: &ffi::ibv_sge| Sge {
-        addr: e.addr,
-        len: e.length,
-        lkey: e.lkey,
-    };
-    // A short list (almost every request) is copied into the request itself: no allocation.
-    if s.len() <= Sges::IN_PLACE {
-        let mut in_place = [Sge {
-            addr: 0,
-            len: 0,
-            lkey: 0,
-        }; Sges::IN_PLACE];
-        for (to, e) in in_place.iter_mut().zip(s) {
-            *to = sge(e);
-        }
-        Sges::from_slice(&in_place[..s.len()])
-    } else {
-        Sges::from(s.iter().map(sge).collect::<Vec<_>>())
-    }
+    // A short list (almost every request) lives in the request itself: no allocation.
+    Sges::from_fn(s.len(), |i| Sge {
+        addr: s[i].addr,
+        len: s[i].length,
+        lkey: s[i].lkey,
+    })
 }
 
 /// The `len` bytes that `list` names, copied into a payload (in place when short: an inline
@@ -1478,7 +1465,7 @@ unsafe fn sges(list: *const ffi::ibv_sge, n: c_int) -> Sges {
 /// # Safety
 /// Every entry of `list` is valid for reads (inline memory: the caller's contract).
 unsafe fn inline_payload(list: &[Sge], len: usize) -> Payload {
-    let gather = |out: &mut [u8]| {
+    Payload::from_fn(len, |out| {
         let mut at = 0;
         for s in list {
             let n = s.len as usize;
@@ -1486,16 +1473,7 @@ unsafe fn inline_payload(list: &[Sge], len: usize) -> Payload {
             unsafe { ProcessMemory.read_unchecked(s.addr, &mut out[at..at + n]) };
             at += n;
         }
-    };
-    if len <= rsrdma_soft::INLINE_PAYLOAD {
-        let mut bytes = [0u8; rsrdma_soft::INLINE_PAYLOAD];
-        gather(&mut bytes[..len]);
-        Payload::from_slice(&bytes[..len])
-    } else {
-        let mut bytes = vec![0u8; len];
-        gather(&mut bytes);
-        Payload::from(bytes)
-    }
+    })
 }
 
 fn post_errno(e: PostError) -> c_int {
