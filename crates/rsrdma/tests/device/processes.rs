@@ -393,6 +393,49 @@ fn a_peer_queue_pair_that_fails_or_goes_in_a_live_process_ends_requests_with_ret
     }
 }
 
+/// Destroying a queue pair whose peer process is stopped (`SIGSTOP`, a debugger) while what
+/// it sent fills the link does not wait the whole second soft0 allows the links to write
+/// what is queued (`destroy_qp`'s flush): a link that moves nothing is given up after a
+/// tenth of a second. Two outside testers saw every close against a stopped peer take its
+/// linger plus a second.
+#[test]
+fn destroying_a_queue_pair_whose_peer_process_is_stopped_does_not_wait_for_it() {
+    let (mut child, target, _, _) = spawn_target();
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let cq = Cq::new(&ctx, 64, None).unwrap();
+    let qp = Qp::builder(QpType::Rc)
+        .caps(QpCaps::default().max_send_wr(32))
+        .build(&pd, &cq, &cq)
+        .unwrap();
+    let me = qp.endpoint(1, Some(gid_index()), 0x4000).unwrap();
+    qp.connect(&connect_opts(AccessFlags::LOCAL_WRITE), me.psn, &target)
+        .unwrap();
+    child.say(&format!("CONNECT {}", endpoint_words(&me)));
+    child.expect("CONNECTED");
+    let pid = child.proc.id().to_string();
+    let stopped = Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    assert!(stopped.success());
+    // 2 MiB of SENDs: more than a shared-memory ring holds (1 MiB).
+    let local = Mr::new(&pd, 64 << 10, AccessFlags::LOCAL_WRITE).unwrap();
+    let sge = [local.sge(0, 64 << 10).unwrap()];
+    for i in 0..32 {
+        // SAFETY: `local` outlives the queue pair, destroyed below before it.
+        unsafe { qp.post_send(&SendWr::send(i, &sge)).unwrap() };
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let t0 = std::time::Instant::now();
+    drop(qp);
+    let took = t0.elapsed();
+    let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    let _ = child.proc.wait();
+    eprintln!("destroying the queue pair took {took:?}");
+    assert!(
+        took < std::time::Duration::from_millis(600),
+        "destroying a queue pair whose peer is stopped took {took:?}"
+    );
+}
+
 /// A SEND, then a request the target refuses (a SEND longer than its receive, a WRITE with a
 /// bad key), in one burst: the SEND completes and the refused request fails with the
 /// target's NAK, then the queue pair flushes. On soft0 between processes of one host the
