@@ -65,6 +65,10 @@ impl RailsConfig {
         if self.stripe_size == 0 || self.window == 0 {
             return bad("rails: the stripe size and the window are at least 1");
         }
+        // The settled maximum is the smaller of both ends': 0 would carry no message at all.
+        if self.max_message == 0 {
+            return bad("rails: max_message is at least 1");
+        }
         Ok(())
     }
 }

@@ -1181,3 +1181,53 @@ fn random_id() -> Result<u64> {
         .map_err(|e| NetError::io("read /dev/urandom", e))?;
     Ok(u64::from_le_bytes(b))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Options that cannot carry a message are refused before anything is dialed, each by
+    /// its name (an outside tester's `max_message` 0 set a connection up that could send
+    /// nothing).
+    #[test]
+    fn options_that_cannot_work_are_refused_by_name() {
+        let base = || RailOptions::new(ConnOptions::default(), 2);
+        assert!(base().config().is_ok());
+        let cases: [(&str, RailOptions); 5] = [
+            (
+                "max_message",
+                RailOptions {
+                    max_message: 0,
+                    ..base()
+                },
+            ),
+            (
+                "stripe size",
+                RailOptions {
+                    stripe_size: 0,
+                    ..base()
+                },
+            ),
+            (
+                "window",
+                RailOptions {
+                    window: 0,
+                    ..base()
+                },
+            ),
+            (
+                "join_timeout",
+                RailOptions {
+                    join_timeout: Duration::ZERO,
+                    ..base()
+                },
+            ),
+            ("rails", RailOptions::new(ConnOptions::default(), 17)),
+        ];
+        for (what, o) in cases {
+            let e = o.config().unwrap_err();
+            assert!(matches!(e, NetError::InvalidArgument(_)), "{what}: {e:?}");
+            assert!(e.to_string().contains(what), "{what}: {e}");
+        }
+    }
+}
