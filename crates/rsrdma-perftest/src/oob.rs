@@ -230,10 +230,9 @@ impl Oob {
                 .max(Duration::from_millis(1));
             stream.set_read_timeout(Some(slice)).ok();
             match stream.read(&mut buf[got..]) {
-                // Nothing at all: the listener may be another kind of server, where a
-                // socket's peer that went away tells this side no more.
-                // A client may have reached another kind of server; a server's client that
-                // goes away is just gone.
+                // Nothing at all: a client may have reached another kind of server, where a
+                // socket's peer that went away tells this side no more (a server's client
+                // that goes away is just gone).
                 Ok(0) if got == 0 && !self.server => {
                     return Err(fail(format!(
                         "the peer {} closed the connection after 0 of {} bytes: it exited or was \

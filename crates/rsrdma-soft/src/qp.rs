@@ -1348,14 +1348,14 @@ pub(crate) fn gather_payload(sges: &[Sge], mem: &dyn Memory) -> Payload {
     if total > INLINE_PAYLOAD {
         return gather(sges, mem).into();
     }
-    let mut bytes = [0u8; INLINE_PAYLOAD];
-    let mut at = 0;
-    for s in sges {
-        let n = s.len as usize;
-        mem.read(s.addr, &mut bytes[at..at + n]);
-        at += n;
-    }
-    Payload::from_slice(&bytes[..total])
+    Payload::from_fn(total, |bytes| {
+        let mut at = 0;
+        for s in sges {
+            let n = s.len as usize;
+            mem.read(s.addr, &mut bytes[at..at + n]);
+            at += n;
+        }
+    })
 }
 
 pub(crate) fn gather(sges: &[Sge], mem: &dyn Memory) -> Vec<u8> {

@@ -186,12 +186,7 @@ impl Payload {
     /// A payload of a copy of `bytes` (kept in place when short enough).
     pub fn from_slice(bytes: &[u8]) -> Payload {
         if bytes.len() <= INLINE_PAYLOAD {
-            let mut inline = [0u8; INLINE_PAYLOAD];
-            inline[..bytes.len()].copy_from_slice(bytes);
-            Payload(Repr::Inline {
-                len: bytes.len() as u8,
-                bytes: inline,
-            })
+            Payload::from_fn(bytes.len(), |to| to.copy_from_slice(bytes))
         } else {
             Payload(Repr::Shared(std::sync::Arc::new(bytes.to_vec())))
         }

@@ -62,16 +62,7 @@ impl Sges {
 
     /// A list of a copy of `sges`.
     pub fn from_slice(sges: &[Sge]) -> Sges {
-        if sges.len() <= Self::IN_PLACE {
-            let mut in_place = [NO_SGE; Self::IN_PLACE];
-            in_place[..sges.len()].copy_from_slice(sges);
-            Sges(SgesRepr::InPlace {
-                len: sges.len() as u8,
-                sges: in_place,
-            })
-        } else {
-            Sges(SgesRepr::Heap(sges.to_vec()))
-        }
+        Sges::from_fn(sges.len(), |i| sges[i])
     }
 }
 

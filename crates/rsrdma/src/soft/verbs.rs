@@ -1411,9 +1411,8 @@ unsafe fn send_wr(w: &ffi::ibv_send_wr) -> Result<SendWr, c_int> {
         }
     };
     let inline = if w.send_flags & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0 {
-        let len: usize = list.iter().map(|s| s.len as usize).sum();
         // SAFETY: inline memory is valid for this call (the caller's contract).
-        Some(unsafe { inline_payload(&list, len) })
+        Some(unsafe { inline_payload(&list) })
     } else {
         None
     };
@@ -1459,12 +1458,13 @@ unsafe fn sges(list: *const ffi::ibv_sge, n: c_int) -> Sges {
     })
 }
 
-/// The `len` bytes that `list` names, copied into a payload (in place when short: an inline
-/// send of a few bytes allocates nothing).
+/// The bytes that `list` names, copied into a payload (in place when short: an inline send
+/// of a few bytes allocates nothing).
 ///
 /// # Safety
 /// Every entry of `list` is valid for reads (inline memory: the caller's contract).
-unsafe fn inline_payload(list: &[Sge], len: usize) -> Payload {
+unsafe fn inline_payload(list: &[Sge]) -> Payload {
+    let len = list.iter().map(|s| s.len as usize).sum();
     Payload::from_fn(len, |out| {
         let mut at = 0;
         for s in list {
