@@ -329,6 +329,11 @@ impl SimPair {
         let mut any = false;
         while let Some(w) = self.sides[i].core.poll_work() {
             any = true;
+            // As the driver: once the link broke or the peer left, nothing more is posted
+            // (a READ's next piece among it: its buffer may be free by then).
+            if self.broken || self.sides[i].peer_gone {
+                continue;
+            }
             match w {
                 Work::PostRecv { slot } => {
                     assert!(!self.sides[i].posted.contains(&slot), "slot posted twice");

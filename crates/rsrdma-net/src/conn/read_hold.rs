@@ -103,9 +103,11 @@ impl<H> ReadHold<H> {
             }
             return true;
         }
-        if peer_gone && self.wr.is_some_and(|wr| sends_done > wr) {
+        if peer_gone && self.wr.map_or(true, |wr| sends_done > wr) {
             // The peer's failed completions are its teardown (it left after its FIN): the
-            // READ failed, so the NIC is done with the buffer.
+            // READ failed, so the NIC is done with the buffer. Nothing is posted once the
+            // peer left, so a READ (or the next piece of one) not posted by then never will
+            // be: with none in flight, the buffer is free.
             self.end();
             self.stranded = true;
             return true;
