@@ -880,8 +880,15 @@ impl<M: SlotMemory> Conn<M> {
         self.timers.clear();
         while let Some(w) = self.out.pop_back() {
             match w {
+                // A READ that never went is not in progress: its WR id goes to the next post
+                // (an ABORT), whose completion must not count as the READ's.
+                Work::PostRead { wr_id, .. } => {
+                    self.sq.unpost_last(wr_id);
+                    if self.rx.read == ReadState::Reading(wr_id) {
+                        self.rx.read = ReadState::Idle;
+                    }
+                }
                 Work::PostSend { wr_id, .. }
-                | Work::PostRead { wr_id, .. }
                 | Work::BindWindow { wr_id, .. }
                 | Work::InvalidateWindow { wr_id, .. } => self.sq.unpost_last(wr_id),
                 Work::PostRecv { slot } => self.recv_posted[usize::from(slot)] = false,

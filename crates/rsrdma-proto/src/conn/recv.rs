@@ -308,6 +308,9 @@ impl<M: SlotMemory> Conn<M> {
         let plan = self.rx.read_plan;
         if plan.posted == plan.len || self.rx.read_closed || self.rx.read_shut {
             self.on_read_done();
+        } else if self.failed.is_some() {
+            // Nothing is posted after a failure: the rest of the message is not read.
+            self.rx.read = ReadState::Idle;
         } else if self.sq.has_room(false) {
             self.post_read_piece();
         } else {
