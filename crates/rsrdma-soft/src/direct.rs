@@ -40,7 +40,7 @@ pub trait Direct {
     /// memory `local` (their keys checked). The default reads into a buffer first.
     fn read_scatter(&mut self, rkey: u32, addr: u64, sges: &[Sge], local: &mut dyn Memory) -> bool {
         let len = sges.iter().map(|s| s.len as usize).sum();
-        let mut data = local.buffer(len);
+        let mut data = Vec::with_capacity(len);
         if !self.read(rkey, addr, len, &mut data) {
             return false;
         }

@@ -95,5 +95,7 @@ pub use mr::{DeregError, MrEntry, MrTable, MwBinding, MwEntry};
 pub use qp::{Handled, PostError, QpConfig, QpEvent, QpState, RcQp, MAX_MESSAGE};
 pub use srq::Srq;
 pub use ud::{grh, UdDest, UdQp, UdSource, GRH_LEN};
-pub use wire::{Nak, Packet, PacketKind, Payload, WireError, HEADER_LEN, INLINE_PAYLOAD};
+pub use wire::{
+    Nak, Packet, PacketKind, Payload, PayloadBuf, WireError, HEADER_LEN, INLINE_PAYLOAD,
+};
 pub use wr::{Bind, Completion, RecvWr, SendOp, SendWr, Sge, Sges, Status, WcOpcode};

@@ -1,6 +1,8 @@
 //! How the core reaches memory: only through [`Memory`], and only at addresses its
 //! [`crate::MrTable`] checked first.
 
+use crate::PayloadBuf;
+
 /// The memory a device's queue pairs work on, addressed by the virtual addresses of its
 /// memory regions. The core calls it only for ranges that lie inside a region whose key,
 /// protection domain and access it checked, so an implementation over the process's own
@@ -9,11 +11,11 @@
 pub trait Memory {
     /// Copies `out.len()` bytes at `addr` into `out`.
     fn read(&self, addr: u64, out: &mut [u8]);
-    /// An empty vector with room for `capacity` bytes, for a payload the core is about to
-    /// gather: a device that reuses the memory of payloads it is done with hands one out
-    /// here (the default allocates).
-    fn buffer(&self, capacity: usize) -> Vec<u8> {
-        Vec::with_capacity(capacity)
+    /// An empty buffer with room for `capacity` bytes, for a payload the core is about to
+    /// gather: a device that reuses the memory of payloads it is done with
+    /// ([`crate::Payload::try_into_buf`]) hands one out here (the default allocates).
+    fn payload_buffer(&self, capacity: usize) -> PayloadBuf {
+        PayloadBuf::with_capacity(capacity)
     }
     /// Appends the `len` bytes at `addr` to `out`. The default zeroes the room first and
     /// reads into it; a device that copies from raw memory may fill the vector's spare

@@ -787,11 +787,15 @@ impl RcQp {
             Answer::Rnr => {
                 let timer_us =
                     u32::try_from(self.cfg.min_rnr_timer.as_micros()).unwrap_or(u32::MAX);
-                self.reply(psn, PacketKind::Nak(Nak::Rnr { timer_us }), Vec::new());
+                self.reply(
+                    psn,
+                    PacketKind::Nak(Nak::Rnr { timer_us }),
+                    Payload::default(),
+                );
                 // The PSN stays expected: the request comes again.
             }
             Answer::Nak(n) => {
-                self.reply(psn, PacketKind::Nak(n), Vec::new());
+                self.reply(psn, PacketKind::Nak(n), Payload::default());
                 // rxe moves the responder to ERROR on these (class A and C errors). The
                 // answers queued before the NAK (a SEND's acknowledgement, a READ's
                 // response) were as good as sent (rxe sends each as it executes): they go,
@@ -810,13 +814,13 @@ impl RcQp {
         }
     }
 
-    fn reply(&mut self, psn: u32, kind: PacketKind, payload: Vec<u8>) {
+    fn reply(&mut self, psn: u32, kind: PacketKind, payload: Payload) {
         self.out.push_back(Packet {
             solicited: false,
             dest_qpn: self.dest_qpn,
             psn,
             kind,
-            payload: payload.into(),
+            payload,
         });
     }
 
@@ -1106,7 +1110,7 @@ impl Responder<'_> {
                         );
                     }
                 }
-                Answer::Reply(PacketKind::Ack, Vec::new())
+                Answer::Reply(PacketKind::Ack, Payload::default())
             }
             PacketKind::ReadRequest { addr, rkey, len } => {
                 if !self.cfg.access.contains(Access::REMOTE_READ) {
@@ -1118,11 +1122,10 @@ impl Responder<'_> {
                         return a;
                     }
                 }
-                let mut data = Vec::with_capacity(len as usize);
-                if len > 0 {
-                    mem.read_append(addr, len as usize, &mut data);
-                }
-                Answer::Reply(PacketKind::ReadResponse, data)
+                Answer::Reply(
+                    PacketKind::ReadResponse,
+                    read_payload(addr, len as usize, mem),
+                )
             }
             PacketKind::CompareSwap { addr, rkey, .. }
             | PacketKind::FetchAdd { addr, rkey, .. } => {
@@ -1141,7 +1144,7 @@ impl Responder<'_> {
                     }
                     _ => unreachable!("matched above"),
                 };
-                Answer::Reply(PacketKind::AtomicResponse { old }, Vec::new())
+                Answer::Reply(PacketKind::AtomicResponse { old }, Payload::default())
             }
             // Answers never reach here (`handle_packet` routes them).
             _ => Answer::Nak(Nak::InvalidRequest),
@@ -1192,7 +1195,7 @@ impl Responder<'_> {
         if let Some(c) = self.cq.back_mut() {
             c.invalidated_rkey = inv;
         }
-        Answer::Reply(PacketKind::Ack, Vec::new())
+        Answer::Reply(PacketKind::Ack, Payload::default())
     }
 
     /// A refused WRITE with immediate still consumes (and fails) its receive.
@@ -1270,7 +1273,7 @@ fn push_recv(
 
 /// What the responder answers a request with.
 enum Answer {
-    Reply(PacketKind, Vec<u8>),
+    Reply(PacketKind, Payload),
     Nak(Nak),
     Rnr,
 }
@@ -1346,7 +1349,12 @@ fn request_packet(wr: &SendWr, dest_qpn: u32, psn: u32, mem: &dyn Memory) -> Pac
 pub(crate) fn gather_payload(sges: &[Sge], mem: &dyn Memory) -> Payload {
     let total: usize = sges.iter().map(|s| s.len as usize).sum();
     if total > INLINE_PAYLOAD {
-        return gather(sges, mem).into();
+        let mut buf = mem.payload_buffer(total);
+        let bytes = buf.bytes_mut();
+        for s in sges {
+            mem.read_append(s.addr, s.len as usize, bytes);
+        }
+        return buf.into();
     }
     Payload::from_fn(total, |bytes| {
         let mut at = 0;
@@ -1358,9 +1366,24 @@ pub(crate) fn gather_payload(sges: &[Sge], mem: &dyn Memory) -> Payload {
     })
 }
 
+/// The `len` bytes at `addr`, as a packet's payload (a READ's response), made as
+/// [`gather_payload`] makes one.
+fn read_payload(addr: u64, len: usize, mem: &dyn Memory) -> Payload {
+    // An empty READ names no memory (its address was not checked).
+    if len == 0 {
+        return Payload::default();
+    }
+    if len > INLINE_PAYLOAD {
+        let mut buf = mem.payload_buffer(len);
+        mem.read_append(addr, len, buf.bytes_mut());
+        return buf.into();
+    }
+    Payload::from_fn(len, |bytes| mem.read(addr, bytes))
+}
+
 pub(crate) fn gather(sges: &[Sge], mem: &dyn Memory) -> Vec<u8> {
     let total: usize = sges.iter().map(|s| s.len as usize).sum();
-    let mut v = mem.buffer(total);
+    let mut v = Vec::with_capacity(total);
     for s in sges {
         mem.read_append(s.addr, s.len as usize, &mut v);
     }

@@ -222,6 +222,13 @@ impl Payload {
         }
     }
 
+    /// Whether its bytes live in a buffer of their own (a long payload, or one made from a
+    /// [`PayloadBuf`]) that a device may take back once it is done with the packet
+    /// ([`Payload::try_into_buf`]).
+    pub fn has_buffer(&self) -> bool {
+        matches!(self.0, Repr::Shared(_))
+    }
+
     /// Whether another packet (or anything else) shares these bytes.
     pub fn is_shared(&self) -> bool {
         match &self.0 {
@@ -241,6 +248,74 @@ impl Payload {
             Repr::Inline { len, bytes } => Ok(bytes[..usize::from(len)].to_vec()),
             Repr::Shared(v) => std::sync::Arc::try_unwrap(v).map_err(|v| Payload(Repr::Shared(v))),
         }
+    }
+
+    /// Its buffer, emptied, for the next payload, if it has one ([`Payload::has_buffer`])
+    /// and nothing else shares it. Unlike [`Payload::try_into_vec`] this keeps the shared
+    /// box around the bytes too: a device that reuses it allocates nothing per packet.
+    ///
+    /// # Errors
+    /// The payload itself, when it is short (its bytes live in the packet) or shared.
+    pub fn try_into_buf(self) -> Result<PayloadBuf, Payload> {
+        match self.0 {
+            Repr::Shared(mut v) => match std::sync::Arc::get_mut(&mut v) {
+                Some(bytes) => {
+                    bytes.clear();
+                    Ok(PayloadBuf(v))
+                }
+                None => Err(Payload(Repr::Shared(v))),
+            },
+            inline => Err(Payload(inline)),
+        }
+    }
+}
+
+/// The memory of a payload being filled: a buffer no packet holds yet. A device keeps those
+/// of the payloads it is done with ([`Payload::try_into_buf`]) and fills them again, so that
+/// neither the bytes' buffer nor the shared box around it is allocated per packet.
+pub struct PayloadBuf(std::sync::Arc<Vec<u8>>);
+
+impl PayloadBuf {
+    /// An empty buffer with room for `capacity` bytes.
+    pub fn with_capacity(capacity: usize) -> PayloadBuf {
+        PayloadBuf(std::sync::Arc::new(Vec::with_capacity(capacity)))
+    }
+
+    /// The bytes, to fill. Nothing else holds them (a `PayloadBuf` is made only whole), so
+    /// this never copies.
+    pub fn bytes_mut(&mut self) -> &mut Vec<u8> {
+        std::sync::Arc::make_mut(&mut self.0)
+    }
+
+    /// The bytes written so far.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether nothing was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// How many bytes it holds without growing.
+    pub fn capacity(&self) -> usize {
+        self.0.capacity()
+    }
+}
+
+impl std::fmt::Debug for PayloadBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PayloadBuf")
+            .field("len", &self.len())
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+impl From<PayloadBuf> for Payload {
+    /// The buffer's bytes, where they are (even a short one's: its buffer is kept for reuse).
+    fn from(b: PayloadBuf) -> Payload {
+        Payload(Repr::Shared(b.0))
     }
 }
 
@@ -562,6 +637,25 @@ mod tests {
             format!("{:?}", Payload::from(vec![1, 2])),
             "Payload([1, 2])"
         );
+    }
+
+    #[test]
+    fn a_payloads_buffer_comes_back_only_when_it_has_one_and_nobody_shares_it() {
+        assert!(Payload::from_slice(&[1; INLINE_PAYLOAD])
+            .try_into_buf()
+            .is_err());
+        let mut b = PayloadBuf::with_capacity(8);
+        b.bytes_mut().extend_from_slice(&[5; 8]);
+        // Even a short one keeps its buffer, to give it back.
+        let p = Payload::from(b);
+        assert!(p.has_buffer() && p[..] == [5; 8]);
+        let at = p.as_ptr();
+        let shared = p.clone();
+        let p = p.try_into_buf().unwrap_err();
+        drop(shared);
+        let b = p.try_into_buf().unwrap();
+        assert!(b.is_empty() && b.capacity() >= 8);
+        assert_eq!(Payload::from(b).as_ptr(), at);
     }
 
     #[test]

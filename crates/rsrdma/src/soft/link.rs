@@ -722,7 +722,7 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>, readers: &Readers) {
             // Grown as the bytes come (read_to_end reserves as it goes): a header alone
             // never makes this process reserve what it announces.
             let mut payload = recycle.buffer(len.min(1 << 20));
-            match (&mut s).take(len as u64).read_to_end(&mut payload) {
+            match (&mut s).take(len as u64).read_to_end(payload.bytes_mut()) {
                 Ok(n) if n == len => {}
                 _ => break,
             }

@@ -26,7 +26,7 @@ use super::link::{hello, hello_device, Deliver, HELLO_LEN, MAX_PAYLOAD};
 use super::recycle::Recycler;
 use super::ring::{Consumer, Peek, Producer};
 use super::verbs::signal;
-use rsrdma_soft::{Packet, Payload, HEADER_LEN, INLINE_PAYLOAD};
+use rsrdma_soft::{Packet, Payload, PayloadBuf, HEADER_LEN, INLINE_PAYLOAD};
 use std::io;
 use std::net::SocketAddrV4;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -315,8 +315,10 @@ struct Reading {
     header: [u8; HEADER_LEN],
     /// Bytes of `header` read.
     header_got: usize,
-    /// The payload being read, and its length.
+    /// The payload being read: a short one here (copied into its packet), a long one in
+    /// `long` (which becomes its packet's); and its length.
     payload: Vec<u8>,
+    long: Option<PayloadBuf>,
     payload_len: usize,
     /// Packets read and not handed over yet (kept to reuse its memory).
     batch: Vec<Packet>,
@@ -371,25 +373,30 @@ impl Inbound {
                 // A long one's buffer grows as its bytes arrive (a ring's worth at a time):
                 // a header alone never makes this process reserve what it announces.
                 if r.payload_len > INLINE_PAYLOAD {
-                    r.payload = r.recycle.buffer(r.payload_len.min(RING_CAPACITY));
+                    r.long = Some(r.recycle.buffer(r.payload_len.min(RING_CAPACITY)));
                 } else {
                     r.payload.reserve(INLINE_PAYLOAD);
                 }
             }
-            let want = r.payload_len - r.payload.len();
+            let into = match r.long.as_mut() {
+                Some(b) => b.bytes_mut(),
+                None => &mut r.payload,
+            };
+            let want = r.payload_len - into.len();
             let room = want.min(r.ring.available()?);
-            r.payload.reserve(room);
-            let n = r.ring.read_into_vec(&mut r.payload, want)?;
+            into.reserve(room);
+            let n = r.ring.read_into_vec(into, want)?;
             any |= n > 0;
-            if r.payload.len() < r.payload_len {
+            if into.len() < r.payload_len {
                 break;
             }
-            let payload = if r.payload_len > INLINE_PAYLOAD {
-                Payload::from(std::mem::take(&mut r.payload))
-            } else {
-                let p = Payload::from_slice(&r.payload);
-                r.payload.clear();
-                p
+            let payload = match r.long.take() {
+                Some(b) => Payload::from(b),
+                None => {
+                    let p = Payload::from_slice(&r.payload);
+                    r.payload.clear();
+                    p
+                }
             };
             let p = Packet::decode_parts(&r.header, payload)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
@@ -680,6 +687,7 @@ fn accept_one(
             header: [0; HEADER_LEN],
             header_got: 0,
             payload: Vec::new(),
+            long: None,
             payload_len: 0,
             batch: Vec::with_capacity(MAX_BATCH),
             recycle: Recycler::default(),

@@ -7,11 +7,12 @@ use super::directory::{Directory, PeerDirect, SharedQp, SharedRegion};
 use super::fast_hash::FastMap;
 use super::link::{Deliver, Links, Route};
 use super::qp_core::QpCore;
+use super::recycle::Spare;
 use crate::ffi;
 use rsrdma_soft::{
     Access, Bind, Completion, DeregError, Handled, Memory, MrTable, Nak, Packet, PacketKind,
-    Payload, PostError, QpConfig, QpEvent, QpState, RcQp, RecvWr, SendOp, SendWr, Sge, Sges, Srq,
-    UdQp, UdSource,
+    Payload, PayloadBuf, PostError, QpConfig, QpEvent, QpState, RcQp, RecvWr, SendOp, SendWr, Sge,
+    Sges, Srq, UdQp, UdSource,
 };
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -197,22 +198,20 @@ struct State {
     srqs: FastMap<u32, SrqEntry>,
     next_qpn: u32,
     next_handle: u32,
-    /// Large payloads handed to the links, oldest first: once nothing else holds one (its
-    /// request was acknowledged and the link wrote it), its memory goes to [`PAYLOADS`] for
-    /// the next request. Allocating and freeing a 64 KiB payload per request made the
-    /// allocator return and take back its pages each time: page faults were most of a
-    /// sender's time.
-    lent: VecDeque<rsrdma_soft::Payload>,
+    /// Payloads with a buffer of their own (longer than `INLINE_PAYLOAD`) sent by its queue
+    /// pairs, oldest first: once nothing else holds one (its request was acknowledged and
+    /// the link wrote it, or its receiver took it), its buffer goes to [`PAYLOADS`] for the
+    /// next request ([`crate::soft::recycle`] says why).
+    lent: VecDeque<Payload>,
 }
 
-/// Payloads this long or longer are reused ([`State::lent`]).
-const REUSE_FROM: usize = 4096;
-/// The most payloads waiting to be reused, and the most kept for reuse.
+/// The most payloads waiting to be reused: past that, the oldest is let go.
 const MAX_LENT: usize = 1024;
-const MAX_SPARE: usize = 32;
 
-/// Payload memory for the next requests' gathers ([`ProcessMemory::buffer`]).
-static PAYLOADS: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+/// Payload memory for the next requests' gathers ([`ProcessMemory::payload_buffer`]). Taken
+/// only under the device lock (so never waited for), but a static: the memory the core
+/// reads through is a unit type.
+static PAYLOADS: Mutex<Spare> = Mutex::new(Spare::new());
 
 /// Puts `e` (QP `qpn`) in `dirty` for the next pump, once.
 fn mark(dirty: &mut Vec<u32>, e: &mut QpEntry, qpn: u32) {
@@ -230,22 +229,26 @@ impl State {
         }
     }
 
-    /// Takes back the memory of the oldest lent payloads that nothing holds any more.
+    /// Takes back the memory of the oldest lent payloads that nothing holds any more. One
+    /// still held at the front goes to the back, once a pump: a payload held long (its
+    /// request waits for an answer, or its link is slow) does not keep those after it from
+    /// being reused, and a pump that finds every payload still held looks at two.
     fn reclaim_payloads(&mut self) {
-        while self
-            .lent
-            .front()
-            .is_some_and(|p| !p.is_shared() || self.lent.len() > MAX_LENT)
-        {
-            let Some(p) = self.lent.pop_front() else {
-                break;
-            };
-            if let Ok(mut v) = p.try_into_vec() {
-                let mut spare = PAYLOADS.lock().unwrap_or_else(|p| p.into_inner());
-                if spare.len() < MAX_SPARE {
-                    v.clear();
-                    spare.push(v);
+        let mut spare = None;
+        let mut passed = false;
+        while let Some(front) = self.lent.front() {
+            if front.is_shared() && self.lent.len() <= MAX_LENT {
+                if passed {
+                    break;
                 }
+                passed = true;
+                self.lent.rotate_left(1);
+                continue;
+            }
+            if let Some(p) = self.lent.pop_front() {
+                spare
+                    .get_or_insert_with(|| PAYLOADS.lock().unwrap_or_else(|p| p.into_inner()))
+                    .give(p);
             }
         }
     }
@@ -495,15 +498,11 @@ impl Memory for ProcessMemory {
         unsafe { std::ptr::copy(addr as *const u8, out.as_mut_ptr(), out.len()) }
     }
 
-    fn buffer(&self, capacity: usize) -> Vec<u8> {
-        if capacity >= REUSE_FROM {
-            let spare = PAYLOADS.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            if let Some(mut v) = spare {
-                v.reserve(capacity);
-                return v;
-            }
-        }
-        Vec::with_capacity(capacity)
+    fn payload_buffer(&self, capacity: usize) -> PayloadBuf {
+        PAYLOADS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(capacity)
     }
 
     fn read_append(&self, addr: u64, len: usize, out: &mut Vec<u8>) {
@@ -897,14 +896,14 @@ fn answer_dropped(st: &mut State, qpn: u32, psn: Option<u32>, now: &mut LazyNow)
 fn send_packets(st: &mut State, qpn: u32, now: &mut LazyNow) {
     while let Some((to, pkt)) = transmit(st, qpn) {
         let request = pkt.kind.is_request();
+        if pkt.payload.has_buffer() {
+            st.lent.push_back(pkt.payload.clone());
+        }
         if !is_own(to) {
             // The destination lives in another process.
             let dev = device();
             match &dev.links {
                 Some(l) => {
-                    if pkt.payload.len() >= REUSE_FROM {
-                        st.lent.push_back(pkt.payload.clone());
-                    }
                     // A connected QP's packets take the link it keeps.
                     let sent = match st.qps.get_mut(&qpn) {
                         Some(e) if e.remote == to => route_to(&mut e.route, to, l, &dev.deliver)
