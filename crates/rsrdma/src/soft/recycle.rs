@@ -8,10 +8,14 @@
 
 use rsrdma_soft::{Payload, PayloadBuf};
 
-/// The most buffers kept free, and the most bytes they may hold together: enough for a send
-/// queue's worth of small requests, or a few dozen 64 KiB ones, in flight at once.
-const MAX_FREE: usize = 256;
-const MAX_FREE_BYTES: usize = 32 << 20;
+/// The most buffers the device keeps free, and the most bytes they may hold together: enough
+/// for a send queue's worth of small requests, or a few dozen 64 KiB ones, in flight at once.
+pub(super) const DEVICE_FREE: usize = 256;
+pub(super) const DEVICE_FREE_BYTES: usize = 32 << 20;
+/// The same for each link's reader: it lends at most a batch of packets to the device at a
+/// time, and a process may read from many peers.
+const READER_FREE: usize = 64;
+const READER_FREE_BYTES: usize = 8 << 20;
 /// Free buffers are kept by size class: class `k` holds buffers of at least `2^k` bytes, up
 /// to 4 MiB (a larger one is not kept: a rare huge message does not pin its memory).
 const CLASSES: usize = 23;
@@ -31,14 +35,19 @@ pub(super) struct Spare {
     count: usize,
     /// Their capacity, summed.
     bytes: usize,
+    max_count: usize,
+    max_bytes: usize,
 }
 
 impl Spare {
-    pub(super) const fn new() -> Spare {
+    /// Keeps at most `max_count` buffers of `max_bytes` together.
+    pub(super) const fn new(max_count: usize, max_bytes: usize) -> Spare {
         Spare {
             free: [const { Vec::new() }; CLASSES],
             count: 0,
             bytes: 0,
+            max_count,
+            max_bytes,
         }
     }
 
@@ -64,7 +73,7 @@ impl Spare {
             return;
         };
         let cap = b.capacity();
-        if cap == 0 || self.count == MAX_FREE || self.bytes + cap > MAX_FREE_BYTES {
+        if cap == 0 || self.count >= self.max_count || self.bytes + cap > self.max_bytes {
             return;
         }
         let k = cap.ilog2() as usize;
@@ -87,7 +96,7 @@ impl Default for Recycler {
     fn default() -> Recycler {
         Recycler {
             lent: Vec::new(),
-            spare: Spare::new(),
+            spare: Spare::new(READER_FREE, READER_FREE_BYTES),
         }
     }
 }
@@ -119,7 +128,7 @@ mod tests {
 
     #[test]
     fn a_buffer_given_back_is_taken_again() {
-        let mut spare = Spare::new();
+        let mut spare = Spare::new(DEVICE_FREE, DEVICE_FREE_BYTES);
         let mut b = spare.take(100);
         b.bytes_mut().extend_from_slice(&[7; 100]);
         let p = Payload::from(b);
@@ -145,14 +154,14 @@ mod tests {
 
     #[test]
     fn the_free_buffers_hold_at_most_their_bound() {
-        let mut spare = Spare::new();
-        for _ in 0..MAX_FREE + 10 {
+        let mut spare = Spare::new(DEVICE_FREE, DEVICE_FREE_BYTES);
+        for _ in 0..DEVICE_FREE + 10 {
             let mut b = PayloadBuf::with_capacity(64);
             b.bytes_mut().extend_from_slice(&[0; 64]);
             spare.give(Payload::from(b));
         }
-        assert_eq!(spare.count, MAX_FREE);
-        let mut spare = Spare::new();
+        assert_eq!(spare.count, DEVICE_FREE);
+        let mut spare = Spare::new(DEVICE_FREE, DEVICE_FREE_BYTES);
         let mut big = PayloadBuf::with_capacity((1 << CLASSES) + 1);
         big.bytes_mut().push(1);
         spare.give(Payload::from(big));
@@ -161,7 +170,7 @@ mod tests {
 
     #[test]
     fn a_buffer_is_taken_from_its_size_class_or_a_little_above() {
-        let mut spare = Spare::new();
+        let mut spare = Spare::new(DEVICE_FREE, DEVICE_FREE_BYTES);
         for cap in [64, 4096, 1 << 16] {
             spare.give(Payload::from(PayloadBuf::with_capacity(cap)));
         }

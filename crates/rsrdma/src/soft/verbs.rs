@@ -7,7 +7,7 @@ use super::directory::{Directory, PeerDirect, SharedQp, SharedRegion};
 use super::fast_hash::FastMap;
 use super::link::{Deliver, Links, Route};
 use super::qp_core::QpCore;
-use super::recycle::Spare;
+use super::recycle::{Spare, DEVICE_FREE, DEVICE_FREE_BYTES};
 use crate::ffi;
 use rsrdma_soft::{
     Access, Bind, Completion, DeregError, Handled, Memory, MrTable, Nak, Packet, PacketKind,
@@ -211,7 +211,7 @@ const MAX_LENT: usize = 1024;
 /// Payload memory for the next requests' gathers ([`ProcessMemory::payload_buffer`]). Taken
 /// only under the device lock (so never waited for), but a static: the memory the core
 /// reads through is a unit type.
-static PAYLOADS: Mutex<Spare> = Mutex::new(Spare::new());
+static PAYLOADS: Mutex<Spare> = Mutex::new(Spare::new(DEVICE_FREE, DEVICE_FREE_BYTES));
 
 /// Puts `e` (QP `qpn`) in `dirty` for the next pump, once.
 fn mark(dirty: &mut Vec<u32>, e: &mut QpEntry, qpn: u32) {
