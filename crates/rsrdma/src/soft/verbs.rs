@@ -14,6 +14,7 @@ use rsrdma_soft::{
     Payload, PayloadBuf, PostError, QpConfig, QpEvent, QpState, RcQp, RecvWr, SendOp, SendWr, Sge,
     Sges, Srq, UdQp, UdSource,
 };
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::raw::{c_int, c_uint, c_void};
@@ -200,18 +201,17 @@ struct State {
     next_handle: u32,
     /// Payloads with a buffer of their own (longer than `INLINE_PAYLOAD`) sent by its queue
     /// pairs, oldest first: once nothing else holds one (its request was acknowledged and
-    /// the link wrote it, or its receiver took it), its buffer goes to [`PAYLOADS`] for the
+    /// the link wrote it, or its receiver took it), its buffer goes to `spare` for the
     /// next request ([`crate::soft::recycle`] says why).
     lent: VecDeque<Payload>,
+    /// Payload memory for the next requests' gathers ([`ProcessMemory::payload_buffer`]):
+    /// a `RefCell` because the core asks through `&self`; under the device lock, as all
+    /// of the state, so nothing else is locked for it.
+    spare: RefCell<Spare>,
 }
 
 /// The most payloads waiting to be reused: past that, the oldest is let go.
 const MAX_LENT: usize = 1024;
-
-/// Payload memory for the next requests' gathers ([`ProcessMemory::payload_buffer`]). Taken
-/// only under the device lock (so never waited for), but a static: the memory the core
-/// reads through is a unit type.
-static PAYLOADS: Mutex<Spare> = Mutex::new(Spare::new(DEVICE_FREE, DEVICE_FREE_BYTES));
 
 /// Puts `e` (QP `qpn`) in `dirty` for the next pump, once.
 fn mark(dirty: &mut Vec<u32>, e: &mut QpEntry, qpn: u32) {
@@ -234,7 +234,7 @@ impl State {
     /// request waits for an answer, or its link is slow) does not keep those after it from
     /// being reused, and a pump that finds every payload still held looks at two.
     fn reclaim_payloads(&mut self) {
-        let mut spare = None;
+        let spare = self.spare.get_mut();
         let mut passed = false;
         while let Some(front) = self.lent.front() {
             if front.is_shared() && self.lent.len() <= MAX_LENT {
@@ -246,9 +246,7 @@ impl State {
                 continue;
             }
             if let Some(p) = self.lent.pop_front() {
-                spare
-                    .get_or_insert_with(|| PAYLOADS.lock().unwrap_or_else(|p| p.into_inner()))
-                    .give(p);
+                spare.give(p);
             }
         }
     }
@@ -308,6 +306,7 @@ fn device() -> &'static Device {
                 next_qpn: FIRST_QPN,
                 next_handle: 1,
                 lent: VecDeque::new(),
+                spare: RefCell::new(Spare::new(DEVICE_FREE, DEVICE_FREE_BYTES)),
             }),
             timer: Condvar::new(),
             links,
@@ -489,20 +488,20 @@ impl State {
 /// ranges its region table checked (inside a region of the right domain, with the right
 /// access), and a region's memory stays valid while it is registered (the contract of
 /// `ibv_reg_mr`, which [`crate::Mr`] keeps); every access happens under the device lock,
-/// during a verb whose caller's contract covers the memory it names.
-struct ProcessMemory;
+/// during a verb whose caller's contract covers the memory it names. Payload memory comes from
+/// the device's spare buffers.
+struct ProcessMemory<'a> {
+    spare: &'a RefCell<Spare>,
+}
 
-impl Memory for ProcessMemory {
+impl Memory for ProcessMemory<'_> {
     fn read(&self, addr: u64, out: &mut [u8]) {
         // SAFETY: see the type's docs: a checked range of a live registration.
         unsafe { std::ptr::copy(addr as *const u8, out.as_mut_ptr(), out.len()) }
     }
 
     fn payload_buffer(&self, capacity: usize) -> PayloadBuf {
-        PAYLOADS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take(capacity)
+        self.spare.borrow_mut().take(capacity)
     }
 
     fn read_append(&self, addr: u64, len: usize, out: &mut Vec<u8>) {
@@ -719,6 +718,7 @@ fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) -> 
         srqs,
         mrs,
         dirty,
+        spare,
         ..
     } = st;
     let Some(d) = qps.get_mut(&p.dest_qpn) else {
@@ -730,7 +730,7 @@ fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) -> 
     let datagram = matches!(p.kind, PacketKind::Datagram { .. });
     match &mut d.core {
         QpCore::Rc(q) if !datagram && same_device(remote, from) => {
-            let handled = q.handle_packet(p, mrs, &mut ProcessMemory, srq, || now.get());
+            let handled = q.handle_packet(p, mrs, &mut ProcessMemory { spare }, srq, || now.get());
             if handled == Handled::Dropped {
                 return Delivery::Dropped;
             }
@@ -746,7 +746,7 @@ fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) -> 
                 lid: from.port(),
                 gid: gid_of_addr(from),
             };
-            q.handle_datagram(p, src, own_gid(), mrs, &mut ProcessMemory, srq);
+            q.handle_datagram(p, src, own_gid(), mrs, &mut ProcessMemory { spare }, srq);
         }
         _ => {}
     }
@@ -758,7 +758,11 @@ fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) -> 
 /// after its timeout, or fails the request).
 fn requests_dropped(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) {
     let State {
-        qps, mrs, dirty, ..
+        qps,
+        mrs,
+        dirty,
+        spare,
+        ..
     } = st;
     for (&qpn, e) in qps.iter_mut() {
         let remote = e.remote();
@@ -767,7 +771,9 @@ fn requests_dropped(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut Laz
         };
         if q.dest_qpn() == p.dest_qpn && same_device(remote, from) {
             let notice = p.clone();
-            let _ = q.handle_packet(notice, mrs, &mut ProcessMemory, None, || now.get());
+            let _ = q.handle_packet(notice, mrs, &mut ProcessMemory { spare }, None, || {
+                now.get()
+            });
             mark(dirty, e, qpn);
         }
     }
@@ -1430,15 +1436,13 @@ unsafe fn send_wr(w: &ffi::ibv_send_wr) -> Result<SendWr, c_int> {
     })
 }
 
-impl ProcessMemory {
-    /// A copy from memory that is not registered (inline data).
-    ///
-    /// # Safety
-    /// `addr..addr + out.len()` is valid for reads.
-    unsafe fn read_unchecked(&self, addr: u64, out: &mut [u8]) {
-        // SAFETY: the caller's contract.
-        unsafe { std::ptr::copy(addr as *const u8, out.as_mut_ptr(), out.len()) }
-    }
+/// A copy from memory that is not registered (inline data).
+///
+/// # Safety
+/// `addr..addr + out.len()` is valid for reads.
+unsafe fn read_unchecked(addr: u64, out: &mut [u8]) {
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy(addr as *const u8, out.as_mut_ptr(), out.len()) }
 }
 
 /// # Safety
@@ -1469,7 +1473,7 @@ unsafe fn inline_payload(list: &[Sge]) -> Payload {
         for s in list {
             let n = s.len as usize;
             // SAFETY: valid for reads (the caller's contract).
-            unsafe { ProcessMemory.read_unchecked(s.addr, &mut out[at..at + n]) };
+            unsafe { read_unchecked(s.addr, &mut out[at..at + n]) };
             at += n;
         }
     })
@@ -1496,7 +1500,10 @@ unsafe extern "C" fn post_send(
     let mut w = wr;
     let mut rc = 0;
     while !w.is_null() {
-        let State { qps, mrs, .. } = &mut *st;
+        let State {
+            qps, mrs, spare, ..
+        } = &mut *st;
+        let mem = ProcessMemory { spare };
         // SAFETY: a valid request list (the caller's contract).
         let r = qps.get_mut(&qpn).ok_or(libc::EINVAL).and_then(|e| {
             // SAFETY: as above.
@@ -1530,16 +1537,15 @@ unsafe extern "C" fn post_send(
                             from: q.qp_num(),
                             dest_qpn: q.dest_qpn(),
                         };
-                        q.post_send_direct(s, mrs, &mut ProcessMemory, &mut reach)
+                        q.post_send_direct(s, mrs, &mut ProcessMemory { spare }, &mut reach)
                             .map_err(post_errno)
                     }
-                    None => q.post_send(s, mrs, &ProcessMemory).map_err(post_errno),
+                    None => q.post_send(s, mrs, &mem).map_err(post_errno),
                 },
                 QpCore::Ud(q) => {
                     // SAFETY: as above; a UD request names a live AH (the caller's contract).
                     let dest = unsafe { super::ah::ud_dest(&*w, q.qkey()) }?;
-                    q.post_send(s, dest, mrs, &ProcessMemory)
-                        .map_err(post_errno)
+                    q.post_send(s, dest, mrs, &mem).map_err(post_errno)
                 }
             }
         });
