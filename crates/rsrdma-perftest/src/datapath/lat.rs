@@ -3,14 +3,15 @@
 //! ends and counts the iterations completed inside the sampling window.
 
 use super::window::Window;
-use super::{check_recv_len, one_sided_wr, poll, post_one_recv, wc_error, QKEY};
+use super::{check_recv_len, one_sided_wr, poll, post_one_recv, wc_error_hinted, QKEY};
 use crate::args::{Conn, Params};
 use crate::error::{Error, Result};
 use crate::handshake::Ends;
 use crate::oob::Oob;
 use crate::resources::Res;
 use crate::watch::{Clock, Watchdog};
-use rsrdma::{Cq, SendWr, Sge, Wc};
+use rsrdma::{Cq, SendWr, Sge, Wc, WcStatus};
+use std::time::{Duration, Instant};
 
 /// How far apart the two sides' durations may end (both start at one handshake; 1 s is
 /// far more than it takes).
@@ -98,7 +99,8 @@ impl Pace {
                     return Ok(false);
                 }
                 if !self.wcs[0].is_ok() {
-                    return Err(wc_error(&self.wcs[0], p.is_server(), counts()));
+                    let hint = shorter_run_hint(self.wcs[0].status(), progress, oob);
+                    return Err(wc_error_hinted(&self.wcs[0], p.is_server(), counts(), hint));
                 }
                 return Ok(true);
             }
@@ -166,6 +168,35 @@ fn post_and_wait(
     pace.wait(&res.send_cq, p, oob, progress, || {
         format!(" scnt={progress}")
     })
+}
+
+/// How long a side whose request found no peer waits to see the peer's out-of-band
+/// connection close (both end when its process exits, in either order).
+const PEER_CLOSE_WAIT: Duration = Duration::from_millis(200);
+
+/// The hint for a request that found no peer (`RETRY_EXC_ERR`) after the run made progress,
+/// when the peer has closed its out-of-band connection too: write_lat has no closing
+/// handshake (as perftest's), so a peer with fewer iterations exits after its last, and this
+/// side learns it either here or from the watchdog's look at that connection (which says the
+/// same). Which one comes first is a race (a test saw both).
+#[cold]
+fn shorter_run_hint(status: WcStatus, progress: u64, oob: &Oob) -> Option<&'static str> {
+    if status != WcStatus::RETRY_EXC_ERR || progress == 0 {
+        return None;
+    }
+    let until = Instant::now() + PEER_CLOSE_WAIT;
+    loop {
+        if oob.peek_state() == Some(true) {
+            return Some(
+                "the peer is gone: it exited or was killed, or it finished a shorter run \
+                 (were both ends started with the same -n?)",
+            );
+        }
+        if Instant::now() >= until {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// send_lat's ping-pong (the client sends first).
@@ -283,4 +314,29 @@ pub fn one_sided_lat(p: &Params, res: &mut Res, ends: &mut Ends<'_>, size: u64) 
         }
     }
     Ok(pace.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that finished a shorter run and exited: this side's next request may fail
+    /// before the watchdog sees the out-of-band connection close (a CI rehearsal under load
+    /// saw it), and the error then says "-c differs" unless it names -n too.
+    #[test]
+    fn a_request_that_found_no_peer_after_progress_names_n_once_the_peer_closed() {
+        let l = crate::oob::listen(0).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let peer = std::thread::spawn(move || crate::oob::Oob::accept(l).unwrap());
+        let oob = Oob::connect("127.0.0.1", port).unwrap();
+        let peer = peer.join().unwrap();
+        // The peer is still there: no hint (after the short wait).
+        assert_eq!(shorter_run_hint(WcStatus::RETRY_EXC_ERR, 5, &oob), None);
+        drop(peer);
+        let hint = shorter_run_hint(WcStatus::RETRY_EXC_ERR, 5, &oob).unwrap();
+        assert!(hint.contains("the same -n"), "{hint}");
+        // Before any progress, or another failure: the status's own hint.
+        assert_eq!(shorter_run_hint(WcStatus::RETRY_EXC_ERR, 0, &oob), None);
+        assert_eq!(shorter_run_hint(WcStatus::REM_ACCESS_ERR, 5, &oob), None);
+    }
 }

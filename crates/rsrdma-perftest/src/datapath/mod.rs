@@ -54,7 +54,13 @@ fn poll_events(cq: &Cq, wcs: &mut [Wc]) -> Result<usize> {
 /// perftest's completion error message, with a hint about the likely cause.
 #[cold]
 fn wc_error(wc: &Wc, server: bool, counts: String) -> Error {
-    let hint = match wc.status() {
+    wc_error_hinted(wc, server, counts, None)
+}
+
+/// [`wc_error`] with `hint` in place of the status's own.
+#[cold]
+fn wc_error_hinted(wc: &Wc, server: bool, counts: String, hint: Option<&str>) -> Error {
+    let hint = hint.unwrap_or(match wc.status() {
         WcStatus::LOC_LEN_ERR => "a message larger than the receive buffer arrived: the peer's -s (message size) is larger than this side's",
         WcStatus::REM_INV_REQ_ERR => "the peer rejected the request: its -s (message size) may be smaller, or it runs a different test",
         WcStatus::REM_ACCESS_ERR => "the peer's memory does not allow this access: is it running the same test (write/read)?",
@@ -62,7 +68,7 @@ fn wc_error(wc: &Wc, server: bool, counts: String) -> Error {
         WcStatus::RNR_RETRY_EXC_ERR => "the peer has no receive posted",
         WcStatus::WR_FLUSH_ERR => "the queue pair went to the error state after an earlier failure",
         _ => "",
-    };
+    });
     Error::Perftest(format!(
         " Completion with error at {}\n Failed status {}: wr_id {} syndrom 0x{:x}\n{counts}\n ({}{}{})",
         if server { "server" } else { "client" },
