@@ -1122,10 +1122,7 @@ impl Responder<'_> {
                         return a;
                     }
                 }
-                Answer::Reply(
-                    PacketKind::ReadResponse,
-                    read_payload(addr, len as usize, mem),
-                )
+                Answer::Reply(PacketKind::ReadResponse, read_payload(addr, len, mem))
             }
             PacketKind::CompareSwap { addr, rkey, .. }
             | PacketKind::FetchAdd { addr, rkey, .. } => {
@@ -1366,19 +1363,14 @@ pub(crate) fn gather_payload(sges: &[Sge], mem: &dyn Memory) -> Payload {
     })
 }
 
-/// The `len` bytes at `addr`, as a packet's payload (a READ's response), made as
-/// [`gather_payload`] makes one.
-fn read_payload(addr: u64, len: usize, mem: &dyn Memory) -> Payload {
+/// The `len` bytes at `addr`, as a packet's payload (a READ's response): gathered as a
+/// request's one SGE would be.
+fn read_payload(addr: u64, len: u32, mem: &dyn Memory) -> Payload {
     // An empty READ names no memory (its address was not checked).
     if len == 0 {
         return Payload::default();
     }
-    if len > INLINE_PAYLOAD {
-        let mut buf = mem.payload_buffer(len);
-        mem.read_append(addr, len, buf.bytes_mut());
-        return buf.into();
-    }
-    Payload::from_fn(len, |bytes| mem.read(addr, bytes))
+    gather_payload(&[Sge { addr, len, lkey: 0 }], mem)
 }
 
 pub(crate) fn gather(sges: &[Sge], mem: &dyn Memory) -> Vec<u8> {

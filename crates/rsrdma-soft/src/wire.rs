@@ -237,22 +237,9 @@ impl Payload {
         }
     }
 
-    /// The bytes, as a vector, if no other packet shares them (a device that made the
-    /// payload takes its memory back this way once the packet was handled; a short payload
-    /// has none to give back, and comes back as a copy).
-    ///
-    /// # Errors
-    /// The payload itself, when another packet still shares it.
-    pub fn try_into_vec(self) -> Result<Vec<u8>, Payload> {
-        match self.0 {
-            Repr::Inline { len, bytes } => Ok(bytes[..usize::from(len)].to_vec()),
-            Repr::Shared(v) => std::sync::Arc::try_unwrap(v).map_err(|v| Payload(Repr::Shared(v))),
-        }
-    }
-
     /// Its buffer, emptied, for the next payload, if it has one ([`Payload::has_buffer`])
-    /// and nothing else shares it. Unlike [`Payload::try_into_vec`] this keeps the shared
-    /// box around the bytes too: a device that reuses it allocates nothing per packet.
+    /// and nothing else shares it: the bytes' memory and the shared box around them, so a
+    /// device that reuses it allocates nothing per packet.
     ///
     /// # Errors
     /// The payload itself, when it is short (its bytes live in the packet) or shared.
@@ -630,7 +617,7 @@ mod tests {
             assert_eq!(q.clone().into_vec(), bytes, "{len} bytes");
             drop(q);
             assert!(!p.is_shared(), "{len} bytes");
-            assert_eq!(p.try_into_vec().unwrap(), bytes, "{len} bytes");
+            assert_eq!(p.into_vec(), bytes, "{len} bytes");
         }
         assert!(Payload::default().is_empty());
         assert_eq!(

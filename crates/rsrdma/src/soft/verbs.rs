@@ -1503,7 +1503,7 @@ unsafe extern "C" fn post_send(
         let State {
             qps, mrs, spare, ..
         } = &mut *st;
-        let mem = ProcessMemory { spare };
+        let mut mem = ProcessMemory { spare };
         // SAFETY: a valid request list (the caller's contract).
         let r = qps.get_mut(&qpn).ok_or(libc::EINVAL).and_then(|e| {
             // SAFETY: as above.
@@ -1537,7 +1537,7 @@ unsafe extern "C" fn post_send(
                             from: q.qp_num(),
                             dest_qpn: q.dest_qpn(),
                         };
-                        q.post_send_direct(s, mrs, &mut ProcessMemory { spare }, &mut reach)
+                        q.post_send_direct(s, mrs, &mut mem, &mut reach)
                             .map_err(post_errno)
                     }
                     None => q.post_send(s, mrs, &mem).map_err(post_errno),
