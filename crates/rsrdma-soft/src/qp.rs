@@ -153,6 +153,10 @@ pub struct RcQp {
     /// is, and its next request ends with `RETRY_EXC_ERR` (rxe learns of a dead peer only
     /// from a request that goes unanswered).
     link_lost: bool,
+    /// Acknowledgements are held back ([`RcQp::set_hold_acks`]).
+    hold_acks: bool,
+    /// The executed requests whose acknowledgement is held back: the first and the last PSN.
+    held_ack: Option<(u32, u32)>,
 }
 
 impl RcQp {
@@ -174,6 +178,8 @@ impl RcQp {
             events: VecDeque::new(),
             refuse_recv: 0,
             link_lost: false,
+            hold_acks: false,
+            held_ack: None,
         }
     }
 
@@ -202,7 +208,9 @@ impl RcQp {
 
     /// Any state → RESET: forgets everything queued, without completions.
     pub fn reset(&mut self) {
+        let hold = self.hold_acks;
         *self = RcQp::new(self.cfg);
+        self.hold_acks = hold;
     }
 
     /// RESET → INIT.
@@ -251,6 +259,9 @@ impl RcQp {
         }
         self.state = QpState::Error;
         self.out.clear();
+        // What it executed before it failed was as good as acknowledged (rxe acknowledges
+        // as it executes): a held acknowledgement still goes.
+        self.flush_ack();
         self.resend = None;
         while let Some(p) = self.sq.pop_front() {
             self.complete_send(&p.wr, Status::WrFlushErr, 0);
@@ -654,9 +665,17 @@ impl RcQp {
         self.dest_qpn
     }
 
-    /// The next packet to send to the peer.
+    /// The next packet to send to the peer: the last one queued, when it is a request with
+    /// room for it, carries the acknowledgement held back ([`RcQp::set_hold_acks`]). Only the
+    /// last: the acknowledgement is newer than every answer queued (any answer queued while
+    /// it was held went after it), so it must not pass one (a test found an ACK that passed
+    /// a READ's response fail the READ).
     pub fn poll_transmit(&mut self) -> Option<Packet> {
-        self.out.pop_front()
+        let mut p = self.out.pop_front()?;
+        if self.held_ack.is_some() && self.out.is_empty() && p.kind.may_carry_ack() {
+            p.ack = self.held_ack.take().map(|(_, last)| last);
+        }
+        Some(p)
     }
 
     /// The next completion.
@@ -716,6 +735,13 @@ impl RcQp {
                 true => Handled::Dropped,
                 false => Handled::Taken,
             };
+        }
+        if let Some(psn) = p.ack {
+            // Carried by a request: the answer it stands for comes first, as an ACK packet
+            // sent before the request would.
+            if !self.cfg.unreliable {
+                self.on_ack(psn);
+            }
         }
         match p.kind {
             PacketKind::Ack
@@ -815,13 +841,63 @@ impl RcQp {
     }
 
     fn reply(&mut self, psn: u32, kind: PacketKind, payload: Payload) {
+        if kind == PacketKind::Ack && self.hold_acks {
+            // Held: it covers the requests from the first one held.
+            let first = self.held_ack.map_or(psn, |(first, _)| first);
+            self.held_ack = Some((first, psn));
+            return;
+        }
+        // Any other answer goes after the acknowledgement held (answers keep their order).
+        self.flush_ack();
         self.out.push_back(Packet {
             solicited: false,
             dest_qpn: self.dest_qpn,
             psn,
             kind,
             payload,
+            ack: None,
         });
+    }
+
+    /// Holds back the acknowledgements of the requests it executes from now on (`hold`):
+    /// its next request that has room carries the latest ([`Packet::ack`]), or
+    /// [`RcQp::flush_ack`] sends it as an ACK packet. A ping-pong's answer then acknowledges
+    /// the request it answers, with no packet of its own; a stream's receiver acknowledges a
+    /// batch at once. Whoever holds them must flush them soon: the requester waits.
+    pub fn set_hold_acks(&mut self, hold: bool) {
+        self.hold_acks = hold;
+        if !hold {
+            self.flush_ack();
+        }
+    }
+
+    /// How many executed requests the acknowledgement held back covers (0: none held).
+    pub fn held_acks(&self) -> u32 {
+        self.held_ack
+            .map_or(0, |(first, last)| last.wrapping_sub(first).wrapping_add(1))
+    }
+
+    /// Queues the acknowledgement held back, if any, as an ACK packet; returns whether there
+    /// was one.
+    pub fn flush_ack(&mut self) -> bool {
+        let Some((_, last)) = self.held_ack.take() else {
+            return false;
+        };
+        self.out.push_back(Packet {
+            solicited: false,
+            dest_qpn: self.dest_qpn,
+            psn: last,
+            kind: PacketKind::Ack,
+            payload: Payload::default(),
+            ack: None,
+        });
+        true
+    }
+
+    /// Forgets the acknowledgement held back (the queue pair failed before it went); returns
+    /// the first request it covered, which its requester still waits for.
+    pub fn drop_held_ack(&mut self) -> Option<u32> {
+        self.held_ack.take().map(|(first, _)| first)
     }
 
     // ----- requester ---------------------------------------------------------------------
@@ -840,22 +916,7 @@ impl RcQp {
         // of the wrong kind (the peer's bug or malice) fails the request, as rxe does: a READ
         // response scattered into a SEND's buffers would write memory the peer has no right to.
         match p.kind {
-            PacketKind::Ack => {
-                // Completes SENDs and WRITEs up to the PSN (READs and atomics before it were
-                // answered first, on the ordered pipe: an ACK past one is no answer of it).
-                while self.sq.front().is_some_and(|h| not_after(h.psn, p.psn)) {
-                    if self.sq.front().is_some_and(|h| h.wr.wants_response()) {
-                        self.fail_head(Status::FatalErr);
-                        return;
-                    }
-                    if let Some(h) = self.sq.pop_front() {
-                        self.succeed(&h, 0);
-                    }
-                    self.complete_local_ops();
-                }
-                self.rnr_left = self.cfg.rnr_retry;
-                self.retry_left = self.cfg.retry_cnt;
-            }
+            PacketKind::Ack => self.on_ack(p.psn),
             PacketKind::ReadResponse | PacketKind::AtomicResponse { .. } => {
                 if head.psn != p.psn {
                     return;
@@ -959,6 +1020,27 @@ impl RcQp {
             }
             _ => {}
         }
+    }
+
+    /// An acknowledgement of PSN `psn` (a packet, or carried by a request): completes SENDs
+    /// and WRITEs up to it (READs and atomics before it were answered first, on the ordered
+    /// pipe: an ACK past one is no answer of it).
+    fn on_ack(&mut self, psn: u32) {
+        if self.sq.is_empty() {
+            return;
+        }
+        while self.sq.front().is_some_and(|h| not_after(h.psn, psn)) {
+            if self.sq.front().is_some_and(|h| h.wr.wants_response()) {
+                self.fail_head(Status::FatalErr);
+                return;
+            }
+            if let Some(h) = self.sq.pop_front() {
+                self.succeed(&h, 0);
+            }
+            self.complete_local_ops();
+        }
+        self.rnr_left = self.cfg.rnr_retry;
+        self.retry_left = self.cfg.retry_cnt;
     }
 
     /// Sends every request from PSN `psn` again at `at` ([`RcQp::handle_timeout`]): those
@@ -1325,6 +1407,7 @@ fn request_packet(wr: &SendWr, dest_qpn: u32, psn: u32, mem: &dyn Memory) -> Pac
         }
     };
     Packet {
+        ack: None,
         // What consumes a receive at the peer carries the request's wish for an event.
         solicited: wr.solicited
             && matches!(

@@ -230,6 +230,7 @@ impl UdQp {
                 None => gather_payload(&wr.sges, mem),
             };
             let packet = Packet {
+                ack: None,
                 solicited: wr.solicited,
                 dest_qpn: dest.qpn,
                 psn: 0,

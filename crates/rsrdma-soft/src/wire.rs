@@ -4,7 +4,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 1 | kind: 1 SEND, 2 WRITE, 3 READ request, 4 READ response, 5 compare-and-swap, 6 fetch-and-add, 7 atomic response, 8 ACK, 9 NAK, 10 UD datagram, 11 SEND with invalidate |
-//! | 1 | 1 | flags: bit 0 immediate data present, bit 1 solicited event |
+//! | 1 | 1 | flags: bit 0 immediate data present, bit 1 solicited event, bit 2 an acknowledgement carried (SEND, SEND with invalidate, WRITE, READ request) |
 //! | 2 | 2 | NAK code (1 RNR, 2 invalid request, 3 remote access, 4 remote operation, 5 dropped) |
 //! | 4 | 4 | destination QP number (a dropped-request NAK: the QP that dropped it) |
 //! | 8 | 4 | PSN: the request's (a response or ACK names the request it answers) |
@@ -12,10 +12,14 @@
 //! | 16 | 4 | immediate data; a READ request's length; an RNR NAK's timer in µs |
 //! | 20 | 4 | remote key (the key to invalidate, for a SEND with invalidate); a datagram's Q_Key |
 //! | 24 | 8 | remote address; an atomic response's old value; a datagram's source QP |
-//! | 32 | 8 | compare (compare-and-swap) or add (fetch-and-add) |
+//! | 32 | 8 | compare (compare-and-swap) or add (fetch-and-add); the PSN a carried acknowledgement names (its low 4 bytes) |
 //! | 40 | 8 | swap (compare-and-swap) |
 //!
 //! then the payload (SEND, WRITE, READ response, datagram).
+//!
+//! A request may carry an acknowledgement of the requests its receiver sent the other way
+//! ([`Packet::ack`]): the same as an ACK packet of that PSN just before it, with one packet
+//! fewer (a ping-pong's answers carry their ACKs).
 
 /// The header's length.
 pub const HEADER_LEN: usize = 48;
@@ -120,6 +124,18 @@ pub enum PacketKind {
 }
 
 impl PacketKind {
+    /// Whether a packet of this kind may carry an acknowledgement ([`Packet::ack`]): the
+    /// requests whose header leaves the room for it.
+    pub fn may_carry_ack(&self) -> bool {
+        matches!(
+            self,
+            PacketKind::Send { .. }
+                | PacketKind::SendInv { .. }
+                | PacketKind::Write { .. }
+                | PacketKind::ReadRequest { .. }
+        )
+    }
+
     /// Whether packets of this kind carry bytes.
     pub fn carries_payload(&self) -> bool {
         matches!(
@@ -160,6 +176,9 @@ pub struct Packet {
     /// The sender asked for a solicited event (a SEND, a WRITE with immediate data, a
     /// datagram): the receive's completion wakes a CQ armed for solicited completions only.
     pub solicited: bool,
+    /// An acknowledgement carried by a request ([`PacketKind::may_carry_ack`]): every request
+    /// its receiver sent up to this PSN was executed, as an ACK packet of it would say.
+    pub ack: Option<u32>,
 }
 
 /// The longest payload a packet holds in itself (an acknowledgement's none, a small
@@ -382,6 +401,7 @@ impl Packet {
             psn,
             kind: PacketKind::Nak(Nak::Dropped),
             payload: Payload::default(),
+            ack: None,
         }
     }
 
@@ -445,8 +465,15 @@ impl Packet {
                 0,
             ),
         };
+        // Only a kind that leaves offset 32 free carries an acknowledgement there (the queue
+        // pair attaches one to no other).
+        debug_assert!(self.ack.is_none() || self.kind.may_carry_ack());
+        let (ack, b) = match self.ack {
+            Some(psn) if self.kind.may_carry_ack() => (4, u64::from(psn)),
+            _ => (0, b),
+        };
         h[0] = kind;
-        h[1] = flags | if self.solicited { 2 } else { 0 };
+        h[1] = flags | if self.solicited { 2 } else { 0 } | ack;
         h[2..4].copy_from_slice(&code.to_le_bytes());
         h[4..8].copy_from_slice(&self.dest_qpn.to_le_bytes());
         h[8..12].copy_from_slice(&self.psn.to_le_bytes());
@@ -538,12 +565,17 @@ impl Packet {
         if !carries && !payload.is_empty() {
             return Err(WireError("a payload on a kind that carries none"));
         }
+        let ack = (h[1] & 4 != 0).then(|| u32_at(32));
+        if ack.is_some() && (!kind.may_carry_ack() || b >> 32 != 0) {
+            return Err(WireError("an acknowledgement on a kind that carries none"));
+        }
         Ok(Packet {
             solicited,
             dest_qpn: u32_at(4),
             psn: u32_at(8),
             kind,
             payload,
+            ack,
         })
     }
 }
@@ -592,9 +624,11 @@ mod tests {
             dest_qpn in any::<u32>(),
             psn in any::<u32>(),
             payload in prop::collection::vec(any::<u8>(), 0..64),
+            ack in prop::option::of(any::<u32>()),
         ) {
             let carries = k.carries_payload();
-            let p = Packet { dest_qpn, psn, kind: k, payload: if carries { payload } else { Vec::new() }.into(), solicited: carries };
+            let ack = ack.filter(|_| k.may_carry_ack());
+            let p = Packet { dest_qpn, psn, kind: k, payload: if carries { payload } else { Vec::new() }.into(), solicited: carries, ack };
             prop_assert_eq!(Packet::decode(&p.encode()), Ok(p));
         }
 
@@ -653,6 +687,7 @@ mod tests {
             psn: 2,
             kind: PacketKind::Send { imm: None },
             payload: vec![1, 2, 3].into(),
+            ack: None,
         };
         let mut b = p.encode();
         assert_eq!(
@@ -676,5 +711,31 @@ mod tests {
         );
         ack[0] = 99;
         assert_eq!(Packet::decode(&ack), Err(WireError("kind")));
+        // An acknowledgement carried by a kind that has no room for it (an ACK, an atomic),
+        // or naming more than a PSN.
+        let carried = |kind| {
+            let mut b = Packet {
+                kind,
+                payload: Vec::new().into(),
+                ..p.clone()
+            }
+            .encode();
+            b[1] |= 4;
+            Packet::decode(&b)
+        };
+        let refused = Err(WireError("an acknowledgement on a kind that carries none"));
+        assert_eq!(carried(PacketKind::Ack), refused);
+        let fetch_add = PacketKind::FetchAdd {
+            addr: 0,
+            rkey: 1,
+            add: 1 << 32,
+        };
+        assert_eq!(carried(fetch_add), refused);
+        let mut b = p.encode();
+        b[1] |= 4;
+        b[32..36].copy_from_slice(&7u32.to_le_bytes());
+        assert_eq!(Packet::decode(&b).map(|q| q.ack), Ok(Some(7)));
+        b[36] = 1;
+        assert_eq!(Packet::decode(&b), refused);
     }
 }

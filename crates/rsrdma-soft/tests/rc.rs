@@ -226,6 +226,11 @@ impl Pair {
                 }
             }
             if !any {
+                // Quiet: a device flushes the acknowledgements it held back (its application
+                // polls and finds nothing).
+                if self.s.iter_mut().fold(false, |f, s| s.qp.flush_ack() | f) {
+                    continue;
+                }
                 let due = self.s.iter().filter_map(|s| s.qp.poll_timeout()).min();
                 match due {
                     Some(t) => {
@@ -291,6 +296,11 @@ fn write_to(wr_id: u64, sge: Sge, remote_addr: u64, rkey: u32, signaled: bool) -
         fence: false,
         solicited: false,
     }
+}
+
+/// A side's completions: its send requests', then its receives', each in order.
+fn sends_and_receives(c: Vec<Completion>) -> (Vec<Completion>, Vec<Completion>) {
+    c.into_iter().partition(|c| (c.opcode as u32) < 128)
 }
 
 fn ids(c: &[Completion]) -> Vec<(u64, Status)> {
@@ -620,6 +630,7 @@ fn requests_the_responder_does_not_allow_are_invalid_requests() {
     let now = p.now;
     let r = &mut p.s[1];
     let misaligned = Packet {
+        ack: None,
         solicited: false,
         dest_qpn: 20,
         psn: 100,
@@ -1207,6 +1218,11 @@ enum Op {
     },
     /// Side 1 posts one receive.
     PostRecv,
+    /// Side 1 sends a message back (into receives side 0 posted at the start): its requests
+    /// carry the acknowledgements side 1 holds back.
+    Reply(Vec<u8>),
+    /// Side `i` sends the acknowledgement it holds back as a packet.
+    FlushAck(u8),
     /// One delivery step in either direction, or a timer.
     Step(u8),
 }
@@ -1219,6 +1235,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..4000u16, 0..300u16).prop_map(|(at, len)| Op::Read { at, len }),
         1 => (0..8u8, any::<u64>()).prop_map(|(word, add)| Op::Add { word, add }),
         2 => Just(Op::PostRecv),
+        1 => prop::collection::vec(any::<u8>(), 0..100).prop_map(Op::Reply),
+        1 => (0..2u8).prop_map(Op::FlushAck),
         6 => (0..3u8).prop_map(Op::Step),
     ]
 }
@@ -1227,16 +1245,26 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Random programs, random interleavings of posting and delivery, receives that come
-    /// late (RNR NAKs, retried for ever): every request succeeds in order, and the target's
-    /// memory, every READ and every received message are what executing the program in order
-    /// gives.
+    /// late (RNR NAKs, retried for ever), messages back the other way, acknowledgements held
+    /// back (carried by those messages, or flushed at random): every request succeeds in
+    /// order, and the target's memory, every READ and every received message are what
+    /// executing the program in order gives.
     #[test]
     fn random_programs_give_what_executing_them_in_order_gives(
         ops in prop::collection::vec(op(), 1..80),
         direct in any::<bool>(),
+        hold_acks in any::<bool>(),
     ) {
         let mut p = Pair::new(7);
         p.direct = direct;
+        for s in &mut p.s {
+            s.qp.set_hold_acks(hold_acks);
+        }
+        // Side 0's receives for the replies, posted before anything is sent.
+        for k in 0..60u64 {
+            p.post_recv(0, k, BASE + 40_000 + k * 128, 128);
+        }
+        let mut replies: Vec<Vec<u8>> = Vec::new();
         let rkey = p.s[1].key;
         // The reference: the target's memory region [0, 4300) and [8000, 8064) for atomics.
         let mut model = vec![0u8; 8064];
@@ -1311,6 +1339,18 @@ proptest! {
                         posted += 1;
                     }
                 }
+                Op::Reply(d) if replies.len() < 60 => {
+                    let addr = BASE + 30_000 + replies.len() as u64 * 128;
+                    p.fill(1, addr, d);
+                    let wr = send(replies.len() as u64, vec![p.sge(1, addr, d.len() as u32)], true);
+                    let s = &mut p.s[1];
+                    s.qp.post_send(wr, &mut s.mrs, &s.mem).unwrap();
+                    replies.push(d.clone());
+                }
+                Op::Reply(_) => {}
+                Op::FlushAck(i) => {
+                    p.s[usize::from(*i)].qp.flush_ack();
+                }
                 Op::Step(k) => match k {
                     0 => { p.transmit(0); p.deliver(0); }
                     1 => { p.transmit(1); p.deliver(1); }
@@ -1327,7 +1367,8 @@ proptest! {
             posted += 1;
         }
         p.run();
-        let done = p.completions(0);
+        let (done, got_back) = sends_and_receives(p.completions(0));
+        let (back, got) = sends_and_receives(p.completions(1));
         prop_assert_eq!(done.len() as u64, sent);
         for (k, c) in done.iter().enumerate() {
             prop_assert_eq!((c.wr_id, c.status), (k as u64, Status::Success));
@@ -1336,12 +1377,19 @@ proptest! {
         for (addr, want) in &expect_reads {
             prop_assert_eq!(&p.bytes(0, *addr, want.len()), want);
         }
-        let got = p.completions(1);
         prop_assert_eq!(got.len(), expect_msgs.len());
         for (k, (c, want)) in got.iter().zip(&expect_msgs).enumerate() {
             prop_assert_eq!((c.wr_id, c.status, c.byte_len as usize), (k as u64, Status::Success, want.len()));
             prop_assert_eq!(&p.bytes(1, BASE + 20_000 + k as u64 * 256, want.len()), want);
         }
+        // The replies: every one sent and received whole, in order.
+        prop_assert_eq!(ids(&back), (0..replies.len() as u64).map(|k| (k, Status::Success)).collect::<Vec<_>>());
+        prop_assert_eq!(got_back.len(), replies.len());
+        for (k, (c, want)) in got_back.iter().zip(&replies).enumerate() {
+            prop_assert_eq!((c.wr_id, c.status, c.byte_len as usize), (k as u64, Status::Success, want.len()));
+            prop_assert_eq!(&p.bytes(0, BASE + 40_000 + k as u64 * 128, want.len()), want);
+        }
+        prop_assert_eq!(p.s[0].qp.held_acks() + p.s[1].qp.held_acks(), 0);
         prop_assert_eq!(p.s[0].qp.state(), QpState::Rts);
         prop_assert_eq!(p.s[1].qp.state(), QpState::Rts);
     }
@@ -2014,6 +2062,7 @@ fn an_unreliable_connected_queue_pair_never_goes_direct() {
 fn an_answer_of_the_wrong_kind_fails_the_request_and_writes_nothing() {
     use rsrdma_soft::{PacketKind, Payload};
     let forged = |kind: PacketKind, payload: &[u8]| Packet {
+        ack: None,
         solicited: false,
         dest_qpn: 10,
         psn: 100,
@@ -2233,4 +2282,68 @@ fn a_link_broken_while_idle_fails_the_next_request_with_retry_exceeded() {
         );
         assert_eq!(p.s[0].qp.state(), QpState::Error);
     }
+}
+
+#[test]
+fn a_held_acknowledgement_rides_on_the_answer_and_goes_alone_when_flushed() {
+    let mut p = Pair::new(0);
+    for s in &mut p.s {
+        s.qp.set_hold_acks(true);
+    }
+    p.post_recv(1, 1, BASE + 100, 64);
+    p.post_recv(0, 2, BASE + 200, 64);
+    let ping = send(10, vec![p.sge(0, BASE, 8)], true);
+    p.post_send(0, ping).unwrap();
+    assert!(p.transmit(0) && p.deliver(0));
+    // Executed: its receive completes, and no ACK packet goes.
+    assert_eq!(ids(&p.completions(1)), vec![(1, Status::Success)]);
+    assert!(!p.transmit(1));
+    assert_eq!(p.s[1].qp.held_acks(), 1);
+    // The answer carries it: one packet each way completes both SENDs.
+    let pong = send(20, vec![p.sge(1, BASE, 8)], true);
+    p.post_send(1, pong).unwrap();
+    let carried = p.s[1].qp.poll_transmit().unwrap();
+    assert_eq!(
+        (carried.kind, carried.ack),
+        (PacketKind::Send { imm: None }, Some(100))
+    );
+    assert_eq!(p.s[1].qp.held_acks(), 0);
+    p.wire[1].push_back(carried.encode());
+    assert!(p.deliver(1));
+    let (sent, got) = sends_and_receives(p.completions(0));
+    assert_eq!(
+        (ids(&sent), ids(&got)),
+        (vec![(10, Status::Success)], vec![(2, Status::Success)])
+    );
+    // Side 0 holds the pong's: a flush sends it as an ACK packet, and side 1's SEND completes.
+    assert_eq!(p.s[0].qp.held_acks(), 1);
+    assert!(p.s[0].qp.flush_ack() && !p.s[0].qp.flush_ack());
+    let ack = p.s[0].qp.poll_transmit().unwrap();
+    assert_eq!((ack.kind, ack.psn, ack.ack), (PacketKind::Ack, 100, None));
+    p.wire[0].push_back(ack.encode());
+    assert!(p.deliver(0));
+    assert_eq!(ids(&p.completions(1)), vec![(20, Status::Success)]);
+    // Three SENDs held as one: a queue pair that fails still acknowledges what it executed;
+    // one whose completion was lost gives up the acknowledgement, naming the first request
+    // it covered.
+    for k in 0..3 {
+        p.post_recv(1, 30 + k, BASE + 300, 64);
+        p.post_send(0, send(40 + k, vec![p.sge(0, BASE, 8)], true))
+            .unwrap();
+    }
+    p.transmit(0);
+    while p.deliver(0) {}
+    assert_eq!(p.s[1].qp.held_acks(), 3);
+    assert_eq!(p.s[1].qp.drop_held_ack(), Some(101));
+    assert_eq!(p.s[1].qp.held_acks(), 0);
+    p.post_recv(1, 33, BASE + 300, 64);
+    p.post_send(0, send(43, vec![p.sge(0, BASE, 8)], true))
+        .unwrap();
+    p.transmit(0);
+    assert!(p.deliver(0));
+    assert_eq!(p.s[1].qp.held_acks(), 1);
+    p.s[1].qp.to_error();
+    let acks: Vec<_> = std::iter::from_fn(|| p.s[1].qp.poll_transmit()).collect();
+    assert_eq!(acks.len(), 1);
+    assert_eq!((acks[0].kind, acks[0].psn), (PacketKind::Ack, 104));
 }

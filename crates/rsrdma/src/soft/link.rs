@@ -62,6 +62,9 @@ pub(super) trait Deliver: Send + Sync + 'static {
     }
     /// The device listening on `peer` cannot be reached any more.
     fn link_down(&self, peer: SocketAddrV4);
+    /// A link's reader found nothing to read: the acknowledgements the device holds back
+    /// while the application polls go now (at the latest).
+    fn flush_acks(&self) {}
 }
 
 /// The device's listener and its connections to other devices.
@@ -195,8 +198,8 @@ impl Links {
 
     /// For a poll of the application's: moves what waits for room in the shared rings to
     /// peers, and reads what the rings from peers carry now, never waiting for a thread
-    /// that is at either.
-    pub(super) fn progress(&self, deliver: &dyn Deliver) {
+    /// that is at either; returns whether it read anything.
+    pub(super) fn progress(&self, deliver: &dyn Deliver) -> bool {
         shm_link::polled();
         // Most polls find no frame waiting for room: they take no lock for it.
         if QUEUED_LINKS.load(Ordering::Relaxed) > 0 {
@@ -209,9 +212,11 @@ impl Links {
             }
         }
         let inbound = self.inbound.read().unwrap_or_else(|p| p.into_inner());
+        let mut read = false;
         for i in inbound.iter() {
-            i.drain(deliver);
+            read |= i.drain(deliver);
         }
+        read
     }
 
     /// The application stopped polling: the readers of the shared-memory links go back to
@@ -780,6 +785,7 @@ mod tests {
     fn packet(dest_qpn: u32, payload: Vec<u8>) -> Packet {
         Packet {
             solicited: false,
+            ack: None,
             dest_qpn,
             psn: 1,
             kind: PacketKind::Send { imm: None },

@@ -110,4 +110,21 @@ impl QpCore {
             q.handle_timeout(now);
         }
     }
+
+    /// How many executed requests its held-back acknowledgement covers (0: none; UD never
+    /// holds one).
+    pub(super) fn held_acks(&self) -> u32 {
+        match self {
+            QpCore::Rc(q) => q.held_acks(),
+            QpCore::Ud(_) => 0,
+        }
+    }
+
+    /// Queues its held-back acknowledgement as an ACK packet; whether there was one.
+    pub(super) fn flush_ack(&mut self) -> bool {
+        match self {
+            QpCore::Rc(q) => q.flush_ack(),
+            QpCore::Ud(_) => false,
+        }
+    }
 }

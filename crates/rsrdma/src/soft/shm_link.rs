@@ -280,7 +280,7 @@ impl ShmOut {
 
     /// Publishes a consumer's position past what was written, as a faulty reader might.
     #[cfg(test)]
-    pub(super) fn break_tail(&self) {
+    pub(super) fn break_tail(&mut self) {
         self.ring.break_tail();
     }
 
@@ -431,22 +431,44 @@ impl Inbound {
         self.drain_locked(&mut r, deliver).map(|_| ())
     }
 
-    /// For a poller: reads what waits, unless the reader is at it.
-    pub(super) fn drain(&self, deliver: &dyn Deliver) {
+    /// For a poller: reads what waits, unless the reader is at it; returns whether anything
+    /// was read (or the reader was at it).
+    pub(super) fn drain(&self, deliver: &dyn Deliver) -> bool {
         if self.over.load(Ordering::Relaxed) || !self.peek.maybe_ready() {
-            return;
+            return false;
         }
         let Ok(mut r) = self.state.try_lock() else {
-            return;
+            return true;
         };
         if r.ring.available().is_ok_and(|n| n == 0) {
-            return;
+            return false;
         }
-        if self.drain_locked(&mut r, deliver).is_err() {
-            // The reader thread finds the same and ends the link.
-            signal(self.wake.as_raw_fd());
+        // The reader naps: it looks again within a nap, after this drain (it takes the same
+        // lock), and sends what the device held back meanwhile (`flush_acks`).
+        let napping = self.napping.load(Ordering::SeqCst);
+        BUSY_POLL_DRAIN.with(|d| d.set(napping));
+        let drained = self.drain_locked(&mut r, deliver);
+        BUSY_POLL_DRAIN.with(|d| d.set(false));
+        match drained {
+            Ok(read) => read,
+            Err(_) => {
+                // The reader thread finds the same and ends the link.
+                signal(self.wake.as_raw_fd());
+                false
+            }
         }
     }
+}
+
+thread_local! {
+    /// This thread delivers what an application's poll drained while the ring's reader naps.
+    static BUSY_POLL_DRAIN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread delivers what the application's poll drained from a ring whose
+/// reader naps (so the reader looks again within [`NAP`]).
+pub(super) fn delivering_for_a_busy_poll() -> bool {
+    BUSY_POLL_DRAIN.with(std::cell::Cell::get)
 }
 
 /// Counts one poll of the application's (an `ibv_poll_cq` call). Not an atomic increment
@@ -534,6 +556,7 @@ fn read_loop(i: &Inbound, deliver: &dyn Deliver) {
         if read {
             continue;
         }
+        deliver.flush_acks();
         if unread_naps < 2 && watch.busy_polling() {
             // The application polls (and drains): nap, unannounced, unless a CQ was armed
             // meanwhile (looked at after `napping` is said, so that either the arm sees the

@@ -176,6 +176,8 @@ struct QpEntry {
     published: Option<SharedQp>,
     /// It waits in [`State::dirty`] for the next pump.
     dirty: bool,
+    /// It holds back an acknowledgement, and is in [`State::owing`].
+    owing: bool,
 }
 
 struct SrqEntry {
@@ -196,6 +198,9 @@ struct State {
     /// one, on every post and poll: with 1024 queue pairs in a process, a send and its
     /// receive took about 100 µs against 1 µs with two.)
     dirty: Vec<u32>,
+    /// The queue pairs that hold back an acknowledgement ([`hold_acks`] says when and why),
+    /// each once ([`QpEntry::owing`]); [`ACKS_HELD`] says whether there is any.
+    owing: Vec<u32>,
     srqs: FastMap<u32, SrqEntry>,
     next_qpn: u32,
     next_handle: u32,
@@ -302,6 +307,7 @@ fn device() -> &'static Device {
                 mrs: MrTable::new(),
                 qps: FastMap::default(),
                 dirty: Vec::new(),
+                owing: Vec::new(),
                 srqs: FastMap::default(),
                 next_qpn: FIRST_QPN,
                 next_handle: 1,
@@ -387,6 +393,10 @@ impl Deliver for FromPeers {
             from_peer(&mut st, p, from, &mut now);
         }
         pump(&mut st, &mut now);
+    }
+
+    fn flush_acks(&self) {
+        send_held_acks();
     }
 
     fn link_down(&self, peer: SocketAddrV4) {
@@ -730,6 +740,9 @@ fn deliver(st: &mut State, p: Packet, from: SocketAddrV4, now: &mut LazyNow) -> 
     let datagram = matches!(p.kind, PacketKind::Datagram { .. });
     match &mut d.core {
         QpCore::Rc(q) if !datagram && same_device(remote, from) => {
+            // Inside the application's poll, its acknowledgement may wait for an answer to
+            // carry it ([`hold_acks`]); elsewhere it goes at once (and one held before, too).
+            q.set_hold_acks(hold_acks());
             let handled = q.handle_packet(p, mrs, &mut ProcessMemory { spare }, srq, || now.get());
             if handled == Handled::Dropped {
                 return Delivery::Dropped;
@@ -845,6 +858,9 @@ fn pump(st: &mut State, now: &mut LazyNow) {
             continue;
         };
         e.dirty = false;
+        if e.core.held_acks() >= ACK_EVERY {
+            e.core.flush_ack();
+        }
         // Its completions reach their CQs before its packets leave, as rxe's responder
         // completes before it acknowledges: a receive completion its CQ has no room for fails
         // the queue pair, which drops the acknowledgement of that SEND, so its sender does
@@ -859,9 +875,14 @@ fn pump(st: &mut State, now: &mut LazyNow) {
         };
         let unanswered = e.finish_turn(now);
         timer |= e.next_due().is_some();
+        note_owing(&mut st.owing, e, qpn);
         answer_dropped(st, qpn, unanswered, now);
     }
     st.dirty.clear();
+    let held = !st.owing.is_empty();
+    if ACKS_HELD.load(Ordering::Relaxed) != held {
+        ACKS_HELD.store(held, Ordering::Relaxed);
+    }
     for s in st.srqs.values_mut() {
         if s.core.poll_limit_event() {
             let mut a: ffi::ibv_async_event = zeroed();
@@ -874,6 +895,68 @@ fn pump(st: &mut State, now: &mut LazyNow) {
     // The timer thread only needs to hear of a retry or a held completion now due.
     if timer {
         device().timer.notify_one();
+    }
+}
+
+// ----- held acknowledgements ---------------------------------------------------------------
+
+/// A request that the application's poll takes from a shared ring while the ring's reader
+/// naps (the application busy-polls: `shm_link::Inbound::drain`) is acknowledged late: the
+/// acknowledgement is held back (`RcQp::set_hold_acks`), and the queue pair's next request
+/// carries it, or it goes as an ACK packet when the application's poll finds nothing to do
+/// (a poll that read nothing from the links and found its CQ empty), when a CQ is armed, when
+/// it covers [`ACK_EVERY`] requests, when the queue pair changes state or is destroyed, at
+/// exit, and at the latest when the napping reader wakes (`shm_link::NAP`, 1 ms). A
+/// ping-pong's answer then acknowledges the request it answers: one packet each way instead
+/// of two (a fifth of soft0's round trip was its ACKs), and a stream's receiver acknowledges
+/// a batch at once. Whatever else delivers (a link's thread, a poll while the reader
+/// sleeps, this process's own queue pairs) acknowledges at once, as before.
+fn hold_acks() -> bool {
+    super::shm_link::delivering_for_a_busy_poll()
+}
+
+/// Whether any queue pair holds back an acknowledgement (`State::owing` is not empty): read
+/// without the lock by the polls that would flush them.
+static ACKS_HELD: AtomicBool = AtomicBool::new(false);
+
+/// A held-back acknowledgement goes once it covers this many requests: a stream's requester
+/// does not wait for a whole send queue's worth.
+const ACK_EVERY: u32 = 16;
+
+/// Notes (after QP `qpn`'s turn in a pump) whether it holds back an acknowledgement.
+fn note_owing(owing: &mut Vec<u32>, e: &mut QpEntry, qpn: u32) {
+    let holds = e.core.held_acks() > 0;
+    if holds != e.owing {
+        e.owing = holds;
+        if holds {
+            owing.push(qpn);
+        } else {
+            owing.retain(|&q| q != qpn);
+        }
+    }
+}
+
+/// Queues every held-back acknowledgement as an ACK packet (the next pump sends them).
+fn flush_held_acks(st: &mut State) {
+    let State {
+        qps, dirty, owing, ..
+    } = st;
+    for qpn in owing.drain(..) {
+        if let Some(e) = qps.get_mut(&qpn) {
+            e.owing = false;
+            if e.core.flush_ack() {
+                mark(dirty, e, qpn);
+            }
+        }
+    }
+}
+
+/// Sends the held-back acknowledgements now, if there are any.
+pub(super) fn send_held_acks() {
+    if ACKS_HELD.load(Ordering::Relaxed) {
+        let mut st = lock();
+        flush_held_acks(&mut st);
+        pump(&mut st, &mut LazyNow::default());
     }
 }
 
@@ -977,11 +1060,15 @@ impl QpEntry {
             // The answers not yet sent go with the failure; the first of them names the
             // request its requester now waits for.
             if let QpCore::Rc(q) = &mut self.core {
+                // An acknowledgement held back is newer than every answer queued: the first
+                // request it covers is unanswered only when no answer is queued.
+                let held = q.drop_held_ack();
                 while let Some(p) = q.poll_transmit() {
                     if !p.kind.is_request() && unanswered.is_none() && !q.config().unreliable {
                         unanswered = Some(p.psn);
                     }
                 }
+                unanswered = unanswered.or(held);
             }
             self.core.move_to_error();
             while let Some(c) = self.core.poll_completion() {
@@ -1670,10 +1757,15 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
     // What peers on this host put in the shared rings is taken by the polls (before the CQ
     // is locked: what it delivers may complete into this CQ).
     let dev = device();
+    let mut read = false;
     if let Some(l) = &dev.links {
-        l.progress(&*dev.deliver);
+        read = l.progress(&*dev.deliver);
     }
     if !cq.pending.load(Ordering::Acquire) {
+        // Nothing to do: the acknowledgements held back go now ([`hold_acks`]).
+        if !read {
+            send_held_acks();
+        }
         empty_poll(true);
         return 0;
     }
@@ -1691,6 +1783,9 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
         cq.pending.store(false, Ordering::Relaxed);
     }
     drop(st);
+    if k == 0 && !read {
+        send_held_acks();
+    }
     empty_poll(k == 0);
     k
 }
@@ -1736,6 +1831,13 @@ unsafe extern "C" fn req_notify_cq_op(cq: *mut ffi::ibv_cq, solicited_only: c_in
 /// that is killed loses them still (a NIC would have sent them).
 fn flush_links_at_exit() {
     extern "C" fn at_exit() {
+        // The acknowledgements held back go too, unless the exiting thread holds the lock.
+        if ACKS_HELD.load(Ordering::Relaxed) {
+            if let Ok(mut st) = device().state.try_lock() {
+                flush_held_acks(&mut st);
+                pump(&mut st, &mut LazyNow::default());
+            }
+        }
         if let Some(l) = &device().links {
             l.flush(LINK_FLUSH_LIMIT);
         }
@@ -1743,7 +1845,8 @@ fn flush_links_at_exit() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // SAFETY: `at_exit` is a plain function that stays valid for the process's life; it
-        // takes no lock the exiting thread could hold (the links' own, and only theirs).
+        // waits for no lock the exiting thread could hold (the device's it only tries; the
+        // links' own are only theirs).
         if unsafe { libc::atexit(at_exit) } != 0 {
             tracing::debug!("soft0: no exit handler; links are flushed when their QPs go");
         }
@@ -2257,6 +2360,8 @@ pub(crate) fn ack_cq_events() {}
 /// # Safety
 /// `cq` is a live soft CQ.
 pub(crate) unsafe fn req_notify_cq(cq: *mut ffi::ibv_cq, solicited_only: bool) -> c_int {
+    // The application stops polling: the acknowledgements held back go now.
+    send_held_acks();
     // SAFETY: the caller's contract.
     let cq = unsafe { &*cq.cast::<SoftCq>() };
     {
@@ -2377,11 +2482,21 @@ pub(crate) unsafe fn create_qp(
             held: VecDeque::new(),
             published: None,
             dirty: false,
+            owing: false,
         },
     );
     drop(st);
     super::faults::on_create(qpn);
     qp
+}
+
+/// Sends QP `qpn`'s held-back acknowledgement now, if it holds one.
+fn flush_ack_of(qpn: u32) {
+    let mut st = lock();
+    if st.qps.get_mut(&qpn).is_some_and(|e| e.core.flush_ack()) {
+        st.touch(qpn);
+        pump(&mut st, &mut LazyNow::default());
+    }
 }
 
 /// The longest `destroy_qp` waits for the links to write what is queued.
@@ -2392,6 +2507,8 @@ const LINK_FLUSH_LIMIT: Duration = Duration::from_secs(1);
 pub(crate) unsafe fn destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
     // SAFETY: made by `create_qp`, freed once (the caller's contract).
     let qp = unsafe { Box::from_raw(qp.cast::<SoftQp>()) };
+    // The acknowledgement it holds back goes (rxe sent it as it executed the request).
+    flush_ack_of(qp.raw.qp_num);
     // What this QP sent (a datagram, an acknowledgement) leaves the process first, as it
     // would have left a NIC when it completed (see `Links::flush`).
     if let Some(l) = &device().links {
@@ -2424,6 +2541,11 @@ pub(crate) unsafe fn modify_qp(
     // SAFETY: the caller's contract.
     let (a, qpn) = unsafe { (&*attr, (*qp).qp_num) };
     let has = |m: M| mask as u32 & m.0 != 0;
+    // RESET forgets what is queued: the acknowledgement held back goes first (rxe sent it
+    // as it executed the request).
+    if has(M::IBV_QP_STATE) && a.qp_state == S::IBV_QPS_RESET {
+        flush_ack_of(qpn);
+    }
     let mut st = lock();
     let Some(e) = st.qps.get_mut(&qpn) else {
         return libc::EINVAL;
