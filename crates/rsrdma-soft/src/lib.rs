@@ -60,8 +60,8 @@
 //!
 //! Differences, on purpose: a message is one packet (the pipes carry any length, so there is
 //! no MTU to cut at and no PSN per MTU); a queue pair may hold back its acknowledgements
-([`RcQp::set_hold_acks`]: the device asks it to while the application busy-polls), and then
-its next request carries the latest ([`Packet::ack`]) or one ACK packet covers them all;
+//! ([`RcQp::set_hold_acks`]: the device asks it to while the application busy-polls), and then
+//! its next request carries the latest ([`Packet::ack`]) or one ACK packet covers them all;
 //! there is no go-back-N except after an RNR NAK or a dropped request (the pipes lose
 //! nothing); `max_rd_atomic` is not enforced yet (requests execute in order at the
 //! responder). A fenced request starts only once the READs and atomics before it have
