@@ -11,10 +11,12 @@
 //! size: buffers and boxes are now reused (`rsrdma_soft::PayloadBuf`), by the sender and by
 //! a link's reader.
 
-use rsrdma::{AccessFlags, ConnectOptions, Cq, Mr, Pd, Qp, QpCaps, QpType, RecvWr, SendWr, Wc};
+mod soft_peer;
+
+use rsrdma::{AccessFlags, ConnectOptions, Cq, Mr, Pd, Qp, QpCaps, QpType, RecvWr, SendWr};
+use soft_peer::{child_end, parent_end, poll_len, spawn_child};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::time::{Duration, Instant};
 
 /// Counts the allocations of the threads that ask it to.
 struct Counting;
@@ -140,91 +142,15 @@ fn posting_and_reaping_on_soft0_allocate_nothing() {
     );
 }
 
-/// Set in the child of `sends_between_processes_allocate_nothing`.
-const ECHO_CHILD_ENV: &str = "RSRDMA_TEST_ECHO_CHILD";
 /// The longest message the echo takes.
 const ECHO_MAX: usize = 1 << 16;
-
-fn endpoint_line(e: &rsrdma::QpEndpoint) -> String {
-    let gid: String = e
-        .gid
-        .as_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("EP {} {} {} {gid}", e.qp_num, e.psn, e.lid)
-}
-
-fn parse_endpoint(line: &str) -> rsrdma::QpEndpoint {
-    let w: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(w.first(), Some(&"EP"), "{line}");
-    let gid: Vec<u8> = (0..32)
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&w[4][i..i + 2], 16).unwrap())
-        .collect();
-    rsrdma::QpEndpoint {
-        qp_num: w[1].parse().unwrap(),
-        psn: w[2].parse().unwrap(),
-        lid: w[3].parse().unwrap(),
-        gid: rsrdma::Gid(gid.try_into().unwrap()),
-    }
-}
-
-/// One end of the echo: a connected RC queue pair with its CQ and a region of `ECHO_MAX`
-/// bytes (the other end's endpoint is read from `peer`).
-struct End {
-    _ctx: rsrdma::Context,
-    pd: Pd,
-    cq: Cq,
-    qp: Qp,
-}
-
-fn end() -> End {
-    let ctx = rsrdma::open("soft0").unwrap();
-    let pd = Pd::new(&ctx).unwrap();
-    let cq = Cq::new(&ctx, 64, None).unwrap();
-    let qp = Qp::builder(QpType::Rc)
-        .caps(QpCaps::default().max_send_wr(16).max_recv_wr(16))
-        .build(&pd, &cq, &cq)
-        .unwrap();
-    End {
-        _ctx: ctx,
-        pd,
-        cq,
-        qp,
-    }
-}
-
-/// Polls `cq` for one completion and returns its length.
-fn poll_len(cq: &Cq) -> u32 {
-    let mut wcs = [Wc::default(); 1];
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if cq.poll(&mut wcs).unwrap() == 1 {
-            assert!(wcs[0].is_ok(), "{:?}", wcs[0].status());
-            return wcs[0].byte_len();
-        }
-        assert!(Instant::now() < deadline, "no completion");
-    }
-}
 
 /// The other process of `sends_between_processes_allocate_nothing`: sends back every message
 /// it gets, until an empty one.
 #[test]
 #[ignore = "runs as the child process of sends_between_processes_allocate_nothing"]
 fn echo_child() {
-    assert!(
-        std::env::var_os(ECHO_CHILD_ENV).is_some(),
-        "run by the parent test"
-    );
-    let e = end();
-    let me = e.qp.endpoint(1, Some(1), 0x4000).unwrap();
-    println!("{}", endpoint_line(&me));
-    let mut line = String::new();
-    std::io::stdin().read_line(&mut line).unwrap();
-    let peer = parse_endpoint(&line);
-    e.qp.connect(&ConnectOptions::default().gid_index(Some(1)), me.psn, &peer)
-        .unwrap();
+    let e = child_end();
     let mr = Mr::new(&e.pd, ECHO_MAX, AccessFlags::LOCAL_WRITE).unwrap();
     let recv = [mr.sge(0, ECHO_MAX).unwrap()];
     // SAFETY: `mr` outlives the receive; it completes (or the QP goes) before `mr` is dropped.
@@ -255,39 +181,10 @@ fn echo_child() {
 /// the rings (what a link's own threads do is not counted).
 #[test]
 fn sends_between_processes_allocate_nothing() {
-    use std::io::{BufRead, BufReader, Write};
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let exe = std::env::current_exe().unwrap();
-    let mut child = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            "echo_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(ECHO_CHILD_ENV, "1")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut next_line = |want: &str| loop {
-        let mut line = String::new();
-        assert!(out.read_line(&mut line).unwrap() > 0, "the child ended");
-        // The harness may have begun the line ("test echo_child ... ").
-        if let Some(at) = line.find(want) {
-            return line[at..].to_string();
-        }
-    };
-    let peer = parse_endpoint(&next_line("EP "));
-    let e = end();
-    let me = e.qp.endpoint(1, Some(1), 0x5000).unwrap();
-    e.qp.connect(&ConnectOptions::default().gid_index(Some(1)), me.psn, &peer)
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    writeln!(stdin, "{}", endpoint_line(&me)).unwrap();
-    next_line("READY");
+    let (mut child, mut lines) = spawn_child("echo_child");
+    let e = parent_end(&mut child, &mut lines);
+    lines.next_with("READY");
 
     let src = Mr::new(&e.pd, ECHO_MAX, AccessFlags::NONE).unwrap();
     let dst = Mr::new(&e.pd, ECHO_MAX, AccessFlags::LOCAL_WRITE).unwrap();
