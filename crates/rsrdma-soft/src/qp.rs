@@ -688,6 +688,14 @@ impl RcQp {
         self.events.pop_front()
     }
 
+    /// Whether it has completions or events to give ([`RcQp::poll_completion`],
+    /// [`RcQp::poll_event`]): a device that serves many queue pairs asks before it asks
+    /// for them.
+    #[inline]
+    pub fn has_output(&self) -> bool {
+        !self.cq.is_empty() || !self.events.is_empty()
+    }
+
     /// When [`RcQp::handle_timeout`] is due (a retry after an RNR NAK or a dropped request).
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.resend.map(|(_, at, _)| at)

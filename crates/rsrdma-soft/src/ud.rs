@@ -264,6 +264,14 @@ impl UdQp {
         self.events.pop_front()
     }
 
+    /// Whether it has completions or events to give ([`UdQp::poll_completion`],
+    /// [`UdQp::poll_event`]): a device that serves many queue pairs asks before it asks
+    /// for them.
+    #[inline]
+    pub fn has_output(&self) -> bool {
+        !self.cq.is_empty() || !self.events.is_empty()
+    }
+
     /// A datagram for this QP from `from`, whose port's GID is `to_gid` here: delivered into
     /// the oldest receive behind a GRH, or dropped. `srq`: the shared receive queue of a QP
     /// that uses one.

@@ -90,6 +90,14 @@ impl QpCore {
         }
     }
 
+    /// Whether it has completions or events to give.
+    pub(super) fn has_output(&self) -> bool {
+        match self {
+            QpCore::Rc(q) => q.has_output(),
+            QpCore::Ud(q) => q.has_output(),
+        }
+    }
+
     pub(super) fn poll_event(&mut self) -> Option<QpEvent> {
         match self {
             QpCore::Rc(q) => q.poll_event(),

@@ -458,12 +458,15 @@ impl QpEntry {
     /// broken link), so only a change of readiness is published again (a pump runs on every
     /// post and poll: it computes nothing else).
     fn republish_state(&mut self) {
-        if self
-            .published
-            .is_some_and(|p| p.responder.ready != self.ready())
-        {
+        if self.readiness_changed() {
             self.publish();
         }
+    }
+
+    /// Whether its readiness changed since it was published.
+    fn readiness_changed(&self) -> bool {
+        self.published
+            .is_some_and(|p| p.responder.ready != self.ready())
     }
 
     /// Where the device its peer QP lives on listens (set at RTR: the LID, and the GID's
@@ -964,11 +967,17 @@ pub(super) fn send_held_acks() {
 /// before it answered: see [`QpEntry::finish_turn`]), so that it sends it again after its
 /// transport timer and, finding `qpn` failed, ends with `RETRY_EXC_ERR`, as a requester
 /// whose answer never came does on a NIC.
+#[inline]
 fn answer_dropped(st: &mut State, qpn: u32, psn: Option<u32>, now: &mut LazyNow) {
     // Almost every turn leaves nothing unanswered: no look-up then.
-    let Some(psn) = psn else {
-        return;
-    };
+    if let Some(psn) = psn {
+        tell_unanswered(st, qpn, psn, now);
+    }
+}
+
+/// [`answer_dropped`]'s notice, for a request `psn` that is unanswered.
+#[cold]
+fn tell_unanswered(st: &mut State, qpn: u32, psn: u32, now: &mut LazyNow) {
     let Some(e) = st.qps.get(&qpn) else {
         return;
     };
@@ -1039,6 +1048,11 @@ impl QpEntry {
     /// leave, and this returns the PSN of the first request left unanswered (its requester
     /// must hear of it: [`answer_dropped`]).
     fn finish_turn(&mut self, now: &mut LazyNow) -> Option<u32> {
+        // Most turns have nothing to finish (a pump runs it twice per queue pair, on every
+        // post and delivery): they pay for the look only.
+        if !self.core.has_output() && self.held.is_empty() && !self.readiness_changed() {
+            return None;
+        }
         self.republish_state();
         // A completion its CQ had no room for (the CQ overran): as rxe, the QP fails.
         let mut lost = false;
