@@ -127,13 +127,12 @@ impl PacketKind {
     /// Whether a packet of this kind may carry an acknowledgement ([`Packet::ack`]): the
     /// requests whose header leaves the room for it.
     pub fn may_carry_ack(&self) -> bool {
-        matches!(
-            self,
-            PacketKind::Send { .. }
-                | PacketKind::SendInv { .. }
-                | PacketKind::Write { .. }
-                | PacketKind::ReadRequest { .. }
-        )
+        // An atomic's header is full (compare and swap, or add, at offsets 32 and 40).
+        self.is_request()
+            && !matches!(
+                self,
+                PacketKind::CompareSwap { .. } | PacketKind::FetchAdd { .. }
+            )
     }
 
     /// Whether packets of this kind carry bytes.

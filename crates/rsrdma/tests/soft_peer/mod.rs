@@ -149,3 +149,16 @@ pub fn parent_end(child: &mut Child, lines: &mut Lines) -> End {
     writeln!(stdin, "{}", endpoint_line(&me)).unwrap();
     e
 }
+
+/// In the parent: sends the child an empty message (its sign to end), waits for the send to
+/// complete and for the child to exit, and asserts it succeeded.
+pub fn end_child(e: &End, child: &mut Child) {
+    let none: [rsrdma::Sge; 0] = [];
+    // SAFETY: no memory named.
+    unsafe {
+        e.qp.post_send(&rsrdma::SendWr::send(u64::MAX, &none).signaled(true))
+            .unwrap()
+    };
+    poll_len(&e.cq);
+    assert!(child.wait().unwrap().success(), "the child failed");
+}
