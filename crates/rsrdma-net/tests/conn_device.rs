@@ -1767,6 +1767,28 @@ fn a_tcp_dial_to_an_rdma_cm_listener_names_the_path() {
     }
 }
 
+/// A RawConn's dial to a listener of Conns on rdma_cm is refused and says so, at once, on both
+/// devices (on a NIC nothing takes its TCP connection; soft0's rdma_cm takes it on its port
+/// and closes it, which read "the peer closed the connection during handshake hello": an
+/// outside tester's find with `rs_rdmanet_bw --raw` on one side only).
+#[test]
+fn a_raw_dial_to_an_rdma_cm_listener_is_refused_and_says_so() {
+    let cm = Listener::bind(format!("{}:0", support::ip()), opts(Establish::Cm)).unwrap();
+    let raw = rsrdma_net::RawOptions::default()
+        .device(support::device())
+        .gid_index(support::gid_index())
+        .timeout(Duration::from_secs(5));
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let e = rsrdma_net::RawConn::dial(cm.local_addr(), raw.clone()).unwrap_err();
+        assert_eq!(e.io_kind(), std::io::ErrorKind::ConnectionRefused, "{e:?}");
+        if matches!(e, NetError::NotListening { .. }) {
+            assert!(e.to_string().contains("a Listener of Conns"), "{e}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    }
+}
+
 /// F5: a secret on rdma_cm (the default path) is checked, in both directions, before either
 /// side delivers or exposes anything: the same secret connects (and carries messages, large
 /// ones by rendezvous too); a wrong one, none, or a listener without one does not, and a

@@ -410,6 +410,24 @@ fn rdmanet_bw_raw_onebuf_single_posts() {
     line(&s.stdout, "server received 100 messages (102400 bytes)");
 }
 
+/// `--raw` on the client only: it exits 1 at once and names the flag (on soft0 it said "the
+/// peer closed the connection during handshake hello": soft0's rdma_cm took its TCP
+/// connection; an outside tester's find). The server, a listener, serves on.
+#[test]
+fn rdmanet_bw_raw_on_the_client_only_names_the_flag() {
+    let port = port();
+    let mut s = server(BW, port, &[]);
+    let c = client(BW, port, &["--raw", "-n", "10"]).wait(LIMIT);
+    s.kill();
+    assert_eq!(c.code, Some(1), "{}", show("client", &c));
+    assert!(c.took < Duration::from_secs(5), "{}", show("client", &c));
+    assert!(
+        c.stderr.contains("this side has --raw: does the server?"),
+        "{}",
+        show("client", &c)
+    );
+}
+
 #[test]
 fn rdmanet_bw_raw_onebuf_on_one_end_only_is_refused() {
     let port = port();

@@ -64,8 +64,24 @@ pub fn listen(c: &Common, opts: ConnOptions) -> Result<Listener, Error> {
 /// # Errors
 /// The dial's errors.
 pub fn dial(t: &Target, opts: ConnOptions) -> Result<Conn, Error> {
-    Conn::dial((t.host.as_str(), t.port), opts)
-        .map_err(|e| net_error(&format!("connect to {}:{}", t.host, t.port), e))
+    Conn::dial((t.host.as_str(), t.port), opts).map_err(|e| connect_error(t, e, false))
+}
+
+/// A failed connect, with the flags to look at when the server takes no connection of this
+/// kind (`raw`: this side dialled as a RawConn).
+pub fn connect_error(t: &Target, e: NetError, raw: bool) -> Error {
+    let what = format!("connect to {}:{}", t.host, t.port);
+    match e {
+        e if e.io_kind() == std::io::ErrorKind::ConnectionRefused => {
+            let flags = if raw {
+                "this side has --raw: does the server?"
+            } else {
+                "both ends need the same --raw and --handshake"
+            };
+            Error::Oob(format!("{what}: {e} ({flags})"))
+        }
+        e => net_error(&what, e),
+    }
 }
 
 #[cfg(test)]

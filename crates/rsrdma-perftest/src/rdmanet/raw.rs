@@ -7,7 +7,7 @@
 
 use super::args::{BwArgs, Raw, Target};
 use super::cpu::process_cpu;
-use super::net::net_error;
+use super::net::{connect_error, net_error};
 use super::text::{
     accepted_line, cpu_line, json_rates, listening_line, raw_result, received_line,
     registered_line, Json,
@@ -131,8 +131,10 @@ pub fn client(a: &BwArgs, r: &Raw, target: &Target, o: &mut Out<'_>) -> Result<J
         (PARAM_COUNT, count),
         (PARAM_ONEBUF, u64::from(r.onebuf)),
     ]);
-    let mut rc = RawConn::dial((target.host.as_str(), target.port), opts)
-        .map_err(|e| raw_err(&format!("connect to {}:{}", target.host, target.port), e))?;
+    let mut rc = RawConn::dial((target.host.as_str(), target.port), opts).map_err(|e| match e {
+        e if e.io_kind() == std::io::ErrorKind::ConnectionRefused => connect_error(target, e, true),
+        e => raw_err(&format!("connect to {}:{}", target.host, target.port), e),
+    })?;
     let h = header_info(&rc)?;
     let p = header_params(a.size, count, r.tx_depth, r, Some(&target.host))?;
     print_header(o, &p, &h);
