@@ -89,14 +89,20 @@ fn round_up(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
 }
 
+/// The most a stored limit holds: a limit this long or longer (584 years) reads back as
+/// `Duration::MAX`, so that `set_read_timeout(Some(Duration::MAX))` reads back as it was set.
+const LONGEST: u64 = NO_TIMEOUT - 1;
+
 fn to_nanos(t: Option<Duration>) -> u64 {
-    t.map_or(NO_TIMEOUT, |d| {
-        d.as_nanos().min(u128::from(NO_TIMEOUT - 1)) as u64
-    })
+    t.map_or(NO_TIMEOUT, |d| d.as_nanos().min(u128::from(LONGEST)) as u64)
 }
 
 fn from_nanos(n: u64) -> Option<Duration> {
-    (n != NO_TIMEOUT).then(|| Duration::from_nanos(n))
+    match n {
+        NO_TIMEOUT => None,
+        LONGEST => Some(Duration::MAX),
+        n => Some(Duration::from_nanos(n)),
+    }
 }
 
 impl PacketConn {
@@ -592,4 +598,26 @@ pub(crate) enum SendAttempt {
     Full,
     /// The destination has no address handle yet.
     NeedsAh(Addr),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{from_nanos, to_nanos};
+    use std::time::Duration;
+
+    #[test]
+    fn a_stored_time_limit_reads_back_as_it_was_set() {
+        for t in [
+            None,
+            Some(Duration::from_nanos(1)),
+            Some(Duration::from_millis(250)),
+            Some(Duration::from_secs(86_400 * 365)),
+            Some(Duration::MAX),
+        ] {
+            assert_eq!(from_nanos(to_nanos(t)), t);
+        }
+        // Past what nanoseconds in a u64 hold: forever, as set.
+        let long = Some(Duration::from_secs(u64::MAX / 2));
+        assert_eq!(from_nanos(to_nanos(long)), Some(Duration::MAX));
+    }
 }
