@@ -992,6 +992,9 @@ fn tell_unanswered(st: &mut State, qpn: u32, psn: u32, now: &mut LazyNow) {
 /// Hands every packet QP `qpn` has to send to its destination: another process's device
 /// through a link, or a queue pair of this one (delivered now).
 fn send_packets(st: &mut State, qpn: u32, now: &mut LazyNow) {
+    if send_to_peer_process(st, qpn) {
+        return;
+    }
     while let Some((to, pkt)) = transmit(st, qpn) {
         let request = pkt.kind.is_request();
         if pkt.payload.has_buffer() {
@@ -1039,6 +1042,35 @@ fn send_packets(st: &mut State, qpn: u32, now: &mut LazyNow) {
             _ => {}
         }
     }
+}
+
+/// [`send_packets`] for a connected queue pair whose peer lives in another process, over the
+/// link it keeps: every packet with one look-up of the queue pair (the general way looks it up
+/// two or three times a packet, and once more to find nothing left). Returns false, having
+/// sent nothing, for any other queue pair.
+fn send_to_peer_process(st: &mut State, qpn: u32) -> bool {
+    let State { qps, lent, .. } = st;
+    let Some(e) = qps.get_mut(&qpn) else {
+        return false;
+    };
+    let (QpCore::Rc(q), Some(links)) = (&mut e.core, &device().links) else {
+        return false;
+    };
+    if is_own(e.remote) {
+        return false;
+    }
+    let dev = device();
+    while let Some(pkt) = q.poll_transmit() {
+        if pkt.payload.has_buffer() {
+            lent.push_back(pkt.payload.clone());
+        }
+        let sent = route_to(&mut e.route, e.remote, links, &dev.deliver)
+            .is_some_and(|r| Links::send_on(r, pkt));
+        if !sent {
+            q.handle_link_down();
+        }
+    }
+    true
 }
 
 impl QpEntry {
