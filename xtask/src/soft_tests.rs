@@ -269,6 +269,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         &[
             "a_dropped_rail_listener_refuses_what_it_never_handed_out",
             "a_later_rail_at_a_plain_listener_is_refused_at_once",
+            "a_listener_whose_join_timeout_passes_says_what_it_closes_for",
             "a_lost_rail_is_counted_on_the_side_that_lost_it",
             "a_plain_conn_at_either_end_gets_one_plain_rail",
             "a_rail_that_fails_after_the_peer_closed_ends_the_stream_as_a_close",

@@ -247,6 +247,24 @@ fn huge_timeouts_mean_no_limit_and_never_panic() {
     s.close().unwrap();
 }
 
+/// A listener whose `join_timeout` passes before a rail's hello arrives closes the striped
+/// connection, and the dialer is told what a listener closes one for (it read only "the peer
+/// closed the connection during the striped connection's set-up", an outside tester's find).
+#[test]
+fn a_listener_whose_join_timeout_passes_says_what_it_closes_for() {
+    let mut impatient = rails(Establish::Tcp, 2);
+    impatient.join_timeout = Duration::from_nanos(1);
+    let l = RailListener::bind(listen_addr(&impatient.rails[0]), impatient).unwrap();
+    let addr = l.local_addr();
+    let serving = thread::spawn(move || l.accept_timeout(Duration::from_secs(3)).map(drop));
+    let e = RailConn::dial(addr, rails(Establish::Tcp, 2)).unwrap_err();
+    assert!(
+        matches!(e, rsrdma_net::NetError::PeerClosed(_)) && e.to_string().contains("join_timeout"),
+        "{e:?}"
+    );
+    let _ = serving.join();
+}
+
 #[test]
 fn a_silent_rail_does_not_hold_up_a_good_client() {
     let o = rails(Establish::Tcp, 2);

@@ -307,7 +307,13 @@ impl RailConn {
             e => e,
         })?;
         rails[0].set_read_timeout(None)?;
-        let answer = answer.ok_or(NetError::PeerClosed("the striped connection's set-up"))?;
+        // The listener closes a connection whose rails it refused (no hello within its
+        // `join_timeout`, one that does not fit) or that did not all join in time: said so
+        // (an outside tester saw only "closed during the striped connection's set-up").
+        let answer = answer.ok_or(NetError::PeerClosed(
+            "the striped connection's set-up (a listener closes one whose rails it refused or \
+             that did not all join within its RailOptions::join_timeout; its log says which)",
+        ))?;
         let settled = Hello::decode(&answer, true).map_err(|why| NetError::Unexpected {
             expected: "a striped connection's answer",
             got: why,
