@@ -746,9 +746,14 @@ impl RcQp {
         }
         if let Some(psn) = p.ack {
             // Carried by a request: the answer it stands for comes first, as an ACK packet
-            // sent before the request would.
+            // sent before the request would. One that failed this queue pair (it passed a
+            // READ: the peer's bug) leaves the request unexecuted, as any request that finds
+            // the queue pair in ERROR.
             if !self.cfg.unreliable {
                 self.on_ack(psn);
+                if self.state == QpState::Error {
+                    return Handled::Dropped;
+                }
             }
         }
         match p.kind {

@@ -2347,3 +2347,36 @@ fn a_held_acknowledgement_rides_on_the_answer_and_goes_alone_when_flushed() {
     assert_eq!(acks.len(), 1);
     assert_eq!((acks[0].kind, acks[0].psn), (PacketKind::Ack, 104));
 }
+
+#[test]
+fn a_carried_acknowledgement_that_passes_a_read_fails_the_read_and_drops_its_request() {
+    let mut p = Pair::new(0);
+    let rkey = p.s[1].key;
+    p.post_send(0, read(1, p.sge(0, BASE, 8), BASE + 64, rkey))
+        .unwrap();
+    let _ = p.s[0].qp.poll_transmit();
+    // A peer's SEND that claims to acknowledge the READ (a bug: a READ is answered by its
+    // response): the READ fails, and the SEND is not executed.
+    p.post_recv(0, 7, BASE + 512, 64);
+    let forged = Packet {
+        ack: Some(100),
+        solicited: false,
+        dest_qpn: 10,
+        psn: 100,
+        kind: PacketKind::Send { imm: None },
+        payload: Payload::from_slice(&[1, 2, 3]),
+    };
+    let s = &mut p.s[0];
+    let now = p.now;
+    let handled =
+        s.qp.handle_packet(forged, &mut s.mrs, &mut s.mem, None, || now);
+    assert_eq!(handled, Handled::Dropped);
+    assert_eq!(s.qp.state(), QpState::Error);
+    let done = p.completions(0);
+    assert_eq!(done[0].wr_id, 1);
+    assert_eq!(done[0].status, Status::FatalErr);
+    assert!(
+        done[1..].iter().all(|c| c.status == Status::WrFlushErr),
+        "{done:?}"
+    );
+}
