@@ -161,6 +161,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "a_stranger_on_rdma_cm_reaches_nothing_of_a_shared_protection_domain",
             "a_silent_half_handshake_does_not_delay_a_good_client",
             "a_timeout_inside_a_message_keeps_it_whole_on_both_sides",
+            "an_rdma_cm_dial_to_a_service_that_speaks_first_is_refused_at_once",
             "an_rdma_cm_dial_to_a_tcp_listener_names_the_path",
             "a_request_nobody_took_is_told_why_when_its_listener_drops",
             "a_server_keeps_no_descriptors_of_peer_processes_that_left",

@@ -1767,6 +1767,35 @@ fn a_tcp_dial_to_an_rdma_cm_listener_names_the_path() {
     }
 }
 
+/// An rdma_cm dial (the default) to a service of another protocol that speaks first says
+/// that something there is not rdma_cm, at once, on both devices (on soft0 the service's
+/// first bytes were read as a frame's header that announced 21,573 bytes, and the dial waited
+/// out its connect timeout: "rdma_connect timed out after 9997 ms", an outside tester's find).
+#[test]
+fn an_rdma_cm_dial_to_a_service_that_speaks_first_is_refused_at_once() {
+    let server = std::net::TcpListener::bind(format!("{}:0", support::ip())).unwrap();
+    let addr = server.local_addr().unwrap();
+    let _speaking = thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in server.incoming().take(3) {
+            let mut s = s.unwrap();
+            let _ = s.write_all(b"GET / HTTP/1.1\r\n");
+            held.push(s);
+        }
+        thread::sleep(Duration::from_secs(5));
+    });
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let e = Conn::dial(addr, opts(Establish::Cm)).unwrap_err();
+        assert_eq!(e.io_kind(), std::io::ErrorKind::ConnectionRefused, "{e:?}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "{:?}: {e}",
+            t0.elapsed()
+        );
+    }
+}
+
 /// A RawConn's dial to a listener of Conns on rdma_cm is refused and says so, at once, on both
 /// devices (on a NIC nothing takes its TCP connection; soft0's rdma_cm takes it on its port
 /// and closes it, which read "the peer closed the connection during handshake hello": an

@@ -4,8 +4,8 @@
 //! peer's CM sends into the ids' events.
 
 use super::wire::{
-    padded, take_frame, write_frame, Endpoint, DREQ, REJ, REJ_CONSUMER, REJ_PRIVATE, REP,
-    REP_PRIVATE, REQ, REQ_PRIVATE, RTU,
+    not_a_frame, padded, take_frame, write_frame, Endpoint, DREQ, REJ, REJ_CONSUMER, REJ_PRIVATE,
+    REP, REP_PRIVATE, REQ, REQ_PRIVATE, RTU,
 };
 use super::{attach, lock, new_id, push, queue, set_addr, zeroed, Action, Channel, Shared};
 use crate::ffi;
@@ -210,7 +210,8 @@ fn step(c: Conn, ready: bool, now: Instant, added: &mut Vec<Conn>) -> Option<Con
             }
             // Not a CM's request (a TCP-path dialer's hello, say): dropped at once, so that
             // its dialer hears the end now rather than after REQ_WAIT.
-            if buf.first().is_some_and(|&tag| tag != REQ) {
+            if buf.first().is_some_and(|&tag| tag != REQ) || not_a_frame(&buf) {
+                tracing::debug!(%from, "soft0 rdma_cm: a connection that is no CM's request, closed");
                 return None;
             }
             match take_frame(&mut buf) {
@@ -246,7 +247,17 @@ fn step(c: Conn, ready: bool, now: Instant, added: &mut Vec<Conn>) -> Option<Con
                 return Some(Conn::Open { s, buf, id, active });
             }
             let alive = fill(&mut s, &mut buf);
-            while let Some((tag, body)) = take_frame(&mut buf) {
+            loop {
+                // Another protocol's bytes (the dialer reached some other service, which
+                // spoke first): as if the connection had ended, now, rather than at the
+                // dialer's timeout.
+                if not_a_frame(&buf) {
+                    on_end(&id, active);
+                    return None;
+                }
+                let Some((tag, body)) = take_frame(&mut buf) else {
+                    break;
+                };
                 if !on_frame(&id, active, tag, &body) {
                     return None;
                 }

@@ -89,6 +89,22 @@ pub(super) fn padded(data: &[u8], size: usize) -> Vec<u8> {
     v
 }
 
+/// The longest body a soft CM sends (a REP: its endpoint and up to 196 bytes of private
+/// data), with room to spare.
+const MAX_BODY: usize = 512;
+
+/// Whether `buf` begins with what no soft CM sends: an unknown tag, or a length past any
+/// frame's (bytes of another protocol: "GET / HTTP/1.1" read as a frame waited for 21,573
+/// bytes, and its dialer for its whole timeout).
+pub(super) fn not_a_frame(buf: &[u8]) -> bool {
+    match *buf {
+        [] => false,
+        [tag, ..] if !(REQ..=DREQ).contains(&tag) => true,
+        [_, a, b, ..] => usize::from(u16::from_le_bytes([a, b])) > MAX_BODY,
+        _ => false,
+    }
+}
+
 /// Takes one whole frame off the front of `buf`.
 pub(super) fn take_frame(buf: &mut Vec<u8>) -> Option<(u8, Vec<u8>)> {
     let len = usize::from(u16::from_le_bytes([*buf.get(1)?, *buf.get(2)?]));
@@ -99,4 +115,23 @@ pub(super) fn take_frame(buf: &mut Vec<u8>) -> Option<(u8, Vec<u8>)> {
     let tag = buf[0];
     buf.drain(..3 + len);
     Some((tag, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_soft_cms_frames_pass_for_frames() {
+        assert!(!not_a_frame(&[]));
+        assert!(!not_a_frame(&[REQ]));
+        assert!(!not_a_frame(&[REP, 229, 0]));
+        assert!(!not_a_frame(&[DREQ, 0, 0]));
+        assert!(not_a_frame(b"GET / HTTP/1.1\r\n"));
+        assert!(not_a_frame(&[0]));
+        assert!(
+            not_a_frame(&[REJ, 0x45, 0x54]),
+            "21,573 bytes: no soft CM's"
+        );
+    }
 }
