@@ -25,7 +25,7 @@ pub fn version(p: &Params, oob: &mut Oob) -> Result<Option<Trailer>> {
     let (version, peer_trailer) = wire::parse_version(&ver);
     if version < wire::MIN_VERSION {
         return Err(Error::Protocol(format!(
-            "Current implementation is not compatible with versions older than 5.70\n (the peer {} sent \"{}\" instead of a perftest version: is it a perftest tool?)",
+            "Current implementation is not compatible with versions older than 5.70\n (the peer {} sent \"{}\" instead of a perftest version: is it a perftest tool? On soft0 a client with -R, where this side has none, is one: give both ends -R, or neither)",
             oob.peer(),
             wire::printable(&ver)
         )));
