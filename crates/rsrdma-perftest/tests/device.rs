@@ -100,7 +100,12 @@ impl Proc {
     }
 
     /// Waits at most `limit`; a process still running then is killed and the test fails.
-    fn wait(mut self, limit: Duration) -> Done {
+    fn wait(self, limit: Duration) -> Done {
+        self.wait_telling(limit, "")
+    }
+
+    /// [`Proc::wait`], with `context` (the peer's output, say) in the failure's message.
+    fn wait_telling(mut self, limit: Duration, context: &str) -> Done {
         let start = Instant::now();
         let mut child = self.child.take().unwrap();
         let code = loop {
@@ -113,7 +118,7 @@ impl Proc {
                 let so = self.out.take().unwrap().join().unwrap_or_default();
                 let se = self.err.take().unwrap().join().unwrap_or_default();
                 panic!(
-                    "{} still running after {:?}: killed\n--- stdout\n{so}\n--- stderr\n{se}",
+                    "{} still running after {:?}: killed\n--- stdout\n{so}\n--- stderr\n{se}\n{context}",
                     self.name, limit
                 );
             }
@@ -280,7 +285,9 @@ fn pair_once(
         &with(with(common(port), cli.2), &[host.as_str()]),
     );
     let c = c.wait(limit);
-    let s = s.wait(Duration::from_secs(20));
+    // A server left waiting says what its client did (a VM run once saw an rdma_cm server
+    // wait for a C client that had ended, and not why).
+    let s = s.wait_telling(Duration::from_secs(20), &show("client", &c));
     (s, c)
 }
 
