@@ -266,6 +266,22 @@ impl NetError {
     pub(crate) fn io(op: &'static str, source: io::Error) -> Self {
         NetError::Io { op, source }
     }
+
+    /// A dial to `addr` over `path` whose TCP connection something took and closed without a
+    /// hello ("the peer closed the connection during handshake hello", which gave no clue):
+    /// nothing of `path` listens there, and `hint` says what may (on soft0, an rdma_cm
+    /// listener takes TCP connections on its port). Any other error is returned as it is.
+    pub(crate) fn closed_without_a_hello(
+        self,
+        addr: std::net::SocketAddr,
+        path: &'static str,
+        hint: &'static str,
+    ) -> Self {
+        match self {
+            NetError::PeerClosed("handshake hello") => NetError::NotListening { addr, path, hint },
+            e => e,
+        }
+    }
 }
 
 /// Result alias of rsrdma-net.

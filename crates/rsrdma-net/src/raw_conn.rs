@@ -268,8 +268,17 @@ impl RawConn {
         for a in &addrs {
             match TcpStream::connect_timeout(a, opts.timeout) {
                 Ok(s) => {
-                    return RawConn::establish(s, Role::Client, &opts, None)
-                        .map_err(|e| closed_without_a_hello(*a, e))
+                    // A Listener of Conns takes the connection on soft0 (its rdma_cm on
+                    // the port); on a NIC the connect is refused.
+                    return RawConn::establish(s, Role::Client, &opts, None).map_err(|e| {
+                        e.closed_without_a_hello(
+                            *a,
+                            "the TCP handshake of a RawConn",
+                            "something there took the connection and closed it without a \
+                             hello: a Listener of Conns (on rdma_cm or the TCP handshake: dial \
+                             it with Conn), or another service",
+                        )
+                    });
                 }
                 Err(e) => last = Some(e),
             }
@@ -1251,23 +1260,6 @@ impl StallWatch {
 fn random_psn() -> Result<u32> {
     let n = crate::handshake::auth::nonce().map_err(|e| NetError::io("read /dev/urandom", e))?;
     Ok(u32::from_be_bytes([0, n[0], n[1], n[2]]))
-}
-
-/// Something took the TCP connection and closed it without a hello: most likely not a
-/// [`RawListener`]. Said so (it read "the peer closed the connection during handshake hello"):
-/// on soft0 a `Listener` on rdma_cm, the default path, takes TCP connections on its port (its
-/// rdma_cm speaks over them), where on a NIC the dial would be refused.
-fn closed_without_a_hello(addr: SocketAddr, e: NetError) -> NetError {
-    match e {
-        NetError::PeerClosed("handshake hello") => NetError::NotListening {
-            addr,
-            path: "the TCP handshake of a RawConn",
-            hint: "something there took the connection and closed it without a hello: a \
-                   Listener of Conns (on rdma_cm or the TCP handshake: dial it with Conn), or \
-                   another service",
-        },
-        e => e,
-    }
 }
 
 #[cfg(test)]

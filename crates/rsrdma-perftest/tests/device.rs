@@ -101,15 +101,10 @@ impl Proc {
 
     /// Waits at most `limit`; a process still running then is killed and the test fails.
     fn wait(self, limit: Duration) -> Done {
-        self.wait_telling(limit, "")
-    }
-
-    /// [`Proc::wait`], with `context` (the peer's output, say) in the failure's message.
-    fn wait_telling(self, limit: Duration, context: &str) -> Done {
         let name = self.name.clone();
         self.wait_for(limit).unwrap_or_else(|d| {
             panic!(
-                "{name} still running after {limit:?}: killed\n--- stdout\n{}\n--- stderr\n{}\n{context}",
+                "{name} still running after {limit:?}: killed\n--- stdout\n{}\n--- stderr\n{}",
                 d.stdout, d.stderr
             )
         })

@@ -132,8 +132,8 @@ pub fn client(a: &BwArgs, r: &Raw, target: &Target, o: &mut Out<'_>) -> Result<J
         (PARAM_ONEBUF, u64::from(r.onebuf)),
     ]);
     let mut rc = RawConn::dial((target.host.as_str(), target.port), opts).map_err(|e| match e {
-        e if e.io_kind() == std::io::ErrorKind::ConnectionRefused => connect_error(target, e, true),
-        e => raw_err(&format!("connect to {}:{}", target.host, target.port), e),
+        e @ rsrdma_net::NetError::Mismatch { .. } => raw_err("connect", e),
+        e => connect_error(target, e, true),
     })?;
     let h = header_info(&rc)?;
     let p = header_params(a.size, count, r.tx_depth, r, Some(&target.host))?;

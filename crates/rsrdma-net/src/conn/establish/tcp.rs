@@ -75,26 +75,17 @@ pub(crate) fn dial(addr: std::net::SocketAddr, opts: &ConnOptions) -> Result<Est
     let limits = (opts.connect_timeout, opts.opening_timeout);
     let (local_addr, peer_addr) = addrs(&stream)?;
     let mut ch = Channel::open(stream, Role::Client, limits, opts.secret.as_deref(), None)
-        .map_err(|e| closed_without_a_hello(addr, e))?;
+        .map_err(|e| {
+            e.closed_without_a_hello(
+                addr,
+                "the TCP handshake (Establish::Tcp)",
+                "something there took the connection and closed it without a hello: a \
+                 Listener bound with Establish::Cm (dial it with Establish::Cm), or another \
+                 service",
+            )
+        })?;
     let set_up = exchange(&mut ch, opts, prepared);
     finish(ch, set_up, opts, (local_addr, peer_addr))
-}
-
-/// Something took the TCP connection and closed it without a hello: most likely not a
-/// TCP-path listener. Said so, with the other path (an outside tester's find: "the peer
-/// closed the connection during handshake hello" gave no clue that an rdma_cm listener was
-/// there, which soft0's rdma_cm is, on a TCP socket of its port).
-fn closed_without_a_hello(addr: std::net::SocketAddr, e: NetError) -> NetError {
-    match e {
-        NetError::PeerClosed("handshake hello") => NetError::NotListening {
-            addr,
-            path: "the TCP handshake (Establish::Tcp)",
-            hint: "something there took the connection and closed it without a hello: a \
-                   Listener bound with Establish::Cm (dial it with Establish::Cm), or another \
-                   service",
-        },
-        e => e,
-    }
 }
 
 /// The stream's two ends.
