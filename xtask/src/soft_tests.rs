@@ -182,6 +182,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "peers_that_send_a_hello_and_then_nothing_do_not_hold_a_conn_listener",
             "peers_that_stall_after_their_endpoint_do_not_hold_a_conn_listener",
             "read_timeout_then_still_usable_and_a_slow_reader_times_the_writer_out",
+            "recv_batch_into_takes_what_fits_in_order_and_leaves_the_rest",
             "short_buffer_keeps_the_message_and_the_cap_is_enforced",
             "shutdown_read_discards_and_reports_eof_while_credits_flow",
             "small_messages_go_the_short_way_beside_large_ones",

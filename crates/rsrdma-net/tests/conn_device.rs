@@ -192,6 +192,48 @@ fn short_buffer_keeps_the_message_and_the_cap_is_enforced() {
     assert_eq!(got, vec![b"one".to_vec(), Vec::new(), b"three".to_vec()]);
 }
 
+/// `recv_batch_into`: what fits the caller's buffers, in order; a message too long for the
+/// first buffer stays queued (`ShortBuffer`), one too long for a later buffer waits for the
+/// next call; then the end of the stream.
+#[test]
+fn recv_batch_into_takes_what_fits_in_order_and_leaves_the_rest() {
+    let (c, s) = pair(opts(Establish::Tcp), opts(Establish::Tcp));
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let big = pattern(3000, 7);
+    c.send_batch(&[b"one", b"", &big, b"four"]).unwrap();
+    assert_eq!(s.recv_batch_into(&mut [], &mut [0; 4]).unwrap(), Some(0));
+    let mut got: Vec<Vec<u8>> = Vec::new();
+    let mut small = [[0u8; 16]; 4];
+    let mut lens = [0usize; 4];
+    loop {
+        let mut bufs: Vec<&mut [u8]> = small.iter_mut().map(|b| &mut b[..]).collect();
+        match s.recv_batch_into(&mut bufs, &mut lens) {
+            Ok(Some(n)) => {
+                assert!(n >= 1, "a call that waited took nothing");
+                got.extend((0..n).map(|i| small[i][..lens[i]].to_vec()));
+            }
+            Err(NetError::ShortBuffer { needed }) => {
+                assert_eq!(needed, 3000);
+                break;
+            }
+            other => panic!("expected messages, then ShortBuffer: {other:?}"),
+        }
+    }
+    assert_eq!(got, vec![b"one".to_vec(), Vec::new()]);
+    // Fewer lengths than buffers: only as many as `lens` can hold.
+    let mut large = vec![vec![0u8; 4000]; 3];
+    let mut one_len = [0usize; 1];
+    let mut bufs: Vec<&mut [u8]> = large.iter_mut().map(|b| &mut b[..]).collect();
+    assert_eq!(s.recv_batch_into(&mut bufs, &mut one_len).unwrap(), Some(1));
+    assert_eq!(&large[0][..one_len[0]], &big[..]);
+    let mut bufs: Vec<&mut [u8]> = large.iter_mut().map(|b| &mut b[..]).collect();
+    let n = s.recv_batch_into(&mut bufs, &mut lens).unwrap().unwrap();
+    assert_eq!((n, &large[0][..lens[0]]), (1, &b"four"[..]));
+    c.shutdown(Shutdown::Write).unwrap();
+    let mut bufs: Vec<&mut [u8]> = large.iter_mut().map(|b| &mut b[..]).collect();
+    assert_eq!(s.recv_batch_into(&mut bufs, &mut lens).unwrap(), None);
+}
+
 #[test]
 fn read_timeout_then_still_usable_and_a_slow_reader_times_the_writer_out() {
     for mode in [PollMode::Event, PollMode::Busy, PollMode::default()] {

@@ -135,7 +135,7 @@ struct BwCli {
     #[arg(short = 's', long = "size", default_value_t = 65536,
           value_parser = clap::value_parser!(u64).range(1..=MAX_SIZE))]
     size: u64,
-    /// 1: send_msg one at a time; >1: send_batch/recv_batch groups; with --raw: the tx depth
+    /// 1: send_msg one at a time; >1: send_batch/recv_batch_into groups; with --raw: the tx depth
     #[arg(short = 'b', long = "batch", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..))]
     batch: u32,
