@@ -258,9 +258,14 @@ impl RcQp {
             self.events.push_back(QpEvent::LastWqeReached);
         }
         self.state = QpState::Error;
-        self.out.clear();
-        // What it executed before it failed was as good as acknowledged (rxe acknowledges
-        // as it executes): a held acknowledgement still goes.
+        // What it executed before it failed was as good as answered (rxe sends each answer
+        // as it executes): the answers queued (READ and atomic responses, acknowledgements)
+        // still go, and the acknowledgement held back after them. Its own requests do not.
+        // (It cleared them all and sent the held ACK: a READ of the peer's executed in the
+        // same batch as the answer that failed this queue pair then failed with FATAL_ERR,
+        // passed by the ACK, or, with nothing held, went unanswered: an outside reviewer's
+        // find.)
+        self.out.retain(|q| !q.kind.is_request());
         self.flush_ack();
         self.resend = None;
         while let Some(p) = self.sq.pop_front() {
@@ -835,16 +840,9 @@ impl RcQp {
             }
             Answer::Nak(n) => {
                 self.reply(psn, PacketKind::Nak(n), Payload::default());
-                // rxe moves the responder to ERROR on these (class A and C errors). The
-                // answers queued before the NAK (a SEND's acknowledgement, a READ's
-                // response) were as good as sent (rxe sends each as it executes): they go,
-                // before the NAK; what this QP was itself sending is flushed with it.
-                let answers: VecDeque<Packet> = std::mem::take(&mut self.out)
-                    .into_iter()
-                    .filter(|q| !q.kind.is_request())
-                    .collect();
+                // rxe moves the responder to ERROR on these (class A and C errors); the
+                // answers queued before the NAK go, before it (`to_error`).
                 self.to_error();
-                self.out = answers;
             }
             Answer::Reply(kind, payload) => {
                 self.expected_psn = self.expected_psn.wrapping_add(1);

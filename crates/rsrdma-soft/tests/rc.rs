@@ -2380,3 +2380,46 @@ fn a_carried_acknowledgement_that_passes_a_read_fails_the_read_and_drops_its_req
         "{done:?}"
     );
 }
+
+/// A requester that fails (its SEND ran out of RNR retries) after it executed the peer's
+/// READ and SEND in the same batch still sends the answers it owes them, before the
+/// acknowledgement it held: they were executed, as good as answered (rxe sends each answer
+/// as it executes). It cleared them: the held ACK then passed the READ's response (the READ
+/// failed with FATAL_ERR at the peer and the SEND was flushed), or, with nothing held, the
+/// peer's requests were never answered (an outside reviewer's find).
+#[test]
+fn a_requester_that_fails_still_sends_the_answers_it_owes() {
+    for hold in [true, false] {
+        let mut p = Pair::with(cfg(10, 0), cfg(20, 0));
+        p.s[1].qp.set_hold_acks(hold);
+        let rkey = p.s[1].key;
+        // B's SEND to A, which has no receive: A answers RNR, and B has no RNR retry.
+        p.post_send(1, send(50, vec![p.sge(1, BASE, 8)], true))
+            .unwrap();
+        assert!(p.transmit(1));
+        // A's READ and SEND to B, which has a receive.
+        p.post_recv(1, 60, BASE + 400, 64);
+        p.post_send(0, read(1, p.sge(0, BASE + 64, 8), BASE + 128, rkey))
+            .unwrap();
+        p.post_send(0, send(2, vec![p.sge(0, BASE, 8)], true))
+            .unwrap();
+        assert!(p.transmit(0));
+        // A's RNR NAK goes after its READ and SEND.
+        assert!(p.deliver(1));
+        assert!(p.transmit(0));
+        assert_eq!(p.wire[0].len(), 3);
+        // B takes all three before it sends anything.
+        while p.deliver(0) {}
+        p.run();
+        let (a_sent, _) = sends_and_receives(p.completions(0));
+        assert_eq!(
+            ids(&a_sent),
+            vec![(1, Status::Success), (2, Status::Success)],
+            "hold {hold}"
+        );
+        assert_eq!(p.s[0].qp.state(), QpState::Rts, "hold {hold}");
+        let (b_sent, b_received) = sends_and_receives(p.completions(1));
+        assert_eq!(ids(&b_sent), vec![(50, Status::RnrRetryExcErr)]);
+        assert_eq!(ids(&b_received), vec![(60, Status::Success)]);
+    }
+}
