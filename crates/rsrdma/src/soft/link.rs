@@ -37,7 +37,7 @@ use std::collections::VecDeque;
 use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -60,8 +60,16 @@ pub(super) trait Deliver: Send + Sync + 'static {
             self.packet(from, p);
         }
     }
-    /// The device listening on `peer` cannot be reached any more.
-    fn link_down(&self, peer: SocketAddrV4);
+    /// The device listening on `peer` cannot be reached any more over link `link` (an
+    /// [`Outbound`]'s number, [`Route::link`]): the queue pairs that took that link fail;
+    /// `None`: every queue pair connected to `peer`.
+    fn link_down(&self, peer: SocketAddrV4, link: Option<u64>);
+    /// The link from the device listening on `from` ended (its reader read its end): process
+    /// `pid` there, when the kernel said which (a shared-memory link).
+    fn inbound_ended(&self, from: SocketAddrV4, pid: Option<u32>) {
+        let _ = pid;
+        self.link_down(from, None);
+    }
     /// A link's reader found nothing to read: the acknowledgements the device holds back
     /// while the application polls go now (at the latest).
     fn flush_acks(&self) {}
@@ -135,7 +143,16 @@ struct Outbound {
     /// The peer's directory, once a shared-memory link with it is set up and it shares its
     /// memory: one-sided requests to it are then done directly.
     direct: std::sync::OnceLock<Arc<PeerDirect>>,
+    /// Its number, one per link this process ever made ([`NEXT_LINK`]): the queue pairs that
+    /// took it know it, so that its end fails those and not the ones that took a newer link
+    /// to a new process at the same address ([`Links::route_fresh`]).
+    number: u64,
+    /// The peer's process, once a shared-memory link is set up (0 until then, and over TCP).
+    peer_pid: AtomicU32,
 }
+
+/// The next link's [`Outbound::number`] (0 is none).
+static NEXT_LINK: AtomicU64 = AtomicU64::new(1);
 
 #[derive(Default)]
 struct OutQueue {
@@ -278,7 +295,38 @@ impl Links {
     /// The link to the device listening on `peer`, started if needed (`None` when no thread
     /// can be started for it).
     pub(super) fn route(&self, peer: SocketAddrV4, deliver: &Arc<dyn Deliver>) -> Option<Route> {
-        self.outbound(peer, deliver).map(Route)
+        self.outbound(peer, deliver, false).map(Route)
+    }
+
+    /// [`Links::route`] for a queue pair that takes a link (as it is connected, or when its
+    /// link died): a shared-memory link whose peer process has gone is not taken but ended,
+    /// and a new one dialled. The kernel gives a freed port to the next process that asks,
+    /// often at once: a link kept to the process that had it would carry the new queue
+    /// pair's packets into a ring nobody reads (an outside tester's churn of client
+    /// processes saw a good client fail so). One look at the link's socket per queue pair
+    /// connected, none per packet.
+    pub(super) fn route_fresh(
+        &self,
+        peer: SocketAddrV4,
+        deliver: &Arc<dyn Deliver>,
+    ) -> Option<Route> {
+        self.outbound(peer, deliver, true).map(Route)
+    }
+
+    /// The link from the device listening on `from` ended, from process `pid` when known:
+    /// the link to it goes too when it leads to the same process (it left, or broke the
+    /// link), and its writer fails the queue pairs that took it. A link to another process
+    /// now at that address is left alone; one whose process is not known (TCP, or still
+    /// being set up) looks at its own peer now.
+    pub(super) fn inbound_ended(&self, from: SocketAddrV4, pid: Option<u32>) {
+        let map = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(o) = map.get(&from) else {
+            return;
+        };
+        match (pid, o.peer_pid.load(Ordering::Acquire)) {
+            (Some(p), q) if q == p => o.kill(),
+            _ => o.ready.notify_all(),
+        }
     }
 }
 
@@ -294,6 +342,11 @@ impl Route {
         self.0.is_dead()
     }
 
+    /// The link's number ([`Deliver::link_down`] names it when it ends).
+    pub(super) fn link(&self) -> u64 {
+        self.0.number
+    }
+
     /// The peer's directory, once the link shares memory with it.
     pub(super) fn direct(&self) -> Option<&Arc<PeerDirect>> {
         self.0.direct.get()
@@ -301,19 +354,21 @@ impl Route {
 }
 
 impl Links {
-    /// Starts the link to the device listening on `peer` now, if there is none, so that it
-    /// is up (and, on this host, shares memory) by the time the first request goes: a queue
-    /// pair calls this as it is connected. Never blocks on the network.
-    pub(super) fn prepare(&self, peer: SocketAddrV4, deliver: &Arc<dyn Deliver>) {
-        let _ = self.outbound(peer, deliver);
-    }
-
     /// The link to the device listening on `peer`, started if needed (`None` when its writer
-    /// thread cannot be started).
-    fn outbound(&self, peer: SocketAddrV4, deliver: &Arc<dyn Deliver>) -> Option<Arc<Outbound>> {
+    /// thread cannot be started); with `fresh`, not one whose peer process is gone
+    /// ([`Links::route_fresh`]).
+    fn outbound(
+        &self,
+        peer: SocketAddrV4,
+        deliver: &Arc<dyn Deliver>,
+        fresh: bool,
+    ) -> Option<Arc<Outbound>> {
         let mut map = self.out.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(o) = map.get(&peer).filter(|o| !o.is_dead()) {
-            return Some(o.clone());
+            if !(fresh && o.peer_gone()) {
+                return Some(o.clone());
+            }
+            o.kill();
         }
         let o = Arc::new(Outbound {
             queue: Mutex::new(OutQueue::default()),
@@ -323,6 +378,8 @@ impl Links {
             queued: AtomicBool::new(false),
             dead: AtomicBool::new(false),
             direct: std::sync::OnceLock::new(),
+            number: NEXT_LINK.fetch_add(1, Ordering::Relaxed),
+            peer_pid: AtomicU32::new(0),
         });
         let (w, d, me) = (o.clone(), deliver.clone(), self.addr);
         let (r, shm, links) = (self.readers.clone(), self.shm, Arc::downgrade(&self.out));
@@ -427,6 +484,16 @@ impl Outbound {
         self.dead.load(Ordering::Acquire)
     }
 
+    /// Whether the peer process of its shared-memory link is gone (its end of the socket
+    /// closed); over TCP (or before the link is up) it says no.
+    fn peer_gone(&self) -> bool {
+        self.shm
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(ShmOut::is_over)
+    }
+
     /// Says whether frames wait for the polls, keeping [`QUEUED_LINKS`] the count of links
     /// where they do.
     fn set_queued(&self, queued: bool) {
@@ -493,6 +560,7 @@ fn write_loop(
             if let Some(d) = s.take_direct() {
                 let _ = out.direct.set(d);
             }
+            out.peer_pid.store(s.peer_pid(), Ordering::Release);
             *out.shm.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
             {
                 // Under the queue's lock: what was queued while the link was being set up
@@ -514,7 +582,7 @@ fn write_loop(
     drop(out.shm.lock().unwrap_or_else(|p| p.into_inner()).take());
     // What the peer sent before it went (its reader still holds it) goes first.
     readers.wait_gone(peer, READER_GRACE);
-    deliver.link_down(peer);
+    deliver.link_down(peer, Some(out.number));
 }
 
 /// Takes the next frames to write (waiting for them), or `None` once `gone` says the link
@@ -527,6 +595,10 @@ fn next_batch(
 ) -> Option<Vec<Packet>> {
     let mut q = out.queue.lock().unwrap_or_else(|p| p.into_inner());
     loop {
+        // Ended from outside ([`Links::inbound_ended`], [`Links::route_fresh`]).
+        if q.dead {
+            return None;
+        }
         if q.frames.is_empty() {
             q = out
                 .ready
@@ -752,7 +824,7 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>, readers: &Readers) {
         }
     }
     readers.reading(from, false);
-    deliver.link_down(from);
+    deliver.inbound_ended(from, None);
 }
 
 #[cfg(test)]
@@ -773,7 +845,7 @@ mod tests {
             let _ = self.0.lock().unwrap().send((from, packet));
         }
 
-        fn link_down(&self, peer: SocketAddrV4) {
+        fn link_down(&self, peer: SocketAddrV4, _: Option<u64>) {
             let _ = self
                 .0
                 .lock()

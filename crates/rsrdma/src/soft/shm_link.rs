@@ -149,6 +149,8 @@ pub(super) struct ShmOut {
     direct: Option<Arc<PeerDirect>>,
     /// The peer broke the ring's positions: the link is over.
     broken: bool,
+    /// The peer's process, as the kernel said when the link was dialled.
+    pid: u32,
 }
 
 /// The acceptor's answer: it took the link.
@@ -190,7 +192,8 @@ impl ShmOut {
         }
         // The peer's directory, if it gave one: its regions are then reached through its
         // /proc/<pid>/fd (the kernel says which process it is).
-        let direct = match (fds.pop(), peer_cred(&sock)) {
+        let cred = peer_cred(&sock);
+        let direct = match (fds.pop(), cred) {
             (Some(fd), Some((pid, _))) => DirectoryView::open(fd)
                 .inspect_err(|e| tracing::debug!(error = %e, "soft0: a peer's directory"))
                 .ok()
@@ -209,7 +212,13 @@ impl ShmOut {
             sock,
             direct,
             broken: false,
+            pid: cred.map_or(0, |(pid, _)| pid),
         })
+    }
+
+    /// The peer's process (0 when the kernel did not say).
+    pub(super) fn peer_pid(&self) -> u32 {
+        self.pid
     }
 
     /// The peer's directory, when it shares its memory with this process (taken once, by
@@ -295,6 +304,8 @@ impl ShmOut {
 /// The acceptor's end of a link.
 pub(super) struct Inbound {
     from: SocketAddrV4,
+    /// The dialer's process, as the kernel says.
+    pid: u32,
     state: Mutex<Reading>,
     data: OwnedFd,
     room: OwnedFd,
@@ -667,7 +678,7 @@ fn serve(
         .unwrap_or_else(|p| p.into_inner())
         .retain(|x| !Arc::ptr_eq(x, &i));
     reading(from, false);
-    deliver.link_down(from);
+    deliver.inbound_ended(from, Some(i.pid).filter(|&p| p != 0));
 }
 
 fn accept_one(
@@ -677,11 +688,11 @@ fn accept_one(
 ) -> io::Result<Inbound> {
     let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
     // Shared-memory links join processes of one user only (others talk over TCP).
-    if !peer_cred(&sock).is_some_and(|(_, uid)| uid == own_uid()) {
+    let Some((pid, _)) = peer_cred(&sock).filter(|&(_, uid)| uid == own_uid()) else {
         return Err(bad(
             "a process of another user dialled; it talks over TCP instead",
         ));
-    }
+    };
     // A dialer that says nothing must not hold this thread for ever.
     sock.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut hello = [0u8; HELLO_LEN];
@@ -705,6 +716,7 @@ fn accept_one(
     send_with_fds(&sock, &[ACCEPTED], &dir)?;
     Ok(Inbound {
         from,
+        pid,
         state: Mutex::new(Reading {
             ring,
             header: [0; HEADER_LEN],
@@ -872,7 +884,7 @@ mod tests {
 
     impl Deliver for Nothing {
         fn packet(&self, _: SocketAddrV4, _: Packet) {}
-        fn link_down(&self, _: SocketAddrV4) {}
+        fn link_down(&self, _: SocketAddrV4, _: Option<u64>) {}
     }
 
     /// A packet the link cannot take (here a header announcing 3 GiB) that the application's

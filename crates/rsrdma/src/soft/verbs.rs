@@ -18,7 +18,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::raw::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -166,8 +166,11 @@ struct QpEntry {
     attr: ffi::ibv_qp_attr,
     /// Where the peer's device listens: [`QpEntry::peer_of`] the address vector in `attr`.
     remote: SocketAddrV4,
-    /// The link to that device, once a packet or a request went there ([`route_to`]).
+    /// The link to that device, taken as it is connected and again when it died
+    /// ([`route_to`]), and its number ([`Route::link`]; 0 before one was taken): the end of
+    /// that link fails it, not the end of an older link to a process that had the address.
     route: Option<Route>,
+    route_link: u64,
     /// Fault injection: completions reach the CQs only this long after they happened
     /// (`faults::delay_completions`); those held meanwhile, in order, with their time.
     delay: Duration,
@@ -399,11 +402,19 @@ impl Deliver for FromPeers {
         send_held_acks();
     }
 
-    fn link_down(&self, peer: SocketAddrV4) {
+    fn inbound_ended(&self, from: SocketAddrV4, pid: Option<u32>) {
+        match &device().links {
+            Some(l) => l.inbound_ended(from, pid),
+            None => self.link_down(from, None),
+        }
+    }
+
+    fn link_down(&self, peer: SocketAddrV4, link: Option<u64>) {
         let mut st = lock();
         let State { qps, dirty, .. } = &mut *st;
         for (&qpn, e) in qps.iter_mut() {
-            if e.remote() == peer && e.core.state() != QpState::Error {
+            let took_it = link.map_or(true, |l| e.route_link == l);
+            if e.remote() == peer && took_it && e.core.state() != QpState::Error {
                 e.core.handle_link_down();
                 mark(dirty, e, qpn);
             }
@@ -553,6 +564,7 @@ impl Memory for ProcessMemory<'_> {
 /// can be started.
 fn route_to<'a>(
     route: &'a mut Option<Route>,
+    route_link: &mut u64,
     remote: SocketAddrV4,
     links: &Links,
     deliver: &Arc<dyn Deliver>,
@@ -562,7 +574,8 @@ fn route_to<'a>(
     }
     let live = route.as_ref().is_some_and(|r| !r.is_dead());
     if !live {
-        *route = links.route(remote, deliver);
+        *route = links.route_fresh(remote, deliver);
+        *route_link = route.as_ref().map_or(0, Route::link);
     }
     route.as_ref()
 }
@@ -1007,8 +1020,10 @@ fn send_packets(st: &mut State, qpn: u32, now: &mut LazyNow) {
                 Some(l) => {
                     // A connected QP's packets take the link it keeps.
                     let sent = match st.qps.get_mut(&qpn) {
-                        Some(e) if e.remote == to => route_to(&mut e.route, to, l, &dev.deliver)
-                            .is_some_and(|r| Links::send_on(r, pkt)),
+                        Some(e) if e.remote == to => {
+                            route_to(&mut e.route, &mut e.route_link, to, l, &dev.deliver)
+                                .is_some_and(|r| Links::send_on(r, pkt))
+                        }
                         _ => l.send(to, pkt, &dev.deliver),
                     };
                     if !sent {
@@ -1064,8 +1079,14 @@ fn send_to_peer_process(st: &mut State, qpn: u32) -> bool {
         if pkt.payload.has_buffer() {
             lent.push_back(pkt.payload.clone());
         }
-        let sent = route_to(&mut e.route, e.remote, links, &dev.deliver)
-            .is_some_and(|r| Links::send_on(r, pkt));
+        let sent = route_to(
+            &mut e.route,
+            &mut e.route_link,
+            e.remote,
+            links,
+            &dev.deliver,
+        )
+        .is_some_and(|r| Links::send_on(r, pkt));
         if !sent {
             q.handle_link_down();
         }
@@ -1252,6 +1273,9 @@ pub(super) fn delay_completions(qp_num: u32, delay: Duration) -> bool {
         true
     })
 }
+
+/// The PSN's bits on the wire (BTH_PSN_MASK).
+const PSN_MASK: u32 = 0x00ff_ffff;
 
 /// All-zero C data.
 pub(super) fn zeroed<T: Copy>() -> T {
@@ -1658,7 +1682,8 @@ unsafe extern "C" fn post_send(
             let dev = device();
             let peer = match (&dev.links, one_sided) {
                 (Some(l), true) => {
-                    route_to(&mut e.route, e.remote, l, &dev.deliver).and_then(Route::direct)
+                    route_to(&mut e.route, &mut e.route_link, e.remote, l, &dev.deliver)
+                        .and_then(Route::direct)
                 }
                 _ => None,
             };
@@ -1876,7 +1901,15 @@ unsafe extern "C" fn req_notify_cq_op(cq: *mut ffi::ibv_cq, solicited_only: c_in
 /// lose it, with the first packets to a new peer while its link is being set up. A process
 /// that is killed loses them still (a NIC would have sent them).
 fn flush_links_at_exit() {
+    /// The process that registered [`at_exit`]: a child made by `fork` (without `exec`) runs
+    /// the handler too, with a copy of the device but none of its threads, and the parent's
+    /// rings mapped: it must neither write into them nor wait for writers it does not have
+    /// (an outside reviewer's find).
+    static OWNER: AtomicU32 = AtomicU32::new(0);
     extern "C" fn at_exit() {
+        if OWNER.load(Ordering::Relaxed) != std::process::id() {
+            return;
+        }
         // The acknowledgements held back go too, unless the exiting thread holds the lock.
         if ACKS_HELD.load(Ordering::Relaxed) {
             if let Ok(mut st) = device().state.try_lock() {
@@ -1890,6 +1923,7 @@ fn flush_links_at_exit() {
     }
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        OWNER.store(std::process::id(), Ordering::Relaxed);
         // SAFETY: `at_exit` is a plain function that stays valid for the process's life; it
         // waits for no lock the exiting thread could hold (the device's it only tries; the
         // links' own are only theirs).
@@ -2524,6 +2558,7 @@ pub(crate) unsafe fn create_qp(
             attr: saved,
             remote: QpEntry::peer_of(&saved),
             route: None,
+            route_link: 0,
             delay: Duration::ZERO,
             held: VecDeque::new(),
             published: None,
@@ -2607,13 +2642,20 @@ pub(crate) unsafe fn modify_qp(
     }
     // A refused state change changes nothing (as rxe checks everything first): what the
     // attributes below set is put back then.
-    let before = (e.attr, *e.core.config(), e.remote, e.route.clone());
+    let before = (
+        e.attr,
+        *e.core.config(),
+        e.remote,
+        e.route.clone(),
+        e.route_link,
+    );
     let before_qkey = match &e.core {
         QpCore::Ud(q) => Some(q.qkey()),
         QpCore::Rc(_) => None,
     };
     let undo = |e: &mut QpEntry| {
-        (e.attr, e.remote, e.route) = (before.0, before.2, before.3.clone());
+        (e.attr, e.remote, e.route, e.route_link) =
+            (before.0, before.2, before.3.clone(), before.4);
         e.core.set_config(|c| *c = before.1);
         if let (QpCore::Ud(q), Some(k)) = (&mut e.core, before_qkey) {
             q.set_qkey(k);
@@ -2640,11 +2682,15 @@ pub(crate) unsafe fn modify_qp(
     if has(M::IBV_QP_DEST_QPN) {
         saved.dest_qp_num = a.dest_qp_num;
     }
+    // PSNs are 24 bits on the wire: rxe keeps only those of what it is given (and
+    // `ibv_query_qp` reads them back so), and peers may exchange them masked. Kept whole, a
+    // side set from a value of 2^24 or more and its peer from the masked copy disagreed on
+    // every request's PSN (an outside reviewer's find).
     if has(M::IBV_QP_RQ_PSN) {
-        saved.rq_psn = a.rq_psn;
+        saved.rq_psn = a.rq_psn & PSN_MASK;
     }
     if has(M::IBV_QP_SQ_PSN) {
-        saved.sq_psn = a.sq_psn;
+        saved.sq_psn = a.sq_psn & PSN_MASK;
     }
     if has(M::IBV_QP_TIMEOUT) {
         saved.timeout = a.timeout;
@@ -2679,6 +2725,7 @@ pub(crate) unsafe fn modify_qp(
     if has(M::IBV_QP_AV) {
         e.remote = QpEntry::peer_of(&e.attr);
         e.route = None;
+        e.route_link = 0;
     }
     if has(M::IBV_QP_STATE) {
         let to = a.qp_state;
@@ -2691,13 +2738,16 @@ pub(crate) unsafe fn modify_qp(
             S::IBV_QPS_INIT if e.core.state() == QpState::Init => Ok(()),
             S::IBV_QPS_INIT => e.core.move_to_init(),
             S::IBV_QPS_RTR => {
-                // The link to the peer's device goes up now, not with the first request: on
-                // this host it then shares memory before the first one-sided request (a
-                // request behind one that went as a packet cannot go directly).
+                // The queue pair takes its link to the peer's device now, not with the first
+                // request: on this host it then shares memory before the first one-sided
+                // request (a request behind one that went as a packet cannot go directly).
+                // A link to a process that had the address before is not taken
+                // (`Links::route_fresh`).
                 let remote = e.remote();
                 let dev = device();
-                if let (Some(l), false) = (&dev.links, is_own(remote)) {
-                    l.prepare(remote, &dev.deliver);
+                if let Some(l) = &dev.links {
+                    e.route = None;
+                    route_to(&mut e.route, &mut e.route_link, remote, l, &dev.deliver);
                 }
                 e.core.move_to_rtr(e.attr.dest_qp_num, e.attr.rq_psn)
             }
@@ -3054,6 +3104,59 @@ mod tests {
         // SAFETY: a soft context, open while `ctx` lives.
         let soft = unsafe { &*raw.cast::<SoftContext>() };
         soft.handed.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// PSNs are 24 bits: what `ibv_modify_qp` is given past them is dropped, as rxe does
+    /// (the safe API refuses such PSNs; a program calling the verbs itself may pass them).
+    #[test]
+    fn a_psn_keeps_its_24_bits() {
+        use ffi::ibv_qp_attr_mask as M;
+        use ffi::ibv_qp_state as S;
+        let ctx = crate::open("soft0").unwrap();
+        let pd = crate::Pd::new(&ctx).unwrap();
+        let cq = crate::Cq::new(&ctx, 4, None).unwrap();
+        let qp = crate::Qp::builder(crate::QpType::Rc)
+            .build(&pd, &cq, &cq)
+            .unwrap();
+        let raw = qp.as_raw().expect("a verbs QP");
+        let mut a: ffi::ibv_qp_attr = zeroed();
+        a.qp_state = S::IBV_QPS_INIT;
+        a.port_num = 1;
+        let init = M::IBV_QP_STATE.0
+            | M::IBV_QP_PKEY_INDEX.0
+            | M::IBV_QP_PORT.0
+            | M::IBV_QP_ACCESS_FLAGS.0;
+        let mut rtr = a;
+        rtr.qp_state = S::IBV_QPS_RTR;
+        rtr.path_mtu = ffi::ibv_mtu::IBV_MTU_1024;
+        rtr.dest_qp_num = qp.qp_num();
+        rtr.rq_psn = 0x0300_0007;
+        rtr.max_dest_rd_atomic = 1;
+        rtr.ah_attr.is_global = 1;
+        rtr.ah_attr.port_num = 1;
+        let rtr_mask = M::IBV_QP_STATE.0
+            | M::IBV_QP_AV.0
+            | M::IBV_QP_PATH_MTU.0
+            | M::IBV_QP_DEST_QPN.0
+            | M::IBV_QP_RQ_PSN.0
+            | M::IBV_QP_MAX_DEST_RD_ATOMIC.0
+            | M::IBV_QP_MIN_RNR_TIMER.0;
+        let mut rts = a;
+        rts.qp_state = S::IBV_QPS_RTS;
+        rts.sq_psn = 0x0100_0005;
+        let rts_mask = M::IBV_QP_STATE.0
+            | M::IBV_QP_SQ_PSN.0
+            | M::IBV_QP_TIMEOUT.0
+            | M::IBV_QP_RETRY_CNT.0
+            | M::IBV_QP_RNR_RETRY.0
+            | M::IBV_QP_MAX_QP_RD_ATOMIC.0;
+        for (mut attr, mask) in [(a, init), (rtr, rtr_mask), (rts, rts_mask)] {
+            // SAFETY: a live soft QP and a valid attribute struct.
+            let rc = unsafe { modify_qp(raw, &mut attr, mask as c_int) };
+            assert_eq!(rc, 0, "{:?}", attr.qp_state);
+        }
+        let info = qp.query().unwrap();
+        assert_eq!((info.rq_psn, info.sq_psn), (7, 5));
     }
 
     /// Port events name no object, so taking one leaves nothing waiting for its

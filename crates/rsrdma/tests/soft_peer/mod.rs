@@ -87,6 +87,11 @@ pub fn poll_len(cq: &Cq) -> u32 {
 /// A child process running the ignored test `name` of this binary (with [`CHILD_ENV`] set),
 /// its stdin and stdout piped.
 pub fn spawn_child(name: &str) -> (Child, Lines) {
+    spawn_child_with(name, &[])
+}
+
+/// [`spawn_child`] with more environment variables.
+pub fn spawn_child_with(name: &str, env: &[(&str, &str)]) -> (Child, Lines) {
     let exe = std::env::current_exe().unwrap();
     let mut child = std::process::Command::new(exe)
         .args([
@@ -97,6 +102,7 @@ pub fn spawn_child(name: &str) -> (Child, Lines) {
             "--test-threads=1",
         ])
         .env(CHILD_ENV, "1")
+        .envs(env.iter().copied())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
