@@ -1167,6 +1167,14 @@ impl Responder<'_> {
         push_recv(self.cq, self.cfg.qp_num, wr_id, status, opcode, len, imm);
     }
 
+    /// Whether a message this responder cannot execute (a bad key, a receive too short) is
+    /// dropped leaving its receive posted: UC without an SRQ, as rxe (class E); RC and an
+    /// SRQ's receives complete with the error. (soft0 consumed the receive on UC too: an
+    /// outside reviewer's find.)
+    fn drops_unconsumed(&self) -> bool {
+        self.cfg.unreliable && !self.cfg.uses_srq
+    }
+
     fn execute(&mut self, p: &Packet, mrs: &mut MrTable, mem: &mut dyn Memory) -> Answer {
         let (pd, qp_num) = (self.cfg.pd, self.cfg.qp_num);
         let remote =
@@ -1258,6 +1266,9 @@ impl Responder<'_> {
         let room: u64 = r.sges.iter().map(|s| u64::from(s.len)).sum();
         let pd = self.cfg.pd;
         let writable = r.sges.iter().all(|s| mrs.check_local(pd, s, true).is_ok());
+        if (data.len() as u64) > room && self.drops_unconsumed() {
+            return Answer::Nak(Nak::InvalidRequest);
+        }
         let Some(r) = self.take_recv() else {
             return Answer::Rnr;
         };
@@ -1290,7 +1301,7 @@ impl Responder<'_> {
 
     /// A refused WRITE with immediate still consumes (and fails) its receive.
     fn fail_consuming(&mut self, consumes: bool, a: Answer) -> Answer {
-        if consumes {
+        if consumes && !self.drops_unconsumed() {
             if let Some(r) = self.take_recv() {
                 self.complete_recv(
                     r.wr_id,

@@ -2423,3 +2423,42 @@ fn a_requester_that_fails_still_sends_the_answers_it_owes() {
         assert_eq!(ids(&b_received), vec![(60, Status::Success)]);
     }
 }
+
+/// UC without an SRQ drops a message it cannot execute and leaves the receive posted for the
+/// next one, as rxe (class E): a SEND longer than the receive, a WRITE with immediate data
+/// through a bad key. (soft0 consumed the receive with an error completion.)
+#[test]
+fn uc_drops_what_it_cannot_execute_and_keeps_the_receive() {
+    let mut p = Pair::with(uc_cfg(10), uc_cfg(20));
+    p.fill(0, BASE, b"longer than four");
+    p.post_recv(1, 9, BASE + 1000, 4);
+    p.post_send(0, send(1, vec![p.sge(0, BASE, 16)], true))
+        .unwrap();
+    let bad_write = SendWr {
+        wr_id: 2,
+        op: SendOp::Write {
+            remote_addr: BASE + 2000,
+            rkey: p.s[1].key ^ 0x100,
+            imm: Some(7),
+        },
+        sges: vec![p.sge(0, BASE, 4)].into(),
+        inline: None,
+        signaled: true,
+        fence: false,
+        solicited: false,
+    };
+    p.post_send(0, bad_write).unwrap();
+    p.run();
+    assert_eq!(
+        ids(&p.completions(0)),
+        vec![(1, Status::Success), (2, Status::Success)]
+    );
+    assert!(p.completions(1).is_empty(), "nothing completes at the responder");
+    // The receive is still there for the next message that fits it.
+    p.post_send(0, send(3, vec![p.sge(0, BASE, 4)], true))
+        .unwrap();
+    p.run();
+    let r = p.completions(1);
+    assert_eq!(ids(&r), vec![(9, Status::Success)]);
+    assert_eq!(p.bytes(1, BASE + 1000, 4), b"long");
+}
