@@ -2573,10 +2573,14 @@ pub(crate) unsafe fn create_qp(
 
 /// Sends QP `qpn`'s held-back acknowledgement now, if it holds one.
 fn flush_ack_of(qpn: u32) {
-    let mut st = lock();
+    flush_ack_locked(&mut lock(), qpn);
+}
+
+/// [`flush_ack_of`] under the lock the caller holds.
+fn flush_ack_locked(st: &mut State, qpn: u32) {
     if st.qps.get_mut(&qpn).is_some_and(|e| e.core.flush_ack()) {
         st.touch(qpn);
-        pump(&mut st, &mut LazyNow::default());
+        pump(st, &mut LazyNow::default());
     }
 }
 
@@ -2596,6 +2600,9 @@ pub(crate) unsafe fn destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
         l.flush(LINK_FLUSH_LIMIT);
     }
     let mut st = lock();
+    // One held since (another thread's poll delivered to it while the links flushed) goes
+    // too, in the same lock as the removal: nothing can be held after it.
+    flush_ack_locked(&mut st, qp.raw.qp_num);
     let gone = st.qps.remove(&qp.raw.qp_num);
     if let (Some(dir), Some(Some(_))) = (&device().directory, gone.as_ref().map(|e| e.published)) {
         dir.publish_qp(qp.raw.qp_num, None);
@@ -2622,12 +2629,13 @@ pub(crate) unsafe fn modify_qp(
     // SAFETY: the caller's contract.
     let (a, qpn) = unsafe { (&*attr, (*qp).qp_num) };
     let has = |m: M| mask as u32 & m.0 != 0;
-    // RESET forgets what is queued: the acknowledgement held back goes first (rxe sent it
-    // as it executed the request).
-    if has(M::IBV_QP_STATE) && a.qp_state == S::IBV_QPS_RESET {
-        flush_ack_of(qpn);
-    }
     let mut st = lock();
+    // RESET forgets what is queued: the acknowledgement held back goes first (rxe sent it
+    // as it executed the request), in the lock of the reset (an outside reviewer saw the
+    // gap between two locks let a poll hold a new one, which the reset then dropped).
+    if has(M::IBV_QP_STATE) && a.qp_state == S::IBV_QPS_RESET {
+        flush_ack_locked(&mut st, qpn);
+    }
     let Some(e) = st.qps.get_mut(&qpn) else {
         return libc::EINVAL;
     };
