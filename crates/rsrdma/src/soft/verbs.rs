@@ -3106,6 +3106,17 @@ pub(crate) fn unsupported_ptr<T>() -> *mut T {
 mod tests {
     use super::*;
 
+    /// An RC queue pair of soft0 in RESET, with what it needs kept alive.
+    fn rc_qp() -> (crate::Context, crate::Pd, crate::Cq, crate::Qp) {
+        let ctx = crate::open("soft0").unwrap();
+        let pd = crate::Pd::new(&ctx).unwrap();
+        let cq = crate::Cq::new(&ctx, 4, None).unwrap();
+        let qp = crate::Qp::builder(crate::QpType::Rc)
+            .build(&pd, &cq, &cq)
+            .unwrap();
+        (ctx, pd, cq, qp)
+    }
+
     /// How many taken events of `ctx` wait for their acknowledgement.
     fn handed(ctx: &crate::Context) -> usize {
         let raw = ctx.as_raw().expect("a libibverbs context");
@@ -3120,12 +3131,7 @@ mod tests {
     fn a_psn_keeps_its_24_bits() {
         use ffi::ibv_qp_attr_mask as M;
         use ffi::ibv_qp_state as S;
-        let ctx = crate::open("soft0").unwrap();
-        let pd = crate::Pd::new(&ctx).unwrap();
-        let cq = crate::Cq::new(&ctx, 4, None).unwrap();
-        let qp = crate::Qp::builder(crate::QpType::Rc)
-            .build(&pd, &cq, &cq)
-            .unwrap();
+        let (_ctx, _pd, _cq, qp) = rc_qp();
         let raw = qp.as_raw().expect("a verbs QP");
         let mut a: ffi::ibv_qp_attr = zeroed();
         a.qp_state = S::IBV_QPS_INIT;
@@ -3172,12 +3178,7 @@ mod tests {
     /// port events grew the process by 8 bytes an event, and every destroy scanned them).
     #[test]
     fn port_events_leave_nothing_waiting_for_an_acknowledgement() {
-        let ctx = crate::open("soft0").unwrap();
-        let pd = crate::Pd::new(&ctx).unwrap();
-        let cq = crate::Cq::new(&ctx, 4, None).unwrap();
-        let qp = crate::Qp::builder(crate::QpType::Rc)
-            .build(&pd, &cq, &cq)
-            .unwrap();
+        let (ctx, _pd, _cq, qp) = rc_qp();
         for _ in 0..50 {
             crate::soft_faults::port_down(qp.qp_num()).unwrap();
             crate::soft_faults::port_up(qp.qp_num()).unwrap();
