@@ -2453,7 +2453,10 @@ fn uc_drops_what_it_cannot_execute_and_keeps_the_receive() {
         ids(&p.completions(0)),
         vec![(1, Status::Success), (2, Status::Success)]
     );
-    assert!(p.completions(1).is_empty(), "nothing completes at the responder");
+    assert!(
+        p.completions(1).is_empty(),
+        "nothing completes at the responder"
+    );
     // The receive is still there for the next message that fits it.
     p.post_send(0, send(3, vec![p.sge(0, BASE, 4)], true))
         .unwrap();

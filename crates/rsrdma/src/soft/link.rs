@@ -485,13 +485,13 @@ impl Outbound {
     }
 
     /// Whether the peer process of its shared-memory link is gone (its end of the socket
-    /// closed); over TCP (or before the link is up) it says no.
+    /// closed); over TCP, before the link is up, or while its writer holds the ring (it is
+    /// writing: it finds a peer that went by itself), it says no. Never waits for the writer,
+    /// which may wait for room in the ring while the caller holds the map of links.
     fn peer_gone(&self) -> bool {
         self.shm
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .is_some_and(ShmOut::is_over)
+            .try_lock()
+            .is_ok_and(|s| s.as_ref().is_some_and(ShmOut::is_over))
     }
 
     /// Says whether frames wait for the polls, keeping [`QUEUED_LINKS`] the count of links
