@@ -279,7 +279,9 @@ impl Conn {
 
     /// Waits (up to the read timeout) for at least one message, then takes every message
     /// that is ready, at most `max` (at least one). `Ok(None)` at the end of the stream, as
-    /// [`Conn::recv_msg`].
+    /// [`Conn::recv_msg`]. The first message and the rest are taken in two steps: with
+    /// several threads receiving on one `Conn`, another thread's message may fall between
+    /// them (every message still goes to exactly one caller, in order within each batch).
     ///
     /// # Errors
     /// As [`Conn::recv_msg`].
@@ -310,7 +312,9 @@ impl Conn {
     /// `min(bufs.len(), lens.len())`. `lens[i]` is the length of the message in `bufs[i]`;
     /// returns how many (`Ok(Some(0))` for no buffers), or `Ok(None)` at the end of the
     /// stream. A message after the first that does not fit its buffer, a large message that
-    /// comes by rendezvous, and the end of the stream are left for the next call.
+    /// comes by rendezvous, and the end of the stream are left for the next call. As with
+    /// `recv_batch`, another thread receiving on the same `Conn` may take a message between
+    /// the first and the rest.
     ///
     /// `recv_batch` allocates a `Vec` per message, and a batch of large ones is freed
     /// together: glibc gives that memory back to the system and the next batch takes it
