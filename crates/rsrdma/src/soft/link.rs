@@ -149,6 +149,9 @@ struct Outbound {
     number: u64,
     /// The peer's process, once a shared-memory link is set up (0 until then, and over TCP).
     peer_pid: AtomicU32,
+    /// Over TCP, a second handle of the connection, once it is up: the peer never writes on
+    /// it, so its end (the peer's process gone) makes it readable ([`Outbound::peer_gone`]).
+    tcp_life_line: std::sync::OnceLock<TcpStream>,
 }
 
 /// The next link's [`Outbound::number`] (0 is none).
@@ -299,8 +302,8 @@ impl Links {
     }
 
     /// [`Links::route`] for a queue pair that takes a link (as it is connected, or when its
-    /// link died): a shared-memory link whose peer process has gone is not taken but ended,
-    /// and a new one dialled. The kernel gives a freed port to the next process that asks,
+    /// link died): a link whose peer process has gone (its socket ended, over shared memory
+    /// or TCP) is not taken but ended, and a new one dialled. The kernel gives a freed port to the next process that asks,
     /// often at once: a link kept to the process that had it would carry the new queue
     /// pair's packets into a ring nobody reads (an outside tester's churn of client
     /// processes saw a good client fail so). One look at the link's socket per queue pair
@@ -380,6 +383,7 @@ impl Links {
             direct: std::sync::OnceLock::new(),
             number: NEXT_LINK.fetch_add(1, Ordering::Relaxed),
             peer_pid: AtomicU32::new(0),
+            tcp_life_line: std::sync::OnceLock::new(),
         });
         let (w, d, me) = (o.clone(), deliver.clone(), self.addr);
         let (r, shm, links) = (self.readers.clone(), self.shm, Arc::downgrade(&self.out));
@@ -484,14 +488,22 @@ impl Outbound {
         self.dead.load(Ordering::Acquire)
     }
 
-    /// Whether the peer process of its shared-memory link is gone (its end of the socket
-    /// closed); over TCP, before the link is up, or while its writer holds the ring (it is
-    /// writing: it finds a peer that went by itself), it says no. Never waits for the writer,
-    /// which may wait for room in the ring while the caller holds the map of links.
+    /// Whether the peer process of the link is gone (its end of the socket closed); before
+    /// the link is up, or while its writer holds the ring (it is writing: it finds a peer
+    /// that went by itself), it says no. Never waits for the writer, which may wait for room
+    /// in the ring while the caller holds the map of links.
     fn peer_gone(&self) -> bool {
-        self.shm
-            .try_lock()
-            .is_ok_and(|s| s.as_ref().is_some_and(ShmOut::is_over))
+        let shm_over = || {
+            self.shm
+                .try_lock()
+                .is_ok_and(|s| s.as_ref().is_some_and(ShmOut::is_over))
+        };
+        let tcp_over = || {
+            self.tcp_life_line
+                .get()
+                .is_some_and(|s| shm_link::hung_up(s.as_fd()))
+        };
+        shm_over() || tcp_over()
     }
 
     /// Says whether frames wait for the polls, keeping [`QUEUED_LINKS`] the count of links
@@ -685,6 +697,7 @@ fn tcp_write_loop(me: SocketAddrV4, peer: SocketAddrV4, out: &Outbound) -> std::
         // it readable. Looked at while nothing is queued, so that the link ends then rather
         // than at the next write (the writer held its thread and socket until then).
         let life_line = s.try_clone()?;
+        let _ = out.tcp_life_line.set(s.try_clone()?);
         let gone = || shm_link::hung_up(life_line.as_fd());
         loop {
             let Some(batch) = next_batch(out, &gone, &mut |_| false) else {
