@@ -4,7 +4,7 @@
 //!
 //! `cargo xtask demo --soft` runs the same two processes on this machine over the software
 //! device `soft0` instead: no VM, no root, no RDMA hardware (soft0 carries the packets between
-//! the two processes over loopback TCP; see the guide's software-device chapter).
+//! the two processes through shared-memory rings; see the guide's software-device chapter).
 
 use crate::vm::{self, sh_quote, VmOpts};
 use anyhow::{anyhow, bail, Context, Result};

@@ -14,7 +14,7 @@
 //!
 //! ```text
 //! cargo run -p rsrdma-net --example rdma-write-read -- -l 0.0.0.0:18516
-//! cargo run -p rsrdma-net --example rdma-write-read -- 127.0.0.1:18516 --size 256
+//! cargo run -p rsrdma-net --example rdma-write-read -- 127.0.0.1:18516 --size 256   # KiB
 //! ```
 //!
 //! The connection uses the TCP handshake, so any address of the server works. `-d`/`-x`

@@ -5,8 +5,9 @@
 //! rounds of datagrams to all of them from one [`PacketConn`]. An address handle names the
 //! path to a destination port (its GID; the QPN travels in each send), so the endpoint
 //! caches one per destination GID and reuses it: the sender prints how many it created, one
-//! per distinct GID however many datagrams and receivers (receivers on one machine share
-//! one). `--registry ADDR` runs the directory.
+//! per distinct GID however many datagrams and receivers (receivers on one RoCE port share
+//! one; on the software device soft0 each process is a port of its own, with its own GID).
+//! `--registry ADDR` runs the directory.
 //!
 //! ```text
 //! cargo run -p rsrdma-net --example ud-broadcast -- --registry 0.0.0.0:9100
