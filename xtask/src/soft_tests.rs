@@ -169,6 +169,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "batches_from_two_threads_stay_contiguous",
             "close_wakes_a_blocked_reader_and_writer_on_other_threads",
             "close_wakes_a_send_blocked_for_credit_and_the_peer_still_reads_what_was_sent",
+            "dialing_the_unspecified_address_over_rdma_cm_says_what_to_dial",
             "echo_0_bytes_to_3_mib_over_rdma_cm",
             "echo_0_bytes_to_3_mib_over_tcp_handshake",
             "every_message_send_msg_accepted_arrives_and_no_timed_out_one_does",

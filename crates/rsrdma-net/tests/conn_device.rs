@@ -192,6 +192,26 @@ fn short_buffer_keeps_the_message_and_the_cap_is_enforced() {
     assert_eq!(got, vec![b"one".to_vec(), Vec::new(), b"three".to_vec()]);
 }
 
+/// A listener bound to the unspecified address reports it as its address; dialled as such
+/// over rdma_cm, the dial says what to dial instead (it said only "Network is unreachable");
+/// the device's address at that port reaches the listener.
+#[test]
+fn dialing_the_unspecified_address_over_rdma_cm_says_what_to_dial() {
+    let o = opts(Establish::Cm);
+    let l = Listener::bind("0.0.0.0:0", o.clone()).unwrap();
+    let e = Conn::dial(l.local_addr(), o.clone()).unwrap_err();
+    assert!(
+        matches!(&e, NetError::InvalidArgument(m) if m.contains("unspecified") && m.contains("soft0")),
+        "{e}"
+    );
+    let at = format!("{}:{}", support::ip(), l.local_addr().port());
+    let server = thread::spawn(move || l.accept().unwrap());
+    let c = Conn::dial(at, o).unwrap();
+    let s = server.join().unwrap();
+    c.send_msg(b"reached").unwrap();
+    assert_eq!(s.recv_msg().unwrap().unwrap(), b"reached");
+}
+
 /// `recv_batch_into`: what fits the caller's buffers, in order; a message too long for the
 /// first buffer stays queued (`ShortBuffer`), one too long for a later buffer waits for the
 /// next call; then the end of the stream.

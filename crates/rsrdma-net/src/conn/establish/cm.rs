@@ -28,6 +28,16 @@ const REJECT_PREFIX: &[u8] = b"RSCP reject: ";
 /// Connects to `addr`, all within `opts.connect_timeout`.
 pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> {
     refuse_shared_recv_on_dial(opts)?;
+    // A listener bound to the unspecified address reports it as its own: dialled as such,
+    // rdma_cm said only "Network is unreachable" (an outside tester, following the guide,
+    // could not tell what to dial instead).
+    if addr.ip().is_unspecified() {
+        return Err(NetError::InvalidArgument(format!(
+            "cannot dial the unspecified address {addr} over rdma_cm (a listener bound to it \
+             reports it as its address): dial an address of the listener's RDMA device \
+             (127.0.0.1 on the software device soft0)"
+        )));
+    }
     let deadline = crate::deadline::deadline_after(opts.connect_timeout);
     let left = || {
         deadline
