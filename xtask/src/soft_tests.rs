@@ -167,6 +167,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "a_server_keeps_no_descriptors_of_peer_processes_that_left",
             "a_tcp_dial_to_an_rdma_cm_listener_names_the_path",
             "batches_from_two_threads_stay_contiguous",
+            "binding_an_address_no_device_has_says_what_to_bind",
             "close_wakes_a_blocked_reader_and_writer_on_other_threads",
             "close_wakes_a_send_blocked_for_credit_and_the_peer_still_reads_what_was_sent",
             "dialing_the_unspecified_address_over_rdma_cm_says_what_to_dial",

@@ -192,6 +192,17 @@ fn short_buffer_keeps_the_message_and_the_cap_is_enforced() {
     assert_eq!(got, vec![b"one".to_vec(), Vec::new(), b"three".to_vec()]);
 }
 
+/// Binding rdma_cm to an address no RDMA device has says so and what to bind instead (it
+/// gave only the system's "Cannot assign requested address").
+#[test]
+fn binding_an_address_no_device_has_says_what_to_bind() {
+    let e = Listener::bind("10.254.254.254:0", opts(Establish::Cm)).unwrap_err();
+    assert!(
+        matches!(&e, NetError::InvalidArgument(m) if m.contains("not an address of an RDMA device")),
+        "{e}"
+    );
+}
+
 /// A listener bound to the unspecified address reports it as its address; dialled as such
 /// over rdma_cm, the dial says what to dial instead (it said only "Network is unreachable");
 /// the device's address at that port reaches the listener.

@@ -65,6 +65,20 @@ impl std::fmt::Debug for Listener {
     }
 }
 
+/// rdma_cm's bind refuses an address no RDMA device has (EADDRNOTAVAIL) with the system's
+/// words only ("Cannot assign requested address"): said what it means and what to bind
+/// instead (an outside tester, following the guide on soft0, had to guess).
+fn not_a_device_address(e: rsrdma::Error, addr: SocketAddr) -> NetError {
+    if e.errno() != Some(libc::EADDRNOTAVAIL) {
+        return e.into();
+    }
+    NetError::InvalidArgument(format!(
+        "{addr} is not an address of an RDMA device ({e}): rdma_cm listens on a device's \
+         address or on 0.0.0.0 (the software device soft0: 127.0.0.1, or the address \
+         RSRDMA_SOFT_ADDR names)"
+    ))
+}
+
 impl Listener {
     /// Listens on `addr` (port 0 picks a free one: see [`Listener::local_addr`]). rdma_cm
     /// needs an address of an RDMA device (or the unspecified address).
@@ -73,7 +87,8 @@ impl Listener {
     /// [`NetError::InvalidArgument`] for options that cannot work; on the TCP path, the
     /// device's error for a device, port or GID index it does not have (checked here, not by
     /// every handshake after its peer was accepted); [`NetError::Verbs`] naming
-    /// `rdma_bind_addr`/`rdma_listen`; [`NetError::Io`] naming `bind` or `eventfd`.
+    /// `rdma_bind_addr`/`rdma_listen` ([`NetError::InvalidArgument`] for an address no RDMA
+    /// device has); [`NetError::Io`] naming `bind` or `eventfd`.
     pub fn bind(addr: impl ToSocketAddrs, opts: ConnOptions) -> Result<Listener> {
         opts.check()?;
         // On the TCP path the options pick the device (on rdma_cm's, the address does).
@@ -90,7 +105,8 @@ impl Listener {
             .ok_or_else(|| NetError::InvalidArgument("the address resolved to nothing".into()))?;
         let (inner, local, fd) = match opts.establish {
             Establish::Cm => {
-                let id = CmId::listener(addr, BACKLOG)?;
+                let id =
+                    CmId::listener(addr, BACKLOG).map_err(|e| not_a_device_address(e, addr))?;
                 // Bound to a device's address, the id knows its device: one that the options
                 // name otherwise (or a protection domain of another) is refused here, not
                 // by every peer's handshake. (On the unspecified address each request
