@@ -3106,6 +3106,14 @@ pub(crate) fn unsupported_ptr<T>() -> *mut T {
 mod tests {
     use super::*;
 
+    /// What RTR → RTS of an RC queue pair takes (and needs).
+    const RTS_ATTRS: u32 = ffi::ibv_qp_attr_mask::IBV_QP_STATE.0
+        | ffi::ibv_qp_attr_mask::IBV_QP_SQ_PSN.0
+        | ffi::ibv_qp_attr_mask::IBV_QP_TIMEOUT.0
+        | ffi::ibv_qp_attr_mask::IBV_QP_RETRY_CNT.0
+        | ffi::ibv_qp_attr_mask::IBV_QP_RNR_RETRY.0
+        | ffi::ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC.0;
+
     /// An RC queue pair of soft0 in RESET, with what it needs kept alive.
     fn rc_qp() -> (crate::Context, crate::Pd, crate::Cq, crate::Qp) {
         let ctx = crate::open("soft0").unwrap();
@@ -3158,13 +3166,7 @@ mod tests {
         let mut rts = a;
         rts.qp_state = S::IBV_QPS_RTS;
         rts.sq_psn = 0x0100_0005;
-        let rts_mask = M::IBV_QP_STATE.0
-            | M::IBV_QP_SQ_PSN.0
-            | M::IBV_QP_TIMEOUT.0
-            | M::IBV_QP_RETRY_CNT.0
-            | M::IBV_QP_RNR_RETRY.0
-            | M::IBV_QP_MAX_QP_RD_ATOMIC.0;
-        for (mut attr, mask) in [(a, init), (rtr, rtr_mask), (rts, rts_mask)] {
+        for (mut attr, mask) in [(a, init), (rtr, rtr_mask), (rts, RTS_ATTRS)] {
             // SAFETY: a live soft QP and a valid attribute struct.
             let rc = unsafe { modify_qp(raw, &mut attr, mask as c_int) };
             assert_eq!(rc, 0, "{:?}", attr.qp_state);
@@ -3194,12 +3196,7 @@ mod tests {
     fn a_named_current_state_must_be_the_real_one_and_allowed_there() {
         use ffi::ibv_qp_attr_mask as M;
         use ffi::ibv_qp_state as S;
-        let rts_attrs = M::IBV_QP_STATE.0
-            | M::IBV_QP_SQ_PSN.0
-            | M::IBV_QP_TIMEOUT.0
-            | M::IBV_QP_RETRY_CNT.0
-            | M::IBV_QP_RNR_RETRY.0
-            | M::IBV_QP_MAX_QP_RD_ATOMIC.0;
+        let rts_attrs = RTS_ATTRS;
         let mut a: ffi::ibv_qp_attr = zeroed();
         let to = Some(S::IBV_QPS_RTS);
         let with_cur = rts_attrs | M::IBV_QP_CUR_STATE.0;
