@@ -303,11 +303,11 @@ impl Links {
 
     /// [`Links::route`] for a queue pair that takes a link (as it is connected, or when its
     /// link died): a link whose peer process has gone (its socket ended, over shared memory
-    /// or TCP) is not taken but ended, and a new one dialled. The kernel gives a freed port to the next process that asks,
-    /// often at once: a link kept to the process that had it would carry the new queue
-    /// pair's packets into a ring nobody reads (an outside tester's churn of client
-    /// processes saw a good client fail so). One look at the link's socket per queue pair
-    /// connected, none per packet.
+    /// or TCP) is not taken but ended, and a new one dialled. The kernel gives a freed port
+    /// to the next process that asks, often at once: a link kept to the process that had it
+    /// would carry the new queue pair's packets into a ring nobody reads (an outside tester's
+    /// churn of client processes saw a good client fail so). One look at the link's socket
+    /// per queue pair connected, none per packet.
     pub(super) fn route_fresh(
         &self,
         peer: SocketAddrV4,

@@ -167,10 +167,9 @@ struct QpEntry {
     /// Where the peer's device listens: [`QpEntry::peer_of`] the address vector in `attr`.
     remote: SocketAddrV4,
     /// The link to that device, taken as it is connected and again when it died
-    /// ([`route_to`]), and its number ([`Route::link`]; 0 before one was taken): the end of
-    /// that link fails it, not the end of an older link to a process that had the address.
+    /// ([`route_to`]): the end of that link fails it ([`QpEntry::took`]), not the end of an
+    /// older link to a process that had the address.
     route: Option<Route>,
-    route_link: u64,
     /// Fault injection: completions reach the CQs only this long after they happened
     /// (`faults::delay_completions`); those held meanwhile, in order, with their time.
     delay: Duration,
@@ -413,7 +412,7 @@ impl Deliver for FromPeers {
         let mut st = lock();
         let State { qps, dirty, .. } = &mut *st;
         for (&qpn, e) in qps.iter_mut() {
-            let took_it = link.map_or(true, |l| e.route_link == l);
+            let took_it = link.map_or(true, |l| e.took(l));
             if e.remote() == peer && took_it && e.core.state() != QpState::Error {
                 e.core.handle_link_down();
                 mark(dirty, e, qpn);
@@ -472,6 +471,11 @@ impl QpEntry {
         if self.readiness_changed() {
             self.publish();
         }
+    }
+
+    /// Whether it took link `link` ([`Route::link`]), the one it keeps now.
+    fn took(&self, link: u64) -> bool {
+        self.route.as_ref().is_some_and(|r| r.link() == link)
     }
 
     /// Whether its readiness changed since it was published.
@@ -564,7 +568,6 @@ impl Memory for ProcessMemory<'_> {
 /// can be started.
 fn route_to<'a>(
     route: &'a mut Option<Route>,
-    route_link: &mut u64,
     remote: SocketAddrV4,
     links: &Links,
     deliver: &Arc<dyn Deliver>,
@@ -575,7 +578,6 @@ fn route_to<'a>(
     let live = route.as_ref().is_some_and(|r| !r.is_dead());
     if !live {
         *route = links.route_fresh(remote, deliver);
-        *route_link = route.as_ref().map_or(0, Route::link);
     }
     route.as_ref()
 }
@@ -1020,10 +1022,8 @@ fn send_packets(st: &mut State, qpn: u32, now: &mut LazyNow) {
                 Some(l) => {
                     // A connected QP's packets take the link it keeps.
                     let sent = match st.qps.get_mut(&qpn) {
-                        Some(e) if e.remote == to => {
-                            route_to(&mut e.route, &mut e.route_link, to, l, &dev.deliver)
-                                .is_some_and(|r| Links::send_on(r, pkt))
-                        }
+                        Some(e) if e.remote == to => route_to(&mut e.route, to, l, &dev.deliver)
+                            .is_some_and(|r| Links::send_on(r, pkt)),
                         _ => l.send(to, pkt, &dev.deliver),
                     };
                     if !sent {
@@ -1079,14 +1079,8 @@ fn send_to_peer_process(st: &mut State, qpn: u32) -> bool {
         if pkt.payload.has_buffer() {
             lent.push_back(pkt.payload.clone());
         }
-        let sent = route_to(
-            &mut e.route,
-            &mut e.route_link,
-            e.remote,
-            links,
-            &dev.deliver,
-        )
-        .is_some_and(|r| Links::send_on(r, pkt));
+        let sent = route_to(&mut e.route, e.remote, links, &dev.deliver)
+            .is_some_and(|r| Links::send_on(r, pkt));
         if !sent {
             q.handle_link_down();
         }
@@ -1682,8 +1676,7 @@ unsafe extern "C" fn post_send(
             let dev = device();
             let peer = match (&dev.links, one_sided) {
                 (Some(l), true) => {
-                    route_to(&mut e.route, &mut e.route_link, e.remote, l, &dev.deliver)
-                        .and_then(Route::direct)
+                    route_to(&mut e.route, e.remote, l, &dev.deliver).and_then(Route::direct)
                 }
                 _ => None,
             };
@@ -2558,7 +2551,6 @@ pub(crate) unsafe fn create_qp(
             attr: saved,
             remote: QpEntry::peer_of(&saved),
             route: None,
-            route_link: 0,
             delay: Duration::ZERO,
             held: VecDeque::new(),
             published: None,
@@ -2650,20 +2642,13 @@ pub(crate) unsafe fn modify_qp(
     }
     // A refused state change changes nothing (as rxe checks everything first): what the
     // attributes below set is put back then.
-    let before = (
-        e.attr,
-        *e.core.config(),
-        e.remote,
-        e.route.clone(),
-        e.route_link,
-    );
+    let before = (e.attr, *e.core.config(), e.remote, e.route.clone());
     let before_qkey = match &e.core {
         QpCore::Ud(q) => Some(q.qkey()),
         QpCore::Rc(_) => None,
     };
     let undo = |e: &mut QpEntry| {
-        (e.attr, e.remote, e.route, e.route_link) =
-            (before.0, before.2, before.3.clone(), before.4);
+        (e.attr, e.remote, e.route) = (before.0, before.2, before.3.clone());
         e.core.set_config(|c| *c = before.1);
         if let (QpCore::Ud(q), Some(k)) = (&mut e.core, before_qkey) {
             q.set_qkey(k);
@@ -2733,7 +2718,6 @@ pub(crate) unsafe fn modify_qp(
     if has(M::IBV_QP_AV) {
         e.remote = QpEntry::peer_of(&e.attr);
         e.route = None;
-        e.route_link = 0;
     }
     if has(M::IBV_QP_STATE) {
         let to = a.qp_state;
@@ -2755,7 +2739,7 @@ pub(crate) unsafe fn modify_qp(
                 let dev = device();
                 if let Some(l) = &dev.links {
                     e.route = None;
-                    route_to(&mut e.route, &mut e.route_link, remote, l, &dev.deliver);
+                    route_to(&mut e.route, remote, l, &dev.deliver);
                 }
                 e.core.move_to_rtr(e.attr.dest_qp_num, e.attr.rq_psn)
             }
