@@ -290,20 +290,32 @@ impl Conn {
             return Ok(None);
         };
         let mut out = vec![first];
+        self.take_ready(|d| {
+            if out.len() >= max {
+                return false;
+            }
+            match d.core().recv_msg() {
+                Ok(rsrdma_proto::Recv::Data(m)) => {
+                    out.push(m);
+                    true
+                }
+                _ => false,
+            }
+        });
+        Ok(Some(out))
+    }
+
+    /// The rest of a batch, after its first message: under one lock, `take_one` takes
+    /// messages that are ready until it says it took none, but not while another call owns
+    /// the receive side (its message comes first); then the reposts go.
+    fn take_ready(&self, mut take_one: impl FnMut(&mut Driver) -> bool) {
         let mut st = self.shared.lock();
         let Some(d) = st.driver.as_mut() else {
-            return Ok(Some(out));
+            return;
         };
-        // Not while another call owns the receive side (its message comes first).
-        while out.len() < max && !d.owners().owned(Side::Recv) {
-            match d.core().recv_msg() {
-                Ok(rsrdma_proto::Recv::Data(m)) => out.push(m),
-                _ => break,
-            }
-        }
+        while !d.owners().owned(Side::Recv) && take_one(d) {}
         d.post_work();
         self.shared.changed(&mut st);
-        Ok(Some(out))
     }
 
     /// [`Conn::recv_batch`] into the caller's buffers, allocating nothing: waits (up to the
@@ -339,21 +351,19 @@ impl Conn {
         };
         lens[0] = first;
         let mut got = 1;
-        let mut st = self.shared.lock();
-        let Some(d) = st.driver.as_mut() else {
-            return Ok(Some(got));
-        };
-        while got < want && !d.owners().owned(Side::Recv) {
+        self.take_ready(|d| {
+            if got >= want {
+                return false;
+            }
             match d.core().recv_msg_into(bufs[got]) {
                 Ok(rsrdma_proto::Recv::Data(n)) => {
                     lens[got] = n;
                     got += 1;
+                    true
                 }
-                _ => break,
+                _ => false,
             }
-        }
-        d.post_work();
-        self.shared.changed(&mut st);
+        });
         Ok(Some(got))
     }
 
