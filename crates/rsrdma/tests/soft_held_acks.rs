@@ -7,8 +7,8 @@
 
 mod soft_peer;
 
-use rsrdma::{AccessFlags, Mr, RecvWr, SendWr};
-use soft_peer::{child_end, end_child, parent_end, poll_len, spawn_child};
+use rsrdma::{AccessFlags, Mr, SendWr};
+use soft_peer::{child_ready, end_child, parent_end, poll_len, spawn_child};
 use std::time::{Duration, Instant};
 
 /// How long the child stops polling.
@@ -20,14 +20,7 @@ const QUIET: Duration = Duration::from_secs(3);
 #[test]
 #[ignore = "runs as the child process of a_peer_that_stops_polling_still_lets_the_request_complete"]
 fn quiet_child() {
-    let e = child_end();
-    let mr = Mr::new(&e.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
-    let recv = [mr.sge(0, 64).unwrap()];
-    for id in 0..2 {
-        // SAFETY: `mr` outlives the receives: both complete before it is dropped.
-        unsafe { e.qp.post_recv(&RecvWr::new(id, &recv)).unwrap() };
-    }
-    println!("READY");
+    let (e, _mr) = child_ready();
     assert_eq!(poll_len(&e.cq), 8);
     std::thread::sleep(QUIET);
     assert_eq!(poll_len(&e.cq), 0);

@@ -10,7 +10,7 @@
 mod soft_peer;
 
 use rsrdma::{AccessFlags, Mr, RecvWr, SendWr};
-use soft_peer::{child_end, end_child, parent_end, poll_len, spawn_child_with, End, Lines};
+use soft_peer::{child_ready, end_child, parent_end, poll_len, spawn_child_with, End, Lines};
 use std::io::Write;
 use std::process::Child;
 
@@ -23,17 +23,10 @@ fn reused_address_child() {
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "GO");
-    let e = child_end();
-    let mr = Mr::new(&e.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
-    let recv = [mr.sge(0, 64).unwrap()];
-    for id in 0..2 {
-        // SAFETY: `mr` outlives the receives: both complete before it is dropped.
-        unsafe { e.qp.post_recv(&RecvWr::new(id, &recv)).unwrap() };
-    }
-    println!("READY");
+    let (e, mr) = child_ready();
     assert_eq!(poll_len(&e.cq), 8);
     let reply = [mr.sge(0, 8).unwrap()];
-    // SAFETY: as above; the send completes below.
+    // SAFETY: `mr` outlives the send, which completes below.
     unsafe {
         e.qp.post_send(&SendWr::send(9, &reply).signaled(true))
             .unwrap()

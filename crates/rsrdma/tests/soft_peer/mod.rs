@@ -4,7 +4,7 @@
 
 #![allow(dead_code)] // Each test file uses some of it.
 
-use rsrdma::{ConnectOptions, Cq, Pd, Qp, QpCaps, QpType, Wc};
+use rsrdma::{AccessFlags, ConnectOptions, Cq, Mr, Pd, Qp, QpCaps, QpType, RecvWr, Wc};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout};
 use std::time::{Duration, Instant};
@@ -141,6 +141,21 @@ pub fn child_end() -> End {
     std::io::stdin().read_line(&mut line).unwrap();
     e.connect(&me, &parse_endpoint(&line));
     e
+}
+
+/// In a child: [`child_end`], two receives of 64 bytes posted in the region it returns
+/// (receives 0 and 1), then "READY" for the parent. The caller keeps the region until both
+/// receives have completed.
+pub fn child_ready() -> (End, Mr) {
+    let e = child_end();
+    let mr = Mr::new(&e.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let recv = [mr.sge(0, 64).unwrap()];
+    for id in 0..2 {
+        // SAFETY: the caller keeps `mr` until both receives have completed (see above).
+        unsafe { e.qp.post_recv(&RecvWr::new(id, &recv)).unwrap() };
+    }
+    println!("READY");
+    (e, mr)
 }
 
 /// In the parent: makes its end, connects to the child's (whose endpoint `lines` gives) and
