@@ -111,6 +111,7 @@ struct SoftSrq {
 /// send queue, receive queue, SRQ or CQ at once, and aborts the process when they do, since
 /// such a provider would corrupt the queue. Each use holds the queue for [`WINDOW`], so that
 /// overlapping uses are caught, not only exactly simultaneous ones.
+#[inline]
 fn single_threaded() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("RSRDMA_SOFT_SINGLE_THREADED").is_some_and(|v| v == "1"))
@@ -123,10 +124,18 @@ const WINDOW: Duration = Duration::from_micros(50);
 struct Exclusive<'a>(Option<&'a AtomicBool>);
 
 impl<'a> Exclusive<'a> {
+    /// Every post and poll enters: without the check (almost always), that costs a look at
+    /// one flag, here in the caller.
+    #[inline]
     fn enter(busy: &'a AtomicBool, what: &str, num: u32) -> Exclusive<'a> {
         if !single_threaded() {
             return Exclusive(None);
         }
+        Exclusive::enter_checked(busy, what, num)
+    }
+
+    #[cold]
+    fn enter_checked(busy: &'a AtomicBool, what: &str, num: u32) -> Exclusive<'a> {
         if busy.swap(true, Ordering::AcqRel) {
             // Straight to the stderr stream (a test harness's capture would die with the
             // process).
@@ -866,35 +875,31 @@ pub(super) fn names_a_soft_device(gid: &[u8; 16]) -> bool {
 /// turn, and served in this pump), then its completions and events. Under the lock.
 fn pump(st: &mut State, now: &mut LazyNow) {
     st.reclaim_payloads();
-    let mut timer = false;
+    serve_dirty(st, now, false);
+}
+
+/// [`pump`] after a post to QP `qpn`, which alone has something new: it is served at once,
+/// without going through [`State::dirty`] (a post to a queue pair whose peer lives in another
+/// process touches no other queue pair; one that does is served by the pump that follows).
+fn pump_posted(st: &mut State, qpn: u32, now: &mut LazyNow) {
+    if !st.dirty.is_empty() {
+        st.touch(qpn);
+        pump(st, now);
+        return;
+    }
+    st.reclaim_payloads();
+    let timer = serve(st, qpn, now);
+    serve_dirty(st, now, timer);
+}
+
+/// Serves every queue pair in [`State::dirty`] (those that serving one touches too), then
+/// what the device as a whole reports; `timer`: the timer thread must look again.
+fn serve_dirty(st: &mut State, now: &mut LazyNow, mut timer: bool) {
     let mut i = 0;
     while i < st.dirty.len() {
         let qpn = st.dirty[i];
         i += 1;
-        // A queue pair destroyed since it was touched is simply not there.
-        let Some(e) = st.qps.get_mut(&qpn) else {
-            continue;
-        };
-        e.dirty = false;
-        if e.core.held_acks() >= ACK_EVERY {
-            e.core.flush_ack();
-        }
-        // Its completions reach their CQs before its packets leave, as rxe's responder
-        // completes before it acknowledges: a receive completion its CQ has no room for fails
-        // the queue pair, which drops the acknowledgement of that SEND, so its sender does
-        // not count delivered what the application never saw (an outside tester's find:
-        // SUCCESS at the sender, the receive completion lost). Then once more, for what
-        // sending completed (a datagram completes once it is queued).
-        let unanswered = e.finish_turn(now);
-        answer_dropped(st, qpn, unanswered, now);
-        send_packets(st, qpn, now);
-        let Some(e) = st.qps.get_mut(&qpn) else {
-            continue;
-        };
-        let unanswered = e.finish_turn(now);
-        timer |= e.next_due().is_some();
-        note_owing(&mut st.owing, e, qpn);
-        answer_dropped(st, qpn, unanswered, now);
+        timer |= serve(st, qpn, now);
     }
     st.dirty.clear();
     let held = !st.owing.is_empty();
@@ -914,6 +919,37 @@ fn pump(st: &mut State, now: &mut LazyNow) {
     if timer {
         device().timer.notify_one();
     }
+}
+
+/// QP `qpn`'s turn in a pump: its packets to their destinations, its completions and events
+/// to its CQs and context. Returns whether the timer thread must look again (a retry or a
+/// held completion is now due).
+fn serve(st: &mut State, qpn: u32, now: &mut LazyNow) -> bool {
+    // A queue pair destroyed since it was touched is simply not there.
+    let Some(e) = st.qps.get_mut(&qpn) else {
+        return false;
+    };
+    e.dirty = false;
+    if e.core.held_acks() >= ACK_EVERY {
+        e.core.flush_ack();
+    }
+    // Its completions reach their CQs before its packets leave, as rxe's responder
+    // completes before it acknowledges: a receive completion its CQ has no room for fails
+    // the queue pair, which drops the acknowledgement of that SEND, so its sender does
+    // not count delivered what the application never saw (an outside tester's find:
+    // SUCCESS at the sender, the receive completion lost). Then once more, for what
+    // sending completed (a datagram completes once it is queued).
+    let unanswered = e.finish_turn(now);
+    answer_dropped(st, qpn, unanswered, now);
+    send_packets(st, qpn, now);
+    let Some(e) = st.qps.get_mut(&qpn) else {
+        return false;
+    };
+    let unanswered = e.finish_turn(now);
+    let timer = e.next_due().is_some();
+    note_owing(&mut st.owing, e, qpn);
+    answer_dropped(st, qpn, unanswered, now);
+    timer
 }
 
 // ----- held acknowledgements ---------------------------------------------------------------
@@ -1065,30 +1101,33 @@ fn send_packets(st: &mut State, qpn: u32, now: &mut LazyNow) {
 /// sent nothing, for any other queue pair.
 fn send_to_peer_process(st: &mut State, qpn: u32) -> bool {
     let State { qps, lent, .. } = st;
-    let Some(e) = qps.get_mut(&qpn) else {
-        return false;
-    };
-    let (QpCore::Rc(q), Some(links)) = (&mut e.core, &device().links) else {
-        return false;
-    };
-    if is_own(e.remote) {
-        return false;
-    }
-    let dev = device();
-    while let Some(pkt) = q.poll_transmit() {
-        if pkt.payload.has_buffer() {
-            lent.push_back(pkt.payload.clone());
-        }
-        let sent = route_to(&mut e.route, e.remote, links, &dev.deliver)
-            .is_some_and(|r| Links::send_on(r, pkt));
-        if !sent {
-            q.handle_link_down();
-        }
-    }
-    true
+    qps.get_mut(&qpn)
+        .is_some_and(|e| e.send_to_peer_process(lent))
 }
 
 impl QpEntry {
+    /// [`send_to_peer_process`] for this queue pair; `lent`: [`State::lent`].
+    fn send_to_peer_process(&mut self, lent: &mut VecDeque<Payload>) -> bool {
+        let (QpCore::Rc(q), Some(links)) = (&mut self.core, &device().links) else {
+            return false;
+        };
+        if is_own(self.remote) {
+            return false;
+        }
+        let dev = device();
+        while let Some(pkt) = q.poll_transmit() {
+            if pkt.payload.has_buffer() {
+                lent.push_back(pkt.payload.clone());
+            }
+            let sent = route_to(&mut self.route, self.remote, links, &dev.deliver)
+                .is_some_and(|r| Links::send_on(r, pkt));
+            if !sent {
+                q.handle_link_down();
+            }
+        }
+        true
+    }
+
     /// The end of its turn in a pump: its state republished if that changed, its
     /// completions to its CQs (or held, under an injected delay), its events to its
     /// context. When a completion found no room, the queue pair fails before its answers
@@ -1652,7 +1691,11 @@ unsafe extern "C" fn post_send(
     let mut rc = 0;
     while !w.is_null() {
         let State {
-            qps, mrs, spare, ..
+            qps,
+            mrs,
+            spare,
+            lent,
+            ..
         } = &mut *st;
         let mut mem = ProcessMemory { spare };
         // SAFETY: a valid request list (the caller's contract).
@@ -1691,7 +1734,14 @@ unsafe extern "C" fn post_send(
                         q.post_send_direct(s, mrs, &mut mem, &mut reach)
                             .map_err(post_errno)
                     }
-                    None => q.post_send(s, mrs, &mem).map_err(post_errno),
+                    None => {
+                        q.post_send(s, mrs, &mem).map_err(post_errno)?;
+                        // A request to another process leaves now, before the pump's
+                        // bookkeeping: the peer's work starts as early as it can (its
+                        // completions, if any, were made by the post and go in the pump).
+                        e.send_to_peer_process(lent);
+                        Ok(())
+                    }
                 },
                 QpCore::Ud(q) => {
                     // SAFETY: as above; a UD request names a live AH (the caller's contract).
@@ -1709,8 +1759,7 @@ unsafe extern "C" fn post_send(
         // SAFETY: as above.
         w = unsafe { (*w).next };
     }
-    st.touch(qpn);
-    pump(&mut st, &mut LazyNow::default());
+    pump_posted(&mut st, qpn, &mut LazyNow::default());
     rc
 }
 
@@ -1818,12 +1867,19 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
     // contract).
     let cq = unsafe { &*cq.cast::<SoftCq>() };
     let _one = Exclusive::enter(&cq.busy, "CQ", cq.raw.handle);
-    // What peers on this host put in the shared rings is taken by the polls (before the CQ
-    // is locked: what it delivers may complete into this CQ).
+    // What peers on this host put in the shared rings is taken by the polls that find the
+    // CQ empty (before the CQ is locked: what it delivers may complete into this CQ). One that
+    // finds completions hands them over first, as a NIC's CQ gives what it holds: a
+    // ping-pong's poll of its receive CQ, after its send CQ's poll delivered both
+    // completions, then costs no look at the links.
     let dev = device();
     let mut read = false;
     if let Some(l) = &dev.links {
-        read = l.progress(&*dev.deliver);
+        if cq.pending.load(Ordering::Acquire) {
+            super::shm_link::polled();
+        } else {
+            read = l.progress(&*dev.deliver);
+        }
     }
     if !cq.pending.load(Ordering::Acquire) {
         // Nothing to do: the acknowledgements held back go now ([`hold_acks`]).
