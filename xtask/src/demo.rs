@@ -137,7 +137,14 @@ exit $server_st
 /// Runs the example's server and client as two processes of this machine over `soft0`, with the
 /// demo's timeout over both; returns the client's status, or the server's if the client passed.
 fn run_on_soft(exe: &Path, timeout: Duration) -> Result<i32> {
-    let common = ["--device", SOFT_DEVICE];
+    // A port the system just had free, not the example's fixed one: two demos (or a demo
+    // and anything else at that port) on one machine do not meet.
+    let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .context("finding a free port for the demo")?
+        .port()
+        .to_string();
+    let common = ["--device", SOFT_DEVICE, "--port", &port];
     let deadline = Instant::now() + timeout;
     eprintln!("[demo] server: {EXAMPLE} server {}", common.join(" "));
     let mut server = Command::new(exe)
