@@ -223,6 +223,35 @@ fn dialing_the_unspecified_address_over_rdma_cm_says_what_to_dial() {
     assert_eq!(s.recv_msg().unwrap().unwrap(), b"reached");
 }
 
+/// A listener on the TCP path whose own `connect_timeout` runs out during a dialer's
+/// handshake tells the dialer so, naming the option; it only hung up, and the dialer read
+/// "the peer closed the connection during handshake endpoint" (an outside tester's find).
+/// The listener then serves a dialer it gives time to.
+#[test]
+fn a_listener_whose_connect_timeout_runs_out_tells_the_dialer_which_option() {
+    let hasty = opts(Establish::Tcp).connect_timeout(Duration::from_nanos(1));
+    let l = listen(hasty);
+    let at = l.local_addr();
+    // Accepting (which runs the handshakes) until the dial is over: a dialer makes its queue
+    // pair and memory before it connects, which takes seconds under the VM's emulation.
+    let dialed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = dialed.clone();
+    let accepting = thread::spawn(move || {
+        let mut accepted = 0;
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
+            accepted += usize::from(l.accept_timeout(Duration::from_millis(50)).is_ok());
+        }
+        accepted
+    });
+    let e = Conn::dial(at, opts(Establish::Tcp)).unwrap_err();
+    dialed.store(true, std::sync::atomic::Ordering::Release);
+    assert!(
+        matches!(&e, NetError::PeerAborted(m) if m.contains("listener's ConnOptions::connect_timeout")),
+        "{e}"
+    );
+    assert_eq!(accepting.join().unwrap(), 0, "nobody was accepted");
+}
+
 /// `recv_batch_into`: what fits the caller's buffers, in order; a message too long for the
 /// first buffer stays queued (`ShortBuffer`), one too long for a later buffer waits for the
 /// next call; then the end of the stream.

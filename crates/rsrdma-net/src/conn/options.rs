@@ -105,6 +105,8 @@ pub struct ConnOptions {
     /// with soft0's fault injection, `rsrdma::soft_faults::refuse_receives`).
     pub peer_timeout: Duration,
     /// Limit for address resolution, the TCP connect and the whole handshake. Default 10 s.
+    /// On a listener: each peer's handshake (on the TCP path a peer it runs out on is told
+    /// so, naming this option).
     pub connect_timeout: Duration,
     /// How long `close` waits for the queued data (and its FIN) to be delivered before it
     /// tears down anyway. Default 2 s.

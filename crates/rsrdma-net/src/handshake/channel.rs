@@ -153,7 +153,11 @@ impl Channel {
         }
         // Before the opening: a peer shed while it opens is told why.
         ch.standing = standing;
-        ch.authenticate(secret)?;
+        match ch.authenticate(secret) {
+            Ok(()) => {}
+            Err(e @ NetError::Timeout { .. }) => return Err(ch.abort_timed_out(e)),
+            Err(e) => return Err(e),
+        }
         if ch.opening_until.is_none() {
             ch.mark_opened();
         }
@@ -561,12 +565,33 @@ impl Channel {
     /// Tells the peer why this side gives up (best effort), and returns `err`. A listener's
     /// handshake counts its failure first (its standing's `count_failure`).
     pub fn abort(&mut self, err: NetError) -> NetError {
+        let why = err.to_string();
+        self.abort_saying(&why);
+        err
+    }
+
+    /// [`Channel::abort`] for this side's own time limit running out (`err`, a
+    /// [`NetError::Timeout`]): the peer is told which option ended it. Without a word, a
+    /// listener whose `connect_timeout` ran out only hung up, and its dialer read "the peer
+    /// closed the connection during handshake endpoint" (an outside tester's find).
+    pub fn abort_timed_out(&mut self, err: NetError) -> NetError {
+        let whose = match self.role {
+            Role::Server => {
+                "the listener's ConnOptions::connect_timeout (a new peer's opening: its \
+                 opening_timeout)"
+            }
+            Role::Client => "the dialer's ConnOptions::connect_timeout",
+        };
+        self.abort_saying(&format!("{err}: {whose} ran out"));
+        err
+    }
+
+    fn abort_saying(&mut self, why: &str) {
         if let Some(s) = &self.standing {
             s.count_failure();
         }
-        let _ = self.send(&Message::abort(&err.to_string()));
+        let _ = self.send(&Message::abort(why));
         self.done_sending = true;
-        err
     }
 
     /// The opening: hellos, then, when either side demands authentication, the client's

@@ -26,22 +26,23 @@ pub(crate) unsafe fn create_ah(
 ) -> *mut ffi::ibv_ah {
     // SAFETY: the caller's contract.
     let (a, ctx, handle) = unsafe { (&*attr, (*pd).context, (*pd).handle) };
-    if a.port_num != 1 || (a.is_global != 0 && a.grh.sgid_index > 1) {
+    // The port is RoCE-like (its link layer is Ethernet): an address handle needs a GRH there,
+    // as the kernel's `rdma_check_ah_attr` requires of rxe's (an outside tester's handle
+    // without one was taken and its datagrams went by LID: a program that works so on soft0
+    // fails on rxe). Queue pairs' paths are refused without one already.
+    if a.port_num != 1 || a.is_global == 0 || a.grh.sgid_index > 1 {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     }
-    let gid = match a.is_global != 0 {
-        // SAFETY: `raw` is the GID's plain bytes.
-        true => match unsafe { a.grh.dgid.raw } {
-            // A GRH to `::` names no device (the all-zero GID stands for "no GRH" here).
-            g if g == [0; 16] => NO_DEVICE_GID,
-            g => g,
-        },
-        false => [0; 16],
+    // SAFETY: `raw` is the GID's plain bytes.
+    let gid = match unsafe { a.grh.dgid.raw } {
+        // A GRH to `::` names no device.
+        g if g == [0; 16] => NO_DEVICE_GID,
+        g => g,
     };
-    let lid = match (a.dlid, a.is_global != 0) {
-        (0, true) => lid_of_gid(&gid),
-        (dlid, _) => dlid,
+    let lid = match a.dlid {
+        0 => lid_of_gid(&gid),
+        dlid => dlid,
     };
     let ah = SoftAh {
         raw: ffi::ibv_ah {

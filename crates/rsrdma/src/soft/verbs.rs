@@ -862,12 +862,10 @@ fn transmit(st: &mut State, qpn: u32) -> Option<(SocketAddrV4, Packet)> {
 }
 
 /// Whether a UD destination's GID can name a soft device: an IPv4-mapped address (any host's
-/// device), a soft device's link-local GID, or none (an address handle without a GRH, which
-/// goes by its LID).
+/// device) or a soft device's link-local GID (an address handle always has a GRH: the port is
+/// RoCE-like).
 pub(super) fn names_a_soft_device(gid: &[u8; 16]) -> bool {
-    gid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]
-        || gid[..14] == link_local_gid(0)[..14]
-        || *gid == [0; 16]
+    gid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] || gid[..14] == link_local_gid(0)[..14]
 }
 
 /// Serves the queue pairs touched since the last pump ([`State::dirty`]): hands each one's
@@ -2080,6 +2078,9 @@ pub(crate) unsafe fn query_device(attr: *mut ffi::ibv_device_attr) -> c_int {
     0
 }
 
+/// The MTU of soft0's port (its largest and its active one).
+const PORT_MTU: ffi::ibv_mtu = ffi::ibv_mtu::IBV_MTU_4096;
+
 /// # Safety
 /// `attr` is writable.
 pub(crate) unsafe fn query_port(port: u8, attr: *mut ffi::ibv_port_attr) -> c_int {
@@ -2088,8 +2089,8 @@ pub(crate) unsafe fn query_port(port: u8, attr: *mut ffi::ibv_port_attr) -> c_in
     }
     let mut p: ffi::ibv_port_attr = zeroed();
     p.state = ffi::ibv_port_state::IBV_PORT_ACTIVE;
-    p.max_mtu = ffi::ibv_mtu::IBV_MTU_4096;
-    p.active_mtu = ffi::ibv_mtu::IBV_MTU_4096;
+    p.max_mtu = PORT_MTU;
+    p.active_mtu = PORT_MTU;
     p.gid_tbl_len = 2;
     p.max_msg_sz = rsrdma_soft::MAX_MESSAGE as u32;
     p.pkey_tbl_len = 1;
@@ -2981,7 +2982,12 @@ fn check_modify(
     // the peer's MAC from it).
     let bad_av = has(M::IBV_QP_AV)
         && (a.ah_attr.port_num > 1 || a.ah_attr.is_global == 0 || a.ah_attr.grh.sgid_index >= 2);
-    if bad_port || bad_av {
+    // An MTU of the verbs' table (256 to 4096), no larger than the port's (as rxe checks it
+    // against its port's): 0 or 9 is no MTU (an outside tester's raw `ibv_modify_qp` had
+    // them taken, and `ibv_query_qp` read back none).
+    let bad_mtu = has(M::IBV_QP_PATH_MTU)
+        && !(ffi::ibv_mtu::IBV_MTU_256.0..=PORT_MTU.0).contains(&a.path_mtu.0);
+    if bad_port || bad_av || bad_mtu {
         return Err(libc::EINVAL);
     }
     Ok(())
@@ -3284,5 +3290,48 @@ mod tests {
             check_modify(QpKind::Rc, S::IBV_QPS_RTS, sqd, M::IBV_QP_STATE.0, &a),
             Err(libc::EOPNOTSUPP)
         );
+    }
+
+    /// A path MTU is one of the verbs' table up to the port's (4096): 0, or a value past it,
+    /// is refused at RTR, as rxe refuses one over its port's (an outside tester's raw
+    /// `ibv_modify_qp` had them taken).
+    #[test]
+    fn a_path_mtu_must_be_an_mtu_the_port_has() {
+        use ffi::ibv_qp_attr_mask as M;
+        use ffi::ibv_qp_state as S;
+        let mut a: ffi::ibv_qp_attr = zeroed();
+        a.ah_attr.is_global = 1;
+        a.ah_attr.port_num = 1;
+        let rtr = M::IBV_QP_STATE.0
+            | M::IBV_QP_AV.0
+            | M::IBV_QP_PATH_MTU.0
+            | M::IBV_QP_DEST_QPN.0
+            | M::IBV_QP_RQ_PSN.0
+            | M::IBV_QP_MAX_DEST_RD_ATOMIC.0
+            | M::IBV_QP_MIN_RNR_TIMER.0;
+        let to = Some(S::IBV_QPS_RTR);
+        for (mtu, ok) in [(0, false), (1, true), (5, true), (6, false), (9, false)] {
+            a.path_mtu = ffi::ibv_mtu(mtu);
+            let r = check_modify(QpKind::Rc, S::IBV_QPS_INIT, to, rtr, &a);
+            assert_eq!(r.is_ok(), ok, "path_mtu {mtu}: {r:?}");
+        }
+    }
+
+    /// soft0's port is RoCE-like: an address handle without a GRH is refused (`EINVAL`), as
+    /// the kernel refuses one on rxe's port; one with a GRH is made (an outside tester's
+    /// handle without one was taken, and its datagrams went by LID alone).
+    #[test]
+    fn an_address_handle_needs_a_grh() {
+        let ctx = crate::open("soft0").unwrap();
+        let pd = crate::Pd::new(&ctx).unwrap();
+        let mut attr = crate::AhAttr {
+            port_num: 1,
+            dlid: own_lid(),
+            ..Default::default()
+        };
+        let err = crate::Ah::new(&pd, &attr).expect_err("refused without a GRH");
+        assert!(err.to_string().contains("Invalid argument"), "{err}");
+        attr.grh = Some(crate::GlobalRoute::new(crate::Gid(own_gid()), 1));
+        crate::Ah::new(&pd, &attr).unwrap();
     }
 }

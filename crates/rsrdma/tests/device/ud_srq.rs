@@ -27,6 +27,23 @@ fn ud_pair(ctx: &rsrdma::Context, pd: &Pd) -> (Cq, Cq, Qp, Qp) {
     (cq_a, cq_b, a, b)
 }
 
+/// The port is RoCE (rxe's, soft0's): an address handle needs a GRH there, and one without
+/// is refused (`EINVAL`) on both devices (soft0 once took it and sent by LID alone, which a
+/// program would then find failing on rxe: an outside tester's find).
+#[test]
+fn an_address_handle_without_a_grh_is_refused_on_a_roce_port() {
+    let ctx = ctx();
+    let pd = Pd::new(&ctx).unwrap();
+    let lid = ctx.query_port(1).unwrap().lid;
+    let attr = AhAttr {
+        port_num: 1,
+        dlid: lid,
+        ..Default::default()
+    };
+    let err = Ah::new(&pd, &attr).expect_err("an address handle without a GRH on a RoCE port");
+    assert!(err.to_string().contains("Invalid argument"), "{err}");
+}
+
 #[test]
 fn ud_send_recv_with_grh_and_reply_by_wc() {
     let ctx = ctx();

@@ -316,7 +316,8 @@ fn rejected(e: rsrdma::Error, addr: SocketAddr) -> NetError {
                 addr,
                 path: "rdma_cm (Establish::Cm)",
                 hint: "something answered there but not rdma_cm: a Listener bound with \
-                       Establish::Tcp takes no rdma_cm connections: dial it with Establish::Tcp",
+                       Establish::Tcp takes no rdma_cm connections: dial it with Establish::Tcp \
+                       (or an rdma_cm Listener was closing as the request came)",
             };
         }
     }

@@ -80,8 +80,8 @@ pub(crate) fn dial(addr: std::net::SocketAddr, opts: &ConnOptions) -> Result<Est
                 addr,
                 "the TCP handshake (Establish::Tcp)",
                 "something there took the connection and closed it without a hello: a \
-                 Listener bound with Establish::Cm (dial it with Establish::Cm), or another \
-                 service",
+                 Listener bound with Establish::Cm (dial it with Establish::Cm), a Listener \
+                 closing as the dial came, or another service",
             )
         })?;
     let set_up = exchange(&mut ch, opts, prepared);
@@ -112,6 +112,7 @@ fn finish(
         Err(e @ (NetError::Verbs(_) | NetError::InvalidArgument(_) | NetError::ConnFailed(_))) => {
             return Err(ch.abort(e))
         }
+        Err(e @ NetError::Timeout { .. }) => return Err(ch.abort_timed_out(e)),
         Err(e) => return Err(e),
     };
     local.finish(
