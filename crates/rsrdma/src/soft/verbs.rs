@@ -3152,6 +3152,15 @@ pub(crate) fn unsupported_ptr<T>() -> *mut T {
 mod tests {
     use super::*;
 
+    /// What INIT → RTR of an RC queue pair takes (and needs).
+    const RTR_ATTRS: u32 = ffi::ibv_qp_attr_mask::IBV_QP_STATE.0
+        | ffi::ibv_qp_attr_mask::IBV_QP_AV.0
+        | ffi::ibv_qp_attr_mask::IBV_QP_PATH_MTU.0
+        | ffi::ibv_qp_attr_mask::IBV_QP_DEST_QPN.0
+        | ffi::ibv_qp_attr_mask::IBV_QP_RQ_PSN.0
+        | ffi::ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC.0
+        | ffi::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER.0;
+
     /// What RTR → RTS of an RC queue pair takes (and needs).
     const RTS_ATTRS: u32 = ffi::ibv_qp_attr_mask::IBV_QP_STATE.0
         | ffi::ibv_qp_attr_mask::IBV_QP_SQ_PSN.0
@@ -3202,13 +3211,7 @@ mod tests {
         rtr.max_dest_rd_atomic = 1;
         rtr.ah_attr.is_global = 1;
         rtr.ah_attr.port_num = 1;
-        let rtr_mask = M::IBV_QP_STATE.0
-            | M::IBV_QP_AV.0
-            | M::IBV_QP_PATH_MTU.0
-            | M::IBV_QP_DEST_QPN.0
-            | M::IBV_QP_RQ_PSN.0
-            | M::IBV_QP_MAX_DEST_RD_ATOMIC.0
-            | M::IBV_QP_MIN_RNR_TIMER.0;
+        let rtr_mask = RTR_ATTRS;
         let mut rts = a;
         rts.qp_state = S::IBV_QPS_RTS;
         rts.sq_psn = 0x0100_0005;
@@ -3297,18 +3300,11 @@ mod tests {
     /// `ibv_modify_qp` had them taken).
     #[test]
     fn a_path_mtu_must_be_an_mtu_the_port_has() {
-        use ffi::ibv_qp_attr_mask as M;
         use ffi::ibv_qp_state as S;
         let mut a: ffi::ibv_qp_attr = zeroed();
         a.ah_attr.is_global = 1;
         a.ah_attr.port_num = 1;
-        let rtr = M::IBV_QP_STATE.0
-            | M::IBV_QP_AV.0
-            | M::IBV_QP_PATH_MTU.0
-            | M::IBV_QP_DEST_QPN.0
-            | M::IBV_QP_RQ_PSN.0
-            | M::IBV_QP_MAX_DEST_RD_ATOMIC.0
-            | M::IBV_QP_MIN_RNR_TIMER.0;
+        let rtr = RTR_ATTRS;
         let to = Some(S::IBV_QPS_RTR);
         for (mtu, ok) in [(0, false), (1, true), (5, true), (6, false), (9, false)] {
             a.path_mtu = ffi::ibv_mtu(mtu);
