@@ -42,6 +42,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "cm::rdma_cm_connect_accept_between_processes",
             "cm::rdma_cm_errors_are_clean",
             "cm_local::a_failed_connect_granting_leaves_nothing_for_a_late_acceptor",
+            "cm_local::a_rejected_connect_fails_the_qp_and_flushes_its_receives",
             "cm_local::an_accept_of_a_request_whose_requester_left_fails_at_once",
             "cm_local::cm_accept_serves_what_the_requester_asked",
             "cm_local::reject_and_disconnect_out_of_turn_are_refused",

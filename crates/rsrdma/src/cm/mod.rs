@@ -473,6 +473,12 @@ impl CmId {
     /// connection is established. Returns the private data the acceptor sent. Depths left
     /// `None` in `p` offer the device's maximum.
     ///
+    /// On REJECTED the QP is in ERROR (librdmacm moves it as it hands the event over): the
+    /// receives posted before the connect come back flushed. After [`Error::Timeout`] the
+    /// request is still outstanding, as with librdmacm: a late answer may still bring the QP
+    /// up (ESTABLISHED, then read with [`CmId::try_next_event`]); destroy the id, or move the
+    /// QP to ERROR, to end it.
+    ///
     /// # Errors
     /// [`Error::CmEvent`] on REJECTED, UNREACHABLE or CONNECT_ERROR (its message says what the
     /// status means: REJECTED with status 8 is "no listener on that address and port");

@@ -135,6 +135,54 @@ fn cm_accept_serves_what_the_requester_asked() {
     assert_eq!(client_info.max_rd_atomic, 1);
 }
 
+/// A REJECTED moves the client's QP to ERROR, as librdmacm does as it hands the event over
+/// (`ucma_modify_qp_err`): the receives posted before the connect come back flushed, so a
+/// program that waits for them before freeing their buffers is not left waiting (soft0 left
+/// the QP in INIT: an outside tester's find). Both a reject by the listener and a connect to
+/// a port nobody listens on.
+#[test]
+fn a_rejected_connect_fails_the_qp_and_flushes_its_receives() {
+    let (l, addr) = listener();
+    let mut nobody = addr;
+    let probe = CmId::listener(SocketAddr::new(device_ip(), 0), 1).unwrap();
+    nobody.set_port(probe.local_addr().unwrap().port());
+    drop(probe);
+    for (to, rejecting) in [(addr, true), (nobody, false)] {
+        let c = client(to);
+        let mr = Mr::new(&c.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+        let sge = [mr.sge(0, 64).unwrap()];
+        // SAFETY: `mr` outlives the receive's completion, polled below.
+        unsafe { c.qp.post_recv(&rsrdma::RecvWr::new(7, &sge)).unwrap() };
+        let connecting = thread::spawn(move || {
+            let r = c.id.connect(&ConnParam::default(), WAIT);
+            (c, r)
+        });
+        if rejecting {
+            l.get_request(WAIT).unwrap().id.reject(b"no").unwrap();
+        }
+        let (c, r) = connecting.join().unwrap();
+        let e = r.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::CmEvent {
+                    got: CmEventType::REJECTED,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(c.qp.query().unwrap().state, rsrdma::QpState::Error, "{e}");
+        let wc = crate::common::poll_n(&c.cq, 1)[0];
+        assert_eq!(
+            (wc.wr_id(), wc.status()),
+            (7, rsrdma::WcStatus::WR_FLUSH_ERR),
+            "{e}"
+        );
+        drop(mr);
+    }
+}
+
 #[test]
 fn cm_requests_nobody_takes_are_refused() {
     let (l, addr) = listener();

@@ -373,7 +373,7 @@ fn on_frame(shared: &Arc<Shared>, active: bool, tag: u8, body: &[u8]) -> bool {
                 E::RDMA_CM_EVENT_REJECTED,
                 REJ_CONSUMER,
                 private,
-                Action::None,
+                Action::Disconnected,
             );
             false
         }

@@ -119,7 +119,9 @@ enum Action {
     None,
     /// The acceptor's REP came: RTR and RTS towards it, then RTU.
     Established(Endpoint),
-    /// The connection ended: the QP goes to ERROR.
+    /// The connection ended, or was rejected (as librdmacm's `rdma_get_cm_event` moves the
+    /// QP on a REJECTED): the QP goes to ERROR, so the receives posted before the connect
+    /// come back flushed.
     Disconnected,
 }
 
@@ -873,16 +875,19 @@ fn send_request(shared: &Arc<Shared>, remote: SocketAddr, req: &[u8]) {
     let t = match stream.and_then(|t| t.try_clone().map(|reader| (t, reader))) {
         Ok(t) => t,
         Err(e) => {
-            let (kind, status) = match e.kind() {
-                std::io::ErrorKind::ConnectionRefused => {
-                    (E::RDMA_CM_EVENT_REJECTED, REJ_INVALID_SERVICE_ID)
-                }
+            let (kind, status, action) = match e.kind() {
+                std::io::ErrorKind::ConnectionRefused => (
+                    E::RDMA_CM_EVENT_REJECTED,
+                    REJ_INVALID_SERVICE_ID,
+                    Action::Disconnected,
+                ),
                 _ => (
                     E::RDMA_CM_EVENT_UNREACHABLE,
                     -e.raw_os_error().unwrap_or(libc::ETIMEDOUT),
+                    Action::None,
                 ),
             };
-            push(&st, kind, status, Vec::new(), Action::None);
+            push(&st, kind, status, Vec::new(), action);
             return;
         }
     };
