@@ -322,6 +322,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "failures::gid_index_out_of_range_is_a_parser_error",
             "failures::size_mismatch_between_two_rs_tools",
             "failures::truncated_then_closed",
+            "failures::read_lat_client_killed_rs_server_fails",
             "failures::write_bw_client_killed_rs_server_survives",
             "failures::write_bw_server_killed_rs_client_survives",
             "interop::atomic_bw_rc::rs_client_rs_server",

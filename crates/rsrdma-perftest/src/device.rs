@@ -112,8 +112,10 @@ pub fn adjust_for_device(
     if p.inline.is_none() {
         let known = is_mellanox(ctx);
         if p.tool.verb.reads() && !known {
-            o.text("Device not recognized to implement inline feature. Disabling it\n");
+            // As perftest's `ctx_set_max_inline`: the dashed line on stdout, then the note
+            // on stderr.
             o.text(RESULT_LINE);
+            o.text_err("Device not recognized to implement inline feature. Disabling it\n");
         }
         let dflt = match (p.tool.verb, p.tool.kind, known) {
             (Verb::Write, Kind::Lat, true) => 220,
@@ -124,15 +126,17 @@ pub fn adjust_for_device(
         p.inline = Some(dflt);
     }
     if p.conn == Conn::Ud {
-        let mtu = u64::from(port.active_mtu.bytes());
+        // The MTU the QPs get: `-m`, else the port's active one (an outside tester's `-m
+        // 1024` still let 4096-byte datagrams through).
+        let mtu = p.mtu.map_or(u64::from(port.active_mtu.bytes()), u64::from);
         if !p.all && p.size > mtu {
             if p.size_explicit {
                 return Err(Error::Perftest(format!(
-                    " Max msg size in UD is MTU {mtu}\n Message size {} is too large for UD (-c UD)",
+                    " Max message size in UD cannot be greater than MTU \n (the MTU is {mtu}: -s {} is too large for UD, -c UD)",
                     p.size
                 )));
             }
-            o.text(&report::ud_size_note(mtu as u32));
+            o.text_err(&report::ud_size_note(mtu as u32));
             p.size = mtu;
         }
     }

@@ -22,6 +22,16 @@ impl<'a> Out<'a> {
         }
     }
 
+    /// A note perftest writes to stderr (its `fprintf(stderr, …)` beside the report): there,
+    /// after what stdout holds so far; not with `--output=` (nor from the loopback server,
+    /// whose output is discarded).
+    pub fn text_err(&mut self, s: &str) {
+        if !self.quiet {
+            let _ = self.w.flush();
+            eprint!("{s}");
+        }
+    }
+
     /// The `--output=` value.
     pub fn value(&mut self, s: &str) {
         if self.quiet {

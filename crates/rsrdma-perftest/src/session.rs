@@ -7,7 +7,7 @@ use crate::atomic_total;
 use crate::cmqps;
 use crate::connect::connect_qps;
 use crate::device::PortInfo;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::flow::{self, Phase};
 use crate::gid;
 use crate::handshake::{Ends, Handshake};
@@ -40,7 +40,7 @@ pub fn run_connected(
         page,
         line,
     };
-    let out_reads = out_reads(p, ctx);
+    let out_reads = out_reads(p, ctx, o);
     let mut res = if oob.is_rdma_cm() {
         cmqps::connect(p, &mut oob, layout, out_reads)?
     } else {
@@ -97,7 +97,7 @@ pub fn run_connected(
         Kind::Bw => flow::bw(&mut phase, &mut res, &mut ends)?,
         Kind::Lat => flow::lat(&mut phase, &mut res, &mut ends)?,
     }
-    if closing_handshake(p, &mut ends) {
+    if closing_handshake(p, &mut ends)? {
         oob.finish();
     }
     if let Some(before) = atomic_before {
@@ -116,12 +116,19 @@ fn max_size(p: &Params, mtu: Mtu) -> u64 {
 }
 
 /// perftest's read depth: `-o` or the device's maximum, at most the device's, 1..=255; 1 for
-/// the tests that neither read nor use atomics.
-fn out_reads(p: &Params, ctx: &Context) -> u32 {
+/// the tests that neither read nor use atomics. An `-o` over the device's maximum is said, as
+/// perftest's `ctx_set_out_reads` says it (it was clamped silently).
+fn out_reads(p: &Params, ctx: &Context, o: &mut Out<'_>) -> u32 {
     if !p.tool.verb.reads() {
         return 1;
     }
     let max = ctx.attr().max_qp_rd_atom;
+    if p.out_reads.is_some_and(|asked| asked > max) {
+        o.text(RESULT_LINE);
+        o.text_err(&format!(
+            " Number of outstanding reads is above max = {max}\n Changing to that max value\n"
+        ));
+    }
     p.out_reads.unwrap_or(max).min(max).clamp(1, 255)
 }
 
@@ -143,16 +150,23 @@ fn endpoints(res: &Res, port: &PortInfo, gid: Gid) -> Vec<Dest> {
 }
 
 /// The closing handshake (none for write_lat); true when the connection should be closed
-/// with perftest's "done". perftest reports a failure here but still exits 0: the results are
-/// already out.
-fn closing_handshake(p: &Params, ends: &mut Ends<'_>) -> bool {
+/// with perftest's "done". A failure is reported as each perftest tool does: send_bw says so
+/// and goes on to exit 0 (its results are out); every other tool fails with exit status 1
+/// (its `ctx_close_connection` error returns 1: an outside tester's killed client left
+/// `rs_read_lat`'s server exiting 0, as if the run had passed).
+fn closing_handshake(p: &Params, ends: &mut Ends<'_>) -> Result<bool> {
     if p.tool.verb == Verb::Write && p.tool.kind == Kind::Lat {
-        return false;
+        return Ok(false);
     }
     if let Err(e) = ends.hs.one(ends.oob, Wait::Long(p.duration.unwrap_or(0))) {
         tracing::debug!(%e, "closing handshake failed");
-        eprint!(" Failed to close connection between server and client\n Trying to close this side resources\n");
-        return false;
+        if p.tool.verb == Verb::Send && p.tool.kind == Kind::Bw {
+            eprint!(" Failed to close connection between server and client\n Trying to close this side resources\n");
+            return Ok(false);
+        }
+        return Err(Error::Perftest(
+            "Failed to close connection between server and client".into(),
+        ));
     }
-    true
+    Ok(true)
 }

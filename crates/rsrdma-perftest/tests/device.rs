@@ -956,6 +956,14 @@ mod failures {
         killed_with_flags("send_bw", false, Side::Rs, Side::Rs, &["-e", "-D", "20"]);
     }
 
+    /// A passive server (read_lat: its client does the reads) whose client is killed learns
+    /// it at the closing handshake and fails with exit status 1, as perftest's read_lat (it
+    /// reported it but exited 0, as send_bw does: an outside tester's find).
+    #[test]
+    fn read_lat_client_killed_rs_server_fails() {
+        killed_with_flags("read_lat", false, Side::Rs, Side::Rs, &["-D", "5"]);
+    }
+
     #[test]
     fn write_bw_client_killed_rs_server_survives() {
         killed("write_bw", false, Side::Rs, Side::Rs);

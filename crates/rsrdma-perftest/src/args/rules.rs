@@ -188,10 +188,13 @@ pub(super) fn moderation(
     }
     let mut cq_mod = cli.cq_mod.unwrap_or(100);
     if size > 8192 && conn != Conn::Ud && !cli.all && !cli.events {
+        // perftest warns only of a moderation that is one (`-Q 1` moderates nothing).
         if cli.cq_mod.is_some() {
-            notes.push(format!(
+            if cq_mod > 1 {
+                notes.push(format!(
                 "{RESULT_LINE}Warning: Large message requested and CQ moderation enabled\nWarning: It can lead to inaccurate results\n"
             ));
+            }
         } else {
             cq_mod = 1;
         }

@@ -67,6 +67,13 @@ fn derived_rules() {
     let p = ok("write_bw", &["-s", "65536", "-Q", "10"]);
     assert_eq!(p.cq_mod, 10);
     assert!(p.notes[0].contains("Warning: Large message requested and CQ moderation enabled"));
+    // `-Q 1` moderates nothing: no warning (an outside tester's find).
+    let p = ok("write_bw", &["-s", "65536", "-Q", "1"]);
+    assert!(
+        p.notes.iter().all(|n| !n.contains("CQ moderation")),
+        "{:?}",
+        p.notes
+    );
     // UD keeps moderation, clamped to the tx depth; UD rx depth is min(iters, 16000).
     let p = ok("send_bw", &["-c", "UD", "-n", "20"]);
     assert_eq!((p.cq_mod, p.rx_depth), (20, 20));

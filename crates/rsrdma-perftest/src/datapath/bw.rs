@@ -71,7 +71,7 @@ pub fn bw_run(
         run.tcompleted[0] = end;
     }
     if stopped {
-        drain(res, run.tot_s - run.tot_c.min(run.tot_s));
+        drain(res, run.signaled.saturating_sub(run.reaped));
     }
     Ok(BwRun {
         result: run.result(size, unit),
@@ -217,6 +217,11 @@ struct Run {
     tot_s: u64,
     tot_c: u64,
     tot_r: u64,
+    /// Signaled requests posted, and send completions reaped (with CQ moderation one
+    /// completion stands for `cq_mod` requests, and those after the last signaled one give
+    /// none): what a duration run's drain waits for is their difference.
+    signaled: u64,
+    reaped: u64,
     /// Receives posted so far per QP (taken from [`Res::recv_posted`] for the run).
     recv_posted: Vec<u64>,
     /// Post and completion times: one per request with the peak, else the first and last.
@@ -245,6 +250,8 @@ impl Run {
             tot_s: 0,
             tot_c: 0,
             tot_r: 0,
+            signaled: 0,
+            reaped: 0,
             recv_posted,
             tposted: vec![0; n_stamps],
             tcompleted: vec![0; n_stamps],
@@ -292,9 +299,13 @@ impl Run {
                 progressed |= self.reap_recvs(p, res, size)?;
             }
             if self.window.is_some() {
-                // The clock is read every 64 turns only.
+                // The clock is read every 64 turns that made progress, and on every turn that
+                // made none: with events such a turn slept up to 50 ms on the CQ's channel,
+                // and 64 of them once the peer had stopped kept the window open for seconds
+                // (an outside tester's `-e -D 2` client measured a 4 s window at half the
+                // server's rate).
                 turn = turn.wrapping_add(1);
-                if turn & 63 == 0 && self.window_closed() {
+                if (turn & 63 == 0 || !progressed) && self.window_closed() {
                     return Ok(true);
                 }
             }
@@ -314,7 +325,9 @@ impl Run {
                 let batch = &mut wrs[at..at + plan.list];
                 for (j, wr) in batch.iter_mut().enumerate() {
                     let t = self.scnt[i] + j as u64 + 1;
-                    *wr = wr.signaled(t % plan.cq_mod == 0 || t == plan.iters);
+                    let signaled = t % plan.cq_mod == 0 || t == plan.iters;
+                    *wr = wr.signaled(signaled);
+                    self.signaled += u64::from(signaled);
                 }
                 let now = if plan.peak || self.tot_s == 0 {
                     self.clock.now()
@@ -358,6 +371,7 @@ impl Run {
         if n == 0 {
             return Ok(false);
         }
+        self.reaped += n as u64;
         // Without peak only the end time matters: it is taken once after the loop.
         let now = if plan.peak { self.clock.now() } else { 0 };
         for k in 0..n {
@@ -466,18 +480,37 @@ impl Run {
     }
 }
 
-/// After a duration run: reap what is still in flight, for a short while, so the peer's
-/// handshake is not mixed with late traffic. Errors here no longer matter.
+/// After a duration run: reap the `outstanding` completions still to come (of the signaled
+/// requests in flight), for a short while, so the peer's handshake is not mixed with late
+/// traffic. Errors here no longer matter. (It counted requests, not completions: with CQ
+/// moderation it waited for completions that never come, its whole 2 s, on every duration
+/// run: an outside tester's `-D 2` took 4 s.)
+///
+/// It also stops once nothing has completed for [`DRAIN_QUIET`]: a SEND whose peer stopped
+/// posting receives (its own duration ended) waits out RNR retries and completes only when
+/// the connection is torn down.
 fn drain(res: &Res, mut outstanding: u64) {
     let mut wcs = [Wc::default(); 16];
     let until = Instant::now() + Duration::from_secs(2);
-    while outstanding > 0 && Instant::now() < until {
+    let mut heard = Instant::now();
+    while outstanding > 0 {
+        let now = Instant::now();
+        if now >= until || now.duration_since(heard) >= DRAIN_QUIET {
+            break;
+        }
         match res.send_cq.poll(&mut wcs) {
-            Ok(n) => outstanding = outstanding.saturating_sub(n as u64),
+            Ok(0) => std::hint::spin_loop(),
+            Ok(n) => {
+                outstanding = outstanding.saturating_sub(n as u64);
+                heard = now;
+            }
             Err(_) => break,
         }
     }
 }
+
+/// How long a duration run's drain waits without a completion before it gives up.
+const DRAIN_QUIET: Duration = Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {
