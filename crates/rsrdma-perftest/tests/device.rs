@@ -265,14 +265,21 @@ fn pair(srv: (Side, &str, &[&str]), cli: (Side, &str, &[&str]), limit: Duration)
         });
         // The server was killed, left waiting by a client that failed.
         let left_waiting = s.code.is_none() && c.code != Some(0);
+        // A C server still running 20 s after rsrdma's client succeeded: seen once in a full
+        // VM run (stop 46: `ib_write_lat -D 2`, whose end is its own alarm, not the client;
+        // 12 of 12 runs of that group alone passed). An rsrdma server that hangs still fails
+        // at once ([`pair_once`]).
+        let c_server_hung = srv.0 == Side::Ib && s.code.is_none() && c.code == Some(0);
         tries += 1;
-        if !(calibration || left_waiting) || tries == 3 {
+        if !(calibration || left_waiting || c_server_hung) || tries == 3 {
             return (s, c);
         }
         eprintln!(
             "running the pair again: {}\n{}{}",
             if calibration {
                 "C perftest could not calibrate its clock"
+            } else if c_server_hung {
+                "the C server still ran 20 s after the client succeeded"
             } else {
                 "the client failed and left its server waiting"
             },
@@ -308,6 +315,8 @@ fn pair_once(
         // VM run once saw an rdma_cm server wait for a C client that had ended: the C tools'
         // rdma_cm calls time out under the emulated machine's load).
         Err(s) if c.code != Some(0) => (s, c),
+        // A C server: [`pair`] runs the pair again.
+        Err(s) if srv.0 == Side::Ib => (s, c),
         Err(s) => panic!(
             "the server still ran 20 s after its client succeeded: killed\n{}{}",
             show("server", &s),
