@@ -498,12 +498,15 @@ impl Outbound {
                 .try_lock()
                 .is_ok_and(|s| s.as_ref().is_some_and(ShmOut::is_over))
         };
-        let tcp_over = || {
-            self.tcp_life_line
-                .get()
-                .is_some_and(|s| shm_link::hung_up(s.as_fd()))
-        };
-        shm_over() || tcp_over()
+        shm_over() || self.tcp_peer_gone()
+    }
+
+    /// Whether the peer of a TCP link hung up: its end of the connection makes the life line
+    /// readable (false before the link is up, and over shared memory).
+    fn tcp_peer_gone(&self) -> bool {
+        self.tcp_life_line
+            .get()
+            .is_some_and(|s| shm_link::hung_up(s.as_fd()))
     }
 
     /// Says whether frames wait for the polls, keeping [`QUEUED_LINKS`] the count of links
@@ -696,9 +699,8 @@ fn tcp_write_loop(me: SocketAddrV4, peer: SocketAddrV4, out: &Outbound) -> std::
         // The peer never writes on this connection: its end (the peer's process gone) makes
         // it readable. Looked at while nothing is queued, so that the link ends then rather
         // than at the next write (the writer held its thread and socket until then).
-        let life_line = s.try_clone()?;
         let _ = out.tcp_life_line.set(s.try_clone()?);
-        let gone = || shm_link::hung_up(life_line.as_fd());
+        let gone = || out.tcp_peer_gone();
         loop {
             let Some(batch) = next_batch(out, &gone, &mut |_| false) else {
                 return Err(std::io::ErrorKind::BrokenPipe.into());

@@ -1872,14 +1872,16 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
     // completions, then costs no look at the links.
     let dev = device();
     let mut read = false;
+    let mut pending = cq.pending.load(Ordering::Acquire);
     if let Some(l) = &dev.links {
-        if cq.pending.load(Ordering::Acquire) {
+        if pending {
             super::shm_link::polled();
         } else {
             read = l.progress(&*dev.deliver);
+            pending = cq.pending.load(Ordering::Acquire);
         }
     }
-    if !cq.pending.load(Ordering::Acquire) {
+    if !pending {
         // Nothing to do: the acknowledgements held back go now ([`hold_acks`]).
         if !read {
             send_held_acks();

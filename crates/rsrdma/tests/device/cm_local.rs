@@ -46,6 +46,15 @@ fn listener() -> (CmId, SocketAddr) {
     (l, addr)
 }
 
+/// Connects `c` on a thread (the listener answers on this one); joined, it gives the end
+/// back with the connect's result.
+fn connect_in_background(c: End) -> thread::JoinHandle<(End, rsrdma::Result<Vec<u8>>)> {
+    thread::spawn(move || {
+        let r = c.id.connect(&ConnParam::default(), WAIT);
+        (c, r)
+    })
+}
+
 /// Waits until `id`'s fd is readable, failing after [`WAIT`].
 fn wait_readable(id: &CmId) {
     let mut pfd = libc::pollfd {
@@ -153,10 +162,7 @@ fn a_rejected_connect_fails_the_qp_and_flushes_its_receives() {
         let sge = [mr.sge(0, 64).unwrap()];
         // SAFETY: `mr` outlives the receive's completion, polled below.
         unsafe { c.qp.post_recv(&rsrdma::RecvWr::new(7, &sge)).unwrap() };
-        let connecting = thread::spawn(move || {
-            let r = c.id.connect(&ConnParam::default(), WAIT);
-            (c, r)
-        });
+        let connecting = connect_in_background(c);
         if rejecting {
             l.get_request(WAIT).unwrap().id.reject(b"no").unwrap();
         }
@@ -187,10 +193,7 @@ fn a_rejected_connect_fails_the_qp_and_flushes_its_receives() {
 fn cm_requests_nobody_takes_are_refused() {
     let (l, addr) = listener();
     let c = client(addr);
-    let connecting = thread::spawn(move || {
-        let r = c.id.connect(&ConnParam::default(), WAIT);
-        (c, r)
-    });
+    let connecting = connect_in_background(c);
     // The listener waits for something else: the request that comes instead is refused.
     let e = l.wait_disconnected(WAIT).unwrap_err();
     assert!(
