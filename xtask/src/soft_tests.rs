@@ -5,11 +5,7 @@
 //! soft0's links between processes). Each test is named: a test missing from a list runs
 //! only in the VM, for one of these reasons: interoperation with C perftest (its tools need
 //! a libibverbs device); comparisons with `ibv_devinfo`, sysfs and the kernel's resource
-//! counts; addresses of the VM's subnet (`rdma_cm_unreachable_addresses_say_why`); the
-//! kernel refusing at once both a TCP dial to an rdma_cm listener and an rdma_cm dial to a
-//! TCP listener that is not accepting (`dialing_on_the_other_path_*`: soft0 answers the
-//! first at once too, `a_tcp_dial_to_an_rdma_cm_listener_names_the_path`, but its CM
-//! reaches the TCP listener's port and waits for an answer until the dial's timeout); tests
+//! counts; addresses of the VM's subnet (`rdma_cm_unreachable_addresses_say_why`); tests
 //! that need a READ still in flight when their future is dropped
 //! (`rendezvous_messages_reach_async_reads_and_cancelled_futures_lose_none`,
 //! `async_buffers_eager_and_rendezvous_with_cancelled_receives`: on soft0 the READ has
@@ -155,6 +151,8 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "a_large_send_the_peer_does_not_read_in_time_is_withdrawn_and_times_out",
             "a_large_send_ended_by_close_says_ok_exactly_when_the_peer_got_it",
             "a_listener_whose_connect_timeout_runs_out_tells_the_dialer_which_option",
+            "a_tcp_dial_has_one_deadline_for_the_whole_handshake",
+            "dialing_on_the_other_path_names_the_path_the_listener_may_be_on",
             "a_listener_out_of_descriptors_waits_and_then_accepts",
             "a_qp_forced_to_error_fails_both_sides_promptly",
             "a_raw_dial_to_an_rdma_cm_listener_is_refused_and_says_so",

@@ -482,3 +482,46 @@ fn an_older_peer_is_told_to_upgrade() {
         "{seen:?}"
     );
 }
+
+/// A peer that resets the connection before this side's hello went out (a listener closing
+/// with the dial still in its backlog): the error names the hello, the step that failed, as
+/// when the peer closes without a hello of its own (before: "the peer closed the connection
+/// during send control message", which a dial could not tell from a failure later on).
+#[test]
+fn a_reset_before_the_hello_goes_out_names_the_hello() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let c = TcpStream::connect(addr).unwrap();
+    let (s, _) = l.accept().unwrap();
+    // SO_LINGER 0: the close resets.
+    let s = resetting_on_close(s);
+    drop(s);
+    thread::sleep(Duration::from_millis(100));
+    let mut c = Channel::new(c, Role::Client, T).unwrap();
+    let e = c.authenticate(None).unwrap_err();
+    assert!(
+        matches!(e, NetError::PeerClosed("handshake hello")),
+        "{e:?}"
+    );
+}
+
+/// `s` set to reset its connection when closed (SO_LINGER on, 0 s).
+fn resetting_on_close(s: TcpStream) -> TcpStream {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and a valid option of its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+    s
+}

@@ -264,6 +264,43 @@ fn a_listener_whose_connect_timeout_runs_out_tells_the_dialer_which_option() {
     assert_eq!(accepting.join().unwrap(), 0, "nobody was accepted");
 }
 
+/// On the TCP path `connect_timeout` is one deadline for the whole dial, as on rdma_cm: a
+/// listener that answers each step just before the limit cannot stretch it. Here a raw
+/// handshake server sends its hello after 60% of the limit and then nothing: the dial fails
+/// at the limit (it took 1.6 times the limit when each step had a limit of its own), and the
+/// server hears which option ended it.
+#[test]
+fn a_tcp_dial_has_one_deadline_for_the_whole_handshake() {
+    use rsrdma_net::handshake::{Channel, Role};
+    let limit = Duration::from_secs(2);
+    let o = opts(Establish::Tcp).connect_timeout(limit);
+    let server = std::net::TcpListener::bind(listen_addr(&o)).unwrap();
+    let at = server.local_addr().unwrap();
+    let slow = thread::spawn(move || {
+        let (stream, _) = server.accept().unwrap();
+        thread::sleep(limit * 6 / 10);
+        let mut ch = Channel::new(stream, Role::Server, Duration::from_secs(20)).unwrap();
+        ch.authenticate(None).unwrap();
+        let endpoint = ch.recv("the dialer's endpoint").map(|m| format!("{m:?}"));
+        (endpoint, ch.recv("the dialer's word after its endpoint"))
+    });
+    let started = Instant::now();
+    let e = Conn::dial(at, o).unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(e, NetError::Timeout { .. }), "{e}");
+    assert!(
+        took < limit + limit * 4 / 10,
+        "the dial took {took:?}: more than its connect_timeout of {limit:?}"
+    );
+    // The dialer's endpoint came first; then its abort, naming the option.
+    let (endpoint, then) = slow.join().unwrap();
+    assert!(endpoint.is_ok(), "the endpoint: {endpoint:?}");
+    assert!(
+        matches!(&then, Err(NetError::PeerAborted(m)) if m.contains("dialer's ConnOptions::connect_timeout")),
+        "{then:?}"
+    );
+}
+
 /// `recv_batch_into`: what fits the caller's buffers, in order; a message too long for the
 /// first buffer stays queued (`ShortBuffer`), one too long for a later buffer waits for the
 /// next call; then the end of the stream.

@@ -104,11 +104,10 @@ pub struct ConnOptions {
     /// out an RNR NAK, keepalives too, so a shorter timeout declares a live peer dead (seen
     /// with soft0's fault injection, `rsrdma::soft_faults::refuse_receives`).
     pub peer_timeout: Duration,
-    /// Limit for address resolution, the TCP connect and the handshake: on rdma_cm one
-    /// deadline for the whole establishment; on the TCP path a limit for each of the
-    /// handshake's steps (each wait for the peer's next message). Default 10 s. On a
-    /// listener: each peer's handshake (on the TCP path a peer it runs out on is told so,
-    /// naming this option).
+    /// Limit for the whole establishment of a dial, for each address: address resolution,
+    /// this side's queue pair and memory, the TCP connect and the handshake, on either path
+    /// (one deadline, not one per step). Default 10 s. On a listener: each peer's handshake
+    /// (on the TCP path a peer it runs out on is told so, naming this option).
     pub connect_timeout: Duration,
     /// How long `close` waits for the queued data (and its FIN) to be delivered before it
     /// tears down anyway. Default 2 s.

@@ -95,6 +95,10 @@ pub struct Channel {
     opening_until: Option<Instant>,
     /// A server's peer's standing, for its listener (see [`Channel::open`]).
     standing: Option<Arc<Standing>>,
+    /// The whole handshake's deadline and its limit, when one bounds every wait
+    /// ([`Channel::bound_by`]): a Conn's `connect_timeout` is one limit for the whole
+    /// establishment, not one per step.
+    until: Option<(Instant, Duration)>,
 }
 
 impl Channel {
@@ -126,6 +130,7 @@ impl Channel {
             opening: None,
             opening_until: None,
             standing: None,
+            until: None,
         })
     }
 
@@ -147,7 +152,24 @@ impl Channel {
         secret: Option<&[u8]>,
         standing: Option<Arc<Standing>>,
     ) -> Result<Channel> {
+        Channel::open_until(stream, role, (timeout, opening), None, secret, standing)
+    }
+
+    /// [`Channel::open`], every wait also bounded by `until` (a deadline and the limit it
+    /// ends, which a timeout error names) until [`Channel::unbound`].
+    ///
+    /// # Errors
+    /// As [`Channel::open`].
+    pub(crate) fn open_until(
+        stream: TcpStream,
+        role: Role,
+        (timeout, opening): (Duration, Duration),
+        until: Option<(Instant, Duration)>,
+        secret: Option<&[u8]>,
+        standing: Option<Arc<Standing>>,
+    ) -> Result<Channel> {
         let mut ch = Channel::new(stream, role, timeout)?;
+        ch.until = until;
         if role == Role::Server {
             ch.set_opening_timeout(opening);
         }
@@ -178,6 +200,21 @@ impl Channel {
     /// peer's first message after its hello (a hello alone proves nothing).
     pub fn set_opening_timeout(&mut self, limit: Duration) {
         self.opening = Some(limit);
+    }
+
+    /// Ends the bound of [`Channel::open_until`]: the handshake is over, and the channel's
+    /// later waits (its close) are bounded by its timeout alone.
+    pub(crate) fn unbound(&mut self) {
+        self.until = None;
+    }
+
+    /// The deadline of a wait of at most `limit` that starts now, and the limit a timeout
+    /// error names: the handshake's, when its deadline comes first.
+    fn bounded(&self, deadline: Instant, limit: Duration) -> (Instant, Duration) {
+        match self.until {
+            Some((until, whole)) if until <= deadline => (until, whole),
+            _ => (deadline, limit),
+        }
     }
 
     /// This side's role.
@@ -268,7 +305,7 @@ impl Channel {
     }
 
     fn write_all(&mut self, bytes: &[u8], op: &'static str) -> Result<()> {
-        let deadline = deadline_after(self.timeout);
+        let (deadline, limit) = self.bounded(deadline_after(self.timeout), self.timeout);
         let mut off = 0;
         while off < bytes.len() {
             match (&self.stream).write(&bytes[off..]) {
@@ -279,13 +316,13 @@ impl Channel {
                     // A peer that sends without end keeps us readable: the deadline is
                     // checked here, not left to poll(2).
                     if Instant::now() >= deadline {
-                        return Err(self.timed_out(op, self.timeout));
+                        return Err(self.timed_out(op, limit));
                     }
                     let read = self.peer_end.is_none();
                     match readiness::wait(self.stream.as_fd(), read, true, deadline)
                         .map_err(|e| NetError::io("poll", e))?
                     {
-                        None => return Err(self.timed_out(op, self.timeout)),
+                        None => return Err(self.timed_out(op, limit)),
                         Some(r) if r.readable && read => self.pump()?,
                         Some(_) => {}
                     }
@@ -490,7 +527,8 @@ impl Channel {
             Some(o) if o < deadline => ("the peer's first step after its hello", o),
             _ => (op, deadline),
         };
-        let limit = deadline.saturating_duration_since(Instant::now());
+        let (deadline, limit) =
+            self.bounded(deadline, deadline.saturating_duration_since(Instant::now()));
         // An opened, unproven peer keeps its place only while it does not stall us.
         let _waiting = self.standing.clone().map(Waiting::start);
         let mut polled = false;
@@ -620,7 +658,12 @@ impl Channel {
         });
         let own_hello = hello.to_bytes()?;
         let opening = deadline_after(self.opening.unwrap_or(self.timeout).min(self.timeout));
-        self.send(&hello)?;
+        // A peer gone before the hello went out (a listener that closed with the dial in its
+        // backlog resets it) closed "during the hello", as one that closes without its own.
+        self.send(&hello).map_err(|e| match e {
+            NetError::PeerClosed(_) => NetError::PeerClosed("handshake hello"),
+            e => e,
+        })?;
         let peer = match self.wait_for("handshake hello", opening, VecDeque::pop_front)? {
             Message::Hello(h) => h,
             other => return Err(self.unexpected("hello", &other)),

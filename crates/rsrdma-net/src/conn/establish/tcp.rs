@@ -10,12 +10,14 @@ use super::{decode_params, refuse_shared_recv_on_dial, Established, Local, RecvF
 use crate::conn::driver::Liveness;
 use crate::conn::options::{ConnOptions, Establish};
 use crate::conn::pool::{RecvPools, MIN_RNR_TIMER, RNR_RETRY_FOREVER};
+use crate::deadline::{deadline_after, whole_millis};
 use crate::error::{NetError, Result};
 use crate::handshake::{Channel, Endpoint, Role, Standing};
 use rsrdma::{ConnectOptions, Mtu, Qp, QpEndpoint};
 use rsrdma_proto::{settle, Params, PARAMS_LEN};
 use std::net::TcpStream;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// The key, under the server's role, of the RNR retry count the server asks the client's QP
 /// to use (a listener with a shared pool asks for 7, without limit); absent: [`RNR_RETRY`].
@@ -34,11 +36,13 @@ pub(crate) fn accept(
     standing: Option<Arc<Standing>>,
 ) -> Result<Established> {
     let limits = (opts.connect_timeout, opts.opening_timeout);
+    let until = (deadline_after(opts.connect_timeout), opts.connect_timeout);
     let (local_addr, peer_addr) = addrs(&stream)?;
-    let mut ch = Channel::open(
+    let mut ch = Channel::open_until(
         stream,
         Role::Server,
         limits,
+        Some(until),
         opts.secret.as_deref(),
         standing,
     )?;
@@ -69,12 +73,23 @@ fn serve(
 /// shed as a silent socket.
 pub(crate) fn dial(addr: std::net::SocketAddr, opts: &ConnOptions) -> Result<Established> {
     refuse_shared_recv_on_dial(opts)?;
+    // One deadline for the whole establishment, as on rdma_cm: a listener that answers each
+    // step just in time cannot stretch a dial to a multiple of the limit.
+    let until = (deadline_after(opts.connect_timeout), opts.connect_timeout);
     let prepared = prepare(opts, None, Role::Client)?;
-    let stream = TcpStream::connect_timeout(&addr, opts.connect_timeout)
+    let left = until.0.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(NetError::Timeout {
+            op: "setting up the dialer's queue pair and memory",
+            millis: whole_millis(opts.connect_timeout),
+        });
+    }
+    let stream = TcpStream::connect_timeout(&addr, left)
         .map_err(|e| super::super::tcp_connect_error(addr, e))?;
     let limits = (opts.connect_timeout, opts.opening_timeout);
     let (local_addr, peer_addr) = addrs(&stream)?;
-    let mut ch = Channel::open(stream, Role::Client, limits, opts.secret.as_deref(), None)
+    let secret = opts.secret.as_deref();
+    let mut ch = Channel::open_until(stream, Role::Client, limits, Some(until), secret, None)
         .map_err(|e| {
             e.closed_without_a_hello(
                 addr,
@@ -115,6 +130,8 @@ fn finish(
         Err(e @ NetError::Timeout { .. }) => return Err(ch.abort_timed_out(e)),
         Err(e) => return Err(e),
     };
+    // Established: the channel's later waits (the close) have their own limits.
+    ch.unbound();
     local.finish(
         qp,
         &peer,

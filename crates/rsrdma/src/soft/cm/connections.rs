@@ -4,8 +4,8 @@
 //! peer's CM sends into the ids' events.
 
 use super::wire::{
-    not_a_frame, padded, take_frame, write_frame, Endpoint, DREQ, REJ, REJ_CONSUMER, REJ_PRIVATE,
-    REP, REP_PRIVATE, REQ, REQ_PRIVATE, RTU,
+    not_a_frame, padded, take_frame, write_frame, Endpoint, DREQ, HEARD, REJ, REJ_CONSUMER,
+    REJ_INVALID_SERVICE_ID, REJ_PRIVATE, REP, REP_PRIVATE, REQ, REQ_PRIVATE, RTU,
 };
 use super::{attach, lock, new_id, push, queue, set_addr, zeroed, Action, Channel, Shared};
 use crate::ffi;
@@ -20,6 +20,10 @@ use std::time::{Duration, Instant};
 /// How long a new connection has to send its REQ.
 const REQ_WAIT: Duration = Duration::from_secs(3);
 
+/// How long a REQ's sender waits for the listener's CM to say it has the request
+/// ([`HEARD`]): what takes a connection and says nothing for this long is no soft CM.
+pub(super) const ANSWER_WAIT: Duration = Duration::from_secs(3);
+
 /// A socket the soft CM's thread reads.
 pub(super) enum Conn {
     /// A listening id's socket: new connections become `Pending`.
@@ -32,12 +36,14 @@ pub(super) enum Conn {
         from: SocketAddr,
         listener: Arc<Shared>,
     },
-    /// A connection of an id (`active`: the side that sent the REQ).
+    /// A connection of an id (`active`: the side that sent the REQ, which waits until
+    /// `answer_by` for the first word of the listener's CM).
     Open {
         s: TcpStream,
         buf: Vec<u8>,
         id: Arc<Shared>,
         active: bool,
+        answer_by: Option<Instant>,
     },
 }
 
@@ -52,7 +58,8 @@ impl Conn {
     fn deadline(&self) -> Option<Instant> {
         match self {
             Conn::Pending { deadline, .. } => Some(*deadline),
-            _ => None,
+            Conn::Open { answer_by, .. } => *answer_by,
+            Conn::Listener { .. } => None,
         }
     }
 }
@@ -223,6 +230,7 @@ fn step(c: Conn, ready: bool, now: Instant, added: &mut Vec<Conn>) -> Option<Con
                         buf,
                         id,
                         active: false,
+                        answer_by: None,
                     })
                 }
                 // Not a soft CM, or too slow: dropped.
@@ -242,9 +250,20 @@ fn step(c: Conn, ready: bool, now: Instant, added: &mut Vec<Conn>) -> Option<Con
             mut buf,
             id,
             active,
+            mut answer_by,
         } => {
             if !ready {
-                return Some(Conn::Open { s, buf, id, active });
+                if answer_by.is_some_and(|d| now >= d) {
+                    on_silence(&id);
+                    return None;
+                }
+                return Some(Conn::Open {
+                    s,
+                    buf,
+                    id,
+                    active,
+                    answer_by,
+                });
             }
             let alive = fill(&mut s, &mut buf);
             loop {
@@ -258,18 +277,48 @@ fn step(c: Conn, ready: bool, now: Instant, added: &mut Vec<Conn>) -> Option<Con
                 let Some((tag, body)) = take_frame(&mut buf) else {
                     break;
                 };
+                answer_by = None;
                 if !on_frame(&id, active, tag, &body) {
                     return None;
                 }
             }
-            if matches!(alive, Ok(true)) {
-                Some(Conn::Open { s, buf, id, active })
-            } else {
+            if !matches!(alive, Ok(true)) {
                 on_end(&id, active);
-                None
+                return None;
             }
+            if answer_by.is_some_and(|d| now >= d) {
+                on_silence(&id);
+                return None;
+            }
+            Some(Conn::Open {
+                s,
+                buf,
+                id,
+                active,
+                answer_by,
+            })
         }
     }
+}
+
+/// What took a REQ's connection said nothing for [`ANSWER_WAIT`]: no soft CM listens there
+/// (a TCP-path Listener that is not accepting, another service). As rxe's CM answers a
+/// request for a service nobody listens on: REJECTED, status 8.
+fn on_silence(shared: &Arc<Shared>) {
+    use ffi::rdma_cm_event_type as E;
+    let mut st = lock(&shared.state);
+    if st.disconnected || st.established {
+        return;
+    }
+    tracing::debug!("soft0 rdma_cm: the listener's port took the connection and said nothing");
+    st.disconnected = true;
+    push(
+        &st,
+        E::RDMA_CM_EVENT_REJECTED,
+        REJ_INVALID_SERVICE_ID,
+        Vec::new(),
+        Action::Disconnected,
+    );
 }
 
 /// A REQ on a listener's connection: a new id (on the listener's channel, writing to a clone
@@ -307,6 +356,10 @@ fn open_request(
     param.initiator_depth = req.responder_resources;
     param.rnr_retry_count = req.rnr_retry;
     let private = padded(&req.private, REQ_PRIVATE);
+    // Before anything the application may write (its REP or REJ): the request is here.
+    if write_frame(&mut writer, HEARD, &[]).is_err() {
+        return None;
+    }
     {
         let mut cst = lock(&shared.state);
         cst.stream = Some(writer);

@@ -10,21 +10,22 @@
 //! device. Every id of a soft channel is soft, and its device is `soft0`.
 //!
 //! # How it connects
-//! As the kernel's CM does over its management datagrams, two soft CMs exchange REQ, REP,
-//! REJ, RTU and DREQ ([`wire`]), here over one TCP connection per connection, to the address
-//! the listener is bound to (so the usual rules apply: `EADDRINUSE`, `EADDRNOTAVAIL`, a port
-//! nobody listens on gives REJECTED with status 8, as rxe does). A REQ and a REP carry the
-//! queue pair's number, the device's LID and the first PSN, the depths and RNR retry count,
-//! and the private data. One thread per process reads every connection ([`connections`]);
-//! the calls write to them. A connection that ends is the peer's disconnect (DISCONNECTED,
-//! then TIMEWAIT_EXIT once this side disconnected too); an id destroyed before it answered a
-//! request rejects it, as the kernel's CM does. As librdmacm does, the queue-pair transitions happen in the calls
-//! and in `rdma_get_cm_event` (the active side's RTR/RTS when it takes ESTABLISHED; ERROR
-//! when an id takes DISCONNECTED), never on a thread of ours, so rsrdma's guard around the
-//! id's QP covers them. A REQ and a REP carry the device's GID too: a soft device that
-//! listens on an address of its host (`RSRDMA_SOFT_ADDR`) is reached from other hosts by it,
-//! and their CMs connect to any address a route leads to (the unspecified address does not
-//! resolve: `ENETUNREACH`).
+//! As the kernel's CM does over its management datagrams, two soft CMs exchange REQ, REP, REJ, RTU,
+//! DREQ and HEARD ([`wire`]), here over one TCP connection per connection, to the address the
+//! listener is bound to (so the usual rules apply: `EADDRINUSE`, `EADDRNOTAVAIL`, a port nobody
+//! listens on gives REJECTED with status 8, as rxe does; so does a port where something else took
+//! the connection and said nothing for 3 s: the listener's CM answers every REQ at once with
+//! [`wire::HEARD`], before its application takes the request). A REQ and a REP carry the queue
+//! pair's number, the device's LID and the first PSN, the depths and RNR retry count, and the
+//! private data. One thread per process reads every connection ([`connections`]); the calls write
+//! to them. A connection that ends is the peer's disconnect (DISCONNECTED, then TIMEWAIT_EXIT once
+//! this side disconnected too); an id destroyed before it answered a request rejects it, as the
+//! kernel's CM does. As librdmacm does, the queue-pair transitions happen in the calls and in
+//! `rdma_get_cm_event` (the active side's RTR/RTS when it takes ESTABLISHED; ERROR when an id takes
+//! DISCONNECTED), never on a thread of ours, so rsrdma's guard around the id's QP covers them. A
+//! REQ and a REP carry the device's GID too: a soft device that listens on an address of its host
+//! (`RSRDMA_SOFT_ADDR`) is reached from other hosts by it, and their CMs connect to any address a
+//! route leads to (the unspecified address does not resolve: `ENETUNREACH`).
 
 mod connections;
 mod wire;
@@ -902,6 +903,7 @@ fn send_request(shared: &Arc<Shared>, remote: SocketAddr, req: &[u8]) {
         buf: Vec::new(),
         id: shared.clone(),
         active: true,
+        answer_by: Some(std::time::Instant::now() + connections::ANSWER_WAIT),
     });
 }
 

@@ -22,6 +22,13 @@ pub(super) const REP: u8 = 2;
 pub(super) const REJ: u8 = 3;
 pub(super) const RTU: u8 = 4;
 pub(super) const DREQ: u8 = 5;
+/// The listener's CM has the REQ: sent by its thread at once, whether or not the application
+/// has taken the request yet (as the IB CM's MRA says "received, the answer will take a
+/// while"). It tells a soft CM from another service that took the TCP connection and says
+/// nothing (a TCP-path Listener that is not accepting): without it, such a dial waited for
+/// the caller's whole timeout, where rxe's CM rejects at once (nobody listens on the
+/// service).
+pub(super) const HEARD: u8 = 6;
 
 /// One side's part of a REQ or a REP.
 #[derive(Clone)]
@@ -99,7 +106,7 @@ const MAX_BODY: usize = 512;
 pub(super) fn not_a_frame(buf: &[u8]) -> bool {
     match *buf {
         [] => false,
-        [tag, ..] if !(REQ..=DREQ).contains(&tag) => true,
+        [tag, ..] if !(REQ..=HEARD).contains(&tag) => true,
         [_, a, b, ..] => usize::from(u16::from_le_bytes([a, b])) > MAX_BODY,
         _ => false,
     }
