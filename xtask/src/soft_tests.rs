@@ -316,6 +316,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "failures::duration_mismatch_between_two_rs_tools",
             "failures::write_lat_with_fewer_iterations_on_one_end_names_n",
             "failures::garbage_instead_of_a_version",
+            "failures::an_unwritable_json_report_fails_before_the_run",
             "failures::garbage_instead_of_an_endpoint",
             "failures::gid_index_out_of_range_is_a_parser_error",
             "failures::size_mismatch_between_two_rs_tools",

@@ -28,6 +28,19 @@ pub fn main(tool: Tool) -> i32 {
             return 1;
         }
     };
+    // A report that cannot be written fails the run before it starts, not silently after
+    // it (the run said "Couldn't write" and exited 0, so a script took it for a success).
+    if let Some(path) = &p.out_json {
+        let opened = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path);
+        if let Err(e) = opened {
+            eprintln!(" Couldn't open the json report file {path}: {e}");
+            return 1;
+        }
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let r = if p.loopback {

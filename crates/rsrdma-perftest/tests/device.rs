@@ -888,6 +888,23 @@ mod features {
 mod failures {
     use super::*;
 
+    /// A JSON report that cannot be written fails the run at once, before it waits for a
+    /// peer (it printed "Couldn't write the json report" after the run and exited 0, so a
+    /// script took the run for a success).
+    #[test]
+    fn an_unwritable_json_report_fails_before_the_run() {
+        let path = "/nonexistent-rsrdma-dir/report.json";
+        let flag = format!("--out_json_file={path}");
+        let server = Proc::spawn(
+            &program(Side::Rs, "send_bw"),
+            &with(common(port()), &[flag.as_str()]),
+        );
+        let d = server.wait(Duration::from_secs(10));
+        let ctx = show("rs_send_bw with an unwritable report", &d);
+        assert_eq!(d.code, Some(1), "{ctx}");
+        assert!(d.stderr.contains(path), "{ctx}");
+    }
+
     /// The survivor of a killed peer exits non-zero within 10 s, with a message.
     fn killed(tool: &str, kill_server: bool, srv_side: Side, cli_side: Side) {
         killed_with(tool, kill_server, srv_side, cli_side, false);
