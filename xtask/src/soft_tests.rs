@@ -219,6 +219,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         "rsrdma-net",
         "async_device",
         &[
+            "shutdown_read_discards_and_reports_the_end_while_credits_flow",
             "a_buffer_whose_send_was_cancelled_is_free_once_the_peer_read_it",
             "a_dropped_listener_refuses_what_it_never_handed_out",
             "a_close_dropped_half_way_then_the_connection_still_delivers",

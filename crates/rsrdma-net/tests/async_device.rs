@@ -569,6 +569,52 @@ fn half_close_lets_the_peer_answer() {
     });
 }
 
+/// `shutdown_read` (what `Conn::shutdown(Shutdown::Read)` does, which async lacked): a
+/// pending read and every later one see the end, what the peer goes on sending is discarded
+/// with its credit returned (far more than the receive slots hold goes through), and this
+/// side still sends; on a read half, while its write half goes on.
+#[test]
+fn shutdown_read_discards_and_reports_the_end_while_credits_flow() {
+    run(async {
+        let (c, s) = pair(opts(Establish::Cm), opts(Establish::Cm)).await;
+        let s = Arc::new(s);
+        let pending = {
+            let s = s.clone();
+            tokio::spawn(async move { s.recv_msg().await.unwrap() })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        s.shutdown_read().unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(10), pending).await;
+        assert_eq!(ended.unwrap().unwrap(), None, "a pending read sees the end");
+        let msg = vec![3u8; 20_000];
+        for _ in 0..200 {
+            // About 4 MB: far more than the receive slots hold.
+            tokio::time::timeout(Duration::from_secs(10), c.send_msg(&msg))
+                .await
+                .expect("the discarded messages' credit came back")
+                .unwrap();
+        }
+        assert_eq!(s.recv_msg().await.unwrap(), None);
+        s.send_msg(b"still sending").await.unwrap();
+        assert_eq!(c.recv_msg().await.unwrap().unwrap(), b"still sending");
+
+        let s = Arc::try_unwrap(s).ok().unwrap();
+        let (r, w) = s.into_split();
+        r.shutdown_read().unwrap();
+        for _ in 0..100 {
+            tokio::time::timeout(Duration::from_secs(10), c.send_msg(&msg))
+                .await
+                .expect("credit came back to a read half shut down")
+                .unwrap();
+        }
+        w.send_msg(b"from the write half").await.unwrap();
+        assert_eq!(c.recv_msg().await.unwrap().unwrap(), b"from the write half");
+        assert_eq!(r.recv_msg().await.unwrap(), None);
+        r.reunite(w).unwrap().close().await.unwrap();
+        c.close().await.unwrap();
+    });
+}
+
 #[test]
 fn close_ends_a_pending_recv_on_another_task() {
     run(async {

@@ -187,6 +187,19 @@ impl AsyncConn {
         shutdown_write(&self.d).await
     }
 
+    /// Shuts down reading, as [`Conn::shutdown`](crate::Conn::shutdown) with
+    /// `Shutdown::Read`: what has arrived and whatever still arrives is discarded (its credit
+    /// still returns, so the peer never stalls), and reads (pending ones too) report the end
+    /// of the stream; sending goes on. For a task that stops reading while the peer may
+    /// still send: unread messages would otherwise hold the receive slots, and the peer's
+    /// sends stall once they are full.
+    ///
+    /// # Errors
+    /// As [`Conn::shutdown`](crate::Conn::shutdown).
+    pub fn shutdown_read(&self) -> Result<()> {
+        shutdown_read(&self.d)
+    }
+
     /// Closes: FIN after everything queued, then waits (up to [`ConnOptions::linger`]) for
     /// its delivery, then releases the queue pair and memory (after reaping the flush, which
     /// is bounded and quick). Other tasks' pending calls end with [`NetError::Closed`].
@@ -286,6 +299,14 @@ pub(super) async fn recv_buffer(d: &Driven, buf: &mut Buffer) -> Result<Option<u
             Pulled::Retry => continue,
         }
     }
+}
+
+pub(super) fn shutdown_read(d: &Driven) -> Result<()> {
+    d.conn().shutdown(Shutdown::Read)?;
+    // The credit of what is discarded goes back with the keeper's steps, and pending reads
+    // wake to see the end.
+    d.kick_keeper();
+    Ok(())
 }
 
 pub(super) async fn shutdown_write(d: &Driven) -> Result<()> {

@@ -8,7 +8,7 @@
 //! them first), and dropping both closes it in the background as dropping an
 //! [`AsyncConn`] does.
 
-use super::conn::{recv_msg, recv_msg_into, send_msg, shutdown_write, AsyncConn};
+use super::conn::{recv_msg, recv_msg_into, send_msg, shutdown_read, shutdown_write, AsyncConn};
 use super::driven::Driven;
 use crate::error::Result;
 use std::net::Shutdown;
@@ -67,6 +67,15 @@ impl OwnedReadHalf {
     /// As [`AsyncConn::recv_msg_into`].
     pub async fn recv_msg_into(&self, buf: &mut [u8]) -> Result<Option<usize>> {
         recv_msg_into(&self.d, buf).await
+    }
+
+    /// As [`AsyncConn::shutdown_read`]: for a task that stops reading while the write half
+    /// goes on sending.
+    ///
+    /// # Errors
+    /// As [`AsyncConn::shutdown_read`].
+    pub fn shutdown_read(&self) -> Result<()> {
+        shutdown_read(&self.d)
     }
 
     /// Closes the whole connection, as [`AsyncConn::close`]: the write half's sends fail
