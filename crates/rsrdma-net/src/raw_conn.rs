@@ -29,7 +29,7 @@ use rsrdma::{
 };
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -234,8 +234,14 @@ pub struct RawConn {
     /// caller who posts without polling would then overrun the send CQ, whose overrun loses
     /// completions and fails the queue pair (an outside tester's find: 129 WRITEs posted
     /// `Ok`, 128 completions). Posts are refused (`ENOMEM`, as a full send queue) past
-    /// [`RawConn::signal_limit`].
+    /// [`RawConn::signal_limit`]. What was reaped comes off when the room runs short, from
+    /// the send CQ's own count ([`rsrdma::Cq::count_polled`]): the caller may poll it through
+    /// [`RawConn::send_cq`] as well as [`RawConn::poll_send`] (counting only the latter
+    /// refused every post after the send depth's worth to a caller who polled the CQ, as
+    /// the guide teaches: another outside tester's find).
     unreaped: AtomicU32,
+    /// The send CQ's count of polled completions already taken off `unreaped`.
+    reaped_seen: AtomicU64,
     /// How many signaled requests may wait unreaped: what the send CQ holds beyond a flush
     /// of the whole send queue.
     signal_limit: u32,
@@ -330,6 +336,7 @@ impl RawConn {
             new_post_send: opts.new_post_send,
             stopped: false,
             unreaped: AtomicU32::new(0),
+            reaped_seen: AtomicU64::new(0),
             signal_limit,
         })
     }
@@ -505,6 +512,8 @@ fn create_cqs(ctx: &Context, opts: &RawOptions) -> Result<(Cq, Cq)> {
         opts.send_depth.max(1).saturating_mul(2),
         channel()?.as_ref(),
     )?;
+    // The caller may poll it itself (`RawConn::send_cq`): see `RawConn::unreaped`.
+    send_cq.count_polled();
     let recv_cq = Cq::new(ctx, opts.recv_depth.max(1), channel()?.as_ref())?;
     Ok((send_cq, recv_cq))
 }
@@ -677,18 +686,29 @@ impl RawConn {
         })
     }
 
-    /// Polls the send CQ, counting what it reaps off [`RawConn::unreaped`].
+    /// Polls the send CQ (which counts what it hands out, for [`RawConn::unreaped`]).
     fn reap_send(&self, wcs: &mut [Wc]) -> rsrdma::Result<usize> {
-        let n = self.send_cq.poll(wcs)?;
-        if n > 0 {
-            // Flushes of unsignaled requests come back too: never below zero.
-            let _ = self
-                .unreaped
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
-                    Some(u.saturating_sub(n as u32))
-                });
+        self.send_cq.poll(wcs)
+    }
+
+    /// Takes what the send CQ handed out since the last look (through any handle) off
+    /// [`RawConn::unreaped`]; whether there was any.
+    fn take_reaped(&self) -> bool {
+        let polled = self.send_cq.polled();
+        // The largest count seen wins: two threads that read the count in either order take
+        // off exactly what came between, once.
+        let seen = self.reaped_seen.fetch_max(polled, Ordering::Relaxed);
+        let n = polled.saturating_sub(seen);
+        if n == 0 {
+            return false;
         }
-        Ok(n)
+        // Flushes of unsignaled requests come back too: never below zero.
+        let _ = self
+            .unreaped
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                Some(u.saturating_sub(u32::try_from(n).unwrap_or(u32::MAX)))
+            });
+        true
     }
 
     /// Posts a list of send requests with one FFI call; on failure the error names the first
@@ -736,8 +756,19 @@ impl RawConn {
     }
 
     /// Counts the signaled requests of the longest prefix of `wrs` that the room for
-    /// unreaped completions takes, and returns its length.
+    /// unreaped completions takes, and returns its length. Short of room, it first takes off
+    /// what was reaped since the last look ([`RawConn::take_reaped`]: not on every post, so
+    /// a post that has room costs no look at the CQ's count).
     fn take_batch_room(&self, wrs: &[SendWr<'_>]) -> usize {
+        let fit = self.take_room(wrs);
+        if fit == wrs.len() || !self.take_reaped() {
+            return fit;
+        }
+        fit + self.take_room(&wrs[fit..])
+    }
+
+    /// [`RawConn::take_batch_room`] against the count as it stands.
+    fn take_room(&self, wrs: &[SendWr<'_>]) -> usize {
         let mut fit = 0;
         let _ = self
             .unreaped
@@ -1165,7 +1196,9 @@ impl RawConn {
         &self.qp
     }
 
-    /// The send completion queue.
+    /// The send completion queue. Poll it directly (`poll`, `poll_blocking`, `wait`) or
+    /// through [`RawConn::poll_send`]: either way what is reaped makes room for new
+    /// signaled requests ([`RawConn::post_send`]).
     pub fn send_cq(&self) -> &Cq {
         &self.send_cq
     }

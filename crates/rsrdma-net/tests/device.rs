@@ -408,6 +408,57 @@ fn posts_past_the_send_cqs_room_are_refused_and_none_is_lost() {
     drop(server.join().unwrap());
 }
 
+/// The guide's way of reaping (`send_cq().poll_blocking`, not `poll_send`) makes room too:
+/// only `poll_send` was counted, so the send depth's worth of posts later every post was
+/// refused with ENOMEM, although every completion had been reaped (an outside tester's
+/// find), and a pipeline after it failed at once. Many times the send depth, one post and
+/// one poll of the CQ each, then a pipeline; and a direct poll of a full room makes room.
+#[test]
+fn completions_reaped_through_the_send_cq_make_room_for_posts() {
+    let (mut c, peer, local, server) = writing_to_an_exposed_region(opts(), opts());
+    let sge = [local.sge(0, 64).unwrap()];
+    let at = peer.addr_at(0, 64).unwrap();
+    let depth = u64::from(c.qp().caps().max_send_wr);
+    let mut wcs = [Wc::default(); 16];
+    for id in 0..depth * 3 + 5 {
+        let write = SendWr::rdma_write(id, &sge, at, peer.rkey).signaled(true);
+        // SAFETY: `local` and the peer's region outlive every request here.
+        unsafe { c.post_send(&write) }.unwrap_or_else(|e| panic!("post {id}: {e}"));
+        let n = c
+            .send_cq()
+            .poll_blocking(&mut wcs[..1], Duration::from_secs(10))
+            .unwrap();
+        assert_eq!((n, wcs[0].wr_id()), (1, id));
+        wcs[0].ok().unwrap();
+    }
+    // Posts until refused, then reaped through the CQ alone: posts go on.
+    let mut posted = 0u64;
+    loop {
+        assert!(posted < 4096, "4096 posts without reaping were all taken");
+        let write = SendWr::rdma_write(posted, &sge, at, peer.rkey).signaled(true);
+        // SAFETY: as above.
+        if unsafe { c.post_send(&write) }.is_err() {
+            break;
+        }
+        posted += 1;
+        if posted % 16 == 0 {
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let mut got = 0u64;
+    while got < posted {
+        got += c
+            .send_cq()
+            .poll_blocking(&mut wcs, Duration::from_secs(10))
+            .unwrap() as u64;
+    }
+    // SAFETY: as above.
+    let stats =
+        unsafe { c.pipeline(1000, 64, |id| SendWr::rdma_write(id, &sge, at, peer.rkey)) }.unwrap();
+    assert_eq!(stats.completed, 1000);
+    drop(server.join().unwrap());
+}
+
 /// A pipeline's depth of 0 is refused, and a batch over the depth names each bound the depth
 /// was cut to (it once named the caller's own depth as "the settled send depth", and took a
 /// depth of 0 as 1). Neither stops the connection: a good run follows.

@@ -665,6 +665,13 @@ impl RcQp {
                     .all(|s| mrs.check_local(self.cfg.pd, s, writes_local).is_ok()))
     }
 
+    /// Requests the send queue still takes before [`PostError::Full`].
+    pub fn send_room(&self) -> u32 {
+        self.cfg
+            .max_send_wr
+            .saturating_sub(u32::try_from(self.sq.len()).unwrap_or(u32::MAX))
+    }
+
     /// The queue pair this one is connected to (set at RTR).
     pub fn dest_qpn(&self) -> u32 {
         self.dest_qpn

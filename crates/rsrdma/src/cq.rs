@@ -21,7 +21,7 @@ use crate::ffi;
 use crate::wc::Wc;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -272,6 +272,10 @@ pub(crate) struct CqInner {
     /// The extended CQ of one made by [`Cq::new_ex`] (the same object as `raw`); null
     /// otherwise.
     pub(crate) ex: *mut ffi::ibv_cq_ex,
+    /// [`Cq::count_polled`] was called: polls add to `polled`.
+    counting: AtomicBool,
+    /// Completions polled since counting began ([`Cq::polled`]).
+    polled: AtomicU64,
 }
 
 // SAFETY: libibverbs serialises polling and arming of a CQ internally (unless a provider is
@@ -370,6 +374,8 @@ impl Cq {
             events: AtomicU32::new(0),
             ctx: ctx.clone(),
             ex,
+            counting: AtomicBool::new(false),
+            polled: AtomicU64::new(0),
         });
         if let Some(ch) = channel {
             lock(&ch.inner.cqs).insert(raw as usize, Arc::downgrade(&inner));
@@ -391,6 +397,8 @@ impl Cq {
                 events: AtomicU32::new(0),
                 ctx: ctx.clone(),
                 ex: std::ptr::null_mut(),
+                counting: AtomicBool::new(false),
+                polled: AtomicU64::new(0),
             }),
         }
     }
@@ -426,7 +434,31 @@ impl Cq {
                 if rc == -1 { libc::EIO } else { -rc },
             ));
         }
+        self.note_polled(rc as usize);
         Ok(rc as usize)
+    }
+
+    /// Starts counting the completions polled from this CQ, through any of its handles
+    /// ([`Cq::polled`]): for a layer that lends its CQ to the application (which may poll it
+    /// any way it likes) and must still know how many completions were taken, such as
+    /// rsrdma-net's `RawConn`, which bounds the signaled requests left unreaped so that its
+    /// send CQ never overruns. Costs each poll that finds completions one atomic add; a CQ
+    /// that does not count pays one relaxed load. [`Cq::poll_ex`] counts too.
+    pub fn count_polled(&self) {
+        self.inner.counting.store(true, Ordering::Relaxed);
+    }
+
+    /// The completions polled from this CQ since [`Cq::count_polled`] (0 before it).
+    pub fn polled(&self) -> u64 {
+        self.inner.polled.load(Ordering::Relaxed)
+    }
+
+    /// Adds `n` polled completions to the count, when counting.
+    #[inline]
+    pub(crate) fn note_polled(&self, n: usize) {
+        if n > 0 && self.inner.counting.load(Ordering::Relaxed) {
+            self.inner.polled.fetch_add(n as u64, Ordering::Relaxed);
+        }
     }
 
     /// Polls until at least one completion arrives or `timeout` passes, spinning.

@@ -128,6 +128,7 @@ impl Cq {
         };
         // SAFETY: closes the poll `ibv_start_poll` opened.
         unsafe { ffi::ibv_end_poll(ex) };
+        self.note_polled(n);
         result
     }
 }

@@ -44,6 +44,16 @@ impl std::fmt::Debug for PrivateData {
     }
 }
 
+/// What `errno` means, without the standard library's " (os error N)": the messages say
+/// "(errno N)" themselves (they said both: "Cannot allocate memory (os error 12) (errno 12)").
+fn errno_text(errno: i32) -> String {
+    let text = io::Error::from_raw_os_error(errno).to_string();
+    match text.strip_suffix(&format!(" (os error {errno})")) {
+        Some(bare) => bare.to_owned(),
+        None => text,
+    }
+}
+
 /// Everything that can go wrong in rsrdma.
 ///
 /// Its `Debug` is the variant's name around its message (the `Display`), so that what
@@ -53,7 +63,7 @@ impl std::fmt::Debug for PrivateData {
 #[non_exhaustive]
 pub enum Error {
     /// A verb or rdma_cm call failed.
-    #[error("{op} failed: {} (errno {errno})", io::Error::from_raw_os_error(*.errno))]
+    #[error("{op} failed: {} (errno {errno})", errno_text(*.errno))]
     Verbs {
         /// The C function that failed.
         op: &'static str,
@@ -128,7 +138,7 @@ pub enum Error {
     },
 
     /// A posting call rejected one work request of a list; those before it were posted.
-    #[error("{op} rejected work request #{index} (of {count}): {} (errno {errno})", io::Error::from_raw_os_error(*.errno))]
+    #[error("{op} rejected work request #{index} (of {count}): {} (errno {errno})", errno_text(*.errno))]
     Post {
         /// `ibv_post_send`, `ibv_post_recv` or `ibv_post_srq_recv`.
         op: &'static str,
@@ -319,6 +329,25 @@ impl From<Error> for io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_errno_is_named_once() {
+        let e = Error::from_errno("ibv_reg_mr", libc::ENOMEM);
+        assert_eq!(
+            e.to_string(),
+            "ibv_reg_mr failed: Cannot allocate memory (errno 12)"
+        );
+        let e = Error::Post {
+            op: "ibv_post_send",
+            index: 3,
+            count: 4,
+            errno: libc::EINVAL,
+        };
+        assert_eq!(
+            e.to_string(),
+            "ibv_post_send rejected work request #3 (of 4): Invalid argument (errno 22)"
+        );
+    }
 
     #[test]
     fn unsupported_gives_the_vm_hint_only_without_a_stack() {
