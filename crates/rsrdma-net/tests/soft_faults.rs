@@ -181,6 +181,40 @@ fn held_back_completions_delay_but_lose_or_reorder_nothing() {
     c.close().unwrap();
 }
 
+/// A peer's clean close whose messages and FIN complete late at the receiver (its
+/// completions 300 ms late, past the 200 ms a transport's end once gave the FIN to surface):
+/// the close says `Ok`, and the receiver reads every message, then the end. (It read none,
+/// then `ConnFailed(Disconnected)`: an outside tester's find.) Then the same with the peer
+/// gone without a FIN (the link cut under it): the messages that landed, then the failure.
+#[test]
+fn a_clean_close_whose_completions_come_late_at_the_receiver_loses_nothing() {
+    let (c, s) = pair(opts());
+    soft_faults::delay_completions(s.info().local_qpn, Duration::from_millis(300)).unwrap();
+    for k in 0..5 {
+        c.send_msg(&msg(k)).unwrap();
+    }
+    c.close().unwrap();
+    for k in 0..5 {
+        assert_eq!(s.recv_msg().unwrap().unwrap(), msg(k), "message {k}");
+    }
+    assert_eq!(s.recv_msg().unwrap(), None);
+
+    let (c, s) = pair(opts());
+    soft_faults::delay_completions(s.info().local_qpn, Duration::from_millis(300)).unwrap();
+    for k in 0..3 {
+        c.send_msg(&msg(k)).unwrap();
+    }
+    // Every message delivered, then the sender gone without its FIN.
+    thread::sleep(Duration::from_millis(50));
+    soft_faults::cut_link(c.info().local_qpn).unwrap();
+    drop(c);
+    for k in 0..3 {
+        assert_eq!(s.recv_msg().unwrap().unwrap(), msg(k), "message {k}");
+    }
+    let e = s.recv_msg().unwrap_err();
+    assert!(matches!(e, NetError::ConnFailed(_)), "{e}");
+}
+
 #[test]
 fn faults_name_queue_pairs_of_soft0_only() {
     let e = soft_faults::fail_qp(0xff_fff0).unwrap_err();
@@ -275,6 +309,21 @@ fn faults_from_the_environment_reach_every_queue_pair() {
         out.contains("refused: ")
             && out.contains("RSRDMA_SOFT_FAULTS")
             && out.contains("unknown fault"),
+        "{out}"
+    );
+    // And a value that is not UTF-8 (it was taken as unset: an outside tester's find).
+    let out = {
+        use std::os::unix::ffi::OsStrExt;
+        let bad = std::ffi::OsStr::from_bytes(b"cut_after=0s\xff");
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "env_faults_child", "--ignored", "--nocapture"])
+            .env(rsrdma::soft_faults::ENV, bad)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(
+        out.contains("refused: ") && out.contains("not UTF-8"),
         "{out}"
     );
     // So does an address it cannot read, and the error names the variable (an outside

@@ -394,8 +394,9 @@ impl Conn {
     }
 
     /// Closes: FIN after everything queued, then waits (up to [`ConnOptions::linger`]) for
-    /// its delivery, then releases the queue pair and memory (after
-    /// reaping the flush). Blocked calls on other threads return at once with
+    /// its delivery, then releases the queue pair and memory after reaping the flush (up to
+    /// 2 s more; a flush never confirmed leaves the memory leaked rather than freed while
+    /// the NIC may touch it). Blocked calls on other threads return at once with
     /// [`NetError::Closed`]. Idempotent: a close that finds another one begun (on another
     /// thread, or earlier) waits for its teardown and returns what it returned; drop does
     /// the same.
@@ -403,7 +404,7 @@ impl Conn {
     /// # Errors
     /// [`NetError::Timeout`] when the queued data was not confirmed delivered within the
     /// linger time; [`NetError::ConnFailed`] for a connection that had failed. The
-    /// resources are released either way.
+    /// resources are released (or leaked, as above) either way.
     pub fn close(&self) -> Result<()> {
         self.close_lingering(self.linger)
     }

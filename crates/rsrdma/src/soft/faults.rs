@@ -192,7 +192,12 @@ pub(crate) fn from_env() -> &'static std::result::Result<EnvFaults, String> {
         std::sync::OnceLock::new();
     FAULTS.get_or_init(|| match std::env::var(ENV) {
         Ok(spec) => parse(&spec).map_err(|e| format!("{ENV}={spec:?}: {e}")),
-        Err(_) => Ok(EnvFaults::default()),
+        // A value that is not UTF-8 asks for something too: never silently nothing (it was
+        // taken as unset: an outside tester's find).
+        Err(std::env::VarError::NotUnicode(spec)) => Err(format!(
+            "{ENV}={spec:?}: not UTF-8 (items such as delay=1ms,refuse=3)"
+        )),
+        Err(std::env::VarError::NotPresent) => Ok(EnvFaults::default()),
     })
 }
 

@@ -20,8 +20,11 @@
 //! the peer's FIN is fatal (the core makes it sticky). The same signals *after* the peer's
 //! FIN are the peer's normal teardown: everything it sent already sits in our slots (its FIN
 //! completed, so every earlier frame was delivered), so reads go on to EOF and only sends
-//! fail ([`Driver::peer_gone`]). A transport that ends without a FIN gets a short grace
-//! ([`END_GRACE`]) for the FIN's completion to surface before it counts as fatal.
+//! fail ([`Driver::peer_gone`]). A transport that ends without a FIN moves the QP to ERROR:
+//! what landed (the FIN, if the peer sent one) completes before the flush, so the first
+//! flushed completion, not a clock, says the FIN never came ([`Driver::check_end`]; a
+//! connection receiving from a shared pool, whose receives the flush does not complete,
+//! gives the FIN a short grace, [`END_GRACE`]).
 //!
 //! # Rendezvous memory
 //! A rendezvous send from a [`super::Buffer`] leaves the buffer's allocation with the driver
@@ -76,8 +79,14 @@ use std::time::{Duration, Instant};
 // timers to the core), `rdv_memory` (memory the NIC may touch for rendezvous), `liveness`
 // (the transport's end), `teardown` (flush, then release).
 
-/// How long a transport that ended without the peer's FIN waits for that FIN to surface.
+/// How long a transport that ended without the peer's FIN waits for that FIN to surface,
+/// where the QP's flush cannot tell (receives from a shared pool, which the flush does not
+/// complete).
 const END_GRACE: Duration = Duration::from_millis(200);
+/// How long a transport that ended without the peer's FIN waits for the QP's flush
+/// ([`Driver::flushing_after_end`]): it comes at once from any working device; only a
+/// device that never completes anything again waits this long.
+const END_FLUSH_LIMIT: Duration = Duration::from_secs(10);
 /// Completions per poll call.
 const POLL_BATCH: usize = 32;
 /// How long a pooled connection's teardown waits for its CQ to stay empty after the flush.
@@ -108,6 +117,11 @@ pub(crate) struct Driver {
     sends_done: u64,
     /// The transport ended (liveness signal), at this time; see [`END_GRACE`].
     ended_at: Option<Instant>,
+    /// The transport ended before the peer's FIN surfaced, and the QP was moved to ERROR:
+    /// everything of the peer's that landed (its FIN, if it sent one) completes before the
+    /// flush, so the first flushed completion ends the connection (see
+    /// [`Driver::check_end`]).
+    flushing_after_end: bool,
     /// The transport ended after the peer's FIN: reads go on, sends fail.
     peer_gone: bool,
     /// A post failed or the transport broke: post nothing more.
@@ -216,6 +230,7 @@ impl Driver {
             sends_posted: 0,
             sends_done: 0,
             ended_at: None,
+            flushing_after_end: false,
             peer_gone: false,
             broken: false,
             facts,

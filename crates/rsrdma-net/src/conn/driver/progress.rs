@@ -137,6 +137,11 @@ impl Driver {
                 self.peer_gone = true;
                 return;
             }
+            if self.flushing_after_end {
+                // The flush after the transport's end, and no FIN before it.
+                self.core.handle_fatal(Fatal::Disconnected);
+                return;
+            }
         }
         if let (true, Some(slot), Some(_)) = (is_recv && status.is_ok(), recv_slot, wc.imm_data()) {
             self.core.handle_recv_with_immediate(slot, now);
