@@ -190,7 +190,10 @@ pub(crate) fn accept(
     let qp = id
         .create_qp(&local.pd, &local.builder, &local.cq, &local.cq)
         .map_err(|e| refuse(&id, e.into()))?;
-    local.post_receives(&qp)?;
+    // Refused with the reason, as every failure before the accept is: a dropped id rejects
+    // without one ("a reject that gives no reason: not an rsrdma listener…", read by a
+    // dialer of a live listener whose queue pair had failed: an outside tester's find).
+    local.post_receives(&qp).map_err(|e| refuse(&id, e))?;
     // The accept's RNR retry count is the one the *peer's* QP uses: with a pool that may run
     // empty for a moment, it retries without limit.
     let rnr_retry = if local.pooled() {
@@ -198,7 +201,8 @@ pub(crate) fn accept(
     } else {
         RNR_RETRY
     };
-    let offer = cm_auth::offer(&local.config.params().encode(), opts.secret.is_some())?;
+    let offer = cm_auth::offer(&local.config.params().encode(), opts.secret.is_some())
+        .map_err(|e| refuse(&id, e))?;
     let reply = ConnParam::default()
         .with_private_data(offer.clone())
         .with_rnr_retry_count(rnr_retry);
@@ -237,6 +241,10 @@ pub(crate) fn accept(
         });
     if let Err(e) = accepted {
         standing.count_failure();
+        // An accept that failed before its answer went (bringing the queue pair up) can
+        // still say why; after it (the proof), the reject is refused and the id's drop
+        // disconnects.
+        let _ = id.reject(&reject_data(&e.to_string()));
         local.abandon(qp);
         return Err(e);
     }
