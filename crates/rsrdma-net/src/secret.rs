@@ -19,6 +19,23 @@ impl Secret {
         Secret(bytes.into())
     }
 
+    /// The secret in the file at `path`, without its trailing line ends: a file written by
+    /// `echo`, `base64` or an editor ends in one, which a peer that read the same file with
+    /// this (or `rs_registry --secret-file`) does not count, so both sides agree. (A secret
+    /// read with `std::fs::read` keeps it: one side trimming and the other not fails the
+    /// proof, an outside tester's find.)
+    ///
+    /// # Errors
+    /// [`NetError::Io`] when the file cannot be read.
+    pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Secret> {
+        let mut bytes =
+            std::fs::read(path.as_ref()).map_err(|e| NetError::io("read the secret file", e))?;
+        while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+            bytes.pop();
+        }
+        Ok(Secret(bytes))
+    }
+
     /// The secret's bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
@@ -123,7 +140,27 @@ impl IntoOption<Secret> for &str {
 #[cfg(test)]
 mod tests {
     use crate::registry::{ClientOptions, RegistryOptions};
-    use crate::{ConnOptions, RawOptions};
+    use crate::{ConnOptions, RawOptions, Secret};
+
+    /// A secret file's trailing line ends are not the secret's, as `rs_registry
+    /// --secret-file` reads them: one file read by both sides agrees.
+    #[test]
+    fn a_secret_file_loses_its_trailing_line_ends_only() {
+        let dir = std::env::temp_dir().join(format!("rsrdma-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("secret");
+        for (written, want) in [
+            (&b"0123456789abcdef0123\n"[..], &b"0123456789abcdef0123"[..]),
+            (b"0123456789abcdef0123\r\n", b"0123456789abcdef0123"),
+            (b"0123456789\nabcdef", b"0123456789\nabcdef"),
+        ] {
+            std::fs::write(&path, written).unwrap();
+            assert_eq!(Secret::from_file(&path).unwrap().as_bytes(), want);
+        }
+        let missing = Secret::from_file(dir.join("none")).unwrap_err();
+        assert!(missing.to_string().contains("secret file"), "{missing}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn no_options_debug_shows_a_secret() {

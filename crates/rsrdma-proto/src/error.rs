@@ -11,8 +11,9 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProtoError {
-    /// `recv_msg_into`: the buffer is too short for the next message, which stays queued.
-    #[error("recv_msg_into: the buffer is too short, the message needs {needed} bytes")]
+    /// A receive into the caller's buffer: the buffer is too short for the next message,
+    /// which stays queued.
+    #[error("the receive buffer is too short: the message needs {needed} bytes")]
     ShortBuffer {
         /// The bytes the message (or its unread rest) needs.
         needed: usize,

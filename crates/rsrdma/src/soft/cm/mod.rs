@@ -14,7 +14,7 @@
 //! DREQ and HEARD ([`wire`]), here over one TCP connection per connection, to the address the
 //! listener is bound to (so the usual rules apply: `EADDRINUSE`, `EADDRNOTAVAIL`, a port nobody
 //! listens on gives REJECTED with status 8, as rxe does; so does a port where something else took
-//! the connection and said nothing for 3 s: the listener's CM answers every REQ at once with
+//! the connection and said nothing for 1 s: the listener's CM answers every REQ at once with
 //! [`wire::HEARD`], before its application takes the request). A REQ and a REP carry the queue
 //! pair's number, the device's LID and the first PSN, the depths and RNR retry count, and the
 //! private data. One thread per process reads every connection ([`connections`]); the calls write
