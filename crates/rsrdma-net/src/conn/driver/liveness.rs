@@ -56,8 +56,10 @@ impl Driver {
     /// order), so the FIN is seen first if it came, and the first flushed completion
     /// otherwise ([`Driver::on_completion`]). A fixed grace (200 ms) lost every message of a
     /// peer's clean close to completions 300 ms late (soft0's `delay` fault), although the
-    /// peer's close had said `Ok` (an outside tester's find). With receives from a shared
-    /// pool, which the flush does not complete, the grace stays.
+    /// peer's close had said `Ok` (an outside tester's find; another found the same with a
+    /// shared receive pool). The flush does not complete a pool's receives, so a marker send
+    /// posted on the QP in ERROR makes sure a flushed completion comes after everything that
+    /// landed. Only a QP that cannot be moved to ERROR falls back to a short grace.
     pub(super) fn check_end(&mut self, now: Instant) -> bool {
         let Some(at) = self.ended_at else {
             return false;
@@ -69,7 +71,7 @@ impl Driver {
             self.peer_gone = true;
             return true;
         }
-        if !self.flushing_after_end && !self.core.memory().pooled() {
+        if !self.flushing_after_end {
             self.flushing_after_end = true;
             match self.qp.to_error() {
                 Ok(()) => {

@@ -20,11 +20,11 @@
 //! the peer's FIN is fatal (the core makes it sticky). The same signals *after* the peer's
 //! FIN are the peer's normal teardown: everything it sent already sits in our slots (its FIN
 //! completed, so every earlier frame was delivered), so reads go on to EOF and only sends
-//! fail ([`Driver::peer_gone`]). A transport that ends without a FIN moves the QP to ERROR:
-//! what landed (the FIN, if the peer sent one) completes before the flush, so the first
-//! flushed completion, not a clock, says the FIN never came ([`Driver::check_end`]; a
-//! connection receiving from a shared pool, whose receives the flush does not complete,
-//! gives the FIN a short grace, [`END_GRACE`]).
+//! fail ([`Driver::peer_gone`]). A transport that ends without a FIN moves the QP to ERROR
+//! and posts a marker send: what landed (the FIN, if the peer sent one) completes before the
+//! flush, so the first flushed completion, not a clock, says the FIN never came
+//! ([`Driver::check_end`]; only a QP that cannot be moved to ERROR gives the FIN a short
+//! grace, [`END_GRACE`]).
 //!
 //! # Rendezvous memory
 //! A rendezvous send from a [`super::Buffer`] leaves the buffer's allocation with the driver
@@ -80,8 +80,7 @@ use std::time::{Duration, Instant};
 // (the transport's end), `teardown` (flush, then release).
 
 /// How long a transport that ended without the peer's FIN waits for that FIN to surface,
-/// where the QP's flush cannot tell (receives from a shared pool, which the flush does not
-/// complete).
+/// where the QP's flush cannot tell (the QP could not be moved to ERROR).
 const END_GRACE: Duration = Duration::from_millis(200);
 /// How long a transport that ended without the peer's FIN waits for the QP's flush
 /// ([`Driver::flushing_after_end`]): it comes at once from any working device; only a
