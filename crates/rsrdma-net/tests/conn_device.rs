@@ -304,6 +304,28 @@ fn a_tcp_dial_has_one_deadline_for_the_whole_handshake() {
     );
 }
 
+/// An rdma_cm dial that runs out of its `connect_timeout` (a listener nobody accepts on)
+/// says so as the TCP path does: `NetError::Timeout`, naming the option and its limit (it
+/// said "rdma_connect timed out after 998 ms", naming no option: an outside tester's note).
+#[test]
+fn an_rdma_cm_dial_that_runs_out_names_connect_timeout() {
+    let l = listen(opts(Establish::Cm));
+    let o = opts(Establish::Cm).connect_timeout(Duration::from_secs(1));
+    let started = Instant::now();
+    let e = Conn::dial(l.local_addr(), o).unwrap_err();
+    assert!(
+        matches!(e, NetError::Timeout { millis: 1000, .. })
+            && e.to_string().contains("ConnOptions::connect_timeout"),
+        "{e:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(e.io_kind(), std::io::ErrorKind::TimedOut);
+}
+
 /// `recv_batch_into`: what fits the caller's buffers, in order; a message too long for the
 /// first buffer stays queued (`ShortBuffer`), one too long for a later buffer waits for the
 /// next call; then the end of the stream.

@@ -44,9 +44,18 @@ pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> 
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1))
     };
+    // rdma_cm's own timeouts ("rdma_connect timed out after …") become the dial's, naming
+    // the option that set them, as on the TCP path.
+    let timed_out = |e: rsrdma::Error| match e {
+        rsrdma::Error::Timeout { .. } => NetError::Timeout {
+            op: "the rdma_cm dial (ConnOptions::connect_timeout)",
+            millis: crate::deadline::whole_millis(opts.connect_timeout),
+        },
+        e => NetError::from(e),
+    };
     let id = CmId::new()?;
-    id.resolve_addr(None, addr, left())?;
-    id.resolve_route(left())?;
+    id.resolve_addr(None, addr, left()).map_err(timed_out)?;
+    id.resolve_route(left()).map_err(timed_out)?;
     let ctx = id.context()?;
     let mut local = Local::new(opts.domain_on(&ctx)?, opts, RecvFrom::default())?;
     let qp = id.create_qp(&local.pd, &local.builder, &local.cq, &local.cq)?;
@@ -67,7 +76,10 @@ pub(crate) fn dial(addr: SocketAddr, opts: &ConnOptions) -> Result<Established> 
     };
     let reply = id
         .connect_granting(&qp, &announce, first, left())
-        .map_err(|e| rejected(e, addr))?;
+        .map_err(|e| match e {
+            e @ rsrdma::Error::Timeout { .. } => timed_out(e),
+            e => rejected(e, addr),
+        })?;
     let peer = decode_params(&reply)?;
     match (secret, cm_auth::demands(&reply)) {
         (Some(s), true) => cm_auth::prove(
