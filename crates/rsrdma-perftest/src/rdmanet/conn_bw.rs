@@ -3,7 +3,7 @@
 
 use super::args::{BwArgs, Target};
 use super::cpu::process_cpu;
-use super::net::{conn_options, dial, establish_name, listen, net_error};
+use super::net::{conn_options, dial, establish_name, listen, naming_depth, net_error};
 use super::text::{
     accepted_line, cpu_line, json_rates, listening_line, received_line, registered_line, send_line,
     Json, SendMode,
@@ -21,11 +21,14 @@ use std::time::Instant;
 /// Listening, accepting, a failed connection or a dead client.
 pub fn server(a: &BwArgs, o: &mut Out<'_>) -> Result<Json> {
     let c = &a.common;
-    let l = listen(c, zerocopy::options(conn_options(c, a.depth), &a.zc))?;
+    let l = listen(c, zerocopy::options(conn_options(c, a.depth), &a.zc))
+        .map_err(|e| naming_depth(e, a.depth))?;
     o.text(&listening_line(establish_name(c.establish), l.local_addr()));
     o.flush();
     // One client, as perftest: its failed handshake ends the tool with its error.
-    let conn = l.accept_first().map_err(|e| net_error("accept", e))?;
+    let conn = l
+        .accept_first()
+        .map_err(|e| naming_depth(net_error("accept", e), a.depth))?;
     o.text(&accepted_line(conn.peer_addr()));
     o.text(&registered_line(conn.info().registered_bytes));
     o.flush();
@@ -126,7 +129,8 @@ const MAX_BATCH_BUFFERS: usize = 1024;
 /// Connecting, a failed connection or a dead server.
 pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<Json> {
     let c = &a.common;
-    let conn = dial(target, zerocopy::options(conn_options(c, a.depth), &a.zc))?;
+    let conn = dial(target, zerocopy::options(conn_options(c, a.depth), &a.zc))
+        .map_err(|e| naming_depth(e, a.depth))?;
     let mut ring = match a.zc.enabled {
         true => Some(zerocopy::Ring::new(&conn, a.size as usize, a.zc.buffers)?),
         false => None,

@@ -43,6 +43,19 @@ pub fn conn_options(c: &Common, depth: u32) -> ConnOptions {
     }
 }
 
+/// `e`, naming the flag that chose the library's options it names: `--depth` sets
+/// `recv_slots`, `send_slots` and `sq_depth`, which a refusal names (an outside tester read
+/// "recv_slots + sq_depth + 1 … does not fit" and looked for those flags).
+pub fn naming_depth(e: Error, depth: u32) -> Error {
+    let text = e.to_string();
+    if depth == 0 || !(text.contains("recv_slots") || text.contains("sq_depth")) {
+        return e;
+    }
+    Error::Oob(format!(
+        "{text} (--depth {depth} sets recv_slots, send_slots and sq_depth)"
+    ))
+}
+
 /// What `--handshake` chose, as the listening line says it.
 pub fn establish_name(e: Establish) -> &'static str {
     match e {
@@ -142,5 +155,20 @@ mod tests {
             matches!(&e, Error::Oob(m) if m.starts_with("send_msg: ")),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn a_refusal_of_the_options_depth_sets_names_the_flag() {
+        let refused = || {
+            Error::Oob("listen: the completion queue of a connection (recv_slots + sq_depth + 1) 32769 does not fit".into())
+        };
+        let e = naming_depth(refused(), 16384).to_string();
+        assert!(e.contains("--depth 16384 sets recv_slots"), "{e}");
+        assert_eq!(
+            naming_depth(refused(), 0).to_string(),
+            refused().to_string()
+        );
+        let other = naming_depth(Error::Oob("connect: refused".into()), 8).to_string();
+        assert!(!other.contains("--depth"), "{other}");
     }
 }
