@@ -47,10 +47,9 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     }
     // The same trimming as a library client's `Secret::from_file`, so both read one file alike.
     let secret = match secret_file {
-        Some(path) => Some(
-            rsrdma_net::Secret::from_file(&path)
-                .map_err(|e| format!("cannot read the secret file {path}: {e}"))?,
-        ),
+        Some(path) => {
+            Some(rsrdma_net::Secret::from_file(&path).map_err(|e| format!("{e} ({path})"))?)
+        }
         None => std::env::var_os("RS_REGISTRY_SECRET").map(|s| {
             let mut s = s.into_encoded_bytes();
             while s.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
