@@ -686,11 +686,6 @@ impl RawConn {
         })
     }
 
-    /// Polls the send CQ (which counts what it hands out, for [`RawConn::unreaped`]).
-    fn reap_send(&self, wcs: &mut [Wc]) -> rsrdma::Result<usize> {
-        self.send_cq.poll(wcs)
-    }
-
     /// Takes what the send CQ handed out since the last look (through any handle) off
     /// [`RawConn::unreaped`]; whether there was any.
     fn take_reaped(&self) -> bool {
@@ -818,7 +813,7 @@ impl RawConn {
     /// As [`rsrdma::Cq::poll`].
     #[inline]
     pub fn poll_send(&self, wcs: &mut [Wc]) -> Result<usize> {
-        Ok(self.reap_send(wcs)?)
+        Ok(self.send_cq.poll(wcs)?)
     }
 
     /// Polls the receive completion queue into `wcs`.
@@ -964,7 +959,7 @@ impl RawConn {
         let mut last = Instant::now();
         loop {
             let got =
-                self.reap_send(&mut wcs).unwrap_or(0) + self.recv_cq.poll(&mut wcs).unwrap_or(0);
+                self.send_cq.poll(&mut wcs).unwrap_or(0) + self.recv_cq.poll(&mut wcs).unwrap_or(0);
             let now = Instant::now();
             if got > 0 {
                 last = now;
@@ -1033,7 +1028,7 @@ impl RawConn {
                 }
             }
             let t = probe.then(Instant::now);
-            let n = self.reap_send(&mut wcs)?;
+            let n = self.send_cq.poll(&mut wcs)?;
             if let Some(t) = t {
                 poll_t += t.elapsed();
             }
@@ -1186,7 +1181,7 @@ impl RawConn {
         let r = r.and_then(|()| self.ctrl.barrier(crate::handshake::CLOSE_STEP));
         let _ = self.qp.to_error();
         let mut wcs = [Wc::default(); 32];
-        while matches!(self.reap_send(&mut wcs), Ok(n) if n > 0) {}
+        while matches!(self.send_cq.poll(&mut wcs), Ok(n) if n > 0) {}
         while matches!(self.recv_cq.poll(&mut wcs), Ok(n) if n > 0) {}
         r
     }

@@ -28,12 +28,19 @@ impl Secret {
     /// # Errors
     /// [`NetError::Io`] when the file cannot be read.
     pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Secret> {
-        let mut bytes =
+        let bytes =
             std::fs::read(path.as_ref()).map_err(|e| NetError::io("read the secret file", e))?;
+        Ok(Secret::from_text(bytes))
+    }
+
+    /// A secret given as text (a file's contents, an environment variable's), without its
+    /// trailing line ends, as [`Secret::from_file`] reads one.
+    pub fn from_text(bytes: impl Into<Vec<u8>>) -> Secret {
+        let mut bytes = bytes.into();
         while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
             bytes.pop();
         }
-        Ok(Secret(bytes))
+        Secret(bytes)
     }
 
     /// The secret's bytes.

@@ -45,18 +45,13 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
-    // The same trimming as a library client's `Secret::from_file`, so both read one file alike.
+    // Trimmed as a library client's `Secret::from_file` trims, so both read one file alike.
     let secret = match secret_file {
         Some(path) => {
             Some(rsrdma_net::Secret::from_file(&path).map_err(|e| format!("{e} ({path})"))?)
         }
-        None => std::env::var_os("RS_REGISTRY_SECRET").map(|s| {
-            let mut s = s.into_encoded_bytes();
-            while s.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-                s.pop();
-            }
-            rsrdma_net::Secret::new(s)
-        }),
+        None => std::env::var_os("RS_REGISTRY_SECRET")
+            .map(|s| rsrdma_net::Secret::from_text(s.into_encoded_bytes())),
     };
     if let Some(s) = &secret {
         s.check("the secret").map_err(|e| e.to_string())?;

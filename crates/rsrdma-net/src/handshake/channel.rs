@@ -96,7 +96,7 @@ pub struct Channel {
     /// A server's peer's standing, for its listener (see [`Channel::open`]).
     standing: Option<Arc<Standing>>,
     /// The whole handshake's deadline and its limit, when one bounds every wait
-    /// ([`Channel::bound_by`]): a Conn's `connect_timeout` is one limit for the whole
+    /// ([`Channel::open_until`]): a Conn's `connect_timeout` is one limit for the whole
     /// establishment, not one per step.
     until: Option<(Instant, Duration)>,
 }

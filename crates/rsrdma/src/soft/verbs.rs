@@ -1690,10 +1690,8 @@ unsafe extern "C" fn post_send(
     // once (the direct path, a datagram) still takes a slot until the call ends, so a list
     // longer than the room is refused where a NIC refuses it (over shared memory soft0 took
     // 300 unsignaled WRITEs on a 128-deep queue in one call: an outside tester's find).
-    let mut room = st.qps.get(&qpn).map_or(0, |e| match &e.core {
-        QpCore::Rc(q) => q.send_room(),
-        QpCore::Ud(_) => e.caps.max_send_wr,
-    });
+    // (Read at the first request, from the entry it looks up anyway.)
+    let mut room: Option<u32> = None;
     let mut w = wr;
     let mut rc = 0;
     while !w.is_null() {
@@ -1707,9 +1705,14 @@ unsafe extern "C" fn post_send(
         let mut mem = ProcessMemory { spare };
         // SAFETY: a valid request list (the caller's contract).
         let r = qps.get_mut(&qpn).ok_or(libc::EINVAL).and_then(|e| {
-            if room == 0 {
+            let left = room.get_or_insert_with(|| match &e.core {
+                QpCore::Rc(q) => q.send_room(),
+                QpCore::Ud(_) => e.caps.max_send_wr,
+            });
+            if *left == 0 {
                 return Err(libc::ENOMEM);
             }
+            *left -= 1;
             // SAFETY: as above.
             let num_sge = unsafe { (*w).num_sge };
             if num_sge < 0 || num_sge as u32 > e.caps.max_send_sge {
@@ -1766,7 +1769,6 @@ unsafe extern "C" fn post_send(
             rc = e;
             break;
         }
-        room -= 1;
         // SAFETY: as above.
         w = unsafe { (*w).next };
     }

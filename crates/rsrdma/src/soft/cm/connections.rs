@@ -255,39 +255,28 @@ fn step(c: Conn, ready: bool, now: Instant, added: &mut Vec<Conn>) -> Option<Con
             active,
             mut answer_by,
         } => {
-            if !ready {
-                if answer_by.is_some_and(|d| now >= d) {
-                    on_silence(&id);
-                    return None;
+            if ready {
+                let alive = fill(&mut s, &mut buf);
+                loop {
+                    // Another protocol's bytes (the dialer reached some other service, which
+                    // spoke first): as if the connection had ended, now, rather than at the
+                    // dialer's timeout.
+                    if not_a_frame(&buf) {
+                        on_end(&id, active);
+                        return None;
+                    }
+                    let Some((tag, body)) = take_frame(&mut buf) else {
+                        break;
+                    };
+                    answer_by = None;
+                    if !on_frame(&id, active, tag, &body) {
+                        return None;
+                    }
                 }
-                return Some(Conn::Open {
-                    s,
-                    buf,
-                    id,
-                    active,
-                    answer_by,
-                });
-            }
-            let alive = fill(&mut s, &mut buf);
-            loop {
-                // Another protocol's bytes (the dialer reached some other service, which
-                // spoke first): as if the connection had ended, now, rather than at the
-                // dialer's timeout.
-                if not_a_frame(&buf) {
+                if !matches!(alive, Ok(true)) {
                     on_end(&id, active);
                     return None;
                 }
-                let Some((tag, body)) = take_frame(&mut buf) else {
-                    break;
-                };
-                answer_by = None;
-                if !on_frame(&id, active, tag, &body) {
-                    return None;
-                }
-            }
-            if !matches!(alive, Ok(true)) {
-                on_end(&id, active);
-                return None;
             }
             if answer_by.is_some_and(|d| now >= d) {
                 on_silence(&id);
