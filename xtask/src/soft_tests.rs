@@ -376,6 +376,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "rdmanet_bw_raw_on_the_client_only_names_the_flag",
             "rdmanet_bw_raw_onebuf_single_posts",
             "rdmanet_bw_raw_prints_perftests_table",
+            "rdmanet_bw_rails_with_a_depth_the_device_refuses_names_the_flag",
             "rdmanet_bw_send_batch_over_the_tcp_handshake_with_busy_polling",
             "rdmanet_bw_send_msg_over_rdma_cm_with_event_polling",
             "rdmanet_bw_server_exits_1_within_5_s_when_the_client_is_killed",

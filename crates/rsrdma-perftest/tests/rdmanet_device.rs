@@ -428,6 +428,20 @@ fn rdmanet_bw_raw_on_the_client_only_names_the_flag() {
     );
 }
 
+/// `--depth` deeper than the device takes, on a striped connection: the refusal names the
+/// flag, as one `Conn`'s does (it named only the library's options).
+#[test]
+fn rdmanet_bw_rails_with_a_depth_the_device_refuses_names_the_flag() {
+    let s = Proc::spawn(BW, &args(port(), &["--rails", "2", "--depth", "16384"])).wait(LIMIT);
+    assert_eq!(s.code, Some(1), "{}", show("server", &s));
+    assert!(
+        s.stderr
+            .contains("(--depth 16384 sets recv_slots, send_slots and sq_depth)"),
+        "{}",
+        show("server", &s)
+    );
+}
+
 #[test]
 fn rdmanet_bw_raw_onebuf_on_one_end_only_is_refused() {
     let port = port();

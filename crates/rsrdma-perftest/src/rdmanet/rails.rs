@@ -6,7 +6,7 @@
 
 use super::args::{BwArgs, Target};
 use super::cpu::process_cpu;
-use super::net::{conn_options, establish_name, net_error};
+use super::net::{conn_options, establish_name, naming_depth, net_error};
 use super::text::{cpu_line, json_rates, listening_line, received_line, send_line, Json, SendMode};
 use crate::error::Result;
 use crate::out::Out;
@@ -26,11 +26,13 @@ fn options(a: &BwArgs) -> RailOptions {
 /// Listening, accepting, a failed connection.
 pub fn server(a: &BwArgs, o: &mut Out<'_>) -> Result<Json> {
     let c = &a.common;
-    let l =
-        RailListener::bind(("0.0.0.0", c.port), options(a)).map_err(|e| net_error("listen", e))?;
+    let l = RailListener::bind(("0.0.0.0", c.port), options(a))
+        .map_err(|e| naming_depth(net_error("listen", e), a.depth))?;
     o.text(&listening_line(establish_name(c.establish), l.local_addr()));
     o.flush();
-    let conn = l.accept().map_err(|e| net_error("accept", e))?;
+    let conn = l
+        .accept()
+        .map_err(|e| naming_depth(net_error("accept", e), a.depth))?;
     let cpu = process_cpu();
     let (mut messages, mut bytes) = (0u64, 0u64);
     let mut buf = vec![0u8; a.size.max(1) as usize];
@@ -72,8 +74,10 @@ pub fn server(a: &BwArgs, o: &mut Out<'_>) -> Result<Json> {
 pub fn client(a: &BwArgs, target: &Target, o: &mut Out<'_>) -> Result<Json> {
     let c = &a.common;
     let rails = a.rails.unwrap_or(1);
-    let conn = RailConn::dial((target.host.as_str(), target.port), options(a))
-        .map_err(|e| net_error(&format!("connect to {}:{}", target.host, target.port), e))?;
+    let conn = RailConn::dial((target.host.as_str(), target.port), options(a)).map_err(|e| {
+        let e = net_error(&format!("connect to {}:{}", target.host, target.port), e);
+        naming_depth(e, a.depth)
+    })?;
     let msg = vec![0x5au8; a.size as usize];
     let cpu = process_cpu();
     let start = Instant::now();
