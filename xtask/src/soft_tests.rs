@@ -153,7 +153,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
             "a_large_send_ended_by_close_says_ok_exactly_when_the_peer_got_it",
             "a_listener_whose_connect_timeout_runs_out_tells_the_dialer_which_option",
             "a_tcp_dial_has_one_deadline_for_the_whole_handshake",
-            "an_rdma_cm_dial_that_runs_out_names_connect_timeout",
+            "a_dial_that_runs_out_names_connect_timeout_on_either_path",
             "dialing_on_the_other_path_names_the_path_the_listener_may_be_on",
             "a_listener_out_of_descriptors_waits_and_then_accepts",
             "a_qp_forced_to_error_fails_both_sides_promptly",

@@ -26,10 +26,13 @@ impl Secret {
     /// proof, an outside tester's find.)
     ///
     /// # Errors
-    /// [`NetError::Io`] when the file cannot be read.
+    /// [`NetError::Io`] when the file cannot be read, naming it.
     pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Secret> {
-        let bytes =
-            std::fs::read(path.as_ref()).map_err(|e| NetError::io("read the secret file", e))?;
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| {
+            let named = std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+            NetError::io("read the secret file", named)
+        })?;
         Ok(Secret::from_text(bytes))
     }
 
@@ -164,8 +167,13 @@ mod tests {
             std::fs::write(&path, written).unwrap();
             assert_eq!(Secret::from_file(&path).unwrap().as_bytes(), want);
         }
-        let missing = Secret::from_file(dir.join("none")).unwrap_err();
-        assert!(missing.to_string().contains("secret file"), "{missing}");
+        // One that cannot be read is named (a program reading several could not tell which).
+        let none = dir.join("none");
+        let missing = Secret::from_file(&none).unwrap_err();
+        let text = missing.to_string();
+        assert!(text.contains("secret file"), "{text}");
+        assert_eq!(text.matches(&*none.to_string_lossy()).count(), 1, "{text}");
+        assert_eq!(missing.io_kind(), std::io::ErrorKind::NotFound);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

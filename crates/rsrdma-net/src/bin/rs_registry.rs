@@ -47,9 +47,7 @@ fn parse(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
     }
     // Trimmed as a library client's `Secret::from_file` trims, so both read one file alike.
     let secret = match secret_file {
-        Some(path) => {
-            Some(rsrdma_net::Secret::from_file(&path).map_err(|e| format!("{e} ({path})"))?)
-        }
+        Some(path) => Some(rsrdma_net::Secret::from_file(&path).map_err(|e| e.to_string())?),
         None => std::env::var_os("RS_REGISTRY_SECRET")
             .map(|s| rsrdma_net::Secret::from_text(s.into_encoded_bytes())),
     };
