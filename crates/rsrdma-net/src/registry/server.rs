@@ -7,7 +7,10 @@
 //! [`MIN_IDLE_TO_SHED`]). So silent sockets cannot lock lookups out, idle clients keep their
 //! slots only while nobody else needs them, and a burst of good clients is not shed for one
 //! another: while nobody can be shed yet, each newcomer waits for a place, in the order it
-//! came, up to [`BUSY_GRACE`]; past it, it hears `Busy`.
+//! came, up to [`BUSY_GRACE`]; past it, it hears `Busy`. A newcomer that has spoken (a good
+//! client sends its hello as it connects) goes before those that have not: a steady flood of
+//! silent sockets, each admitted for its grace in turn, kept good clients waiting behind
+//! hundreds of them until they heard `Busy` (an outside tester's find).
 
 use super::codec::Message;
 use super::stream::FrameStream;
@@ -252,16 +255,21 @@ impl Drop for RegistryHandle {
 
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     let mut workers: Vec<JoinHandle<()>> = Vec::new();
-    // Newcomers taken from the kernel's queue while the registry was full, oldest first,
-    // each with the time it came: each waits for a place up to BUSY_GRACE.
-    let mut waiting: VecDeque<(TcpStream, SocketAddr, Instant)> = VecDeque::new();
+    // Newcomers taken from the kernel's queue while the registry was full, oldest first:
+    // each waits for a place up to BUSY_GRACE.
+    let mut waiting: VecDeque<Newcomer> = VecDeque::new();
     let max = shared.opts.max_clients;
     while !shared.stop.load(Ordering::Relaxed) {
         workers.retain(|w| !w.is_finished());
         loop {
             match listener.accept() {
                 Ok((stream, peer)) if waiting.len() < MAX_WAITING => {
-                    waiting.push_back((stream, peer, Instant::now()));
+                    waiting.push_back(Newcomer {
+                        stream,
+                        peer,
+                        came: Instant::now(),
+                        spoke: false,
+                    });
                 }
                 Ok((stream, peer)) => turn_away(stream, peer, max),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -273,22 +281,27 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
                 }
             }
         }
-        // The oldest gets a place (or someone to shed) first; those past their grace hear
-        // Busy.
+        // A place (or someone to shed) goes to the oldest newcomer that has spoken, else to
+        // the oldest; while there is none, those past their grace hear Busy.
         let now = Instant::now();
-        while let Some(&(_, _, came)) = waiting.front() {
-            let room = has_room(&lock(&shared.slots), shared, now);
-            if !room && now.saturating_duration_since(came) < BUSY_GRACE {
-                break;
+        note_who_spoke(&mut waiting);
+        while !waiting.is_empty() {
+            if has_room(&lock(&shared.slots), shared, now) {
+                let first = waiting.iter().position(|n| n.spoke).unwrap_or(0);
+                if let Some(n) = waiting.remove(first) {
+                    admit(n.stream, n.peer, shared, &mut workers);
+                }
+                continue;
             }
-            let Some((stream, peer, _)) = waiting.pop_front() else {
-                break;
-            };
-            if room {
-                admit(stream, peer, shared, &mut workers);
-            } else {
-                turn_away(stream, peer, max);
+            while waiting
+                .front()
+                .is_some_and(|n| now.saturating_duration_since(n.came) >= BUSY_GRACE)
+            {
+                if let Some(n) = waiting.pop_front() {
+                    turn_away(n.stream, n.peer, max);
+                }
             }
+            break;
         }
         std::thread::sleep(if waiting.is_empty() {
             ACCEPT_TICK
@@ -300,6 +313,43 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         if w.join().is_err() {
             tracing::error!("a registry client thread panicked");
         }
+    }
+}
+
+/// A connection waiting for a place.
+struct Newcomer {
+    stream: TcpStream,
+    peer: SocketAddr,
+    came: Instant,
+    /// It has sent something (its hello): a client, not a silent socket.
+    spoke: bool,
+}
+
+/// Marks the newcomers that have sent something since they came, with one `poll` of those
+/// that had not.
+fn note_who_spoke(waiting: &mut VecDeque<Newcomer>) {
+    use std::os::fd::AsRawFd;
+    let mut fds: Vec<libc::pollfd> = waiting
+        .iter()
+        .filter(|n| !n.spoke)
+        .map(|n| libc::pollfd {
+            fd: n.stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    if fds.is_empty() {
+        return;
+    }
+    // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries naming open sockets the
+    // queue owns; a zero timeout only looks.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+    if n <= 0 {
+        return;
+    }
+    let mut ready = fds.iter().map(|p| p.revents & libc::POLLIN != 0);
+    for w in waiting.iter_mut().filter(|n| !n.spoke) {
+        w.spoke = ready.next().unwrap_or(false);
     }
 }
 
