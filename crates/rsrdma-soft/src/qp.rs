@@ -708,6 +708,12 @@ impl RcQp {
         !self.cq.is_empty() || !self.events.is_empty()
     }
 
+    /// Whether it has packets to send ([`RcQp::poll_transmit`]).
+    #[inline]
+    pub fn has_packets(&self) -> bool {
+        !self.out.is_empty()
+    }
+
     /// When [`RcQp::handle_timeout`] is due (a retry after an RNR NAK or a dropped request).
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.resend.map(|(_, at, _)| at)

@@ -684,6 +684,7 @@ fn shm_write_loop(out: &Outbound) -> std::io::Result<()> {
             for p in &batch {
                 s.write_all(&p.header())?;
                 s.write_all(&p.payload)?;
+                s.end_packet()?;
             }
         }
         written(out);

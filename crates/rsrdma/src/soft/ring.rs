@@ -19,6 +19,13 @@
 //! then `capacity` bytes of data (a power of two; byte `i` of the stream lives at
 //! `i % capacity`).
 //!
+//! A packet starts on a cache line: after one, the producer leaves the rest of its last line
+//! unused ([`Producer::try_push`], [`Producer::pad_len`]) and the consumer skips it
+//! ([`Consumer::skip_pad`]). A small packet (a latency test's 56 bytes) then costs the reader
+//! one line fetched from the writer's core, not two half the time: measured in a ping-pong of
+//! two pinned threads through two rings, 56-byte packets crossed in about 320 ns one way where
+//! 64-byte ones took about 250.
+//!
 //! # Trust
 //! The peer is another process, maybe a faulty one: it can write anything anywhere in the
 //! shared pages at any time. So each side keeps its own position privately and only
@@ -46,7 +53,10 @@ use std::sync::Arc;
 const MAGIC: u64 = 0x3152_616d_6472_7372;
 /// 2: requests may carry acknowledgements (`rsrdma_soft::Packet::ack`), which a peer of
 /// version 1 would not see; the two then talk over TCP, where no acknowledgement is held.
-const VERSION: u32 = 2;
+/// 3: packets start on a cache line (a peer of version 2 would read the padding as data).
+const VERSION: u32 = 3;
+/// A cache line: where each packet starts.
+pub(super) const LINE: usize = 64;
 /// The header page.
 const HEADER: usize = 4096;
 const OFF_HEAD: usize = 64;
@@ -56,6 +66,11 @@ const OFF_PRODUCER_WAITING: usize = 256;
 /// The capacities a consumer accepts.
 const MIN_CAPACITY: usize = 4096;
 const MAX_CAPACITY: usize = 1 << 30;
+
+/// The bytes from stream position `pos` to the next cache line.
+fn pad_after(pos: u64) -> usize {
+    (pos.wrapping_neg() as usize) & (LINE - 1)
+}
 
 /// The peer broke the ring's rules (a position out of range): the link is over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,21 +239,30 @@ impl Producer {
         }
     }
 
-    /// Writes all of `parts` (one packet) if there is room for all of it, and publishes it;
-    /// writes nothing and returns false if there is not.
+    /// Writes all of `parts` (one packet) and the padding to the next cache line if there is
+    /// room for all of it, and publishes it; writes nothing and returns false if there is
+    /// not.
     ///
     /// # Errors
     /// [`Corrupt`] when the consumer's position is out of range.
     pub(super) fn try_push(&mut self, parts: &[&[u8]]) -> Result<bool, Corrupt> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
-        if total > self.room(total)? {
+        let padded = total + pad_after(self.head + total as u64);
+        if padded > self.room(padded)? {
             return Ok(false);
         }
         for p in parts {
             self.copy_in(p);
         }
+        self.head += (padded - total) as u64;
         self.map.head().store(self.head, Ordering::Release);
         Ok(true)
+    }
+
+    /// The padding a packet that ends here needs, to be written with [`Producer::push_some`]
+    /// (any bytes: the consumer skips them) by a writer that writes packets in pieces.
+    pub(super) fn pad_len(&self) -> usize {
+        pad_after(self.head)
     }
 
     /// Writes as much of `data` as there is room for and publishes it; returns how much.
@@ -320,6 +344,21 @@ impl Consumer {
     /// How far it has read (bytes since the ring was made): it moves whenever anyone reads.
     pub(super) fn position(&self) -> u64 {
         self.tail
+    }
+
+    /// Skips the padding after a packet (to the next cache line), as much of it as was
+    /// written; returns whether the position is on a line now, where a packet starts.
+    ///
+    /// # Errors
+    /// [`Corrupt`] when the producer's position is out of range.
+    pub(super) fn skip_pad(&mut self) -> Result<bool, Corrupt> {
+        let pad = pad_after(self.tail);
+        if pad == 0 {
+            return Ok(true);
+        }
+        let k = pad.min(self.available()?);
+        self.tail += k as u64;
+        Ok(k == pad)
     }
 
     /// Bytes waiting to be read.
@@ -447,14 +486,45 @@ mod tests {
     fn a_packet_goes_whole_or_not_at_all() {
         let (mut p, mut c) = pair(4096);
         assert!(p.try_push(&[&[1; 3000], &[2; 1000]]).unwrap());
-        // 96 bytes left: a 100-byte packet does not go, and nothing of it is written.
+        // 4000 bytes and 32 of padding: 64 left, a 100-byte packet does not go, and nothing
+        // of it is written.
         assert!(!p.try_push(&[&[3; 50], &[4; 50]]).unwrap());
-        assert_eq!(c.available().unwrap(), 4000);
+        assert_eq!(c.available().unwrap(), 4032);
         let mut v = Vec::with_capacity(4000);
         assert_eq!(c.read_into_vec(&mut v, 4000).unwrap(), 4000);
         assert!(v[..3000].iter().all(|&b| b == 1) && v[3000..].iter().all(|&b| b == 2));
+        assert!(c.skip_pad().unwrap());
+        assert_eq!(c.available().unwrap(), 0);
         assert!(!c.release(), "the producer did not say it waits");
         assert!(p.try_push(&[&[3; 50], &[4; 50]]).unwrap());
+    }
+
+    #[test]
+    fn packets_start_on_a_cache_line_whichever_way_they_were_written() {
+        let (mut p, mut c) = pair(4096);
+        // Whole, with its padding.
+        assert!(p.try_push(&[&[1; 48], &[2; 8]]).unwrap());
+        assert_eq!(c.available().unwrap(), LINE);
+        // In pieces, the padding last and in two goes: the reader skips what has come.
+        assert_eq!(p.push_some(&[3; 70]).unwrap(), 70);
+        let mut v = vec![0u8; 56];
+        assert_eq!(c.read(&mut v).unwrap(), 56);
+        assert!(v[..48].iter().all(|&b| b == 1) && v[48..].iter().all(|&b| b == 2));
+        assert!(c.skip_pad().unwrap());
+        let mut w = vec![0u8; 70];
+        assert_eq!(c.read(&mut w).unwrap(), 70);
+        assert!(w.iter().all(|&b| b == 3));
+        assert_eq!(p.pad_len(), 3 * LINE - 64 - 70);
+        assert_eq!(p.push_some(&[0; 20]).unwrap(), 20);
+        assert!(!c.skip_pad().unwrap(), "only part of the padding came");
+        let rest = p.pad_len();
+        assert_eq!(p.push_some(&vec![0; rest]).unwrap(), rest);
+        assert_eq!(p.pad_len(), 0);
+        assert!(c.skip_pad().unwrap());
+        assert!(p.try_push(&[&[4; 8]]).unwrap());
+        assert_eq!(c.position(), 3 * LINE as u64);
+        assert_eq!(c.read(&mut v[..8]).unwrap(), 8);
+        assert_eq!(&v[..8], &[4; 8]);
     }
 
     #[test]

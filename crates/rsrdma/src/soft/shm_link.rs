@@ -24,7 +24,7 @@
 use super::directory::{Directory, DirectoryView, PeerDirect, PeerMemory};
 use super::link::{hello, hello_device, Deliver, HELLO_LEN, MAX_PAYLOAD};
 use super::recycle::Recycler;
-use super::ring::{Consumer, Peek, Producer};
+use super::ring::{Consumer, Peek, Producer, LINE};
 use super::verbs::signal;
 use rsrdma_soft::{Packet, Payload, PayloadBuf, HEADER_LEN, INLINE_PAYLOAD};
 use std::io;
@@ -275,6 +275,17 @@ impl ShmOut {
         Ok(())
     }
 
+    /// Ends a packet written with [`ShmOut::write_all`]: the next one starts on a cache line
+    /// ([`super::ring`]), waiting for room as `write_all` does.
+    ///
+    /// # Errors
+    /// The link ended (the peer went, or broke the ring).
+    pub(super) fn end_packet(&mut self) -> io::Result<()> {
+        const PAD: [u8; LINE] = [0; LINE];
+        let n = self.ring.pad_len();
+        self.write_all(&PAD[..n])
+    }
+
     /// The ring's capacity: a frame larger than it goes only in pieces.
     pub(super) fn capacity(&self) -> usize {
         self.ring.capacity()
@@ -365,6 +376,11 @@ impl Inbound {
     fn read_packets(&self, r: &mut Reading, deliver: &dyn Deliver) -> io::Result<bool> {
         let mut any = false;
         loop {
+            // A packet starts on a cache line (the padding after the last one was skipped as
+            // it ended, when it had been written with it).
+            if r.header_got == 0 && !r.ring.skip_pad()? {
+                break;
+            }
             if r.header_got < HEADER_LEN {
                 let n = r.ring.read(&mut r.header[r.header_got..])?;
                 r.header_got += n;
@@ -412,6 +428,9 @@ impl Inbound {
             let p = Packet::decode_parts(&r.header, payload)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
             r.header_got = 0;
+            // Its padding now, when it came with it: a poll that finds only padding left
+            // would look at the ring for nothing.
+            r.ring.skip_pad()?;
             r.batch.push(p);
             if r.batch.len() == MAX_BATCH {
                 self.hand_over(r, deliver);

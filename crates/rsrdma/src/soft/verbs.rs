@@ -886,8 +886,28 @@ fn pump_posted(st: &mut State, qpn: u32, now: &mut LazyNow) {
         return;
     }
     st.reclaim_payloads();
+    let State { qps, owing, .. } = st;
+    if let Some(e) = qps.get_mut(&qpn) {
+        if e.quiet_after_post() {
+            // Its requests left, and the post gave nothing to complete, report or time:
+            // a turn would find nothing to do (a third of a post's instructions went to that
+            // turn when a request to another process carried nothing else).
+            note_owing(owing, e, qpn);
+            note_acks_held(owing);
+            return;
+        }
+    }
     let timer = serve(st, qpn, now);
     serve_dirty(st, now, timer);
+}
+
+/// Says without the lock whether any queue pair holds back an acknowledgement
+/// ([`ACKS_HELD`]).
+fn note_acks_held(owing: &[u32]) {
+    let held = !owing.is_empty();
+    if ACKS_HELD.load(Ordering::Relaxed) != held {
+        ACKS_HELD.store(held, Ordering::Relaxed);
+    }
 }
 
 /// Serves every queue pair in [`State::dirty`] (those that serving one touches too), then
@@ -900,10 +920,7 @@ fn serve_dirty(st: &mut State, now: &mut LazyNow, mut timer: bool) {
         timer |= serve(st, qpn, now);
     }
     st.dirty.clear();
-    let held = !st.owing.is_empty();
-    if ACKS_HELD.load(Ordering::Relaxed) != held {
-        ACKS_HELD.store(held, Ordering::Relaxed);
-    }
+    note_acks_held(&st.owing);
     for s in st.srqs.values_mut() {
         if s.core.poll_limit_event() {
             let mut a: ffi::ibv_async_event = zeroed();
@@ -923,8 +940,11 @@ fn serve_dirty(st: &mut State, now: &mut LazyNow, mut timer: bool) {
 /// to its CQs and context. Returns whether the timer thread must look again (a retry or a
 /// held completion is now due).
 fn serve(st: &mut State, qpn: u32, now: &mut LazyNow) -> bool {
+    let State {
+        qps, lent, owing, ..
+    } = st;
     // A queue pair destroyed since it was touched is simply not there.
-    let Some(e) = st.qps.get_mut(&qpn) else {
+    let Some(e) = qps.get_mut(&qpn) else {
         return false;
     };
     e.dirty = false;
@@ -938,6 +958,15 @@ fn serve(st: &mut State, qpn: u32, now: &mut LazyNow) -> bool {
     // SUCCESS at the sender, the receive completion lost). Then once more, for what
     // sending completed (a datagram completes once it is queued).
     let unanswered = e.finish_turn(now);
+    if unanswered.is_none() && e.send_to_peer_process(lent) {
+        // Its packets went to another process: the rest of its turn is its own (the
+        // general way below looks it up twice more).
+        let unanswered = e.finish_turn(now);
+        let timer = e.next_due().is_some();
+        note_owing(owing, e, qpn);
+        answer_dropped(st, qpn, unanswered, now);
+        return timer;
+    }
     answer_dropped(st, qpn, unanswered, now);
     send_packets(st, qpn, now);
     let Some(e) = st.qps.get_mut(&qpn) else {
@@ -1198,6 +1227,23 @@ impl QpEntry {
         // SAFETY: a QP's CQs outlive it (rsrdma's `Qp` holds them; destroy_qp removes the
         // entry first).
         unsafe { push_completion(cq, c) }
+    }
+
+    /// After a post to it: whether its turn in a pump would do nothing but note a held-back
+    /// acknowledgement. An RC queue pair whose packets all left (to another process: see
+    /// [`QpEntry::send_to_peer_process`]), with no completion, event or held completion,
+    /// no change of readiness to publish, no acknowledgement due and no retry to time; its
+    /// post touched no SRQ and no other queue pair.
+    fn quiet_after_post(&self) -> bool {
+        let QpCore::Rc(q) = &self.core else {
+            return false;
+        };
+        !q.has_packets()
+            && !q.has_output()
+            && q.held_acks() < ACK_EVERY
+            && q.poll_timeout().is_none()
+            && self.held.is_empty()
+            && !self.readiness_changed()
     }
 
     /// When the timer thread must next act for this QP: an RNR retry, or a held completion.
