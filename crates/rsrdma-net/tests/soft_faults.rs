@@ -716,6 +716,10 @@ fn cm_child() {
         .unwrap_or_default()
         .as_str()
     {
+        bind if bind.starts_with("bind ") => match Listener::bind(&bind["bind ".len()..], o) {
+            Ok(l) => println!("BOUND {}", l.local_addr()),
+            Err(e) => println!("REFUSED {e}"),
+        },
         "listen" => {
             let l = Listener::bind("127.0.0.1:0", o).unwrap();
             println!("LISTENING {}", l.local_addr());
@@ -779,5 +783,51 @@ fn a_cm_listener_whose_queue_pair_fails_says_why() {
             r.starts_with("PeerAborted(") && !r.contains("gives no reason"),
             "{r}"
         );
+    }
+}
+
+/// An rdma_cm listener is refused at bind where soft0 cannot serve it, as the TCP path's is,
+/// with the reason (outside testers' finds on two hosts): in a process whose soft0 did not
+/// open (`RSRDMA_SOFT_ADDR` names a port another process holds; it bound, and its accept
+/// never returned), and on an address of this host that is not soft0's (soft0 on loopback:
+/// it bound, and its queue pairs told a peer on another host to send to that host's own
+/// loopback).
+#[test]
+fn an_rdma_cm_listener_where_soft0_cannot_serve_is_refused_at_bind() {
+    use std::process::Command;
+    let bind = |at: &str, env: &[(&str, &str)]| {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "cm_child", "--ignored", "--nocapture"])
+            .env("RSRDMA_CM_CHILD", format!("bind {at}"))
+            .env("RSRDMA_SOFT_CM", "1")
+            .env("RSRDMA_SOFT_DEVICE", "1")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = format!("127.0.0.1:{}", held.local_addr().unwrap().port());
+    let out = bind("127.0.0.1:0", &[("RSRDMA_SOFT_ADDR", &taken)]);
+    assert!(
+        out.contains("REFUSED") && out.contains("the device did not open"),
+        "{out}"
+    );
+    let out = bind("0.0.0.0:0", &[("RSRDMA_SOFT_ADDR", &taken)]);
+    assert!(out.contains("REFUSED"), "{out}");
+    // The device is fine there: it binds.
+    assert!(bind("127.0.0.1:0", &[]).contains("BOUND"));
+    // This host's address on its route out (any interface but loopback), if it has one.
+    let own = std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|u| u.connect("192.0.2.1:9").and_then(|()| u.local_addr()));
+    match own {
+        Ok(a) if !a.ip().is_loopback() => {
+            let out = bind(&format!("{}:0", a.ip()), &[]);
+            assert!(
+                out.contains("REFUSED") && out.contains("is not an address of an RDMA device"),
+                "{out}"
+            );
+        }
+        other => println!("this host has no address but loopback ({other:?}): not checked"),
     }
 }

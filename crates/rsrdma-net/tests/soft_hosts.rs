@@ -11,7 +11,7 @@
 //! and under CI (`CI` set) that is a failure.
 
 use rsrdma_net::packet::{Addr, PacketConn, PacketOptions};
-use rsrdma_net::{Conn, ConnOptions, Establish, Listener};
+use rsrdma_net::{Conn, ConnOptions, Establish, Listener, RawConn, RawListener, RawOptions};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -103,7 +103,8 @@ impl Hosts {
         Some(h)
     }
 
-    /// Starts this test binary's helper `name` in namespace `ns`, soft0 on `ip`.
+    /// Starts this test binary's helper `name` in namespace `ns`, soft0 on `ip` (on loopback
+    /// for an empty one: no `RSRDMA_SOFT_ADDR`).
     fn run(&self, ns: &str, ip: &str, name: &str, env: &[(&str, String)]) -> Child {
         let exe = std::env::current_exe().unwrap();
         let mut c = Command::new("ip");
@@ -119,9 +120,13 @@ impl Hosts {
             ])
             .env("RSRDMA_SOFT_DEVICE", "1")
             .env("RSRDMA_SOFT_CM", "1")
-            .env("RSRDMA_SOFT_ADDR", ip)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        if ip.is_empty() {
+            c.env_remove("RSRDMA_SOFT_ADDR");
+        } else {
+            c.env("RSRDMA_SOFT_ADDR", ip);
+        }
         for (k, v) in env {
             c.env(k, v);
         }
@@ -313,4 +318,165 @@ fn helper_client() {
     assert!(c.recv_msg().unwrap().is_none());
     c.close().unwrap();
     println!("CLIENT OK {}", SIZES.len());
+}
+
+/// A listener whose soft0 is on loopback (no `RSRDMA_SOFT_ADDR`) hears another host's
+/// rdma_cm request through the unspecified address, and refuses it: the dialer reads that
+/// the listener's device cannot be reached from its host. Before, the connection came up and
+/// its first send failed with RETRY_EXC_ERR (its queue pair sent to the dialer's own
+/// loopback): an outside tester's find.
+#[test]
+fn a_loopback_soft0_refuses_another_hosts_request_and_says_why() {
+    let Some(hosts) = Hosts::new() else {
+        return;
+    };
+    let mut server = hosts.run(&hosts.server, "", "helper_loopback_listener", &[]);
+    let mut out = BufReader::new(server.stdout.take().unwrap());
+    let port = line_with(&mut out, "PORT ").expect("the server's port");
+    let client = hosts.run(
+        &hosts.client,
+        CLIENT_IP,
+        "helper_refused_dialer",
+        &[("SOFT_HOSTS_SERVER", format!("{SERVER_IP}:{port}"))],
+    );
+    let client = client.wait_with_output().unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    let said = String::from_utf8_lossy(&client.stdout);
+    assert!(client.status.success(), "the dialer failed: {said}");
+    let refusal = said
+        .lines()
+        .find_map(|l| l.split("REFUSED ").nth(1))
+        .unwrap_or_else(|| panic!("the dial was not refused: {said}"));
+    assert!(
+        refusal.contains("cannot be reached from this host"),
+        "{refusal}"
+    );
+}
+
+/// Helper: a listener on rdma_cm on every address, soft0 on loopback.
+#[test]
+#[ignore = "a helper process of a_loopback_soft0_refuses_another_hosts_request_and_says_why"]
+fn helper_loopback_listener() {
+    let l = Listener::bind("0.0.0.0:0", opts(Establish::Cm)).unwrap();
+    println!("PORT {}", l.local_addr().port());
+    let _ = l.accept_timeout(Duration::from_secs(20));
+}
+
+/// Helper: dials the server on rdma_cm; says how the dial was refused.
+#[test]
+#[ignore = "a helper process of a_loopback_soft0_refuses_another_hosts_request_and_says_why"]
+fn helper_refused_dialer() {
+    let server = std::env::var("SOFT_HOSTS_SERVER").unwrap();
+    let o = opts(Establish::Cm).connect_timeout(Duration::from_secs(5));
+    match Conn::dial(server.as_str(), o) {
+        Ok(_) => println!("CONNECTED"),
+        Err(e) => println!("REFUSED {e}"),
+    }
+}
+
+/// A queue pair whose peer host becomes unreachable (its link down, then its process
+/// killed) ends its outstanding request with RETRY_EXC_ERR within soft0's silence limit
+/// (5 s), as a NIC's requester gives up after its retries; it waited for TCP's own give-up,
+/// about 15 minutes (an outside tester's RawConn had no completion for minutes).
+#[test]
+fn a_request_to_a_host_that_went_silent_ends_with_retry_exc_err() {
+    let Some(hosts) = Hosts::new() else {
+        return;
+    };
+    let mut server = hosts.run(&hosts.server, SERVER_IP, "helper_raw_target", &[]);
+    let mut out = BufReader::new(server.stdout.take().unwrap());
+    let port = line_with(&mut out, "PORT ").expect("the server's port");
+    let mut client = hosts.run(
+        &hosts.client,
+        CLIENT_IP,
+        "helper_raw_writer",
+        &[("SOFT_HOSTS_SERVER", format!("{SERVER_IP}:{port}"))],
+    );
+    let mut said = BufReader::new(client.stdout.take().unwrap());
+    line_with(&mut said, "WRITING").expect("the writer's start");
+    std::thread::sleep(Duration::from_millis(300));
+    // The client's host loses its link, and the server's process goes.
+    let down = Command::new("ip")
+        .args(["-n", &hosts.client, "link", "set"])
+        .arg(veth_of(&hosts.client))
+        .arg("down")
+        .status()
+        .unwrap();
+    assert!(down.success());
+    let went = std::time::Instant::now();
+    let _ = server.kill();
+    let _ = server.wait();
+    let ended = line_with(&mut said, "ENDED ");
+    let took = went.elapsed();
+    let _ = client.wait();
+    let ended = ended.expect("the writer's end");
+    assert!(ended.contains("RETRY_EXC_ERR"), "{ended}");
+    eprintln!("the writer ended {took:?} after its host went silent: {ended}");
+    assert!(took < Duration::from_secs(12), "it took {took:?}: {ended}");
+}
+
+/// The veth end in namespace `ns` (`Hosts::new` names it after the namespace's tag).
+fn veth_of(ns: &str) -> String {
+    let tag = &ns["rsrdma-c".len()..];
+    format!("rsv{tag}c")
+}
+
+fn raw_opts() -> RawOptions {
+    RawOptions::default()
+        .device("soft0")
+        .remote_access(rsrdma::AccessFlags::REMOTE_WRITE)
+}
+
+/// Helper: exposes a writable region to one RawConn, then waits to be killed.
+#[test]
+#[ignore = "a helper process of a_request_to_a_host_that_went_silent_ends_with_retry_exc_err"]
+fn helper_raw_target() {
+    use rsrdma::AccessFlags;
+    let l = RawListener::bind("0.0.0.0:0", raw_opts()).unwrap();
+    println!("PORT {}", l.local_addr().unwrap().port());
+    let mut c = l.accept().unwrap();
+    let land = c
+        .register_memory(
+            1 << 16,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
+    c.exchange_memory(&[&land]).unwrap();
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+/// Helper: WRITEs into the target's region, one at a time, until one fails; says how.
+#[test]
+#[ignore = "a helper process of a_request_to_a_host_that_went_silent_ends_with_retry_exc_err"]
+fn helper_raw_writer() {
+    use rsrdma::{AccessFlags, SendWr, Wc};
+    let server = std::env::var("SOFT_HOSTS_SERVER").unwrap();
+    let mut c = RawConn::dial(server.as_str(), raw_opts()).unwrap();
+    let local = c
+        .register_memory(1 << 16, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    c.exchange_memory(&[]).unwrap();
+    let peer = c.peer_region().unwrap();
+    println!("WRITING");
+    let mut wcs = [Wc::default(); 1];
+    for k in 0u64.. {
+        let sge = [local.sge(0, 1 << 16).unwrap()];
+        // SAFETY: `local` outlives the request, which completes (or fails) below.
+        unsafe {
+            c.post_send(&SendWr::rdma_write(k, &sge, peer.addr, peer.rkey).signaled(true))
+                .unwrap()
+        };
+        match c.send_cq().poll_blocking(&mut wcs, Duration::from_secs(60)) {
+            Ok(1) if wcs[0].ok().is_ok() => {}
+            Ok(1) => {
+                println!("ENDED {:?}", wcs[0].status());
+                return;
+            }
+            other => {
+                println!("ENDED no completion: {other:?}");
+                return;
+            }
+        }
+    }
 }

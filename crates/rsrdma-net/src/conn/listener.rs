@@ -69,14 +69,20 @@ impl std::fmt::Debug for Listener {
 /// words only ("Cannot assign requested address"): said what it means and what to bind
 /// instead (an outside tester, following the guide on soft0, had to guess).
 fn not_a_device_address(e: rsrdma::Error, addr: SocketAddr) -> NetError {
-    if e.errno() != Some(libc::EADDRNOTAVAIL) {
-        return e.into();
+    match e.errno() {
+        Some(libc::EADDRNOTAVAIL) => NetError::InvalidArgument(format!(
+            "{addr} is not an address of an RDMA device ({e}): rdma_cm listens on a device's \
+             address or on 0.0.0.0 (the software device soft0: 127.0.0.1, or the address \
+             RSRDMA_SOFT_ADDR names)"
+        )),
+        // soft0 did not open: a device that cannot serve anything here.
+        Some(libc::ENODEV) => NetError::InvalidArgument(format!(
+            "no RDMA device serves {addr} ({e}): on the software device soft0, the device did \
+             not open (its log says why: another process holds the port RSRDMA_SOFT_ADDR \
+             names, say)"
+        )),
+        _ => e.into(),
     }
-    NetError::InvalidArgument(format!(
-        "{addr} is not an address of an RDMA device ({e}): rdma_cm listens on a device's \
-         address or on 0.0.0.0 (the software device soft0: 127.0.0.1, or the address \
-         RSRDMA_SOFT_ADDR names)"
-    ))
 }
 
 impl Listener {

@@ -173,6 +173,11 @@ fn errno_meaning(kind: CmEventType, errno: i32) -> Option<&'static str> {
         (CmEventType::UNREACHABLE, libc::ETIMEDOUT) => {
             "the peer did not answer the connect request in time (is it up, and is the address right?)"
         }
+        (CmEventType::UNREACHABLE, libc::EHOSTUNREACH) => {
+            "the peer's RDMA device cannot be reached from this host at that address (soft0: \
+             a listener whose device is on loopback, without RSRDMA_SOFT_ADDR, serves its own \
+             host only)"
+        }
         (CmEventType::UNREACHABLE, _) => "the peer cannot be reached",
         (CmEventType::ADDR_ERROR, libc::ETIMEDOUT) => {
             "address resolution timed out: nothing answered for that IP address (ARP/neighbour discovery)"

@@ -36,7 +36,7 @@ use rsrdma_soft::{Packet, Payload, HEADER_LEN, INLINE_PAYLOAD};
 use std::collections::VecDeque;
 use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -49,6 +49,10 @@ const READER_GRACE: Duration = Duration::from_secs(1);
 const IDLE_CHECK: Duration = Duration::from_millis(100);
 /// The most packets one vectored write carries (two slices each).
 const MAX_BATCH: usize = 256;
+/// How long a TCP link's peer host may go without acknowledging what was sent to it (or
+/// answering keepalive probes while the link is idle) before the link ends and its queue
+/// pairs' requests end with `RETRY_EXC_ERR` ([`watch_peer_host`]).
+pub(super) const PEER_HOST_SILENCE: Duration = Duration::from_secs(5);
 
 /// What the links hand to the device.
 pub(super) trait Deliver: Send + Sync + 'static {
@@ -696,6 +700,7 @@ fn tcp_write_loop(me: SocketAddrV4, peer: SocketAddrV4, out: &Outbound) -> std::
     {
         let mut s = dial_from(me, peer)?;
         s.set_nodelay(true)?;
+        watch_peer_host(&s);
         s.write_all(&hello(me))?;
         // The peer never writes on this connection: its end (the peer's process gone) makes
         // it readable. Looked at while nothing is queued, so that the link ends then rather
@@ -729,6 +734,43 @@ fn dial_from(me: SocketAddrV4, peer: SocketAddrV4) -> std::io::Result<TcpStream>
     s.bind(&SocketAddrV4::new(*me.ip(), 0).into())?;
     s.connect(&peer.into())?;
     Ok(s.into())
+}
+
+/// A TCP link to a host that stops answering (its link down, the host gone) ends within
+/// [`PEER_HOST_SILENCE`], as a NIC's requester gives up after its retries: data sent and not
+/// acknowledged for that long (`TCP_USER_TIMEOUT`), or, on an idle link, keepalive probes
+/// unanswered for about as long. Without it a request waited for TCP's own give-up, about
+/// 15 minutes (an outside tester's find: a RawConn's WRITE had no completion for minutes
+/// while the peer host was unreachable). A peer process that is stopped is not silent: its
+/// kernel still acknowledges, so its requests wait, as on a NIC.
+fn watch_peer_host(s: &TcpStream) {
+    let fd = s.as_raw_fd();
+    let set = |level: libc::c_int, name: libc::c_int, value: libc::c_int| {
+        // SAFETY: `fd` is the open socket `s` owns; the option is a plain int, passed by
+        // pointer with its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                std::ptr::from_ref(&value).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!(
+                name,
+                error = %std::io::Error::last_os_error(),
+                "soft0: a TCP link's option was not set"
+            );
+        }
+    };
+    let secs = PEER_HOST_SILENCE.as_secs() as libc::c_int;
+    set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, secs * 1000);
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 1);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, secs - 1);
 }
 
 fn accept_loop(listener: &TcpListener, deliver: &Arc<dyn Deliver>, readers: &Arc<Readers>) {
@@ -775,6 +817,7 @@ fn write_all_vectored(s: &mut TcpStream, bufs: &[&[u8]]) -> std::io::Result<()> 
 /// Reads a peer device's packets and hands them over; its end breaks that peer's links.
 fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>, readers: &Readers) {
     let came_from = s.peer_addr().ok();
+    watch_peer_host(&s);
     // Small packets (acknowledgements, requests) come out of the buffer; a large payload is
     // read past it, straight into the packet's own buffer.
     let mut s = BufReader::with_capacity(64 * 1024, s);

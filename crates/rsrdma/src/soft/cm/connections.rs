@@ -5,7 +5,7 @@
 
 use super::wire::{
     not_a_frame, padded, take_frame, write_frame, Endpoint, DREQ, HEARD, REJ, REJ_CONSUMER,
-    REJ_INVALID_SERVICE_ID, REJ_PRIVATE, REP, REP_PRIVATE, REQ, REQ_PRIVATE, RTU,
+    REJ_INVALID_SERVICE_ID, REJ_PRIVATE, REP, REP_PRIVATE, REQ, REQ_PRIVATE, RTU, UNREACHABLE,
 };
 use super::{attach, lock, new_id, push, queue, set_addr, zeroed, Action, Channel, Shared};
 use crate::ffi;
@@ -324,6 +324,16 @@ fn open_request(
 ) -> Option<Arc<Shared>> {
     let mut writer = s.try_clone().ok()?;
     let local = s.local_addr().ok();
+    if !super::reaches(from.ip()) {
+        tracing::warn!(
+            %from,
+            "soft0 rdma_cm: a request from another host, refused: this soft0 is on loopback \
+             ({}), which that host cannot reach; set RSRDMA_SOFT_ADDR to this host's address",
+            verbs::own_addr()
+        );
+        let _ = write_frame(&mut writer, UNREACHABLE, &[]);
+        return None;
+    }
     let lst = lock(&listener.state);
     if lst.dead {
         let _ = write_frame(&mut writer, REJ, &[]);
@@ -436,6 +446,17 @@ fn on_frame(shared: &Arc<Shared>, active: bool, tag: u8, body: &[u8]) -> bool {
         DREQ => {
             drop(st);
             on_end(shared, active);
+            false
+        }
+        UNREACHABLE if active && !st.established => {
+            st.disconnected = true;
+            push(
+                &st,
+                E::RDMA_CM_EVENT_UNREACHABLE,
+                -libc::EHOSTUNREACH,
+                Vec::new(),
+                Action::Disconnected,
+            );
             false
         }
         // Anything else is out of place: ignored.

@@ -34,7 +34,7 @@ use super::verbs::{self, own_gid, own_lid, set_errno, zeroed};
 use crate::ffi;
 use connections::{watch, Conn};
 use std::collections::{HashSet, VecDeque};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::raw::{c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -462,6 +462,20 @@ unsafe fn attach(id: *mut ffi::rdma_cm_id) {
     }
 }
 
+/// Whether `ip` is an address of the soft device: the unspecified address, its own, or on a
+/// device on loopback (without `RSRDMA_SOFT_ADDR`) any loopback address.
+fn device_has(ip: IpAddr) -> bool {
+    let own = *verbs::own_addr().ip();
+    ip.is_unspecified() || ip == IpAddr::V4(own) || own.is_loopback() && ip.is_loopback()
+}
+
+/// Whether a requester at `ip` can reach this device's queue pairs: always, but for a device
+/// on loopback, which only this host reaches (a requester at one of its addresses).
+pub(super) fn reaches(ip: IpAddr) -> bool {
+    let own = *verbs::own_addr().ip();
+    !own.is_loopback() || ip.is_loopback() || UdpSocket::bind((ip, 0)).is_ok()
+}
+
 /// # Safety
 /// `id` is a live soft id; `addr` a valid sockaddr.
 pub(crate) unsafe fn bind_addr(id: *mut ffi::rdma_cm_id, addr: *mut ffi::sockaddr) -> c_int {
@@ -470,6 +484,20 @@ pub(crate) unsafe fn bind_addr(id: *mut ffi::rdma_cm_id, addr: *mut ffi::sockadd
         set_errno(libc::EAFNOSUPPORT);
         return -1;
     };
+    if context().is_null() {
+        // The device did not open (its log says why: another process holds the port
+        // `RSRDMA_SOFT_ADDR` names, say): nothing could be accepted here (an outside tester's
+        // listener bound, and its accept never returned).
+        set_errno(libc::ENODEV);
+        return -1;
+    }
+    if !device_has(a.ip()) {
+        // As the kernel's: an address no RDMA device has. (A listener on the host's address
+        // with soft0 on loopback was accepted, and its queue pairs told a peer on another
+        // host to send to that host's own loopback.)
+        set_errno(libc::EADDRNOTAVAIL);
+        return -1;
+    }
     let l = match TcpListener::bind(a) {
         Ok(l) => l,
         Err(e) => {
@@ -1151,5 +1179,25 @@ pub(crate) unsafe fn addr(id: *mut ffi::rdma_cm_id, peer: bool) -> *mut ffi::soc
         } else {
             std::ptr::addr_of_mut!(a.__bindgen_anon_1).cast()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device on loopback (these tests' soft0: no `RSRDMA_SOFT_ADDR`) has every loopback
+    /// address and serves this host only; the unspecified address is every device's.
+    #[test]
+    fn a_device_on_loopback_has_loopback_addresses_and_serves_this_host_only() {
+        assert!(verbs::own_addr().ip().is_loopback());
+        for ip in ["127.0.0.1", "127.0.0.2", "0.0.0.0", "::"] {
+            assert!(device_has(ip.parse().unwrap()), "{ip}");
+        }
+        // TEST-NET-1: no address of this host.
+        let elsewhere: IpAddr = "192.0.2.1".parse().unwrap();
+        assert!(!device_has(elsewhere));
+        assert!(reaches("127.0.0.1".parse().unwrap()));
+        assert!(!reaches(elsewhere), "a requester on another host");
     }
 }

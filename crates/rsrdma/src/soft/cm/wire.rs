@@ -29,6 +29,12 @@ pub(super) const DREQ: u8 = 5;
 /// the caller's whole timeout, where rxe's CM rejects at once (nobody listens on the
 /// service).
 pub(super) const HEARD: u8 = 6;
+/// The listener's device cannot be reached from the requester's host (a soft0 on loopback,
+/// without `RSRDMA_SOFT_ADDR`, heard a request from another host through a listener on the
+/// unspecified address): its queue pair would send to the requester's own loopback. The
+/// requester's connect fails with UNREACHABLE, as a connect to a host whose RDMA device is
+/// not on the dialled address does.
+pub(super) const UNREACHABLE: u8 = 7;
 
 /// One side's part of a REQ or a REP.
 #[derive(Clone)]
@@ -106,7 +112,7 @@ const MAX_BODY: usize = 512;
 pub(super) fn not_a_frame(buf: &[u8]) -> bool {
     match *buf {
         [] => false,
-        [tag, ..] if !(REQ..=HEARD).contains(&tag) => true,
+        [tag, ..] if !(REQ..=UNREACHABLE).contains(&tag) => true,
         [_, a, b, ..] => usize::from(u16::from_le_bytes([a, b])) > MAX_BODY,
         _ => false,
     }
