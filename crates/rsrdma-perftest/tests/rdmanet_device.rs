@@ -429,10 +429,13 @@ fn rdmanet_bw_raw_on_the_client_only_names_the_flag() {
 }
 
 /// `--depth` deeper than the device takes, on a striped connection: the refusal names the
-/// flag, as one `Conn`'s does (it named only the library's options).
+/// flag, as one `Conn`'s does (it named only the library's options). On the TCP handshake,
+/// whose listener checks its options against the device as it binds (rdma_cm's on the
+/// unspecified address learns its device from each request).
 #[test]
 fn rdmanet_bw_rails_with_a_depth_the_device_refuses_names_the_flag() {
-    let s = Proc::spawn(BW, &args(port(), &["--rails", "2", "--depth", "16384"])).wait(LIMIT);
+    let flags = ["--handshake", "--rails", "2", "--depth", "16384"];
+    let s = Proc::spawn(BW, &args(port(), &flags)).wait(LIMIT);
     assert_eq!(s.code, Some(1), "{}", show("server", &s));
     assert!(
         s.stderr
