@@ -222,6 +222,7 @@ pub(crate) const SOFT_TESTS: &[(&str, &str, &[&str])] = &[
         "async_device",
         &[
             "shutdown_read_discards_and_reports_the_end_while_credits_flow",
+            "a_listener_refuses_at_bind_what_the_blocking_one_refuses",
             "a_buffer_whose_send_was_cancelled_is_free_once_the_peer_read_it",
             "a_dropped_listener_refuses_what_it_never_handed_out",
             "a_close_dropped_half_way_then_the_connection_still_delivers",

@@ -108,6 +108,40 @@ fn thread_count() -> usize {
         .count()
 }
 
+/// An async listener refuses at bind what the blocking one refuses, with the same words: a
+/// device it does not have, a GID index past the table, queues the device cannot hold (it
+/// bound them all, and its accept never returned while every peer's handshake failed: an
+/// outside tester's find).
+#[test]
+fn a_listener_refuses_at_bind_what_the_blocking_one_refuses() {
+    let ctx = rsrdma::open(&device()).unwrap();
+    let max_wr = ctx.attr().max_qp_wr;
+    let too_deep = |o: ConnOptions| match u16::try_from(max_wr + 1) {
+        Ok(d) => o.sq_depth(d),
+        Err(_) => o.recv_slots(32768),
+    };
+    run(async move {
+        for path in [Establish::Cm, Establish::Tcp] {
+            // (rdma_cm's listener knows no GID index: the address picks the port.)
+            let cases = [
+                (opts(path).device("nope"), true),
+                (opts(path).gid_index(99), path == Establish::Tcp),
+                (too_deep(opts(path).slot_size(64)), true),
+            ];
+            for (o, refused) in cases {
+                let blocking = rsrdma_net::Listener::bind(listen_addr(&o), o.clone()).map(drop);
+                assert_eq!(blocking.is_err(), refused, "{path:?}: {o:?}");
+                let in_async = AsyncListener::bind(listen_addr(&o), o.clone()).map(drop);
+                assert_eq!(
+                    in_async.as_ref().map_err(ToString::to_string),
+                    blocking.as_ref().map_err(ToString::to_string),
+                    "{path:?}: {o:?}"
+                );
+            }
+        }
+    });
+}
+
 #[test]
 fn echo_of_messages_on_both_paths() {
     run(async {

@@ -29,9 +29,6 @@ use std::task::Poll;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
-/// Pending connect requests the kernel queues.
-const BACKLOG: i32 = 128;
-
 #[derive(Debug)]
 enum Inner {
     /// Field order is drop order: the watch deregisters before the id closes its fd.
@@ -96,15 +93,12 @@ impl AsyncListener {
     /// In a runtime built without IO, when the program is built with `panic = "abort"`
     /// (tokio's own panic, which the error above is caught from otherwise).
     pub fn bind(addr: impl ToSocketAddrs, opts: ConnOptions) -> Result<AsyncListener> {
-        opts.check()?;
-        let addr = addr
-            .to_socket_addrs()
-            .map_err(|e| NetError::io("resolve address", e))?
-            .next()
-            .ok_or_else(|| NetError::InvalidArgument("the address resolved to nothing".into()))?;
+        // The blocking listener's checks (they were left out here: a listener whose options
+        // its device refuses bound, and its accept never returned: an outside tester's find).
+        let addr = crate::conn::checked_for_listening(addr, &opts)?;
         let (inner, local) = match opts.establish {
             Establish::Cm => {
-                let id = CmId::listener(addr, BACKLOG)?;
+                let id = crate::conn::cm_listener(addr, &opts)?;
                 let local = id.local_addr().unwrap_or(addr);
                 // SAFETY: the id owns the fd and lives in the same variant, declared after
                 // the watch, so the watch is dropped (deregistered) first.

@@ -69,20 +69,51 @@ impl std::fmt::Debug for Listener {
 /// words only ("Cannot assign requested address"): said what it means and what to bind
 /// instead (an outside tester, following the guide on soft0, had to guess).
 fn not_a_device_address(e: rsrdma::Error, addr: SocketAddr) -> NetError {
-    match e.errno() {
-        Some(libc::EADDRNOTAVAIL) => NetError::InvalidArgument(format!(
-            "{addr} is not an address of an RDMA device ({e}): rdma_cm listens on a device's \
-             address or on 0.0.0.0 (the software device soft0: 127.0.0.1, or the address \
-             RSRDMA_SOFT_ADDR names)"
-        )),
-        // soft0 did not open: a device that cannot serve anything here.
-        Some(libc::ENODEV) => NetError::InvalidArgument(format!(
-            "no RDMA device serves {addr} ({e}): on the software device soft0, the device did \
-             not open (its log says why: another process holds the port RSRDMA_SOFT_ADDR \
-             names, say)"
-        )),
-        _ => e.into(),
+    if e.errno() != Some(libc::EADDRNOTAVAIL) {
+        return e.into();
     }
+    NetError::InvalidArgument(format!(
+        "{addr} is not an address of an RDMA device ({e}): rdma_cm listens on a device's \
+         address or on 0.0.0.0 (the software device soft0: 127.0.0.1, or the address \
+         RSRDMA_SOFT_ADDR names, where soft0 could open: if it did not, its log says why, \
+         such as another process holding that port)"
+    ))
+}
+
+/// The options checked for a listener (as [`Listener::bind`] says; `AsyncListener::bind`
+/// too), and the address resolved.
+pub(crate) fn checked_for_listening(
+    addr: impl ToSocketAddrs,
+    opts: &ConnOptions,
+) -> Result<SocketAddr> {
+    opts.check()?;
+    // On the TCP path the options pick the device (on rdma_cm's, the address does).
+    if opts.establish == Establish::Tcp {
+        let ctx = crate::domain::open_device(opts.device.as_deref(), opts.pd.as_ref())?;
+        ctx.query_port(opts.port)?;
+        ctx.resolve_gid_index(opts.port, opts.gid_index)?;
+        opts.check_fits(&ctx)?;
+    }
+    addr.to_socket_addrs()
+        .map_err(|e| NetError::io("resolve address", e))?
+        .next()
+        .ok_or_else(|| NetError::InvalidArgument("the address resolved to nothing".into()))
+}
+
+/// An rdma_cm id listening on `addr`, its device's fit for `opts` checked where it knows its
+/// device.
+pub(crate) fn cm_listener(addr: SocketAddr, opts: &ConnOptions) -> Result<CmId> {
+    let id = CmId::listener(addr, BACKLOG).map_err(|e| not_a_device_address(e, addr))?;
+    // Bound to a device's address, the id knows its device: one that the options name
+    // otherwise (or a protection domain of another) is refused here, not by every peer's
+    // handshake. (On the unspecified address each request brings its own.)
+    if let Ok(ctx) = id.context() {
+        opts.domain_on(&ctx)?;
+        // Queues the device cannot hold fail every peer: refused here (an outside tester's
+        // find: it bound, and accept never returned).
+        opts.check_fits(&ctx)?;
+    }
+    Ok(id)
 }
 
 impl Listener {
@@ -96,33 +127,10 @@ impl Listener {
     /// `rdma_bind_addr`/`rdma_listen` ([`NetError::InvalidArgument`] for an address no RDMA
     /// device has); [`NetError::Io`] naming `bind` or `eventfd`.
     pub fn bind(addr: impl ToSocketAddrs, opts: ConnOptions) -> Result<Listener> {
-        opts.check()?;
-        // On the TCP path the options pick the device (on rdma_cm's, the address does).
-        if opts.establish == Establish::Tcp {
-            let ctx = crate::domain::open_device(opts.device.as_deref(), opts.pd.as_ref())?;
-            ctx.query_port(opts.port)?;
-            ctx.resolve_gid_index(opts.port, opts.gid_index)?;
-            opts.check_fits(&ctx)?;
-        }
-        let addr = addr
-            .to_socket_addrs()
-            .map_err(|e| NetError::io("resolve address", e))?
-            .next()
-            .ok_or_else(|| NetError::InvalidArgument("the address resolved to nothing".into()))?;
+        let addr = checked_for_listening(addr, &opts)?;
         let (inner, local, fd) = match opts.establish {
             Establish::Cm => {
-                let id =
-                    CmId::listener(addr, BACKLOG).map_err(|e| not_a_device_address(e, addr))?;
-                // Bound to a device's address, the id knows its device: one that the options
-                // name otherwise (or a protection domain of another) is refused here, not
-                // by every peer's handshake. (On the unspecified address each request
-                // brings its own.)
-                if let Ok(ctx) = id.context() {
-                    opts.domain_on(&ctx)?;
-                    // Queues the device cannot hold fail every peer: refused here (an outside
-                    // tester's find: it bound, and accept never returned).
-                    opts.check_fits(&ctx)?;
-                }
+                let id = cm_listener(addr, &opts)?;
                 let local = id.local_addr().unwrap_or(addr);
                 let fd = id.as_raw_fd();
                 (Inner::Cm(Mutex::new(id)), local, fd)

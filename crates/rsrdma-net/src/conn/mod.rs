@@ -88,6 +88,8 @@ pub(crate) use establish::cm::refuse_waiting_requests;
 pub use info::{ConnInfo, RendezvousMode};
 pub use listener::Listener;
 #[cfg(feature = "tokio")]
+pub(crate) use listener::{checked_for_listening, cm_listener};
+#[cfg(feature = "tokio")]
 pub(crate) use op::Op;
 pub use options::{ConnOptions, Establish, SharedRecv};
 pub use pool::RecvMemory;
@@ -232,6 +234,7 @@ impl Conn {
             return Err(NetError::MessageTooLarge { len: m.len(), max });
         }
         self.send_lent("send_batch", msgs)
+            .map_err(|e| e.naming("send_batch"))
     }
 
     /// Receives the next message; `Ok(None)` at the end of the stream (the peer's FIN after

@@ -486,9 +486,9 @@ pub(crate) unsafe fn bind_addr(id: *mut ffi::rdma_cm_id, addr: *mut ffi::sockadd
     };
     if context().is_null() {
         // The device did not open (its log says why: another process holds the port
-        // `RSRDMA_SOFT_ADDR` names, say): nothing could be accepted here (an outside tester's
-        // listener bound, and its accept never returned).
-        set_errno(libc::ENODEV);
+        // `RSRDMA_SOFT_ADDR` names, say): no address is its, and nothing could be accepted
+        // here (an outside tester's listener bound, and its accept never returned).
+        set_errno(libc::EADDRNOTAVAIL);
         return -1;
     }
     if !device_has(a.ip()) {
