@@ -12,7 +12,15 @@ use rsrdma_net::registry::{lookup, register};
 use rsrdma_net::{PacketConn, PacketOptions};
 use std::time::{Duration, Instant};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() {
+    // The error as its message, not a `Debug` dump (what `fn main() -> Result` prints).
+    if let Err(e) = run() {
+        eprintln!("ud_echo: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(role), Some(registry)) = (args.first(), args.get(1)) else {
         eprintln!("usage: ud_echo server|client REGISTRY_ADDR [DEVICE] [GID_INDEX]");

@@ -184,6 +184,8 @@ fn short_buffer_keeps_the_message_and_the_cap_is_enforced() {
     // Batches: all lengths are checked before anything goes.
     let e = c.send_batch(&[b"a", &[0u8; 100_001]]).unwrap_err();
     assert!(matches!(e, NetError::MessageTooLarge { .. }), "{e}");
+    // Its words name no call (they said send_msg for a batch: an outside tester's note).
+    assert!(!e.to_string().contains("send_msg"), "{e}");
     c.send_batch(&[b"one", b"", b"three"]).unwrap();
     let mut got = Vec::new();
     while got.len() < 3 {
@@ -373,6 +375,10 @@ fn recv_batch_into_takes_what_fits_in_order_and_leaves_the_rest() {
     c.shutdown(Shutdown::Write).unwrap();
     let mut bufs: Vec<&mut [u8]> = large.iter_mut().map(|b| &mut b[..]).collect();
     assert_eq!(s.recv_batch_into(&mut bufs, &mut lens).unwrap(), None);
+    // A write after it says so, naming the call (it said send_msg: an outside tester's note).
+    let e = (&c).write(b"late").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotConnected);
+    assert!(e.to_string().starts_with("write: "), "{e}");
 }
 
 #[test]

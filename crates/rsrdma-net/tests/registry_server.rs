@@ -458,6 +458,19 @@ fn a_steady_flood_of_silent_sockets_does_not_lock_lookups_out() {
     assert!(made > 500, "the flood made only {made} sockets");
 }
 
+/// A client's `Debug` names its registry, not its buffers or its owner token (it dumped the
+/// last request's bytes and the 16-byte owner: an outside tester's note).
+#[test]
+fn a_clients_debug_shows_no_bytes() {
+    let h = serve(RegistryOptions::default());
+    let mut c = client(&h);
+    c.register("svc", &addr(7)).unwrap();
+    let shown = format!("{c:?}");
+    assert!(shown.starts_with("RegistryClient"), "{shown}");
+    assert!(shown.contains(&h.local_addr().to_string()), "{shown}");
+    assert!(!shown.contains("owner") && !shown.contains('['), "{shown}");
+}
+
 /// A lease of any length (`Duration::MAX` on either side) is clamped, never a panic that
 /// would leak the client's slot.
 #[test]

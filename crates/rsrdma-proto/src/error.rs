@@ -37,7 +37,7 @@ pub enum ProtoError {
     },
 
     /// `send_msg`: the message is larger than the negotiated maximum.
-    #[error("send_msg: a message of {len} bytes is over the negotiated maximum of {max}")]
+    #[error("a message of {len} bytes is over the negotiated maximum of {max}")]
     TooLarge {
         /// The message length.
         len: usize,

@@ -50,7 +50,7 @@ pub(super) fn poll_write(d: &Driven, cx: &mut Context<'_>, buf: &[u8]) -> Poll<i
     let n = buf.len().min(d.conn().info().settled.max_message as usize);
     d.poll_op(cx, |c, live| c.step_send_msg(&buf[..n], live))
         .map_ok(|()| n)
-        .map_err(io_err)
+        .map_err(|e| io_err(e.naming("write")))
 }
 
 pub(super) fn poll_flush(d: &Driven, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -56,7 +56,8 @@ impl io::Write for &Conn {
             return Ok(0);
         }
         let n = buf.len().min(self.info.settled.max_message as usize);
-        self.send_msg(&buf[..n]).map_err(NetError::into_io)?;
+        self.send_msg(&buf[..n])
+            .map_err(|e| e.naming("write").into_io())?;
         Ok(n)
     }
 
