@@ -416,6 +416,52 @@ fn a_request_to_a_host_that_went_silent_ends_with_retry_exc_err() {
     assert!(took < Duration::from_secs(12), "it took {took:?}: {ended}");
 }
 
+/// A peer process on the other host stopped (`SIGSTOP`, a debugger) for longer than the
+/// silence limit, while a stream of 1 MiB WRITEs fills the link and its window, fails
+/// nothing: its kernel still acknowledges, so the requests wait and complete once it
+/// continues, as on a NIC (with `TCP_USER_TIMEOUT`, which Linux applies to a window that
+/// stays full, a 10 s stop failed them with RETRY_EXC_ERR: an outside tester's find).
+#[test]
+fn a_peer_process_stopped_past_the_silence_limit_fails_nothing() {
+    let Some(hosts) = Hosts::new() else {
+        return;
+    };
+    let mut server = hosts.run(
+        &hosts.server,
+        SERVER_IP,
+        "helper_raw_target",
+        &[("SOFT_HOSTS_REGION", (1 << 20).to_string())],
+    );
+    let mut out = BufReader::new(server.stdout.take().unwrap());
+    let port = line_with(&mut out, "PORT ").expect("the server's port");
+    let mut client = hosts.run(
+        &hosts.client,
+        CLIENT_IP,
+        "helper_raw_writer",
+        &[
+            ("SOFT_HOSTS_SERVER", format!("{SERVER_IP}:{port}")),
+            ("SOFT_HOSTS_WRITE_FOR", "9".into()),
+        ],
+    );
+    let mut said = BufReader::new(client.stdout.take().unwrap());
+    line_with(&mut said, "WRITING").expect("the writer's start");
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = server.id().to_string();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill").args([sig, &pid]).status().unwrap();
+        assert!(ok.success(), "kill {sig}");
+    };
+    signal("-STOP");
+    std::thread::sleep(Duration::from_secs(7));
+    signal("-CONT");
+    let ended = line_with(&mut said, "ENDED ");
+    let _ = client.wait();
+    let _ = server.kill();
+    let _ = server.wait();
+    let ended = ended.expect("the writer's end");
+    assert!(ended.starts_with("ALL OK"), "{ended}");
+}
+
 /// The veth end in namespace `ns` (`Hosts::new` names it after the namespace's tag).
 fn veth_of(ns: &str) -> String {
     let tag = &ns["rsrdma-c".len()..];
@@ -433,45 +479,62 @@ fn raw_opts() -> RawOptions {
 #[ignore = "a helper process of a_request_to_a_host_that_went_silent_ends_with_retry_exc_err"]
 fn helper_raw_target() {
     use rsrdma::AccessFlags;
+    let size = std::env::var("SOFT_HOSTS_REGION")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1 << 16);
     let l = RawListener::bind("0.0.0.0:0", raw_opts()).unwrap();
     println!("PORT {}", l.local_addr().unwrap().port());
     let mut c = l.accept().unwrap();
     let land = c
-        .register_memory(
-            1 << 16,
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-        )
+        .register_memory(size, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
     c.exchange_memory(&[&land]).unwrap();
     std::thread::sleep(Duration::from_secs(60));
 }
 
-/// Helper: WRITEs into the target's region, one at a time, until one fails; says how.
+/// Helper: WRITEs the whole of the target's region, up to 32 at once, until one fails (says
+/// how), or, with `SOFT_HOSTS_WRITE_FOR` seconds, until then (says `ALL OK`).
 #[test]
-#[ignore = "a helper process of a_request_to_a_host_that_went_silent_ends_with_retry_exc_err"]
+#[ignore = "a helper process of the tests above"]
 fn helper_raw_writer() {
     use rsrdma::{AccessFlags, SendWr, Wc};
     let server = std::env::var("SOFT_HOSTS_SERVER").unwrap();
+    let write_for = std::env::var("SOFT_HOSTS_WRITE_FOR")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map(Duration::from_secs);
     let mut c = RawConn::dial(server.as_str(), raw_opts()).unwrap();
-    let local = c
-        .register_memory(1 << 16, AccessFlags::LOCAL_WRITE)
-        .unwrap();
     c.exchange_memory(&[]).unwrap();
     let peer = c.peer_region().unwrap();
+    let len = peer.len as usize;
+    let local = c.register_memory(len, AccessFlags::LOCAL_WRITE).unwrap();
     println!("WRITING");
-    let mut wcs = [Wc::default(); 1];
-    for k in 0u64.. {
-        let sge = [local.sge(0, 1 << 16).unwrap()];
-        // SAFETY: `local` outlives the request, which completes (or fails) below.
-        unsafe {
-            c.post_send(&SendWr::rdma_write(k, &sge, peer.addr, peer.rkey).signaled(true))
-                .unwrap()
-        };
+    let started = std::time::Instant::now();
+    let mut wcs = [Wc::default(); 32];
+    let (mut posted, mut done) = (0u64, 0u64);
+    loop {
+        let writing = write_for.map_or(true, |t| started.elapsed() < t);
+        while writing && posted - done < 32 {
+            let sge = [local.sge(0, len).unwrap()];
+            let w = SendWr::rdma_write(posted, &sge, peer.addr, peer.rkey).signaled(true);
+            // SAFETY: `local` outlives the request, which completes (or fails) below.
+            unsafe { c.post_send(&w).unwrap() };
+            posted += 1;
+        }
+        if !writing && done == posted {
+            println!("ENDED ALL OK: {done} writes");
+            return;
+        }
         match c.send_cq().poll_blocking(&mut wcs, Duration::from_secs(60)) {
-            Ok(1) if wcs[0].ok().is_ok() => {}
-            Ok(1) => {
-                println!("ENDED {:?}", wcs[0].status());
-                return;
+            Ok(n) if n > 0 => {
+                for wc in &wcs[..n] {
+                    if wc.ok().is_err() {
+                        println!("ENDED {:?} after {done} writes", wc.status());
+                        return;
+                    }
+                    done += 1;
+                }
             }
             other => {
                 println!("ENDED no completion: {other:?}");

@@ -34,7 +34,7 @@ use super::recycle::Recycler;
 use super::shm_link::{self, Inbound, ShmOut};
 use rsrdma_soft::{Packet, Payload, HEADER_LEN, INLINE_PAYLOAD};
 use std::collections::VecDeque;
-use std::io::{BufReader, IoSlice, Read, Write};
+use std::io::{BufReader, ErrorKind, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -49,10 +49,14 @@ const READER_GRACE: Duration = Duration::from_secs(1);
 const IDLE_CHECK: Duration = Duration::from_millis(100);
 /// The most packets one vectored write carries (two slices each).
 const MAX_BATCH: usize = 256;
-/// How long a TCP link's peer host may go without acknowledging what was sent to it (or
-/// answering keepalive probes while the link is idle) before the link ends and its queue
-/// pairs' requests end with `RETRY_EXC_ERR` ([`watch_peer_host`]).
+/// How long a TCP link's peer host may go without acknowledging anything while data sent
+/// to it waits for an acknowledgement (or without answering keepalive probes while the link
+/// is idle) before the link ends and its queue pairs' requests end with `RETRY_EXC_ERR`
+/// ([`watch_peer_host`], [`peer_host_silent`]).
 pub(super) const PEER_HOST_SILENCE: Duration = Duration::from_secs(5);
+/// How long the writer's blocked write waits before it looks whether the peer host went
+/// silent.
+const WRITE_LOOK: Duration = Duration::from_secs(1);
 
 /// What the links hand to the device.
 pub(super) trait Deliver: Send + Sync + 'static {
@@ -510,7 +514,7 @@ impl Outbound {
     fn tcp_peer_gone(&self) -> bool {
         self.tcp_life_line
             .get()
-            .is_some_and(|s| shm_link::hung_up(s.as_fd()))
+            .is_some_and(|s| shm_link::hung_up(s.as_fd()) || peer_host_silent(s))
     }
 
     /// Says whether frames wait for the polls, keeping [`QUEUED_LINKS`] the count of links
@@ -701,6 +705,9 @@ fn tcp_write_loop(me: SocketAddrV4, peer: SocketAddrV4, out: &Outbound) -> std::
         let mut s = dial_from(me, peer)?;
         s.set_nodelay(true)?;
         watch_peer_host(&s);
+        // A write blocked for want of room comes back now and then to look at the peer
+        // host ([`write_all_vectored`]).
+        s.set_write_timeout(Some(WRITE_LOOK))?;
         s.write_all(&hello(me))?;
         // The peer never writes on this connection: its end (the peer's process gone) makes
         // it readable. Looked at while nothing is queued, so that the link ends then rather
@@ -737,12 +744,16 @@ fn dial_from(me: SocketAddrV4, peer: SocketAddrV4) -> std::io::Result<TcpStream>
 }
 
 /// A TCP link to a host that stops answering (its link down, the host gone) ends within
-/// [`PEER_HOST_SILENCE`], as a NIC's requester gives up after its retries: data sent and not
-/// acknowledged for that long (`TCP_USER_TIMEOUT`), or, on an idle link, keepalive probes
-/// unanswered for about as long. Without it a request waited for TCP's own give-up, about
-/// 15 minutes (an outside tester's find: a RawConn's WRITE had no completion for minutes
-/// while the peer host was unreachable). A peer process that is stopped is not silent: its
-/// kernel still acknowledges, so its requests wait, as on a NIC.
+/// about [`PEER_HOST_SILENCE`], as a NIC's requester gives up after its retries: data sent
+/// and waiting that long for an acknowledgement while nothing at all is acknowledged
+/// ([`peer_host_silent`], looked at by the writer), or, on an idle link, keepalive probes
+/// unanswered for about as long (set here). Without it a request waited for TCP's own
+/// give-up, about 15 minutes (an outside tester's find: a RawConn's WRITE had no completion
+/// for minutes while the peer host was unreachable). A peer process that is stopped is not
+/// silent: its kernel still acknowledges (with a full window, its probes), so its requests
+/// wait, as on a NIC. (`TCP_USER_TIMEOUT` would not wait for it: Linux applies it to a
+/// window that stays full, and a stop of 10 s failed a stream of WRITEs, another tester
+/// found.)
 fn watch_peer_host(s: &TcpStream) {
     let fd = s.as_raw_fd();
     let set = |level: libc::c_int, name: libc::c_int, value: libc::c_int| {
@@ -766,11 +777,33 @@ fn watch_peer_host(s: &TcpStream) {
         }
     };
     let secs = PEER_HOST_SILENCE.as_secs() as libc::c_int;
-    set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, secs * 1000);
     set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 1);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, secs - 1);
+}
+
+/// Whether the peer host of TCP link `s` went silent: data (or a window probe) waits for an
+/// acknowledgement and nothing was acknowledged for [`PEER_HOST_SILENCE`] (the kernel's
+/// `tcp_info`). A stopped peer process is not silent (its kernel acknowledges the probes).
+fn peer_host_silent(s: &TcpStream) -> bool {
+    let mut info: libc::tcp_info = super::verbs::zeroed();
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `s` is an open TCP socket; `info` is writable for `len` bytes, which the
+    // kernel lowers to what it wrote.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            std::ptr::from_mut(&mut info).cast(),
+            &mut len,
+        )
+    };
+    // Data in flight, or window probes out (the peer's window was full): both get answers
+    // from a live host.
+    let waiting = info.tcpi_unacked > 0 || info.tcpi_probes > 0;
+    rc == 0 && waiting && u128::from(info.tcpi_last_ack_recv) >= PEER_HOST_SILENCE.as_millis()
 }
 
 fn accept_loop(listener: &TcpListener, deliver: &Arc<dyn Deliver>, readers: &Arc<Readers>) {
@@ -797,6 +830,15 @@ fn write_all_vectored(s: &mut TcpStream, bufs: &[&[u8]]) -> std::io::Result<()> 
             Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            // No room for a while: a peer host that acknowledges nothing ends the link; a
+            // peer process that is stopped (its kernel acknowledges, with a full window) is
+            // waited for.
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                if peer_host_silent(s) {
+                    return Err(ErrorKind::TimedOut.into());
+                }
+                continue;
+            }
             Err(e) => return Err(e),
         };
         // Past what went: whole buffers, then into the next one.

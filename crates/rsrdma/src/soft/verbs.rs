@@ -1357,8 +1357,8 @@ const PSN_MASK: u32 = 0x00ff_ffff;
 /// All-zero C data.
 pub(super) fn zeroed<T: Copy>() -> T {
     // SAFETY: only used for the plain C structs of the bindings and libc's
-    // `sockaddr_storage`, for which all-zero is valid (null pointers, `None` function
-    // pointers, zero integers and enum newtypes).
+    // `sockaddr_storage` and `tcp_info`, for which all-zero is valid (null pointers, `None`
+    // function pointers, zero integers and enum newtypes).
     unsafe { std::mem::zeroed() }
 }
 
