@@ -412,12 +412,21 @@ fn silent_sockets_and_idle_clients_do_not_lock_lookups_out() {
     drop(idle);
 }
 
-/// Availability under a steady flood: silent sockets that come faster than the places turn
-/// over (one a millisecond, on a registry of 4 places) do not keep good clients out, as a
-/// newcomer that has spoken goes first (before: 10 of 10 lookups heard `Busy`, each behind
-/// hundreds of silent sockets: an outside tester's find).
+/// Availability under a steady flood: sockets that come faster than the places turn over
+/// (one a millisecond, on a registry of 4 places) and send nothing, or the start of a frame
+/// and stall, do not keep good clients out, as a newcomer that has sent its whole hello goes
+/// first (before: 10 of 10 lookups heard `Busy`, each behind hundreds of such sockets, and
+/// then again with two bytes sent: outside testers' finds).
 #[test]
-fn a_steady_flood_of_silent_sockets_does_not_lock_lookups_out() {
+fn a_steady_flood_of_silent_or_stalled_sockets_does_not_lock_lookups_out() {
+    for first_bytes in [&[][..], &[0, 0][..], &[0, 0, 0, 38, 2][..]] {
+        flood_then_lookups(first_bytes);
+    }
+}
+
+/// [`a_steady_flood_of_silent_or_stalled_sockets_does_not_lock_lookups_out`] with sockets
+/// that send `first_bytes`.
+fn flood_then_lookups(first_bytes: &'static [u8]) {
     use std::sync::atomic::{AtomicBool, Ordering};
     let h = serve(RegistryOptions::default().max_clients(4));
     let at = h.local_addr();
@@ -433,7 +442,8 @@ fn a_steady_flood_of_silent_sockets_does_not_lock_lookups_out() {
             let mut open = std::collections::VecDeque::new();
             let mut made = 0u32;
             while !stop.load(Ordering::Relaxed) {
-                if let Ok(s) = TcpStream::connect(at) {
+                if let Ok(mut s) = TcpStream::connect(at) {
+                    let _ = s.write_all(first_bytes);
                     open.push_back(s);
                     made += 1;
                 }
@@ -449,7 +459,7 @@ fn a_steady_flood_of_silent_sockets_does_not_lock_lookups_out() {
     for k in 0..10 {
         match lookup(at, "svc") {
             Ok(a) => assert_eq!(a, addr(7)),
-            Err(e) => panic!("lookup {k} during the flood: {e}"),
+            Err(e) => panic!("{first_bytes:?}: lookup {k} during the flood: {e}"),
         }
         std::thread::sleep(Duration::from_millis(100));
     }

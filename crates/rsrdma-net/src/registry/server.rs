@@ -7,12 +7,14 @@
 //! [`MIN_IDLE_TO_SHED`]). So silent sockets cannot lock lookups out, idle clients keep their
 //! slots only while nobody else needs them, and a burst of good clients is not shed for one
 //! another: while nobody can be shed yet, each newcomer waits for a place, in the order it
-//! came, up to [`BUSY_GRACE`]; past it, it hears `Busy`. A newcomer that has spoken (a good
-//! client sends its hello as it connects) goes before those that have not: a steady flood of
-//! silent sockets, each admitted for its grace in turn, kept good clients waiting behind
-//! hundreds of them until they heard `Busy` (an outside tester's find).
+//! came, up to [`BUSY_GRACE`]; past it, it hears `Busy`. A newcomer that has sent its whole
+//! hello (a good client does as it connects) goes before those that have not: a steady flood
+//! of silent (or stalled) sockets, each admitted for its grace in turn, kept good clients
+//! waiting behind hundreds of them until they heard `Busy` (outside testers' finds). A flood
+//! of whole hellos from the good clients' own hosts is not told from them: the secret, and
+//! the network's own limits, are the defence there.
 
-use super::codec::Message;
+use super::codec::{self, Message};
 use super::stream::FrameStream;
 use super::table::Table;
 use super::ErrorCode;
@@ -264,6 +266,11 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         loop {
             match listener.accept() {
                 Ok((stream, peer)) if waiting.len() < MAX_WAITING => {
+                    // Looked at without blocking while it waits (`admit` and `turn_away`
+                    // make it blocking again).
+                    if stream.set_nonblocking(true).is_err() {
+                        continue;
+                    }
                     waiting.push_back(Newcomer {
                         stream,
                         peer,
@@ -321,12 +328,31 @@ struct Newcomer {
     stream: TcpStream,
     peer: SocketAddr,
     came: Instant,
-    /// It has sent something (its hello): a client, not a silent socket.
+    /// It has sent its whole hello: a client, not a silent or stalled socket.
     spoke: bool,
 }
 
-/// Marks the newcomers that have sent something since they came, with one `poll` of those
-/// that had not.
+/// A Hello frame's bytes: the length prefix, the version and kind, the magic, the nonce.
+const HELLO_FRAME: usize = codec::LEN_PREFIX + 2 + codec::MAGIC.len() + codec::NONCE_LEN;
+
+/// Whether `s` holds a whole Hello, unread (a peek): a client's first step. Two bytes and a
+/// stall is not one (an outside tester's flood of those took the places a whole hello
+/// gets, and locked lookups out again).
+fn sent_a_hello(s: &TcpStream) -> bool {
+    let mut frame = [0u8; HELLO_FRAME];
+    if !s.peek(&mut frame).is_ok_and(|n| n == HELLO_FRAME) {
+        return false;
+    }
+    let body = (HELLO_FRAME - codec::LEN_PREFIX) as u32;
+    frame[..codec::LEN_PREFIX] == body.to_be_bytes()
+        && matches!(
+            codec::decode_body(&frame[codec::LEN_PREFIX..]),
+            Ok(Message::Hello { .. })
+        )
+}
+
+/// Marks the newcomers that have sent their whole hello since they came: one `poll` of
+/// those that had not, and a peek at those with something to read.
 fn note_who_spoke(waiting: &mut VecDeque<Newcomer>) {
     use std::os::fd::AsRawFd;
     let mut fds: Vec<libc::pollfd> = waiting
@@ -349,7 +375,7 @@ fn note_who_spoke(waiting: &mut VecDeque<Newcomer>) {
     }
     let mut ready = fds.iter().map(|p| p.revents & libc::POLLIN != 0);
     for w in waiting.iter_mut().filter(|n| !n.spoke) {
-        w.spoke = ready.next().unwrap_or(false);
+        w.spoke = ready.next().unwrap_or(false) && sent_a_hello(&w.stream);
     }
 }
 
