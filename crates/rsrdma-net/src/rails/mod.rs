@@ -191,6 +191,10 @@ struct State {
     core: Rails,
     /// Per rail: the peer closed it, or it failed.
     over: Vec<bool>,
+    /// Per rail: a send found the peer gone (its FIN came and it left). Nothing more is sent
+    /// on it, but it is over only once its reader read the end of it: the stripes that came
+    /// before the FIN (a confirmation above all) are handed over first.
+    send_gone: Vec<bool>,
     /// The connection failed (every rail failed, or the peer broke the protocol).
     fatal: Option<ProtoError>,
     /// A read returned `fatal`: every later read returns it too (no message after the
@@ -346,6 +350,7 @@ impl RailConn {
             state: Mutex::new(State {
                 core: Rails::new(cfg).map_err(NetError::ConnFailed)?,
                 over: vec![false; n],
+                send_gone: vec![false; n],
                 fatal: None,
                 fatal_reported: false,
                 readers: n,
@@ -782,8 +787,12 @@ impl Shared {
             drop(st);
             match self.rails[rail].send_msg(&buf) {
                 Ok(()) => {}
-                // The peer closed this rail (its reader finds the end of it too).
-                Err(NetError::PeerGone { .. }) => self.rail_down(rail, None),
+                // The peer closed this rail: only its reader marks it over, once it read the
+                // end of it, after what came before the FIN (marking it over here raced that
+                // reader: the peer's last confirmation, not handed over yet, was lost with
+                // the rail and `close` said PeerGone). What this stripe carried goes again
+                // on the others then.
+                Err(NetError::PeerGone { .. }) => self.lock().send_gone[rail] = true,
                 Err(e) => self.rail_down(rail, Some(&e)),
             }
             st = self.lock();
@@ -815,7 +824,7 @@ impl Shared {
         let start = st.next_rail;
         for k in 0..n {
             let rail = (start + k) % n;
-            if st.over[rail] || !usable(rail) {
+            if st.over[rail] || st.send_gone[rail] || !usable(rail) {
                 continue;
             }
             if let Some(s) = st.core.next_stripe(rail) {
