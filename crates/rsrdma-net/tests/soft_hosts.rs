@@ -462,6 +462,55 @@ fn a_peer_process_stopped_past_the_silence_limit_fails_nothing() {
     assert!(ended.starts_with("ALL OK"), "{ended}");
 }
 
+/// A link down for less than the silence limit (4.5 s) mid-stream fails nothing: TCP's
+/// backed-off retransmission, after the link came back, is answered, and the keepalive probe
+/// of the fifth second too (a rule of silence alone, and four probes, each ended such a link
+/// as it came back: an outside tester's find).
+#[test]
+fn a_link_down_for_less_than_the_silence_limit_fails_nothing() {
+    let Some(hosts) = Hosts::new() else {
+        return;
+    };
+    let mut server = hosts.run(
+        &hosts.server,
+        SERVER_IP,
+        "helper_raw_target",
+        &[("SOFT_HOSTS_REGION", (1 << 20).to_string())],
+    );
+    let mut out = BufReader::new(server.stdout.take().unwrap());
+    let port = line_with(&mut out, "PORT ").expect("the server's port");
+    let mut client = hosts.run(
+        &hosts.client,
+        CLIENT_IP,
+        "helper_raw_writer",
+        &[
+            ("SOFT_HOSTS_SERVER", format!("{SERVER_IP}:{port}")),
+            ("SOFT_HOSTS_WRITE_FOR", "10".into()),
+        ],
+    );
+    let mut said = BufReader::new(client.stdout.take().unwrap());
+    line_with(&mut said, "WRITING").expect("the writer's start");
+    std::thread::sleep(Duration::from_millis(300));
+    let link = |state: &str| {
+        let ok = Command::new("ip")
+            .args(["-n", &hosts.client, "link", "set"])
+            .arg(veth_of(&hosts.client))
+            .arg(state)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "link {state}");
+    };
+    link("down");
+    std::thread::sleep(Duration::from_millis(4500));
+    link("up");
+    let ended = line_with(&mut said, "ENDED ");
+    let _ = client.wait();
+    let _ = server.kill();
+    let _ = server.wait();
+    let ended = ended.expect("the writer's end");
+    assert!(ended.starts_with("ALL OK"), "{ended}");
+}
+
 /// The veth end in namespace `ns` (`Hosts::new` names it after the namespace's tag).
 fn veth_of(ns: &str) -> String {
     let tag = &ns["rsrdma-c".len()..];

@@ -50,13 +50,17 @@ const IDLE_CHECK: Duration = Duration::from_millis(100);
 /// The most packets one vectored write carries (two slices each).
 const MAX_BATCH: usize = 256;
 /// How long a TCP link's peer host may go without acknowledging anything while data sent
-/// to it waits for an acknowledgement (or without answering keepalive probes while the link
-/// is idle) before the link ends and its queue pairs' requests end with `RETRY_EXC_ERR`
-/// ([`watch_peer_host`], [`peer_host_silent`]).
+/// to it waits for an acknowledgement (then TCP's next send must go unanswered too:
+/// [`SilenceWatch::look`]), or without answering keepalive probes while the link is idle
+/// ([`watch_peer_host`]), before the link ends and its queue pairs' requests end with
+/// `RETRY_EXC_ERR`.
 pub(super) const PEER_HOST_SILENCE: Duration = Duration::from_secs(5);
 /// How long the writer's blocked write waits before it looks whether the peer host went
 /// silent.
 const WRITE_LOOK: Duration = Duration::from_secs(1);
+/// How long what TCP sent again after [`PEER_HOST_SILENCE`] may go unanswered before the
+/// peer host counts as gone: far past a round trip of any network soft0 runs on.
+const RETRANSMIT_ANSWER: Duration = Duration::from_secs(1);
 
 /// What the links hand to the device.
 pub(super) trait Deliver: Send + Sync + 'static {
@@ -160,6 +164,56 @@ struct Outbound {
     /// Over TCP, a second handle of the connection, once it is up: the peer never writes on
     /// it, so its end (the peer's process gone) makes it readable ([`Outbound::peer_gone`]).
     tcp_life_line: std::sync::OnceLock<TcpStream>,
+    /// Over TCP, what the writer last saw of TCP's retransmissions ([`SilenceWatch`]).
+    silence: Mutex<SilenceWatch>,
+}
+
+/// What a TCP link's writer saw of its connection's retransmissions, to tell a peer host
+/// that went silent from a link whose TCP waits out a backed-off timer ([`SilenceWatch::look`]).
+#[derive(Default)]
+struct SilenceWatch {
+    /// TCP's count of retransmissions since the last acknowledgement, as last seen.
+    retransmits: u8,
+    /// When that count was seen to change, and how long nothing had been acknowledged then.
+    changed: Option<(Instant, u32)>,
+}
+
+impl SilenceWatch {
+    /// Whether the peer host of `s` went silent: data waits for an acknowledgement, and a
+    /// retransmission TCP made after [`PEER_HOST_SILENCE`] without one went unanswered for
+    /// [`RETRANSMIT_ANSWER`] (the kernel's `tcp_info`, looked at now and then: a change of its
+    /// retransmission count is when TCP sent again). The silence alone is not enough: after a
+    /// 3.5 s outage TCP's backed-off timer sends again about 6 s after the loss, so a link
+    /// that worked again was ended (an outside tester's find). A stopped peer process is not
+    /// silent: its kernel acknowledges.
+    fn look(&mut self, s: &TcpStream) -> bool {
+        let mut info: libc::tcp_info = super::verbs::zeroed();
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: `s` is an open TCP socket; `info` is writable for `len` bytes, which the
+        // kernel lowers to what it wrote.
+        let rc = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                std::ptr::from_mut(&mut info).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 || info.tcpi_unacked == 0 || info.tcpi_retransmits == 0 {
+            *self = SilenceWatch::default();
+            return false;
+        }
+        if info.tcpi_retransmits != self.retransmits {
+            self.retransmits = info.tcpi_retransmits;
+            self.changed = Some((Instant::now(), info.tcpi_last_ack_recv));
+            return false;
+        }
+        self.changed.is_some_and(|(at, silent_then)| {
+            u128::from(silent_then) >= PEER_HOST_SILENCE.as_millis()
+                && at.elapsed() >= RETRANSMIT_ANSWER
+        })
+    }
 }
 
 /// The next link's [`Outbound::number`] (0 is none).
@@ -392,6 +446,7 @@ impl Links {
             number: NEXT_LINK.fetch_add(1, Ordering::Relaxed),
             peer_pid: AtomicU32::new(0),
             tcp_life_line: std::sync::OnceLock::new(),
+            silence: Mutex::default(),
         });
         let (w, d, me) = (o.clone(), deliver.clone(), self.addr);
         let (r, shm, links) = (self.readers.clone(), self.shm, Arc::downgrade(&self.out));
@@ -514,7 +569,15 @@ impl Outbound {
     fn tcp_peer_gone(&self) -> bool {
         self.tcp_life_line
             .get()
-            .is_some_and(|s| shm_link::hung_up(s.as_fd()) || peer_host_silent(s))
+            .is_some_and(|s| shm_link::hung_up(s.as_fd()) || self.peer_host_silent(s))
+    }
+
+    /// Whether the peer host of this TCP link went silent ([`SilenceWatch::look`]).
+    fn peer_host_silent(&self, s: &TcpStream) -> bool {
+        self.silence
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .look(s)
     }
 
     /// Says whether frames wait for the polls, keeping [`QUEUED_LINKS`] the count of links
@@ -726,7 +789,7 @@ fn tcp_write_loop(me: SocketAddrV4, peer: SocketAddrV4, out: &Outbound) -> std::
                     bufs.push(&p.payload);
                 }
             }
-            write_all_vectored(&mut s, &bufs)?;
+            write_all_vectored(&mut s, &bufs, &|s| out.peer_host_silent(s))?;
             written(out);
         }
     }
@@ -746,7 +809,7 @@ fn dial_from(me: SocketAddrV4, peer: SocketAddrV4) -> std::io::Result<TcpStream>
 /// A TCP link to a host that stops answering (its link down, the host gone) ends within
 /// about [`PEER_HOST_SILENCE`], as a NIC's requester gives up after its retries: data sent
 /// and waiting that long for an acknowledgement while nothing at all is acknowledged
-/// ([`peer_host_silent`], looked at by the writer), or, on an idle link, keepalive probes
+/// ([`SilenceWatch::look`], by the writer), or, on an idle link, keepalive probes
 /// unanswered for about as long (set here). Without it a request waited for TCP's own
 /// give-up, about 15 minutes (an outside tester's find: a RawConn's WRITE had no completion
 /// for minutes while the peer host was unreachable). A peer process that is stopped is not
@@ -780,30 +843,11 @@ fn watch_peer_host(s: &TcpStream) {
     set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 1);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1);
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, secs - 1);
-}
-
-/// Whether the peer host of TCP link `s` went silent: data (or a window probe) waits for an
-/// acknowledgement and nothing was acknowledged for [`PEER_HOST_SILENCE`] (the kernel's
-/// `tcp_info`). A stopped peer process is not silent (its kernel acknowledges the probes).
-fn peer_host_silent(s: &TcpStream) -> bool {
-    let mut info: libc::tcp_info = super::verbs::zeroed();
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `s` is an open TCP socket; `info` is writable for `len` bytes, which the
-    // kernel lowers to what it wrote.
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            std::ptr::from_mut(&mut info).cast(),
-            &mut len,
-        )
-    };
-    // Data in flight, or window probes out (the peer's window was full): both get answers
-    // from a live host.
-    let waiting = info.tcpi_unacked > 0 || info.tcpi_probes > 0;
-    rc == 0 && waiting && u128::from(info.tcpi_last_ack_recv) >= PEER_HOST_SILENCE.as_millis()
+    // A probe a second from the first second of silence, the link ended when five went
+    // unanswered (about 6 s): a probe goes out at the fifth second, so an outage shorter
+    // than that ends with an answered probe (with four, a 4.5 s outage ended the link as it
+    // came back: an outside tester's find).
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, secs);
 }
 
 fn accept_loop(listener: &TcpListener, deliver: &Arc<dyn Deliver>, readers: &Arc<Readers>) {
@@ -820,7 +864,11 @@ fn accept_loop(listener: &TcpListener, deliver: &Arc<dyn Deliver>, readers: &Arc
 
 /// Writes every buffer, in order, with vectored writes (what the unstable
 /// `Write::write_all_vectored` does).
-fn write_all_vectored(s: &mut TcpStream, bufs: &[&[u8]]) -> std::io::Result<()> {
+fn write_all_vectored(
+    s: &mut TcpStream,
+    bufs: &[&[u8]],
+    silent: &dyn Fn(&TcpStream) -> bool,
+) -> std::io::Result<()> {
     let (mut first, mut skip) = (0, 0);
     while first < bufs.len() {
         let slices: Vec<IoSlice<'_>> = std::iter::once(IoSlice::new(&bufs[first][skip..]))
@@ -834,7 +882,7 @@ fn write_all_vectored(s: &mut TcpStream, bufs: &[&[u8]]) -> std::io::Result<()> 
             // peer process that is stopped (its kernel acknowledges, with a full window) is
             // waited for.
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                if peer_host_silent(s) {
+                if silent(s) {
                     return Err(ErrorKind::TimedOut.into());
                 }
                 continue;
