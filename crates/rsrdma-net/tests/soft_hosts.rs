@@ -426,27 +426,8 @@ fn a_peer_process_stopped_past_the_silence_limit_fails_nothing() {
     let Some(hosts) = Hosts::new() else {
         return;
     };
-    let mut server = hosts.run(
-        &hosts.server,
-        SERVER_IP,
-        "helper_raw_target",
-        &[("SOFT_HOSTS_REGION", (1 << 20).to_string())],
-    );
-    let mut out = BufReader::new(server.stdout.take().unwrap());
-    let port = line_with(&mut out, "PORT ").expect("the server's port");
-    let mut client = hosts.run(
-        &hosts.client,
-        CLIENT_IP,
-        "helper_raw_writer",
-        &[
-            ("SOFT_HOSTS_SERVER", format!("{SERVER_IP}:{port}")),
-            ("SOFT_HOSTS_WRITE_FOR", "9".into()),
-        ],
-    );
-    let mut said = BufReader::new(client.stdout.take().unwrap());
-    line_with(&mut said, "WRITING").expect("the writer's start");
-    std::thread::sleep(Duration::from_millis(300));
-    let pid = server.id().to_string();
+    let stream = Stream::start(&hosts, 9);
+    let pid = stream.server.id().to_string();
     let signal = |sig: &str| {
         let ok = Command::new("kill").args([sig, &pid]).status().unwrap();
         assert!(ok.success(), "kill {sig}");
@@ -454,12 +435,7 @@ fn a_peer_process_stopped_past_the_silence_limit_fails_nothing() {
     signal("-STOP");
     std::thread::sleep(Duration::from_secs(7));
     signal("-CONT");
-    let ended = line_with(&mut said, "ENDED ");
-    let _ = client.wait();
-    let _ = server.kill();
-    let _ = server.wait();
-    let ended = ended.expect("the writer's end");
-    assert!(ended.starts_with("ALL OK"), "{ended}");
+    stream.ends_all_ok();
 }
 
 /// A link down for less than the silence limit (4.5 s) mid-stream fails nothing: TCP's
@@ -471,26 +447,7 @@ fn a_link_down_for_less_than_the_silence_limit_fails_nothing() {
     let Some(hosts) = Hosts::new() else {
         return;
     };
-    let mut server = hosts.run(
-        &hosts.server,
-        SERVER_IP,
-        "helper_raw_target",
-        &[("SOFT_HOSTS_REGION", (1 << 20).to_string())],
-    );
-    let mut out = BufReader::new(server.stdout.take().unwrap());
-    let port = line_with(&mut out, "PORT ").expect("the server's port");
-    let mut client = hosts.run(
-        &hosts.client,
-        CLIENT_IP,
-        "helper_raw_writer",
-        &[
-            ("SOFT_HOSTS_SERVER", format!("{SERVER_IP}:{port}")),
-            ("SOFT_HOSTS_WRITE_FOR", "10".into()),
-        ],
-    );
-    let mut said = BufReader::new(client.stdout.take().unwrap());
-    line_with(&mut said, "WRITING").expect("the writer's start");
-    std::thread::sleep(Duration::from_millis(300));
+    let stream = Stream::start(&hosts, 10);
     let link = |state: &str| {
         let ok = Command::new("ip")
             .args(["-n", &hosts.client, "link", "set"])
@@ -503,12 +460,57 @@ fn a_link_down_for_less_than_the_silence_limit_fails_nothing() {
     link("down");
     std::thread::sleep(Duration::from_millis(4500));
     link("up");
-    let ended = line_with(&mut said, "ENDED ");
-    let _ = client.wait();
-    let _ = server.kill();
-    let _ = server.wait();
-    let ended = ended.expect("the writer's end");
-    assert!(ended.starts_with("ALL OK"), "{ended}");
+    stream.ends_all_ok();
+}
+
+/// A stream of 1 MiB WRITEs from the client's host into a target on the server's, for a
+/// while, under way.
+struct Stream {
+    server: Child,
+    client: Child,
+    said: BufReader<std::process::ChildStdout>,
+}
+
+impl Stream {
+    /// Starts the target and a writer that writes for `secs` seconds, and waits until it
+    /// writes (and a moment more).
+    fn start(hosts: &Hosts, secs: u32) -> Stream {
+        let mut server = hosts.run(
+            &hosts.server,
+            SERVER_IP,
+            "helper_raw_target",
+            &[("SOFT_HOSTS_REGION", (1 << 20).to_string())],
+        );
+        let mut out = BufReader::new(server.stdout.take().unwrap());
+        let port = line_with(&mut out, "PORT ").expect("the server's port");
+        let mut client = hosts.run(
+            &hosts.client,
+            CLIENT_IP,
+            "helper_raw_writer",
+            &[
+                ("SOFT_HOSTS_SERVER", format!("{SERVER_IP}:{port}")),
+                ("SOFT_HOSTS_WRITE_FOR", secs.to_string()),
+            ],
+        );
+        let mut said = BufReader::new(client.stdout.take().unwrap());
+        line_with(&mut said, "WRITING").expect("the writer's start");
+        std::thread::sleep(Duration::from_millis(300));
+        Stream {
+            server,
+            client,
+            said,
+        }
+    }
+
+    /// Waits for the writer's end, which must be every WRITE done.
+    fn ends_all_ok(mut self) {
+        let ended = line_with(&mut self.said, "ENDED ");
+        let _ = self.client.wait();
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let ended = ended.expect("the writer's end");
+        assert!(ended.starts_with("ALL OK"), "{ended}");
+    }
 }
 
 /// The veth end in namespace `ns` (`Hosts::new` names it after the namespace's tag).

@@ -806,11 +806,11 @@ fn dial_from(me: SocketAddrV4, peer: SocketAddrV4) -> std::io::Result<TcpStream>
     Ok(s.into())
 }
 
-/// A TCP link to a host that stops answering (its link down, the host gone) ends within
-/// about [`PEER_HOST_SILENCE`], as a NIC's requester gives up after its retries: data sent
-/// and waiting that long for an acknowledgement while nothing at all is acknowledged
-/// ([`SilenceWatch::look`], by the writer), or, on an idle link, keepalive probes
-/// unanswered for about as long (set here). Without it a request waited for TCP's own
+/// A TCP link to a host that stops answering (its link down, the host gone) ends a little
+/// after [`PEER_HOST_SILENCE`] (6 to 8 s), as a NIC's requester gives up after its retries:
+/// data waiting that long for an acknowledgement, and TCP's next retransmission unanswered
+/// ([`SilenceWatch::look`], by the writer), or, on an idle link, keepalive probes unanswered
+/// for about as long (set here). Without it a request waited for TCP's own
 /// give-up, about 15 minutes (an outside tester's find: a RawConn's WRITE had no completion
 /// for minutes while the peer host was unreachable). A peer process that is stopped is not
 /// silent: its kernel still acknowledges (with a full window, its probes), so its requests
