@@ -932,9 +932,12 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>, readers: &Readers) {
     }
     readers.reading(from, true);
     let mut recycle = Recycler::default();
+    // The link ended because keepalive gave up on the peer's host ([`watch_peer_host`]).
+    let mut host_silent = false;
     loop {
         let mut header = [0u8; HEADER_LEN];
-        if s.read_exact(&mut header).is_err() {
+        if let Err(e) = s.read_exact(&mut header) {
+            host_silent = e.kind() == ErrorKind::TimedOut;
             break;
         }
         let len = Packet::payload_len(&header);
@@ -973,6 +976,13 @@ fn read_loop(s: TcpStream, deliver: &Arc<dyn Deliver>, readers: &Readers) {
         }
     }
     readers.reading(from, false);
+    if host_silent {
+        // Every queue pair connected there fails, as its requester would: this side may
+        // owe that host nothing (its writer idle, everything it sent acknowledged) and wait
+        // only for answers on this link (a test saw such a requester wait for ever).
+        tracing::warn!(%from, "soft0: a peer host went silent; its queue pairs fail");
+        deliver.link_down(from, None);
+    }
     deliver.inbound_ended(from, None);
 }
 
