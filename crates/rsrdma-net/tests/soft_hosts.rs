@@ -384,32 +384,15 @@ fn a_request_to_a_host_that_went_silent_ends_with_retry_exc_err() {
     let Some(hosts) = Hosts::new() else {
         return;
     };
-    let mut server = hosts.run(&hosts.server, SERVER_IP, "helper_raw_target", &[]);
-    let mut out = BufReader::new(server.stdout.take().unwrap());
-    let port = line_with(&mut out, "PORT ").expect("the server's port");
-    let mut client = hosts.run(
-        &hosts.client,
-        CLIENT_IP,
-        "helper_raw_writer",
-        &[("SOFT_HOSTS_SERVER", format!("{SERVER_IP}:{port}"))],
-    );
-    let mut said = BufReader::new(client.stdout.take().unwrap());
-    line_with(&mut said, "WRITING").expect("the writer's start");
-    std::thread::sleep(Duration::from_millis(300));
+    let mut stream = Stream::start(&hosts, 1 << 16, None);
     // The client's host loses its link, and the server's process goes.
-    let down = Command::new("ip")
-        .args(["-n", &hosts.client, "link", "set"])
-        .arg(veth_of(&hosts.client))
-        .arg("down")
-        .status()
-        .unwrap();
-    assert!(down.success());
+    hosts.set_client_link("down");
     let went = std::time::Instant::now();
-    let _ = server.kill();
-    let _ = server.wait();
-    let ended = line_with(&mut said, "ENDED ");
+    let _ = stream.server.kill();
+    let _ = stream.server.wait();
+    let ended = line_with(&mut stream.said, "ENDED ");
     let took = went.elapsed();
-    let _ = client.wait();
+    let _ = stream.client.wait();
     let ended = ended.expect("the writer's end");
     assert!(ended.contains("RETRY_EXC_ERR"), "{ended}");
     eprintln!("the writer ended {took:?} after its host went silent: {ended}");
@@ -426,7 +409,7 @@ fn a_peer_process_stopped_past_the_silence_limit_fails_nothing() {
     let Some(hosts) = Hosts::new() else {
         return;
     };
-    let stream = Stream::start(&hosts, 9);
+    let stream = Stream::start(&hosts, 1 << 20, Some(9));
     let pid = stream.server.id().to_string();
     let signal = |sig: &str| {
         let ok = Command::new("kill").args([sig, &pid]).status().unwrap();
@@ -447,24 +430,15 @@ fn a_link_down_for_less_than_the_silence_limit_fails_nothing() {
     let Some(hosts) = Hosts::new() else {
         return;
     };
-    let stream = Stream::start(&hosts, 10);
-    let link = |state: &str| {
-        let ok = Command::new("ip")
-            .args(["-n", &hosts.client, "link", "set"])
-            .arg(veth_of(&hosts.client))
-            .arg(state)
-            .status()
-            .unwrap();
-        assert!(ok.success(), "link {state}");
-    };
-    link("down");
+    let stream = Stream::start(&hosts, 1 << 20, Some(10));
+    hosts.set_client_link("down");
     std::thread::sleep(Duration::from_millis(4500));
-    link("up");
+    hosts.set_client_link("up");
     stream.ends_all_ok();
 }
 
-/// A stream of 1 MiB WRITEs from the client's host into a target on the server's, for a
-/// while, under way.
+/// A stream of WRITEs of a whole region from the client's host into a target on the
+/// server's, under way.
 struct Stream {
     server: Child,
     client: Child,
@@ -472,26 +446,20 @@ struct Stream {
 }
 
 impl Stream {
-    /// Starts the target and a writer that writes for `secs` seconds, and waits until it
-    /// writes (and a moment more).
-    fn start(hosts: &Hosts, secs: u32) -> Stream {
+    /// Starts a target with a region of `region` bytes and a writer that writes for `secs`
+    /// seconds (`None`: until a WRITE fails), and waits until it writes (and a moment more).
+    fn start(hosts: &Hosts, region: usize, secs: Option<u32>) -> Stream {
         let mut server = hosts.run(
             &hosts.server,
             SERVER_IP,
             "helper_raw_target",
-            &[("SOFT_HOSTS_REGION", (1 << 20).to_string())],
+            &[("SOFT_HOSTS_REGION", region.to_string())],
         );
         let mut out = BufReader::new(server.stdout.take().unwrap());
         let port = line_with(&mut out, "PORT ").expect("the server's port");
-        let mut client = hosts.run(
-            &hosts.client,
-            CLIENT_IP,
-            "helper_raw_writer",
-            &[
-                ("SOFT_HOSTS_SERVER", format!("{SERVER_IP}:{port}")),
-                ("SOFT_HOSTS_WRITE_FOR", secs.to_string()),
-            ],
-        );
+        let mut env = vec![("SOFT_HOSTS_SERVER", format!("{SERVER_IP}:{port}"))];
+        env.extend(secs.map(|s| ("SOFT_HOSTS_WRITE_FOR", s.to_string())));
+        let mut client = hosts.run(&hosts.client, CLIENT_IP, "helper_raw_writer", &env);
         let mut said = BufReader::new(client.stdout.take().unwrap());
         line_with(&mut said, "WRITING").expect("the writer's start");
         std::thread::sleep(Duration::from_millis(300));
@@ -513,10 +481,17 @@ impl Stream {
     }
 }
 
-/// The veth end in namespace `ns` (`Hosts::new` names it after the namespace's tag).
-fn veth_of(ns: &str) -> String {
-    let tag = &ns["rsrdma-c".len()..];
-    format!("rsv{tag}c")
+impl Hosts {
+    /// Takes the client host's link `"down"` or `"up"`.
+    fn set_client_link(&self, state: &str) {
+        // `Hosts::new` names the veth end after the namespace's tag.
+        let veth = format!("rsv{}c", &self.client["rsrdma-c".len()..]);
+        let ok = Command::new("ip")
+            .args(["-n", &self.client, "link", "set", &veth, state])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "link {state}");
+    }
 }
 
 fn raw_opts() -> RawOptions {
@@ -530,10 +505,7 @@ fn raw_opts() -> RawOptions {
 #[ignore = "a helper process of a_request_to_a_host_that_went_silent_ends_with_retry_exc_err"]
 fn helper_raw_target() {
     use rsrdma::AccessFlags;
-    let size = std::env::var("SOFT_HOSTS_REGION")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1 << 16);
+    let size: usize = std::env::var("SOFT_HOSTS_REGION").unwrap().parse().unwrap();
     let l = RawListener::bind("0.0.0.0:0", raw_opts()).unwrap();
     println!("PORT {}", l.local_addr().unwrap().port());
     let mut c = l.accept().unwrap();

@@ -961,20 +961,17 @@ fn serve(st: &mut State, qpn: u32, now: &mut LazyNow) -> bool {
     if unanswered.is_none() && e.send_to_peer_process(lent) {
         // Its packets went to another process: the rest of its turn is its own (the
         // general way below looks it up twice more).
-        let unanswered = e.finish_turn(now);
-        let timer = e.next_due().is_some();
-        note_owing(owing, e, qpn);
+        let (timer, unanswered) = e.end_turn(owing, qpn, now);
         answer_dropped(st, qpn, unanswered, now);
         return timer;
     }
     answer_dropped(st, qpn, unanswered, now);
     send_packets(st, qpn, now);
-    let Some(e) = st.qps.get_mut(&qpn) else {
+    let State { qps, owing, .. } = st;
+    let Some(e) = qps.get_mut(&qpn) else {
         return false;
     };
-    let unanswered = e.finish_turn(now);
-    let timer = e.next_due().is_some();
-    note_owing(&mut st.owing, e, qpn);
+    let (timer, unanswered) = e.end_turn(owing, qpn, now);
     answer_dropped(st, qpn, unanswered, now);
     timer
 }
@@ -1227,6 +1224,21 @@ impl QpEntry {
         // SAFETY: a QP's CQs outlive it (rsrdma's `Qp` holds them; destroy_qp removes the
         // entry first).
         unsafe { push_completion(cq, c) }
+    }
+
+    /// The end of its turn in a pump, after its packets left ([`serve`]): what sending
+    /// completed to its CQs, its held-back acknowledgement noted in `owing`. Returns whether
+    /// the timer thread must look again, and the request a failure left unanswered, if any.
+    fn end_turn(
+        &mut self,
+        owing: &mut Vec<u32>,
+        qpn: u32,
+        now: &mut LazyNow,
+    ) -> (bool, Option<u32>) {
+        let unanswered = self.finish_turn(now);
+        let timer = self.next_due().is_some();
+        note_owing(owing, self, qpn);
+        (timer, unanswered)
     }
 
     /// After a post to it: whether its turn in a pump would do nothing but note a held-back
